@@ -1,0 +1,136 @@
+"""The streaming engine: examples -> batches -> capture -> scorers.
+
+For each batch, each asked-for layer's attention block is pooled to words once
+(`LayerAttention`), handed to every scorer on the device where it was produced,
+and dropped. Scorers keep only counts. A batch that runs out of memory is
+retried in halves; nothing is dropped or counted twice (scorers commit a
+batch's counts only in `end_batch`).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cached_property
+
+import torch
+from tqdm.auto import tqdm
+
+from headprobe.align import WORD
+from headprobe.batching import Batch, bucket, prepare
+from headprobe.capture import AttentionCapture, n_layers_heads
+
+
+class LayerAttention:
+    """One layer of one batch, at piece level and pooled to words (computed once, shared)."""
+
+    def __init__(self, layer: int, pieces: torch.Tensor, batch: Batch):
+        self.layer = layer
+        self.pieces = pieces                                   # [batch, head, piece, piece]
+        self.batch = batch
+
+    @cached_property
+    def words(self) -> torch.Tensor:
+        """[batch, head, word, word + 2]: to = sum over pieces; from = mean/first/max; + CLS-, SEP-like."""
+        batch = self.batch
+        to = torch.matmul(self.pieces, batch.to_words[:, None])          # [batch, head, piece, word + 2]
+        if batch.from_mode != "max":
+            return torch.matmul(batch.from_words[:, None], to)           # [batch, head, word, word + 2]
+        b, h, t, k = to.shape
+        w = batch.max_words
+        row = torch.where(batch.piece_kind == WORD, batch.piece_word, torch.full_like(batch.piece_word, w))
+        index = row[:, None, :, None].expand(b, h, t, k)                 # [batch, head, piece, word + 2]
+        out = to.new_full((b, h, w + 1, k), float("-inf"))
+        out.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
+        return out[:, :, :w].clamp_min(0)                                # [batch, head, word, word + 2]
+
+
+def is_causal(model) -> bool:
+    return any(getattr(module, "is_causal", False) is True for module in model.modules())
+
+
+def max_length(model, tokenizer) -> int:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limits = [getattr(config, "max_position_embeddings", None), getattr(config, "n_positions", None),
+              getattr(tokenizer, "model_max_length", None)]
+    limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 10**7]
+    return min(limits) if limits else 512
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+class Engine:
+    """Run `scorers` over `examples` with `model`.
+
+    After `run`: `stats_` holds examples/words scored, skipped counts and seconds;
+    `batch_size_` is the batch size in use at the end (smaller after an OOM backoff).
+    """
+
+    def __init__(self, model, tokenizer, scorers, *, layers=None, batch_size: int = 64,
+                 from_mode: str = "mean", device=None, progress: bool = True, desc: str = "scoring"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.scorers = list(scorers)
+        self.layers = layers
+        self.batch_size = batch_size
+        self.from_mode = from_mode
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.progress = progress
+        self.desc = desc
+        self.n_layers, self.n_heads = n_layers_heads(model)
+        self.causal = is_causal(model)
+        for scorer in self.scorers:
+            scorer.bind(self.n_layers, self.n_heads, layers)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+
+    def run(self, examples) -> dict:
+        start = time.perf_counter()
+        prepared = prepare(list(examples), self.tokenizer, max_length(self.model, self.tokenizer))
+        self.batch_size_ = self.batch_size
+        queue = bucket(prepared, self.batch_size)
+        total_words = sum(a.n_words for a in prepared.alignments)
+        bar = tqdm(total=total_words, unit="word", desc=self.desc, disable=not self.progress)
+        while queue:
+            indices = queue.pop(0)
+            batch = Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices],
+                          self.pad_id, device=self.device, from_mode=self.from_mode, causal=self.causal)
+            try:
+                self._score(batch)
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not is_out_of_memory(exc) or len(indices) == 1:
+                    raise
+                del batch
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                half = len(indices) // 2
+                self.batch_size_ = max(1, half)
+                queue[:0] = [indices[:half], indices[half:]]
+                continue
+            bar.update(batch.n_real_words)
+        bar.close()
+        self.stats_ = {
+            "examples": len(prepared.examples),
+            "words": total_words,
+            "skipped": dict(prepared.skipped),
+            "skipped_sources": prepared.skipped_sources,
+            "seconds": time.perf_counter() - start,
+            "batch_size": self.batch_size_,
+        }
+        return self.stats_
+
+    @torch.inference_mode()
+    def _score(self, batch: Batch) -> None:
+        for scorer in self.scorers:
+            scorer.begin_batch(batch)
+
+        def hand_on(layer: int, probs: torch.Tensor) -> None:
+            att = LayerAttention(layer, probs, batch)
+            for scorer in self.scorers:
+                scorer.update(layer, att, batch)
+
+        with AttentionCapture(self.model, self.layers, hand_on):
+            self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        for scorer in self.scorers:
+            scorer.end_batch(batch)

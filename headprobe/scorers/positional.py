@@ -1,0 +1,66 @@
+"""Positional proximity (SPEC section 4, Voita et al. 2019).
+
+Per head, over word queries (specials are not queries): where does the argmax
+of the word-level row sit? Self is included, specials are included (as two key
+columns, CLS-like and SEP-like). Labels: relative offsets -2..+2, `special`,
+`other`. A *positional head* (derived in `stats`) is one where a single
+non-zero offset takes at least 0.9 of the argmaxes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headprobe.scorers.base import CountScorer
+
+OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
+LABELS = OFFSET_LABELS + ["special", "other"]
+SPECIAL, OTHER = len(OFFSET_LABELS), len(OFFSET_LABELS) + 1
+
+
+class UnitLabelRows:
+    """(unit, label) rows for scorers whose labels are a fixed list per unit."""
+
+    labels: list[str] = []
+
+    def unit_rows(self, batch, n_for):
+        """Rows for every unit in the batch; `n_for(example, label)` gives the trials."""
+        keys, n, index, first_row = [], [], {}, []
+        for example in batch.examples:
+            if (example.unit, self.labels[0]) not in index:
+                for label in self.labels:
+                    index[(example.unit, label)] = len(keys)
+                    keys.append((example.unit, label))
+                    n.append(0)
+            first_row.append(index[(example.unit, self.labels[0])])
+            for label in self.labels:
+                n[index[(example.unit, label)]] += n_for(example, label)
+        self._first_row = torch.tensor(first_row, dtype=torch.long, device=batch.device)   # [batch]
+        return keys, n
+
+
+class PositionalScorer(UnitLabelRows, CountScorer):
+    analysis = "positional"
+    labels = LABELS
+
+    def rows(self, batch):
+        return self.unit_rows(batch, lambda example, label: len(example.words))
+
+    def prepare(self, batch):
+        self._q_b, self._q_i = batch.word_mask.nonzero(as_tuple=True)      # [query]
+        w = batch.max_words
+        keys_ok = torch.cat([batch.word_mask, batch.special_present], dim=1)  # [batch, word + 2]
+        self._key_ok = keys_ok[:, None, None, :]                            # [batch, 1, 1, word + 2]
+        self._w = w
+
+    def update(self, layer, att, batch):
+        scores = att.words.masked_fill(~self._key_ok, -1.0)                 # [batch, head, word, word + 2]
+        target = scores.argmax(dim=-1)                                      # [batch, head, word]
+        target = target.permute(0, 2, 1)[self._q_b, self._q_i]               # [query, head]
+        offset = target - self._q_i[:, None]                                # [query, head]
+        bucket = torch.where(offset.abs() <= 2, offset + 2, torch.full_like(offset, OTHER))
+        bucket = torch.where(target >= self._w, torch.full_like(offset, SPECIAL), bucket)
+        rows = self._first_row[self._q_b][:, None] + bucket                 # [query, head]
+        counts = torch.zeros(len(self._keys), self.n_heads, device=scores.device)
+        counts.scatter_add_(0, rows, torch.ones_like(rows, dtype=counts.dtype))
+        self.add(layer, 0, torch.arange(len(self._keys), device=scores.device), counts)
