@@ -1,0 +1,13 @@
+"""headprobe: what do the attention heads of a pretrained Transformer do?
+
+Scores every attention head against syntactic dependency arcs, coreference
+links and positional proximity (conventions: docs/SPEC in the README).
+"""
+
+from headprobe.api import attention_for_sentence, run
+from headprobe.capture import AttentionCapture
+from headprobe.models import load as load_model
+from headprobe.results import Results, load_results
+
+__version__ = "0.1.0"
+__all__ = ["run", "load_results", "load_model", "attention_for_sentence", "AttentionCapture", "Results"]

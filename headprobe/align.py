@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 FROM_MODES = ("mean", "first", "max")
@@ -33,18 +34,34 @@ def is_byte_level(tokenizer) -> bool:
 
 def load_tokenizer(name_or_path: str, **kwargs):
     """The model's fast tokenizer, with `add_prefix_space=True` for byte-level BPE."""
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-    return prepare_tokenizer(tokenizer, name_or_path, **kwargs)
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(name_or_path, **kwargs))
 
 
-def prepare_tokenizer(tokenizer, name_or_path=None, **kwargs):
+def _prefix_space_on(node):
+    """Set add_prefix_space on every ByteLevel pre-tokenizer in a tokenizer.json tree."""
+    if isinstance(node, dict):
+        if node.get("type") == "ByteLevel":
+            node["add_prefix_space"] = True
+        for value in node.values():
+            _prefix_space_on(value)
+    elif isinstance(node, list):
+        for value in node:
+            _prefix_space_on(value)
+
+
+def prepare_tokenizer(tokenizer):
+    """Check the tokenizer is fast; give byte-level BPE `add_prefix_space=True` (SPEC 1).
+
+    The flag is set in the backend tokenizer itself, so it holds for every
+    byte-level family (GPT-2, RoBERTa, Llama-3 style with a Split pre-tokenizer).
+    """
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"{name_or_path or tokenizer}: headprobe needs a fast tokenizer (word_ids())")
-    if is_byte_level(tokenizer) and not getattr(tokenizer, "add_prefix_space", False):
-        if name_or_path is not None:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path, add_prefix_space=True, **kwargs)
-        else:
-            tokenizer.add_prefix_space = True
+        raise ValueError(f"{tokenizer.name_or_path}: headprobe needs a fast tokenizer (for word_ids())")
+    if is_byte_level(tokenizer):
+        state = json.loads(tokenizer.backend_tokenizer.to_str())
+        _prefix_space_on(state["pre_tokenizer"])
+        tokenizer._tokenizer = Tokenizer.from_str(json.dumps(state))
+        tokenizer.add_prefix_space = True
     return tokenizer
 
 
@@ -93,10 +110,3 @@ def align_words(tokenizer, sentences: list[list[str]]) -> list[Alignment]:
         piece_kind = [WORD if w is not None else kinds.get(t, OTHER_SPECIAL) for t, w in zip(ids, word_ids)]
         alignments.append(Alignment(list(ids), piece_word, piece_kind, len(words)))
     return alignments
-
-
-def pieces_counter(tokenizer):
-    """`count(words) -> pieces including specials`, for packing coreference windows."""
-    def count(words: list[str]) -> int:
-        return len(align_words(tokenizer, [words])[0])
-    return count

@@ -1,0 +1,158 @@
+"""The Python API: everything the CLI does, returning DataFrames.
+
+    import headprobe
+    results = headprobe.run(treebank="en_ewt-ud-dev.conllu")        # bundled MiniLM
+    results.best_heads                                              # pandas DataFrame
+    results.save("out/")
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from headprobe import models
+from headprobe.corpora.conllu import read_conllu
+from headprobe.capture import n_layers_heads
+from headprobe.engine import Engine, is_causal
+from headprobe.results import Results, merge_unit_counts
+from headprobe.scorers.dependency import DependencyScorer
+from headprobe.scorers.positional import PositionalScorer
+from headprobe.scorers.surface import SurfaceScorer
+from headprobe.stats import N_BOOT, SEED
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
+SENTENCE_ANALYSES = ("dependency", "positional", "surface")
+ALL_ANALYSES = SENTENCE_ANALYSES + ("coreference",)
+CAUSAL_NOTE = (
+    "{model} is a causal (decoder) model: a word attends only to itself and earlier words. "
+    "dep->head can find a head only when the head precedes the dependent, and head<-dep only when "
+    "the head follows it; dep->head is the direction a causal model can express for left-headed arcs, "
+    "and coreference (attention from a mention to earlier words) is fully expressible."
+)
+
+
+def load_sentences(treebank=None, text=None, hf_dataset=None, skip_bad=False):
+    """Dependency examples from exactly one source (default: the bundled sample)."""
+    given = [x for x in (treebank, text, hf_dataset) if x is not None]
+    if len(given) > 1:
+        raise ValueError("give one of treebank, text, hf_dataset")
+    if text is not None:
+        from headprobe.corpora.spacy_text import parse_text
+        return parse_text(text), str(text), []
+    if hf_dataset is not None:
+        from headprobe.corpora.hf_datasets import read_hf_dataset
+        corpus = read_hf_dataset(hf_dataset, skip_bad=skip_bad)
+        return corpus, hf_dataset, corpus.skipped
+    path = treebank if treebank is not None else SAMPLE
+    corpus = read_conllu(path, skip_bad=skip_bad)
+    return corpus, str(path), corpus.skipped
+
+
+def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, out=None, analyses=None,
+        layers=None, batch_size: int = 64, device=None, dtype: str = "float32", from_mode: str = "mean",
+        window: int = 128, skip_bad: bool = False, progress: bool = True, seed: int = SEED,
+        n_boot: int = N_BOOT, pictures: bool = True, loaded=None) -> Results:
+    """Score every head of `model` and return (and with `out`, save) the results.
+
+    model: hub name, local path, or a bundled alias (`None`/"minilm", "smollm2").
+    treebank / text / hf_dataset: the sentence corpus (dependency, positional, surface);
+      with none of them and no `coref`, the bundled sample `data/sample.conllu`.
+    coref: a CorefUD CoNLL-U file for the coreference analysis.
+    loaded: an already loaded `(model, tokenizer, name)` to reuse.
+    """
+    started = time.perf_counter()
+    analyses = set(analyses or ALL_ANALYSES)
+    unknown = analyses - set(ALL_ANALYSES)
+    if unknown:
+        raise ValueError(f"unknown analyses {sorted(unknown)}; choose from {ALL_ANALYSES}")
+    if loaded is None:
+        loaded = models.load(model, device=device, dtype=dtype)
+    net, tokenizer, name = loaded
+    summary = {"model": name, "dtype": dtype, "device": str(next(net.parameters()).device),
+               "batch_size": batch_size, "from_mode": from_mode, "layers": layers, "notes": [],
+               "skipped": {}, "corpora": {}, "runs": {}}
+    frames, sentence_corpus = [], None
+    wants_sentences = analyses & set(SENTENCE_ANALYSES)
+    if wants_sentences and (coref is None or any(x is not None for x in (treebank, text, hf_dataset))):
+        sentence_corpus, source, bad = load_sentences(treebank, text, hf_dataset, skip_bad)
+        scorers = [cls() for key, cls in (("dependency", DependencyScorer), ("positional", PositionalScorer),
+                                          ("surface", SurfaceScorer)) if key in analyses]
+        engine = Engine(net, tokenizer, scorers, layers=layers, batch_size=batch_size, from_mode=from_mode,
+                        progress=progress, desc="sentences")
+        stats = engine.run(sentence_corpus)
+        summary["corpora"]["sentences"] = source
+        summary["runs"]["sentences"] = _run_stats(stats)
+        summary["skipped"]["malformed_sentences"] = len(bad)
+        summary["skipped"]["malformed_sources"] = list(bad)[:50]
+        summary["skipped"].update({f"sentences_{k}": v for k, v in stats["skipped"].items()})
+        frames += [s.unit_counts() for s in scorers]
+    if coref is not None and "coreference" in analyses:
+        from headprobe.corpora.corefud import read_coref_examples, tokenizer_piece_counter
+        from headprobe.scorers.coreference import CoreferenceScorer
+        windows = read_coref_examples(coref, tokenizer_piece_counter(tokenizer), window=window)
+        scorer = CoreferenceScorer()
+        engine = Engine(net, tokenizer, [scorer], layers=layers, batch_size=max(1, batch_size // 4),
+                        from_mode=from_mode, progress=progress, desc="coreference windows")
+        stats = engine.run(windows)
+        summary["corpora"]["coreference"] = str(coref)
+        summary["runs"]["coreference"] = _run_stats(stats)
+        summary["skipped"]["coreference_windows"] = dict(getattr(windows, "skipped_counts", {}) or {})
+        summary["skipped"]["coreference_sentences_too_long"] = len(getattr(windows, "skipped", []))
+        summary["skipped"].update({f"coreference_{k}": v for k, v in stats["skipped"].items()})
+        summary["coreference_corpus"] = dict(getattr(windows, "counts", {}) or {})
+        frames.append(scorer.unit_counts())
+    if not frames:
+        raise ValueError("nothing to score: give a sentence corpus and/or coref")
+    if is_causal(net):
+        summary["notes"].append(CAUSAL_NOTE.format(model=name))
+    summary["causal"] = is_causal(net)
+    summary["n_layers"], summary["n_heads"] = n_layers_heads(net)
+    summary["analyses"] = sorted(set(unit_counts_analyses(frames)))
+    unit_counts = merge_unit_counts(frames) if len(frames) > 1 else frames[0]
+    results = Results.from_unit_counts(unit_counts, summary, seed=seed, n_boot=n_boot)
+    if pictures and sentence_corpus is not None and "dependency" in analyses:
+        from headprobe.pictures import example_pictures
+        results.examples = example_pictures(net, tokenizer, results.best_heads, sentence_corpus, from_mode)
+    results.summary["seconds"] = round(time.perf_counter() - started, 2)
+    results.summary["headline"] = headline(results.best_heads)
+    if out is not None:
+        results.save(out)
+        results.summary["out"] = str(out)
+    return results
+
+
+def unit_counts_analyses(frames):
+    return [a for frame in frames for a in frame["analysis"].unique()]
+
+
+def _run_stats(stats: dict) -> dict:
+    seconds = stats["seconds"]
+    return {"examples": stats["examples"], "words": stats["words"], "seconds": round(seconds, 2),
+            "words_per_second": round(stats["words"] / seconds, 1) if seconds else None,
+            "final_batch_size": stats["batch_size"]}
+
+
+def headline(best_heads: pd.DataFrame, labels=("ALL", "nsubj", "det", "obj", "amod", "aux", "pronoun",
+                                                "proper", "nominal")) -> list[dict]:
+    rows = best_heads[best_heads["label"].isin(labels) & (best_heads["fold"] == "")]
+    keep = ["analysis", "label", "selection", "heads", "direction", "n", "accuracy", "ci_low", "ci_high",
+            "baseline_variant", "baseline_accuracy", "gap"]
+    return rows[keep].round(4).to_dict(orient="records")
+
+
+def attention_for_sentence(model, words_or_text, layer: int, head: int, from_mode: str = "mean",
+                           tokenizer=None) -> pd.DataFrame:
+    """Word x word attention of one head; `model` is a name/alias or a loaded (model, tokenizer)."""
+    from headprobe.pictures import attention_for_sentence as picture
+    if isinstance(model, (str, type(None))):
+        net, tokenizer, _ = models.load(model)
+    elif isinstance(model, tuple):
+        net, tokenizer = model[0], model[1]
+    else:
+        net = model
+    with torch.inference_mode():
+        return picture(net, tokenizer, words_or_text, layer, head, from_mode)

@@ -1,0 +1,134 @@
+"""Command line: `headprobe run ...` and `headprobe report RESULTS_DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from headprobe.corpora.base import CorpusError
+
+
+def parse_layers(text: str | None):
+    """'0,2,5' or '0-3' or '0-3,8' -> sorted list; None -> all layers."""
+    if not text:
+        return None
+    layers = set()
+    for part in text.split(","):
+        if "-" in part:
+            low, high = part.split("-", 1)
+            layers.update(range(int(low), int(high) + 1))
+        else:
+            layers.add(int(part))
+    return sorted(layers)
+
+
+def run_parser(sub):
+    p = sub.add_parser("run", help="score every attention head of a model on a corpus")
+    p.add_argument("--model", default=None,
+                   help="hub name or path; bundled aliases: minilm (default), smollm2")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--treebank", help="CoNLL-U file with gold dependencies (default: data/sample.conllu)")
+    source.add_argument("--text", help="raw text file, parsed with the bundled spaCy en_core_web_sm (silver arcs)")
+    source.add_argument("--hf-dataset", help="Hugging Face dataset NAME[:CONFIG[:SPLIT]] or a save_to_disk dir")
+    p.add_argument("--coref", help="CorefUD CoNLL-U file (Entity= in MISC) for the coreference analysis")
+    p.add_argument("--out", default="results", help="output directory (default: results)")
+    p.add_argument("--analyses", default=None,
+                   help="comma list of dependency,positional,surface,coreference (default: all that apply)")
+    p.add_argument("--device", default=None, help="cuda, cpu (default: cuda when available)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--layers", default=None, help="layers to score, e.g. 0-3,8 (default: all)")
+    p.add_argument("--from-mode", default="mean", choices=["mean", "first", "max"],
+                   help="pooling of attention FROM a word over its pieces (default: mean)")
+    p.add_argument("--window", type=int, default=128, help="coreference window in pieces (default: 128)")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed sentences (warn and count)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def best_table(best_heads, analyses=("dependency", "coreference"), max_rows=12) -> str:
+    import pandas as pd
+
+    rows = best_heads[(best_heads["fold"] == "") & best_heads["analysis"].isin(analyses)].copy()
+    if rows.empty:
+        return "(no dependency or coreference rows)"
+    rows = rows.sort_values(["analysis", "n"], ascending=[True, False])
+    keep = []
+    for analysis, group in rows.groupby("analysis", sort=False):
+        labels = list(dict.fromkeys(group["label"]))[: max_rows // 2]
+        keep.append(group[group["label"].isin(labels)])
+    table = pd.concat(keep)
+    table = table.assign(
+        accuracy=table["accuracy"].map("{:.4f}".format),
+        interval=[f"[{a:.3f}, {b:.3f}]" for a, b in zip(table["ci_low"], table["ci_high"])],
+        baseline=[f"{v:.4f} ({name})" if isinstance(name, str) else "" for v, name in
+                  zip(table["baseline_accuracy"], table["baseline_variant"])],
+        n=table["n"].astype(int),
+    )
+    cols = ["analysis", "label", "selection", "heads", "direction", "n", "accuracy", "interval", "baseline"]
+    return table[cols].to_string(index=False)
+
+
+def cmd_run(args) -> int:
+    import headprobe
+
+    analyses = args.analyses.split(",") if args.analyses else None
+    try:
+        results = headprobe.run(
+            args.model, treebank=args.treebank, text=args.text, hf_dataset=args.hf_dataset, coref=args.coref,
+            out=args.out, analyses=analyses, layers=parse_layers(args.layers), batch_size=args.batch_size,
+            device=args.device, dtype=args.dtype, from_mode=args.from_mode, window=args.window,
+            skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap)
+    except (CorpusError, FileNotFoundError, ValueError) as exc:
+        print(f"headprobe: error: {exc}", file=sys.stderr)
+        return 2
+    summary = results.summary
+    print(f"\nmodel: {summary['model']}  ({summary['n_layers']} layers x {summary['n_heads']} heads; "
+          f"layers and heads are 0-based, shown as layer-head)")
+    for note in summary["notes"]:
+        print(f"note: {note}")
+    skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
+    if skipped:
+        print(f"skipped: {skipped}")
+    print("\nbest heads (accuracy with 95% bootstrap interval; baseline = best fixed offset / best rule):")
+    print(best_table(results.best_heads))
+    out = Path(args.out)
+    if not args.no_report:
+        try:
+            from headprobe.report import build_report
+            paths = build_report(out)
+            print(f"\nreport: {paths.get('html')}  {paths.get('markdown', '')}")
+        except Exception as exc:  # the tables are already written; say what failed
+            print(f"headprobe: warning: report not written: {exc}", file=sys.stderr)
+    print(f"\nresults written to {out.resolve()}/ (counts, best_heads, baselines, positional_heads, surface "
+          f"as .parquet and .csv; summary.json)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from headprobe.report import build_report
+
+    paths = build_report(Path(args.results), Path(args.out) if args.out else None)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="headprobe", description="What do the attention heads of a Transformer do?")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser(sub)
+    rep = sub.add_parser("report", help="HTML + Markdown report of a results directory")
+    rep.add_argument("results", help="results directory written by `headprobe run`")
+    rep.add_argument("--out", default=None, help="report directory (default: RESULTS/report)")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("default")
+    return cmd_run(args) if args.command == "run" else cmd_report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

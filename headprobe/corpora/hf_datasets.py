@@ -1,0 +1,103 @@
+"""A Hugging Face `datasets` source: `NAME[:CONFIG[:SPLIT]]` -> dependency `Example`s.
+
+NAME is a hub dataset (e.g. `universal_dependencies:en_ewt:validation`, for
+users with hub access) or a local directory written by `save_to_disk`. Columns
+are found by their usual names: words in `tokens`/`words`/`form`, heads
+(1-based, 0 = root) in `head`/`heads`, relations in `deprel`/`deprels`, tags
+in `upos`/`pos` (class labels are turned into their names). A row with a bad
+head raises an error naming the dataset and row, or is skipped with `skip_bad`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from headprobe.corpora.base import CorpusError, Example, base_relation
+from headprobe.corpora.conllu import Corpus
+
+COLUMNS = {
+    "words": ("tokens", "words", "form", "forms"),
+    "heads": ("head", "heads"),
+    "deprels": ("deprel", "deprels"),
+    "upos": ("upos", "pos", "pos_tags"),
+}
+
+
+def parse_spec(spec: str) -> tuple[str, str | None, str]:
+    parts = spec.split(":")
+    if len(parts) > 3 or not parts[0]:
+        raise ValueError(f"--hf-dataset takes NAME[:CONFIG[:SPLIT]], not {spec!r}")
+    name = parts[0]
+    config = parts[1] if len(parts) > 1 and parts[1] else None
+    split = parts[2] if len(parts) > 2 and parts[2] else "validation"
+    return name, config, split
+
+
+def open_dataset(spec: str):
+    import datasets
+
+    name, config, split = parse_spec(spec)
+    if Path(name).exists():
+        data = datasets.load_from_disk(name)
+    else:
+        data = datasets.load_dataset(name, config, split=split)
+    if isinstance(data, datasets.DatasetDict):
+        if split not in data:
+            raise ValueError(f"{spec}: no split {split!r} (has {sorted(data)})")
+        data = data[split]
+    return data
+
+
+def _column(data, role: str, spec: str, required: bool = True):
+    for name in COLUMNS[role]:
+        if name in data.column_names:
+            return name
+    if required:
+        raise ValueError(f"{spec}: no {role} column (looked for {COLUMNS[role]}; has {data.column_names})")
+    return None
+
+
+def _label_names(data, column):
+    feature = data.features[column]
+    inner = getattr(feature, "feature", None)
+    return getattr(inner, "names", None)
+
+
+def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
+    data = open_dataset(spec)
+    words_col = _column(data, "words", spec)
+    heads_col = _column(data, "heads", spec)
+    rel_col = _column(data, "deprels", spec)
+    upos_col = _column(data, "upos", spec, required=False)
+    upos_names = _label_names(data, upos_col) if upos_col else None
+    corpus = Corpus()
+    for row_index, row in enumerate(data):
+        where = f"{spec} row {row_index}"
+        try:
+            words = list(row[words_col])
+            n = len(words)
+            heads = []
+            for k, head in enumerate(row[heads_col]):
+                try:
+                    value = int(head)
+                except (TypeError, ValueError):
+                    raise CorpusError(f"{where}: head {head!r} of word {k + 1} is not an integer") from None
+                if not 0 <= value <= n or value == k + 1:
+                    raise CorpusError(f"{where}: head {value} of word {k + 1} is not a word index in 0..{n}")
+                heads.append(value - 1)
+            rels = [base_relation(str(r)) for r in row[rel_col]]
+            if not (len(heads) == len(rels) == n) or n == 0:
+                raise CorpusError(f"{where}: {n} words, {len(heads)} heads, {len(rels)} relations")
+        except CorpusError as exc:
+            if not skip_bad:
+                raise
+            warnings.warn(f"skipping malformed sentence: {exc}", stacklevel=2)
+            corpus.skipped.append(str(exc))
+            continue
+        upos = None
+        if upos_col:
+            upos = [upos_names[t] if upos_names and isinstance(t, int) else str(t) for t in row[upos_col]]
+        unit = str(row.get("idx") or row.get("sent_id") or f"{spec}#{row_index}")
+        corpus.append(Example(words=words, unit=unit, source=where, heads=heads, deprels=rels, upos=upos))
+    return corpus
