@@ -37,30 +37,41 @@ def load_tokenizer(name_or_path: str, **kwargs):
     return prepare_tokenizer(AutoTokenizer.from_pretrained(name_or_path, **kwargs))
 
 
-def _prefix_space_on(node):
-    """Set add_prefix_space on every ByteLevel pre-tokenizer in a tokenizer.json tree."""
-    if isinstance(node, dict):
-        if node.get("type") == "ByteLevel":
-            node["add_prefix_space"] = True
-        for value in node.values():
-            _prefix_space_on(value)
-    elif isinstance(node, list):
-        for value in node:
-            _prefix_space_on(value)
+SPACE_SYMBOL = "\u0120"       # "Ġ", the byte-level symbol for " "
+
+
+def _adds_prefix_space(backend) -> bool:
+    """True if a pre-split word comes out of normalizer + pre-tokenizer with "Ġ" in front."""
+    text = backend.normalizer.normalize_str("a") if backend.normalizer is not None else "a"
+    splits = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer is not None else []
+    return bool(splits) and splits[0][0].startswith(SPACE_SYMBOL)
 
 
 def prepare_tokenizer(tokenizer):
-    """Check the tokenizer is fast; give byte-level BPE `add_prefix_space=True` (SPEC 1).
+    """Check the tokenizer is fast; give byte-level BPE a prefix space on every word (SPEC 1).
 
-    The flag is set in the backend tokenizer itself, so it holds for every
-    byte-level family (GPT-2, RoBERTa, Llama-3 style with a Split pre-tokenizer).
+    Done in the backend tokenizer itself (the `add_prefix_space` argument is ignored by
+    generic `PreTrainedTokenizerFast` files), so it holds for every byte-level family:
+    - GPT-2 / RoBERTa style (a ByteLevel pre-tokenizer that splits words itself):
+      its `add_prefix_space` is set;
+    - Llama-3 style (Split(regex) then ByteLevel): a " " is prepended to each word by
+      the normalizer, *before* the split, so "don't" -> "Ġdon", "'t" as in running text
+      (setting the ByteLevel flag there would give every split its own space: "Ġdon", "Ġ't").
+    Calling it twice changes nothing more.
     """
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"{tokenizer.name_or_path}: headprobe needs a fast tokenizer (for word_ids())")
-    if is_byte_level(tokenizer):
+    if is_byte_level(tokenizer) and not _adds_prefix_space(tokenizer.backend_tokenizer):
         state = json.loads(tokenizer.backend_tokenizer.to_str())
-        _prefix_space_on(state["pre_tokenizer"])
+        if state["pre_tokenizer"].get("type") == "ByteLevel":
+            state["pre_tokenizer"]["add_prefix_space"] = True
+        else:
+            prepend = {"type": "Prepend", "prepend": " "}
+            normalizer = state.get("normalizer")
+            state["normalizer"] = (prepend if normalizer is None
+                                   else {"type": "Sequence", "normalizers": [normalizer, prepend]})
         tokenizer._tokenizer = Tokenizer.from_str(json.dumps(state))
+    if is_byte_level(tokenizer):
         tokenizer.add_prefix_space = True
     return tokenizer
 

@@ -50,8 +50,11 @@ def is_causal(model) -> bool:
 
 def max_length(model, tokenizer) -> int:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    limits = [getattr(config, "max_position_embeddings", None), getattr(config, "n_positions", None),
-              getattr(tokenizer, "model_max_length", None)]
+    positions = getattr(config, "max_position_embeddings", None)
+    offset = getattr(getattr(model, "embeddings", None), "padding_idx", None)
+    if isinstance(positions, int) and isinstance(offset, int):
+        positions -= offset + 1          # RoBERTa-style position ids start after the padding index
+    limits = [positions, getattr(config, "n_positions", None), getattr(tokenizer, "model_max_length", None)]
     limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 10**7]
     return min(limits) if limits else 512
 

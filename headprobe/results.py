@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 
 from headprobe import stats
+from headprobe.scorers.base import compact, concat_compact, sum_duplicates
 
 TABLES = ("counts", "best_heads", "baselines", "positional_heads", "surface")
-KEY = ["analysis", "label", "unit", "layer", "head", "direction", "variant"]
 
 
 class Results:
@@ -38,10 +38,11 @@ class Results:
     def from_unit_counts(cls, unit_counts: pd.DataFrame, summary: dict | None = None, examples=None,
                          seed: int = stats.SEED, n_boot: int = stats.N_BOOT) -> "Results":
         counts = stats.tidy_counts(unit_counts, seed)
+        best_heads, baselines = stats.selection_tables(unit_counts, seed, n_boot)
         tables = {
             "counts": counts,
-            "best_heads": stats.best_heads(unit_counts, seed, n_boot),
-            "baselines": stats.baselines(unit_counts, seed, n_boot),
+            "best_heads": best_heads,
+            "baselines": baselines,
             "positional_heads": stats.positional_heads(counts),
             "surface": stats.surface_table(counts),
         }
@@ -87,8 +88,7 @@ class Results:
 
 def merge_unit_counts(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Concatenate per-unit counts and sum rows with the same key."""
-    whole = pd.concat(frames, ignore_index=True)
-    return whole.groupby(KEY, sort=False, dropna=False)[["n", "hits", "mass"]].sum(min_count=1).reset_index()
+    return sum_duplicates(concat_compact([compact(f) for f in frames]))
 
 
 def load_results(directory: str | Path) -> Results:

@@ -15,6 +15,8 @@ added together give the same answers as one run.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import pandas as pd
 
@@ -33,19 +35,39 @@ def assign_folds(units, seed: int = SEED) -> dict[str, int]:
     return {ordered[i]: int(rank >= half) for rank, i in enumerate(order)}
 
 
-def fold_map(unit_counts: pd.DataFrame, seed: int = SEED) -> pd.Series:
-    """The fold of every row of `unit_counts` (folds drawn per analysis)."""
-    folds = pd.Series(0, index=unit_counts.index, dtype=int)
-    for analysis, rows in unit_counts.groupby("analysis", sort=False):
-        mapping = assign_folds(rows["unit"].unique(), seed)
-        folds.loc[rows.index] = rows["unit"].map(mapping).to_numpy()
+def codes(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(integer code per row, category values) of a column, categorical or not."""
+    values = frame[column]
+    if not isinstance(values.dtype, pd.CategoricalDtype):
+        values = values.astype(str).astype("category")
+    return values.cat.codes.to_numpy(), np.asarray(values.cat.categories.astype(str))
+
+
+def fold_map(unit_counts: pd.DataFrame, seed: int = SEED) -> np.ndarray:
+    """The fold of every row of `unit_counts` (folds drawn per analysis, over its units)."""
+    folds = np.zeros(len(unit_counts), dtype=np.int8)
+    analysis, _ = codes(unit_counts, "analysis")
+    unit, unit_names = codes(unit_counts, "unit")
+    for a in np.unique(analysis):
+        rows = analysis == a
+        present = np.unique(unit[rows])
+        mapping = assign_folds(unit_names[present], seed)
+        fold_of = np.zeros(len(unit_names), dtype=np.int8)
+        fold_of[present] = [mapping[u] for u in unit_names[present]]
+        folds[rows] = fold_of[unit[rows]]
     return folds
 
 
 def tidy_counts(unit_counts: pd.DataFrame, seed: int = SEED) -> pd.DataFrame:
     """SPEC 5 tidy table: whole data (fold "") and each half (fold "0"/"1")."""
     def total(frame):
-        return frame.groupby(KEYS, sort=True, dropna=False)[["n", "hits", "mass"]].sum(min_count=1).reset_index()
+        summed = frame.groupby(KEYS, sort=True, observed=True, dropna=False)[["n", "hits", "mass"]]
+        out = summed.sum(min_count=1).reset_index()
+        for column in ("analysis", "label", "direction", "variant"):
+            out[column] = out[column].astype(str)
+        for column in ("n", "hits", "mass"):
+            out[column] = out[column].astype(np.float64)
+        return out.astype({"layer": int, "head": int})
 
     whole = total(unit_counts).assign(fold="")
     folds = fold_map(unit_counts, seed)
@@ -54,12 +76,15 @@ def tidy_counts(unit_counts: pd.DataFrame, seed: int = SEED) -> pd.DataFrame:
     return out[["analysis", "label", "layer", "head", "direction", "variant", "fold", "n", "hits", "mass"]]
 
 
+@lru_cache(maxsize=64)
 def bootstrap_weights(n_units: int, seed: int = SEED, n_boot: int = N_BOOT) -> np.ndarray:
-    """[resample, unit]: how often each unit is drawn in each resample."""
-    if n_units == 0:
-        return np.zeros((n_boot, 0))
+    """[resample, unit]: how often each unit is drawn in each resample (read-only, cached)."""
     rng = np.random.default_rng(seed)
-    return rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=n_boot).astype(np.float64)
+    draws = rng.integers(0, n_units, size=(n_boot, n_units)) if n_units else np.zeros((n_boot, 0), int)
+    flat = (np.arange(n_boot)[:, None] * n_units + draws).ravel()
+    weights = np.bincount(flat, minlength=n_boot * n_units).reshape(n_boot, n_units).astype(np.float64)
+    weights.flags.writeable = False
+    return weights
 
 
 def interval(values: np.ndarray) -> tuple[float, float]:
@@ -75,32 +100,32 @@ def ratio(hits, n):
         return np.where(n > 0, hits / np.where(n > 0, n, 1), np.nan)
 
 
+def add_up(shape, rows, columns, values) -> np.ndarray:
+    """A dense [rows, columns] matrix with `values` summed at (rows, columns)."""
+    flat = np.bincount(rows * shape[1] + columns, weights=values, minlength=shape[0] * shape[1])
+    return flat.reshape(shape)
+
+
 class LabelTable:
     """Per-unit hits and trials of every candidate head and every baseline, for one label."""
 
-    def __init__(self, rows: pd.DataFrame, units: list[str]):
-        unit_index = {u: i for i, u in enumerate(units)}
-        heads = rows[rows["variant"] == ""]
-        cands = heads[["layer", "head", "direction"]].drop_duplicates()
-        cands = cands.assign(rank=cands["direction"].map(DIRECTION_ORDER)).sort_values(["layer", "head", "rank"])
-        self.candidates = list(cands[["layer", "head", "direction"]].itertuples(index=False, name=None))
-        cand_index = {c: i for i, c in enumerate(self.candidates)}
-        self.hits = np.zeros((len(units), len(self.candidates)))                     # [unit, candidate]
-        self.n = np.zeros_like(self.hits)
-        u = heads["unit"].map(unit_index).to_numpy()
-        c = np.array([cand_index[k] for k in zip(heads["layer"], heads["head"], heads["direction"])], dtype=int)
-        np.add.at(self.hits, (u, c), heads["hits"].to_numpy(dtype=float))
-        np.add.at(self.n, (u, c), heads["n"].to_numpy(dtype=float))
-        base = rows[rows["variant"] != ""]
-        self.variants = sorted(base["variant"].unique(), key=_variant_key)
+    def __init__(self, unit_code: np.ndarray, n_units: int, variant: np.ndarray, direction: np.ndarray,
+                 layer: np.ndarray, head: np.ndarray, n: np.ndarray, hits: np.ndarray):
+        # all arrays: [row] of one label; unit_code indexes the analysis's units; variant "" for heads
+        is_head = variant == ""
+        cand_key = (layer.astype(np.int64) * 100_000 + head) * 4 + direction             # sorts as (layer, head, dir)
+        keys, cand_code = np.unique(cand_key[is_head], return_inverse=True)
+        order = {v: k for k, v in DIRECTION_ORDER.items()}
+        self.candidates = [(int(k // 4 // 100_000), int(k // 4 % 100_000), order[int(k % 4)]) for k in keys]
+        shape = (n_units, len(self.candidates))
+        self.hits = add_up(shape, unit_code[is_head], cand_code, hits[is_head])        # [unit, candidate]
+        self.n = add_up(shape, unit_code[is_head], cand_code, n[is_head])
+        self.variants = sorted(set(variant[~is_head]), key=_variant_key)
         var_index = {v: i for i, v in enumerate(self.variants)}
-        self.base_hits = np.zeros((len(units), len(self.variants)))                   # [unit, variant]
-        self.base_n = np.zeros_like(self.base_hits)
-        if len(base):
-            u = base["unit"].map(unit_index).to_numpy()
-            v = base["variant"].map(var_index).to_numpy()
-            np.add.at(self.base_hits, (u, v), base["hits"].to_numpy(dtype=float))
-            np.add.at(self.base_n, (u, v), base["n"].to_numpy(dtype=float))
+        var_code = np.array([var_index[v] for v in variant[~is_head]], dtype=np.int64)
+        shape = (n_units, len(self.variants))
+        self.base_hits = add_up(shape, unit_code[~is_head], var_code, hits[~is_head])   # [unit, variant]
+        self.base_n = add_up(shape, unit_code[~is_head], var_code, n[~is_head])
 
     def select(self, mask: np.ndarray) -> tuple[int, int | None]:
         """Best candidate and best baseline on the units in `mask` (first maximum wins)."""
@@ -135,87 +160,120 @@ def _row(analysis, label, selection, fold, cand, base_name, hits, n, base_hits, 
     return row
 
 
-def best_heads(unit_counts: pd.DataFrame, seed: int = SEED, n_boot: int = N_BOOT) -> pd.DataFrame:
-    """Best (layer, head, direction) per analysis and label, in-sample and held-out."""
-    out = []
+BEST_COLUMNS = ["analysis", "label", "selection", "fold", "layer", "head", "direction", "heads", "n", "hits",
+                "accuracy", "ci_low", "ci_high", "baseline_variant", "baseline_hits", "baseline_accuracy", "gap",
+                "gap_low", "gap_high"]
+BASELINE_COLUMNS = ["analysis", "label", "variant", "n", "hits", "accuracy", "ci_low", "ci_high"]
+
+
+def selection_tables(unit_counts: pd.DataFrame, seed: int = SEED, n_boot: int = N_BOOT):
+    """(best_heads, baselines) for every scored analysis and label.
+
+    One bootstrap matrix per analysis, over all its units, serves every label,
+    fold, head and baseline: intervals are over units (sentences, documents)
+    and every gap is paired.
+    """
+    best, base = [], []
+    analysis_code, analysis_names = codes(unit_counts, "analysis")
     for analysis in SCORED:
-        rows = unit_counts[unit_counts["analysis"] == analysis]
-        if rows.empty:
+        if analysis not in analysis_names:
             continue
-        units = sorted(rows["unit"].unique())
-        folds = np.array([assign_folds(units, seed)[u] for u in units])
-        for label, label_rows in rows.groupby("label", sort=True):
-            table = LabelTable(label_rows, units)
-            if not table.candidates:
+        rows = unit_counts[analysis_code == list(analysis_names).index(analysis)]
+        unit, unit_names = codes(rows, "unit")
+        present_codes = np.unique(unit)
+        units = sorted(unit_names[present_codes])
+        position = np.full(len(unit_names), -1)
+        position[present_codes] = pd.Index(units).get_indexer(unit_names[present_codes])
+        mapping = assign_folds(units, seed)
+        folds = np.array([mapping[u] for u in units])
+        weights = bootstrap_weights(len(units), seed, n_boot)                       # [resample, unit]
+        label, label_names = codes(rows, "label")
+        variant_code, variant_names = codes(rows, "variant")
+        direction_code, direction_names = codes(rows, "direction")
+        direction_rank = np.array([DIRECTION_ORDER[d] for d in direction_names])[direction_code]
+        variant = variant_names[variant_code]
+        layer, head = rows["layer"].to_numpy(), rows["head"].to_numpy()
+        n, hits = rows["n"].to_numpy(np.float64), rows["hits"].to_numpy(np.float64)
+        by_label = np.argsort(label, kind="stable")
+        bounds = np.searchsorted(label[by_label], np.arange(len(label_names) + 1))
+        for index in sorted(range(len(label_names)), key=lambda i: label_names[i]):
+            take = by_label[bounds[index]:bounds[index + 1]]
+            if take.size == 0:
                 continue
-            present = (table.n.sum(1) > 0) | (table.base_n.sum(1) > 0)
-            out.extend(_label_rows(analysis, label, table, present, folds, seed, n_boot))
-    columns = ["analysis", "label", "selection", "fold", "layer", "head", "direction", "heads", "n", "hits",
-               "accuracy", "ci_low", "ci_high", "baseline_variant", "baseline_hits", "baseline_accuracy", "gap",
-               "gap_low", "gap_high"]
-    frame = pd.DataFrame(out)
+            table = LabelTable(position[unit[take]], len(units), variant[take], direction_rank[take],
+                               layer[take], head[take], n[take], hits[take])
+            name = label_names[index]
+            for v, variant_name in enumerate(table.variants):
+                bh, bn = table.base_hits[:, v], table.base_n[:, v]
+                low, high = interval(ratio(weights @ bh, weights @ bn))
+                base.append(dict(analysis=analysis, label=name, variant=variant_name, n=bn.sum(), hits=bh.sum(),
+                                 accuracy=ratio(bh.sum(), bn.sum()).item(), ci_low=low, ci_high=high))
+            if table.candidates:
+                best.extend(_label_rows(analysis, name, table, folds, weights))
+    return _best_frame(best), pd.DataFrame(base, columns=BASELINE_COLUMNS)
+
+
+def _best_frame(rows: list[dict]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
     if frame.empty:
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=BEST_COLUMNS)
     if "heads" not in frame:
         frame["heads"] = np.nan
     frame["heads"] = [given if isinstance(given, str) else (f"{l}-{h}" if l >= 0 else "")
                       for given, l, h in zip(frame["heads"], frame["layer"], frame["head"])]
-    for column in columns:
+    for column in BEST_COLUMNS:
         if column not in frame:
             frame[column] = np.nan
-    return frame[columns]
+    return frame[BEST_COLUMNS]
 
 
-def _label_rows(analysis, label, table, present, folds, seed, n_boot):
-    def evaluate(selection, fold, cand_per_unit, base_per_unit, mask, cand, base_name, salt):
-        idx = np.nonzero(mask)[0]
-        hits = table.hits[idx, cand_per_unit[idx]]
-        n = table.n[idx, cand_per_unit[idx]]
-        weights = bootstrap_weights(len(idx), seed + salt, n_boot)
-        if table.variants:
-            bh, bn = table.base_hits[idx, base_per_unit[idx]], table.base_n[idx, base_per_unit[idx]]
-        else:
-            bh = bn = None
-        return _row(analysis, label, selection, fold, cand, base_name, hits, n, bh, bn, weights)
-
-    rows = []
-    everyone = present.copy()
-    best, base = table.select(everyone)
-    units = np.arange(len(present))
-    full = lambda value: np.full(len(present), value if value is not None else 0)
-    rows.append(evaluate("in-sample", "", full(best), full(base), everyone, table.candidates[best],
-                         table.variants[base] if base is not None else None, 0))
-    # held-out: select on fold f, evaluate on fold 1 - f
-    chosen = {f: table.select(present & (folds == f)) for f in (0, 1)}
-    cand_per_unit = np.array([chosen[1 - folds[u]][0] for u in units])
-    base_per_unit = np.array([chosen[1 - folds[u]][1] or 0 for u in units])
-    for f in (0, 1):
-        c, b = chosen[1 - f]
-        rows.append(evaluate("held-out", str(f), cand_per_unit, base_per_unit, present & (folds == f),
-                             table.candidates[c], table.variants[b] if b is not None else None, 1 + f))
-    same = chosen[0][0] == chosen[1][0]
-    same_base = chosen[0][1] == chosen[1][1]
-    pooled = evaluate("held-out", "", cand_per_unit, base_per_unit, present,
-                      table.candidates[chosen[0][0]] if same else None,
-                      (table.variants[chosen[0][1]] if same_base else "per fold") if table.variants else None, 3)
-    if not same:   # the two folds chose different heads: name both (selected on fold 0 | on fold 1)
-        pooled["heads"] = " | ".join("{}-{}".format(*table.candidates[chosen[f][0]][:2]) for f in (0, 1))
-    rows.append(pooled)
-    return rows
+def best_heads(unit_counts: pd.DataFrame, seed: int = SEED, n_boot: int = N_BOOT) -> pd.DataFrame:
+    """Best (layer, head, direction) per analysis and label, in-sample and held-out."""
+    return selection_tables(unit_counts, seed, n_boot)[0]
 
 
 def baselines(unit_counts: pd.DataFrame, seed: int = SEED, n_boot: int = N_BOOT) -> pd.DataFrame:
     """Every baseline's accuracy with its bootstrap interval, per analysis and label."""
-    base = unit_counts[unit_counts["variant"] != ""]
-    out = []
-    for (analysis, label, variant), rows in base.groupby(["analysis", "label", "variant"], sort=True):
-        per_unit = rows.groupby("unit")[["hits", "n"]].sum()
-        hits, n = per_unit["hits"].to_numpy(float), per_unit["n"].to_numpy(float)
-        weights = bootstrap_weights(len(per_unit), seed, n_boot)
-        low, high = interval(ratio(weights @ hits, weights @ n))
-        out.append(dict(analysis=analysis, label=label, variant=variant, n=n.sum(), hits=hits.sum(),
-                        accuracy=ratio(hits.sum(), n.sum()).item(), ci_low=low, ci_high=high))
-    return pd.DataFrame(out, columns=["analysis", "label", "variant", "n", "hits", "accuracy", "ci_low", "ci_high"])
+    return selection_tables(unit_counts, seed, n_boot)[1]
+
+
+def _label_rows(analysis, label, table, folds, weights):
+    """In-sample, held-out per fold and pooled held-out rows for one label."""
+    n_units = len(folds)
+
+    units = np.arange(n_units)
+
+    def evaluate(selection, fold, cand_per_unit, base_per_unit, mask, cand, base_name):
+        # per-unit vectors over all units, zero outside `mask`: resampled units outside add nothing
+        pick = lambda matrix, column: np.where(mask, matrix[units, column], 0.0)
+        hits, n = pick(table.hits, cand_per_unit), pick(table.n, cand_per_unit)
+        bh = bn = None
+        if table.variants:
+            bh, bn = pick(table.base_hits, base_per_unit), pick(table.base_n, base_per_unit)
+        return _row(analysis, label, selection, fold, cand, base_name, hits, n, bh, bn, weights)
+
+    everyone = np.ones(n_units, dtype=bool)
+    best, base = table.select(everyone)
+    full = lambda value: np.full(n_units, value if value is not None else 0)
+    rows = [evaluate("in-sample", "", full(best), full(base), everyone, table.candidates[best],
+                     table.variants[base] if base is not None else None)]
+    # held-out: select on fold f, evaluate on the other fold, and swap
+    chosen = {f: table.select(folds == f) for f in (0, 1)}
+    cand_per_unit = np.array([chosen[1 - f][0] for f in folds])
+    base_per_unit = np.array([chosen[1 - f][1] or 0 for f in folds])
+    for f in (0, 1):
+        c, b = chosen[1 - f]
+        rows.append(evaluate("held-out", str(f), cand_per_unit, base_per_unit, folds == f,
+                             table.candidates[c], table.variants[b] if b is not None else None))
+    same = chosen[0][0] == chosen[1][0]
+    same_base = chosen[0][1] == chosen[1][1]
+    pooled = evaluate("held-out", "", cand_per_unit, base_per_unit, everyone,
+                      table.candidates[chosen[0][0]] if same else None,
+                      (table.variants[chosen[0][1]] if same_base else "per fold") if table.variants else None)
+    if not same:   # the two folds chose different heads: name both (selected on fold 0 | on fold 1)
+        pooled["heads"] = " | ".join("{}-{}".format(*table.candidates[chosen[f][0]][:2]) for f in (0, 1))
+    rows.append(pooled)
+    return rows
 
 
 def positional_heads(counts: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:

@@ -51,8 +51,8 @@ class CountScorer:
         raise NotImplementedError
 
     def end_batch(self, batch) -> None:
-        if self._keys:
-            self.chunks_.append(self._frame(self._values.cpu().numpy()))
+        if self._keys:   # compact: keys + float32 [layer, direction, row, head] + trials [row, direction]
+            self.chunks_.append((self._keys, self._values.float().cpu().numpy(), self._n.astype(np.float32)))
         self.baseline_rows_.extend(self._baselines)
         del self._values
 
@@ -73,37 +73,79 @@ class CountScorer:
         self._baselines.append(dict(analysis=self.analysis, label=label, unit=unit, layer=-1, head=-1,
                                     direction="", variant=variant, n=n, hits=hits, mass=np.nan))
 
-    def _frame(self, values: np.ndarray) -> pd.DataFrame:
-        n_layers, n_dirs, n_rows, n_heads = values.shape
-        shape = values.shape
-        layer = np.broadcast_to(np.asarray(self.layers)[:, None, None, None], shape).ravel()
-        direction = np.broadcast_to(np.arange(n_dirs)[None, :, None, None], shape).ravel()
+    # -- results ----------------------------------------------------------------------
+    def unit_counts(self) -> pd.DataFrame:
+        """Per-unit counts as a tidy frame (categorical keys, float32 values); duplicate keys summed."""
+        frames = [self._frame(*chunk) for chunk in self.chunks_]
+        if self.baseline_rows_:
+            frames.append(compact(pd.DataFrame(self.baseline_rows_, columns=UNIT_COLUMNS)))
+        if not frames:
+            return pd.DataFrame(columns=UNIT_COLUMNS)
+        return sum_duplicates(concat_compact(frames))
+
+    def _frame(self, keys, values: np.ndarray, n: np.ndarray) -> pd.DataFrame:
+        shape = values.shape                                          # [layer, direction, row, head]
+        n_layers, n_dirs, n_rows, n_heads = shape
+        layer = np.broadcast_to(np.asarray(self.layers, dtype=np.int16)[:, None, None, None], shape).ravel()
+        direction = np.broadcast_to(np.arange(n_dirs, dtype=np.int8)[None, :, None, None], shape).ravel()
         row = np.broadcast_to(np.arange(n_rows)[None, None, :, None], shape).ravel()
-        head = np.broadcast_to(np.arange(n_heads)[None, None, None, :], shape).ravel()
-        units = np.array([k[0] for k in self._keys], dtype=object)
-        labels = np.array([k[1] for k in self._keys], dtype=object)
+        head = np.broadcast_to(np.arange(n_heads, dtype=np.int16)[None, None, None, :], shape).ravel()
+        units = pd.Categorical([k[0] for k in keys])
+        labels = pd.Categorical([k[1] for k in keys])
         flat = values.ravel()
+        nan = np.full(flat.shape, np.nan, dtype=np.float32)
         return pd.DataFrame({
-            "analysis": self.analysis,
+            "analysis": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [self.analysis]),
             "label": labels[row],
             "unit": units[row],
             "layer": layer,
             "head": head,
-            "direction": np.array(self.directions, dtype=object)[direction],
-            "variant": "",
-            "n": self._n[row, direction],
-            "hits": flat if self.value == "hits" else np.nan,
-            "mass": flat if self.value == "mass" else np.nan,
+            "direction": pd.Categorical.from_codes(direction, list(self.directions)),
+            "variant": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [""]),
+            "n": n[row, direction],
+            "hits": flat if self.value == "hits" else nan,
+            "mass": flat if self.value == "mass" else nan,
         })
 
-    # -- results ----------------------------------------------------------------------
-    def unit_counts(self) -> pd.DataFrame:
-        frames = [f for f in self.chunks_ if len(f)]
-        if self.baseline_rows_:
-            frames.append(pd.DataFrame(self.baseline_rows_, columns=UNIT_COLUMNS))
-        if not frames:
-            return pd.DataFrame(columns=UNIT_COLUMNS)
-        return pd.concat(frames, ignore_index=True)[UNIT_COLUMNS]
+
+CATEGORICAL = ["analysis", "label", "unit", "direction", "variant"]
+
+
+def compact(frame: pd.DataFrame) -> pd.DataFrame:
+    """Unit counts with categorical keys, int16 layer/head and float32 values."""
+    frame = frame.copy()
+    for column in CATEGORICAL:
+        frame[column] = frame[column].astype(str).astype("category")
+    for column in ("layer", "head"):
+        frame[column] = frame[column].astype(np.int16)
+    for column in ("n", "hits", "mass"):
+        frame[column] = frame[column].astype(np.float32)
+    return frame[UNIT_COLUMNS]
+
+
+def concat_compact(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenate unit-count frames keeping the key columns categorical."""
+    from pandas.api.types import union_categoricals
+
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=UNIT_COLUMNS)
+    out = {}
+    for column in UNIT_COLUMNS:
+        if column in CATEGORICAL:
+            out[column] = union_categoricals([pd.Categorical(f[column]) for f in frames])
+        else:
+            out[column] = np.concatenate([f[column].to_numpy() for f in frames])
+    return pd.DataFrame(out)
+
+
+def sum_duplicates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Sum rows that share (analysis, label, unit, layer, head, direction, variant)."""
+    keys = UNIT_COLUMNS[:7]
+    if not frame.duplicated(keys).any():
+        return frame.reset_index(drop=True)
+    summed = frame.groupby(keys, observed=True, sort=False)[["n", "hits", "mass"]].sum(min_count=1)
+    return summed.reset_index()[UNIT_COLUMNS]
 
 
 def masked_word_attention(att, batch, drop_self: bool) -> torch.Tensor:

@@ -1,0 +1,82 @@
+"""A renderer-neutral report: sections of paragraphs, lists, tables and figures.
+
+`html.py` and `markdown.py` render the same `Document`, so the two reports carry
+the same content. Text is plain (no markup); renderers escape it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Cell:
+    text: str
+    attrs: dict = field(default_factory=dict)     # becomes data-* attributes in HTML
+    numeric: bool = False
+    wrap: bool = False                            # long text: may wrap (HTML)
+
+
+@dataclass
+class Table:
+    name: str                                     # id / file-safe name
+    caption: str
+    columns: list[str]
+    rows: list[list[Cell]]
+    row_attrs: list[dict] = field(default_factory=list)
+    collapsed: bool = False                       # long tables: folded in HTML (<details>)
+
+
+@dataclass
+class Figure:
+    name: str                                     # file stem under figures/
+    png: bytes
+    caption: str
+    alt: str = ""
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.png"
+
+
+@dataclass
+class Paragraph:
+    text: str
+    note: bool = False                            # an aside / warning
+
+
+@dataclass
+class BulletList:
+    items: list[str]
+    ordered: bool = False
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    blocks: list = field(default_factory=list)
+    level: int = 2
+
+    def add(self, block):
+        self.blocks.append(block)
+        return block
+
+
+@dataclass
+class Document:
+    title: str
+    subtitle: str = ""
+    sections: list[Section] = field(default_factory=list)
+
+    def figures(self) -> list[Figure]:
+        return [b for s in self.sections for b in s.blocks if isinstance(b, Figure)]
+
+    def tables(self) -> list[Table]:
+        return [b for s in self.sections for b in s.blocks if isinstance(b, Table)]
+
+
+def slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9]+", "-", str(text)).strip("-").lower()
+    return s or "x"

@@ -1,0 +1,413 @@
+"""Report figures (seaborn / matplotlib), each returned as PNG bytes.
+
+Figures are drawn on `matplotlib.figure.Figure` objects with the Agg canvas,
+never through pyplot, so building a report touches no global backend state
+(it works headless and inside a notebook with an inline backend alike).
+Layers and heads are 0-based on every axis.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+from headprobe.report import tables as T
+from headprobe.report.roles import ROLE_COLORS, ROLE_ORDER
+
+DPI = 100
+ANNOTATE_MAX_CELLS = 160
+EXAMPLE_MAX_WORDS = 40
+
+
+def new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def to_png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI,
+                metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _finish(fig: Figure, suptitle: str = ""):
+    """Lay the panels out, leaving room for a figure title."""
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+        top = 1 - 0.45 / fig.get_figheight()
+        fig.tight_layout(rect=(0, 0, 1, top))
+    else:
+        fig.tight_layout()
+
+
+def _panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
+    return max(3.2, 0.42 * n_heads + 1.6), max(2.4, 0.3 * n_layers + 1.2)
+
+
+def draw_heatmap(ax, mat: np.ndarray, *, cmap="viridis", vmin=None, vmax=None,
+                 annot_text: np.ndarray | None = None, cbar_label: str | None = "",
+                 xticklabels=None, yticklabels=None, fontsize: float = 7, lines: bool = True):
+    """A seaborn-style heatmap drawn with plain matplotlib (row 0 at the top).
+
+    seaborn.heatmap redraws the whole figure to test tick-label overlap, which makes
+    figures with many panels slow; this draws each panel once. NaN cells are grey.
+    """
+    n_rows, n_cols = mat.shape
+    cm = (colormaps[cmap] if isinstance(cmap, str) else cmap).with_extremes(bad="#e8e8e8")
+    finite = mat[np.isfinite(mat)]
+    if vmin is None:
+        vmin = float(finite.min()) if finite.size else 0.0
+    if vmax is None:
+        vmax = float(finite.max()) if finite.size else 1.0
+    if vmax <= vmin:
+        vmax = vmin + 1e-9
+    mesh = ax.pcolormesh(np.arange(n_cols + 1), np.arange(n_rows + 1), np.ma.masked_invalid(mat),
+                         cmap=cm, vmin=vmin, vmax=vmax,
+                         edgecolors="white" if lines else "face", linewidth=0.5 if lines else 0)
+    ax.set_xlim(0, n_cols)
+    ax.set_ylim(n_rows, 0)
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    if cbar_label is not None:
+        cb = ax.figure.colorbar(mesh, ax=ax, shrink=0.85, pad=0.02)
+        cb.set_label(cbar_label, fontsize=fontsize + 1)
+        cb.ax.tick_params(labelsize=fontsize)
+        cb.outline.set_visible(False)
+    if annot_text is not None:
+        for i in range(n_rows):
+            for j in range(n_cols):
+                text = annot_text[i, j]
+                if text is None or text == "":
+                    continue
+                v = mat[i, j]
+                rgba = cm((v - vmin) / (vmax - vmin)) if np.isfinite(v) else (0.9, 0.9, 0.9, 1)
+                lum = 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2]
+                ax.text(j + 0.5, i + 0.5, str(text), ha="center", va="center", fontsize=fontsize,
+                        color="white" if lum < 0.45 else "black")
+    if xticklabels is not None:
+        ax.set_xticks([k + 0.5 for k in range(n_cols)])
+        ax.set_xticklabels(xticklabels, rotation=90, fontsize=fontsize)
+    if yticklabels is not None:
+        ax.set_yticks([k + 0.5 for k in range(n_rows)])
+        ax.set_yticklabels(yticklabels, fontsize=fontsize)
+    ax.tick_params(length=2)
+    return mesh
+
+
+def layer_head_heatmap(ax, mat: np.ndarray, title: str, cmap="viridis", center=None,
+                       vmin=None, vmax=None, annot: bool | None = None, fmt=".2f",
+                       cbar_label: str = "", annot_text: np.ndarray | None = None):
+    """Draw one layer (rows) x head (columns) heatmap on `ax`."""
+    n_layers, n_heads = mat.shape
+    if annot is None:
+        annot = n_layers * n_heads <= ANNOTATE_MAX_CELLS
+    ax.set_title(title, fontsize=9)
+    if not np.isfinite(mat).any():
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return ax
+    if center is not None and (vmin is None or vmax is None):
+        lim = float(np.nanmax(np.abs(mat - center))) or 1.0
+        vmin, vmax = center - lim, center + lim
+    text = None
+    if annot:
+        text = annot_text if annot_text is not None else np.vectorize(
+            lambda v: "" if not np.isfinite(v) else format(v, fmt), otypes=[object])(mat)
+    draw_heatmap(ax, mat, cmap=cmap, vmin=vmin, vmax=vmax, annot_text=text,
+                 cbar_label=cbar_label)
+    ax.set_xlabel("head (0-based)", fontsize=8)
+    ax.set_ylabel("layer (0-based)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    _thin_ticks(ax, n_layers, n_heads)
+    return ax
+
+
+def _thin_ticks(ax, n_layers, n_heads):
+    step_y = max(1, math.ceil(n_layers / 16))
+    step_x = max(1, math.ceil(n_heads / 16))
+    ax.set_yticks([i + 0.5 for i in range(0, n_layers, step_y)])
+    ax.set_yticklabels([str(i) for i in range(0, n_layers, step_y)], rotation=0)
+    ax.set_xticks([i + 0.5 for i in range(0, n_heads, step_x)])
+    ax.set_xticklabels([str(i) for i in range(0, n_heads, step_x)], rotation=0)
+
+
+def _sym(*mats) -> float:
+    vals = np.concatenate([np.abs(m[~np.isnan(m)]).ravel() for m in mats] + [np.array([0.05])])
+    return float(max(0.05, np.nanmax(vals)))
+
+
+def accuracy_gap_figure(panels: list[tuple[str, np.ndarray, np.ndarray | None, str]],
+                        suptitle: str = "") -> bytes:
+    """Rows of (accuracy heatmap, accuracy - baseline heatmap).
+
+    `panels`: list of (row title, accuracy matrix, gap matrix or None, baseline text).
+    """
+    n_rows = len(panels)
+    n_layers, n_heads = panels[0][1].shape
+    w, h = _panel_size(n_layers, n_heads)
+    fig = new_figure(2 * w + 0.6, n_rows * h + 0.6)
+    axes = fig.subplots(n_rows, 2, squeeze=False)
+    gaps = [p[2] for p in panels if p[2] is not None]
+    lim = _sym(*gaps) if gaps else 0.1
+    for i, (title, acc, gap, base_text) in enumerate(panels):
+        layer_head_heatmap(axes[i, 0], acc, f"{title}: accuracy", cmap="viridis",
+                           vmin=0, vmax=1, cbar_label="accuracy")
+        if gap is None:
+            axes[i, 1].text(0.5, 0.5, "no baseline in counts", ha="center", va="center",
+                            transform=axes[i, 1].transAxes)
+            axes[i, 1].set_axis_off()
+        else:
+            layer_head_heatmap(axes[i, 1], gap, f"{title}: accuracy − baseline ({base_text})",
+                               cmap="RdBu_r", center=0, vmin=-lim, vmax=lim,
+                               cbar_label="gap")
+    _finish(fig, suptitle)
+    return to_png(fig)
+
+
+def _small_panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
+    return max(2.8, 0.22 * n_heads + 1.9), max(2.1, 0.17 * n_layers + 1.1)
+
+
+def gap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "",
+                    cbar_label: str = "accuracy − baseline", ncols: int | None = None) -> bytes:
+    """Small multiples: one gap heatmap per label (shared symmetric colour scale)."""
+    n = len(items)
+    if ncols is None:
+        n_layers, n_heads = items[0][1].shape
+        ncols = 6 if n_layers > 2 * n_heads else (3 if n_heads > 8 else 4)
+    ncols = min(ncols, n)
+    nrows = math.ceil(n / ncols)
+    n_layers, n_heads = items[0][1].shape
+    w, h = _small_panel_size(n_layers, n_heads)
+    fig = new_figure(ncols * w, nrows * h + 0.5)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    lim = _sym(*[m for _, m in items])
+    for k, (label, mat) in enumerate(items):
+        ax = axes[k // ncols, k % ncols]
+        layer_head_heatmap(ax, mat, label, cmap="RdBu_r", center=0, vmin=-lim, vmax=lim,
+                           annot=False, cbar_label=cbar_label)
+    for k in range(n, nrows * ncols):
+        axes[k // ncols, k % ncols].set_axis_off()
+    _finish(fig, title)
+    return to_png(fig)
+
+
+def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> bytes:
+    """One share heatmap per positional label (-2..+2, special, other)."""
+    labels = [lab for lab in T.POSITIONAL_LABELS if lab in shares.columns]
+    annotated = n_layers * n_heads <= ANNOTATE_MAX_CELLS
+    ncols = min(2 if (annotated and n_heads >= 8) else 4, len(labels))
+    nrows = math.ceil(len(labels) / ncols)
+    w, h = _panel_size(n_layers, n_heads) if annotated else _small_panel_size(n_layers, n_heads)
+    fig = new_figure(ncols * w, nrows * h + 0.5)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for k, lab in enumerate(labels):
+        mat = T.to_matrix(shares, lab, n_layers, n_heads)
+        name = {"0": "0 (self)", "special": "special token", "other": "other offset"}.get(lab, lab)
+        layer_head_heatmap(axes[k // ncols, k % ncols], mat, f"argmax at {name}",
+                           cmap="mako_r", vmin=0, vmax=1, cbar_label="share of words")
+    for k in range(len(labels), nrows * ncols):
+        axes[k // ncols, k % ncols].set_axis_off()
+    _finish(fig, "Share of words whose attention argmax sits at each relative position")
+    return to_png(fig)
+
+
+SURFACE_TITLES = {
+    "cls": "[CLS] / BOS", "sep": "[SEP] / EOS", "punct": "punctuation",
+    "self": "self (same word)", "prev": "previous word", "next": "next word",
+}
+
+
+def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> bytes:
+    """Clark et al. (2019) Figure 2 style: mean attention mass per head, by layer."""
+    labels = [lab for lab in T.SURFACE_LABELS if lab in per_head.columns]
+    ncols = 3
+    nrows = math.ceil(len(labels) / ncols)
+    n_layers = int(per_head["layer"].max()) + 1
+    width = max(3.2, 0.22 * n_layers + 1.8)
+    fig = new_figure(ncols * width, nrows * 2.6 + 0.4)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for k, lab in enumerate(labels):
+        ax = axes[k // ncols, k % ncols]
+        sns.stripplot(data=per_head, x="layer", y=lab, ax=ax, size=3.5, alpha=0.7,
+                      color="#4c72b0", jitter=0.2, native_scale=True)
+        ax.plot(per_layer["layer"], per_layer[lab], color="#c44e52", lw=1.5,
+                label="layer mean")
+        ax.set_title(f"attention to {SURFACE_TITLES.get(lab, lab)}", fontsize=9)
+        ax.set_ylabel("mean mass", fontsize=8)
+        ax.set_xlabel("layer (0-based)", fontsize=8)
+        ax.set_ylim(-0.02, 1.02)
+        _layer_ticks(ax, n_layers)
+        ax.tick_params(labelsize=7)
+        if k == 0:
+            ax.legend(fontsize=7, loc="upper right")
+    for k in range(len(labels), nrows * ncols):
+        axes[k // ncols, k % ncols].set_axis_off()
+    _finish(fig, "Mean attention mass per head (dots) and per layer (line)")
+    return to_png(fig)
+
+
+def _layer_ticks(ax, n_layers: int):
+    step = max(1, math.ceil(n_layers / 16))
+    ax.set_xticks(list(range(0, n_layers, step)))
+    ax.set_xlim(-0.6, n_layers - 0.4)
+
+
+def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> bytes:
+    """Clark et al. (2019) Figure 4 style: mean row entropy per head, by layer, with the
+    uniform-attention entropy."""
+    n_layers = int(per_head["layer"].max()) + 1
+    fig = new_figure(max(4.5, 0.25 * n_layers + 2.5), 3.2)
+    ax = fig.subplots()
+    sns.stripplot(data=per_head, x="layer", y="entropy", ax=ax, size=4, alpha=0.75,
+                  color="#4c72b0", jitter=0.2, native_scale=True)
+    if "entropy_uniform" in per_layer.columns:
+        ax.plot(per_layer["layer"], per_layer["entropy_uniform"], ls="--", color="black",
+                lw=1.2, label="uniform attention")
+    ax.plot(per_layer["layer"], per_layer["entropy"], color="#c44e52", lw=1.5,
+            label="layer mean")
+    ax.set_xlabel("layer (0-based)", fontsize=8)
+    ax.set_ylabel("mean entropy (nats)", fontsize=8)
+    ax.set_title("Entropy of attention rows (over pieces)", fontsize=9)
+    _layer_ticks(ax, n_layers)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return to_png(fig)
+
+
+def role_map_figure(roles: pd.DataFrame, n_layers: int, n_heads: int, title: str = "") -> bytes:
+    """Layer x head grid coloured by role, each cell labelled with the role's detail."""
+    index = {r: i for i, r in enumerate(ROLE_ORDER)}
+    mat = np.full((n_layers, n_heads), index["none"], dtype=float)
+    text = np.full((n_layers, n_heads), "", dtype=object)
+    for r in roles.itertuples(index=False):
+        if 0 <= r.layer < n_layers and 0 <= r.head < n_heads:
+            mat[r.layer, r.head] = index[r.role]
+            text[r.layer, r.head] = _short(r.short)
+    cmap = ListedColormap([ROLE_COLORS[r] for r in ROLE_ORDER])
+    w, h = _panel_size(n_layers, n_heads)
+    fig = new_figure(w * 1.3 + 1.8, h * 1.15 + 0.4)
+    ax = fig.subplots()
+    annot = n_layers * n_heads <= 400
+    draw_heatmap(ax, mat, cmap=cmap, vmin=-0.5, vmax=len(ROLE_ORDER) - 0.5,
+                 annot_text=text if annot else None, cbar_label=None,
+                 fontsize=7 if n_heads <= 12 else 5.5)
+    ax.set_xlabel("head (0-based)", fontsize=8)
+    ax.set_ylabel("layer (0-based)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    _thin_ticks(ax, n_layers, n_heads)
+    present = [r for r in ROLE_ORDER if (roles["role"] == r).any()] or ["none"]
+    ax.legend(handles=[Patch(facecolor=ROLE_COLORS[r], edgecolor="#999999", label=r)
+                       for r in present],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+              title="role", title_fontsize=8)
+    ax.set_title(title or "Head-role map (first matching rule)", fontsize=10)
+    fig.tight_layout()
+    return to_png(fig)
+
+
+def _short(text: str, limit: int = 7) -> str:
+    text = str(text or "")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def example_figure(words: list[str], attention, gold: list, title: str,
+                   direction: str = "dep->head") -> bytes:
+    """Word x word attention heatmap (rows attend to columns) of one head on one example.
+
+    Gold pairs `[dep, head]` are outlined at (row dep, column head) for `dep->head`
+    and coreference, and at (row head, column dep) for `head<-dep`. A dot marks
+    each row's argmax (each column's for `head<-dep`), self excluded.
+    """
+    att = np.asarray(attention, dtype=float)
+    n = len(words)
+    lo, hi = 0, n
+    if n > EXAMPLE_MAX_WORDS:     # crop to the gold arcs, padded
+        idx = [int(i) for pair in gold for i in pair] or [0]
+        centre = (min(idx) + max(idx)) // 2
+        lo = max(0, min(centre - EXAMPLE_MAX_WORDS // 2, n - EXAMPLE_MAX_WORDS))
+        hi = lo + EXAMPLE_MAX_WORDS
+    sub = att[lo:hi, lo:hi]
+    labels = [f"{w}" for w in words[lo:hi]]
+    m = len(labels)
+    size = max(3.5, 0.28 * m + 1.8)
+    fig = new_figure(size + 0.8, size)
+    ax = fig.subplots()
+    draw_heatmap(ax, sub, cmap="Blues", vmin=0,
+                 vmax=max(float(np.nanmax(sub)) if sub.size else 1.0, 1e-6),
+                 cbar_label="attention", xticklabels=labels, yticklabels=labels, lines=False)
+    ax.set_aspect("equal")
+    ax.set_xlabel("attends to (key word)", fontsize=8)
+    ax.set_ylabel("attending word (query)", fontsize=8)
+    noself = sub.copy()
+    if m > 1:
+        np.fill_diagonal(noself, -np.inf)
+        if direction == "head<-dep":      # the word attending most to each column
+            points = [(int(np.argmax(noself[:, j])), j) for j in range(m)]
+        else:                             # each row's most attended word
+            points = [(i, int(np.argmax(noself[i]))) for i in range(m)]
+        for i, j in points:
+            ax.plot(j + 0.5, i + 0.5, "o", color="#ff7f0e", ms=3)
+    for pair in gold:
+        a, b = int(pair[0]), int(pair[1])
+        row, col = (b, a) if direction == "head<-dep" else (a, b)
+        if lo <= row < hi and lo <= col < hi:
+            ax.add_patch(Rectangle((col - lo, row - lo), 1, 1, fill=False,
+                                   edgecolor="#d62728", lw=1.8))
+    ax.set_title(title, fontsize=9)
+    if lo or hi < n:
+        ax.text(0, -0.02, f"words {lo}–{hi - 1} of {n} shown", transform=ax.transAxes,
+                fontsize=7, va="top")
+    fig.tight_layout()
+    return to_png(fig)
+
+
+def _role_shares(ax, shares: pd.DataFrame):
+    order = [r for r in ROLE_ORDER if r in set(shares["role"])]
+    sns.barplot(data=shares, x="role", y="share", hue="model", ax=ax, order=order)
+    ax.set_ylabel("share of heads", fontsize=8)
+    ax.set_xlabel("")
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=7, title="model", title_fontsize=7)
+    ax.set_title("Share of heads per role", fontsize=9)
+
+
+def _role_depths(ax, heads: pd.DataFrame, order):
+    sub = heads[heads["role"].isin(order)]
+    if not len(sub):
+        ax.text(0.5, 0.5, "no heads", ha="center", va="center", transform=ax.transAxes)
+        return
+    sns.stripplot(data=sub, x="role", y="relative_depth", hue="model", dodge=True, ax=ax,
+                  size=4, alpha=0.7, order=order, jitter=0.25)
+    ax.set_ylabel("relative depth (0 = first layer, 1 = last)", fontsize=8)
+    ax.set_xlabel("")
+    ax.set_ylim(-0.05, 1.05)
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=7, title="model", title_fontsize=7)
+    ax.set_title("Where each role's heads sit", fontsize=9)
+
+
+def compare_roles_figure(shares: pd.DataFrame, heads: pd.DataFrame, title: str = "") -> bytes:
+    """Two panels for several models: share of heads per role (bars; columns `model`, `role`,
+    `share`) and the relative depth of each role's heads (dots; columns `model`, `role`,
+    `relative_depth`, one row per head; the 'none' role is left out)."""
+    order = [r for r in ROLE_ORDER if r in set(shares["role"])]
+    width = max(5.0, 1.0 * len(order) + 2.5)
+    fig = new_figure(2 * width, 3.6)
+    ax1, ax2 = fig.subplots(1, 2)
+    _role_shares(ax1, shares)
+    _role_depths(ax2, heads, [r for r in order if r != "none"])
+    _finish(fig, title)
+    return to_png(fig)

@@ -1,0 +1,58 @@
+"""Render a `Document` as Markdown; figures are PNG files under `figures/` next to it."""
+
+from __future__ import annotations
+
+import re
+
+from headprobe.report.document import BulletList, Document, Figure, Paragraph, Table
+
+_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
+
+
+def esc(text: str) -> str:
+    """Escape Markdown punctuation so text shows as written."""
+    return _SPECIAL.sub(r"\\\1", str(text))
+
+
+def render(doc: Document, figures_dir: str = "figures") -> str:
+    lines = [f"# {esc(doc.title)}", ""]
+    if doc.subtitle:
+        lines += [f"_{esc(doc.subtitle)}_", ""]
+    lines += ["Contents:", ""]
+    for s in doc.sections:
+        if s.level == 2:
+            lines.append(f"- [{esc(s.title)}](#{s.id})")
+    lines.append("")
+    for s in doc.sections:
+        lines += [f'<a id="{s.id}"></a>', "", f"{'#' * s.level} {esc(s.title)}", ""]
+        for block in s.blocks:
+            lines += _block(block, figures_dir) + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _block(block, figures_dir: str) -> list[str]:
+    if isinstance(block, Paragraph):
+        return [f"> {esc(block.text)}" if block.note else esc(block.text)]
+    if isinstance(block, BulletList):
+        return [f"{k + 1}. {esc(i)}" if block.ordered else f"- {esc(i)}"
+                for k, i in enumerate(block.items)]
+    if isinstance(block, Figure):
+        return [f"![{esc(block.alt or block.caption)}]({figures_dir}/{block.filename})", "",
+                f"*{esc(block.caption)}*"]
+    if isinstance(block, Table):
+        return _table(block)
+    raise TypeError(f"unknown block {type(block).__name__}")
+
+
+def _table(t: Table) -> list[str]:
+    out = [f"**{esc(t.caption)}**", ""]
+    out.append("| " + " | ".join(esc(c) for c in t.columns) + " |")
+    out.append("|" + "|".join("---:" if _numeric_col(t, i) else "---"
+                              for i in range(len(t.columns))) + "|")
+    for row in t.rows:
+        out.append("| " + " | ".join(esc(c.text) for c in row) + " |")
+    return out
+
+
+def _numeric_col(t: Table, i: int) -> bool:
+    return bool(t.rows) and all(len(r) > i and r[i].numeric for r in t.rows)

@@ -1,0 +1,231 @@
+"""Coreference head scores (SPEC section 3) with nearest / head-match / rule-based baselines.
+
+Per window `Example` (words + `mentions` in window coordinates, see
+`headprobe.corpora.corefud`):
+
+- mentions are ordered by start, longer first on ties;
+- a mention `m` is **scored** when a mention that starts before it (strictly smaller
+  start) belongs to its cluster and has a different head word position;
+- **candidates** are the distinct head words of all mentions starting before `m` (any
+  cluster), without `m`'s own head; **gold** candidates are those that are the head of
+  a mention of `m`'s cluster;
+- an attention head **hits** when, from `m`'s head word, the candidate with the most
+  word-level attention (self-attention set to 0, non-candidates to -inf, ties to the
+  lowest index) is a gold candidate;
+- kinds by the UPOS of `m`'s head: `pronoun` (PRON), `proper` (PROPN), `nominal`
+  (anything else), and `ALL`.
+
+Baselines (rows with `layer = head = -1` and `variant` set):
+
+- `nearest`: the candidate whose latest mention starts last (ties: the later word);
+- `head_match`: the latest-starting earlier mention (head != m's head) whose head word
+  equals m's head word, case-insensitively (ties: the later head word), else `nearest`;
+- `rules` (in the spirit of Lee et al. 2011): keep the candidates that agree with m's
+  head in Number, Gender and Person (FEATS; a feature missing on either side agrees; a
+  NOUN/PROPN without Person counts as Person=3), then `head_match` among them, else
+  `nearest` among them; when no candidate agrees, `nearest` over all candidates.
+
+Counts are kept per unit (document id) and returned by `unit_counts()` as the tidy
+table of ARCHITECTURE.md (`analysis="coreference"`, `direction=""`, `mass=NaN`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headprobe.scorers.base import UNIT_COLUMNS, CountScorer
+
+KINDS = ("pronoun", "proper", "nominal")
+ALL = "ALL"
+LABELS = (ALL,) + KINDS
+BASELINES = ("nearest", "head_match", "rules")
+AGREEMENT_FEATURES = ("Number", "Gender", "Person")
+
+
+def mention_kind(upos: str | None) -> str:
+    if upos == "PRON":
+        return "pronoun"
+    if upos == "PROPN":
+        return "proper"
+    return "nominal"
+
+
+@dataclass
+class ScoredMention:
+    """One scored mention of a window (all indices are window word indices)."""
+
+    index: int                      # position of the mention in `example.mentions`
+    query: int                      # the mention's head word (query row)
+    kind: str
+    candidates: list[int]           # sorted distinct candidate words
+    gold: list[int]                 # candidates that head a mention of m's cluster
+    predictions: dict[str, int] = field(default_factory=dict)   # baseline -> predicted word
+
+    def hit(self, word: int) -> bool:
+        return word in self.gold
+
+
+def _feature(feats: dict, upos: str | None, name: str) -> str | None:
+    value = feats.get(name)
+    if value is None and name == "Person" and upos in ("NOUN", "PROPN"):
+        return "3"
+    return value
+
+
+def agrees(feats_a: dict, upos_a: str | None, feats_b: dict, upos_b: str | None) -> bool:
+    """Number/Gender/Person agreement; a feature missing on either side agrees."""
+    for name in AGREEMENT_FEATURES:
+        a, b = _feature(feats_a, upos_a, name), _feature(feats_b, upos_b, name)
+        if a is not None and b is not None and a != b:
+            return False
+    return True
+
+
+def _nearest(latest: dict[int, int], allowed: Sequence[int]) -> int:
+    """The candidate whose latest mention starts last; ties: the later word."""
+    return max(allowed, key=lambda c: (latest[c], c))
+
+
+def _head_match(earlier, words: Sequence[str], query: int, allowed: set[int]) -> int | None:
+    """Head word of the latest-starting earlier mention whose head word equals the query's."""
+    target = words[query].lower()
+    best = None
+    for m in earlier:
+        if m.head in allowed and words[m.head].lower() == target:
+            key = (m.start, m.head)
+            if best is None or key > best:
+                best = key
+    return None if best is None else best[1]
+
+
+def scored_mentions(example, baselines: Sequence[str] = BASELINES) -> list[ScoredMention]:
+    """The SPEC section 3 scored mentions of one window, with baseline predictions."""
+    mentions = list(example.mentions or [])
+    if not mentions:
+        return []
+    words = example.words
+    upos = example.upos or [None] * len(words)
+    feats = example.feats or [{} for _ in words]
+    order = sorted(range(len(mentions)), key=lambda i: (mentions[i].start, -(mentions[i].end - mentions[i].start)))
+    cluster_heads: dict[str, set[int]] = defaultdict(set)
+    for m in mentions:
+        cluster_heads[m.entity].add(m.head)
+    out: list[ScoredMention] = []
+    for i in order:
+        m = mentions[i]
+        earlier = [x for x in mentions if x.start < m.start]
+        if not any(x.entity == m.entity and x.head != m.head for x in earlier):
+            continue
+        latest: dict[int, int] = {}
+        for x in earlier:
+            if x.head != m.head and latest.get(x.head, -1) < x.start:
+                latest[x.head] = x.start
+        candidates = sorted(latest)
+        gold = [c for c in candidates if c in cluster_heads[m.entity]]
+        sm = ScoredMention(i, m.head, mention_kind(upos[m.head]), candidates, gold)
+        nearest = _nearest(latest, candidates)
+        for name in baselines:
+            if name == "nearest":
+                sm.predictions[name] = nearest
+            elif name == "head_match":
+                match = _head_match(earlier, words, m.head, set(candidates))
+                sm.predictions[name] = nearest if match is None else match
+            elif name == "rules":
+                agreeing = [c for c in candidates
+                            if agrees(feats[c], upos[c], feats[m.head], upos[m.head])]
+                if not agreeing:
+                    sm.predictions[name] = nearest
+                else:
+                    match = _head_match(earlier, words, m.head, set(agreeing))
+                    sm.predictions[name] = _nearest(latest, agreeing) if match is None else match
+            else:
+                raise ValueError(f"unknown coreference baseline {name!r}; known: {', '.join(BASELINES)}")
+        out.append(sm)
+    return out
+
+
+class CoreferenceScorer(CountScorer):
+    """Streaming SPEC section 3 scorer (ARCHITECTURE.md Scorer contract, via `CountScorer`).
+
+    Rows are (document, label) with label in `LABELS`; every scored mention counts once
+    for its kind and once for `ALL`. `unit_counts()` sums the rows of one document that
+    come from different windows or batches, so each (unit, label, layer, head, variant)
+    appears once.
+    """
+
+    analysis = "coreference"
+    directions = ("",)
+
+    def __init__(self, baselines: Sequence[str] = BASELINES):
+        super().__init__()
+        unknown = set(baselines) - set(BASELINES)
+        if unknown:
+            raise ValueError(f"unknown coreference baseline(s) {sorted(unknown)}; known: {', '.join(BASELINES)}")
+        self.baselines = tuple(baselines)
+
+    def rows(self, batch):
+        keys, n, index = [], [], {}
+        items = []          # (batch row, query word, kind row, ALL row, candidates, gold)
+        for b, example in enumerate(batch.examples):
+            base: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+            for sm in scored_mentions(example, self.baselines):
+                slots = []
+                for label in (sm.kind, ALL):
+                    key = (example.unit, label)
+                    if key not in index:
+                        index[key] = len(keys)
+                        keys.append(key)
+                        n.append(0)
+                    n[index[key]] += 1
+                    slots.append(index[key])
+                    for variant, word in sm.predictions.items():
+                        base[(label, variant)][0] += 1
+                        base[(label, variant)][1] += int(sm.hit(word))
+                items.append((b, sm.query, slots[0], slots[1], sm.candidates, sm.gold))
+            for (label, variant), (count, hits) in base.items():
+                self.add_baseline(example.unit, label, variant, count, hits)
+        self._items = items
+        return keys, n
+
+    def prepare(self, batch):
+        """Per scored mention, on the batch's device: batch row, query word (the mention
+        head), candidate mask and gold mask over the batch's words, and its two rows."""
+        device = batch.device
+        items = self._items
+        width = int(batch.max_words)
+        long = dict(dtype=torch.long, device=device)
+        self._width = width
+        self._b = torch.tensor([it[0] for it in items], **long)                  # [mention]
+        self._q = torch.tensor([it[1] for it in items], **long)                  # [mention]
+        self._rows = torch.tensor([it[2] for it in items] + [it[3] for it in items], **long)  # [2 * mention]
+        cand_r = [r for r, it in enumerate(items) for _ in it[4]]
+        cand_c = [c for it in items for c in it[4]]
+        gold_r = [r for r, it in enumerate(items) for _ in it[5]]
+        gold_c = [c for it in items for c in it[5]]
+        self._cand = torch.zeros((len(items), width), dtype=torch.bool, device=device)   # [mention, word]
+        self._gold = torch.zeros((len(items), width), dtype=torch.bool, device=device)   # [mention, word]
+        self._cand[torch.tensor(cand_r, **long), torch.tensor(cand_c, **long)] = True
+        self._gold[torch.tensor(gold_r, **long), torch.tensor(gold_c, **long)] = True
+
+    def update(self, layer, att, batch):
+        if self._b.numel() == 0:
+            return
+        width = self._width
+        words = att.words                                     # [batch, head, word, word + 2]
+        if words.shape[-1] - 2 < width:
+            raise ValueError(f"att.words has {words.shape[-1] - 2} word columns; the batch has {width} words")
+        rows = words[self._b, :, self._q, :width].float()    # [mention, head, word] (a copy)
+        n_heads = rows.shape[1]
+        # SPEC: the attention a word pays to itself is 0 before any argmax ...
+        rows.scatter_(2, self._q.view(-1, 1, 1).expand(-1, n_heads, 1), 0.0)
+        # ... and only candidate words compete (ties -> the lowest index).
+        rows.masked_fill_(~self._cand[:, None, :], float("-inf"))
+        pred = rows.argmax(dim=-1)                            # [mention, head]
+        hit = self._gold.gather(1, pred)                      # [mention, head] bool
+        self.add(layer, 0, self._rows, torch.cat([hit, hit]))
