@@ -70,21 +70,24 @@ def eager_probs(module, query, key, attention_mask, scaling, kwargs) -> torch.Te
         key = key.repeat_interleave(groups, dim=1)                   # [batch, head, key, dim]
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling   # [batch, head, query, key]
+    # scores in float32 even when the model runs in bfloat16/float16: the probabilities we hand on
+    # are as exact as the inputs allow (eager attention in fp32 is matched to <= 1e-5)
+    query, key = query.float(), key.float()
+    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)   # [batch, head, query, key]
     softcap = kwargs.get("softcap")
     if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+        scores = torch.tanh(scores / softcap).mul_(softcap)
     n_query, n_key = scores.shape[-2], scores.shape[-1]
     if attention_mask is None:
         causal = kwargs.get("is_causal")
         causal = getattr(module, "is_causal", False) if causal is None else causal
         if causal and n_query > 1:
             keep = torch.ones(n_query, n_key, dtype=torch.bool, device=scores.device).tril(n_key - n_query)
-            scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+            scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)
     elif attention_mask.dtype == torch.bool:                         # [batch, 1, query, key], True = attend
-        scores = scores.masked_fill(~attention_mask[..., :n_key], torch.finfo(scores.dtype).min)
+        scores.masked_fill_(~attention_mask[..., :n_key], torch.finfo(scores.dtype).min)
     else:                                                            # additive float mask
-        scores = scores + attention_mask[..., :n_key]
+        scores.add_(attention_mask[..., :n_key].float().clamp_min(torch.finfo(scores.dtype).min))
     return torch.softmax(scores, dim=-1, dtype=torch.float32)        # [batch, head, query, key]
 
 

@@ -297,8 +297,7 @@ def role_map_figure(roles: pd.DataFrame, n_layers: int, n_heads: int, title: str
             mat[r.layer, r.head] = index[r.role]
             text[r.layer, r.head] = _short(r.short)
     cmap = ListedColormap([ROLE_COLORS[r] for r in ROLE_ORDER])
-    w, h = _panel_size(n_layers, n_heads)
-    fig = new_figure(w * 1.3 + 1.8, h * 1.15 + 0.4)
+    fig = new_figure(max(4.0, 0.55 * n_heads + 1.2) + 1.8, max(2.6, 0.26 * n_layers + 1.1))
     ax = fig.subplots()
     annot = n_layers * n_heads <= 400
     draw_heatmap(ax, mat, cmap=cmap, vmin=-0.5, vmax=len(ROLE_ORDER) - 0.5,

@@ -6,12 +6,18 @@ import re
 
 from headprobe.report.document import BulletList, Document, Figure, Paragraph, Table
 
-_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
-
-
 def esc(text: str) -> str:
-    """Escape Markdown punctuation so text shows as written."""
-    return _SPECIAL.sub(r"\\\1", str(text))
+    """Escape what Markdown would read as markup, so text shows as written (and no more,
+    to keep the source readable): emphasis, code, table pipes, tags, links and block
+    markers at the start of a line."""
+    text = str(text).replace("\\", "\\\\")
+    text = re.sub(r"([`*_|])", r"\\\1", text)
+    text = re.sub(r"<(?=[A-Za-z/!?])", r"\\<", text)
+    text = re.sub(r"\[(?=[^\]]*\]\()", r"\\[", text)
+    text = re.sub(r"^([#>])", r"\\\1", text)
+    text = re.sub(r"^([-+])(?= )", r"\\\1", text)
+    text = re.sub(r"^(\d+)\.(?= )", r"\1\\.", text)
+    return text
 
 
 def render(doc: Document, figures_dir: str = "figures") -> str:

@@ -304,8 +304,8 @@ def positional_shares(counts: pd.DataFrame) -> pd.DataFrame:
     offsets = [o for o in POSITIONAL_OFFSETS if o in wide.columns]
     if offsets:
         sub = wide[offsets].fillna(-1.0)
-        wide["dominant_offset"] = sub.idxmax(axis=1)
         wide["dominant_share"] = sub.max(axis=1).where(lambda s: s >= 0)
+        wide["dominant_offset"] = sub.idxmax(axis=1).where(wide["dominant_share"] > 0, "")
     else:
         wide["dominant_offset"] = ""
         wide["dominant_share"] = np.nan

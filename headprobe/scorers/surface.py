@@ -84,7 +84,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         self._add(layer, "sep", self._q_b, rows[..., w + 1])
         punct = (words[..., :w] * self._punct).sum(-1)                  # [batch, head, word]
         self._add(layer, "punct", self._q_b, punct.permute(0, 2, 1)[self._q_b, self._q_i])
-        p = att.pieces.permute(0, 2, 1, 3)[self._p_b, self._p_t]        # [query piece, head, key]
-        entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)               # [query piece, head]
+        entropy = torch.special.entr(att.pieces).sum(-1)                # [batch, head, piece], nats
+        entropy = entropy.permute(0, 2, 1)[self._p_b, self._p_t]        # [query piece, head]
         self._add(layer, "entropy", self._p_b, entropy)
         self._add(layer, "entropy_uniform", self._p_b, self._uniform[:, None].expand_as(entropy))

@@ -1,0 +1,222 @@
+"""Throughput and memory: headprobe against a plain forward pass and a naive loop.
+
+Reports words per second for
+  (a) plain:     a batched forward pass without capture (same tokenization and bucketing),
+  (b) headprobe: the engine with all sentence analyses (dependency, positional, surface),
+  (c) naive:     one sentence at a time, eager `output_attentions=True`, attention moved to
+                 NumPy and pooled there (dependency scores both directions), as the papers' scripts did,
+the ratios b/a and b/c, and peak memory (RSS on CPU, torch.cuda.max_memory_allocated on GPU)
+of headprobe on the corpus once and repeated 4 times (each in a fresh subprocess).
+
+    python benchmarks/throughput.py                               # bundled MiniLM, EWT dev, CPU
+    python benchmarks/throughput.py --device cuda --random-bert-base --repeat 10
+
+Nothing here is asserted; numbers go to stdout and to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from headprobe import models                                             # noqa: E402
+from headprobe.align import align_words                                  # noqa: E402
+from headprobe.batching import Batch, bucket, prepare                    # noqa: E402
+from headprobe.corpora.base import Example                               # noqa: E402
+from headprobe.corpora.conllu import read_conllu                         # noqa: E402
+from headprobe.engine import Engine, max_length                          # noqa: E402
+from headprobe.scorers.dependency import DependencyScorer, scored_arcs   # noqa: E402
+from headprobe.scorers.positional import PositionalScorer                # noqa: E402
+from headprobe.scorers.surface import SurfaceScorer                      # noqa: E402
+
+EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
+
+
+def load(args):
+    if args.random_bert_base:       # 12 layers, 768 hidden, random weights, BERT vocabulary
+        from transformers import BertConfig, BertModel
+
+        _, tokenizer, _ = models.load(None, device="cpu")
+        torch.manual_seed(0)
+        dtype = models.DTYPES[args.dtype]
+        model = BertModel(BertConfig(vocab_size=tokenizer.vocab_size)).eval().to(models.pick_device(args.device),
+                                                                                   dtype)
+        return model, tokenizer, "random BERT-base (12x768)"
+    return models.load(args.model, device=args.device, dtype=args.dtype)
+
+
+def corpus(args):
+    examples = read_conllu(args.treebank)
+    out = []
+    for copy in range(args.repeat):
+        for ex in examples:
+            out.append(Example(ex.words, f"{ex.unit}#{copy}", ex.source, ex.heads, ex.deprels, ex.upos, ex.feats))
+    return out
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def plain(model, tokenizer, examples, batch_size, device) -> float:
+    start = time.perf_counter()
+    prepared = prepare(examples, tokenizer, max_length(model, tokenizer))
+    pad = tokenizer.pad_token_id or 0
+    for indices in bucket(prepared, batch_size):
+        batch = Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices], pad,
+                      device=device)
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    sync(device)
+    return time.perf_counter() - start
+
+
+def headprobe_run(model, tokenizer, examples, batch_size, device):
+    scorers = [DependencyScorer(), PositionalScorer(), SurfaceScorer()]
+    start = time.perf_counter()
+    Engine(model, tokenizer, scorers, batch_size=batch_size, device=device, progress=False).run(examples)
+    sync(device)
+    return time.perf_counter() - start, scorers
+
+
+@torch.inference_mode()
+def naive(eager_model, tokenizer, examples, device) -> tuple[float, dict]:
+    """One sentence at a time; all layers' attention to NumPy; pooled and scored there."""
+    hits = {}
+    start = time.perf_counter()
+    for example in examples:
+        alignment = align_words(tokenizer, [example.words])[0]
+        ids = torch.tensor([alignment.input_ids], device=device)
+        out = eager_model(input_ids=ids, output_attentions=True)
+        attentions = [a[0].float().cpu().numpy() for a in out.attentions]        # per layer [head, piece, piece]
+        n = alignment.n_words
+        to = np.zeros((len(alignment), n))
+        frm = np.zeros((n, len(alignment)))
+        for piece, word in enumerate(alignment.piece_word):
+            if word >= 0:
+                to[piece, word] = 1.0
+                frm[word, piece] = 1.0
+        frm /= frm.sum(1, keepdims=True)
+        arcs = scored_arcs(example)
+        for layer, att in enumerate(attentions):
+            words = frm @ att @ to                                                # [head, word, word]
+            for w in range(n):
+                words[:, w, w] = 0.0
+            for i, h, rel in arcs:
+                for direction, chosen in ((0, words[:, i, :].argmax(-1)), (1, words[:, :, i].argmax(-1))):
+                    key = (layer, direction)
+                    hits[key] = hits.get(key, 0) + (chosen == h).astype(int)
+    sync(device)
+    return time.perf_counter() - start, hits
+
+
+def peak_memory(args, repeat: int) -> dict:
+    """Run headprobe in a fresh process on the corpus x `repeat`; its peak memory."""
+    command = [sys.executable, __file__, "--child-memory", "--repeat", str(repeat), "--treebank", str(args.treebank),
+               "--batch-size", str(args.batch_size), "--dtype", args.dtype]
+    for flag, value in (("--model", args.model), ("--device", args.device)):
+        if value:
+            command += [flag, value]
+    if args.random_bert_base:
+        command.append("--random-bert-base")
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def child_memory(args):
+    model, tokenizer, _ = load(args)
+    device = next(model.parameters()).device
+    examples = corpus(args)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    seconds, scorers = headprobe_run(model, tokenizer, examples, args.batch_size, device)
+    result = {"repeat": args.repeat, "words": sum(len(e.words) for e in examples), "seconds": seconds,
+              "rss_before_run_mb": before, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    unit_counts = [s.unit_counts() for s in scorers]
+    result["peak_rss_with_tables_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["unit_count_rows"] = int(sum(len(u) for u in unit_counts))
+    print(json.dumps(result))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="bundled alias, hub name or path (default: MiniLM)")
+    parser.add_argument("--random-bert-base", action="store_true", help="12-layer 768-hidden random BERT")
+    parser.add_argument("--treebank", default=str(EWT))
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES))
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=1, help="score the corpus this many times over")
+    parser.add_argument("--naive-sentences", type=int, default=500,
+                        help="sentences for the naive loop (words/s is measured on them; default 500)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the 1x / 4x memory runs")
+    parser.add_argument("--json", default=None, help="write the numbers here too")
+    parser.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.child_memory:
+        return child_memory(args)
+
+    model, tokenizer, name = load(args)
+    device = next(model.parameters()).device
+    examples = corpus(args)
+    words = sum(len(e.words) for e in examples)
+    warm = examples[: args.batch_size]
+    plain(model, tokenizer, warm, args.batch_size, device)                         # warm-up
+    headprobe_run(model, tokenizer, warm, args.batch_size, device)
+
+    t_plain = plain(model, tokenizer, examples, args.batch_size, device)
+    t_probe, _ = headprobe_run(model, tokenizer, examples, args.batch_size, device)
+    eager = model
+    if getattr(model.config, "_attn_implementation", "eager") != "eager":
+        model.set_attn_implementation("eager")
+    naive_examples = examples[: args.naive_sentences]
+    naive_words = sum(len(e.words) for e in naive_examples)
+    t_naive, _ = naive(eager, tokenizer, naive_examples, device)
+    model.set_attn_implementation("sdpa")
+
+    result = {
+        "model": name, "device": str(device), "device_name": torch.cuda.get_device_name() if device.type == "cuda"
+        else platform.processor() or platform.machine(), "threads": torch.get_num_threads(), "dtype": args.dtype,
+        "batch_size": args.batch_size, "treebank": str(args.treebank), "repeat": args.repeat, "words": words,
+        "plain_words_per_s": words / t_plain, "headprobe_words_per_s": words / t_probe,
+        "naive_words_per_s": naive_words / t_naive, "naive_sentences": len(naive_examples),
+    }
+    result["ratio_headprobe_to_plain"] = result["headprobe_words_per_s"] / result["plain_words_per_s"]
+    result["ratio_headprobe_to_naive"] = result["headprobe_words_per_s"] / result["naive_words_per_s"]
+    if not args.no_memory:
+        result["memory_1x"] = peak_memory(args, 1)
+        result["memory_4x"] = peak_memory(args, 4)
+        key = "cuda_peak_mb" if device.type == "cuda" else "peak_rss_mb"
+        result["memory_ratio_4x_to_1x"] = result["memory_4x"][key] / result["memory_1x"][key]
+        key = "peak_rss_with_tables_mb"
+        result["memory_ratio_4x_to_1x_with_tables"] = result["memory_4x"][key] / result["memory_1x"][key]
+    for key, value in result.items():
+        print(f"{key:>36}: {value:.3f}" if isinstance(value, float) else f"{key:>36}: {value}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
