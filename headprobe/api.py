@@ -25,6 +25,7 @@ from headprobe.scorers.surface import SurfaceScorer
 from headprobe.stats import N_BOOT, SEED
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
+SAMPLE_COREF = Path(__file__).resolve().parents[1] / "data" / "sample_coref.conllu"
 SENTENCE_ANALYSES = ("dependency", "positional", "surface")
 ALL_ANALYSES = SENTENCE_ANALYSES + ("coreference",)
 CAUSAL_NOTE = (
@@ -60,11 +61,15 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
 
     model: hub name, local path, or a bundled alias (`None`/"minilm", "smollm2").
     treebank / text / hf_dataset: the sentence corpus (dependency, positional, surface);
-      with none of them and no `coref`, the bundled sample `data/sample.conllu`.
+      with none of them and no `coref`: the bundled samples `data/sample.conllu` and
+      `data/sample_coref.conllu`.
     coref: a CorefUD CoNLL-U file for the coreference analysis.
     loaded: an already loaded `(model, tokenizer, name)` to reuse.
     """
     started = time.perf_counter()
+    if all(x is None for x in (treebank, text, hf_dataset, coref)):     # the bundled samples
+        treebank = SAMPLE
+        coref = SAMPLE_COREF if SAMPLE_COREF.is_file() else None
     analyses = set(analyses or ALL_ANALYSES)
     unknown = analyses - set(ALL_ANALYSES)
     if unknown:
@@ -88,6 +93,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         summary["runs"]["sentences"] = _run_stats(stats)
         summary["skipped"]["malformed_sentences"] = len(bad)
         summary["skipped"]["malformed_sources"] = list(bad)[:50]
+        summary["skipped"]["sentence_sources"] = stats["skipped_sources"][:50]
         summary["skipped"].update({f"sentences_{k}": v for k, v in stats["skipped"].items()})
         frames += [s.unit_counts() for s in scorers]
     if coref is not None and "coreference" in analyses:
@@ -100,10 +106,10 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         stats = engine.run(windows)
         summary["corpora"]["coreference"] = str(coref)
         summary["runs"]["coreference"] = _run_stats(stats)
-        summary["skipped"]["coreference_windows"] = dict(getattr(windows, "skipped_counts", {}) or {})
-        summary["skipped"]["coreference_sentences_too_long"] = len(getattr(windows, "skipped", []))
+        summary["skipped"]["coreference_sentences"] = len(windows.skipped)
+        summary["skipped"]["coreference_sources"] = list(windows.skipped)[:50]
         summary["skipped"].update({f"coreference_{k}": v for k, v in stats["skipped"].items()})
-        summary["coreference_corpus"] = dict(getattr(windows, "counts", {}) or {})
+        summary["coreference_corpus"] = dict(windows.counts)
         frames.append(scorer.unit_counts())
     if not frames:
         raise ValueError("nothing to score: give a sentence corpus and/or coref")

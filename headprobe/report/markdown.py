@@ -6,6 +6,7 @@ import re
 
 from headprobe.report.document import BulletList, Document, Figure, Paragraph, Table
 
+
 def esc(text: str) -> str:
     """Escape what Markdown would read as markup, so text shows as written (and no more,
     to keep the source readable): emphasis, code, table pipes, tags, links and block
