@@ -25,8 +25,8 @@ class CountScorer:
     value = "hits"                      # "hits" (counts) or "mass" (summed attention)
 
     def __init__(self):
-        self.chunks_: list[pd.DataFrame] = []
-        self.baseline_rows_: list[dict] = []
+        self.chunks_: list[tuple] = []                    # (keys, values, n) per batch, compact
+        self.baseline_chunks_: list[pd.DataFrame] = []
         self.n_layers = self.n_heads = None
 
     # -- the engine calls these -------------------------------------------------------
@@ -36,7 +36,7 @@ class CountScorer:
         self.layer_slot = {layer: slot for slot, layer in enumerate(self.layers)}
 
     def begin_batch(self, batch) -> None:
-        self._baselines: list[dict] = []
+        self._baselines: list[tuple] = []
         keys, n = self.rows(batch)                       # [(unit, label)], trials per row
         self._keys = keys
         self._n = np.asarray(n, dtype=np.float64)        # [row] or [row, direction]
@@ -51,9 +51,16 @@ class CountScorer:
         raise NotImplementedError
 
     def end_batch(self, batch) -> None:
-        if self._keys:   # compact: keys + float32 [layer, direction, row, head] + trials [row, direction]
-            self.chunks_.append((self._keys, self._values.float().cpu().numpy(), self._n.astype(np.float32)))
-        self.baseline_rows_.extend(self._baselines)
+        if self._keys:
+            values = self._values.cpu().numpy()          # [layer, direction, row, head]
+            # counts are small whole numbers: uint16 keeps memory per unit small (float32 otherwise)
+            small = self.value == "hits" and values.max(initial=0) < 65535
+            values = values.astype(np.uint16 if small else np.float32)
+            self.chunks_.append((self._keys, values, self._n.astype(np.float32)))
+        if self._baselines:
+            rows = pd.DataFrame(self._baselines, columns=["unit", "label", "variant", "n", "hits"])
+            rows = rows.assign(analysis=self.analysis, layer=-1, head=-1, direction="", mass=np.nan)
+            self.baseline_chunks_.append(compact(rows))
         del self._values
 
     # -- subclasses implement ---------------------------------------------------------
@@ -70,15 +77,12 @@ class CountScorer:
         target.index_add_(0, row, values.to(target.dtype))
 
     def add_baseline(self, unit: str, label: str, variant: str, n: float, hits: float) -> None:
-        self._baselines.append(dict(analysis=self.analysis, label=label, unit=unit, layer=-1, head=-1,
-                                    direction="", variant=variant, n=n, hits=hits, mass=np.nan))
+        self._baselines.append((unit, label, variant, n, hits))
 
     # -- results ----------------------------------------------------------------------
     def unit_counts(self) -> pd.DataFrame:
         """Per-unit counts as a tidy frame (categorical keys, float32 values); duplicate keys summed."""
-        frames = [self._frame(*chunk) for chunk in self.chunks_]
-        if self.baseline_rows_:
-            frames.append(compact(pd.DataFrame(self.baseline_rows_, columns=UNIT_COLUMNS)))
+        frames = [self._frame(*chunk) for chunk in self.chunks_] + self.baseline_chunks_
         if not frames:
             return pd.DataFrame(columns=UNIT_COLUMNS)
         return sum_duplicates(concat_compact(frames))
@@ -92,7 +96,7 @@ class CountScorer:
         head = np.broadcast_to(np.arange(n_heads, dtype=np.int16)[None, None, None, :], shape).ravel()
         units = pd.Categorical([k[0] for k in keys])
         labels = pd.Categorical([k[1] for k in keys])
-        flat = values.ravel()
+        flat = values.ravel().astype(np.float32)
         nan = np.full(flat.shape, np.nan, dtype=np.float32)
         return pd.DataFrame({
             "analysis": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [self.analysis]),

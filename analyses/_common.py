@@ -1,0 +1,161 @@
+"""Shared plumbing for the analysis scripts: arguments, running or loading results, output.
+
+Every script either runs the pipeline through the Python API
+
+    headprobe.run(model=..., treebank=..., coref=..., text=..., out=..., analyses=[...],
+                  batch_size=..., device=..., layers=...) -> Results
+
+or, with `--results DIR`, reuses a results directory through
+`headprobe.load_results(DIR)`. Arguments left unset are not passed to `run`,
+so the API's own defaults apply (`model=None` is the bundled MiniLM; the alias
+`smollm2` selects SmolLM2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+EWT_DEV = SHARED_DATA / "en_ewt-ud-dev.conllu"
+GUM_DEV = SHARED_DATA / "en_gum-ud-dev.conllu"
+
+if str(REPO) not in sys.path:              # run from a checkout without installing
+    sys.path.insert(0, str(REPO))
+
+
+def default_path(path: Path) -> str | None:
+    return str(path) if path.exists() else None
+
+
+def model_arg(value: str | None):
+    """CLI model name -> API value: 'default' / 'minilm' / '' mean None (the bundled MiniLM)."""
+    if value is None or value.strip().lower() in ("", "default", "none", "minilm"):
+        return None
+    return value
+
+
+def base_parser(description: str, *, treebank=True, coref=False, text=False) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None,
+                   help="model name or path; default: the bundled all-MiniLM-L6-v2; "
+                        "'smollm2' selects the bundled SmolLM2")
+    if treebank:
+        p.add_argument("--treebank", default=default_path(EWT_DEV),
+                       help="CoNLL-U file with gold dependencies (default: UD English EWT dev "
+                            "from ../shared/data when present, else the API's default)")
+    if coref:
+        p.add_argument("--coref", default=default_path(GUM_DEV),
+                       help="CoNLL-U file with CorefUD Entity= annotation (default: UD English "
+                            "GUM dev from ../shared/data when present, else the API's default)")
+    if text:
+        p.add_argument("--text", default=None,
+                       help="plain-text file to parse with spaCy instead of a treebank")
+    add_run_args(p)
+    return p
+
+
+def add_run_args(p: argparse.ArgumentParser):
+    p.add_argument("--results", default=None,
+                   help="reuse a results directory (headprobe.load_results) instead of running")
+    p.add_argument("--out", default=None, help="output directory (default: out/<script name>)")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: API's)")
+    p.add_argument("--layers", default=None,
+                   help="comma-separated 0-based layers to score (default: all)")
+    p.add_argument("--report", action="store_true",
+                   help="also build the full HTML/Markdown report of the results")
+
+
+def out_dir(args, script: str) -> Path:
+    out = Path(args.out) if args.out else REPO / "out" / script
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def parse_layers(value):
+    if value is None:
+        return None
+    return [int(x) for x in str(value).split(",") if x.strip()]
+
+
+def get_results(args, analyses: list[str], out: Path, *, model=None, name: str = "results"):
+    """Run the pipeline (or load `--results`); results are saved under out/<name>."""
+    import headprobe
+
+    if getattr(args, "results", None):
+        return headprobe.load_results(args.results)
+    kwargs = {"model": model_arg(getattr(args, "model", None) if model is None else model),
+              "analyses": list(analyses)}
+    for key in ("treebank", "coref", "text", "batch_size", "device"):
+        value = getattr(args, key, None)
+        if value is not None:
+            kwargs[key] = value
+    layers = parse_layers(getattr(args, "layers", None))
+    if layers is not None:
+        kwargs["layers"] = layers
+    target = out / name
+    kwargs["out"] = str(target)
+    results = headprobe.run(**kwargs)
+    if not (target / "counts.parquet").exists() and hasattr(results, "save"):
+        results.save(str(target))
+    return results
+
+
+def report_data(results):
+    """The report's view of a Results object (counts, best_heads, summary)."""
+    from headprobe.report import load
+
+    return load(results)
+
+
+def maybe_report(args, results, out: Path):
+    if getattr(args, "report", False):
+        from headprobe.report import build_report
+
+        paths = build_report(results, out / "report")
+        print(f"report: {paths['html']}")
+
+
+def write_table(df, out: Path, stem: str, title: str = "") -> None:
+    """Write df as CSV and Markdown and print it."""
+    import pandas as pd
+
+    csv = out / f"{stem}.csv"
+    df.to_csv(csv, index=False)
+    with pd.option_context("display.width", 200, "display.max_columns", 50,
+                           "display.max_rows", 200):
+        text = df.to_string(index=False, float_format=lambda v: f"{v:.4f}")
+    md = out / f"{stem}.md"
+    md.write_text((f"# {title}\n\n" if title else "") + _markdown(df) + "\n", encoding="utf-8")
+    if title:
+        print(f"\n{title}")
+    print(text)
+    print(f"\nwrote {csv} and {md}")
+
+
+def _markdown(df) -> str:
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for row in df.itertuples(index=False):
+        cells = [_cell(v) for v in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    import math
+
+    if isinstance(v, float):
+        return "—" if math.isnan(v) else f"{v:.4f}"
+    return str(v).replace("|", "\\|")
+
+
+def write_png(data: bytes, out: Path, stem: str) -> Path:
+    path = out / f"{stem}.png"
+    path.write_bytes(data)
+    print(f"wrote {path}")
+    return path

@@ -1,0 +1,34 @@
+"""notebooks/explore.ipynb runs top to bottom on the bundled defaults (slow: loads MiniLM and
+scores the bundled sample, about half a minute on a CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "notebooks" / "explore.ipynb"
+
+pytestmark = pytest.mark.slow
+
+
+def test_explore_notebook_runs(tmp_path):
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    # like papermill: a cell after the one tagged "parameters" overrides the report folder
+    index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(f"REPORT_DIR = {str(tmp_path)!r}"))
+    client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
+                                     resources={"metadata": {"path": str(REPO)}})
+    client.execute()          # raises CellExecutionError on the first failing cell
+
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) >= 3        # accuracy heatmap, role map, the sentence's attention
+    assert (tmp_path / "report.html").is_file() and (tmp_path / "report.md").is_file()
+    assert list((tmp_path / "figures").glob("*.png"))
