@@ -271,7 +271,9 @@ def _label_rows(analysis, label, table, folds, weights):
                       table.candidates[chosen[0][0]] if same else None,
                       (table.variants[chosen[0][1]] if same_base else "per fold") if table.variants else None)
     if not same:   # the two folds chose different heads: name both (selected on fold 0 | on fold 1)
-        pooled["heads"] = " | ".join("{}-{}".format(*table.candidates[chosen[f][0]][:2]) for f in (0, 1))
+        picks = [table.candidates[chosen[f][0]] for f in (0, 1)]
+        same_head = picks[0][:2] == picks[1][:2]          # then only the direction differs: say which
+        pooled["heads"] = " | ".join(f"{l}-{h} {d}" if same_head else f"{l}-{h}" for l, h, d in picks)
     rows.append(pooled)
     return rows
 
