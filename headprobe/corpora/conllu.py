@@ -48,6 +48,13 @@ class Corpus(list):
         super().__init__(items)
         self.skipped: list[str] = list(skipped or [])
 
+    def reject(self, error: CorpusError, skip_bad: bool) -> None:
+        """Raise a malformed sentence's error, or with `skip_bad` warn, count it and go on."""
+        if not skip_bad:
+            raise error
+        warnings.warn(f"skipping malformed sentence: {error}", stacklevel=3)
+        self.skipped.append(str(error))
+
 
 def iter_blocks(path: str | Path) -> Iterator[Block]:
     """Split a CoNLL-U file into sentence blocks (blank-line separated)."""
@@ -164,10 +171,7 @@ def read_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool
             tokens = block_tokens(block)
             heads = check_heads(block, tokens) if require_heads else None
         except CorpusError as exc:
-            if not skip_bad:
-                raise
-            warnings.warn(f"skipping malformed sentence: {exc}", stacklevel=2)
-            corpus.skipped.append(str(exc))
+            corpus.reject(exc, skip_bad)
             continue
         corpus.append(block_to_example(block, tokens, heads))
     return corpus

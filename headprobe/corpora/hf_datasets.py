@@ -10,7 +10,6 @@ head raises an error naming the dataset and row, or is skipped with `skip_bad`.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from headprobe.corpora.base import CorpusError, Example, base_relation
@@ -90,10 +89,7 @@ def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
             if not (len(heads) == len(rels) == n) or n == 0:
                 raise CorpusError(f"{where}: {n} words, {len(heads)} heads, {len(rels)} relations")
         except CorpusError as exc:
-            if not skip_bad:
-                raise
-            warnings.warn(f"skipping malformed sentence: {exc}", stacklevel=2)
-            corpus.skipped.append(str(exc))
+            corpus.reject(exc, skip_bad)
             continue
         upos = None
         if upos_col:

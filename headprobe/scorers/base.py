@@ -19,6 +19,26 @@ import torch
 UNIT_COLUMNS = ["analysis", "label", "unit", "layer", "head", "direction", "variant", "n", "hits", "mass"]
 
 
+class RowIndex:
+    """(unit, label) rows of one batch, in order of first use, with their trial counts."""
+
+    def __init__(self):
+        self.keys: list[tuple[str, str]] = []
+        self.n: list[float] = []
+        self._index: dict[tuple[str, str], int] = {}
+
+    def count(self, unit: str, label: str, trials: float = 1) -> int:
+        """Add `trials` to the row of (unit, label), creating it if needed; its row index."""
+        key = (unit, label)
+        row = self._index.get(key)
+        if row is None:
+            row = self._index[key] = len(self.keys)
+            self.keys.append(key)
+            self.n.append(0)
+        self.n[row] += trials
+        return row
+
+
 class CountScorer:
     analysis = ""
     directions: tuple[str, ...] = ("",)

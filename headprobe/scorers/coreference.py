@@ -35,11 +35,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
-import pandas as pd
 import torch
 
-from headprobe.scorers.base import UNIT_COLUMNS, CountScorer
+from headprobe.scorers.base import CountScorer, RowIndex
 
 KINDS = ("pronoun", "proper", "nominal")
 ALL = "ALL"
@@ -170,20 +168,14 @@ class CoreferenceScorer(CountScorer):
         self.baselines = tuple(baselines)
 
     def rows(self, batch):
-        keys, n, index = [], [], {}
+        rows = RowIndex()
         items = []          # (batch row, query word, kind row, ALL row, candidates, gold)
         for b, example in enumerate(batch.examples):
             base: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
             for sm in scored_mentions(example, self.baselines):
                 slots = []
                 for label in (sm.kind, ALL):
-                    key = (example.unit, label)
-                    if key not in index:
-                        index[key] = len(keys)
-                        keys.append(key)
-                        n.append(0)
-                    n[index[key]] += 1
-                    slots.append(index[key])
+                    slots.append(rows.count(example.unit, label))
                     for variant, word in sm.predictions.items():
                         base[(label, variant)][0] += 1
                         base[(label, variant)][1] += int(sm.hit(word))
@@ -191,7 +183,7 @@ class CoreferenceScorer(CountScorer):
             for (label, variant), (count, hits) in base.items():
                 self.add_baseline(example.unit, label, variant, count, hits)
         self._items = items
-        return keys, n
+        return rows.keys, rows.n
 
     def prepare(self, batch):
         """Per scored mention, on the batch's device: batch row, query word (the mention

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import torch
 
-from headprobe.scorers.base import CountScorer, masked_word_attention
+from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention
 
 UNSCORED = ("root", "punct")
 OFFSETS = [k for k in range(-5, 6) if k != 0]
@@ -35,28 +35,22 @@ class DependencyScorer(CountScorer):
     directions = ("dep->head", "head<-dep")
 
     def rows(self, batch):
-        keys, n, index = [], [], {}
+        rows = RowIndex()
         arcs = []                                   # (batch row, dependent, head, row of rel, row of ALL)
         for b, example in enumerate(batch.examples):
             counts = defaultdict(int)
             offset_hits = defaultdict(lambda: [0] * len(OFFSETS))
             for i, h, rel in scored_arcs(example):
                 for label in (rel, ALL):
-                    key = (example.unit, label)
-                    if key not in index:
-                        index[key] = len(keys)
-                        keys.append(key)
-                        n.append(0)
-                    n[index[key]] += 1
                     counts[label] += 1
                     for slot, k in enumerate(OFFSETS):
                         offset_hits[label][slot] += int(h == i + k)
-                arcs.append((b, i, h, index[(example.unit, rel)], index[(example.unit, ALL)]))
+                arcs.append((b, i, h, rows.count(example.unit, rel), rows.count(example.unit, ALL)))
             for label, hits in offset_hits.items():
                 for k, hit in zip(OFFSETS, hits):
                     self.add_baseline(example.unit, label, f"offset={k:+d}", counts[label], hit)
         self._arcs = arcs
-        return keys, n
+        return rows.keys, rows.n
 
     def prepare(self, batch):
         arcs = torch.tensor(self._arcs, dtype=torch.long, device=batch.device).reshape(-1, 5)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from headprobe.scorers.base import CountScorer
+from headprobe.scorers.base import CountScorer, RowIndex
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
 LABELS = OFFSET_LABELS + ["special", "other"]
@@ -24,19 +24,17 @@ class UnitLabelRows:
     labels: list[str] = []
 
     def unit_rows(self, batch, n_for):
-        """Rows for every unit in the batch; `n_for(example, label)` gives the trials."""
-        keys, n, index, first_row = [], [], {}, []
+        """Rows for every unit in the batch; `n_for(example, label)` gives the trials.
+
+        A unit's labels get consecutive rows, so label k of an example sits at its first row + k.
+        """
+        rows, first_row = RowIndex(), []
         for example in batch.examples:
-            if (example.unit, self.labels[0]) not in index:
-                for label in self.labels:
-                    index[(example.unit, label)] = len(keys)
-                    keys.append((example.unit, label))
-                    n.append(0)
-            first_row.append(index[(example.unit, self.labels[0])])
-            for label in self.labels:
-                n[index[(example.unit, label)]] += n_for(example, label)
+            first_row.append(rows.count(example.unit, self.labels[0], n_for(example, self.labels[0])))
+            for label in self.labels[1:]:
+                rows.count(example.unit, label, n_for(example, label))
         self._first_row = torch.tensor(first_row, dtype=torch.long, device=batch.device)   # [batch]
-        return keys, n
+        return rows.keys, rows.n
 
 
 class PositionalScorer(UnitLabelRows, CountScorer):
