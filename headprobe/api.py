@@ -126,8 +126,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     results.summary["seconds"] = round(time.perf_counter() - started, 2)
     results.summary["headline"] = headline(results.best_heads)
     if out is not None:
-        results.save(out)
         results.summary["out"] = str(out)
+        results.save(out)
     return results
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from pathlib import Path
 
 from headprobe.corpora.base import CorpusError
@@ -126,7 +125,6 @@ def main(argv=None) -> int:
     rep.add_argument("results", help="results directory written by `headprobe run`")
     rep.add_argument("--out", default=None, help="report directory (default: RESULTS/report)")
     args = parser.parse_args(argv)
-    warnings.simplefilter("default")
     return cmd_run(args) if args.command == "run" else cmd_report(args)
 
 

@@ -46,9 +46,7 @@ class Results:
             "positional_heads": stats.positional_heads(counts),
             "surface": stats.surface_table(counts),
         }
-        summary = dict(summary or {})
-        summary.setdefault("seed", seed)
-        summary.setdefault("bootstrap_resamples", n_boot)
+        summary = dict(summary or {}, seed=seed, bootstrap_resamples=n_boot)
         return cls(unit_counts, tables, summary, examples)
 
     def save(self, out: str | Path) -> dict[str, Path]:
@@ -79,8 +77,14 @@ class Results:
                    json.loads((directory / "summary.json").read_text()), examples)
 
     @classmethod
-    def merge(cls, *parts: "Results", seed: int = stats.SEED, n_boot: int = stats.N_BOOT) -> "Results":
-        """Add the counts of several runs (shards of one corpus, or two devices) together."""
+    def merge(cls, *parts: "Results", seed: int | None = None, n_boot: int | None = None) -> "Results":
+        """Add the counts of several runs (shards of one corpus, or two devices) together.
+
+        Folds and intervals use `seed` and `n_boot`, by default those the first part was made with.
+        """
+        first = parts[0].summary
+        seed = first.get("seed", stats.SEED) if seed is None else seed
+        n_boot = first.get("bootstrap_resamples", stats.N_BOOT) if n_boot is None else n_boot
         unit_counts = merge_unit_counts([p.unit_counts for p in parts])
         summary = dict(parts[0].summary, merged_from=len(parts))
         return cls.from_unit_counts(unit_counts, summary, parts[0].examples, seed, n_boot)

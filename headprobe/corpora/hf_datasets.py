@@ -63,6 +63,10 @@ def _label_names(data, column):
     return getattr(inner, "names", None)
 
 
+def _no_head(head) -> bool:
+    return head is None or str(head) in ("None", "_", "")
+
+
 def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
     data = open_dataset(spec)
     words_col = _column(data, "words", spec)
@@ -73,11 +77,21 @@ def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
     corpus = Corpus()
     for row_index, row in enumerate(data):
         where = f"{spec} row {row_index}"
+        upos = None
+        if upos_col:
+            upos = [upos_names[t] if upos_names and isinstance(t, int) else str(t) for t in row[upos_col]]
+        words, raw_heads, raw_rels = list(row[words_col]), list(row[heads_col]), list(row[rel_col])
+        if len(words) == len(raw_heads) == len(raw_rels):
+            # the hub's UD loader keeps multiword-token lines and empty nodes, with head "None":
+            # they are not syntactic words (SPEC 1), and word ids count without them
+            keep = [k for k, head in enumerate(raw_heads) if not _no_head(head)]
+            words, raw_heads, raw_rels = ([x[k] for k in keep] for x in (words, raw_heads, raw_rels))
+            if upos is not None and len(upos) == len(row[words_col]):
+                upos = [upos[k] for k in keep]
         try:
-            words = list(row[words_col])
             n = len(words)
             heads = []
-            for k, head in enumerate(row[heads_col]):
+            for k, head in enumerate(raw_heads):
                 try:
                     value = int(head)
                 except (TypeError, ValueError):
@@ -85,15 +99,12 @@ def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
                 if not 0 <= value <= n or value == k + 1:
                     raise CorpusError(f"{where}: head {value} of word {k + 1} is not a word index in 0..{n}")
                 heads.append(value - 1)
-            rels = [base_relation(str(r)) for r in row[rel_col]]
+            rels = [base_relation(str(r)) for r in raw_rels]
             if not (len(heads) == len(rels) == n) or n == 0:
                 raise CorpusError(f"{where}: {n} words, {len(heads)} heads, {len(rels)} relations")
         except CorpusError as exc:
             corpus.reject(exc, skip_bad)
             continue
-        upos = None
-        if upos_col:
-            upos = [upos_names[t] if upos_names and isinstance(t, int) else str(t) for t in row[upos_col]]
         unit = str(row.get("idx") or row.get("sent_id") or f"{spec}#{row_index}")
         corpus.append(Example(words=words, unit=unit, source=where, heads=heads, deprels=rels, upos=upos))
     return corpus
