@@ -6,8 +6,10 @@ trials `n` of each row; `update` adds per-head hits (or attention mass) to those
 rows on the device; `end_batch` moves the batch's counts to the CPU. Rows of two
 runs add up, so shards merge by concatenating `unit_counts()` and summing.
 
-Baselines need no attention: a scorer adds them as rows with `variant` set and
-`layer = head = -1` through `add_baseline`.
+Baselines need no attention: a scorer names them in `variants` and fills
+`self.baseline_hits` ([row, variant], allocated per batch; the trials are the
+row's `n`) in `prepare`; they come out as rows with `variant` set and
+`layer = head = -1`.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ class CountScorer:
     analysis = ""
     directions: tuple[str, ...] = ("",)
     value = "hits"                      # "hits" (counts) or "mass" (summed attention)
+    variants: tuple[str, ...] = ()      # baseline names (rows with layer = head = -1)
 
     def __init__(self):
         self.chunks_: list[tuple] = []                    # (keys, values, n) per batch, compact
-        self.baseline_chunks_: list[pd.DataFrame] = []
+        self.baseline_chunks_: list[tuple] = []           # baseline rows per batch, compact
         self.n_layers = self.n_heads = None
 
     # -- the engine calls these -------------------------------------------------------
@@ -56,7 +59,6 @@ class CountScorer:
         self.layer_slot = {layer: slot for slot, layer in enumerate(self.layers)}
 
     def begin_batch(self, batch) -> None:
-        self._baselines: list[tuple] = []
         keys, n = self.rows(batch)                       # [(unit, label)], trials per row
         self._keys = keys
         self._n = np.asarray(n, dtype=np.float64)        # [row] or [row, direction]
@@ -65,6 +67,7 @@ class CountScorer:
         self._values = torch.zeros(len(self.layers), len(self.directions), len(keys), self.n_heads,
                                    dtype=torch.float64 if self.value == "mass" else torch.float32,
                                    device=batch.device)  # [layer, direction, row, head]
+        self.baseline_hits = np.zeros((len(keys), len(self.variants)), dtype=np.float32)  # [row, variant]
         self.prepare(batch)
 
     def update(self, layer: int, att, batch) -> None:
@@ -77,10 +80,8 @@ class CountScorer:
             small = self.value == "hits" and values.max(initial=0) < 65535
             values = values.astype(np.uint16 if small else np.float32)
             self.chunks_.append((self._keys, values, self._n.astype(np.float32)))
-        if self._baselines:
-            rows = pd.DataFrame(self._baselines, columns=["unit", "label", "variant", "n", "hits"])
-            rows = rows.assign(analysis=self.analysis, layer=-1, head=-1, direction="", mass=np.nan)
-            self.baseline_chunks_.append(compact(rows))
+        if self.variants and self._keys:      # (keys, trials [row], hits [row, variant])
+            self.baseline_chunks_.append((self._keys, self._n[:, 0].astype(np.float32), self.baseline_hits))
         del self._values
 
     # -- subclasses implement ---------------------------------------------------------
@@ -96,16 +97,35 @@ class CountScorer:
         target = self._values[self.layer_slot[layer], direction]                  # [row, head]
         target.index_add_(0, row, values.to(target.dtype))
 
-    def add_baseline(self, unit: str, label: str, variant: str, n: float, hits: float) -> None:
-        self._baselines.append((unit, label, variant, n, hits))
-
     # -- results ----------------------------------------------------------------------
     def unit_counts(self) -> pd.DataFrame:
         """Per-unit counts as a tidy frame (categorical keys, float32 values); duplicate keys summed."""
-        frames = [self._frame(*chunk) for chunk in self.chunks_] + self.baseline_chunks_
+        frames = [self._frame(*chunk) for chunk in self.chunks_]
+        if self.baseline_chunks_:
+            frames.append(self._baseline_frame())
         if not frames:
             return pd.DataFrame(columns=UNIT_COLUMNS)
         return sum_duplicates(concat_compact(frames))
+
+    def _baseline_frame(self) -> pd.DataFrame:
+        keys = [key for chunk in self.baseline_chunks_ for key in chunk[0]]
+        n = np.concatenate([chunk[1] for chunk in self.baseline_chunks_])                # [row]
+        hits = np.concatenate([chunk[2] for chunk in self.baseline_chunks_])             # [row, variant]
+        n_variants = len(self.variants)
+        row = np.repeat(np.arange(len(keys)), n_variants)
+        size = row.size
+        return pd.DataFrame({
+            "analysis": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [self.analysis]),
+            "label": pd.Categorical([k[1] for k in keys])[row],
+            "unit": pd.Categorical([k[0] for k in keys])[row],
+            "layer": np.full(size, -1, dtype=np.int16),
+            "head": np.full(size, -1, dtype=np.int16),
+            "direction": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [""]),
+            "variant": pd.Categorical.from_codes(np.tile(np.arange(n_variants), len(keys)), list(self.variants)),
+            "n": n[row],
+            "hits": hits.ravel(),
+            "mass": np.full(size, np.nan, dtype=np.float32),
+        })
 
     def _frame(self, keys, values: np.ndarray, n: np.ndarray) -> pd.DataFrame:
         shape = values.shape                                          # [layer, direction, row, head]
@@ -172,15 +192,30 @@ def sum_duplicates(frame: pd.DataFrame) -> pd.DataFrame:
     return summed.reset_index()[UNIT_COLUMNS]
 
 
-def masked_word_attention(att, batch, drop_self: bool) -> torch.Tensor:
-    """[batch, head, word, word]: word-to-word attention, specials dropped, padding = -1.
+def first_argmax(scores: torch.Tensor, dim: int) -> torch.Tensor:
+    """Index of the maximum along `dim`; ties go to the lowest index (SPEC 2).
 
-    With `drop_self`, the attention a word pays to itself is set to 0 (SPEC 1).
-    Rows are not renormalised.
+    `max(dim).indices` is documented to return the first maximal value, like argmax,
+    and is the faster of the two on CPU (2-5x on attention blocks).
     """
-    w = batch.max_words
-    scores = att.words[..., :w].clone()                                   # [batch, head, word, word]
-    if drop_self:
-        scores.diagonal(dim1=-2, dim2=-1).zero_()
+    return scores.max(dim=dim).indices
+
+
+def word_fill(batch, drop_self: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keep, fill), each [batch, 1, word, word], built once per batch: where `keep` is False
+    the attention is replaced by `fill` before an argmax over words: 0 for self-attention
+    (SPEC 1, with `drop_self`), -1 for padding (never chosen)."""
     valid = batch.word_mask[:, None, :, None] & batch.word_mask[:, None, None, :]   # [batch, 1, word, word]
-    return scores.masked_fill_(~valid, -1.0)
+    keep = valid.clone()
+    if drop_self:
+        keep &= ~torch.eye(batch.max_words, dtype=torch.bool, device=batch.device)
+    fill = torch.where(valid, 0.0, -1.0)
+    return keep, fill
+
+
+def masked_word_attention(att, batch, drop_self: bool = True, prepared=None) -> torch.Tensor:
+    """[batch, head, word, word]: word-to-word attention, specials dropped, padding = -1,
+    and with `drop_self` the attention a word pays to itself set to 0. Rows are not
+    renormalised. `prepared` is `word_fill(batch, drop_self)`, to build it once per batch."""
+    keep, fill = prepared if prepared is not None else word_fill(batch, drop_self)
+    return torch.where(keep, att.words[..., :batch.max_words], fill)

@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from headprobe.scorers.base import CountScorer, RowIndex
+from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
 
 KINDS = ("pronoun", "proper", "nominal")
 ALL = "ALL"
@@ -165,23 +165,20 @@ class CoreferenceScorer(CountScorer):
         unknown = set(baselines) - set(BASELINES)
         if unknown:
             raise ValueError(f"unknown coreference baseline(s) {sorted(unknown)}; known: {', '.join(BASELINES)}")
-        self.baselines = tuple(baselines)
+        self.variants = tuple(baselines)
 
     def rows(self, batch):
         rows = RowIndex()
         items = []          # (batch row, query word, kind row, ALL row, candidates, gold)
+        baseline = []       # (row, variant index, hit)
         for b, example in enumerate(batch.examples):
-            base: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-            for sm in scored_mentions(example, self.baselines):
-                slots = []
-                for label in (sm.kind, ALL):
-                    slots.append(rows.count(example.unit, label))
-                    for variant, word in sm.predictions.items():
-                        base[(label, variant)][0] += 1
-                        base[(label, variant)][1] += int(sm.hit(word))
+            for sm in scored_mentions(example, self.variants):
+                slots = [rows.count(example.unit, label) for label in (sm.kind, ALL)]
+                for v, variant in enumerate(self.variants):
+                    hit = float(sm.hit(sm.predictions[variant]))
+                    baseline.extend(((slots[0], v, hit), (slots[1], v, hit)))
                 items.append((b, sm.query, slots[0], slots[1], sm.candidates, sm.gold))
-            for (label, variant), (count, hits) in base.items():
-                self.add_baseline(example.unit, label, variant, count, hits)
+        self._baseline = baseline
         self._items = items
         return rows.keys, rows.n
 
@@ -189,6 +186,8 @@ class CoreferenceScorer(CountScorer):
         """Per scored mention, on the batch's device: batch row, query word (the mention
         head), candidate mask and gold mask over the batch's words, and its two rows."""
         device = batch.device
+        for row, variant, hit in self._baseline:
+            self.baseline_hits[row, variant] += hit
         items = self._items
         width = int(batch.max_words)
         long = dict(dtype=torch.long, device=device)
@@ -218,6 +217,6 @@ class CoreferenceScorer(CountScorer):
         rows.scatter_(2, self._q.view(-1, 1, 1).expand(-1, n_heads, 1), 0.0)
         # ... and only candidate words compete (ties -> the lowest index).
         rows.masked_fill_(~self._cand[:, None, :], float("-inf"))
-        pred = rows.argmax(dim=-1)                            # [mention, head]
+        pred = first_argmax(rows, -1)                            # [mention, head]
         hit = self._gold.gather(1, pred)                      # [mention, head] bool
         self.add(layer, 0, self._rows, torch.cat([hit, hit]))

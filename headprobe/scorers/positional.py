@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from headprobe.scorers.base import CountScorer, RowIndex
+from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
 LABELS = OFFSET_LABELS + ["special", "other"]
@@ -52,8 +52,8 @@ class PositionalScorer(UnitLabelRows, CountScorer):
         self._w = w
 
     def update(self, layer, att, batch):
-        scores = att.words.masked_fill(~self._key_ok, -1.0)                 # [batch, head, word, word + 2]
-        target = scores.argmax(dim=-1)                                      # [batch, head, word]
+        scores = torch.where(self._key_ok, att.words, -1.0)                 # [batch, head, word, word + 2]
+        target = first_argmax(scores, -1)                                      # [batch, head, word]
         target = target.permute(0, 2, 1)[self._q_b, self._q_i]               # [query, head]
         offset = target - self._q_i[:, None]                                # [query, head]
         bucket = torch.where(offset.abs() <= 2, offset + 2, torch.full_like(offset, OTHER))

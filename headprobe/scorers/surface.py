@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import torch
 
 from headprobe.align import WORD
@@ -50,41 +51,36 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
     def prepare(self, batch):
         device = batch.device
         w = batch.max_words
-        self._q_b, self._q_i = batch.word_mask.nonzero(as_tuple=True)                  # [query]
-        punct = torch.zeros(len(batch), w, dtype=torch.float32, device=device)
+        punct = np.zeros((len(batch), w), dtype=np.float32)
         for b, example in enumerate(batch.examples):
             upos = example.upos or [None] * len(example.words)
-            for i, (word, tag) in enumerate(zip(example.words, upos)):
-                punct[b, i] = float(is_punct(word, tag))
-        self._punct = punct[:, None, None, :]                                          # [batch, 1, 1, word]
-        self._p_b, self._p_t = (batch.piece_kind == WORD).nonzero(as_tuple=True)       # [query piece]
+            punct[b, :len(example.words)] = [is_punct(word, tag) for word, tag in zip(example.words, upos)]
+        self._punct = torch.from_numpy(punct).to(device)[:, None, None, :]     # [batch, 1, 1, word]
+        self._query = batch.word_mask[:, None, :].float()                      # [batch, 1, word]
+        self._second_on = batch.word_mask[:, None, 1:].float()                 # [batch, 1, word - 1]: word 1.. real
+        self._piece_query = (batch.piece_kind == WORD)[:, None, :].float()     # [batch, 1, piece]
         keys = batch.attention_mask.float()
         visible = keys.cumsum(dim=1) if batch.causal else keys.sum(dim=1, keepdim=True).expand_as(keys)
-        self._uniform = visible.clamp_min(1).log()[self._p_b, self._p_t]               # [query piece]
-        n_words = batch.n_words[self._q_b]
-        self._has_prev = (self._q_i > 0).float()[:, None]                              # [query, 1]
-        self._has_next = (self._q_i < n_words - 1).float()[:, None]
-        self._prev = (self._q_i - 1).clamp_min(0)
-        self._next = torch.minimum(self._q_i + 1, (n_words - 1).clamp_min(0))
+        uniform = (visible.clamp_min(1).log() * self._piece_query[:, 0]).sum(-1)   # [batch]
+        self._uniform = uniform[:, None].expand(-1, self.n_heads)              # [batch, head]
         self._label_row = {label: slot for slot, label in enumerate(LABELS)}
 
-    def _add(self, layer, label, batch_index, values):
-        rows = self._first_row[batch_index] + self._label_row[label]
-        self.add(layer, 0, rows, values)
+    def _add(self, layer, label, values):
+        """Add per-example sums `values` [batch, head] to each example's row for `label`."""
+        self.add(layer, 0, self._first_row + self._label_row[label], values)
 
     def update(self, layer, att, batch):
         w = batch.max_words
         words = att.words                                                # [batch, head, word, word + 2]
-        rows = words.permute(0, 2, 1, 3)[self._q_b, self._q_i]          # [query, head, word + 2]
-        take = lambda col: rows.gather(2, col[:, None, None].expand(-1, rows.shape[1], 1))[..., 0]
-        self._add(layer, "self", self._q_b, take(self._q_i))
-        self._add(layer, "prev", self._q_b, take(self._prev) * self._has_prev)
-        self._add(layer, "next", self._q_b, take(self._next) * self._has_next)
-        self._add(layer, "cls", self._q_b, rows[..., w])
-        self._add(layer, "sep", self._q_b, rows[..., w + 1])
-        punct = (words[..., :w] * self._punct).sum(-1)                  # [batch, head, word]
-        self._add(layer, "punct", self._q_b, punct.permute(0, 2, 1)[self._q_b, self._q_i])
+        square = words[..., :w]                                          # [batch, head, word, word]
+        per_example = lambda x, mask: (x * mask).sum(-1)                 # [batch, head]
+        self._add(layer, "self", per_example(square.diagonal(0, -2, -1), self._query))
+        # diagonal -1 holds A[i + 1, i] (word i + 1 to its previous word), +1 holds A[i, i + 1]
+        self._add(layer, "prev", per_example(square.diagonal(-1, -2, -1), self._second_on))
+        self._add(layer, "next", per_example(square.diagonal(1, -2, -1), self._second_on))
+        self._add(layer, "cls", per_example(words[..., w], self._query))
+        self._add(layer, "sep", per_example(words[..., w + 1], self._query))
+        self._add(layer, "punct", per_example((square * self._punct).sum(-1), self._query))
         entropy = torch.special.entr(att.pieces).sum(-1)                # [batch, head, piece], nats
-        entropy = entropy.permute(0, 2, 1)[self._p_b, self._p_t]        # [query piece, head]
-        self._add(layer, "entropy", self._p_b, entropy)
-        self._add(layer, "entropy_uniform", self._p_b, self._uniform[:, None].expand_as(entropy))
+        self._add(layer, "entropy", per_example(entropy, self._piece_query))
+        self._add(layer, "entropy_uniform", self._uniform)
