@@ -7,7 +7,8 @@ Reports words per second for
                  NumPy and pooled there per layer and head, then arcs (both directions), offsets and
                  surface masses scored there, as the papers' scripts did,
 the ratios b/a and b/c, and peak memory (RSS on CPU, torch.cuda.max_memory_allocated on GPU)
-of headprobe on the corpus once and repeated 4 times (each in a fresh subprocess).
+of headprobe on the corpus once and repeated 4 times (each in a fresh subprocess; RSS is
+sampled during the scoring run, then while the per-unit tables are built).
 
     python benchmarks/throughput.py                               # bundled MiniLM, EWT dev, CPU
     python benchmarks/throughput.py --device cuda --random-bert-base --repeat 10
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
-import resource
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -147,20 +149,49 @@ def peak_memory(args, repeat: int) -> dict:
     return json.loads(output.strip().splitlines()[-1])
 
 
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class RssSampler(threading.Thread):
+    """Peak resident memory while a block runs (sampled every 5 ms from /proc/self/statm)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak = current_rss_mb()
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.005):
+            self.peak = max(self.peak, current_rss_mb())
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.join()
+        self.peak = max(self.peak, current_rss_mb())
+
+
 def child_memory(args):
     model, tokenizer, _ = load(args)
     device = next(model.parameters()).device
     examples = corpus(args)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    before = current_rss_mb()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    seconds, scorers = headprobe_run(model, tokenizer, examples, args.batch_size, device)
+    with RssSampler() as scoring:
+        seconds, scorers = headprobe_run(model, tokenizer, examples, args.batch_size, device)
     result = {"repeat": args.repeat, "words": sum(len(e.words) for e in examples), "seconds": seconds,
-              "rss_before_run_mb": before, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+              "rss_before_run_mb": before, "peak_rss_mb": scoring.peak}
     if device.type == "cuda":
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    unit_counts = [s.unit_counts() for s in scorers]
-    result["peak_rss_with_tables_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with RssSampler() as tables:
+        unit_counts = [s.unit_counts() for s in scorers]
+    result["peak_rss_with_tables_mb"] = tables.peak
     result["unit_count_rows"] = int(sum(len(u) for u in unit_counts))
     print(json.dumps(result))
 

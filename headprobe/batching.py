@@ -44,9 +44,20 @@ def prepare(examples: list[Example], tokenizer, max_length: int) -> Prepared:
 
 
 def bucket(prepared: Prepared, batch_size: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length (longest first, stable)."""
-    order = sorted(range(len(prepared.examples)), key=lambda i: (-len(prepared.alignments[i]), i))
-    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    """Indices grouped into batches of examples with exactly the same number of pieces.
+
+    No padding means a sentence's attention is bit-for-bit what it is alone: counts do not
+    depend on the batch size (padding shifts float rounding, enough to flip a near-tie
+    argmax). Longest first, corpus order within a length.
+    """
+    by_length: dict[int, list[int]] = {}
+    for i, alignment in enumerate(prepared.alignments):
+        by_length.setdefault(len(alignment), []).append(i)
+    batches = []
+    for length in sorted(by_length, reverse=True):
+        same = by_length[length]
+        batches += [same[start:start + batch_size] for start in range(0, len(same), batch_size)]
+    return batches
 
 
 class Batch:

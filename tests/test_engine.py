@@ -19,12 +19,18 @@ KEY = ["analysis", "label", "unit", "layer", "head", "direction", "variant"]
 RELATIONS = ["det", "nsubj", "obj", "amod", "obl", "advmod", "punct"]
 
 
-def random_sentences(n: int = 20, seed: int = 0) -> list[Example]:
+def random_sentences(n: int = 20, seed: int = 0, same_length: bool = False) -> list[Example]:
+    """Random sentences; with `same_length`, permutations of one word list, so every sentence
+    has the same number of pieces (pre-split words tokenize independently) and they share a bucket."""
     rng = random.Random(seed)
+    base = [rng.choice(WORDS) for _ in range(8)]
     examples = []
     for index in range(n):
-        length = rng.randint(1, 12)
-        words = [rng.choice(WORDS) for _ in range(length)]
+        if same_length:
+            words = rng.sample(base, len(base))
+        else:
+            words = [rng.choice(WORDS) for _ in range(rng.randint(1, 12))]
+        length = len(words)
         root = rng.randrange(length)
         heads = [-1 if i == root else rng.choice([j for j in range(length) if j != i]) for i in range(length)]
         deprels = ["root" if i == root else rng.choice(RELATIONS) for i in range(length)]
@@ -97,8 +103,21 @@ def test_layer_subset(bert_family):
         assert set(counts.loc[counts.variant == "", "layer"]) == {2}
 
 
+def test_buckets_hold_one_length(tiny):
+    """No padding: every batch holds examples of exactly one piece count (batch-size invariance)."""
+    from headprobe.batching import bucket, prepare
+    prepared = prepare(random_sentences(40, seed=5), tiny.tokenizer, 512)
+    batches = bucket(prepared, 4)
+    assert sorted(i for batch in batches for i in batch) == list(range(40))
+    for batch in batches:
+        assert len({len(prepared.alignments[i]) for i in batch}) == 1
+        assert 1 <= len(batch) <= 4
+    lengths = [len(prepared.alignments[batch[0]]) for batch in batches]
+    assert lengths == sorted(lengths, reverse=True)
+
+
 def test_oom_backoff(tiny, monkeypatch):
-    examples = random_sentences()
+    examples = random_sentences(same_length=True)
     _, reference = run(tiny.sdpa, tiny.tokenizer, examples, batch_size=4)
 
     model = tiny.sdpa
@@ -142,7 +161,7 @@ def test_other_errors_are_not_retried(bert_family, monkeypatch):
 
     monkeypatch.setattr(bert_family.sdpa, "forward", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        run(bert_family.sdpa, bert_family.tokenizer, random_sentences(8), batch_size=8)
+        run(bert_family.sdpa, bert_family.tokenizer, random_sentences(8, same_length=True), batch_size=8)
     assert calls == [8]
 
 
