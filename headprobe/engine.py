@@ -9,6 +9,9 @@ batch's counts only in `end_batch`).
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 import time
 from functools import cached_property
 
@@ -18,6 +21,9 @@ from tqdm.auto import tqdm
 from headprobe.align import WORD
 from headprobe.batching import Batch, bucket, prepare
 from headprobe.capture import AttentionCapture, n_layers_heads
+
+
+TRIM_EVERY = 64        # batches between heap trims on CPU
 
 
 class LayerAttention:
@@ -59,6 +65,22 @@ def max_length(model, tokenizer) -> int:
     return min(limits) if limits else 512
 
 
+def heap_trimmer():
+    """A function that hands freed heap memory back to the OS (Linux / glibc), or None.
+
+    Attention blocks of many shapes are allocated and freed per layer; the small, long-lived
+    count arrays in between pin the freed space, so without an occasional trim the process
+    grows with the corpus. Set HEADPROBE_KEEP_MALLOC=1 to leave the allocator alone.
+    """
+    if os.environ.get("HEADPROBE_KEEP_MALLOC") or not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return lambda: trim(0)
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
@@ -90,15 +112,18 @@ class Engine:
 
     def run(self, examples) -> dict:
         start = time.perf_counter()
+        trim = heap_trimmer() if self.device.type == "cpu" else None
         prepared = prepare(list(examples), self.tokenizer, max_length(self.model, self.tokenizer))
         self.batch_size_ = self.batch_size
         queue = bucket(prepared, self.batch_size)
         total_words = sum(a.n_words for a in prepared.alignments)
         bar = tqdm(total=total_words, unit="word", desc=self.desc, disable=not self.progress)
+        done = 0
         while queue:
             indices = queue.pop(0)
             batch = Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices],
                           self.pad_id, device=self.device, from_mode=self.from_mode, causal=self.causal)
+            words = batch.n_real_words
             try:
                 self._score(batch)
             except (torch.OutOfMemoryError, RuntimeError) as exc:
@@ -111,7 +136,12 @@ class Engine:
                 self.batch_size_ = max(1, half)
                 queue[:0] = [indices[:half], indices[half:]]
                 continue
-            bar.update(batch.n_real_words)
+            for i in indices:                  # scored: this run needs its pieces no more
+                prepared.alignments[i] = None
+            bar.update(words)
+            done += 1
+            if trim is not None and done % TRIM_EVERY == 0:
+                trim()
         bar.close()
         self.stats_ = {
             "examples": len(prepared.examples),

@@ -21,6 +21,14 @@ import torch
 UNIT_COLUMNS = ["analysis", "label", "unit", "layer", "head", "direction", "variant", "n", "hits", "mass"]
 
 
+def smallest_dtype(values: np.ndarray, whole: bool):
+    """Counts are small whole numbers: keep per-unit memory small (float32 for masses)."""
+    if not whole:
+        return np.float32
+    top = values.max(initial=0)
+    return np.uint8 if top < 256 else np.uint16 if top < 65536 else np.float32
+
+
 class RowIndex:
     """(unit, label) rows of one batch, in order of first use, with their trial counts."""
 
@@ -76,9 +84,7 @@ class CountScorer:
     def end_batch(self, batch) -> None:
         if self._keys:
             values = self._values.cpu().numpy()          # [layer, direction, row, head]
-            # counts are small whole numbers: uint16 keeps memory per unit small (float32 otherwise)
-            small = self.value == "hits" and values.max(initial=0) < 65535
-            values = values.astype(np.uint16 if small else np.float32)
+            values = np.ascontiguousarray(values.astype(smallest_dtype(values, self.value == "hits")))
             self.chunks_.append((self._keys, values, self._n.astype(np.float32)))
         if self.variants and self._keys:      # (keys, trials [row], hits [row, variant])
             self.baseline_chunks_.append((self._keys, self._n[:, 0].astype(np.float32), self.baseline_hits))
