@@ -417,3 +417,8 @@ def test_report_renders_in_chromium(report):
     assert not info["errors"], info["errors"]
     data = screenshot.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+    # keep the page and its screenshot where CI (and a person) can look at them
+    artifacts = Path(os.environ.get("HEADPROBE_ARTIFACTS", Path(__file__).resolve().parents[1] / "results" / "ci"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shutil.copy(screenshot, artifacts / "report_screenshot.png")
+    shutil.copy(report["html"], artifacts / "report.html")
