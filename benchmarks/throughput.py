@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from headprobe import models                                             # noqa: E402
 from headprobe.align import align_words                                  # noqa: E402
-from headprobe.batching import Batch, bucket, prepare                    # noqa: E402
+from headprobe.batching import iter_batches, prepare                      # noqa: E402
 from headprobe.corpora.base import Example                               # noqa: E402
 from headprobe.corpora.conllu import read_conllu                         # noqa: E402
 from headprobe.engine import Engine, max_length                          # noqa: E402
@@ -79,10 +79,7 @@ def sync(device):
 def plain(model, tokenizer, examples, batch_size, device) -> float:
     start = time.perf_counter()
     prepared = prepare(examples, tokenizer, max_length(model, tokenizer))
-    pad = tokenizer.pad_token_id or 0
-    for indices in bucket(prepared, batch_size):
-        batch = Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices], pad,
-                      device=device)
+    for batch in iter_batches(prepared, batch_size, tokenizer.pad_token_id or 0, device=device):
         model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     sync(device)
     return time.perf_counter() - start
