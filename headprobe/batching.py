@@ -78,19 +78,18 @@ class Batch:
         input_ids = np.full((b, n_pieces), pad_id, dtype=np.int64)
         piece_word = np.full((b, n_pieces), -2, dtype=np.int64)
         piece_kind = np.full((b, n_pieces), PAD, dtype=np.int64)
-        to_words = np.zeros((b, n_pieces, n_words + 2), dtype=np.float32)
         for row, a in enumerate(alignments):
             t = len(a)
             input_ids[row, :t] = a.input_ids
             piece_word[row, :t] = a.piece_word
             piece_kind[row, :t] = a.piece_kind
-            for piece, (word, kind) in enumerate(zip(a.piece_word, a.piece_kind)):
-                if kind == WORD:
-                    to_words[row, piece, word] = 1.0
-                elif kind == CLS_LIKE:
-                    to_words[row, piece, n_words] = 1.0
-                elif kind == SEP_LIKE:
-                    to_words[row, piece, n_words + 1] = 1.0
+        # sum pooling: a word piece -> its word's column; CLS-like -> column W; SEP-like -> W + 1
+        column = np.where(piece_kind == WORD, piece_word,
+                          np.where(piece_kind == CLS_LIKE, n_words,
+                                   np.where(piece_kind == SEP_LIKE, n_words + 1, -1)))
+        to_words = np.zeros((b, n_pieces, n_words + 2), dtype=np.float32)
+        rows, pieces = np.nonzero(column >= 0)
+        to_words[rows, pieces, column[rows, pieces]] = 1.0
 
         put = lambda array: torch.from_numpy(array).to(self.device)
         self.input_ids = put(input_ids)                                  # [batch, piece]

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from headprobe.align import WORD
 from headprobe.batching import Batch, bucket, prepare
-from headprobe.capture import AttentionCapture, n_layers_heads
+from headprobe.capture import AttentionCapture, n_layers_heads, text_config
 
 
 TRIM_EVERY = 64        # batches between heap trims on CPU
@@ -55,7 +55,7 @@ def is_causal(model) -> bool:
 
 
 def max_length(model, tokenizer) -> int:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     positions = getattr(config, "max_position_embeddings", None)
     offset = getattr(getattr(model, "embeddings", None), "padding_idx", None)
     if isinstance(positions, int) and isinstance(offset, int):

@@ -282,12 +282,13 @@ def positional_heads(counts: pd.DataFrame, threshold: float = 0.9) -> pd.DataFra
     """Per head: the share of argmaxes at each offset; positional if one non-zero offset >= threshold."""
     rows = counts[(counts["analysis"] == "positional") & (counts["fold"] == "")]
     if rows.empty:
-        return pd.DataFrame(columns=["layer", "head", "offset", "share", "positional"])
+        return pd.DataFrame(columns=["layer", "head", "n", "offset", "share", "positional"])
     share = rows.assign(share=rows["hits"] / rows["n"]).pivot_table(
         index=["layer", "head"], columns="label", values="share", aggfunc="sum").fillna(0.0)
     nonzero = [c for c in ("-2", "-1", "+1", "+2") if c in share.columns]
     top = share[nonzero].idxmax(axis=1)
     out = share.reset_index()
+    out.insert(2, "n", rows.groupby(["layer", "head"])["n"].max().reindex(share.index).to_numpy())
     out["offset"] = top.to_numpy()
     out["share"] = share[nonzero].max(axis=1).to_numpy()
     out["positional"] = out["share"] >= threshold

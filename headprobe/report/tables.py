@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from headprobe import stats
+
 STRING_COLUMNS = ("analysis", "label", "direction", "variant", "fold", "selection",
                   "baseline", "baseline_variant", "heads")
 DIRECTIONS = ("dep->head", "head<-dep")
 SURFACE_LABELS = ("cls", "sep", "punct", "self", "prev", "next")
 POSITIONAL_LABELS = ("-2", "-1", "0", "+1", "+2", "special", "other")
-POSITIONAL_OFFSETS = ("-2", "-1", "+1", "+2")          # the non-zero offsets
 NOT_PER_RELATION = ("ALL", "root", "punct")
 
 
@@ -287,29 +288,15 @@ def surface_per_layer(counts: pd.DataFrame) -> pd.DataFrame:
 
 
 def positional_shares(counts: pd.DataFrame) -> pd.DataFrame:
-    """Per head: share of argmaxes at each positional label (hits / n), and the dominant
-    non-zero offset with its share."""
-    c = counts[(counts["analysis"] == "positional") & (counts["fold"] == "")
-               & (counts["variant"] == "") & (counts["layer"] >= 0)]
-    if not len(c):
+    """Per head: share of argmaxes at each positional label, and the dominant non-zero
+    offset with its share (`stats.positional_heads`, renamed for the report)."""
+    heads = stats.positional_heads(counts)
+    if not len(heads):
         return pd.DataFrame(columns=["layer", "head", "dominant_offset", "dominant_share"])
-    g = c.groupby(["layer", "head", "label"], as_index=False)[["n", "hits"]].sum()
-    g["share"] = g["hits"] / g["n"].where(g["n"] > 0)
-    wide = g.pivot_table(index=["layer", "head"], columns="label", values="share",
-                         aggfunc="first").reset_index()
-    wide.columns.name = None
-    n = g.groupby(["layer", "head"], as_index=False)["n"].max().rename(columns={"n": "words"})
-    wide = wide.merge(n, on=["layer", "head"], how="left")
-    wide = _order(wide, ["layer", "head"], POSITIONAL_LABELS)
-    offsets = [o for o in POSITIONAL_OFFSETS if o in wide.columns]
-    if offsets:
-        sub = wide[offsets].fillna(-1.0)
-        wide["dominant_share"] = sub.max(axis=1).where(lambda s: s >= 0)
-        wide["dominant_offset"] = sub.idxmax(axis=1).where(wide["dominant_share"] > 0, "")
-    else:
-        wide["dominant_offset"] = ""
-        wide["dominant_share"] = np.nan
-    return wide
+    wide = heads.drop(columns="positional").rename(
+        columns={"n": "words", "offset": "dominant_offset", "share": "dominant_share"})
+    wide["dominant_offset"] = wide["dominant_offset"].where(wide["dominant_share"] > 0, "")
+    return _order(wide, ["layer", "head"], POSITIONAL_LABELS)
 
 
 def _order(df: pd.DataFrame, keys: list[str], known) -> pd.DataFrame:
