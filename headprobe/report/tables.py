@@ -253,12 +253,9 @@ def labels_by_size(counts: pd.DataFrame, analysis: str, exclude=()) -> list[str]
 
 def surface_per_head(counts: pd.DataFrame) -> pd.DataFrame:
     """Mean mass per head for each surface label (mass / n), entropy and its ratio to uniform."""
-    c = counts[(counts["analysis"] == "surface") & (counts["fold"] == "")
-               & (counts["variant"] == "") & (counts["layer"] >= 0)]
-    if not len(c):
+    g = stats.surface_table(counts)
+    if not len(g):
         return pd.DataFrame(columns=["layer", "head"])
-    g = c.groupby(["layer", "head", "label"], as_index=False)[["n", "mass"]].sum()
-    g["mean"] = g["mass"] / g["n"].where(g["n"] > 0)
     wide = g.pivot_table(index=["layer", "head"], columns="label", values="mean",
                          aggfunc="first").reset_index()
     wide.columns.name = None
