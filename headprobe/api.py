@@ -86,39 +86,30 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         sentence_corpus, source, bad = load_sentences(treebank, text, hf_dataset, skip_bad)
         scorers = [cls() for key, cls in (("dependency", DependencyScorer), ("positional", PositionalScorer),
                                           ("surface", SurfaceScorer)) if key in analyses]
-        engine = Engine(net, tokenizer, scorers, layers=layers, batch_size=batch_size, from_mode=from_mode,
-                        progress=progress, desc="sentences")
-        stats = engine.run(sentence_corpus)
-        summary["corpora"]["sentences"] = source
-        summary["runs"]["sentences"] = _run_stats(stats)
+        _score(net, tokenizer, scorers, sentence_corpus, "sentences", source, summary, layers=layers,
+               batch_size=batch_size, from_mode=from_mode, progress=progress)
         summary["skipped"]["malformed_sentences"] = len(bad)
         summary["skipped"]["malformed_sources"] = list(bad)[:50]
-        summary["skipped"]["sentence_sources"] = stats["skipped_sources"][:50]
-        summary["skipped"].update({f"sentences_{k}": v for k, v in stats["skipped"].items()})
         frames += [s.unit_counts() for s in scorers]
     if coref is not None and "coreference" in analyses:
         from headprobe.corpora.corefud import read_coref_examples, tokenizer_piece_counter
         from headprobe.scorers.coreference import CoreferenceScorer
         windows = read_coref_examples(coref, tokenizer_piece_counter(tokenizer), window=window)
         scorer = CoreferenceScorer()
-        engine = Engine(net, tokenizer, [scorer], layers=layers, batch_size=max(1, batch_size // 4),
-                        from_mode=from_mode, progress=progress, desc="coreference windows")
-        stats = engine.run(windows)
-        summary["corpora"]["coreference"] = str(coref)
-        summary["runs"]["coreference"] = _run_stats(stats)
+        _score(net, tokenizer, [scorer], windows, "coreference", str(coref), summary, layers=layers,
+               batch_size=max(1, batch_size // 4), from_mode=from_mode, progress=progress)
         summary["skipped"]["coreference_sentences"] = len(windows.skipped)
         summary["skipped"]["coreference_sources"] = list(windows.skipped)[:50]
-        summary["skipped"].update({f"coreference_{k}": v for k, v in stats["skipped"].items()})
         summary["coreference_corpus"] = dict(windows.counts)
         frames.append(scorer.unit_counts())
     if not frames:
         raise ValueError("nothing to score: give a sentence corpus and/or coref")
-    if is_causal(net):
-        summary["notes"].append(CAUSAL_NOTE.format(model=name))
     summary["causal"] = is_causal(net)
+    if summary["causal"]:
+        summary["notes"].append(CAUSAL_NOTE.format(model=name))
     summary["n_layers"], summary["n_heads"] = n_layers_heads(net)
-    summary["analyses"] = sorted(set(unit_counts_analyses(frames)))
-    unit_counts = merge_unit_counts(frames) if len(frames) > 1 else frames[0]
+    summary["analyses"] = sorted({a for frame in frames for a in frame["analysis"].unique()})
+    unit_counts = merge_unit_counts(frames)
     results = Results.from_unit_counts(unit_counts, summary, seed=seed, n_boot=n_boot)
     if pictures and sentence_corpus is not None and "dependency" in analyses:
         from headprobe.pictures import example_pictures
@@ -131,8 +122,14 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     return results
 
 
-def unit_counts_analyses(frames):
-    return [a for frame in frames for a in frame["analysis"].unique()]
+def _score(net, tokenizer, scorers, examples, key, source, summary, **engine_options) -> None:
+    """Run one engine pass and record its corpus, speed and skipped examples under `key`."""
+    engine = Engine(net, tokenizer, scorers, desc=key, **engine_options)
+    stats = engine.run(examples)
+    summary["corpora"][key] = source
+    summary["runs"][key] = _run_stats(stats)
+    summary["skipped"][f"{key}_skipped_sources"] = stats["skipped_sources"][:50]
+    summary["skipped"].update({f"{key}_{k}": v for k, v in stats["skipped"].items()})
 
 
 def _run_stats(stats: dict) -> dict:
