@@ -289,8 +289,8 @@ def test_unclosed_mention_names_its_opening_line(tmp_path):
 @pytest.mark.parametrize("line, message", [
     ("1\tOne\tone\tNUM\t_\t_\t0\troot\t_", "expected 10 tab-separated columns, found 9"),
     ("2\tOne\tone\tNUM\t_\t_\t0\troot\t_\t_", "word id '2' where 1 was expected"),
-    ("1\tOne\tone\tNUM\t_\t_\tx\troot\t_\t_", "head 'x' is not an integer"),
-    ("1\tOne\tone\tNUM\t_\t_\t5\troot\t_\t_", "head 5 of word 1 is not a word index in 0..1"),
+    ("1\tOne\tone\tNUM\t_\t_\tx\troot\t_\t_", "head 'x' of word 1 \\('One'\\) is not a word index in 0..1"),
+    ("1\tOne\tone\tNUM\t_\t_\t5\troot\t_\t_", "head '5' of word 1 \\('One'\\) is not a word index in 0..1"),
     ("1\tOne\tone\tNUM\t_\tBroken\t0\troot\t_\t_", "malformed FEATS item 'Broken'"),
 ])
 def test_bad_lines_name_file_and_line(line, message):

@@ -66,9 +66,10 @@ def test_parse_text_sentences_and_arcs(text_examples):
 
 def test_parse_text_units_and_sources(text_examples):
     path, examples = text_examples
-    units = [e.unit for e in examples]
-    assert len(set(units)) == len(units) == 3
-    assert all(u.startswith("story.txt") for u in units)
+    # a paragraph is a document: the unit (SPEC 5); sentences are named by their ordinal
+    assert [e.unit for e in examples] == ["story.txt#1", "story.txt#1", "story.txt#2"]
+    assert [e.sent_id for e in examples] == ["story.txt#1", "story.txt#2", "story.txt#3"]
+    assert examples.skipped == [] and not examples.counts
     assert [e.source for e in examples] == [f"{path}:1", f"{path}:1", f"{path}:3"]
     assert examples[2].meta["text"].startswith("It was")
 
@@ -165,7 +166,7 @@ def test_read_hf_dataset_other_column_names_and_plain_dataset(tmp_path):
     (example,) = read_hf_dataset(spec)
     assert example.heads == [1, -1]
     assert example.upos == ["NOUN", "VERB"]
-    assert example.unit == f"{spec}#0"                       # no idx / sent_id column
+    assert example.unit == example.sent_id == f"{spec}#1"     # no sent_id / id / idx column: ordinal
 
 
 def test_read_hf_dataset_missing_columns(tmp_path):
@@ -182,9 +183,11 @@ def test_read_hf_dataset_missing_columns(tmp_path):
 
 
 @pytest.mark.parametrize("heads, message", [
-    (["2", "7"], "head 7 of word 2 is not a word index in 0..2"),
-    (["2", "x"], "head 'x' of word 2 is not an integer"),
-    (["2", "2"], "head 2 of word 2"),                        # its own head
+    (["2", "7"], "head '7' of word 2 ('bark') is not a word index in 0..2"),
+    (["2", "x"], "head 'x' of word 2 ('bark') is not a word index in 0..2"),
+    (["2", "2"], "word 2 ('bark') is its own head"),
+    (["0", "0"], "2 roots: words 1 ('Dogs'), 2 ('bark') all have head 0"),
+    (["2", "1"], "no root"),
 ])
 def test_read_hf_dataset_bad_rows(tmp_path, heads, message):
     columns = {"tokens": [["a", "b"], ["Dogs", "bark"], ["c", "d"]],
@@ -198,6 +201,26 @@ def test_read_hf_dataset_bad_rows(tmp_path, heads, message):
         corpus = read_hf_dataset(spec, skip_bad=True)
     assert [e.words for e in corpus] == [["a", "b"], ["c", "d"]]
     assert len(corpus.skipped) == 1 and f"{spec} row 1" in corpus.skipped[0]
+    assert corpus.counts == {"malformed_sentence": 1}
+
+
+def test_read_hf_dataset_tree_checks_and_duplicate_ids(tmp_path):
+    columns = {"sent_id": ["a", "b", "a", "c", "d"],
+               "tokens": [["x", "y"], ["x", "y", "z"], ["x", "y"], ["x", "y"], ["x", "y"]],
+               "head": [["2", "0"], ["2", "3", "1"], ["0", "1"], ["0", "1"], ["0", "1"]],
+               "deprel": [["det", "root"], ["a", "b", "c"], ["root", "obj"], ["root", "_"], ["root", "ALL"]]}
+    spec = save(tmp_path / "tree", columns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        corpus = read_hf_dataset(spec, skip_bad=True)
+    assert [e.unit for e in corpus] == [e.sent_id for e in corpus] == ["a"]
+    assert corpus.skipped == [
+        f"{spec} row 1: no root: no word has head 0",                  # 1 -> 2 -> 3 -> 1, no word has 0
+        f"{spec} row 2: duplicate sent_id 'a' (first used at row 0)",
+        f"{spec} row 3: word 2 ('y') has no relation (DEPREL '_')",
+        f"{spec} row 4: relation 'ALL' of word 2 ('y'): 'ALL' is reserved for the row of all relations",
+    ]
+    assert corpus.counts == {"malformed_sentence": 3, "duplicate_sent_id": 1}
 
 
 def test_read_hf_dataset_length_mismatch(tmp_path):

@@ -1,5 +1,11 @@
-"""Corpora: each reader turns a source into a list of `Example`s."""
+"""Corpora: each reader turns a source into a `Corpus` (a list of `Example`s with skip accounting).
 
-from headprobe.corpora.base import CorpusError, Example, base_relation
+    from headprobe.corpora.conllu import read_conllu            # CoNLL-U treebank
+    from headprobe.corpora.corefud import read_coref_examples   # CorefUD coreference windows
+    from headprobe.corpora.spacy_text import parse_text         # raw text, spaCy silver arcs
+    from headprobe.corpora.hf_datasets import read_hf_dataset   # Hugging Face datasets
+"""
 
-__all__ = ["CorpusError", "Example", "base_relation"]
+from headprobe.corpora.base import ALL, Corpus, CorpusError, Example, base_relation
+
+__all__ = ["ALL", "Corpus", "CorpusError", "Example", "base_relation"]

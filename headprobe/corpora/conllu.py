@@ -1,23 +1,41 @@
-"""CoNLL-U treebanks -> dependency `Example`s (gold arcs).
+"""CoNLL-U reading: one layer of blocks, rows and validation for treebanks and CorefUD.
 
-Syntactic words only: multiword range lines (`3-4`) and empty nodes (`5.1`) are
-skipped. Each sentence is validated line by line, so a malformed sentence
-raises a `CorpusError` naming the file and line; with `skip_bad=True` it is
-skipped, counted and warned about, and every other sentence is kept.
+    corpus = read_conllu("en_ewt-ud-dev.conllu")               # Corpus of Examples (gold arcs)
+    corpus = read_conllu(path, skip_bad=True)                  # bad sentences skipped, counted
+    for block in iter_blocks(path):                            # the layer readers build on
+        sentence = read_sentence(block, ids)                   # validated rows, heads, sent_id
+
+Lines are read as bytes and decoded one by one (invalid UTF-8 names its line; a UTF-8
+BOM at the start of the file is dropped). Blank (whitespace-only) lines separate
+sentence blocks. Syntactic words only: multiword range lines (`3-4`) and empty nodes
+(`5.1`) are rows but not words. A malformed sentence raises a `CorpusError`
+("path:line: what is wrong"); with `skip_bad=True` it is skipped, warned about and
+counted, and every other sentence is kept. Checked per sentence: ten tab-separated
+columns; ids `N`, `N-M` or `N.M`; word ids 1, 2, ... in order; comments before the
+word lines; FEATS as `Key=Value|...`; a tree (`base.check_tree`: heads in 0..n, one
+root, no cycle, a relation other than `_` and the reserved `ALL`); and a `# sent_id`
+not used before in the file.
+
+Units (SPEC section 5): `Example.unit` is the `# newdoc id` of the sentence's document
+where the file marks documents, else its `sent_id`, else "<file name>#<ordinal>" (the
+sentence block's 1-based ordinal in the file); `Example.sent_id` is the sentence's own
+id (`sent_id`, else the same "<file name>#<ordinal>").
 """
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
-import conllu
-
-from headprobe.corpora.base import CorpusError, Example, base_relation
+from headprobe.corpora.base import (Corpus, CorpusError, Example, SentIds, base_relation, check_tree, decode_lines,
+                                    file_lines, text_lines)
 
 N_COLUMNS = 10
+WORD, RANGE, EMPTY = "word", "range", "empty"
+_ID_KINDS = ((re.compile(r"[0-9]+"), WORD), (re.compile(r"[0-9]+-[0-9]+"), RANGE),
+             (re.compile(r"[0-9]+\.[0-9]+"), EMPTY))
 
 
 @dataclass
@@ -25,153 +43,207 @@ class Block:
     """The raw lines of one sentence and where they stand in the file."""
 
     path: str
-    first_line: int        # 1-based line number of the block's first line
-    lines: list[str]
-    doc_id: str | None     # the latest `# newdoc id` seen (None if there is none)
+    first_line: int          # 1-based line number of the block's first line
+    lines: list[str]         # decoded (an undecodable line: with U+FFFD, and `error` set)
+    ordinal: int             # 1-based position of the block among the file's blocks
+    doc_id: str | None       # id of the latest `# newdoc` seen, this block's included (None: none yet)
+    doc_line: int | None     # line of that `# newdoc` (tells apart documents that share an id)
+    globals: dict = field(default_factory=dict)   # latest `# global.KEY = value` seen: KEY -> value
+    error: CorpusError | None = None              # the block's first undecodable line
 
     def where(self, offset: int = 0) -> str:
         return f"{self.path}:{self.first_line + offset}"
 
+    def comments(self) -> Iterator[tuple[int, str, str]]:
+        """(line, key, value) of each `# key = value` comment (value "" without `=`)."""
+        for offset, line in enumerate(self.lines):
+            if line.startswith("#"):
+                key, _, value = line[1:].partition("=")
+                yield self.first_line + offset, key.strip(), value.strip()
+
 
 @dataclass
-class Token:
-    """One syntactic word of a block, with the line it came from."""
+class Row:
+    """One non-comment line of a block: a word, a multiword range or an empty node."""
 
-    line: int              # 1-based line number in the file
-    fields: dict           # parsed by the `conllu` library (id, form, head, deprel, feats, misc, ...)
-
-
-class Corpus(list):
-    """A list of `Example`s that also remembers what was skipped, and why."""
-
-    def __init__(self, items=(), skipped=None):
-        super().__init__(items)
-        self.skipped: list[str] = list(skipped or [])
-
-    def reject(self, error: CorpusError, skip_bad: bool) -> None:
-        """Raise a malformed sentence's error, or with `skip_bad` warn, count it and go on."""
-        if not skip_bad:
-            raise error
-        warnings.warn(f"skipping malformed sentence: {error}", stacklevel=3)
-        self.skipped.append(str(error))
+    line: int                # 1-based line number in the file
+    id: str
+    kind: str                # WORD, RANGE or EMPTY
+    form: str
+    upos: str
+    feats: dict              # parsed for words ({} for `_`), {} otherwise
+    head: str                # the raw HEAD column
+    deprel: str
+    misc: str
 
 
-def iter_blocks(path: str | Path) -> Iterator[Block]:
-    """Split a CoNLL-U file into sentence blocks (blank-line separated)."""
-    path = str(path)
-    doc_id = None
-    lines: list[str] = []
-    first = 0
-    with open(path, encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, start=1):
-            line = raw.rstrip("\n").rstrip("\r")
-            if line.strip() == "":
-                if lines:
-                    yield Block(path, first, lines, doc_id)
-                    lines = []
-                continue
-            if not lines:
-                first = number
-            if line.startswith("# newdoc"):
-                doc_id = line.split("=", 1)[1].strip() if "=" in line else f"doc@{number}"
-            lines.append(line)
-    if lines:
-        yield Block(path, first, lines, doc_id)
+@dataclass
+class Sentence:
+    """A validated sentence block: its rows, words and (if asked for) tree."""
+
+    block: Block
+    rows: list[Row]          # every row, in file order
+    words: list[Row]         # the syntactic words, ids 1..n
+    heads: list[int] | None  # 0-based, -1 for root (None: heads not read)
+    sent_id: str             # `# sent_id`, else "<file name>#<ordinal>"
+    meta: dict               # `# key = value` comments
+
+    @property
+    def unit(self) -> str:
+        """SPEC section 5: the document id where the file marks documents, else the sentence id."""
+        return self.block.doc_id or self.sent_id
 
 
-def block_metadata(block: Block) -> dict[str, str]:
-    """`# key = value` comments of a block."""
-    meta = {}
-    for line in block.lines:
-        if line.startswith("#") and "=" in line:
-            key, value = line[1:].split("=", 1)
-            meta[key.strip()] = value.strip()
-    return meta
+# ------------------------------------------------------------------------------- lines
 
 
-def block_tokens(block: Block) -> list[Token]:
-    """Validated syntactic words of a block (ranges and empty nodes dropped).
+def iter_blocks(path: str | Path, raw_lines: Iterable[bytes] | None = None) -> Iterator[Block]:
+    """Split a CoNLL-U file (or `raw_lines` named `path`) into sentence blocks.
 
-    Raises `CorpusError` naming file and line for a wrong column count, a bad id,
-    ids that do not run 1..n, or a head outside 0..n.
+    Blocks are separated by lines of whitespace only. Each block knows its document
+    (the latest `# newdoc id`, whatever block it stood in) and the latest `# global.*`
+    headers, so a skipped block still opens its document and sets its headers.
     """
-    tokens: list[Token] = []
-    for offset, line in enumerate(block.lines):
-        if line.startswith("#"):
+    path = str(path)
+    if raw_lines is None:
+        raw_lines = file_lines(path)
+    doc_id = doc_line = None
+    n_docs = 0
+    headers: dict[str, str] = {}
+    lines: list[str] = []
+    first, ordinal, error = 0, 0, None
+    for number, line, line_error in decode_lines(raw_lines, path):
+        if line.strip() == "":
+            if lines:
+                ordinal += 1
+                yield Block(path, first, lines, ordinal, doc_id, doc_line, headers, error)
+                lines, error = [], None
             continue
+        if not lines:
+            first = number
+        error = error or line_error
+        if line.startswith("#"):
+            key, sep, value = (part.strip() for part in line[1:].partition("="))
+            if key == "newdoc id" or (key == "newdoc" and not sep):
+                n_docs += 1
+                doc_id = value or f"{Path(path).name}#doc{n_docs}"
+                doc_line = number
+            elif key.startswith("global.") and sep:
+                headers = {**headers, key[len("global."):]: value}
+        lines.append(line)
+    if lines:
+        yield Block(path, first, lines, ordinal + 1, doc_id, doc_line, headers, error)
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def parse_feats(text: str, where: str) -> dict:
+    """FEATS `Key=Value|...` -> dict (`_` -> {})."""
+    if text in ("_", ""):
+        return {}
+    feats = {}
+    for item in text.split("|"):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CorpusError(f"{where}: malformed FEATS item {item!r} (expected Key=Value)")
+        feats[key] = value
+    return feats
+
+
+def block_rows(block: Block) -> list[Row]:
+    """The validated rows of a block (see the module docstring for what is checked)."""
+    if block.error is not None:
+        raise block.error
+    rows: list[Row] = []
+    n_words = 0
+    for offset, line in enumerate(block.lines):
         where = block.where(offset)
+        if line.startswith("#"):
+            if rows:
+                raise CorpusError(f"{where}: comment line after the sentence's word lines")
+            continue
         columns = line.split("\t")
         if len(columns) != N_COLUMNS:
             raise CorpusError(f"{where}: expected {N_COLUMNS} tab-separated columns, found {len(columns)}")
         token_id = columns[0]
-        if "-" in token_id or "." in token_id:
-            continue                                   # multiword range or empty node: not a word
-        if not token_id.isdigit():
-            raise CorpusError(f"{where}: bad word id {token_id!r}")
-        try:
-            fields = conllu.parse_token_and_metadata(line + "\n").pop()
-        except Exception as exc:  # the conllu library's own parse errors
-            raise CorpusError(f"{where}: {exc}") from exc
-        tokens.append(Token(block.first_line + offset, fields))
-    if not tokens:
+        kind = next((kind for pattern, kind in _ID_KINDS if pattern.fullmatch(token_id)), None)
+        if kind is None:
+            raise CorpusError(f"{where}: bad word id {token_id!r} (expected N, N-M or N.M)")
+        feats = {}
+        if kind == WORD:
+            n_words += 1
+            if int(token_id) != n_words:
+                raise CorpusError(f"{where}: word id {token_id!r} where {n_words} was expected")
+            feats = parse_feats(columns[5], where)
+        rows.append(Row(block.first_line + offset, token_id, kind, columns[1], columns[3], feats,
+                        columns[6], columns[7], columns[9]))
+    if n_words == 0:
         raise CorpusError(f"{block.where()}: sentence has no words")
-    n = len(tokens)
-    for expected, token in enumerate(tokens, start=1):
-        if token.fields["id"] != expected:
-            raise CorpusError(
-                f"{block.path}:{token.line}: word ids must run 1..{n} in order; found {token.fields['id']}"
-                f" where {expected} was expected"
-            )
-    return tokens
+    return rows
 
 
-def check_heads(block: Block, tokens: list[Token]) -> list[int]:
-    """0-based heads (-1 for root), validated against the sentence length."""
-    n = len(tokens)
-    heads = []
-    for token in tokens:
-        head = token.fields["head"]
-        if not isinstance(head, int) or not 0 <= head <= n:
-            raise CorpusError(
-                f"{block.path}:{token.line}: head {head!r} of word {token.fields['id']} "
-                f"({token.fields['form']!r}) is not a word index in 0..{n}"
-            )
-        if head == token.fields["id"]:
-            raise CorpusError(f"{block.path}:{token.line}: word {head} is its own head")
-        heads.append(head - 1)
-    return heads
+def block_tokens(block: Block) -> list[Row]:
+    """The validated syntactic words of a block (ranges and empty nodes dropped)."""
+    return [row for row in block_rows(block) if row.kind == WORD]
 
 
-def block_to_example(block: Block, tokens: list[Token], heads: list[int] | None) -> Example:
-    meta = block_metadata(block)
-    unit = meta.get("sent_id") or block.where()
+def check_heads(block: Block, words: list[Row]) -> list[int]:
+    """0-based heads (-1 for root) of a block's words, the tree validated (`base.check_tree`)."""
+    return check_tree([w.form for w in words], [w.head for w in words], [w.deprel for w in words],
+                      block.where(), [f"{block.path}:{w.line}" for w in words])
+
+
+def read_sentence(block: Block, ids: SentIds, require_heads: bool = True) -> Sentence:
+    """Validate one block into a `Sentence`; its `sent_id` is registered in `ids` (one use per file)."""
+    rows = block_rows(block)
+    words = [row for row in rows if row.kind == WORD]
+    heads = check_heads(block, words) if require_heads else None
+    meta, sent_id = {}, None
+    for line, key, value in block.comments():
+        meta.setdefault(key, value)
+        if key == "sent_id" and value and sent_id is None:
+            ids.add(value, f"{block.path}:{line}", f"line {line}")
+            sent_id = value
+    return Sentence(block, rows, words, heads, sent_id or f"{Path(block.path).name}#{block.ordinal}", meta)
+
+
+# ------------------------------------------------------------------------------- treebank
+
+
+def sentence_example(sentence: Sentence) -> Example:
+    """A dependency `Example` of one sentence."""
+    words, block = sentence.words, sentence.block
     return Example(
-        words=[t.fields["form"] for t in tokens],
-        unit=unit,
+        words=[w.form for w in words],
+        unit=sentence.unit,
         source=block.where(),
-        heads=heads,
-        deprels=[base_relation(str(t.fields["deprel"])) for t in tokens] if heads is not None else None,
-        upos=[str(t.fields["upos"]) for t in tokens],
-        feats=[dict(t.fields["feats"] or {}) for t in tokens],
-        meta={"doc_id": block.doc_id, "text": meta.get("text")},
+        heads=sentence.heads,
+        deprels=[base_relation(w.deprel) for w in words] if sentence.heads is not None else None,
+        upos=[w.upos for w in words],
+        feats=[dict(w.feats) for w in words],
+        meta={"doc_id": block.doc_id, "text": sentence.meta.get("text")},
+        sent_id=sentence.sent_id,
     )
 
 
 def read_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool = True) -> Corpus:
     """Read every sentence of a CoNLL-U file as an `Example` with gold arcs.
 
-    A malformed sentence raises `CorpusError` ("file:line: what is wrong"), or with
-    `skip_bad=True` is skipped with a warning and listed in `corpus.skipped`.
+    A malformed sentence raises `CorpusError` ("path:line: what is wrong"), or with
+    `skip_bad=True` is skipped with a warning, listed in `corpus.skipped` and counted in
+    `corpus.counts` by reason (`malformed_sentence`, `duplicate_sent_id`: the second use
+    of an id is skipped). `require_heads=False` reads words only (no tree, no arcs).
     """
     if not Path(path).is_file():
         raise FileNotFoundError(f"no CoNLL-U file at {path}")
     corpus = Corpus()
+    ids = SentIds()
     for block in iter_blocks(path):
         try:
-            tokens = block_tokens(block)
-            heads = check_heads(block, tokens) if require_heads else None
+            sentence = read_sentence(block, ids, require_heads)
         except CorpusError as exc:
             corpus.reject(exc, skip_bad)
             continue
-        corpus.append(block_to_example(block, tokens, heads))
+        corpus.append(sentence_example(sentence))
     return corpus

@@ -1,10 +1,22 @@
 """CorefUD coreference (`Entity=` in the CoNLL-U MISC column) -> documents -> windows.
 
+    documents = read_corefud("en_gum-ud-dev.conllu")                 # Corpus of CorefDocuments
+    windows = read_coref_examples(path, tokenizer_piece_counter(tokenizer), window=128,
+                                  skip_bad=True, single_document=False)  # Corpus of window Examples
+
 Reading (`read_corefud`, `parse_corefud`)
 -----------------------------------------
-A CorefUD file is read into `CorefDocument`s (one per `# newdoc id`), each with its
-sentences (syntactic words only: multiword range lines `3-4` and empty nodes `5.1`
+Lines, sentence blocks, rows and trees are read and validated by the treebank reader's
+layer (`headprobe.corpora.conllu`: `iter_blocks`, `read_sentence`), with the same
+errors; this module adds only coreference: `Entity` brackets, mentions, documents and
+windows. A CorefUD file is read into `CorefDocument`s (one per `# newdoc id`), each with
+its sentences (syntactic words only: multiword range lines `3-4` and empty nodes `5.1`
 are not words) and its mentions in **document** word coordinates.
+
+A file without any `# newdoc` line is refused (`CorpusError`), since windows and units
+are documents, unless `single_document=True`: then the whole file is one document whose
+id is the file name. In a file that marks documents, a sentence before the first
+`# newdoc` belongs to none and is an error.
 
 Bracket syntax (CorefUD 1.0, as in UD English GUM), one `Entity=` value per word:
 
@@ -26,10 +38,16 @@ mention of an empty node) is skipped and counted (`skipped["empty_node"]`).
 Mentions may cross sentence boundaries inside one document
 (`CorefDocument.cross_sentence` counts them).
 
-Every malformed input raises `CorpusError` ("path:line: what is wrong"): bad column
-count, bad word id or head, an `Entity=` value that is not a sequence of brackets,
-an empty id, a closing bracket with no open mention of its entity, or a mention still
-open at the end of its document (named by the line of its opening bracket).
+Malformed input raises `CorpusError` ("path:line: what is wrong"). With `skip_bad=True`:
+
+- a malformed **sentence** (anything the treebank reader refuses, or an `Entity=` value
+  that is not a sequence of brackets, or a bracket without an id) is skipped, warned
+  about and counted (`malformed_sentence`); its brackets are not read, and the mentions
+  open across it are dropped (their extent is unknown; counted per document as
+  `skipped["mention_across_skipped_sentence"]`); the rest of the document is read;
+- a malformed **bracket structure**, which no one sentence can be blamed for (a closing
+  bracket with no open mention of its entity, a mention still open at the end of its
+  document, named by its opening line), skips that mention (`malformed_mention`).
 
 Mention coordinates: `start` is the first word, `end` is **exclusive** (one past the
 last word), as in a Python slice; `head` is the mention head, by SPEC section 3 the
@@ -54,17 +72,21 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
-from headprobe.corpora.base import CorpusError, Example, base_relation
+from headprobe.corpora.base import MALFORMED_MENTION, Corpus, CorpusError, Example, SentIds, base_relation
+from headprobe.corpora.conllu import (EMPTY, RANGE, WORD, Block, Sentence, iter_blocks, read_sentence,
+                                      text_lines)
 
-N_COLUMNS = 10
 DEFAULT_ENTITY_FIELDS = ("eid", "etype", "head", "other")
 ID_FIELDS = ("eid", "GRP")
 
 # A chunk is an opening bracket "(...", possibly closed at once "(...)", or a closing "...)".
 _CHUNK = re.compile(r"\([^()]*\)?|[^()]+\)")
 _DISCONTINUOUS = re.compile(r"^(.+)\[(\d+)/(\d+)\]$")
+
+DOCUMENT_SKIPS = ("discontinuous", "empty_node", "mention_across_skipped_sentence")
+"""Mentions a document leaves out by design or because a skipped sentence cut them (`CorefDocument.skipped`)."""
 
 PieceCounter = Callable[[Sequence[str]], "int | None"]
 
@@ -103,7 +125,7 @@ def mention_order(mention: Mention) -> tuple[int, int]:
 
 @dataclass
 class CorefSentence:
-    sent_id: str
+    sent_id: str             # `# sent_id`, else "<file name>#<ordinal>"
     source: str              # "path:line" of the sentence's first line
     start: int               # document index of its first word
     words: list[str]
@@ -123,7 +145,8 @@ class CorefDocument:
     source: str                                    # "path:line" of the `# newdoc` line (or first line)
     sentences: list[CorefSentence] = field(default_factory=list)
     mentions: list[Mention] = field(default_factory=list)   # document coordinates, SPEC order
-    skipped: Counter = field(default_factory=Counter)       # discontinuous / empty_node
+    skipped: Counter = field(default_factory=Counter)       # discontinuous / empty_node /
+                                                            # mention_across_skipped_sentence
     cross_sentence: int = 0                        # mentions spanning more than one sentence
 
     @property
@@ -146,16 +169,19 @@ class CorefDocument:
 # ------------------------------------------------------------------------ parsing
 
 
-def _parse_feats(text: str, where: str) -> dict:
-    if text in ("_", ""):
-        return {}
-    feats = {}
-    for item in text.split("|"):
-        if "=" not in item:
-            raise CorpusError(f"{where}: malformed FEATS item {item!r}")
-        key, value = item.split("=", 1)
-        feats[key] = value
-    return feats
+@dataclass
+class Bracket:
+    """One chunk of an `Entity=` value, on the word (or empty node) of line `line`."""
+
+    chunk: str               # as written, e.g. "(7-abstract-new" or "7)"
+    line: int
+    position: int            # sentence-relative index of the word it stands on (empty node: the next word)
+    empty_node: bool
+    opening: bool
+    closing: bool
+    key: str                 # entity id as written (a discontinuous part keeps its "[1/2]")
+    named: tuple             # ((name, value), ...) other fields of an opening bracket
+    part: int | None         # k of a discontinuous "ID[k/n]", else None
 
 
 def _misc_entity(misc: str) -> str | None:
@@ -176,91 +202,149 @@ def split_entity_chunks(value: str, where: str = "<string>") -> list[str]:
     return chunks
 
 
-class _DocumentBuilder:
-    """Collects the sentences and brackets of one document."""
+def entity_fields(block: Block) -> tuple[str, ...]:
+    """Bracket field names from the latest `# global.Entity` header (default: eid-etype-head-other)."""
+    for line, key, value in block.comments():
+        if key == "global.Entity" and not value:
+            raise CorpusError(f"{block.path}:{line}: empty '# global.Entity' header")
+    header = block.globals.get("Entity")
+    return tuple(header.split("-")) if header else DEFAULT_ENTITY_FIELDS
 
-    def __init__(self, doc_id: str, source: str, path: str, fields: Sequence[str]):
+
+def sentence_brackets(sentence: Sentence) -> list[Bracket]:
+    """Every bracket of a validated sentence, in order; a malformed `Entity=` raises `CorpusError`.
+
+    Multiword range lines carry no annotation that is read; an empty node's brackets are
+    kept with `empty_node=True` (they move to a word when the document is built)."""
+    fields = entity_fields(sentence.block)
+    id_index = next((fields.index(f) for f in ID_FIELDS if f in fields), 0)
+    out: list[Bracket] = []
+    position = 0
+    for row in sentence.rows:
+        if row.kind == RANGE:
+            continue
+        value = _misc_entity(row.misc)
+        if value is not None:
+            where = f"{sentence.block.path}:{row.line}"
+            for chunk in split_entity_chunks(value, where):
+                opening, closing = chunk.startswith("("), chunk.endswith(")")
+                values = chunk.strip("()").split("-")
+                if opening:
+                    if id_index >= len(values) or values[id_index] == "":
+                        raise CorpusError(f"{where}: bracket {chunk!r} has no entity id "
+                                          f"(global.Entity = {'-'.join(fields)})")
+                    key = values[id_index]
+                    named = tuple((fields[i] if i < len(fields) else f"field{i + 1}", v)
+                                  for i, v in enumerate(values) if i != id_index)
+                else:
+                    # A closing bracket names the id only (old files may repeat the other fields).
+                    key = values[id_index] if len(values) > 1 and id_index < len(values) else values[0]
+                    named = ()
+                    if key == "":
+                        raise CorpusError(f"{where}: closing bracket {chunk!r} has no entity id")
+                disc = _DISCONTINUOUS.match(key)
+                out.append(Bracket(chunk, row.line, position, row.kind == EMPTY, opening, closing, key, named,
+                                   int(disc.group(2)) if disc else None))
+        if row.kind == WORD:
+            position += 1
+    return out
+
+
+@dataclass
+class _Open:
+    start: int               # document word index
+    line: int
+    named: tuple
+    discontinuous: bool
+    broken: bool = False     # a skipped sentence came after its opening: its extent is unknown
+
+
+class _DocumentBuilder:
+    """Collects the sentences and brackets of one document; a bracket structure that does not
+    hold goes to `corpus.reject` as a malformed mention (raised, or skipped and counted)."""
+
+    def __init__(self, doc_id: str, source: str, path: str, corpus: Corpus, skip_bad: bool):
         self.doc = CorefDocument(doc_id, source)
-        self.path = path
-        self.set_fields(fields)
-        self.open: dict[str, list[tuple[int, int, tuple, bool]]] = {}   # key -> [(start, line, fields, disc)]
+        self.path, self.corpus, self.skip_bad = path, corpus, skip_bad
+        self.open: dict[str, list[_Open]] = {}
         self.raw: list[tuple[int, int, str, int, tuple]] = []            # (start, end, entity, line, fields)
         self.n_words = 0
 
-    def set_fields(self, fields: Sequence[str]) -> None:
-        self.fields = tuple(fields)
-        self.id_index = next((self.fields.index(f) for f in ID_FIELDS if f in self.fields), 0)
+    def reject(self, message: str) -> None:
+        self.corpus.reject(CorpusError(message, MALFORMED_MENTION), self.skip_bad)
 
-    def brackets(self, value: str, line: int, empty_node: bool) -> None:
-        where = f"{self.path}:{line}"
-        for chunk in split_entity_chunks(value, where):
-            opening, closing = chunk.startswith("("), chunk.endswith(")")
-            values = chunk.strip("()").split("-")
-            if opening:
-                if self.id_index >= len(values) or values[self.id_index] == "":
-                    raise CorpusError(f"{where}: bracket {chunk!r} has no entity id "
-                                      f"(global.Entity = {'-'.join(self.fields)})")
-                key = values[self.id_index]
-                named = tuple((self.fields[i] if i < len(self.fields) else f"field{i + 1}", v)
-                              for i, v in enumerate(values) if i != self.id_index)
-            else:
-                # A closing bracket names the id only (old files may repeat the other fields).
-                key = values[self.id_index] if len(values) > 1 and self.id_index < len(values) else values[0]
-                named = ()
-                if key == "":
-                    raise CorpusError(f"{where}: closing bracket {chunk!r} has no entity id")
-            disc = _DISCONTINUOUS.match(key)
-            if opening:
-                if disc and disc.group(2) == "1":
-                    self.doc.skipped["discontinuous"] += 1
-                start = self.n_words          # an empty node's opening goes to the next word
-                if closing:
-                    if disc:
-                        continue
-                    if empty_node:
-                        self.doc.skipped["empty_node"] += 1
-                        continue
-                    self.raw.append((start, start + 1, key, line, named))
-                else:
-                    self.open.setdefault(key, []).append((start, line, named, bool(disc)))
-            else:
-                stack = self.open.get(key)
-                if not stack:
-                    raise CorpusError(f"{where}: closing bracket {chunk!r} but no mention of entity "
-                                      f"{key!r} is open")
-                start, open_line, named, is_disc = stack.pop()
-                if is_disc:
-                    continue
-                # A closing on an empty node ends at the previous syntactic word.
-                end = self.n_words if empty_node else self.n_words + 1
-                if end <= start:
+    def add(self, sentence: Sentence, brackets: Sequence[Bracket]) -> None:
+        words = sentence.words
+        self.doc.sentences.append(CorefSentence(
+            sent_id=sentence.sent_id, source=sentence.block.where(), start=self.n_words,
+            words=[w.form for w in words], heads=sentence.heads, deprels=[base_relation(w.deprel) for w in words],
+            upos=[w.upos for w in words], feats=[dict(w.feats) for w in words], lines=[w.line for w in words]))
+        for bracket in brackets:
+            self.bracket(bracket, self.n_words + bracket.position)
+        self.n_words += len(words)
+
+    def gap(self) -> None:
+        """A skipped sentence: the mentions open now may end inside it, so none of them is kept."""
+        for stack in self.open.values():
+            for entry in stack:
+                entry.broken = True
+
+    def bracket(self, b: Bracket, position: int) -> None:
+        if b.opening:
+            if b.part == 1:
+                self.doc.skipped["discontinuous"] += 1
+            if b.closing:
+                if b.part is not None:
+                    return
+                if b.empty_node:
                     self.doc.skipped["empty_node"] += 1
-                    continue
-                self.raw.append((start, end, key, open_line, named))
+                    return
+                self.raw.append((position, position + 1, b.key, b.line, b.named))
+            else:                  # an empty node's opening goes to the next word: `position` already
+                self.open.setdefault(b.key, []).append(_Open(position, b.line, b.named, b.part is not None))
+            return
+        stack = self.open.get(b.key)
+        if not stack:
+            self.reject(f"{self.path}:{b.line}: closing bracket {b.chunk!r} but no mention of entity "
+                        f"{b.key!r} is open")
+            return
+        entry = stack.pop()
+        if entry.discontinuous:
+            return
+        if entry.broken:
+            self.doc.skipped["mention_across_skipped_sentence"] += 1
+            return
+        # A closing on an empty node ends at the previous syntactic word.
+        end = position if b.empty_node else position + 1
+        if end <= entry.start:
+            self.doc.skipped["empty_node"] += 1
+            return
+        self.raw.append((entry.start, end, b.key, entry.line, entry.named))
 
     def finish(self) -> CorefDocument:
-        for key, stack in self.open.items():
-            if stack:
-                line = stack[-1][1]
-                raise CorpusError(f"{self.path}:{line}: mention of entity {key!r} opened here is not "
-                                  f"closed before the end of document {self.doc.doc_id!r}")
+        still_open = sorted(((entry.line, key, entry) for key, stack in self.open.items() for entry in stack),
+                            key=lambda item: item[0])
+        for line, key, entry in still_open:
+            if entry.broken:
+                self.doc.skipped["mention_across_skipped_sentence"] += 1
+            else:
+                self.reject(f"{self.path}:{line}: mention of entity {key!r} opened here is not "
+                            f"closed before the end of document {self.doc.doc_id!r}")
         heads: list[int] = []
         sentence_of: list[int] = []
-        lines: list[int] = []
         for k, s in enumerate(self.doc.sentences):
             heads.extend(-1 if h < 0 else s.start + h for h in s.heads)
             sentence_of.extend([k] * len(s))
-            lines.extend(s.lines)
         mentions = []
         for start, end, key, line, named in self.raw:
             if end > self.n_words:   # an empty node's opening at the very end of the document
                 self.doc.skipped["empty_node"] += 1
                 continue
             head = next((i for i in range(start, end) if not start <= heads[i] < end), None)
-            if head is None:
-                raise CorpusError(f"{self.path}:{line}: mention of entity {key!r} (words {start}..{end - 1} "
-                                  f"of document {self.doc.doc_id!r}) has no word whose head lies outside it "
-                                  f"(cyclic heads?)")
+            if head is None:         # cannot happen in validated trees; kept as a guard
+                self.reject(f"{self.path}:{line}: mention of entity {key!r} (words {start}..{end - 1} of "
+                            f"document {self.doc.doc_id!r}) has no word whose head lies outside it")
+                continue
             if sentence_of[start] != sentence_of[end - 1]:
                 self.doc.cross_sentence += 1
             mentions.append(Mention(start, end, key, head, f"{self.path}:{line}", named))
@@ -268,125 +352,67 @@ class _DocumentBuilder:
         return self.doc
 
 
-def _iter_lines(path: str) -> Iterator[tuple[int, str]]:
-    with open(path, encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, start=1):
-            yield number, raw.rstrip("\n").rstrip("\r")
+def read_corefud(path: str | Path, *, skip_bad: bool = False, single_document: bool = False) -> Corpus:
+    """Read every document of a CorefUD CoNLL-U file: a `Corpus` of `CorefDocument`s.
 
+        documents = read_corefud("en_gum-ud-dev.conllu")
+        documents = read_corefud(path, skip_bad=True)             # bad sentences / mentions skipped
+        documents = read_corefud(path, single_document=True)      # a file with no `# newdoc`
 
-def parse_corefud(lines: Iterable[str] | str, source: str = "<string>") -> list[CorefDocument]:
-    """Parse CorefUD CoNLL-U text (a string or an iterable of lines); errors name `source:line`."""
-    if isinstance(lines, str):
-        lines = lines.splitlines()
-    return _parse(enumerate(lines, start=1), source)
-
-
-def read_corefud(path: str | Path) -> list[CorefDocument]:
-    """Read every document of a CorefUD CoNLL-U file (see the module docstring)."""
+    See the module docstring for the rules; `corpus.skipped` / `corpus.counts` say what was
+    skipped (`malformed_sentence`, `duplicate_sent_id`, `malformed_mention`).
+    """
     path = str(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"no CorefUD file at {path}")
-    return _parse(_iter_lines(path), path)
+    return _parse(iter_blocks(path), path, skip_bad, single_document)
 
 
-def _parse(numbered: Iterable[tuple[int, str]], path: str) -> list[CorefDocument]:
-    documents: list[CorefDocument] = []
-    fields: Sequence[str] = DEFAULT_ENTITY_FIELDS
-    builder: _DocumentBuilder | None = None
-    sent: dict | None = None              # the sentence being read
+def parse_corefud(lines: Iterable[str] | str, source: str = "<string>", *, skip_bad: bool = False,
+                  single_document: bool = False) -> Corpus:
+    """`read_corefud` of CorefUD text in memory (a string or lines); errors name `source:line`."""
+    return _parse(iter_blocks(source, text_lines(lines)), source, skip_bad, single_document)
 
-    def close_sentence() -> None:
-        nonlocal sent
-        if sent is None:
-            return
-        if not sent["words"]:
-            if sent["start"] is not None:      # token lines, but only ranges / empty nodes
-                raise CorpusError(f"{path}:{sent['first']}: sentence has no words")
-            sent = None                        # a block of comments only
-            return
-        n = len(sent["words"])
-        heads = []
-        for h, line, wid in zip(sent["heads"], sent["lines"], range(1, n + 1)):
-            if not 0 <= h <= n:
-                raise CorpusError(f"{path}:{line}: head {h} of word {wid} is not a word index in 0..{n}")
-            if h == wid:
-                raise CorpusError(f"{path}:{line}: word {wid} is its own head")
-            heads.append(h - 1)
-        builder.doc.sentences.append(CorefSentence(
-            sent_id=sent["sent_id"] or f"{path}:{sent['first']}",
-            source=f"{path}:{sent['first']}",
-            start=sent["start"], words=sent["words"], heads=heads, deprels=sent["deprels"],
-            upos=sent["upos"], feats=sent["feats"], lines=sent["lines"]))
-        sent = None
 
-    def start_document(doc_id: str, number: int) -> None:
-        nonlocal builder
-        if builder is not None:
-            documents.append(builder.finish())
-        builder = _DocumentBuilder(doc_id, f"{path}:{number}", path, fields)
-
-    for number, line in numbered:
-        where = f"{path}:{number}"
-        if line.strip() == "":
-            close_sentence()
-            continue
-        if line.startswith("#"):
-            body = line[1:].strip()
-            key, _, value = body.partition("=")
-            key, value = key.strip(), value.strip()
-            if key == "newdoc id" or body == "newdoc":
-                if sent is not None and sent["words"]:
-                    raise CorpusError(f"{where}: '# newdoc' inside a sentence")
-                start_document(value or f"{path}:{number}", number)
-            elif key == "global.Entity":
-                if not value:
-                    raise CorpusError(f"{where}: empty '# global.Entity' header")
-                fields = tuple(value.split("-"))
-                if builder is not None:
-                    builder.set_fields(fields)
-            if sent is None:
-                sent = {"first": number, "sent_id": None, "words": [], "heads": [], "deprels": [],
-                        "upos": [], "feats": [], "lines": [], "start": None}
-            if key == "sent_id":
-                sent["sent_id"] = value
-            continue
-        columns = line.split("\t")
-        if len(columns) != N_COLUMNS:
-            raise CorpusError(f"{where}: expected {N_COLUMNS} tab-separated columns, found {len(columns)}")
-        if builder is None:
-            start_document(f"{path}:{number}", number)
-        if sent is None:
-            sent = {"first": number, "sent_id": None, "words": [], "heads": [], "deprels": [],
-                    "upos": [], "feats": [], "lines": [], "start": None}
-        if sent["start"] is None:
-            sent["start"] = builder.n_words
-        token_id = columns[0]
-        if "-" in token_id:                      # multiword range: not a word, no annotation read
-            continue
-        entity = _misc_entity(columns[9])
-        if "." in token_id:                      # empty node: not a word; brackets move to a word
-            if entity is not None:
-                builder.brackets(entity, number, empty_node=True)
-            continue
-        if not token_id.isdigit() or int(token_id) != len(sent["words"]) + 1:
-            raise CorpusError(f"{where}: word id {token_id!r} where {len(sent['words']) + 1} was expected")
+def _parse(blocks: Iterable[Block], path: str, skip_bad: bool, single_document: bool) -> Corpus:
+    corpus = Corpus()
+    ids = SentIds()
+    read: list[tuple[Block, Sentence | None, list[Bracket]]] = []    # sentence None: a skipped block
+    marks_documents = False
+    for block in blocks:
+        marks_documents = marks_documents or block.doc_line is not None
         try:
-            head = int(columns[6])
-        except ValueError:
-            raise CorpusError(f"{where}: head {columns[6]!r} is not an integer") from None
-        sent["words"].append(columns[1])
-        sent["heads"].append(head)
-        sent["deprels"].append(base_relation(columns[7]))
-        sent["upos"].append(columns[3])
-        sent["feats"].append(_parse_feats(columns[5], where))
-        sent["lines"].append(number)
-        if entity is not None:
-            builder.brackets(entity, number, empty_node=False)
-        builder.n_words += 1
-    close_sentence()
-    if builder is not None:
-        documents.append(builder.finish())
-    return documents
+            sentence = read_sentence(block, ids)
+            brackets = sentence_brackets(sentence)
+        except CorpusError as exc:
+            corpus.reject(exc, skip_bad)
+            read.append((block, None, []))
+            continue
+        read.append((block, sentence, brackets))
+    if read and not marks_documents and not single_document:
+        raise CorpusError(f"{path}:{read[0][0].first_line}: no '# newdoc id' line: the file marks no documents, "
+                          f"which coreference windows need (read it as one document with single_document=True)")
+    builder, key = None, None
+    for block, sentence, brackets in read:
+        doc_key = block.doc_line if marks_documents else 0
+        if doc_key is None:
+            if sentence is not None:
+                corpus.reject(CorpusError(f"{block.where()}: sentence before the file's first '# newdoc id' "
+                                          f"belongs to no document"), skip_bad)
+            continue
+        if builder is None or doc_key != key:
+            if builder is not None and builder.doc.sentences:
+                corpus.append(builder.finish())
+            doc_id = block.doc_id if marks_documents else Path(path).name
+            builder, key = _DocumentBuilder(doc_id, f"{path}:{block.doc_line or block.first_line}", path,
+                                            corpus, skip_bad), doc_key
+        if sentence is None:
+            builder.gap()
+        else:
+            builder.add(sentence, brackets)
+    if builder is not None and builder.doc.sentences:
+        corpus.append(builder.finish())
+    return corpus
 
 
 # ------------------------------------------------------------------------ windows
@@ -426,21 +452,6 @@ def pack_windows(sentences: Sequence[Sequence[str]], count_pieces: PieceCounter,
     return windows, skipped
 
 
-class CorefCorpus(list):
-    """A list of window `Example`s that also says what was skipped, and why.
-
-    `skipped`: one message per skipped sentence ("path:line: ..."), as in
-    `headprobe.corpora.conllu.Corpus`; `counts`: documents, sentences, windows, mentions,
-    and the skip counters (`sentence_too_long`, `sentence_no_piece`, `mention_in_skipped_sentence`,
-    `mention_across_windows`, `discontinuous`, `empty_node`).
-    """
-
-    def __init__(self, items=(), skipped=None, counts=None):
-        super().__init__(items)
-        self.skipped: list[str] = list(skipped or [])
-        self.counts: Counter = Counter(counts or {})
-
-
 def window_example(document: CorefDocument, sentence_indices: Sequence[int]) -> tuple[Example, int]:
     """One window `Example` of whole sentences; returns it and the number of mentions that
     overlap the window without lying entirely inside it (those are left out)."""
@@ -467,28 +478,38 @@ def window_example(document: CorefDocument, sentence_indices: Sequence[int]) -> 
         upos=upos, feats=feats, mentions=sorted(inside, key=mention_order),
         meta={"doc_id": document.doc_id, "sent_ids": [s.sent_id for s in sents],
               "sentence_starts": [s.start - lo for s in sents], "doc_start": lo},
+        sent_id=first.sent_id,
     )
     return example, across
 
 
 def coref_examples(documents: Iterable[CorefDocument], count_pieces: PieceCounter,
-                   window: int = 128) -> CorefCorpus:
-    """Pack every document into SPEC windows and return them as `Example`s."""
-    corpus = CorefCorpus()
+                   window: int = 128) -> Corpus:
+    """Pack every document into SPEC windows and return them as a `Corpus` of `Example`s.
+
+    `counts`: documents, sentences, windows, mentions, window_mentions and the skip counters
+    (`sentence_too_long`, `sentence_no_piece`, `mention_in_skipped_sentence`,
+    `mention_across_windows`, `discontinuous`, `empty_node`, `mention_across_skipped_sentence`);
+    `skipped`: one "path:line: why" per skipped sentence or mention. When `documents` is the
+    `Corpus` from `read_corefud`, its skips (malformed sentences and mentions) come first.
+    """
+    if isinstance(documents, Corpus):
+        corpus = Corpus(skipped=documents.skipped, counts=documents.counts)
+    else:
+        corpus = Corpus()
     counts = corpus.counts
     for doc in documents:
         counts["documents"] += 1
         counts["sentences"] += len(doc.sentences)
         counts["mentions"] += len(doc.mentions)
-        counts["discontinuous"] += doc.skipped["discontinuous"]
-        counts["empty_node"] += doc.skipped["empty_node"]
+        for key in DOCUMENT_SKIPS:
+            counts[key] += doc.skipped[key]
         groups, skipped = pack_windows([s.words for s in doc.sentences], count_pieces, window)
         for i, reason in skipped:
             s = doc.sentences[i]
-            counts[f"sentence_{reason}"] += 1
             what = (f"more than {window} pieces" if reason == "too_long"
                     else "a word the tokenizer turns into no piece")
-            corpus.skipped.append(f"{s.source}: sentence {s.sent_id} skipped: {what}")
+            corpus.note(f"{s.source}: sentence {s.sent_id} skipped: {what}", f"sentence_{reason}")
         ranges = []
         for group in groups:
             example, _ = window_example(doc, group)
@@ -524,9 +545,15 @@ def tokenizer_piece_counter(tokenizer) -> PieceCounter:
     return count
 
 
-def read_coref_examples(path: str | Path, count_pieces: PieceCounter, window: int = 128) -> CorefCorpus:
-    """`read_corefud` + `coref_examples` in one call."""
-    return coref_examples(read_corefud(path), count_pieces, window)
+def read_coref_examples(path: str | Path, count_pieces: PieceCounter, window: int = 128, *,
+                        skip_bad: bool = False, single_document: bool = False) -> Corpus:
+    """`read_corefud` + `coref_examples` in one call: a `Corpus` of window `Example`s.
+
+        windows = read_coref_examples(path, tokenizer_piece_counter(tokenizer), 128, skip_bad=True)
+        windows.counts["malformed_sentence"], windows.skipped
+    """
+    return coref_examples(read_corefud(path, skip_bad=skip_bad, single_document=single_document),
+                          count_pieces, window)
 
 
 def corpus_summary(documents: Sequence[CorefDocument]) -> dict[str, int]:
@@ -538,6 +565,5 @@ def corpus_summary(documents: Sequence[CorefDocument]) -> dict[str, int]:
         "mentions": sum(len(d.mentions) for d in documents),
         "clusters": sum(len(d.clusters) for d in documents),
         "cross_sentence": sum(d.cross_sentence for d in documents),
-        "discontinuous": sum(d.skipped["discontinuous"] for d in documents),
-        "empty_node": sum(d.skipped["empty_node"] for d in documents),
+        **{key: sum(d.skipped[key] for d in documents) for key in DOCUMENT_SKIPS},
     }

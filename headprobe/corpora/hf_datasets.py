@@ -4,22 +4,23 @@ NAME is a hub dataset (e.g. `universal_dependencies:en_ewt:validation`, for
 users with hub access) or a local directory written by `save_to_disk`. Columns
 are found by their usual names: words in `tokens`/`words`/`form`, heads
 (1-based, 0 = root) in `head`/`heads`, relations in `deprel`/`deprels`, tags
-in `upos`/`pos` (class labels are turned into their names). A row with a bad
-head raises an error naming the dataset and row, or is skipped with `skip_bad`.
+in `upos`/`pos` (class labels are turned into their names), sentence ids in
+`sent_id`/`id`/`idx`. A row with a bad tree raises an error naming the dataset and row,
+or is skipped with `skip_bad`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from headprobe.corpora.base import CorpusError, Example, base_relation
-from headprobe.corpora.conllu import Corpus
+from headprobe.corpora.base import Corpus, CorpusError, Example, SentIds, base_relation, check_tree
 
 COLUMNS = {
     "words": ("tokens", "words", "form", "forms"),
     "heads": ("head", "heads"),
     "deprels": ("deprel", "deprels"),
     "upos": ("upos", "pos", "pos_tags"),
+    "ids": ("sent_id", "id", "idx"),
 }
 
 
@@ -68,13 +69,25 @@ def _no_head(head) -> bool:
 
 
 def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
+    """Read a dataset's rows as a `Corpus` of dependency `Example`s.
+
+        corpus = read_hf_dataset("universal_dependencies:en_ewt:validation", skip_bad=True)
+
+    Each row is checked as a tree (`base.check_tree`); a bad row raises `CorpusError`
+    ("SPEC row k: ...", k the 0-based row index) or with `skip_bad` is skipped and counted.
+    Units and sentence ids (SPEC section 5; datasets mark no documents): the row's
+    `sent_id` / `id` / `idx` column, else "SPEC#<ordinal>" (1-based); a repeated id is an
+    error like a repeated `# sent_id` in a file (`duplicate_sent_id`).
+    """
     data = open_dataset(spec)
     words_col = _column(data, "words", spec)
     heads_col = _column(data, "heads", spec)
     rel_col = _column(data, "deprels", spec)
     upos_col = _column(data, "upos", spec, required=False)
+    id_col = _column(data, "ids", spec, required=False)
     upos_names = _label_names(data, upos_col) if upos_col else None
     corpus = Corpus()
+    ids = SentIds()
     for row_index, row in enumerate(data):
         where = f"{spec} row {row_index}"
         upos = None
@@ -88,23 +101,18 @@ def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
             words, raw_heads, raw_rels = ([x[k] for k in keep] for x in (words, raw_heads, raw_rels))
             if upos is not None and len(upos) == len(row[words_col]):
                 upos = [upos[k] for k in keep]
+        sent_id = str(row[id_col]) if id_col and row[id_col] not in (None, "") else None
         try:
             n = len(words)
-            heads = []
-            for k, head in enumerate(raw_heads):
-                try:
-                    value = int(head)
-                except (TypeError, ValueError):
-                    raise CorpusError(f"{where}: head {head!r} of word {k + 1} is not an integer") from None
-                if not 0 <= value <= n or value == k + 1:
-                    raise CorpusError(f"{where}: head {value} of word {k + 1} is not a word index in 0..{n}")
-                heads.append(value - 1)
-            rels = [base_relation(str(r)) for r in raw_rels]
-            if not (len(heads) == len(rels) == n) or n == 0:
-                raise CorpusError(f"{where}: {n} words, {len(heads)} heads, {len(rels)} relations")
+            if not (len(raw_heads) == len(raw_rels) == n) or n == 0:
+                raise CorpusError(f"{where}: {n} words, {len(raw_heads)} heads, {len(raw_rels)} relations")
+            heads = check_tree([str(w) for w in words], raw_heads, raw_rels, where)
+            if sent_id is not None:
+                ids.add(sent_id, where, f"row {row_index}")
         except CorpusError as exc:
             corpus.reject(exc, skip_bad)
             continue
-        unit = str(row.get("idx") or row.get("sent_id") or f"{spec}#{row_index}")
-        corpus.append(Example(words=words, unit=unit, source=where, heads=heads, deprels=rels, upos=upos))
+        sent_id = sent_id or f"{spec}#{row_index + 1}"
+        corpus.append(Example(words=words, unit=sent_id, source=where, heads=heads,
+                              deprels=[base_relation(str(r)) for r in raw_rels], upos=upos, sent_id=sent_id))
     return corpus
