@@ -14,25 +14,20 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headprobe import models
-from headprobe.corpora.conllu import read_conllu
+from headprobe import models, registry
 from headprobe.capture import n_layers_heads
+from headprobe.corpora.conllu import read_conllu
 from headprobe.engine import Engine, is_causal
 from headprobe.results import Results, merge_unit_counts
-from headprobe.scorers.dependency import DependencyScorer
-from headprobe.scorers.positional import PositionalScorer
-from headprobe.scorers.surface import SurfaceScorer
-from headprobe.stats import N_BOOT, SEED
+from headprobe.tally import N_BOOT, SEED
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
 SAMPLE_COREF = Path(__file__).resolve().parents[1] / "data" / "sample_coref.conllu"
-SENTENCE_ANALYSES = ("dependency", "positional", "surface")
-ALL_ANALYSES = SENTENCE_ANALYSES + ("coreference",)
 CAUSAL_NOTE = (
     "{model} is a causal (decoder) model: a word attends only to itself and earlier words. "
     "dep->head can find a head only when the head precedes the dependent, and head<-dep only when "
-    "the head follows it; dep->head is the direction a causal model can express for left-headed arcs, "
-    "and coreference (attention from a mention to earlier words) is fully expressible."
+    "the head follows it; the first word's row and the last word's column are empty (those arcs are "
+    "counted as unreachable), and coreference (attention from a mention to earlier words) is fully expressible."
 )
 
 
@@ -43,7 +38,8 @@ def load_sentences(treebank=None, text=None, hf_dataset=None, skip_bad=False):
         raise ValueError("give one of treebank, text, hf_dataset")
     if text is not None:
         from headprobe.corpora.spacy_text import parse_text
-        return parse_text(text), str(text), []
+        corpus = parse_text(text)
+        return corpus, str(text), list(getattr(corpus, "skipped", []))
     if hf_dataset is not None:
         from headprobe.corpora.hf_datasets import read_hf_dataset
         corpus = read_hf_dataset(hf_dataset, skip_bad=skip_bad)
@@ -53,65 +49,76 @@ def load_sentences(treebank=None, text=None, hf_dataset=None, skip_bad=False):
     return corpus, str(path), corpus.skipped
 
 
+def check_analyses(analyses) -> list[str]:
+    """The analyses to run: the named ones (validated), else every default one."""
+    if not analyses:
+        return [a.name for a in registry.analyses() if a.default]
+    for name in analyses:
+        registry.get(name)                     # raises with the list of known analyses
+    return list(dict.fromkeys(analyses))
+
+
 def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, out=None, analyses=None,
         layers=None, batch_size: int = 64, device=None, dtype: str = "float32", from_mode: str = "mean",
         window: int = 128, skip_bad: bool = False, progress: bool = True, seed: int = SEED,
-        n_boot: int = N_BOOT, pictures: bool = True, loaded=None) -> Results:
+        n_boot: int = N_BOOT, keep_unit_counts: bool = False, pictures: bool = True, loaded=None) -> Results:
     """Score every head of `model` and return (and with `out`, save) the results.
 
     model: hub name, local path, or a bundled alias (`None`/"minilm", "smollm2").
-    treebank / text / hf_dataset: the sentence corpus (dependency, positional, surface);
+    treebank / text / hf_dataset: the sentence corpus (dependency, positional, surface, ...);
       with none of them and no `coref`: the bundled samples `data/sample.conllu` and
       `data/sample_coref.conllu`.
     coref: a CorefUD CoNLL-U file for the coreference analysis.
+    analyses: names from `headprobe.registry` (default: every default analysis that has input).
+    keep_unit_counts: also keep per-unit rows (`results.unit_counts`), for small corpora.
     loaded: an already loaded `(model, tokenizer, name)` to reuse.
     """
     started = time.perf_counter()
     if all(x is None for x in (treebank, text, hf_dataset, coref)):     # the bundled samples
         treebank = SAMPLE
         coref = SAMPLE_COREF if SAMPLE_COREF.is_file() else None
-    analyses = set(analyses or ALL_ANALYSES)
-    unknown = analyses - set(ALL_ANALYSES)
-    if unknown:
-        raise ValueError(f"unknown analyses {sorted(unknown)}; choose from {ALL_ANALYSES}")
+    wanted = check_analyses(analyses)
     if loaded is None:
         loaded = models.load(model, device=device, dtype=dtype)
     net, tokenizer, name = loaded
     summary = {"model": name, "dtype": dtype, "device": str(next(net.parameters()).device),
                "batch_size": batch_size, "from_mode": from_mode, "layers": layers, "notes": [],
-               "skipped": {}, "corpora": {}, "runs": {}}
-    frames, sentence_corpus = [], None
-    wants_sentences = analyses & set(SENTENCE_ANALYSES)
-    if wants_sentences and (coref is None or any(x is not None for x in (treebank, text, hf_dataset))):
+               "skipped": {}, "corpora": {}, "runs": {}, "seed": seed, "bootstrap_resamples": n_boot,
+               "units": "documents where the corpus marks them (# newdoc id), else sentences"}
+    options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
+                   keep_units=keep_unit_counts)
+    scorers, sentence_corpus = [], None
+    on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
+    has_sentences = any(x is not None for x in (treebank, text, hf_dataset))
+    if on_sentences and (coref is None or has_sentences):
         sentence_corpus, source, bad = load_sentences(treebank, text, hf_dataset, skip_bad)
-        scorers = [cls() for key, cls in (("dependency", DependencyScorer), ("positional", PositionalScorer),
-                                          ("surface", SurfaceScorer)) if key in analyses]
-        _score(net, tokenizer, scorers, sentence_corpus, "sentences", source, summary, layers=layers,
-               batch_size=batch_size, from_mode=from_mode, progress=progress)
+        batch = [a.make_scorer() for a in on_sentences]
+        _score(net, tokenizer, batch, sentence_corpus, "sentences", source, summary, batch_size=batch_size,
+               **options)
         summary["skipped"]["malformed_sentences"] = len(bad)
         summary["skipped"]["malformed_sources"] = list(bad)[:50]
-        frames += [s.unit_counts() for s in scorers]
-    if coref is not None and "coreference" in analyses:
+        scorers += batch
+    on_coref = [a for a in registry.analyses("coreference") if a.name in wanted]
+    if coref is not None and on_coref:
         from headprobe.corpora.corefud import read_coref_examples, tokenizer_piece_counter
-        from headprobe.scorers.coreference import CoreferenceScorer
         windows = read_coref_examples(coref, tokenizer_piece_counter(tokenizer), window=window)
-        scorer = CoreferenceScorer()
-        _score(net, tokenizer, [scorer], windows, "coreference", str(coref), summary, layers=layers,
-               batch_size=max(1, batch_size // 4), from_mode=from_mode, progress=progress)
+        batch = [a.make_scorer() for a in on_coref]
+        _score(net, tokenizer, batch, windows, "coreference", str(coref), summary,
+               batch_size=max(1, batch_size // 4), **options)
         summary["skipped"]["coreference_sentences"] = len(windows.skipped)
         summary["skipped"]["coreference_sources"] = list(windows.skipped)[:50]
         summary["coreference_corpus"] = dict(windows.counts)
-        frames.append(scorer.unit_counts())
-    if not frames:
-        raise ValueError("nothing to score: give a sentence corpus and/or coref")
+        scorers += batch
+    if not scorers:
+        raise ValueError("nothing to score: give a sentence corpus and/or coref for the analyses asked for")
     summary["causal"] = is_causal(net)
     if summary["causal"]:
         summary["notes"].append(CAUSAL_NOTE.format(model=name))
     summary["n_layers"], summary["n_heads"] = n_layers_heads(net)
-    summary["analyses"] = sorted({a for frame in frames for a in frame["analysis"].unique()})
-    unit_counts = merge_unit_counts(frames)
-    results = Results.from_unit_counts(unit_counts, summary, seed=seed, n_boot=n_boot)
-    if pictures and sentence_corpus is not None and "dependency" in analyses:
+    summary["analyses"] = [s.analysis for s in scorers]
+    unit_counts = merge_unit_counts([s.unit_counts() for s in scorers]) if keep_unit_counts else None
+    results = Results({s.analysis: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
+    if pictures and sentence_corpus is not None and "dependency" in results.tallies:
         from headprobe.pictures import example_pictures
         results.examples = example_pictures(net, tokenizer, results.best_heads, sentence_corpus, from_mode)
     results.summary["seconds"] = round(time.perf_counter() - started, 2)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from headprobe import registry
 from headprobe.corpora.base import CorpusError
 
 
@@ -34,7 +35,7 @@ def run_parser(sub):
     p.add_argument("--coref", help="CorefUD CoNLL-U file (Entity= in MISC) for the coreference analysis")
     p.add_argument("--out", default="results", help="output directory (default: results)")
     p.add_argument("--analyses", default=None,
-                   help="comma list of dependency,positional,surface,coreference (default: all that apply)")
+                   help="comma list of " + ",".join(registry.names()) + " (default: all that apply)")
     p.add_argument("--device", default=None, help="cuda, cpu (default: cuda when available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--batch-size", type=int, default=64)
@@ -45,6 +46,8 @@ def run_parser(sub):
     p.add_argument("--skip-bad", action="store_true", help="skip malformed sentences (warn and count)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
+    p.add_argument("--keep-unit-counts", action="store_true",
+                   help="also keep per-unit rows (unit_counts.parquet): small corpora and debugging")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -81,7 +84,8 @@ def cmd_run(args) -> int:
             args.model, treebank=args.treebank, text=args.text, hf_dataset=args.hf_dataset, coref=args.coref,
             out=args.out, analyses=analyses, layers=parse_layers(args.layers), batch_size=args.batch_size,
             device=args.device, dtype=args.dtype, from_mode=args.from_mode, window=args.window,
-            skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap)
+            skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap,
+            keep_unit_counts=args.keep_unit_counts)
     except (CorpusError, FileNotFoundError, ValueError) as exc:
         print(f"headprobe: error: {exc}", file=sys.stderr)
         return 2
@@ -109,9 +113,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from headprobe.report import build_report
+    from headprobe.report import UnreadableResults, build_report
 
-    paths = build_report(Path(args.results), Path(args.out) if args.out else None)
+    try:
+        paths = build_report(Path(args.results), Path(args.out) if args.out else None)
+    except (FileNotFoundError, UnreadableResults) as exc:     # empty, foreign or corrupt: one line
+        print(f"headprobe: error: {exc}", file=sys.stderr)
+        return 2
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0

@@ -13,6 +13,7 @@ import ctypes
 import os
 import sys
 import time
+from collections import Counter
 from functools import cached_property
 
 import torch
@@ -21,9 +22,23 @@ from tqdm.auto import tqdm
 from headprobe.align import WORD
 from headprobe.batching import Batch, bucket, prepare
 from headprobe.capture import AttentionCapture, n_layers_heads, text_config
+from headprobe.tally import N_BOOT, SEED
 
 
 TRIM_EVERY = 64        # batches between heap trims on CPU
+CHUNK = 4096           # examples tokenized and bucketed together
+
+
+def chunked(items, size: int):
+    """Lists of up to `size` consecutive items of any iterable."""
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 class LayerAttention:
@@ -93,7 +108,8 @@ class Engine:
     """
 
     def __init__(self, model, tokenizer, scorers, *, layers=None, batch_size: int = 64,
-                 from_mode: str = "mean", device=None, progress: bool = True, desc: str = "scoring"):
+                 from_mode: str = "mean", device=None, progress: bool = True, desc: str = "scoring",
+                 seed: int = SEED, n_boot: int = N_BOOT, keep_units: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.scorers = list(scorers)
@@ -106,51 +122,62 @@ class Engine:
         self.n_layers, self.n_heads = n_layers_heads(model)
         self.causal = is_causal(model)
         for scorer in self.scorers:
-            scorer.bind(self.n_layers, self.n_heads, layers)
+            scorer.bind(self.n_layers, self.n_heads, layers, seed=seed, n_boot=n_boot, keep_units=keep_units,
+                        device=self.device)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
 
     def run(self, examples) -> dict:
+        """Score `examples` (any iterable), `CHUNK` examples at a time: each chunk is tokenized,
+        bucketed by exact length and scored, then let go, so memory does not grow with the
+        corpus. Counts do not depend on the chunking (no padding: a sentence's attention is the
+        same in any batch)."""
         start = time.perf_counter()
         trim = heap_trimmer() if self.device.type == "cpu" else None
-        prepared = prepare(list(examples), self.tokenizer, max_length(self.model, self.tokenizer))
+        limit = max_length(self.model, self.tokenizer)
         self.batch_size_ = self.batch_size
-        queue = bucket(prepared, self.batch_size)
-        total_words = sum(a.n_words for a in prepared.alignments)
-        bar = tqdm(total=total_words, unit="word", desc=self.desc, disable=not self.progress)
+        total = sum(len(ex.words) for ex in examples) if hasattr(examples, "__len__") else None
+        bar = tqdm(total=total, unit="word", desc=self.desc, disable=not self.progress)
+        self.stats_ = {"examples": 0, "words": 0, "skipped": Counter(), "skipped_sources": [], "seconds": 0.0,
+                       "batch_size": self.batch_size}
         done = 0
-        while queue:
-            indices = queue.pop(0)
-            batch = Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices],
-                          self.pad_id, device=self.device, from_mode=self.from_mode, causal=self.causal)
-            words = batch.n_real_words
-            try:
-                self._score(batch)
-            except (torch.OutOfMemoryError, RuntimeError) as exc:
-                if not is_out_of_memory(exc) or len(indices) == 1:
-                    raise
-                del batch
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                half = len(indices) // 2
-                self.batch_size_ = max(1, half)
-                queue[:0] = [indices[:half], indices[half:]]
-                continue
-            for i in indices:                  # scored: this run needs its pieces no more
-                prepared.alignments[i] = None
-            bar.update(words)
-            done += 1
-            if trim is not None and done % TRIM_EVERY == 0:
-                trim()
+        for chunk in chunked(examples, CHUNK):
+            prepared = prepare(chunk, self.tokenizer, limit)
+            self.stats_["skipped"].update(prepared.skipped)
+            self.stats_["skipped_sources"] += prepared.skipped_sources
+            self.stats_["examples"] += len(prepared.examples)
+            self.stats_["words"] += sum(a.n_words for a in prepared.alignments)
+            bar.update(sum(len(ex.words) for ex in chunk) - sum(a.n_words for a in prepared.alignments))
+            queue = bucket(prepared, self.batch_size)
+            while queue:
+                indices = queue.pop(0)
+                batch = Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices],
+                              self.pad_id, device=self.device, from_mode=self.from_mode, causal=self.causal)
+                words = batch.n_real_words
+                try:
+                    self._score(batch)
+                except (torch.OutOfMemoryError, RuntimeError) as exc:
+                    if not is_out_of_memory(exc) or len(indices) == 1:
+                        raise
+                    del batch
+                    if self.device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    half = len(indices) // 2
+                    self.batch_size_ = max(1, half)
+                    queue[:0] = [indices[:half], indices[half:]]
+                    continue
+                for i in indices:                  # scored: this run needs its pieces no more
+                    prepared.alignments[i] = None
+                bar.update(words)
+                done += 1
+                if trim is not None and done % TRIM_EVERY == 0:
+                    trim()
+            del prepared
         bar.close()
-        self.stats_ = {
-            "examples": len(prepared.examples),
-            "words": total_words,
-            "skipped": dict(prepared.skipped),
-            "skipped_sources": prepared.skipped_sources,
-            "seconds": time.perf_counter() - start,
-            "batch_size": self.batch_size_,
-        }
+        for scorer in self.scorers:
+            scorer.finish()
+        self.stats_.update(skipped=dict(self.stats_["skipped"]), seconds=time.perf_counter() - start,
+                           batch_size=self.batch_size_)
         return self.stats_
 
     @torch.inference_mode()

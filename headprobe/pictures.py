@@ -41,7 +41,8 @@ def attention_for_sentence(model, tokenizer, words_or_text, layer: int, head: in
 def example_pictures(model, tokenizer, best_heads: pd.DataFrame, examples, from_mode="mean",
                      max_words: int = 25, per_label: int = 1, max_labels: int = 8) -> list[dict]:
     """For the in-sample best dependency heads, attention on a short sentence with that relation."""
-    rows = best_heads[(best_heads["analysis"] == "dependency") & (best_heads["selection"] == "in-sample")]
+    rows = best_heads[(best_heads["analysis"] == "dependency") & (best_heads["selection"] == "in-sample")
+                      & (best_heads["layer"] >= 0)]          # small-sample labels name no head
     rows = rows.sort_values("n", ascending=False).head(max_labels)
     pictures = []
     for row in rows.itertuples():
@@ -55,7 +56,8 @@ def example_pictures(model, tokenizer, best_heads: pd.DataFrame, examples, from_
                 continue
             matrix = word_attention(model, tokenizer, example.words, int(row.layer), from_mode)[int(row.head)]
             pictures.append(dict(analysis="dependency", label=row.label, layer=int(row.layer), head=int(row.head),
-                                 direction=row.direction, unit=example.unit, words=list(example.words),
+                                 direction=row.direction, unit=example.unit, sentence=example.sent_id,
+                                 words=list(example.words),
                                  attention=matrix[:, :len(example.words)].tolist(), gold=gold))
             found += 1
             if found >= per_label:

@@ -1,12 +1,22 @@
-"""Tidy results: build from unit counts, save, load, merge (SPEC section 5).
+"""Results: the streaming tallies of a run and every table derived from them, computed once.
+
+    results = headprobe.run(treebank="en_ewt-ud-dev.conllu")
+    results.best_heads                       # DataFrame (SPEC 5 columns)
+    results.head_scores("dependency", "nsubj")
+    results.roles                            # SPEC 6 head roles
+    results.save("out/"); Results.load("out/")
+    Results.merge(a, b)                      # shards add up: identical tables to one run
+
+This is the query layer: the report, the notebook and `analyses/` read these
+tables and views; nothing downstream recomputes them.
 
 Files in a results directory:
-- `unit_counts.parquet`  per unit (sentence / document) counts: what everything is derived from
-- `counts.parquet/.csv`  tidy counts, whole data (fold "") and halves ("0", "1")
-- `best_heads.parquet/.csv`  best head per analysis x label, in-sample and held-out, with intervals
-- `baselines.parquet/.csv`, `positional_heads.parquet/.csv`, `surface.parquet/.csv`
-- `summary.json`  model, corpus, counts of skipped inputs, notes, headline best heads
+- `tallies/<analysis>.npz`   streaming counts per fold and resample: what everything derives from
+- `counts`, `best_heads`, `baselines`, `head_tests`, `roles` and each analysis's derived
+  tables (`positional_heads`, `surface`, ...), as `.parquet` and `.csv`
+- `summary.json`  model, corpora, skipped inputs, options, notes, headline, table list
 - `examples.json`  word-level attention of top heads on example sentences (for reports)
+- `unit_counts.parquet`  per-unit rows, only with `keep_unit_counts`
 """
 
 from __future__ import annotations
@@ -17,48 +27,214 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headprobe import stats
+from headprobe import registry, stats
 from headprobe.scorers.base import compact, concat_compact, sum_duplicates
+from headprobe.tally import N_BOOT, SEED, Tally
 
-TABLES = ("counts", "best_heads", "baselines", "positional_heads", "surface")
+CORE_TABLES = ("counts", "best_heads", "baselines", "head_tests", "roles")
 
 
 class Results:
-    """All tables of one run, as pandas DataFrames, plus `summary` (dict) and `examples` (list)."""
+    """All tables of one run as pandas DataFrames, plus `summary` (dict), `examples` (list),
+    `tallies` ({analysis: Tally}) and, when kept, `unit_counts`."""
 
-    def __init__(self, unit_counts: pd.DataFrame, tables: dict[str, pd.DataFrame], summary: dict,
-                 examples: list | None = None):
-        self.unit_counts = unit_counts
-        for name in TABLES:
-            setattr(self, name, tables[name])
-        self.summary = summary
+    def __init__(self, tallies: dict[str, Tally], summary: dict | None = None, examples: list | None = None,
+                 unit_counts: pd.DataFrame | None = None, tables: dict[str, pd.DataFrame] | None = None):
+        self.tallies = dict(tallies)
+        self.summary = dict(summary or {})
         self.examples = examples or []
+        self.unit_counts = unit_counts
+        self._tables: dict[str, pd.DataFrame] = {}
+        if tables is None:
+            self._compute()
+        else:
+            self._tables = dict(tables)
+        self.summary["tables"] = list(self._tables)
 
-    @classmethod
-    def from_unit_counts(cls, unit_counts: pd.DataFrame, summary: dict | None = None, examples=None,
-                         seed: int = stats.SEED, n_boot: int = stats.N_BOOT) -> "Results":
-        counts = stats.tidy_counts(unit_counts, seed)
-        best_heads, baselines = stats.selection_tables(unit_counts, seed, n_boot)
-        tables = {
-            "counts": counts,
-            "best_heads": best_heads,
-            "baselines": baselines,
-            "positional_heads": stats.positional_heads(counts),
-            "surface": stats.surface_table(counts),
-        }
-        summary = dict(summary or {}, seed=seed, bootstrap_resamples=n_boot)
-        return cls(unit_counts, tables, summary, examples)
+    # -- computed once ------------------------------------------------------------------
+    def _compute(self) -> None:
+        counts, best, base, tests = [], [], [], []
+        for name, tally in self.tallies.items():
+            counts.append(stats.tidy_counts(tally))
+            analysis = _registered(name)
+            if analysis is not None and analysis.selection:
+                b, bl, t = stats.selection_tables(tally, analysis.family, analysis.min_n)
+                best.append(b), base.append(bl), tests.append(t)
+        self._tables["counts"] = _concat(counts, stats.COUNT_COLUMNS)
+        self._tables["best_heads"] = _concat(best, stats.BEST_COLUMNS)
+        self._tables["baselines"] = _concat(base, stats.BASELINE_COLUMNS)
+        self._tables["head_tests"] = _concat(tests, stats.TEST_COLUMNS)
+        for name in self.tallies:
+            analysis = _registered(name)
+            for table, make in (analysis.tables.items() if analysis is not None else ()):
+                self._tables[table] = make(self)
+        from headprobe.roles import head_roles
+        self._tables["roles"] = head_roles(self)
 
+    # -- the tables -----------------------------------------------------------------------
+    def table(self, name: str) -> pd.DataFrame:
+        if name not in self._tables:
+            raise KeyError(f"no table {name!r}; tables: {', '.join(self._tables)}")
+        return self._tables[name]
+
+    @property
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return dict(self._tables)
+
+    counts = property(lambda self: self.table("counts"))
+    best_heads = property(lambda self: self.table("best_heads"))
+    baselines = property(lambda self: self.table("baselines"))
+    head_tests = property(lambda self: self.table("head_tests"))
+    roles = property(lambda self: self.table("roles"))
+
+    def __getattr__(self, name):            # derived tables by name: results.positional_heads
+        tables = self.__dict__.get("_tables", {})
+        if name in tables:
+            return tables[name]
+        raise AttributeError(name)
+
+    # -- shape --------------------------------------------------------------------------
+    @property
+    def analyses(self) -> list[str]:
+        return list(self.tallies) or sorted(set(self.counts["analysis"]))
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.summary.get("n_heads") or max((t.n_heads for t in self.tallies.values()), default=0))
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.summary.get("n_layers") or (max(self.layers) + 1 if self.layers else 0))
+
+    @property
+    def layers(self) -> list[int]:
+        found = sorted({layer for t in self.tallies.values() for layer in t.layers})
+        if not found and len(self.counts):
+            found = sorted(int(x) for x in set(self.counts["layer"]) if x >= 0)
+        return found
+
+    # -- views (ratios of stored sums) ------------------------------------------------------
+    def head_scores(self, analysis: str, label: str | None = None, direction: str | None = None,
+                    fold: str = "") -> pd.DataFrame:
+        """Per head: label, layer, head, direction, n, hits, mass, accuracy (hits / n)."""
+        c = self.counts
+        c = c[(c["analysis"] == analysis) & (c["variant"] == "") & (c["fold"] == fold) & (c["layer"] >= 0)]
+        if label is not None:
+            c = c[c["label"] == label]
+        if direction is not None:
+            c = c[c["direction"] == direction]
+        out = c[["label", "layer", "head", "direction", "n", "hits", "mass"]].reset_index(drop=True)
+        return out.assign(accuracy=stats.ratio(out["hits"], out["n"]))
+
+    def baseline_scores(self, analysis: str, label: str, fold: str = "") -> pd.DataFrame:
+        """Baselines of one label: variant, n, hits, accuracy; best first (declared order on ties)."""
+        c = self.counts
+        c = c[(c["analysis"] == analysis) & (c["variant"] != "") & (c["fold"] == fold) & (c["label"] == label)]
+        out = c[["variant", "n", "hits"]].reset_index(drop=True)
+        out = out.assign(accuracy=stats.ratio(out["hits"], out["n"]))
+        return out.sort_values("accuracy", ascending=False, kind="stable").reset_index(drop=True)
+
+    def best_head(self, analysis: str, label: str, selection: str = "in-sample") -> pd.Series | None:
+        """The best-heads row of one label (held-out: the pooled row)."""
+        b = self.best_heads
+        rows = b[(b["analysis"] == analysis) & (b["label"] == label) & (b["selection"] == selection)
+                 & (b["fold"] == "")]
+        return rows.iloc[0] if len(rows) else None
+
+    def labels(self, analysis: str) -> list[str]:
+        """Labels of an analysis, most trials first, ALL first."""
+        c = self.counts
+        c = c[(c["analysis"] == analysis) & (c["fold"] == "") & (c["variant"] == "") & (c["layer"] >= 0)]
+        sizes = c.groupby("label")["n"].max().sort_values(ascending=False, kind="stable")
+        labels = list(sizes.index)
+        return (["ALL"] if "ALL" in labels else []) + [x for x in labels if x != "ALL"]
+
+    def surface_per_head(self) -> pd.DataFrame:
+        """One row per head: mean mass per surface label, `sink_mass` (first + sep) and
+        `entropy_ratio` (entropy / uniform entropy)."""
+        table = self._tables.get("surface")
+        if table is None or not len(table):
+            return pd.DataFrame(columns=["layer", "head"])
+        wide = table.pivot_table(index=["layer", "head"], columns="label", values="mean",
+                                 aggfunc="first").reset_index()
+        wide.columns.name = None
+        if {"entropy", "entropy_uniform"} <= set(wide.columns):
+            wide["entropy_ratio"] = wide["entropy"] / wide["entropy_uniform"]
+        if {"first", "sep"} <= set(wide.columns):
+            wide["sink_mass"] = wide["first"].fillna(0) + wide["sep"].fillna(0)
+        return wide
+
+    def surface_per_layer(self) -> pd.DataFrame:
+        """Per layer: summed mass over the layer's heads / summed n."""
+        c = self.counts
+        c = c[(c["analysis"] == "surface") & (c["fold"] == "") & (c["layer"] >= 0)]
+        if not len(c):
+            return pd.DataFrame(columns=["layer"])
+        g = c.groupby(["layer", "label"], as_index=False)[["n", "mass"]].sum()
+        g["mean"] = stats.ratio(g["mass"], g["n"])
+        wide = g.pivot_table(index="layer", columns="label", values="mean", aggfunc="first").reset_index()
+        wide.columns.name = None
+        if {"entropy", "entropy_uniform"} <= set(wide.columns):
+            wide["entropy_ratio"] = wide["entropy"] / wide["entropy_uniform"]
+        return wide
+
+    def role_rules(self):
+        from headprobe.roles import rules_in_use
+        return rules_in_use(self)
+
+    def head_values(self, analysis: str, label: str | None = None, direction: str | None = None,
+                    fold: str = "") -> pd.DataFrame:
+        """Per head: label, layer, head, direction, n and `value`: hits / n for a counting
+        analysis, mass / n (mean attention mass) for a mass analysis."""
+        scores = self.head_scores(analysis, label, direction, fold)
+        is_mass = scores["hits"].isna() & scores["mass"].notna()
+        value = np.where(is_mass, stats.ratio(scores["mass"], scores["n"]), scores["accuracy"])
+        return scores[["label", "layer", "head", "direction", "n"]].assign(value=value)
+
+    def unreachable_arcs(self, analysis: str = "dependency") -> pd.DataFrame:
+        """Per label and direction (labels() order): n, `unreachable` (items whose row or column
+        holds no attention once specials and self are removed, SPEC 2) and their share; whole data."""
+        columns = ["label", "direction", "n", "unreachable", "share"]
+        c = self.counts
+        if "unreachable" not in c:
+            return pd.DataFrame(columns=columns)
+        c = c[(c["analysis"] == analysis) & (c["variant"] == "") & (c["fold"] == "") & (c["layer"] >= 0)
+              & c["unreachable"].notna()]
+        per = c.groupby(["label", "direction"], sort=False)[["n", "unreachable"]].first().reset_index()
+        rank = {label: i for i, label in enumerate(self.labels(analysis))}
+        per = per.sort_values(["label", "direction"], key=lambda s: s.map(rank) if s.name == "label" else s,
+                              kind="stable").reset_index(drop=True)
+        return per.assign(share=stats.ratio(per["unreachable"], per["n"]))[columns]
+
+    def best_heads_wide(self, analysis: str) -> pd.DataFrame:
+        """One row per label (labels() order): the in-sample best-heads row, then the pooled
+        held-out row's columns prefixed `heldout_`."""
+        b = self.best_heads
+        b = b[(b["analysis"] == analysis) & (b["fold"] == "")]
+        ins = b[b["selection"] == "in-sample"].drop(columns=["selection", "fold"])
+        held = (b[b["selection"] == "held-out"].drop(columns=["analysis", "selection", "fold"])
+                .add_prefix("heldout_").rename(columns={"heldout_label": "label"}))
+        wide = ins.merge(held, on="label", how="left")
+        rank = {label: i for i, label in enumerate(self.labels(analysis))}
+        order = wide["label"].map(lambda label: rank.get(label, len(rank)))
+        return wide.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
+
+    # -- files ---------------------------------------------------------------------------
     def save(self, out: str | Path) -> dict[str, Path]:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        paths = {"unit_counts": out / "unit_counts.parquet"}
-        self.unit_counts.to_parquet(paths["unit_counts"], index=False)
-        for name in TABLES:
-            table = getattr(self, name)
+        paths = {}
+        (out / "tallies").mkdir(exist_ok=True)
+        for name, tally in self.tallies.items():
+            paths[f"tally:{name}"] = out / "tallies" / f"{name}.npz"
+            tally.save(paths[f"tally:{name}"])
+        for name, table in self._tables.items():
             table.to_parquet(out / f"{name}.parquet", index=False)
             table.to_csv(out / f"{name}.csv", index=False)
             paths[name] = out / f"{name}.parquet"
+        if self.unit_counts is not None:
+            paths["unit_counts"] = out / "unit_counts.parquet"
+            self.unit_counts.to_parquet(paths["unit_counts"], index=False)
         paths["summary"] = out / "summary.json"
         paths["summary"].write_text(json.dumps(self.summary, indent=2, default=_json_default))
         paths["examples"] = out / "examples.json"
@@ -68,26 +244,56 @@ class Results:
     @classmethod
     def load(cls, directory: str | Path) -> "Results":
         directory = Path(directory)
-        if not (directory / "summary.json").is_file():
+        summary_path = directory / "summary.json"
+        if not summary_path.is_file():
             raise FileNotFoundError(f"{directory} is not a headprobe results directory (no summary.json)")
-        tables = {name: pd.read_parquet(directory / f"{name}.parquet") for name in TABLES}
+        summary = json.loads(summary_path.read_text())
+        tallies = {p.stem: Tally.load(p) for p in sorted((directory / "tallies").glob("*.npz"))}
+        names = summary.get("tables") or list(CORE_TABLES)
+        tables = {}
+        for name in names:
+            path = directory / f"{name}.parquet"
+            if not path.is_file():
+                raise FileNotFoundError(f"{directory}: table {name}.parquet named in summary.json is missing")
+            tables[name] = pd.read_parquet(path)
         examples_path = directory / "examples.json"
         examples = json.loads(examples_path.read_text()) if examples_path.is_file() else []
-        return cls(pd.read_parquet(directory / "unit_counts.parquet"), tables,
-                   json.loads((directory / "summary.json").read_text()), examples)
+        unit_path = directory / "unit_counts.parquet"
+        unit_counts = pd.read_parquet(unit_path) if unit_path.is_file() else None
+        return cls(tallies, summary, examples, unit_counts, tables)
 
     @classmethod
-    def merge(cls, *parts: "Results", seed: int | None = None, n_boot: int | None = None) -> "Results":
-        """Add the counts of several runs (shards of one corpus, or two devices) together.
+    def merge(cls, *parts: "Results") -> "Results":
+        """Add the counts of several runs (shards of one corpus, or processes) together.
 
-        Folds and intervals use `seed` and `n_boot`, by default those the first part was made with.
-        """
-        first = parts[0].summary
-        seed = first.get("seed", stats.SEED) if seed is None else seed
-        n_boot = first.get("bootstrap_resamples", stats.N_BOOT) if n_boot is None else n_boot
-        unit_counts = merge_unit_counts([p.unit_counts for p in parts])
+        Folds and weights are functions of unit ids, so the merged tables are identical
+        to one run over all the units."""
+        tallies: dict[str, Tally] = {}
+        for part in parts:
+            for name, tally in part.tallies.items():
+                if name in tallies:
+                    tallies[name].merge(tally)
+                else:
+                    tallies[name] = tally.copy()
+        unit_counts = None
+        if all(p.unit_counts is not None for p in parts):
+            unit_counts = merge_unit_counts([p.unit_counts for p in parts])
         summary = dict(parts[0].summary, merged_from=len(parts))
-        return cls.from_unit_counts(unit_counts, summary, parts[0].examples, seed, n_boot)
+        return cls(tallies, summary, parts[0].examples, unit_counts)
+
+
+def _registered(name: str):
+    try:
+        return registry.get(name)
+    except ValueError:
+        return None
+
+
+def _concat(frames, columns) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(frames, ignore_index=True)
 
 
 def merge_unit_counts(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -104,6 +310,8 @@ def _json_default(value):
         return int(value)
     if isinstance(value, (np.floating,)):
         return float(value)
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"cannot write {type(value).__name__} to JSON")

@@ -1,93 +1,55 @@
-"""Honest numbers (SPEC section 5): folds, best heads in-sample and held-out, bootstrap.
+"""Honest numbers (SPEC section 5), read from streaming tallies (`headprobe.tally`).
 
-Everything here works from per-unit counts (`unit_counts`), so shards that were
-added together give the same answers as one run.
+    best, baselines, tests = selection_tables(tally, family=lambda label, n: n >= 50)
 
-- Folds: the units of an analysis (sentences; documents for coreference) are
-  shuffled with a fixed seed and cut in two halves, fold 0 and fold 1.
-- Best head in-sample: the (layer, head, direction) with the highest accuracy
-  on all units; ties go to the lowest layer, head, then `dep->head` first.
-- Held-out: select on one fold, report on the other, and swap; the pooled row
-  adds both evaluations up.
-- Intervals: 95% percentile bootstrap over units, 1,000 resamples, fixed seed;
-  the gap to the baseline is bootstrapped paired (same resamples).
+- Units are documents where the corpus marks them, else sentences; a unit's fold
+  and bootstrap weights come from a keyed hash of its id (`tally.unit_fold`,
+  `tally.unit_weights`), so every figure here is the same whatever the sharding.
+- Best head in-sample: the (layer, head, direction) with the highest accuracy on all
+  units; ties go to the lowest layer, head, then `dep->head`; exact ties are counted
+  (`tied`). Baseline: the best of the analysis's baselines, first in declared order on ties.
+- Held-out: select head, direction and baseline on one fold, evaluate on the other,
+  swap, and pool the two evaluations. A fold with no trials selects nothing.
+- Intervals: 95% percentiles of the Poisson(1) resamples; the gap is paired.
+- Small samples: a label with fewer than `MIN_N` trials names no head.
+- Tests: one-sided exact McNemar of a head (in its better direction) against the
+  in-sample best baseline, on the discordant items; Holm over a family.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 import pandas as pd
+from scipy.stats import binom
 
-SEED = 0
-N_BOOT = 1000
-SCORED = ("dependency", "coreference")
+from headprobe.tally import N_BOOT, SEED, unit_fold  # noqa: F401  (re-exported: one owner, tally)
+
+MIN_N = 30
+ALPHA = 0.05
 DIRECTION_ORDER = {"dep->head": 0, "head<-dep": 1, "": 2}
-KEYS = ["analysis", "label", "layer", "head", "direction", "variant"]
+NO_SELECTION = "no held-out selection"
+
+BEST_COLUMNS = ["analysis", "label", "selection", "fold", "layer", "head", "direction", "heads", "n", "hits",
+                "accuracy", "ci_low", "ci_high", "baseline_variant", "baseline_hits", "baseline_accuracy", "gap",
+                "gap_low", "gap_high", "unreachable", "tied", "folds_agree", "small_sample", "p_value", "p_holm",
+                "note"]
+BASELINE_COLUMNS = ["analysis", "label", "variant", "n", "hits", "accuracy", "ci_low", "ci_high"]
+TEST_COLUMNS = ["analysis", "label", "layer", "head", "direction", "n", "hits", "accuracy", "baseline_variant",
+                "baseline_accuracy", "head_only", "baseline_only", "p_value", "family", "p_holm",
+                "heldout_accuracy", "heldout_baseline", "heldout_gap"]
 
 
-def assign_folds(units, seed: int = SEED) -> dict[str, int]:
-    """Each unit -> 0 or 1: a fixed-seed shuffle of the sorted units, cut in halves."""
-    ordered = sorted(set(units))
-    order = np.random.default_rng(seed).permutation(len(ordered))
-    half = (len(ordered) + 1) // 2
-    return {ordered[i]: int(rank >= half) for rank, i in enumerate(order)}
+# ------------------------------------------------------------------------ small pieces
 
-
-def codes(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """(integer code per row, category values) of a column, categorical or not."""
-    values = frame[column]
-    if not isinstance(values.dtype, pd.CategoricalDtype):
-        values = values.astype(str).astype("category")
-    return values.cat.codes.to_numpy(), np.asarray(values.cat.categories.astype(str))
-
-
-def fold_map(unit_counts: pd.DataFrame, seed: int = SEED) -> np.ndarray:
-    """The fold of every row of `unit_counts` (folds drawn per analysis, over its units)."""
-    folds = np.zeros(len(unit_counts), dtype=np.int8)
-    analysis, _ = codes(unit_counts, "analysis")
-    unit, unit_names = codes(unit_counts, "unit")
-    for a in np.unique(analysis):
-        rows = analysis == a
-        present = np.unique(unit[rows])
-        mapping = assign_folds(unit_names[present], seed)
-        fold_of = np.zeros(len(unit_names), dtype=np.int8)
-        fold_of[present] = [mapping[u] for u in unit_names[present]]
-        folds[rows] = fold_of[unit[rows]]
-    return folds
-
-
-def tidy_counts(unit_counts: pd.DataFrame, seed: int = SEED) -> pd.DataFrame:
-    """SPEC 5 tidy table: whole data (fold "") and each half (fold "0"/"1")."""
-    def total(frame):
-        summed = frame.groupby(KEYS, sort=True, observed=True, dropna=False)[["n", "hits", "mass"]]
-        out = summed.sum(min_count=1).reset_index()
-        for column in ("analysis", "label", "direction", "variant"):
-            out[column] = out[column].astype(str)
-        for column in ("n", "hits", "mass"):
-            out[column] = out[column].astype(np.float64)
-        return out.astype({"layer": int, "head": int})
-
-    whole = total(unit_counts).assign(fold="")
-    folds = fold_map(unit_counts, seed)
-    halves = [total(unit_counts[folds == f]).assign(fold=str(f)) for f in (0, 1)]
-    out = pd.concat([whole, *halves], ignore_index=True)
-    return out[["analysis", "label", "layer", "head", "direction", "variant", "fold", "n", "hits", "mass"]]
-
-
-@lru_cache(maxsize=64)
-def bootstrap_weights(n_units: int, seed: int = SEED, n_boot: int = N_BOOT) -> np.ndarray:
-    """[resample, unit]: how often each unit is drawn in each resample (read-only, cached)."""
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, n_units, size=(n_boot, n_units)) if n_units else np.zeros((n_boot, 0), int)
-    flat = (np.arange(n_boot)[:, None] * n_units + draws).ravel()
-    weights = np.bincount(flat, minlength=n_boot * n_units).reshape(n_boot, n_units).astype(np.float64)
-    weights.flags.writeable = False
-    return weights
+def ratio(hits, n):
+    hits, n = np.asarray(hits, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, hits / np.where(n > 0, n, 1), np.nan)
 
 
 def interval(values: np.ndarray) -> tuple[float, float]:
+    """2.5th and 97.5th percentiles (linear interpolation) of the finite values."""
+    values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
     if values.size == 0:
         return float("nan"), float("nan")
@@ -95,188 +57,320 @@ def interval(values: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def ratio(hits, n):
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, hits / np.where(n > 0, n, 1), np.nan)
+def first_best(scores: np.ndarray) -> int | None:
+    """Index of the first maximum of `scores` (NaN never wins); None if all are NaN."""
+    if not np.isfinite(scores).any():
+        return None
+    return int(np.nanargmax(scores))
 
 
-def add_up(shape, rows, columns, values) -> np.ndarray:
-    """A dense [rows, columns] matrix with `values` summed at (rows, columns)."""
-    flat = np.bincount(rows * shape[1] + columns, weights=values, minlength=shape[0] * shape[1])
-    return flat.reshape(shape)
+def mcnemar_greater(head_only, baseline_only) -> np.ndarray:
+    """One-sided exact McNemar p-value that the head beats the baseline:
+    P(X >= head_only) for X ~ Binomial(head_only + baseline_only, 1/2); 1 with no discordant item."""
+    b = np.asarray(head_only, dtype=np.float64)
+    c = np.asarray(baseline_only, dtype=np.float64)
+    total = b + c
+    p = binom.sf(b - 1, total, 0.5)
+    return np.where(total > 0, p, 1.0)
 
 
-class LabelTable:
-    """Per-unit hits and trials of every candidate head and every baseline, for one label."""
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down adjusted p-values (monotone, capped at 1), in the input order."""
+    p = np.asarray(p_values, dtype=np.float64)
+    m = p.size
+    if m == 0:
+        return p
+    order = np.argsort(p, kind="stable")
+    adjusted = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
+    out = np.empty(m)
+    out[order] = adjusted
+    return out
 
-    def __init__(self, unit_code: np.ndarray, n_units: int, variant: np.ndarray, direction: np.ndarray,
-                 layer: np.ndarray, head: np.ndarray, n: np.ndarray, hits: np.ndarray):
-        # all arrays: [row] of one label; unit_code indexes the analysis's units; variant "" for heads
-        is_head = variant == ""
-        cand_key = (layer.astype(np.int64) * 100_000 + head) * 4 + direction             # sorts as (layer, head, dir)
-        keys, cand_code = np.unique(cand_key[is_head], return_inverse=True)
-        order = {v: k for k, v in DIRECTION_ORDER.items()}
-        self.candidates = [(int(k // 4 // 100_000), int(k // 4 % 100_000), order[int(k % 4)]) for k in keys]
-        shape = (n_units, len(self.candidates))
-        self.hits = add_up(shape, unit_code[is_head], cand_code, hits[is_head])        # [unit, candidate]
-        self.n = add_up(shape, unit_code[is_head], cand_code, n[is_head])
-        self.variants = sorted(set(variant[~is_head]), key=_variant_key)
-        var_index = {v: i for i, v in enumerate(self.variants)}
-        var_code = np.array([var_index[v] for v in variant[~is_head]], dtype=np.int64)
-        shape = (n_units, len(self.variants))
-        self.base_hits = add_up(shape, unit_code[~is_head], var_code, hits[~is_head])   # [unit, variant]
-        self.base_n = add_up(shape, unit_code[~is_head], var_code, n[~is_head])
 
-    def select(self, mask: np.ndarray) -> tuple[int, int | None]:
-        """Best candidate and best baseline on the units in `mask` (first maximum wins)."""
-        acc = ratio(self.hits[mask].sum(0), self.n[mask].sum(0))
-        best = int(np.nanargmax(acc)) if np.isfinite(acc).any() else 0
-        base = None
-        if self.variants:
-            bacc = ratio(self.base_hits[mask].sum(0), self.base_n[mask].sum(0))
-            base = int(np.nanargmax(bacc)) if np.isfinite(bacc).any() else 0
+# ------------------------------------------------------------------------ one label
+
+class LabelTotals:
+    """One label's tally as candidate matrices; candidates are (layer, head, direction) in
+    that sort order, so the first maximum is the SPEC tie-break."""
+
+    def __init__(self, tally, label: str):
+        a = tally.arrays(label)
+        hits = a["hits"]                                           # [fold, resample, layer, head, direction]
+        folds, resamples, n_layers, n_heads, n_dirs = hits.shape
+        self.shape = (n_layers, n_heads, n_dirs)
+        self.hits = hits.reshape(folds, resamples, -1).astype(np.float64)     # [fold, resample, cand]
+        self.dir_of = np.tile(np.arange(n_dirs), n_layers * n_heads)          # [cand]
+        self.n = a["n"][..., self.dir_of]                                     # [fold, resample, cand]
+        self.base = a["base"].astype(np.float64)                              # [fold, resample, variant]
+        self.base_n = a["n"][..., 0]                                          # [fold, resample]
+        self.both = a["both"].reshape(-1, a["both"].shape[-1]).astype(np.float64)   # [cand, variant]
+        self.extra = {k.split(":", 1)[1]: v for k, v in a.items() if k.startswith("extra:")}  # [fold, dir]
+        layers, directions = tally.layers, tally.directions
+        self.candidates = [(layers[c // (n_heads * n_dirs)], (c // n_dirs) % n_heads, directions[c % n_dirs])
+                           for c in range(self.hits.shape[-1])]
+        self.variants = list(tally.variants)
+
+    # data subsets: a tuple of folds
+    def trials(self, folds) -> float:
+        return float(self.base_n[list(folds), 0].sum()) if self.base_n.size else 0.0
+
+    def accuracy(self, folds) -> np.ndarray:
+        """[cand] plain accuracy on `folds`."""
+        f = list(folds)
+        return ratio(self.hits[f, 0].sum(0), self.n[f, 0].sum(0))
+
+    def select(self, folds) -> tuple[int | None, int | None]:
+        """(best candidate, best baseline) on `folds`: first maximum; None with no trials."""
+        f = list(folds)
+        if self.n[f, 0].sum() <= 0:
+            return None, None
+        best = first_best(self.accuracy(folds))
+        base = first_best(ratio(self.base[f, 0].sum(0), self.base_n[f, 0].sum(0))) if self.variants else None
         return best, base
 
+    def tied(self, folds, cand: int) -> int:
+        acc = self.accuracy(folds)
+        return int(np.sum(acc == acc[cand]))
 
-def _variant_key(variant: str):
-    if variant.startswith("offset="):
-        return (0, abs(int(variant.split("=")[1])), int(variant.split("=")[1]))
-    return (1, 0, variant)
+    def evaluate(self, picks: dict[int, tuple[int, int | None]]):
+        """Hits, trials and baseline hits per resample [resample] of evaluating, on each fold f,
+        the (candidate, baseline) `picks[f]`."""
+        hits = sum(self.hits[f, :, c] for f, (c, _) in picks.items())
+        n = sum(self.n[f, :, c] for f, (c, _) in picks.items())
+        base = None
+        if self.variants:
+            base = sum(self.base[f, :, b] for f, (_, b) in picks.items())
+        return hits, n, base
+
+    def unreachable(self, folds, cand: int) -> float:
+        if "unreachable" not in self.extra:
+            return float("nan")
+        return float(self.extra["unreachable"][list(folds), self.dir_of[cand]].sum())
 
 
-def _row(analysis, label, selection, fold, cand, base_name, hits, n, base_hits, base_n, weights):
-    """One best-heads row from per-unit vectors of the evaluated units."""
-    acc = ratio(hits.sum(), n.sum()).item()
-    boot = ratio(weights @ hits, weights @ n)
-    row = dict(analysis=analysis, label=label, selection=selection, fold=fold,
-               layer=cand[0] if cand else -1, head=cand[1] if cand else -1,
-               direction=cand[2] if cand else "", n=n.sum(), hits=hits.sum(), accuracy=acc)
+def _row(analysis, label, totals, selection, fold, picks, cand, base_idx):
+    """One best-heads row from evaluating `picks` ({fold: (cand, base)})."""
+    hits, n, base = totals.evaluate(picks)
+    boot = ratio(hits[1:], n[1:])
+    acc = ratio(hits[0], n[0]).item()
+    layer, head, direction = totals.candidates[cand] if cand is not None else (-1, -1, "")
+    row = dict(analysis=analysis, label=label, selection=selection, fold=fold, layer=layer, head=head,
+               direction=direction, heads=f"{layer}-{head}" if cand is not None else "", n=float(n[0]),
+               hits=float(hits[0]), accuracy=acc)
     row["ci_low"], row["ci_high"] = interval(boot)
-    if base_hits is not None:
-        bacc = ratio(base_hits.sum(), base_n.sum()).item()
-        bboot = ratio(weights @ base_hits, weights @ base_n)
-        row.update(baseline_variant=base_name, baseline_hits=base_hits.sum(), baseline_accuracy=bacc, gap=acc - bacc)
-        row["gap_low"], row["gap_high"] = interval(boot - bboot)
+    if base is not None:
+        bacc = ratio(base[0], n[0]).item()
+        row.update(baseline_variant=totals.variants[base_idx] if base_idx is not None else "per fold",
+                   baseline_hits=float(base[0]), baseline_accuracy=bacc, gap=acc - bacc)
+        row["gap_low"], row["gap_high"] = interval(boot - ratio(base[1:], n[1:]))
     return row
 
 
-BEST_COLUMNS = ["analysis", "label", "selection", "fold", "layer", "head", "direction", "heads", "n", "hits",
-                "accuracy", "ci_low", "ci_high", "baseline_variant", "baseline_hits", "baseline_accuracy", "gap",
-                "gap_low", "gap_high"]
-BASELINE_COLUMNS = ["analysis", "label", "variant", "n", "hits", "accuracy", "ci_low", "ci_high"]
+def _empty_row(analysis, label, selection, fold, n, note):
+    return dict(analysis=analysis, label=label, selection=selection, fold=fold, layer=-1, head=-1, direction="",
+                heads="", n=n, hits=np.nan, accuracy=np.nan, note=note)
 
 
-def selection_tables(unit_counts: pd.DataFrame, seed: int = SEED, n_boot: int = N_BOOT):
-    """(best_heads, baselines) for every scored analysis and label.
+def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_N) -> list[dict]:
+    """In-sample, held-out per fold and pooled held-out rows of one label."""
+    both = (0, 1)
+    n_all = totals.trials(both)
+    rows = []
+    best, base = totals.select(both)
+    if best is None:
+        return [_empty_row(analysis, label, "in-sample", "", n_all, "no trials")]
+    small = n_all < min_n
+    row = _row(analysis, label, totals, "in-sample", "", {0: (best, base), 1: (best, base)}, best, base)
+    row.update(tied=totals.tied(both, best), small_sample=small, unreachable=totals.unreachable(both, best))
+    if base is not None:
+        b = totals.hits[:, 0, best].sum() - totals.both[best, base]
+        c = totals.base[:, 0, base].sum() - totals.both[best, base]
+        row.update(p_value=float(mcnemar_greater(b, c)))
+    if small:       # shown with its counts, never named
+        row.update(layer=-1, head=-1, direction="", heads="", note=f"fewer than {min_n} trials: no best head")
+    rows.append(row)
 
-    One bootstrap matrix per analysis, over all its units, serves every label,
-    fold, head and baseline: intervals are over units (sentences, documents)
-    and every gap is paired.
+    chosen = {f: totals.select((f,)) for f in both}
+    empty = [f for f in both if chosen[f][0] is None]
+    if empty:
+        note = f"{NO_SELECTION}: fold {empty[0]} has no trials"
+        rows += [_empty_row(analysis, label, "held-out", str(f), totals.trials((f,)), note) for f in both]
+        rows.append(_empty_row(analysis, label, "held-out", "", n_all, note))
+        return rows
+    for f in both:                 # evaluate on fold f what the other fold chose
+        c, b = chosen[1 - f]
+        r = _row(analysis, label, totals, "held-out", str(f), {f: (c, b)}, c, b)
+        r.update(small_sample=totals.trials((f,)) < min_n, unreachable=totals.unreachable((f,), c))
+        rows.append(r)
+    picks = {f: chosen[1 - f] for f in both}
+    same = chosen[0][0] == chosen[1][0]
+    same_base = chosen[0][1] == chosen[1][1]
+    pooled = _row(analysis, label, totals, "held-out", "", picks, chosen[0][0] if same else None,
+                  chosen[0][1] if same_base else None)
+    pooled.update(folds_agree=bool(same), small_sample=small)
+    if not same:                   # name both picks (selected on fold 0 | on fold 1)
+        picks_named = [totals.candidates[chosen[f][0]] for f in both]
+        same_head = picks_named[0][:2] == picks_named[1][:2]
+        pooled["heads"] = " | ".join(f"{l}-{h} {d}" if same_head else f"{l}-{h}" for l, h, d in picks_named)
+    if small:
+        pooled.update(layer=-1, head=-1, direction="", heads="", note=f"fewer than {min_n} trials: no best head")
+    rows.append(pooled)
+    return rows
+
+
+def baseline_rows(analysis: str, label: str, totals: LabelTotals) -> list[dict]:
+    out = []
+    for v, name in enumerate(totals.variants):
+        hits = totals.base[:, :, v].sum(0)                 # [resample]
+        n = totals.base_n.sum(0)
+        low, high = interval(ratio(hits[1:], n[1:]))
+        out.append(dict(analysis=analysis, label=label, variant=name, n=float(n[0]), hits=float(hits[0]),
+                        accuracy=ratio(hits[0], n[0]).item(), ci_low=low, ci_high=high))
+    return out
+
+
+def head_tests(analysis: str, label: str, totals: LabelTotals) -> pd.DataFrame:
+    """Per head: its better direction in-sample, the McNemar test against the in-sample best
+    baseline, and the held-out gap (direction and baseline chosen on the other fold)."""
+    n_layers, n_heads, n_dirs = totals.shape
+    both = (0, 1)
+    acc = totals.accuracy(both).reshape(n_layers * n_heads, n_dirs)        # [head, dir]
+    if not np.isfinite(acc).any() or not totals.variants:
+        return pd.DataFrame(columns=TEST_COLUMNS)
+    d = np.nanargmax(np.where(np.isfinite(acc), acc, -1), axis=1)          # better direction; ties: first
+    cand = np.arange(n_layers * n_heads) * n_dirs + d                     # [head]
+    _, base = totals.select(both)
+    hits = totals.hits[:, 0, cand].sum(0)
+    n = totals.n[:, 0, cand].sum(0)
+    base_hits = totals.base[:, 0, base].sum()
+    concordant = totals.both[cand, base]
+    head_only, baseline_only = hits - concordant, base_hits - concordant
+    # held-out: on fold f, direction and baseline chosen on the other fold
+    per_fold = {f: totals.accuracy((f,)).reshape(n_layers * n_heads, n_dirs) for f in both}
+    held_hits = np.zeros(len(cand))
+    held_n = np.zeros(len(cand))
+    held_base = 0.0
+    held_base_n = 0.0
+    ok = True
+    for f in both:
+        other = per_fold[1 - f]
+        if not np.isfinite(other).any() or totals.trials((1 - f,)) <= 0:
+            ok = False
+            break
+        d_other = np.nanargmax(np.where(np.isfinite(other), other, -1), axis=1)
+        c_other = np.arange(n_layers * n_heads) * n_dirs + d_other
+        held_hits += totals.hits[f, 0, c_other]
+        held_n += totals.n[f, 0, c_other]
+        _, b_other = totals.select((1 - f,))
+        held_base += totals.base[f, 0, b_other]
+        held_base_n += totals.base_n[f, 0]
+    held_acc = ratio(held_hits, held_n) if ok else np.full(len(cand), np.nan)
+    held_bacc = ratio(held_base, held_base_n).item() if ok else np.nan
+    layer_head = [totals.candidates[c][:3] for c in cand]
+    return pd.DataFrame({
+        "analysis": analysis, "label": label,
+        "layer": [x[0] for x in layer_head], "head": [x[1] for x in layer_head],
+        "direction": [x[2] for x in layer_head], "n": n, "hits": hits, "accuracy": ratio(hits, n),
+        "baseline_variant": totals.variants[base], "baseline_accuracy": ratio(base_hits, n),
+        "head_only": head_only, "baseline_only": baseline_only,
+        "p_value": mcnemar_greater(head_only, baseline_only),
+        "family": "", "p_holm": np.nan,
+        "heldout_accuracy": held_acc, "heldout_baseline": held_bacc, "heldout_gap": held_acc - held_bacc,
+    }, columns=TEST_COLUMNS)
+
+
+# ------------------------------------------------------------------------ one analysis
+
+def selection_tables(tally, family=None, min_n: int = MIN_N):
+    """(best_heads, baselines, head_tests) of one analysis's tally.
+
+    `family(label, n) -> bool` names the labels whose (head, label) tests form the
+    analysis's role family (SPEC 6: Holm runs over all of them together); every other
+    label's heads are a family of their own. `p_holm` of a best-heads row is its head's
+    adjusted value in that family.
     """
-    best, base = [], []
-    analysis_code, analysis_names = codes(unit_counts, "analysis")
-    for analysis in SCORED:
-        if analysis not in analysis_names:
-            continue
-        rows = unit_counts[analysis_code == list(analysis_names).index(analysis)]
-        unit, unit_names = codes(rows, "unit")
-        present_codes = np.unique(unit)
-        units = sorted(unit_names[present_codes])
-        position = np.full(len(unit_names), -1)
-        position[present_codes] = pd.Index(units).get_indexer(unit_names[present_codes])
-        mapping = assign_folds(units, seed)
-        folds = np.array([mapping[u] for u in units])
-        weights = bootstrap_weights(len(units), seed, n_boot)                       # [resample, unit]
-        label, label_names = codes(rows, "label")
-        variant_code, variant_names = codes(rows, "variant")
-        direction_code, direction_names = codes(rows, "direction")
-        direction_rank = np.array([DIRECTION_ORDER[d] for d in direction_names])[direction_code]
-        variant = variant_names[variant_code]
-        layer, head = rows["layer"].to_numpy(), rows["head"].to_numpy()
-        n, hits = rows["n"].to_numpy(np.float64), rows["hits"].to_numpy(np.float64)
-        by_label = np.argsort(label, kind="stable")
-        bounds = np.searchsorted(label[by_label], np.arange(len(label_names) + 1))
-        for index in sorted(range(len(label_names)), key=lambda i: label_names[i]):
-            take = by_label[bounds[index]:bounds[index + 1]]
-            if take.size == 0:
-                continue
-            table = LabelTable(position[unit[take]], len(units), variant[take], direction_rank[take],
-                               layer[take], head[take], n[take], hits[take])
-            name = label_names[index]
-            for v, variant_name in enumerate(table.variants):
-                bh, bn = table.base_hits[:, v], table.base_n[:, v]
-                low, high = interval(ratio(weights @ bh, weights @ bn))
-                base.append(dict(analysis=analysis, label=name, variant=variant_name, n=bn.sum(), hits=bh.sum(),
-                                 accuracy=ratio(bh.sum(), bn.sum()).item(), ci_low=low, ci_high=high))
-            if table.candidates:
-                best.extend(_label_rows(analysis, name, table, folds, weights))
-    return _best_frame(best), pd.DataFrame(base, columns=BASELINE_COLUMNS)
+    analysis = tally.analysis
+    best, base, tests = [], [], []
+    for label in tally.sorted_labels():
+        totals = LabelTotals(tally, label)
+        base += baseline_rows(analysis, label, totals)
+        best += label_rows(analysis, label, totals, min_n)
+        t = head_tests(analysis, label, totals)
+        if len(t):
+            n = totals.trials((0, 1))
+            t["family"] = "roles" if family is not None and family(label, n) else label
+            tests.append(t)
+    tests = pd.concat(tests, ignore_index=True) if tests else pd.DataFrame(columns=TEST_COLUMNS)
+    p_holm = np.full(len(tests), np.nan)
+    for _, index in tests.groupby("family").indices.items():
+        p_holm[index] = holm(tests["p_value"].to_numpy(np.float64)[index])
+    tests["p_holm"] = p_holm
+    best = _best_frame(best)
+    if len(tests) and len(best):
+        adjusted = tests.set_index(["label", "layer", "head"])["p_holm"]
+        named = (best["selection"] == "in-sample") & (best["layer"] >= 0)
+        keys = list(zip(best.loc[named, "label"], best.loc[named, "layer"], best.loc[named, "head"]))
+        best.loc[named, "p_holm"] = adjusted.reindex(keys).to_numpy(np.float64)
+    return best, pd.DataFrame(base, columns=BASELINE_COLUMNS), tests
 
 
 def _best_frame(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     if frame.empty:
         return pd.DataFrame(columns=BEST_COLUMNS)
-    if "heads" not in frame:
-        frame["heads"] = np.nan
-    frame["heads"] = [given if isinstance(given, str) else (f"{l}-{h}" if l >= 0 else "")
-                      for given, l, h in zip(frame["heads"], frame["layer"], frame["head"])]
     for column in BEST_COLUMNS:
         if column not in frame:
             frame[column] = np.nan
+    frame["note"] = frame["note"].fillna("").astype(str)
+    frame["heads"] = frame["heads"].fillna("").astype(str)
+    frame["baseline_variant"] = frame["baseline_variant"].fillna("").astype(str)
+    frame["tied"] = frame["tied"].astype("Int64")                   # candidates at the best accuracy
+    frame["folds_agree"] = frame["folds_agree"].astype("boolean")   # held-out pooled rows only
+    frame["small_sample"] = frame["small_sample"].fillna(False).astype(bool)
     return frame[BEST_COLUMNS]
 
 
-def best_heads(unit_counts: pd.DataFrame, seed: int = SEED, n_boot: int = N_BOOT) -> pd.DataFrame:
-    """Best (layer, head, direction) per analysis and label, in-sample and held-out."""
-    return selection_tables(unit_counts, seed, n_boot)[0]
+def tidy_counts(tally) -> pd.DataFrame:
+    """SPEC 5 tidy table of one tally: whole data (fold "") and each half ("0", "1"),
+    resample 0 (the data itself); baselines as rows with `variant` and layer = head = -1."""
+    frames = []
+    for label in tally.sorted_labels():
+        a = tally.arrays(label)
+        hits = a["hits"][:, 0]                                 # [fold, layer, head, direction]
+        n = a["n"][:, 0]                                       # [fold, direction]
+        _, n_layers, n_heads, n_dirs = hits.shape
+        unreachable = a.get("extra:unreachable")               # [fold, direction]
+        for fold, h, t, u in (("", hits.sum(0), n.sum(0), None if unreachable is None else unreachable.sum(0)),
+                              *((str(f), hits[f], n[f], None if unreachable is None else unreachable[f])
+                                for f in range(hits.shape[0]))):
+            layer, head, direction = np.meshgrid(np.asarray(tally.layers), np.arange(n_heads),
+                                                 np.arange(n_dirs), indexing="ij")
+            value = h.ravel().astype(np.float64)
+            frame = pd.DataFrame({
+                "analysis": tally.analysis, "label": label, "layer": layer.ravel(), "head": head.ravel(),
+                "direction": np.asarray(tally.directions, dtype=object)[direction.ravel()], "variant": "",
+                "fold": fold, "n": t[direction.ravel()].astype(np.float64),
+                "hits": value if tally.value == "hits" else np.nan,
+                "mass": value if tally.value == "mass" else np.nan,
+                "unreachable": np.nan if u is None else u[direction.ravel()].astype(np.float64)})
+            frames.append(frame)
+            if tally.variants:
+                b = a["base"][:, 0]
+                bh = b.sum(0) if fold == "" else b[int(fold)]
+                frames.append(pd.DataFrame({
+                    "analysis": tally.analysis, "label": label, "layer": -1, "head": -1, "direction": "",
+                    "variant": list(tally.variants), "fold": fold, "n": float(t[0]),
+                    "hits": bh.astype(np.float64), "mass": np.nan, "unreachable": np.nan}))
+    if not frames:
+        return pd.DataFrame(columns=COUNT_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[COUNT_COLUMNS]
 
 
-def baselines(unit_counts: pd.DataFrame, seed: int = SEED, n_boot: int = N_BOOT) -> pd.DataFrame:
-    """Every baseline's accuracy with its bootstrap interval, per analysis and label."""
-    return selection_tables(unit_counts, seed, n_boot)[1]
+COUNT_COLUMNS = ["analysis", "label", "layer", "head", "direction", "variant", "fold", "n", "hits", "mass",
+                 "unreachable"]
 
 
-def _label_rows(analysis, label, table, folds, weights):
-    """In-sample, held-out per fold and pooled held-out rows for one label."""
-    n_units = len(folds)
-
-    units = np.arange(n_units)
-
-    def evaluate(selection, fold, cand_per_unit, base_per_unit, mask, cand, base_name):
-        # per-unit vectors over all units, zero outside `mask`: resampled units outside add nothing
-        pick = lambda matrix, column: np.where(mask, matrix[units, column], 0.0)
-        hits, n = pick(table.hits, cand_per_unit), pick(table.n, cand_per_unit)
-        bh = bn = None
-        if table.variants:
-            bh, bn = pick(table.base_hits, base_per_unit), pick(table.base_n, base_per_unit)
-        return _row(analysis, label, selection, fold, cand, base_name, hits, n, bh, bn, weights)
-
-    everyone = np.ones(n_units, dtype=bool)
-    best, base = table.select(everyone)
-    full = lambda value: np.full(n_units, value if value is not None else 0)
-    rows = [evaluate("in-sample", "", full(best), full(base), everyone, table.candidates[best],
-                     table.variants[base] if base is not None else None)]
-    # held-out: select on fold f, evaluate on the other fold, and swap
-    chosen = {f: table.select(folds == f) for f in (0, 1)}
-    cand_per_unit = np.array([chosen[1 - f][0] for f in folds])
-    base_per_unit = np.array([chosen[1 - f][1] or 0 for f in folds])
-    for f in (0, 1):
-        c, b = chosen[1 - f]
-        rows.append(evaluate("held-out", str(f), cand_per_unit, base_per_unit, folds == f,
-                             table.candidates[c], table.variants[b] if b is not None else None))
-    same = chosen[0][0] == chosen[1][0]
-    same_base = chosen[0][1] == chosen[1][1]
-    pooled = evaluate("held-out", "", cand_per_unit, base_per_unit, everyone,
-                      table.candidates[chosen[0][0]] if same else None,
-                      (table.variants[chosen[0][1]] if same_base else "per fold") if table.variants else None)
-    if not same:   # the two folds chose different heads: name both (selected on fold 0 | on fold 1)
-        picks = [table.candidates[chosen[f][0]] for f in (0, 1)]
-        same_head = picks[0][:2] == picks[1][:2]          # then only the direction differs: say which
-        pooled["heads"] = " | ".join(f"{l}-{h} {d}" if same_head else f"{l}-{h}" for l, h, d in picks)
-    rows.append(pooled)
-    return rows
-
+# ------------------------------------------------------------------------ derived views
 
 def positional_heads(counts: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
     """Per head: the share of argmaxes at each offset; positional if one non-zero offset >= threshold."""
@@ -302,3 +396,35 @@ def surface_table(counts: pd.DataFrame) -> pd.DataFrame:
     out = rows[["label", "layer", "head", "n", "mass"]].copy()
     out["mean"] = out["mass"] / out["n"]
     return out.reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------ exact reference
+
+def multinomial_intervals(unit_counts: pd.DataFrame, analysis: str, label: str, layer: int, head: int,
+                          direction: str, variant: str, seed: int = SEED, n_boot: int = N_BOOT):
+    """Reference: the classic multinomial bootstrap over units (resample units with
+    replacement) from per-unit rows (`--keep-unit-counts`), for one head and one baseline.
+    Returns ((acc_low, acc_high), (gap_low, gap_high)). Used to check the streaming
+    Poisson intervals; not used by runs."""
+    rows = unit_counts[(unit_counts["analysis"].astype(str) == analysis)
+                       & (unit_counts["label"].astype(str) == label)]
+    units = sorted(set(rows["unit"].astype(str)))
+    index = {u: i for i, u in enumerate(units)}
+    head_rows = rows[(rows["layer"] == layer) & (rows["head"] == head)
+                     & (rows["direction"].astype(str) == direction) & (rows["variant"].astype(str) == "")]
+    base_rows = rows[rows["variant"].astype(str) == variant]
+
+    def per_unit(frame):
+        out = np.zeros((2, len(units)))
+        for u, n, h in zip(frame["unit"].astype(str), frame["n"], frame["hits"]):
+            out[0, index[u]] += h
+            out[1, index[u]] += n
+        return out
+
+    h, b = per_unit(head_rows), per_unit(base_rows)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(units), size=(n_boot, len(units)))
+    weights = np.stack([np.bincount(d, minlength=len(units)) for d in draws]).astype(np.float64)
+    acc = ratio(weights @ h[0], weights @ h[1])
+    bacc = ratio(weights @ b[0], weights @ b[1])
+    return interval(acc), interval(acc - bacc)

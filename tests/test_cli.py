@@ -123,7 +123,8 @@ def test_run_treebank_writes_tables(tiny_model, treebank, tmp_path, capsys):
     for name in ("counts", "best_heads", "baselines", "positional_heads", "surface"):
         assert (out / f"{name}.parquet").is_file(), name
         assert (out / f"{name}.csv").is_file(), name
-    assert (out / "unit_counts.parquet").is_file()
+    assert not (out / "unit_counts.parquet").exists()          # per-unit rows only on request
+    assert {p.name for p in (out / "tallies").iterdir()} == {"dependency.npz", "positional.npz", "surface.npz"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_layers"] == 3 and summary["n_heads"] == 4
     assert summary["causal"] is False
@@ -142,8 +143,6 @@ def test_run_treebank_writes_tables(tiny_model, treebank, tmp_path, capsys):
             "ci_low", "ci_high", "baseline_accuracy", "gap"} <= set(best_csv.columns)
 
     assert_dependency_n(out, expected_n(["s1", "s2", "s3"]))
-    unit_counts = pd.read_parquet(out / "unit_counts.parquet")
-    assert set(unit_counts.loc[unit_counts["analysis"] == "dependency", "unit"]) == {"s1", "s2", "s3"}
     # positional: every word of every sentence is a query (9 + 5 + 5 words)
     positional = pd.read_parquet(out / "counts.parquet").query("analysis == 'positional' and fold == ''")
     assert (positional["n"] == 19).all()
@@ -161,14 +160,15 @@ def test_malformed_treebank_fails_with_file_and_line(tiny_model, bad_treebank, t
     assert run_cli(tiny_model, out, "--treebank", str(bad_treebank)) == 2
     err = capsys.readouterr().err
     assert f"{bad_treebank}:{bad_line_number()}" in err
-    assert "head 9" in err
+    assert "head '9'" in err
     assert not (out / "summary.json").exists()
 
 
 def test_malformed_treebank_skip_bad(tiny_model, bad_treebank, tmp_path, capsys):
     out = tmp_path / "results"
     with pytest.warns(UserWarning, match="skipping malformed sentence"):
-        assert run_cli(tiny_model, out, "--treebank", str(bad_treebank), extra=["--skip-bad"]) == 0
+        assert run_cli(tiny_model, out, "--treebank", str(bad_treebank),
+                       extra=["--skip-bad", "--keep-unit-counts"]) == 0
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["skipped"]["malformed_sentences"] == 1
@@ -238,7 +238,7 @@ def hf_dir(tmp_path_factory) -> Path:
 def test_hf_dataset(tiny_model, hf_dir, tmp_path, suffix):
     out = tmp_path / "results"
     spec = f"{hf_dir}{suffix}"
-    assert run_cli(tiny_model, out, "--hf-dataset", spec) == 0
+    assert run_cli(tiny_model, out, "--hf-dataset", spec, extra=["--keep-unit-counts"]) == 0
     assert_dependency_n(out, expected_n(["s1", "s2", "s3"]))
     units = pd.read_parquet(out / "unit_counts.parquet")["unit"].astype(str)
     assert set(units) == {"s1", "s2", "s3"}                   # the dataset's idx column
@@ -250,7 +250,7 @@ def test_hf_dataset_bad_row(tiny_model, tmp_path, capsys):
     assert run_cli(tiny_model, tmp_path / "results", "--hf-dataset", str(path)) == 2
     err = capsys.readouterr().err
     assert f"{path} row 1" in err
-    assert "head 9 of word 4" in err
+    assert "head '9' of word 4" in err
 
 
 def test_hf_dataset_missing_split(tiny_model, hf_dir, tmp_path, capsys):

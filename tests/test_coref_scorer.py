@@ -51,7 +51,7 @@ def run(scorer, batches_and_attention):
     """Feed (batch, words[layer] tensors) pairs through the Scorer contract."""
     for batch, per_layer in batches_and_attention:
         if scorer.n_heads is None:                   # the engine calls bind(n_layers, n_heads, layers)
-            scorer.bind(len(per_layer), per_layer[0].shape[1])
+            scorer.bind(len(per_layer), per_layer[0].shape[1], keep_units=True)
         scorer.begin_batch(batch)
         for layer, words in enumerate(per_layer):
             scorer.update(layer, SimpleNamespace(words=words), batch)
@@ -267,7 +267,7 @@ def test_unit_counts_table_format(tokenizer):
     batch = make_batch([PRONOUNS, NOMINALS], tokenizer)
     att = torch.rand(2, 4, batch.max_words, batch.max_words + 2)
     scorer = CoreferenceScorer()
-    scorer.bind(2, 4)
+    scorer.bind(2, 4, keep_units=True)
     frame = run(scorer, [(batch, [att, att.flip(-1)])])
     assert list(frame.columns) == UNIT_COLUMNS
     assert (frame.analysis == "coreference").all() and (frame.direction == "").all()
@@ -357,7 +357,7 @@ def test_engine_on_the_sample(tokenizer):
     examples = read_coref_examples(SAMPLE, tokenizer_piece_counter(tokenizer), window=128)
     assert len(examples) == 2
     scorer = CoreferenceScorer()
-    Engine(model, tokenizer, [scorer], batch_size=2, progress=False).run(examples)
+    Engine(model, tokenizer, [scorer], batch_size=2, progress=False, keep_units=True).run(examples)
     frame = scorer.unit_counts()
     heads = frame[frame.variant == ""]
     assert len(heads[heads.label == "ALL"]) == 2 * 6 * 12           # 2 documents x 6 layers x 12 heads

@@ -45,7 +45,7 @@ def scorers():
 
 
 def run(model, tokenizer, examples, batch_size, **kwargs):
-    engine = Engine(model, tokenizer, scorers(), batch_size=batch_size, progress=False, **kwargs)
+    engine = Engine(model, tokenizer, scorers(), batch_size=batch_size, progress=False, keep_units=True, **kwargs)
     engine.run(examples)
     counts = pd.concat([s.unit_counts() for s in engine.scorers], ignore_index=True)
     # plain dtypes (keys may come back categorical, whose sort order follows first appearance)
@@ -95,7 +95,7 @@ def test_batch_size_and_order_do_not_change_counts(tiny):
 def test_layer_subset(bert_family):
     """Layer subset: only asked-for layers appear in the counts."""
     examples = random_sentences(6, seed=3)
-    engine = Engine(bert_family.sdpa, bert_family.tokenizer, scorers(), layers=[2], batch_size=4,
+    engine = Engine(bert_family.sdpa, bert_family.tokenizer, scorers(), layers=[2], batch_size=4, keep_units=True,
                     progress=False)
     engine.run(examples)
     for scorer in engine.scorers:

@@ -59,7 +59,7 @@ def attention(per_example_per_head) -> torch.Tensor:
 
 def run(scorer, batch, pieces, n_layers=2, n_heads=2, layers=(LAYER,)):
     """The engine's calls: bind once, then begin_batch, update per layer, end_batch."""
-    scorer.bind(n_layers, n_heads, list(layers))
+    scorer.bind(n_layers, n_heads, list(layers), keep_units=True)
     scorer.begin_batch(batch)
     att = LayerAttention(LAYER, pieces, batch)
     scorer.update(LAYER, att, batch)
@@ -140,8 +140,8 @@ def test_dependency_baselines(batch):
     counts, _ = run(DependencyScorer(), batch, pieces)
     base = counts[counts.variant != ""]
     assert set(base["layer"]) == {-1} and set(base["head"]) == {-1} and set(base.direction) == {""}
-    offsets = [f"offset={k:+d}" for k in (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)]
-    assert set(base.variant) == set(offsets)
+    offsets = [f"offset={k:+d}" for k in (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)] + ["first"]
+    assert set(base.variant) == set(offsets)            # `first` predicts word 0: no arc here is headed by it
     got = {(r.unit, r.label, r.variant): (r.n, r.hits) for r in base.itertuples()}
     # offsets of the arcs: s1 det 0->2 = +2, amod 1->2 = +1, nsubj 2->3 = +1; s2 det +1, nsubj +1
     hits = {("s1", "det"): {"offset=+2": 1}, ("s1", "amod"): {"offset=+1": 1},
@@ -159,7 +159,7 @@ def test_dependency_two_batches_add_up(batch):
     """Counts of two batches are kept as separate chunks and add up (shards merge by summing)."""
     pieces = attention([[DEP_S1_H0, NEXT_WORD], [DEP_S2_H0, NEXT_WORD]])
     scorer = DependencyScorer()
-    scorer.bind(2, 2, [LAYER])
+    scorer.bind(2, 2, [LAYER], keep_units=True)
     for _ in range(2):
         scorer.begin_batch(batch)
         scorer.update(LAYER, LayerAttention(LAYER, pieces, batch), batch)
@@ -193,7 +193,7 @@ def test_dependency_padding_is_masked(wordpiece_tokenizer):
     words[1, 0, 2:, :] = 9.0                                         # padding word rows
     att = SimpleNamespace(words=words, pieces=None)                  # a stand-in for LayerAttention
     scorer = DependencyScorer()
-    scorer.bind(2, 1, [LAYER])
+    scorer.bind(2, 1, [LAYER], keep_units=True)
     scorer.begin_batch(batch)
     scorer.update(LAYER, att, batch)
     scorer.end_batch(batch)
@@ -265,6 +265,7 @@ H_1234 = -sum(p * math.log(p) for p in (0.1, 0.2, 0.3, 0.4))
 # masses summed over the 4 word queries (n: 4; prev/next: 3; entropy: 4 pieces)
 SURFACE_EXPECTED = {
     # uniform 1/6 over 6 keys: self 4/6, prev 3/6, next 3/6, CLS 4/6, SEP 4/6; entropy ln 6 each
+    # first position = [CLS] (the tokenizer puts it first): the same as cls, all 4 words as queries
     ("s1", 0): dict(self=4 / 6, prev=3 / 6, next=3 / 6, cls=4 / 6, sep=4 / 6, punct=0.0, entropy=4 * LN6),
     # s2 has a punctuation word ("."): each word pays it 1/6
     ("s2", 0): dict(self=4 / 6, prev=3 / 6, next=3 / 6, cls=4 / 6, sep=4 / 6, punct=4 / 6, entropy=4 * LN6),
@@ -275,7 +276,9 @@ SURFACE_EXPECTED = {
     ("s2", 1): dict(self=0.75, prev=0.9, next=1.25, cls=0.35, sep=0.25, punct=1.0,
                     entropy=math.log(4) + math.log(2) + H_1234),
 }
-SURFACE_N = dict(self=4, prev=3, next=3, cls=4, sep=4, punct=4, entropy=4, entropy_uniform=4)
+for _masses in SURFACE_EXPECTED.values():
+    _masses["first"] = _masses["cls"]
+SURFACE_N = dict(self=4, prev=3, next=3, cls=4, sep=4, punct=4, first=4, entropy=4, entropy_uniform=4)
 
 
 def test_surface_masses_and_entropy(batch):
@@ -309,8 +312,9 @@ def test_surface_causal_multi_piece():
     # unbelievable row = mean of piece rows 0-2, each summing to 1 over its own pieces: self 1, next (cat) 0
     # cat row: to unbelievable 3/4 (prev), to itself 1/4
     # entropy: ln1 + ln2 + ln3 + ln4 = ln 24; uniform entropy the same (rows are uniform over what they see)
+    # first position = the first word (no BOS): only "cat" is a query after it, paying it 3/4
     expected = dict(self=(2, 1.25), prev=(1, 0.75), next=(1, 0.0), cls=(2, 0.0), sep=(2, 0.0), punct=(2, 0.0),
-                    entropy=(4, math.log(24)), entropy_uniform=(4, math.log(24)))
+                    first=(1, 0.75), entropy=(4, math.log(24)), entropy_uniform=(4, math.log(24)))
     assert set(got) == {("g", label, "", 0) for label in expected}
     for label, (n, mass) in expected.items():
         got_n, got_mass = got[("g", label, "", 0)]

@@ -3,8 +3,10 @@
 A scorer turns one layer's attention into counts and keeps nothing else. For
 each batch it declares its *rows*, one per (unit, label), with the number of
 trials `n` of each row; `update` adds per-head hits (or attention mass) to those
-rows on the device; `end_batch` moves the batch's counts to the CPU. Rows of two
-runs add up, so shards merge by concatenating `unit_counts()` and summing.
+rows on the device; `end_batch` adds the batch into the scorer's `Tally`
+(per fold and bootstrap resample, SPEC 5) and forgets the rows. With
+`keep_units` the per-unit rows are also kept (`unit_counts()`), for small corpora,
+debugging and the exact multinomial bootstrap.
 
 Baselines need no attention: a scorer names them in `variants` and fills
 `self.baseline_hits` ([row, variant], allocated per batch; the trials are the
@@ -17,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
+
+from headprobe.tally import N_BOOT, SEED, Tally
 
 UNIT_COLUMNS = ["analysis", "label", "unit", "layer", "head", "direction", "variant", "n", "hits", "mass"]
 
@@ -50,21 +54,37 @@ class RowIndex:
 
 
 class CountScorer:
+    """Base of every scorer: per-batch (unit, label) rows, streamed into a `Tally`.
+
+    Class attributes a scorer declares (its analysis's registry entry reads them):
+    `analysis`, `directions`, `value` ("hits" or "mass"), `variants` (baselines),
+    `extras` (per-label counts that do not depend on a head, e.g. `unreachable`).
+    """
+
     analysis = ""
     directions: tuple[str, ...] = ("",)
     value = "hits"                      # "hits" (counts) or "mass" (summed attention)
     variants: tuple[str, ...] = ()      # baseline names (rows with layer = head = -1)
+    extras: tuple[str, ...] = ()        # per-label counts without a head, [row, direction]
+    bootstrap = True                    # resampled totals (for selection and intervals)
 
     def __init__(self):
-        self.chunks_: list[tuple] = []                    # (keys, values, n) per batch, compact
-        self.baseline_chunks_: list[tuple] = []           # baseline rows per batch, compact
+        self.chunks_: list[tuple] = []                    # per-unit rows, only with keep_units
+        self.baseline_chunks_: list[tuple] = []
         self.n_layers = self.n_heads = None
+        self.tally_ = None
 
     # -- the engine calls these -------------------------------------------------------
-    def bind(self, n_layers: int, n_heads: int, layers=None) -> None:
+    def bind(self, n_layers: int, n_heads: int, layers=None, *, seed: int = SEED, n_boot: int = N_BOOT,
+             keep_units: bool = False, device="cpu") -> None:
         self.n_layers, self.n_heads = n_layers, n_heads
         self.layers = list(range(n_layers)) if layers is None else sorted(int(x) for x in layers)
         self.layer_slot = {layer: slot for slot, layer in enumerate(self.layers)}
+        self.keep_units = keep_units
+        if self.tally_ is None:
+            self.tally_ = Tally(self.analysis, directions=self.directions, variants=self.variants,
+                                layers=self.layers, n_heads=n_heads, value=self.value, resamples=n_boot,
+                                bootstrap=self.bootstrap, seed=seed, extras=self.extras, device=device)
 
     def begin_batch(self, batch) -> None:
         keys, n = self.rows(batch)                       # [(unit, label)], trials per row
@@ -76,6 +96,13 @@ class CountScorer:
                                    dtype=torch.float64 if self.value == "mass" else torch.float32,
                                    device=batch.device)  # [layer, direction, row, head]
         self.baseline_hits = np.zeros((len(keys), len(self.variants)), dtype=np.float32)  # [row, variant]
+        self._both = None                                # [layer, direction, label * variant, head]
+        names = [k[1] for k in keys]
+        self._labels = list(dict.fromkeys(names))        # this batch's labels, in order of first use
+        slot = {name: i for i, name in enumerate(self._labels)}
+        self._label_of_row = torch.tensor([slot[name] for name in names], dtype=torch.long,
+                                          device=batch.device)   # [row]
+        self._extra = {name: np.zeros((len(keys), len(self.directions)), dtype=np.int64) for name in self.extras}
         self.prepare(batch)
 
     def update(self, layer: int, att, batch) -> None:
@@ -83,12 +110,25 @@ class CountScorer:
 
     def end_batch(self, batch) -> None:
         if self._keys:
-            values = self._values.cpu().numpy()          # [layer, direction, row, head]
-            values = np.ascontiguousarray(values.astype(smallest_dtype(values, self.value == "hits")))
-            self.chunks_.append((self._keys, values, self._n.astype(np.float32)))
-        if self.variants and self._keys:      # (keys, trials [row], hits [row, variant])
-            self.baseline_chunks_.append((self._keys, self._n[:, 0].astype(np.float32), self.baseline_hits))
-        del self._values
+            values = self._values.permute(2, 0, 3, 1)    # [row, layer, head, direction]
+            self.tally_.add([k[0] for k in self._keys], [k[1] for k in self._keys], values, self._n,
+                            self.baseline_hits, self._extra)
+            if self._both is not None:                   # -> [label, layer, head, direction, variant]
+                both = self._both.reshape(len(self.layers), len(self.directions), len(self._labels),
+                                          len(self.variants), self.n_heads)
+                self.tally_.add_both(self._labels, both.permute(2, 0, 4, 1, 3))
+            if self.keep_units:
+                kept = self._values.cpu().numpy()        # [layer, direction, row, head]
+                kept = np.ascontiguousarray(kept.astype(smallest_dtype(kept, self.value == "hits")))
+                self.chunks_.append((self._keys, kept, self._n.astype(np.float32)))
+                if self.variants:       # (keys, trials [row], hits [row, variant])
+                    self.baseline_chunks_.append((self._keys, self._n[:, 0].astype(np.float32),
+                                                  self.baseline_hits))
+        del self._values, self._both
+
+    def finish(self) -> None:
+        """The corpus is done: add what is still buffered into the totals."""
+        self.tally_.flush()
 
     # -- subclasses implement ---------------------------------------------------------
     def rows(self, batch) -> tuple[list[tuple[str, str]], list]:
@@ -102,6 +142,21 @@ class CountScorer:
         """Add `values` [item, head] to rows `row` [item] of this layer and direction."""
         target = self._values[self.layer_slot[layer], direction]                  # [row, head]
         target.index_add_(0, row, values.to(target.dtype))
+
+    def add_both(self, layer: int, direction: int, row: torch.Tensor, hits: torch.Tensor,
+                 base: torch.Tensor) -> None:
+        """Count items hit by a head and by a baseline: `hits` [item, head] (0/1), `base`
+        [item, variant] (0/1), for the labels of rows `row` [item]; McNemar's discordant
+        counts follow (head only = hits - both, baseline only = baseline hits - both).
+        Baseline hits are sparse (an arc's head sits at one offset), so only the
+        (item, variant) pairs that hit are added."""
+        n_variants = len(self.variants)
+        if self._both is None:
+            self._both = torch.zeros(len(self.layers), len(self.directions), len(self._labels) * n_variants,
+                                     self.n_heads, dtype=torch.float32, device=hits.device)
+        item, variant = base.nonzero(as_tuple=True)                               # [pair]
+        target = self._both[self.layer_slot[layer], direction]                    # [label * variant, head]
+        target.index_add_(0, self._label_of_row[row[item]] * n_variants + variant, hits[item].float())
 
     # -- results ----------------------------------------------------------------------
     def unit_counts(self) -> pd.DataFrame:

@@ -35,12 +35,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
+from headprobe import roles
+from headprobe.registry import Analysis, register
+from headprobe.corpora.base import ALL
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
 
 KINDS = ("pronoun", "proper", "nominal")
-ALL = "ALL"
 LABELS = (ALL,) + KINDS
 BASELINES = ("nearest", "head_match", "rules")
 AGREEMENT_FEATURES = ("Number", "Gender", "Person")
@@ -170,13 +173,11 @@ class CoreferenceScorer(CountScorer):
     def rows(self, batch):
         rows = RowIndex()
         items = []          # (batch row, query word, kind row, ALL row, candidates, gold)
-        baseline = []       # (row, variant index, hit)
+        baseline = []       # per mention: [variant] 0/1
         for b, example in enumerate(batch.examples):
             for sm in scored_mentions(example, self.variants):
                 slots = [rows.count(example.unit, label) for label in (sm.kind, ALL)]
-                for v, variant in enumerate(self.variants):
-                    hit = float(sm.hit(sm.predictions[variant]))
-                    baseline.extend(((slots[0], v, hit), (slots[1], v, hit)))
+                baseline.append([float(sm.hit(sm.predictions[v])) for v in self.variants])
                 items.append((b, sm.query, slots[0], slots[1], sm.candidates, sm.gold))
         self._baseline = baseline
         self._items = items
@@ -186,9 +187,11 @@ class CoreferenceScorer(CountScorer):
         """Per scored mention, on the batch's device: batch row, query word (the mention
         head), candidate mask and gold mask over the batch's words, and its two rows."""
         device = batch.device
-        for row, variant, hit in self._baseline:
-            self.baseline_hits[row, variant] += hit
         items = self._items
+        base = torch.tensor(self._baseline, dtype=torch.float32).reshape(len(items), len(self.variants))
+        for column in (2, 3):                                  # the mention's kind row, its ALL row
+            np.add.at(self.baseline_hits, [it[column] for it in items], base.numpy())
+        self._base = torch.cat([base, base]).to(device)        # [2 * mention, variant]
         width = int(batch.max_words)
         long = dict(dtype=torch.long, device=device)
         self._width = width
@@ -219,4 +222,13 @@ class CoreferenceScorer(CountScorer):
         rows.masked_fill_(~self._cand[:, None, :], float("-inf"))
         pred = first_argmax(rows, -1)                            # [mention, head]
         hit = self._gold.gather(1, pred)                      # [mention, head] bool
-        self.add(layer, 0, self._rows, torch.cat([hit, hit]))
+        hits = torch.cat([hit, hit])                          # [2 * mention, head]
+        self.add(layer, 0, self._rows, hits)
+        self.add_both(layer, 0, self._rows, hits, self._base)
+
+
+ANALYSIS = register(Analysis(
+    name="coreference", scorer=CoreferenceScorer, input="coreference", selection=True,
+    description="coreferent antecedents from a mention's head (SPEC 3; Clark et al. 2019 section 4.3)",
+    family=roles.coreference_family, roles=(roles.COREFERENCE,),
+    report="headprobe.report.build:coreference_section"))

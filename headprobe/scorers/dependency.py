@@ -4,9 +4,14 @@ For a dependent i with head h, on word-level attention A with self-attention
 set to 0 and specials dropped:
 - dep->head hit:  argmax_j A[i, j] == h
 - head<-dep hit:  argmax_j A[j, i] == h
-Ties go to the lowest index (`first_argmax`).
+Ties go to the lowest index (`first_argmax`). A row (dep->head) or column
+(head<-dep) with no attention left predicts nothing: the arc is a miss. Arcs whose
+row or column is empty for every head (a causal model's first word's row, its last
+word's column) are counted per relation and direction as `unreachable`.
 `root` and `punct` arcs are not scored per relation; `ALL` is every other arc.
-Baseline rows: each fixed offset k in -5..5 (k != 0) predicting h = i + k.
+Baselines: each fixed offset k in -5..5 (k != 0) predicting h = i + k, and `first`,
+predicting the sentence's first word; declared in tie order (smallest |k|, negative
+first, then `first`), so the first best is the SPEC's choice.
 """
 
 from __future__ import annotations
@@ -16,11 +21,16 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, masked_word_attention, word_fill
+from headprobe import roles
+from headprobe.registry import Analysis, register
+from headprobe.corpora.base import ALL
+from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, word_fill
 
 UNSCORED = ("root", "punct")
 OFFSETS = [k for k in range(-5, 6) if k != 0]        # sorted
-ALL = "ALL"
+TIE_ORDER = sorted(OFFSETS, key=lambda k: (abs(k), k))  # -1, +1, -2, +2, ...
+FIRST = "first"
+VARIANTS = tuple(f"offset={k:+d}" for k in TIE_ORDER) + (FIRST,)
 
 
 def scored_arcs(example):
@@ -34,7 +44,8 @@ def scored_arcs(example):
 class DependencyScorer(CountScorer):
     analysis = "dependency"
     directions = ("dep->head", "head<-dep")
-    variants = tuple(f"offset={k:+d}" for k in OFFSETS)
+    variants = VARIANTS
+    extras = ("unreachable",)
 
     def rows(self, batch):
         rows = RowIndex()
@@ -55,22 +66,59 @@ class DependencyScorer(CountScorer):
 
     def prepare(self, batch):
         self._fill = word_fill(batch)
-        table = np.array(self._arcs, dtype=np.int64).reshape(-1, 5)
-        slot = np.searchsorted(OFFSETS, table[:, 2] - table[:, 1])         # fixed offsets: no attention needed
-        hit = np.isin(table[:, 2] - table[:, 1], OFFSETS)
+        table = np.array(self._arcs, dtype=np.int64).reshape(-1, 5)       # [arc, (b, dep, head, row, ALL row)]
+        base = baseline_hits(table[:, 1], table[:, 2])                      # [arc, variant]: no attention needed
+        unreachable = self.unreachable(batch, table)                       # [arc, direction]
         for column in (3, 4):                                              # the arc's relation row, its ALL row
-            np.add.at(self.baseline_hits, (table[hit, column], slot[hit]), 1.0)
+            np.add.at(self.baseline_hits, table[:, column], base)
+            np.add.at(self._extra["unreachable"], table[:, column], unreachable)
         arcs = torch.from_numpy(table).to(batch.device)
         self._arc_b, self._arc_dep, self._arc_head = arcs[:, 0], arcs[:, 1], arcs[:, 2]   # [arc]
         self._arc_rows = torch.cat([arcs[:, 3], arcs[:, 4]])                               # [2 * arc]
+        self._arc_base = torch.from_numpy(np.concatenate([base, base])).to(batch.device)  # [2 * arc, variant]
+
+    @staticmethod
+    def unreachable(batch, table) -> np.ndarray:
+        """[arc, direction]: 1 where the arc's row (dep->head) or column (head<-dep) is empty
+        in every head: in a causal model, the first word sees no other word, and no other
+        word sees the last one."""
+        out = np.zeros((len(table), 2), dtype=np.int64)
+        if batch.causal and len(table):
+            n_words = np.array([len(ex.words) for ex in batch.examples])[table[:, 0]]
+            out[:, 0] = table[:, 1] == 0
+            out[:, 1] = table[:, 1] == n_words - 1
+        return out
 
     def update(self, layer, att, batch):
         if self._arc_b.numel() == 0:
             return
-        scores = masked_word_attention(att, batch, prepared=self._fill)            # [batch, head, word, word]
-        to_pred = first_argmax(scores, -1)                                   # [batch, head, query]: attended word
-        from_pred = first_argmax(scores, -2)                                 # [batch, head, key]: attending word
-        for direction, pred in enumerate((to_pred, from_pred)):
-            chosen = pred.permute(0, 2, 1)[self._arc_b, self._arc_dep]    # [arc, head]
-            hits = (chosen == self._arc_head[:, None]).float()            # [arc, head]
-            self.add(layer, direction, self._arc_rows, torch.cat([hits, hits]))
+        scores = masked_word_attention(att, batch, prepared=self._fill)      # [batch, head, word, word]
+        # the first maximum (ties -> lowest index); a row or column whose maximum is 0 has no
+        # attention left after specials and self are removed: it predicts nothing
+        to_top = scores.max(dim=-1)                                          # [batch, head, query]
+        from_top = scores.max(dim=-2)                                        # [batch, head, key]
+        for direction, top in enumerate((to_top, from_top)):
+            chosen = top.indices.permute(0, 2, 1)[self._arc_b, self._arc_dep]          # [arc, head]
+            alive = top.values.permute(0, 2, 1)[self._arc_b, self._arc_dep] > 0       # [arc, head]
+            hits = ((chosen == self._arc_head[:, None]) & alive).float()             # [arc, head]
+            hits = torch.cat([hits, hits])                                            # [2 * arc, head]
+            self.add(layer, direction, self._arc_rows, hits)
+            self.add_both(layer, direction, self._arc_rows, hits, self._arc_base)
+
+
+def baseline_hits(dependent: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """[arc, variant] 0/1: does each baseline predict each arc's head (order of `VARIANTS`)?
+
+    offset k predicts i + k (out of range: wrong, as it never equals a head); `first`
+    predicts word 0."""
+    offsets = np.array(TIE_ORDER)
+    hits = (head[:, None] - dependent[:, None]) == offsets[None, :]       # [arc, offset]
+    first = (head == 0)[:, None]                                          # [arc, 1]
+    return np.concatenate([hits, first], axis=1).astype(np.float32)
+
+
+ANALYSIS = register(Analysis(
+    name="dependency", scorer=DependencyScorer, input="sentences", selection=True,
+    description="dependency arcs per relation, both directions (SPEC 2; Clark et al. 2019 section 4.2)",
+    family=roles.dependency_family, roles=(roles.SYNTACTIC,),
+    report="headprobe.report.build:dependency_section"))

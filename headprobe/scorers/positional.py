@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from headprobe import roles
+from headprobe.registry import Analysis, register
+from headprobe.stats import positional_heads
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
@@ -40,6 +43,7 @@ class UnitLabelRows:
 class PositionalScorer(UnitLabelRows, CountScorer):
     analysis = "positional"
     labels = LABELS
+    bootstrap = False
 
     def rows(self, batch):
         return self.unit_rows(batch, lambda example, label: len(example.words))
@@ -62,3 +66,10 @@ class PositionalScorer(UnitLabelRows, CountScorer):
         counts = torch.zeros(len(self._keys), self.n_heads, device=scores.device)
         counts.scatter_add_(0, rows, torch.ones_like(rows, dtype=counts.dtype))
         self.add(layer, 0, torch.arange(len(self._keys), device=scores.device), counts)
+
+
+ANALYSIS = register(Analysis(
+    name="positional", scorer=PositionalScorer, input="sentences", selection=False,
+    description="argmax offsets per head (SPEC 4; Voita et al. 2019)",
+    roles=(roles.POSITIONAL,), tables={"positional_heads": lambda results: positional_heads(results.counts)},
+    report="headprobe.report.build:positional_section"))

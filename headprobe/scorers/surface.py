@@ -3,9 +3,11 @@
 Per head, summed over word queries (specials are not queries), on word-level
 attention: mass to `self`, `prev` (words with a previous word), `next` (words
 with a next word), `cls` (CLS/BOS-like specials), `sep` (SEP/EOS-like) and
-`punct` (punctuation words). Over word pieces as queries: `entropy` of the
-piece-level row in nats, and `entropy_uniform`, the entropy of uniform
-attention over the keys that query can see. mean = mass / n.
+`punct` (punctuation words), and `first`: mass to the first position of the input
+(BOS / CLS where the tokenizer puts one first, else the first word's pieces: the sink
+of a model without BOS), queries after the first only. Over word pieces as queries:
+`entropy` of the piece-level row in nats, and `entropy_uniform`, the entropy of
+uniform attention over the keys that query can see. mean = mass / n.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import re
 import numpy as np
 import torch
 
+from headprobe import roles
+from headprobe.registry import Analysis, register
+from headprobe.stats import surface_table
 from headprobe.align import WORD
 from headprobe.scorers.base import CountScorer
 from headprobe.scorers.positional import UnitLabelRows
 
-LABELS = ["self", "prev", "next", "cls", "sep", "punct", "entropy", "entropy_uniform"]
+LABELS = ["self", "prev", "next", "cls", "sep", "punct", "first", "entropy", "entropy_uniform"]
 _PUNCT = re.compile(r"^[^\w\s]+$")
 
 
@@ -31,13 +36,20 @@ def n_pieces(example, alignment) -> int:
     return sum(1 for k in alignment.piece_kind if k == WORD)
 
 
+def special_first(alignment) -> bool:
+    """Does the input start with a special piece (CLS / BOS) rather than a word?"""
+    return alignment.piece_kind[0] != WORD
+
+
 class SurfaceScorer(UnitLabelRows, CountScorer):
     analysis = "surface"
     labels = LABELS
     value = "mass"
+    bootstrap = False
 
     def rows(self, batch):
         pieces = {id(ex): n_pieces(ex, a) for ex, a in zip(batch.examples, batch.alignments)}
+        alignment = {id(ex): a for ex, a in zip(batch.examples, batch.alignments)}
 
         def n_for(example, label):
             words = len(example.words)
@@ -45,6 +57,8 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
                 return words - 1
             if label.startswith("entropy"):
                 return pieces[id(example)]
+            if label == "first":
+                return words - (0 if special_first(alignment[id(example)]) else 1)
             return words
         return self.unit_rows(batch, n_for)
 
@@ -64,6 +78,13 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         uniform = (visible.clamp_min(1).log() * self._piece_query[:, 0]).sum(-1)   # [batch]
         self._uniform = uniform[:, None].expand(-1, self.n_heads)              # [batch, head]
         self._label_row = {label: slot for slot, label in enumerate(LABELS)}
+        # first position: a special piece at position 0 (column W: CLS/BOS-like), else word 0;
+        # its own row does not count when it is a word
+        first_special = batch.piece_kind[:, 0] != WORD                         # [batch]
+        self._first_special = first_special[:, None, None]                     # [batch, 1, 1]
+        after_first = batch.word_mask.clone()
+        after_first[:, 0] &= first_special
+        self._after_first = after_first[:, None, :].float()                    # [batch, 1, word]
 
     def _add(self, layer, label, values):
         """Add per-example sums `values` [batch, head] to each example's row for `label`."""
@@ -81,6 +102,16 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         self._add(layer, "cls", per_example(words[..., w], self._query))
         self._add(layer, "sep", per_example(words[..., w + 1], self._query))
         self._add(layer, "punct", per_example((square * self._punct).sum(-1), self._query))
+        first = torch.where(self._first_special, words[..., w], words[..., 0])   # [batch, head, word]
+        self._add(layer, "first", per_example(first, self._after_first))
         entropy = torch.special.entr(att.pieces).sum(-1)                # [batch, head, piece], nats
         self._add(layer, "entropy", per_example(entropy, self._piece_query))
         self._add(layer, "entropy_uniform", self._uniform)
+
+
+ANALYSIS = register(Analysis(
+    name="surface", scorer=SurfaceScorer, input="sentences", selection=False,
+    description="attention mass to self, neighbours, specials, punctuation, the first position; entropy "
+                "(SPEC 4; Clark et al. 2019 Figures 2 and 4)",
+    roles=(roles.SINK, roles.BROAD), tables={"surface": lambda results: surface_table(results.counts)},
+    report="headprobe.report.build:surface_section"))

@@ -1,0 +1,131 @@
+"""One home per analysis: each analysis declares everything about itself here.
+
+    from headprobe.registry import Analysis, register
+
+    register(Analysis(
+        name="my_pattern", scorer=MyScorer,                # a CountScorer subclass
+        selection=True,                                    # best heads, held-out, intervals
+        family=lambda label, n: n >= 50,                   # labels in the role family (Holm)
+        roles=(RoleRule("my_role", order=3.5, ...),),      # its rule in the head-role map
+        tables={"my_table": lambda results: ...},          # derived tables, saved with the results
+        report="my_module:my_section",                     # a report section (default: heatmaps)
+    ))
+
+`api`, `stats`, `results`, the CLI and the report read this registry and hold no
+list of analyses. The built-in analyses register themselves in their scorer
+modules (`headprobe/scorers/*.py`); other packages can add theirs through the
+`headprobe.analyses` entry-point group, or by importing a module that calls
+`register` before `headprobe.run`. See docs/ARCHITECTURE.md, "Adding an analysis".
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+BUILTIN_MODULES = ("headprobe.scorers.dependency", "headprobe.scorers.coreference",
+                   "headprobe.scorers.positional", "headprobe.scorers.surface")
+INPUTS = ("sentences", "coreference")     # which corpus an analysis reads
+
+
+@dataclass(frozen=True)
+class RoleRule:
+    """A head role: `match(results)` gives one row per head that meets the rule, with columns
+    layer, head, detail (what the role names), short (a cell label), evidence (the numbers
+    that decided it). Roles are tried in `order`; a head gets the first it meets."""
+
+    role: str
+    order: float
+    color: str
+    description: str
+    match: Callable
+
+
+@dataclass(frozen=True)
+class Analysis:
+    name: str
+    scorer: type
+    input: str = "sentences"
+    selection: bool = True
+    description: str = ""
+    family: Callable | None = None
+    min_n: int = 30
+    roles: tuple = ()
+    tables: dict = field(default_factory=dict)
+    report: str | Callable | None = None
+    default: bool = True                  # run when no analyses are named
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        return tuple(self.scorer.directions)
+
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        return tuple(self.scorer.variants)
+
+    def make_scorer(self, **options):
+        return self.scorer(**options)
+
+    def report_section(self):
+        """The callable that renders this analysis's report section, or None for the default."""
+        if self.report is None or callable(self.report):
+            return self.report
+        module, _, name = self.report.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+_REGISTRY: dict[str, Analysis] = {}
+_loaded = False
+
+
+def register(analysis: Analysis) -> Analysis:
+    """Add (or replace) an analysis; returns it, so a module can keep it as a constant."""
+    if analysis.input not in INPUTS:
+        raise ValueError(f"analysis {analysis.name!r}: input must be one of {INPUTS}, not {analysis.input!r}")
+    if analysis.scorer.analysis != analysis.name:
+        raise ValueError(f"analysis {analysis.name!r}: its scorer says analysis = {analysis.scorer.analysis!r}")
+    _REGISTRY[analysis.name] = analysis
+    return analysis
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+    try:
+        from importlib.metadata import entry_points
+        for entry in entry_points(group="headprobe.analyses"):
+            entry.load()
+    except Exception:  # a broken plugin must not break the built-ins   # pragma: no cover
+        pass
+
+
+def analyses(input: str | None = None) -> list[Analysis]:
+    """Registered analyses, in registration order (built-ins first)."""
+    _load()
+    return [a for a in _REGISTRY.values() if input is None or a.input == input]
+
+
+def names(input: str | None = None) -> list[str]:
+    return [a.name for a in analyses(input)]
+
+
+def get(name: str) -> Analysis:
+    _load()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown analysis {name!r}; choose from {', '.join(names())}")
+    return _REGISTRY[name]
+
+
+def role_rules() -> list[tuple[Analysis, RoleRule]]:
+    """Every registered role rule with its analysis, in the order roles are tried."""
+    rules = [(a, rule) for a in analyses() for rule in a.roles]
+    return sorted(rules, key=lambda pair: pair[1].order)
