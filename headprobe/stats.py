@@ -166,9 +166,9 @@ def _row(analysis, label, totals, selection, fold, picks, cand, base_idx):
     return row
 
 
-def _empty_row(analysis, label, selection, fold, n, note):
+def _empty_row(analysis, label, selection, fold, n, note, min_n=MIN_N):
     return dict(analysis=analysis, label=label, selection=selection, fold=fold, layer=-1, head=-1, direction="",
-                heads="", n=n, hits=np.nan, accuracy=np.nan, note=note)
+                heads="", n=n, hits=np.nan, accuracy=np.nan, note=note, small_sample=n < min_n)
 
 
 def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_N) -> list[dict]:
@@ -178,7 +178,7 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
     rows = []
     best, base = totals.select(both)
     if best is None:
-        return [_empty_row(analysis, label, "in-sample", "", n_all, "no trials")]
+        return [_empty_row(analysis, label, "in-sample", "", n_all, "no trials", min_n)]
     small = n_all < min_n
     row = _row(analysis, label, totals, "in-sample", "", {0: (best, base), 1: (best, base)}, best, base)
     row.update(tied=totals.tied(both, best), small_sample=small, unreachable=totals.unreachable(both, best))
@@ -194,8 +194,8 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
     empty = [f for f in both if chosen[f][0] is None]
     if empty:
         note = f"{NO_SELECTION}: fold {empty[0]} has no trials"
-        rows += [_empty_row(analysis, label, "held-out", str(f), totals.trials((f,)), note) for f in both]
-        rows.append(_empty_row(analysis, label, "held-out", "", n_all, note))
+        rows += [_empty_row(analysis, label, "held-out", str(f), totals.trials((f,)), note, min_n) for f in both]
+        rows.append(_empty_row(analysis, label, "held-out", "", n_all, note, min_n))
         return rows
     for f in both:                 # evaluate on fold f what the other fold chose
         c, b = chosen[1 - f]
@@ -321,9 +321,8 @@ def _best_frame(rows: list[dict]) -> pd.DataFrame:
     for column in BEST_COLUMNS:
         if column not in frame:
             frame[column] = np.nan
-    frame["note"] = frame["note"].fillna("").astype(str)
-    frame["heads"] = frame["heads"].fillna("").astype(str)
-    frame["baseline_variant"] = frame["baseline_variant"].fillna("").astype(str)
+    for column in ("note", "heads", "baseline_variant"):
+        frame[column] = frame[column].astype(object).where(frame[column].notna(), "").astype(str)
     frame["tied"] = frame["tied"].astype("Int64")                   # candidates at the best accuracy
     frame["folds_agree"] = frame["folds_agree"].astype("boolean")   # held-out pooled rows only
     frame["small_sample"] = frame["small_sample"].fillna(False).astype(bool)

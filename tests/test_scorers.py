@@ -320,3 +320,60 @@ def test_surface_causal_multi_piece():
         got_n, got_mass = got[("g", label, "", 0)]
         assert got_n == n, label
         assert got_mass == pytest.approx(mass, abs=1e-5), label
+
+
+# ---------------------------------------------------------------------------------------
+# SPEC 2: the `first` baseline, and rows / columns with no attention left (causal)
+# ---------------------------------------------------------------------------------------
+# s3: "sat the cat .": `list` arcs the -> sat (offset -1) and cat -> sat (offset -2) are
+# both headed by word 0, so `first` predicts 2 of 2, each offset only 1.
+S3 = Example(words=["sat", "the", "cat", "."], unit="s3", source="t:3",
+             heads=[-1, 0, 0, 0], deprels=["root", "list", "list", "punct"])
+# s4, causal: "the cat sat ." with det 0->1, nsubj 1->2, list 3->0; each word attends
+# uniformly to the words it can see (itself and earlier ones), nothing to the specials.
+S4 = Example(words=["the", "cat", "sat", "."], unit="s4", source="t:4",
+             heads=[1, 2, -1, 0], deprels=["det", "nsubj", "root", "list"])
+CAUSAL_UNIFORM = [[1., 0, 0, 0, 0, 0],
+                  [1 / 2, 1 / 2, 0, 0, 0, 0],
+                  [1 / 3, 1 / 3, 1 / 3, 0, 0, 0],
+                  [1 / 4, 1 / 4, 1 / 4, 1 / 4, 0, 0]]
+
+
+def one_example_batch(tokenizer, example, causal=False):
+    return Batch([example], align_words(tokenizer, [example.words]), pad_id=tokenizer.pad_token_id, causal=causal)
+
+
+def test_first_baseline_predicts_word_one(wordpiece_tokenizer):
+    batch = one_example_batch(wordpiece_tokenizer, S3)
+    counts, _ = run(DependencyScorer(), batch, attention([[NEXT_WORD, NEXT_WORD]]))
+    base = counts[(counts.variant != "") & (counts.label == "list")].set_index("variant")
+    assert base.loc["first", "hits"] == 2 and base.loc["first", "n"] == 2
+    assert base.loc["offset=-1", "hits"] == 1 and base.loc["offset=-2", "hits"] == 1
+    assert base.drop(index=["first", "offset=-1", "offset=-2"])["hits"].eq(0).all()
+
+
+def test_empty_row_or_column_predicts_nothing(wordpiece_tokenizer):
+    """dep->head: `the` (word 0) sees no other word: its row is empty, the det arc is a miss and
+    unreachable. head<-dep: no word after `.` attends to it: its column is empty, and the
+    `list` arc (head = word 0, which a tie-break to the lowest index would have 'predicted') is
+    a miss and unreachable.
+        det   0->1: dep->head row 0 empty (miss); head<-dep col 0 = [-, 1/2, 1/3, 1/4] -> 1 hit
+        nsubj 1->2: dep->head row 1 = [1/2, -] -> 0 miss; head<-dep col 1 = [1/3, 1/4] -> 2 hit
+        list  3->0: dep->head row 3 = [1/4, 1/4, 1/4] -> tie -> 0 hit; head<-dep col 3 empty (miss)
+    """
+    batch = one_example_batch(wordpiece_tokenizer, S4, causal=True)
+    scorer = DependencyScorer()
+    counts, _ = run(scorer, batch, attention([[CAUSAL_UNIFORM, CAUSAL_UNIFORM]]))
+    got = head_rows(counts)
+    for head in (0, 1):
+        assert got[("s4", "det", D, head)] == (1, 0)
+        assert got[("s4", "det", H, head)] == (1, 1)
+        assert got[("s4", "nsubj", D, head)] == (1, 0)
+        assert got[("s4", "nsubj", H, head)] == (1, 1)
+        assert got[("s4", "list", D, head)] == (1, 1)
+        assert got[("s4", "list", H, head)] == (1, 0)
+        assert got[("s4", "ALL", D, head)] == (3, 1)
+        assert got[("s4", "ALL", H, head)] == (3, 2)
+    unreachable = {label: scorer.tally_.arrays(label)["extra:unreachable"].sum(0).tolist()
+                   for label in ("det", "nsubj", "list", "ALL")}            # [dep->head, head<-dep]
+    assert unreachable == {"det": [1, 0], "nsubj": [0, 0], "list": [0, 1], "ALL": [1, 1]}
