@@ -1,6 +1,8 @@
-"""End to end on the real bundled models and the shared UD data (slow: ~2 minutes on 2 CPU cores).
+"""End to end on the real bundled models and the shared UD data (slow: a few minutes on 2 CPU cores).
 
-- MiniLM on UD English EWT dev reproduces the SPEC section 2 reference table exactly.
+- MiniLM on UD English EWT dev reproduces the SPEC section 2 reference table exactly; its
+  streaming (Poisson) intervals agree with the exact multinomial bootstrap over the kept
+  per-unit counts; three shards merged, and a shuffled order, give identical tables.
 - SmolLM2 (causal, GGUF) runs end to end on the first sentences of EWT dev.
 - Coreference on UD English GUM dev with MiniLM.
 """
@@ -11,10 +13,13 @@ import json
 import warnings
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 import headprobe
-from headprobe import models
+from headprobe import models, stats
+from headprobe.results import Results
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +51,8 @@ def minilm():
 
 @pytest.fixture(scope="module")
 def ewt_results(minilm):
-    return headprobe.run(treebank=need(EWT_DEV), analyses=["dependency"], pictures=False, progress=False,
-                         n_boot=200, loaded=minilm)
+    return headprobe.run(treebank=need(EWT_DEV), pictures=False, progress=False, keep_unit_counts=True,
+                         loaded=minilm)
 
 
 @pytest.mark.parametrize("label, arcs, heads, direction, accuracy, baseline", REFERENCE,
@@ -76,6 +81,74 @@ def test_ewt_corpus_summary(ewt_results):
     assert int(held["n"]) == 20085
     assert held["accuracy"] <= ewt_results.best_heads.query("label == 'ALL' and selection == 'in-sample'")[
         "accuracy"].iloc[0]
+
+
+@pytest.mark.parametrize("label", [r[0] for r in REFERENCE])
+def test_streaming_intervals_match_the_multinomial_bootstrap(ewt_results, label):
+    """Poisson(1) weights by unit hash vs resampling units with replacement (both 1,000
+    resamples over EWT's 318 documents): every endpoint agrees within 0.01."""
+    row = ewt_results.best_head("dependency", label)
+    (low, high), (gap_low, gap_high) = stats.multinomial_intervals(
+        ewt_results.unit_counts, "dependency", label, int(row["layer"]), int(row["head"]), row["direction"],
+        row["baseline_variant"])
+    assert abs(row["ci_low"] - low) < 0.01 and abs(row["ci_high"] - high) < 0.01
+    assert abs(row["gap_low"] - gap_low) < 0.01 and abs(row["gap_high"] - gap_high) < 0.01
+
+
+def test_minilm_roles(ewt_results):
+    roles = ewt_results.roles
+    assert len(roles) == 72
+    syntactic = int((roles["role"] == "syntactic").sum())
+    assert 8 <= syntactic <= 20, roles["role"].value_counts().to_dict()
+
+
+def ewt_blocks() -> list[tuple[str, str]]:
+    """(document id, sentence block) of every EWT dev sentence."""
+    out, doc = [], None
+    for block in need(EWT_DEV).read_text(encoding="utf-8").split("\n\n"):
+        if not block.strip():
+            continue
+        lines = block.strip("\n").split("\n")
+        for line in lines:
+            if line.startswith("# newdoc id"):
+                doc = line.split("=", 1)[1].strip()
+        out.append((doc, "\n".join(line for line in lines if not line.startswith("# newdoc"))))
+    return out
+
+
+def write_blocks(path: Path, blocks) -> Path:
+    """Sentences in the given order, each under its own document (a `# newdoc id` where it changes)."""
+    lines, current = [], None
+    for doc, block in blocks:
+        if doc != current:
+            lines.append(f"# newdoc id = {doc}")
+            current = doc
+        lines.append(block + "\n")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def assert_same_tables(a, b):
+    for name in ("best_heads", "baselines", "head_tests", "roles", "positional_heads"):
+        pd.testing.assert_frame_equal(a.table(name).reset_index(drop=True), b.table(name).reset_index(drop=True),
+                                      obj=name)
+    ca, cb = a.counts, b.counts
+    pd.testing.assert_frame_equal(ca.drop(columns="mass"), cb.drop(columns="mass"), obj="counts")
+    # summed attention (surface) adds floats in another order: equal to rounding
+    assert np.allclose(ca["mass"], cb["mass"], rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+def test_shards_merged_and_shuffled_order_give_identical_tables(ewt_results, minilm, tmp_path):
+    blocks = ewt_blocks()
+    options = dict(analyses=["dependency", "positional", "surface"], pictures=False, progress=False, loaded=minilm)
+    parts = []
+    for i, cut in enumerate(np.array_split(np.arange(len(blocks)), 3)):      # cuts fall inside documents
+        path = write_blocks(tmp_path / f"shard{i}.conllu", [blocks[j] for j in cut])
+        parts.append(headprobe.run(treebank=path, **options))
+    assert_same_tables(Results.merge(*parts), ewt_results)
+    order = np.random.default_rng(0).permutation(len(blocks))
+    shuffled = write_blocks(tmp_path / "shuffled.conllu", [blocks[j] for j in order])
+    assert_same_tables(headprobe.run(treebank=shuffled, **options), ewt_results)
 
 
 def first_sentences(path: Path, count: int, out: Path) -> Path:
@@ -110,7 +183,7 @@ def test_smollm2_end_to_end(tmp_path):
 
 def test_coreference_gum(minilm):
     results = headprobe.run(coref=need(GUM_DEV), analyses=["coreference"], pictures=False, progress=False,
-                            n_boot=200, loaded=minilm)
+                            n_boot=200, loaded=minilm, keep_unit_counts=True)
     best = results.best_heads
     assert set(best["analysis"]) == {"coreference"}
     for kind in ("ALL", "pronoun", "proper", "nominal"):

@@ -1,0 +1,165 @@
+"""Time and peak memory of what a user runs: a whole `headprobe run` (scoring, statistics, tables).
+
+    python benchmarks/whole_run.py memory --json benchmarks/results/whole_run_memory.json
+    python benchmarks/whole_run.py speed  --json benchmarks/results/whole_run_speed.json
+
+`memory`: each case runs in a fresh subprocess (peak RSS is the child's `ru_maxrss`):
+- MiniLM on EWT dev x1 and x8 (x8: the file concatenated 8 times, sentence and document
+  ids renamed per copy), `--no-report`;
+- a random-weight Llama, 32 layers x 32 heads (8 KV heads), hidden 256, on the whole of
+  EWT dev (SmolLM2's tokenizer), `--no-report`.
+For each: the scoring pass, everything after it (statistics, tables, saving) and the peak.
+
+`speed`: in one process, start-up (imports, model load) excluded: a plain batched forward
+pass over EWT dev (the same exact-length batches) against a whole run with the report,
+best of `--repeat` alternating trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
+
+
+def replicate(path: Path, copies: int, out: Path) -> Path:
+    """`copies` concatenated copies of a CoNLL-U file, ids renamed (`-copyK`) so units stay distinct."""
+    text = path.read_text(encoding="utf-8")
+    parts = []
+    for k in range(copies):
+        lines = []
+        for line in text.splitlines():
+            if line.startswith("# sent_id =") or line.startswith("# newdoc id ="):
+                line = f"{line}-copy{k}"
+            lines.append(line)
+        parts.append("\n".join(lines).rstrip("\n") + "\n\n")
+    out.write_text("".join(parts), encoding="utf-8")
+    return out
+
+
+def random_llama():
+    """32 layers x 32 heads (8 KV heads), hidden 256, random weights, SmolLM2's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaModel
+
+    from headprobe.align import prepare_tokenizer
+    from headprobe.models import SMOLLM2_GGUF, smollm2_dir
+
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF))
+    config = LlamaConfig(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=256,
+                         intermediate_size=512, vocab_size=len(tokenizer), max_position_embeddings=2048)
+    torch.manual_seed(0)
+    model = LlamaModel(config).eval()
+    return model, tokenizer, "random Llama 32x32 (8 KV), hidden 256"
+
+
+def child(case: str, treebank: str, out: str) -> dict:
+    """One whole run, in this process: returns its times and peak RSS."""
+    import headprobe
+    from headprobe import models
+
+    started = time.perf_counter()
+    loaded = random_llama() if case == "llama" else models.load(None, device="cpu")
+    loaded_at = time.perf_counter()
+    results = headprobe.run(treebank=treebank, out=out, progress=False, pictures=False, loaded=loaded)
+    done = time.perf_counter()
+    scoring = results.summary["runs"]["sentences"]["seconds"]
+    whole = done - loaded_at
+    return {"case": case, "treebank": treebank, "words": results.summary["runs"]["sentences"]["words"],
+            "load_seconds": round(loaded_at - started, 2), "scoring_seconds": round(scoring, 2),
+            "after_scoring_seconds": round(whole - scoring, 2), "whole_run_seconds": round(whole, 2),
+            "after_over_scoring": round((whole - scoring) / scoring, 3),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def run_child(case: str, treebank: Path, out: Path) -> dict:
+    command = [sys.executable, __file__, "child", case, str(treebank), str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def memory() -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        x8 = replicate(EWT, 8, tmp / "ewt-x8.conllu")
+        for case, treebank in (("minilm", EWT), ("minilm", x8), ("llama", EWT)):
+            row = run_child(case, treebank, tmp / f"out-{case}-{treebank.stem}")
+            row["corpus"] = "EWT dev x8" if treebank == x8 else "EWT dev"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    x1, x8_row = rows[0], rows[1]
+    rows.append({"x8_over_x1_peak": round(x8_row["peak_rss_mb"] / x1["peak_rss_mb"], 3)})
+    return rows
+
+
+def speed(repeat: int) -> dict:
+    import torch
+
+    import headprobe
+    from headprobe import models
+    from headprobe.batching import iter_batches, prepare
+    from headprobe.corpora.conllu import read_conllu
+    from headprobe.engine import max_length
+
+    torch.manual_seed(0)
+    model, tokenizer, name = models.load(None, device="cpu")
+    corpus = read_conllu(EWT)
+    words = sum(len(ex.words) for ex in corpus)
+    pad = tokenizer.pad_token_id or 0
+
+    @torch.inference_mode()
+    def plain():
+        prepared = prepare(list(corpus), tokenizer, max_length(model, tokenizer))
+        for batch in iter_batches(prepared, 64, pad):
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+
+    def whole(out):
+        headprobe.run(treebank=EWT, out=out, progress=False, loaded=(model, tokenizer, name), report=True)
+
+    plain()                                                     # warm-up
+    times = {"plain": [], "whole": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for trial in range(repeat):
+            start = time.perf_counter()
+            plain()
+            times["plain"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            whole(Path(tmp) / f"r{trial}")
+            times["whole"].append(time.perf_counter() - start)
+    best = {k: min(v) for k, v in times.items()}
+    return {"model": name, "corpus": "EWT dev", "words": words, "trials": repeat,
+            "plain_words_per_second": round(words / best["plain"], 1),
+            "whole_run_words_per_second": round(words / best["whole"], 1),
+            "whole_over_plain": round(best["plain"] / best["whole"], 3),
+            "seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
+            "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "child":
+        print(json.dumps(child(*sys.argv[2:5])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["memory", "speed"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", default=None, help="write the figures to this file")
+    args = parser.parse_args()
+    figures = memory() if args.what == "memory" else speed(args.repeat)
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
