@@ -155,6 +155,104 @@ def test_without_heads(tmp_path):
     assert example.words == ["Hi"] and example.heads is None and scored_arcs(example) == []
 
 
+# ------------------------------------------------------------------ reader validation
+
+
+def two_words(first=(2, "nsubj"), second=(0, "root"), sent_id="x") -> str:
+    """One sentence 'It rained' with the given (head, deprel) per word; word lines are 2 and 3."""
+    return "\n".join([
+        f"# sent_id = {sent_id}",
+        row(1, "It", "it", "PRON", "PRP", "_", first[0], first[1], "_", "_"),
+        row(2, "rained", "rain", "VERB", "VBD", "_", second[0], second[1], "_", "_"),
+        "", ""])
+
+
+def test_bom_is_accepted(tmp_path):
+    path = tmp_path / "bom.conllu"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode("utf-8"))
+    corpus = read_conllu(path)
+    assert [e.sent_id for e in corpus] == ["s1", "s2"] and corpus.skipped == []
+    assert corpus[0].meta["doc_id"] == "d1"          # the BOM does not hide the first comment
+
+
+def test_crlf_line_ends(tmp_path):
+    path = tmp_path / "crlf.conllu"
+    path.write_bytes(GOOD.replace("\n", "\r\n").encode("utf-8"))
+    assert [e.words for e in read_conllu(path)] == [e.words for e in read_conllu(write(tmp_path, GOOD))]
+
+
+def test_invalid_utf8_names_its_line(tmp_path):
+    path = tmp_path / "bytes.conllu"
+    data = GOOD.encode("utf-8").replace(b"yesterday\tyesterday", b"yester\xffday\tyesterday")
+    path.write_bytes(data + S3_OK.encode("utf-8"))
+    with pytest.raises(CorpusError) as info:
+        read_conllu(path)
+    assert str(info.value).startswith(f"{path}:15: invalid UTF-8 (byte 0xff")
+    with pytest.warns(UserWarning, match="invalid UTF-8"):
+        corpus = read_conllu(path, skip_bad=True)
+    assert [e.sent_id for e in corpus] == ["s1", "s3"]
+    assert corpus.counts == {"malformed_sentence": 1} and corpus.skipped[0].startswith(f"{path}:15:")
+
+
+@pytest.mark.parametrize("text, line, message", [
+    (two_words(first=(0, "root")), 1, "2 roots: words 1 ('It'), 2 ('rained') all have head 0"),
+    (two_words(second=(1, "dep")), 1, "no root: no word has head 0"),
+    (two_words(first=(2, "_")), 2, "word 1 ('It') has no relation (DEPREL '_')"),
+    (two_words(second=(0, "")), 3, "word 2 ('rained') has no relation (DEPREL '')"),
+    (two_words(first=(2, "ALL")), 2, "relation 'ALL' of word 1 ('It'): 'ALL' is reserved"),
+    (two_words(first=(2, "ALL:sub")), 2, "relation 'ALL:sub' of word 1 ('It'): 'ALL' is reserved"),
+    (two_words(first=(1, "nsubj")), 2, "word 1 ('It') is its own head"),
+    (two_words(first=(-1, "nsubj")), 2, "head '-1' of word 1 ('It') is not a word index in 0..2"),
+    (two_words(first=("_", "nsubj")), 2, "head '_' of word 1 ('It') is not a word index in 0..2"),
+    ("# sent_id = c\n" + "\n".join([
+        row(1, "a", "a", "X", "_", "_", 0, "root", "_", "_"),
+        row(2, "b", "b", "X", "_", "_", 3, "dep", "_", "_"),
+        row(3, "c", "c", "X", "_", "_", 4, "dep", "_", "_"),
+        row(4, "d", "d", "X", "_", "_", 2, "dep", "_", "_")]) + "\n\n",
+     1, "cycle in the heads: 2 ('b') -> 3 ('c') -> 4 ('d') -> 2 ('b')"),
+    ("# sent_id = x\n# text = only comments\n\n", 1, "sentence has no words"),
+    (two_words().replace("\n\n", "\n# late comment\n\n", 1), 4, "comment line after the sentence's word lines"),
+    (two_words().replace("1\tIt", "1x\tIt"), 2, "bad word id '1x' (expected N, N-M or N.M)"),
+    (two_words().replace("\t_\t2\tnsubj", "\tBroken\t2\tnsubj"), 2, "malformed FEATS item 'Broken'"),
+])
+def test_tree_and_row_errors_name_file_and_line(tmp_path, text, line, message):
+    path = write(tmp_path, text)
+    with pytest.raises(CorpusError) as info:
+        read_conllu(path)
+    assert str(info.value).startswith(f"{path}:{line}: {message}")
+    # under skip_bad the same sentence is skipped and counted, and the next one is read
+    path = write(tmp_path, text + S3_OK, name="more.conllu")
+    with pytest.warns(UserWarning, match="skipping malformed sentence"):
+        corpus = read_conllu(path, skip_bad=True)
+    assert [e.sent_id for e in corpus] == ["s3"] and corpus.counts == {"malformed_sentence": 1}
+    assert corpus.skipped == [str(info.value).replace(str(tmp_path / "t.conllu"), str(path))]
+
+
+def test_duplicate_sent_id(tmp_path):
+    text = two_words(sent_id="a") + two_words(sent_id="b") + two_words(sent_id="a")   # lines 1, 5, 9
+    path = write(tmp_path, text)
+    with pytest.raises(CorpusError) as info:
+        read_conllu(path)
+    assert str(info.value) == f"{path}:9: duplicate sent_id 'a' (first used at line 1)"
+    with pytest.warns(UserWarning, match="skipping duplicate sent id: .*duplicate sent_id 'a'"):
+        corpus = read_conllu(path, skip_bad=True)
+    assert [e.source for e in corpus] == [f"{path}:1", f"{path}:5"]                # the second 'a' is skipped
+    assert corpus.counts == {"duplicate_sent_id": 1} and corpus.rejected_sentences == 1
+
+
+def test_units_and_sentence_ids(tmp_path):
+    """SPEC 5: the document where the file marks one, else the sent_id, else "<file name>#<ordinal>"."""
+    no_id = two_words().replace("# sent_id = x\n", "")
+    text = (two_words(sent_id="lead") + no_id                                     # before any document
+            + "# newdoc id = D1\n" + two_words(sent_id="d1-a") + no_id           # blocks 3, 4
+            + "# newdoc\n" + no_id)                                               # block 5: no id
+    path = write(tmp_path, text, name="u.conllu")
+    corpus = read_conllu(path)
+    assert [e.unit for e in corpus] == ["lead", "u.conllu#2", "D1", "D1", "u.conllu#doc2"]
+    assert [e.sent_id for e in corpus] == ["lead", "u.conllu#2", "d1-a", "u.conllu#4", "u.conllu#5"]
+    assert [e.meta["doc_id"] for e in corpus] == [None, None, "D1", "D1", "u.conllu#doc2"]
+
+
 EWT_DEV = Path(__file__).resolve().parents[2] / "shared/data/en_ewt-ud-dev.conllu"
 
 
@@ -164,8 +262,10 @@ def test_ewt_dev_counts():
     with warnings.catch_warnings():
         warnings.simplefilter("error")                                 # nothing may be skipped
         corpus = read_conllu(EWT_DEV)
-    assert corpus.skipped == []
+    assert corpus.skipped == [] and not corpus.counts
     assert len(corpus) == 2001
+    assert len({e.sent_id for e in corpus}) == 2001
+    assert len({e.unit for e in corpus}) == 318                        # `# newdoc id` documents
     assert sum(len(ex.words) for ex in corpus) == 25_147
     assert sum(len(scored_arcs(ex)) for ex in corpus) == 20_085
     assert all(":" not in rel for ex in corpus for rel in ex.deprels)

@@ -11,6 +11,7 @@ from headprobe.corpora.base import CorpusError, Example
 from headprobe.corpora.corefud import (
     Mention,
     coref_examples,
+    read_coref_examples,
     corpus_summary,
     pack_windows,
     parse_corefud,
@@ -54,6 +55,7 @@ def conllu_text(*sentences, header="# global.Entity = eid-etype-head-other", doc
 def test_gum_dev_has_30_documents():
     documents = read_corefud(GUM_DEV)
     assert len(documents) == 30
+    assert documents.skipped == [] and not documents.counts          # nothing skipped
     ids = [d.doc_id for d in documents]
     assert len(set(ids)) == 30
     assert ids[0] == "GUM_academic_exposure"
@@ -371,3 +373,124 @@ def test_tokenizer_piece_counter():
     assert count(["Hello", "\u200b", "world"]) is None    # a zero-width space gives no piece
     windows, skipped = pack_windows([["Hi", "there"], ["\u200b"], ["Bye"]], count, window=128)
     assert windows == [[0], [2]] and skipped == [(1, "no_piece")]
+
+
+# ------------------------------------------------------------ documents and skip_bad
+
+
+def coref_file(tmp_path, text, name="c.conllu"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def word(wid, form, head, misc="_", deprel=None):
+    return "\t".join([str(wid), form, form.lower(), "X", "_", "_", str(head),
+                      deprel or ("root" if head == 0 else "dep"), "_", misc])
+
+
+# Two documents. Line numbers on the right. In d1, entity e1 is opened in sentence 1 and
+# closed in sentence 3 (a mention across sentences); sentence 2 has a head out of range.
+TWO_DOCS = "\n".join([
+    "# newdoc id = d1",                           # 1
+    "# sent_id = d1-1",                           # 2
+    word(1, "Ann", 2, "Entity=(e1-p)"),           # 3
+    word(2, "and", 0, "Entity=(e2-p"),            # 4
+    "",                                           # 5
+    "# sent_id = d1-2",                           # 6
+    word(1, "Bob", 2, "Entity=(e3-p)"),           # 7
+    word(2, "met", 0, "_"),                       # 8
+    "",                                           # 9
+    "# sent_id = d1-3",                           # 10
+    word(1, "friends", 0, "Entity=e2)"),          # 11
+    word(2, "She", 1, "Entity=(e1-p)"),           # 12
+    "",                                           # 13
+    "# newdoc id = d2",                           # 14
+    "# sent_id = d2-1",                           # 15
+    word(1, "It", 2, "Entity=(e9-t)"),            # 16
+    word(2, "rained", 0, "_"),                    # 17
+    "", ""])
+
+
+def test_units_are_document_ids(tmp_path):
+    windows = coref_examples(read_corefud(coref_file(tmp_path, TWO_DOCS)), plus_two, window=5)
+    assert [(w.unit, w.meta["sent_ids"], w.sent_id) for w in windows] == [
+        ("d1", ["d1-1"], "d1-1"), ("d1", ["d1-2"], "d1-2"), ("d1", ["d1-3"], "d1-3"), ("d2", ["d2-1"], "d2-1")]
+
+
+def test_malformed_sentence_inside_a_document_is_skipped(tmp_path):
+    path = coref_file(tmp_path, TWO_DOCS.replace(word(1, "Bob", 2, "Entity=(e3-p)"), word(1, "Bob", 7, "Entity=(e3-p)")))
+    with pytest.raises(CorpusError, match=re.escape(f"{path}:7: head '7' of word 1 ('Bob')")):
+        read_corefud(path)
+    with pytest.warns(UserWarning, match="skipping malformed sentence"):
+        documents = read_corefud(path, skip_bad=True)
+    d1, d2 = documents
+    assert [s.sent_id for s in d1.sentences] == ["d1-1", "d1-3"]          # the rest of d1 is read
+    # e2 was open when the skipped sentence came: its extent is unknown, so it is dropped (counted);
+    # e3 stood in the skipped sentence; the other mentions stay, in the coordinates of what was read
+    assert spans(d1) == [(0, 1, "e1"), (3, 4, "e1")]
+    assert d1.skipped["mention_across_skipped_sentence"] == 1
+    assert spans(d2) == [(0, 1, "e9")]
+    assert documents.counts == {"malformed_sentence": 1} and documents.skipped[0].startswith(f"{path}:7:")
+    with pytest.warns(UserWarning):
+        windows = read_coref_examples(path, plus_two, window=128, skip_bad=True)
+    assert windows.counts["malformed_sentence"] == 1 and windows.counts["sentences"] == 3
+    assert windows.counts["mention_across_skipped_sentence"] == 1
+    assert windows.skipped == documents.skipped
+
+
+def test_unclosed_mention_skips_the_mention_not_the_file(tmp_path):
+    path = coref_file(tmp_path, TWO_DOCS.replace("Entity=e2)", "_"))      # e2 (line 4) never closed
+    with pytest.raises(CorpusError, match=re.escape(f"{path}:4: mention of entity 'e2' opened here is not "
+                                                    f"closed before the end of document 'd1'")):
+        read_corefud(path)
+    with pytest.warns(UserWarning, match="skipping malformed mention"):
+        documents = read_corefud(path, skip_bad=True)
+    assert [len(d.sentences) for d in documents] == [3, 1]
+    assert spans(documents[0]) == [(0, 1, "e1"), (2, 3, "e3"), (5, 6, "e1")]
+    assert documents.counts == {"malformed_mention": 1} and documents.rejected_sentences == 0
+
+
+def test_unmatched_closing_bracket_skips_the_mention(tmp_path):
+    path = coref_file(tmp_path, TWO_DOCS.replace("Entity=(e2-p", "_"))    # e2) on line 11 closes nothing
+    with pytest.raises(CorpusError, match=re.escape(f"{path}:11: closing bracket 'e2)' but no mention")):
+        read_corefud(path)
+    with pytest.warns(UserWarning, match="skipping malformed mention"):
+        documents = read_corefud(path, skip_bad=True)
+    assert spans(documents[0]) == [(0, 1, "e1"), (2, 3, "e3"), (5, 6, "e1")]
+    assert documents.counts == {"malformed_mention": 1}
+
+
+def test_file_without_newdoc_is_refused_unless_single_document(tmp_path):
+    text = "\n".join(line for line in TWO_DOCS.split("\n") if not line.startswith("# newdoc"))
+    path = coref_file(tmp_path, text, name="nodocs.conllu")
+    for skip_bad in (False, True):
+        with pytest.raises(CorpusError, match=re.escape(f"{path}:1: no '# newdoc id' line")):
+            read_corefud(path, skip_bad=skip_bad)
+    (document,) = read_corefud(path, single_document=True)
+    assert document.doc_id == "nodocs.conllu" and len(document.sentences) == 4
+    windows = read_coref_examples(path, plus_two, window=128, single_document=True)
+    assert {w.unit for w in windows} == {"nodocs.conllu"}
+
+
+def test_sentence_before_the_first_newdoc(tmp_path):
+    text = "# sent_id = lead\n" + word(1, "Hi", 0) + "\n\n" + TWO_DOCS                  # lines 1-2, then +4
+    path = coref_file(tmp_path, text)
+    with pytest.raises(CorpusError, match=re.escape(f"{path}:1: sentence before the file's first '# newdoc id'")):
+        read_corefud(path)
+    with pytest.warns(UserWarning):
+        documents = read_corefud(path, skip_bad=True)
+    assert [d.doc_id for d in documents] == ["d1", "d2"] and documents.rejected_sentences == 1
+
+
+def test_invalid_utf8_and_duplicate_sent_id_in_a_coref_file(tmp_path):
+    path = tmp_path / "bytes.conllu"
+    data = TWO_DOCS.replace("# sent_id = d2-1", "# sent_id = d1-1").encode("utf-8")
+    path.write_bytes(b"\xef\xbb\xbf" + data.replace(b"met", b"m\xc3t"))                  # BOM, and line 8
+    with pytest.raises(CorpusError, match=re.escape(f"{path}:8: invalid UTF-8 (byte 0xc3")):
+        read_corefud(path)
+    with pytest.warns(UserWarning):
+        documents = read_corefud(path, skip_bad=True)
+    assert [d.doc_id for d in documents] == ["d1"]              # d2's only sentence repeats 'd1-1'
+    assert documents.counts == {"malformed_sentence": 1, "duplicate_sent_id": 1}
+    assert documents.skipped[1] == f"{path}:15: duplicate sent_id 'd1-1' (first used at line 2)"
