@@ -84,6 +84,21 @@ def test_parse_text_errors(nlp, tmp_path):
         parse_text(empty, nlp=nlp)
 
 
+def test_parse_text_bytes_bom_and_skip_bad(nlp, tmp_path):
+    from headprobe.corpora.spacy_text import parse_text
+    path = tmp_path / "bytes.txt"
+    path.write_bytes(b"\xef\xbb\xbfThe cat sat.\n\nA dog r\xffan.\n\nIt rained.\n")
+    with pytest.raises(CorpusError) as info:
+        parse_text(path, nlp=nlp)
+    assert str(info.value).startswith(f"{path}:3: invalid UTF-8 (byte 0xff")
+    with pytest.warns(UserWarning, match="skipping malformed paragraph"):
+        corpus = parse_text(path, nlp=nlp, skip_bad=True)
+    assert [e.words[0] for e in corpus] == ["The", "It"]                 # the BOM is dropped
+    assert [e.unit for e in corpus] == ["bytes.txt#1", "bytes.txt#3"]    # paragraph ordinals
+    assert [e.sent_id for e in corpus] == ["bytes.txt#1", "bytes.txt#2"]
+    assert corpus.counts == {"malformed_paragraph": 1} and corpus.skipped == [str(info.value)]
+
+
 # ----------------------------------------------------------------------------------------
 # Hugging Face datasets
 # ----------------------------------------------------------------------------------------
