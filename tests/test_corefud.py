@@ -419,7 +419,8 @@ def test_units_are_document_ids(tmp_path):
 
 
 def test_malformed_sentence_inside_a_document_is_skipped(tmp_path):
-    path = coref_file(tmp_path, TWO_DOCS.replace(word(1, "Bob", 2, "Entity=(e3-p)"), word(1, "Bob", 7, "Entity=(e3-p)")))
+    bad_head = TWO_DOCS.replace(word(1, "Bob", 2, "Entity=(e3-p)"), word(1, "Bob", 7, "Entity=(e3-p)"))
+    path = coref_file(tmp_path, bad_head)
     with pytest.raises(CorpusError, match=re.escape(f"{path}:7: head '7' of word 1 ('Bob')")):
         read_corefud(path)
     with pytest.warns(UserWarning, match="skipping malformed sentence"):

@@ -360,7 +360,9 @@ def read_corefud(path: str | Path, *, skip_bad: bool = False, single_document: b
         documents = read_corefud(path, single_document=True)      # a file with no `# newdoc`
 
     See the module docstring for the rules; `corpus.skipped` / `corpus.counts` say what was
-    skipped (`malformed_sentence`, `duplicate_sent_id`, `malformed_mention`).
+    skipped (`malformed_sentence`, `duplicate_sent_id`, `malformed_mention`). A file that marks
+    no documents is refused unless `single_document=True` (one document named after the file);
+    where the file has `# newdoc` lines, `single_document` changes nothing.
     """
     path = str(path)
     if not Path(path).is_file():
