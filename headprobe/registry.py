@@ -25,8 +25,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 BUILTIN_MODULES = ("headprobe.scorers.dependency", "headprobe.scorers.coreference",
-                   "headprobe.scorers.positional", "headprobe.scorers.surface")
-INPUTS = ("sentences", "coreference")     # which corpus an analysis reads
+                   "headprobe.scorers.positional", "headprobe.scorers.surface",
+                   "headprobe.scorers.previous_token", "headprobe.scorers.duplicate_token",
+                   "headprobe.scorers.induction", "headprobe.scorers.sink")
+# which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.probe`,
+# `run(probe=...)`) where one is given, else the sentence corpus at piece level
+INPUTS = ("sentences", "coreference", "probe")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,46 @@
+"""Induction heads (Olsson et al. 2022): attention from a token to the token that
+followed its earlier occurrence ("A B ... A -> B").
+
+Pattern (TransformerLens `get_induction_head_detection_pattern`, the duplicate-token
+pattern shifted one key to the right): D[i, j] = 1 for j - 1 < i with
+token_{j-1} == token_i, with i, j and j - 1 tokens (no specials). When the previous
+token equals the query's ("A A"), j = i itself is an induction key, as in
+TransformerLens. Rows without an earlier occurrence are empty and not scored; on
+Olsson's probe (random tokens repeated twice) that is the first half. Scores,
+baselines and tables: `headprobe.scorers.token_patterns`. The pattern looks
+backwards: a causal model can express it. Baselines: a random visible key, the first
+position, offsets -1 and -2.
+
+Role `induction` (order 0.5: the most specific mechanism, tried first): mul score
+>= 0.4 on each fold, 95% lower end >= 0.3, gap to the best baseline above 0. Meant
+for the probe (`headprobe run --probe repeated-random`); on natural text repeats
+are rarer and shorter, and scores are lower.
+"""
+
+from __future__ import annotations
+
+from headprobe.registry import Analysis, register
+from headprobe.scorers.token_patterns import (PatternScorer, group_table, head_table, induction_pattern,
+                                              pattern_rule)
+
+NAME = "induction"
+THRESHOLD, LOWER = 0.4, 0.3
+
+
+class InductionScorer(PatternScorer):
+    analysis = NAME
+    pattern = staticmethod(induction_pattern)
+    offsets = (-1, -2)
+
+
+ROLE = pattern_rule("induction", NAME, 0.5, "#8172b3", "ind", THRESHOLD, LOWER,
+                    "attends to the token after an earlier occurrence of its own token (Olsson et al. 2022)")
+
+ANALYSIS = register(Analysis(
+    name=NAME, scorer=InductionScorer, input="probe", selection=True, default=False,
+    description="share of attention on the token after an earlier occurrence of the same token, and argmax hits "
+                "on it, per head, at piece level (TransformerLens induction pattern; Olsson et al. 2022; looks "
+                "backwards, so causal models can express it); rows without an earlier occurrence are not scored",
+    roles=(ROLE,),
+    tables={f"{NAME}_heads": lambda results: head_table(results, NAME),
+            f"{NAME}_kv_groups": lambda results: group_table(results, NAME)}))

@@ -1,0 +1,370 @@
+"""Token-level head patterns (previous-token, duplicate-token, induction): what the three
+analysis modules `previous_token`, `duplicate_token` and `induction` share.
+
+Patterns are TransformerLens's detection patterns (`transformer_lens/head_detector.py`),
+at piece level (tokens, not words), over the model's own input ids. For a query
+position i and a key position j, D[i, j] = 1 where
+
+- previous-token:  j = i - 1;
+- duplicate-token: j < i and token_j == token_i;
+- induction:       j - 1 < i and token_{j-1} == token_i: the key *after* an earlier
+                   occurrence of the query's token (j = i itself when the previous token is
+                   the same as the query's; TransformerLens's pattern has that cell too).
+
+Every pattern looks backwards (j <= i), so a causal model can express all three; an
+encoder may also attend forwards (to a later duplicate, say), which these patterns
+do not count.
+
+Special tokens (BOS/CLS, EOS/SEP, ...) are in no pattern, as query or as key: the
+first token after a BOS has an empty previous-token row, and an induction key needs
+its previous position to be a token too. Their attention still counts in the
+denominator and in the argmax (a head that parks on the BOS misses).
+
+Per head, over the query rows whose pattern is not empty (a token's first occurrence
+has an empty duplicate-token row, every row of a sequence without repeats an empty
+induction row), with n = the number of those rows:
+
+- label `mul`: the share of the row's attention on the pattern, sum_j A[i, j] D[i, j] /
+  sum_j A[i, j], summed (the tally's mass) and averaged (score = mass / n);
+- label `argmax`: 1 when the row's argmax (ties: lowest index; every key, specials and
+  self included) is a pattern position (stored as mass too: score = hits / n).
+
+TransformerLens's own "mul" score of one sequence, sum(A * D) / sum(A) over the whole
+matrix, divides by *every* row (a softmax row sums to 1), empty ones included: the
+`<analysis>_heads` table has it as `tl_mul` = mass / `queries` (every position of every
+sequence). It is the same number as headprobe's `mul` times (rows with a pattern /
+all rows): for Olsson's repeated random tokens about half, so TL scores run about half
+of headprobe's. Over many sequences `tl_mul` pools sum(A * D) / sum(A), which is
+TransformerLens's per-sequence average when the sequences are equally long (a probe).
+
+Baselines (hits per query row with a pattern, the trials are the rows; a baseline
+predicts one key per row, so its share of the pattern and its argmax hit are the same
+number, and it serves both labels):
+
+- `random`: a uniformly random visible key (keys 0..i in a causal model, every key in
+  an encoder), drawn once per row from a generator seeded by the run's seed and the
+  example (so shards and orders agree); its expectation is the share of the pattern
+  under uniform attention, |pattern_i| / |visible_i|. A fractional expectation cannot
+  be stored in the tally's baseline counts (whole numbers), hence one draw;
+- `first`: position 0 (the BOS where there is one: then never a hit);
+- fixed offsets (`offset=-1`, `offset=-2`) where they are not the pattern itself
+  (duplicate-token, induction): previous-token has no offset baseline, as offset -1
+  *is* its pattern.
+
+The McNemar counts (head and baseline both hit) are kept for the `argmax` label only;
+for `mul` (a mass, not a hit) the exact test does not apply and `head_tests` shows NaN.
+
+Role rules (see `pattern_rule`): the head's `mul` score is at least the threshold on
+*each* fold (found on one half, confirmed on the other), the 95% bootstrap interval's
+lower end is at least a stated value, the paired interval of the gap to the best
+baseline lies above 0, and there are at least `MIN_ROWS` rows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from hashlib import blake2b
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headprobe.align import WORD
+from headprobe.registry import RoleRule
+from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
+from headprobe.stats import ratio
+
+MUL, ARGMAX = "mul", "argmax"
+LABELS = (MUL, ARGMAX)
+MIN_ROWS = 30
+MATCH_COLUMNS = ["layer", "head", "detail", "short", "evidence"]
+HEAD_COLUMNS = ["label", "layer", "head", "kv_group", "n", "score", "fold0", "fold1", "ci_low", "ci_high",
+                "baseline_variant", "baseline_score", "gap", "gap_low", "gap_high", "queries", "tl_mul"]
+GROUP_COLUMNS = ["label", "layer", "kv_group", "heads", "n", "score", "score_max", "best_head"]
+
+
+# ---------------------------------------------------------------------------- patterns
+
+def previous_token_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
+    """[T, T] bool: D[i, i - 1], both positions tokens (not specials)."""
+    t = len(ids)
+    d = np.zeros((t, t), dtype=bool)
+    if t > 1:
+        i = np.arange(1, t)
+        d[i, i - 1] = token[i] & token[i - 1]
+    return d
+
+
+def duplicate_token_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
+    """[T, T] bool: D[i, j] for j < i with ids[j] == ids[i], both tokens."""
+    t = len(ids)
+    same = ids[:, None] == ids[None, :]
+    before = np.tri(t, t, -1, dtype=bool)                       # j < i
+    return same & before & token[:, None] & token[None, :]
+
+
+def induction_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
+    """[T, T] bool: D[i, j] for j >= 1, j - 1 < i, ids[j - 1] == ids[i]; i, j and j - 1 tokens."""
+    t = len(ids)
+    d = np.zeros((t, t), dtype=bool)
+    if t > 1:
+        d[:, 1:] = duplicate_token_pattern(ids, token)[:, :-1] & token[None, 1:]
+    return d
+
+
+# ---------------------------------------------------------------------------- scorer
+
+def example_key(seed: int, example) -> int:
+    """A 64-bit key naming one example of one run (its random-key draws depend on nothing else)."""
+    text = f"{seed}:random-key:{example.unit}:{example.sent_id}:{example.source}"
+    return int.from_bytes(blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+class PatternScorer(CountScorer):
+    """Share of attention on a token pattern, and argmax hits on it, per head (see module doc).
+
+    Subclasses set `analysis`, `pattern` (ids [T], token mask [T] -> D [T, T] bool) and
+    `offsets` (fixed-offset baselines)."""
+
+    value = "mass"
+    labels = LABELS
+    extras = ("queries",)           # every position of the example: TransformerLens's denominator
+    offsets: tuple[int, ...] = ()
+    pattern = staticmethod(previous_token_pattern)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.variants = ("random", "first") + tuple(f"offset={k:+d}" for k in cls.offsets)
+
+    def rows(self, batch):
+        rows = RowIndex()
+        pairs, queries = [], []            # (b, q, k) pattern cells; (b, q, mul row, argmax row) rows
+        seed = self.tally_.seed if self.tally_ is not None else 0
+        base_rows, totals = [], []
+        for b, (example, alignment) in enumerate(zip(batch.examples, batch.alignments)):
+            ids = np.asarray(alignment.input_ids, dtype=np.int64)
+            token = np.asarray(alignment.piece_kind) == WORD
+            d = self.pattern(ids, token)                                    # [T, T]
+            q_rows = np.flatnonzero(d.any(axis=1))                          # rows with a pattern
+            mul_row = rows.count(example.unit, MUL, len(q_rows))
+            arg_row = rows.count(example.unit, ARGMAX, len(q_rows))
+            totals.append((mul_row, arg_row, len(ids)))
+            if not len(q_rows):
+                continue
+            q, k = np.nonzero(d)
+            pairs.append(np.stack([np.full(len(q), b), q, k], axis=1))
+            queries.append(np.stack([np.full(len(q_rows), b), q_rows, np.full(len(q_rows), mul_row),
+                                     np.full(len(q_rows), arg_row)], axis=1))
+            base_rows.append((mul_row, arg_row, self._baselines(d, q_rows, batch.causal, seed, example)))
+        self._totals, self._base_rows = totals, base_rows
+        self._pairs = np.concatenate(pairs) if pairs else np.zeros((0, 3), dtype=np.int64)
+        self._queries = np.concatenate(queries) if queries else np.zeros((0, 4), dtype=np.int64)
+        return rows.keys, rows.n
+
+    def _baselines(self, d: np.ndarray, q_rows: np.ndarray, causal: bool, seed: int, example) -> np.ndarray:
+        """[query row, variant] 0/1: does each baseline's key lie on the pattern?"""
+        t = d.shape[0]
+        visible = q_rows + 1 if causal else np.full(len(q_rows), t)
+        rng = np.random.Generator(np.random.PCG64(example_key(seed, example)))
+        drawn = rng.integers(0, visible)                                     # [query row]
+        keys = [drawn, np.zeros(len(q_rows), dtype=np.int64)] + [q_rows + k for k in self.offsets]
+        out = np.zeros((len(q_rows), len(keys)), dtype=np.float32)
+        for v, key in enumerate(keys):
+            inside = (key >= 0) & (key < t)
+            out[inside, v] = d[q_rows[inside], key[inside]]
+        return out
+
+    def prepare(self, batch):
+        for mul_row, arg_row, hits in self._base_rows:
+            summed = hits.sum(axis=0)
+            self.baseline_hits[mul_row] += summed
+            self.baseline_hits[arg_row] += summed
+        for mul_row, arg_row, t in self._totals:
+            self._extra["queries"][mul_row] += t
+            self._extra["queries"][arg_row] += t
+        device = batch.device
+        pairs = torch.from_numpy(self._pairs).to(device)
+        self._pb, self._pq, self._pk = pairs[:, 0], pairs[:, 1], pairs[:, 2]                  # [pair]
+        queries = torch.from_numpy(self._queries).to(device)
+        self._qb, self._qq = queries[:, 0], queries[:, 1]                                     # [query]
+        self._q_mul, self._q_arg = queries[:, 2], queries[:, 3]                               # [query]
+        # pair -> its query row (both sorted by (b, q): np.nonzero walks rows in order)
+        width = batch.n_pieces
+        pair_query = np.searchsorted(self._queries[:, 0] * width + self._queries[:, 1],
+                                     self._pairs[:, 0] * width + self._pairs[:, 1])
+        self._pair_query = torch.from_numpy(pair_query.astype(np.int64)).to(device)          # [pair]
+        base = np.concatenate([h for _, _, h in self._base_rows]) if self._base_rows else \
+            np.zeros((0, len(self.variants)), dtype=np.float32)
+        self._q_base = torch.from_numpy(base).to(device)                                      # [query, variant]
+
+    def update(self, layer, att, batch):
+        if self._pb.numel() == 0:
+            return
+        probs = att.pieces                                                   # [batch, head, query, key]
+        total = probs.sum(-1)                                                # [batch, head, query]
+        on = probs[self._pb, :, self._pq, self._pk]                          # [pair, head]
+        n_query = len(self._qq)
+        share = torch.zeros(n_query, self.n_heads, dtype=torch.float64, device=on.device)
+        share.index_add_(0, self._pair_query, on.double())
+        share /= total[self._qb, :, self._qq].double()                       # [query, head]
+        self.add(layer, 0, self._q_mul, share)
+        top = first_argmax(probs, -1)                                        # [batch, head, query]
+        hit_pair = (top[self._pb, :, self._pq] == self._pk[:, None]).float()  # [pair, head]
+        hits = torch.zeros(n_query, self.n_heads, device=on.device)
+        hits.index_add_(0, self._pair_query, hit_pair)                       # 0/1: one argmax per row
+        self.add(layer, 0, self._q_arg, hits)
+        self.add_both(layer, 0, self._q_arg, hits, self._q_base)
+
+    def end_batch(self, batch):
+        super().end_batch(batch)
+        # nothing of the batch stays: only the tally's totals
+        self._pb = self._pq = self._pk = self._qb = self._qq = self._q_mul = self._q_arg = None
+        self._pair_query = self._q_base = None
+        self._pairs = self._queries = self._base_rows = self._totals = None
+
+
+# ---------------------------------------------------------------------------- tables
+
+def kv_groups(results) -> tuple[int, int]:
+    """(KV heads, query heads per KV head): query head h reads KV head h // group (as
+    `capture.eager_probs` repeats them). Without GQA, or when the run did not record it,
+    every head is its own group."""
+    n_heads = results.n_heads
+    n_kv = int(results.summary.get("n_kv_heads") or n_heads)
+    if n_kv <= 0 or n_heads % n_kv:
+        n_kv = n_heads
+    return n_kv, n_heads // n_kv
+
+
+def head_table(results, analysis: str) -> pd.DataFrame:
+    """One row per label x head of a token analysis: score (mass / n), per-fold scores,
+    95% bootstrap interval, in-sample best baseline and the paired gap interval, KV group;
+    `tl_mul` (TransformerLens's normalisation, mass / every position) for `mul`."""
+    tally = results.tallies.get(analysis)
+    if tally is None:
+        return pd.DataFrame(columns=HEAD_COLUMNS)
+    _, group = kv_groups(results)
+    frames = []
+    for label in tally.sorted_labels():
+        a = tally.arrays(label)
+        mass = a["hits"][..., 0]                                     # [fold, resample, layer, head]
+        n = a["n"][..., 0]                                           # [fold, resample]
+        whole, whole_n = mass.sum(0), n.sum(0)                       # [resample, layer, head], [resample]
+        score = ratio(whole, whole_n[:, None, None])                 # [resample, layer, head]
+        n_layers, n_heads = score.shape[1:]
+        layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(n_heads), indexing="ij")
+        boot = score[1:]
+        has_boot = boot.shape[0] > 0 and np.isfinite(boot).any()
+        low, high = _percentiles(boot) if has_boot else (np.full(score.shape[1:], np.nan),) * 2
+        frame = {"label": label, "layer": layer.ravel(), "head": head.ravel(),
+                 "kv_group": (head // group).ravel(), "n": float(whole_n[0]), "score": score[0].ravel(),
+                 "fold0": ratio(mass[0, 0], n[0, 0]).ravel(), "fold1": ratio(mass[1, 0], n[1, 0]).ravel(),
+                 "ci_low": low.ravel(), "ci_high": high.ravel()}
+        base = a["base"].sum(0)                                       # [resample, variant]
+        if base.shape[-1]:
+            rates = ratio(base, whole_n[:, None])                     # [resample, variant]
+            best = int(np.nanargmax(np.where(np.isfinite(rates[0]), rates[0], -1)))
+            gap = score - rates[:, best][:, None, None]
+            g_low, g_high = _percentiles(gap[1:]) if has_boot else (np.full(score.shape[1:], np.nan),) * 2
+            frame.update(baseline_variant=tally.variants[best], baseline_score=float(rates[0, best]),
+                         gap=gap[0].ravel(), gap_low=g_low.ravel(), gap_high=g_high.ravel())
+        queries = a.get("extra:queries")
+        if queries is not None:
+            frame["queries"] = float(queries.sum())
+            if label == MUL:
+                frame["tl_mul"] = ratio(mass[:, 0].sum(0), float(queries.sum())).ravel()
+        frames.append(pd.DataFrame(frame))
+    if not frames:
+        return pd.DataFrame(columns=HEAD_COLUMNS)
+    out = pd.concat(frames, ignore_index=True)
+    for column in HEAD_COLUMNS:
+        if column not in out:
+            out[column] = np.nan
+    return out[HEAD_COLUMNS]
+
+
+def _percentiles(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """2.5th and 97.5th percentiles over the first axis (resamples; linear interpolation, as
+    `stats.interval`), ignoring resamples without trials (NaN)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)          # all-NaN cells stay NaN
+        low, high = np.nanpercentile(values, [2.5, 97.5], axis=0)
+    return low, high
+
+
+def group_table(results, analysis: str) -> pd.DataFrame:
+    """Per layer x KV group x label: the mean (and max) of its query heads' scores, for
+    grouped-query models (SmolLM2: 9 heads, 3 KV heads -> groups of 3). Without GQA each
+    group is one head."""
+    heads = results.table(f"{analysis}_heads")
+    if not len(heads):
+        return pd.DataFrame(columns=GROUP_COLUMNS)
+    rows = []
+    for (label, layer, g), sub in heads.groupby(["label", "layer", "kv_group"], sort=True):
+        top = sub.loc[sub["score"].fillna(-1).idxmax()]
+        rows.append({"label": label, "layer": layer, "kv_group": g,
+                     "heads": ",".join(str(h) for h in sub["head"]), "n": sub["n"].max(),
+                     "score": sub["score"].mean(), "score_max": sub["score"].max(),
+                     "best_head": f"{layer}-{int(top['head'])}"})
+    return pd.DataFrame(rows, columns=GROUP_COLUMNS)
+
+
+# ---------------------------------------------------------------------------- role rules
+
+def pattern_rule(role: str, analysis: str, order: float, color: str, short: str, threshold: float,
+                 lower: float, what: str, label: str = MUL, min_n: int = MIN_ROWS,
+                 baseline: bool = True) -> RoleRule:
+    """A held-out threshold rule on one label of a token analysis's `<analysis>_heads` table:
+    score >= threshold on each fold, bootstrap lower end >= lower, (with `baseline`) the gap
+    interval to the in-sample best baseline above 0, and n >= min_n."""
+
+    def match(results) -> pd.DataFrame:
+        table = results.tables.get(f"{analysis}_heads")
+        if table is None or not len(table):
+            return pd.DataFrame(columns=MATCH_COLUMNS)
+        t = table[table["label"] == label]
+        ok = (t["n"] >= min_n) & (t["fold0"] >= threshold) & (t["fold1"] >= threshold) & (t["ci_low"] >= lower)
+        if baseline:
+            ok &= t["gap_low"] > 0
+        hit = t[ok.fillna(False).astype(bool)]
+        evidence = []
+        for r in hit.itertuples(index=False):
+            text = (f"{label} score {r.score:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}] on {int(r.n)} rows; "
+                    f"fold 0 {r.fold0:.4f}, fold 1 {r.fold1:.4f} (each >= {threshold:g}; lower end >= {lower:g})")
+            if baseline:
+                text += f"; vs {r.baseline_variant} {r.baseline_score:.4f}: gap [{r.gap_low:+.4f}, {r.gap_high:+.4f}]"
+            if label == MUL and np.isfinite(r.tl_mul):
+                text += f"; TransformerLens mul {r.tl_mul:.4f}"
+            evidence.append(text)
+        return pd.DataFrame({"layer": hit["layer"], "head": hit["head"], "detail": what, "short": short,
+                             "evidence": evidence}, columns=MATCH_COLUMNS)
+
+    gap = (", the paired 95% interval of its gap to the analysis's best baseline (the best on all data) lies "
+           "above 0") if baseline else ""
+    description = (f"{role}: {what}; the head's {label} score is at least {threshold:g} on each fold (found on "
+                   f"one half of the units, confirmed on the other), the lower end of its 95% bootstrap interval "
+                   f"is at least {lower:g}{gap}, on at least {min_n} rows.")
+    return RoleRule(role, order, color, description, match)
+
+
+# ---------------------------------------------------------------------------- console
+
+def top_heads_text(results, top: int = 5) -> str:
+    """A few lines per token analysis in `results`: its best heads by score (`mul`; the sink
+    rate for `sink`), with interval, per-fold scores and TransformerLens's normalisation."""
+    lines = []
+    for analysis in results.tallies:
+        name = f"{analysis}_heads"
+        if name not in results.tables:
+            continue
+        table = results.table(name)
+        label = "sink_rate" if (table["label"] == "sink_rate").any() else MUL
+        rows = table[table["label"] == label].sort_values(["score", "layer", "head"], ascending=[False, True, True])
+        if not len(rows):
+            continue
+        lines.append(f"\n{analysis} ({label}; top {top} of {len(rows)} heads; 95% interval; fold 0 / fold 1):")
+        for r in rows.head(top).itertuples(index=False):
+            tl = f"  TransformerLens mul {r.tl_mul:.3f}" if np.isfinite(r.tl_mul) else ""
+            lines.append(f"  {r.layer}-{r.head}  {r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]  "
+                         f"{r.fold0:.3f} / {r.fold1:.3f}  n {int(r.n)}{tl}")
+    return "\n".join(lines)
