@@ -1,11 +1,12 @@
-"""Report tests: numbers trace back to counts.parquet, and the page renders in Chromium.
+"""Report tests: numbers trace back to the counts, and the page renders in Chromium.
 
-The Chromium test drives the Debian `chromium` binary headless over the DevTools
-protocol (a tiny stdlib WebSocket client below, no downloads): it opens
-report.html from disk, checks that every <img> decoded (naturalWidth > 0), that
-nothing was logged as an error on the console, and keeps a screenshot as
-`report_screenshot.png` beside the report. It is skipped when /usr/bin/chromium
-(or `chromium` on PATH) is absent.
+The results are built from planted tallies (tests/fixtures_results.py), saved, and
+read back by the report, so nothing here depends on a model. The Chromium test
+drives the Debian `chromium` binary headless over the DevTools protocol (a tiny
+stdlib WebSocket client below, no downloads): it opens report.html from disk,
+checks that every <img> decoded (naturalWidth > 0), that nothing was logged as an
+error on the console, and keeps a screenshot as `report_screenshot.png` beside the
+report. It is skipped when /usr/bin/chromium (or `chromium` on PATH) is absent.
 """
 
 from __future__ import annotations
@@ -23,21 +24,29 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+from scipy.stats import binomtest
 
-from headprobe.report import build_report, head_roles, main_report
+from headprobe import registry
+from headprobe.cli import main as cli_main
+from headprobe.registry import Analysis
+from headprobe.report import build_report, main_report
+from headprobe.results import Results
+from headprobe.scorers.base import CountScorer
 try:
-    from tests.fixtures_results import make_results_dir
+    from tests.fixtures_results import add_items, make_results, make_results_dir, new_tally
 except ImportError:            # tests/ itself on sys.path (pytest's default rootdir handling)
-    from fixtures_results import make_results_dir
+    from fixtures_results import add_items, make_results, make_results_dir, new_tally
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+BOS_MODE = "kept"
 
 
 @pytest.fixture(scope="module")
 def results_dir(tmp_path_factory):
-    return make_results_dir(tmp_path_factory.mktemp("results"), seed=0)
+    return make_results_dir(tmp_path_factory.mktemp("results"), seed=0, causal=True, bos=BOS_MODE)
 
 
 @pytest.fixture(scope="module")
@@ -54,21 +63,29 @@ def counts(results_dir):
 
 
 @pytest.fixture(scope="module")
-def html_tables(report):
+def html(report):
+    return report["html"].read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def html_tables(html):
     parser = TableParser()
-    parser.feed(report["html"].read_text(encoding="utf-8"))
+    parser.feed(html)
     return parser.tables
 
 
 class TableParser(HTMLParser):
-    """Collects every <table data-table=NAME>: rows of (row attrs, {col: text}, [texts])."""
+    """Collects every <table data-table=NAME>: rows of (row attrs, {col: text}, [texts]), and
+    the text of every <li>."""
 
     def __init__(self):
         super().__init__()
         self.tables: dict[str, list] = {}
+        self.items: list[str] = []
         self._table = None
         self._row = None
         self._cell = None
+        self._item = None
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -78,10 +95,14 @@ class TableParser(HTMLParser):
             self._row = ({k[5:]: v for k, v in a.items() if k.startswith("data-")}, {}, [])
         elif tag == "td" and self._row is not None:
             self._cell = [a.get("data-col"), ""]
+        elif tag == "li":
+            self._item = ""
 
     def handle_data(self, data):
         if self._cell is not None:
             self._cell[1] += data
+        if self._item is not None:
+            self._item += data
 
     def handle_endtag(self, tag):
         if tag == "td" and self._cell is not None:
@@ -96,6 +117,9 @@ class TableParser(HTMLParser):
             self._row = None
         elif tag == "table":
             self._table = None
+        elif tag == "li" and self._item is not None:
+            self.items.append(self._item)
+            self._item = None
 
 
 def ratio(counts, **where):
@@ -115,7 +139,7 @@ def rows_of(tables, name):
 
 
 @pytest.mark.parametrize("label", ["ALL", "nsubj", "det"])
-def test_dependency_cells_equal_counts(html_tables, counts, label):
+def test_dependency_cells_equal_counts(html_tables, counts, results_dir, label):
     attrs, cells, _ = rows_of(html_tables, "dependency-top-heads")[label]
     layer, head, direction = int(attrs["layer"]), int(attrs["head"]), attrs["direction"]
     assert cells["head"] == f"{layer}-{head}"
@@ -132,8 +156,21 @@ def test_dependency_cells_equal_counts(html_tables, counts, label):
     assert float(cells["baseline_accuracy"]) == pytest.approx(round(base, 4), abs=1e-12)
     bl = counts[(counts["analysis"] == "dependency") & (counts["label"] == label)
                 & (counts["variant"] != "") & (counts["fold"] == "")]
-    assert base == pytest.approx((bl["hits"] / bl["n"]).max())     # the best offset
+    assert base == pytest.approx((bl["hits"] / bl["n"]).max())     # the best baseline
     assert float(cells["gap"]) == pytest.approx(acc - base, abs=6e-5)
+    # unreachable arcs of the shown direction, as counted
+    shown = heads[(heads["layer"] == layer) & (heads["head"] == head) & (heads["direction"] == direction)]
+    assert int(cells["unreachable"]) == int(shown["unreachable"].iloc[0])
+    # McNemar from the stored discordant counts, recomputed with scipy's exact binomial test
+    tests = pd.read_parquet(results_dir / "head_tests.parquet")
+    t = tests[(tests["analysis"] == "dependency") & (tests["label"] == label) & (tests["layer"] == layer)
+              & (tests["head"] == head)].iloc[0]
+    assert t["direction"] == direction and t["baseline_variant"] == cells["baseline"]
+    b, c = int(t["head_only"]), int(t["baseline_only"])
+    p = binomtest(b, b + c, 0.5, alternative="greater").pvalue if b + c else 1.0
+    assert float(cells["p_value"]) == pytest.approx(float(f"{p:.2g}"))
+    assert float(cells["p_holm"]) == pytest.approx(float(f"{t['p_holm']:.2g}"))
+    assert float(cells["p_holm"]) >= float(cells["p_value"])
 
 
 @pytest.mark.parametrize("kind", ["ALL", "pronoun"])
@@ -148,10 +185,23 @@ def test_coreference_cells_equal_counts(html_tables, counts, kind):
         assert float(cells[f"baseline:{variant}"]) == pytest.approx(round(base, 4), abs=1e-12)
 
 
+def test_unreachable_table_equals_counts(html_tables, counts):
+    rows = rows_of(html_tables, "dependency-unreachable")
+    assert "ALL" in rows and "iobj" in rows
+    for label, (_, cells, _) in rows.items():
+        for direction in ("dep->head", "head<-dep"):
+            sel = counts[(counts["analysis"] == "dependency") & (counts["label"] == label) & (counts["layer"] == 0)
+                         & (counts["head"] == 0) & (counts["direction"] == direction) & (counts["fold"] == "")]
+            unreachable, n = float(sel["unreachable"].iloc[0]), float(sel["n"].iloc[0])
+            assert int(cells[f"unreachable:{direction}"]) == unreachable
+            assert float(cells[f"share:{direction}"]) == pytest.approx(round(unreachable / n, 4), abs=1e-12)
+    assert int(rows["ALL"][1][f"unreachable:dep->head"]) > 0
+
+
 def test_surface_and_positional_cells_equal_counts(html_tables, counts):
     for attrs, cells, _ in html_tables["surface-per-layer"]:
         layer = int(attrs["layer"])
-        for label in ("cls", "sep", "punct", "entropy"):
+        for label in ("cls", "sep", "first", "punct", "entropy"):
             sel = counts[(counts["analysis"] == "surface") & (counts["label"] == label)
                          & (counts["layer"] == layer) & (counts["fold"] == "")]
             assert float(cells[label]) == pytest.approx(
@@ -161,11 +211,12 @@ def test_surface_and_positional_cells_equal_counts(html_tables, counts):
                      head=int(attrs["head"]), fold="")
     assert float(cells["dominant_share"]) == pytest.approx(round(share, 4), abs=1e-12)
     assert float(cells["share:+1"]) == pytest.approx(round(share, 4), abs=1e-12)
+    assert cells["positional"] == "yes"
 
 
 def test_markdown_carries_the_same_numbers(report, html_tables):
     md = report["markdown"].read_text(encoding="utf-8")
-    for name in ("dependency-top-heads", "coreference-top-heads"):
+    for name in ("dependency-top-heads", "coreference-top-heads", "dependency-unreachable"):
         for _, _, texts in html_tables[name]:
             line = "| " + " | ".join(t.replace("|", "\\|") for t in texts) + " |"
             assert _md_unescape(line) in _md_unescape(md), line
@@ -178,33 +229,133 @@ def _md_unescape(text):
     return text.replace("\\", "")
 
 
-def test_planted_roles(results_dir):
-    c = pd.read_parquet(results_dir / "counts.parquet")
-    roles = head_roles(c, 2, 3).set_index("name")
+# ---------------------------------------------------------------- roles, notes, legend
+
+
+def test_planted_roles(results_dir, report, html_tables):
+    roles = Results.load(results_dir).roles.set_index("name")
     assert roles.loc["0-0", "role"] == "positional" and roles.loc["0-0", "short"] == "+1"
     assert roles.loc["0-1", "role"] == "coreference"
     assert roles.loc["0-2", "role"] == "broad"
     assert roles.loc["1-0", "role"] == "syntactic" and roles.loc["1-0", "short"] == "det"
     assert roles.loc["1-1", "role"] == "sink"
     assert roles.loc["1-2", "role"] == "syntactic" and roles.loc["1-2", "short"] == "nsubj"
+    shown = {r[2][0]: r[1] for r in html_tables["roles-per-head"]}
+    for name, row in roles.iterrows():
+        assert shown[name]["role"] == row["role"] and shown[name]["evidence"] == row["evidence"]
+    assert pd.read_csv(report["roles"])["role"].tolist() == roles["role"].tolist()
 
 
-def test_html_is_self_contained(report):
-    html = report["html"].read_text(encoding="utf-8")
+def test_role_rules_are_printed(results_dir, html):
+    rules = Results.load(results_dir).role_rules()
+    assert [r.role for r in rules] == ["positional", "syntactic", "coreference", "sink", "broad"]
+    parser = TableParser()
+    parser.feed(html)
+    for rule in rules:
+        assert rule.description in parser.items
+
+
+def test_noted_rows_show_the_note(html_tables):
+    attrs, cells, texts = rows_of(html_tables, "dependency-top-heads-small")["iobj"]
+    assert cells["head"] == "fewer than 30 trials: no best head"
+    assert cells["heldout_head"] == "no held-out selection: fold 1 has no trials"
+    assert attrs["note"] == cells["head"] and attrs["heldout-note"] == cells["heldout_head"]
+    for col in ("accuracy", "ci", "baseline_accuracy", "gap", "p_value", "p_holm", "heldout_accuracy",
+                "heldout_ci", "heldout_gap"):
+        assert cells[col] == "—", col
+    assert cells["n"] == "3" and cells["small_sample"] == "yes"
+    assert "iobj" not in rows_of(html_tables, "dependency-top-heads")
+
+
+def test_legend_explains_the_columns(html):
+    parser = TableParser()
+    parser.feed(html)
+    legend = {item.split(":", 1)[0]: item.split(":", 1)[1] for item in parser.items if ":" in item}
+    for column, words in (("p_value", "McNemar"), ("p_holm", "Holm"), ("tied", "share the best accuracy"),
+                          ("folds_agree", "same head"), ("small_sample", "fewer than 30"),
+                          ("unreachable", "no attention"), ("note", "no numbers")):
+        assert column in legend, column
+        assert words in legend[column], (column, legend[column])
+        assert legend[column].count(". ") == 0, f"{column}: one sentence"
+
+
+def test_overview_names_the_bos_mode(html):
+    assert f"BOS mode: {BOS_MODE}" in html
+
+
+def test_html_is_self_contained(report, html):
     assert "<script" not in html and "<link" not in html
     for marker in ('src="http', "src='http", 'href="http', "url(http", "@import"):
         assert marker not in html
     assert html.count('src="data:image/png;base64,') == len(report["figures"])
 
 
+# ---------------------------------------------------------------- sections from the registry
+
+
+class ToyScorer(CountScorer):
+    """A selection analysis without a report section of its own (for the default view)."""
+
+    analysis = "toy"
+    variants = ("always",)
+
+
+def test_default_section_for_an_analysis_without_one(tmp_path):
+    registry.register(Analysis(name="toy", scorer=ToyScorer, selection=True, default=False, report=None))
+    try:
+        rng = np.random.default_rng(5)
+        tally = new_tally("toy", 2, 3)
+        p = np.array([[0.2, 0.9, 0.3], [0.1, 0.4, 0.2]])[..., None]         # [layer, head, 1]
+        for u in range(40):
+            labels = ["a"] * 3 + ["b"] * 2
+            hits = (rng.random((len(labels), 2, 3, 1)) < p).astype(np.float64)
+            add_items(tally, f"t{u:02d}", labels, hits, (rng.random((len(labels), 1)) < 0.5).astype(np.float64))
+        base = make_results(seed=2, examples=False)
+        results = Results({**base.tallies, "toy": tally}, base.summary)
+        paths = build_report(results, tmp_path / "out")
+    finally:
+        registry.unregister("toy")
+    page = paths["html"].read_text(encoding="utf-8")
+    assert '<section id="toy">' in page and "declares no report section" in page
+    assert (paths["figures_dir"] / "toy_heads.png").is_file()
+    parser = TableParser()
+    parser.feed(page)
+    rows = rows_of(parser.tables, "toy-top-heads")
+    assert rows["ALL"][1]["head"] == "0-1" and set(rows) == {"ALL", "a", "b"}
+    scores = results.head_scores("toy", "ALL")
+    best = scores.loc[scores["accuracy"].idxmax()]
+    assert float(rows["ALL"][1]["accuracy"]) == pytest.approx(round(best["hits"] / best["n"], 4), abs=1e-12)
+
+
 def test_without_examples_and_cli(tmp_path):
     results = make_results_dir(tmp_path / "res", seed=1, examples=False)
     out = tmp_path / "out"
     assert main_report([str(results), "--out", str(out)]) == 0
-    html = (out / "report.html").read_text(encoding="utf-8")
-    assert "No examples.json" in html
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "No examples in the results" in page
+    assert 'data-table="dependency-unreachable"' not in page        # an encoder: nothing unreachable
+    assert "BOS mode" not in page
     assert (out / "report.md").exists() and list((out / "figures").glob("*.png"))
     assert main_report([str(tmp_path / "missing")]) == 2
+
+
+def test_cli_report_on_unreadable_directories(tmp_path, capsys, results_dir):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not results")
+    corrupt_json = tmp_path / "corrupt_json"
+    corrupt_json.mkdir()
+    (corrupt_json / "summary.json").write_text("{not json")
+    corrupt_table = tmp_path / "corrupt_table"
+    shutil.copytree(results_dir, corrupt_table, ignore=shutil.ignore_patterns("report"))
+    (corrupt_table / "best_heads.parquet").write_bytes(b"garbage")
+    for directory in (tmp_path / "missing", empty, foreign, corrupt_json, corrupt_table):
+        assert cli_main(["report", str(directory)]) == 2, directory
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert str(directory) in err
 
 
 # ---------------------------------------------------------------- Chromium

@@ -1,16 +1,18 @@
-"""Head-role reports: HTML and Markdown from a results directory.
+"""Head-role reports: HTML and Markdown, rendered from `Results`.
 
     from headprobe.report import build_report
-    paths = build_report("results/minilm")          # -> results/minilm/report/
-    paths["html"], paths["markdown"], paths["figures"]
+    paths = build_report("results/minilm")          # a results directory -> results/minilm/report/
+    paths = build_report(results, "out/report")     # or an in-memory `headprobe.Results`
+    paths["html"], paths["markdown"], paths["figures"], paths["roles"]
 
 Command line (wired as `headprobe report RESULTS_DIR [--out DIR]`):
 
     python -m headprobe.report RESULTS_DIR [--out DIR]
 
-Every number in a report is read from the results tables (`counts`,
-`best_heads`, `summary.json`); only the example pictures draw attention, from
-`examples.json` when the pipeline wrote one.
+The report only renders: every number is a stored value of the `Results` tables
+(`counts`, `best_heads`, `head_tests`, `roles`, derived tables) or a `Results`
+view; sections come from the analysis registry (`headprobe.registry`); only the
+example pictures draw attention, from `examples.json`.
 """
 
 from __future__ import annotations
@@ -22,30 +24,52 @@ from pathlib import Path
 from headprobe.report import html as _html
 from headprobe.report import markdown as _markdown
 from headprobe.report.build import compose
-from headprobe.report.roles import ROLE_ORDER, RoleRules, head_roles, role_summary
-from headprobe.report.tables import ReportData, load
+from headprobe.results import Results
 
-__all__ = ["build_report", "main_report", "compose", "load", "ReportData", "RoleRules",
-           "head_roles", "role_summary", "ROLE_ORDER"]
+__all__ = ["build_report", "main_report", "compose", "read_results", "UnreadableResults"]
 
 
-def build_report(results_dir, out_dir=None, rules: RoleRules | None = None) -> dict:
-    """Write `report.html`, `report.md` and `figures/*.png` for a results directory.
+class UnreadableResults(ValueError):
+    """A results directory that `Results.load` refuses or cannot read (incomplete, corrupt, foreign)."""
 
-    `results_dir`: a directory holding `counts.parquet` (or `.csv`), `best_heads.parquet`,
-    `summary.json` and optionally `examples.json`; or an in-memory `Results` object
-    (then `out_dir` is required). `out_dir` defaults to `<results_dir>/report`.
+
+def read_results(source) -> tuple[Results, str]:
+    """(`Results`, where they came from) for a `Results` or a results directory.
+
+    Raises FileNotFoundError for a missing directory or one with no results in it, and
+    `UnreadableResults` for one whose files are refused or cannot be read."""
+    if isinstance(source, Results):
+        return source, ""
+    directory = Path(source)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such results directory")
+    try:
+        return Results.load(directory), str(directory)
+    except FileNotFoundError:
+        raise
+    except Exception as err:          # refused, or corrupt JSON / Parquet / npz: many error types
+        said = str(err)
+        message = said if said.startswith(str(directory)) else \
+            f"{directory}: cannot read the results ({type(err).__name__}: {said})"
+        raise UnreadableResults(message) from err
+
+
+def build_report(results_or_dir, out_dir=None) -> dict:
+    """Write `report.html`, `report.md`, `roles.csv` and `figures/*.png`.
+
+    `results_or_dir`: a `Results` (then `out_dir` is required) or a directory written by
+    `headprobe run` / `Results.save` (`out_dir` defaults to `<dir>/report`).
 
     Returns {"out_dir", "html", "markdown", "figures_dir", "figures": [paths], "roles"}
-    (all `pathlib.Path`; "roles" is `roles.csv`, the head-role map as a table).
+    (all `pathlib.Path`; "roles" is the head-role map as a table).
     """
     if out_dir is None:
-        if hasattr(results_dir, "counts"):
-            raise ValueError("out_dir is required when results_dir is a Results object")
-        out_dir = Path(results_dir) / "report"
+        if isinstance(results_or_dir, Results):
+            raise ValueError("out_dir is required when building a report from a Results object")
+        out_dir = Path(results_or_dir) / "report"
+    results, source = read_results(results_or_dir)
     out = Path(out_dir)
-    data = load(results_dir)
-    doc = compose(data, rules or RoleRules())
+    doc = compose(results, source)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     for old in fig_dir.glob("*.png"):          # figures of an earlier build of this report
@@ -60,24 +84,22 @@ def build_report(results_dir, out_dir=None, rules: RoleRules | None = None) -> d
     md_path = out / "report.md"
     md_path.write_text(_markdown.render(doc, "figures"), encoding="utf-8")
     roles_path = out / "roles.csv"
-    head_roles(data.counts, data.n_layers, data.n_heads, rules or RoleRules()) \
-        .to_csv(roles_path, index=False)
+    results.roles.to_csv(roles_path, index=False)
     return {"out_dir": out, "html": html_path, "markdown": md_path, "figures_dir": fig_dir,
             "figures": figure_paths, "roles": roles_path}
 
 
 def main_report(argv=None) -> int:
-    """`headprobe report RESULTS_DIR [--out DIR]`; returns the exit status."""
+    """`python -m headprobe.report RESULTS_DIR [--out DIR]`; returns the exit status (2: unreadable)."""
     parser = argparse.ArgumentParser(
         prog="headprobe report",
         description="Build report.html, report.md and figures/*.png from a results directory.")
     parser.add_argument("results_dir", help="directory written by `headprobe run`")
-    parser.add_argument("--out", default=None,
-                        help="output directory (default: RESULTS_DIR/report)")
+    parser.add_argument("--out", default=None, help="output directory (default: RESULTS_DIR/report)")
     args = parser.parse_args(argv)
     try:
         paths = build_report(args.results_dir, args.out)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, UnreadableResults) as err:
         print(f"headprobe report: {err}", file=sys.stderr)
         return 2
     print(f"wrote {paths['html']}")

@@ -20,8 +20,9 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from headprobe.report import tables as T
-from headprobe.report.roles import ROLE_COLORS, ROLE_ORDER
+from headprobe.report.tables import to_matrix
+from headprobe.roles import NONE
+from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
 
 DPI = 100
 ANNOTATE_MAX_CELLS = 160
@@ -182,20 +183,30 @@ def _small_panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
 def gap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "",
                     cbar_label: str = "accuracy − baseline", ncols: int | None = None) -> bytes:
     """Small multiples: one gap heatmap per label (shared symmetric colour scale)."""
+    lim = _sym(*[m for _, m in items])
+    return heatmap_grid_figure(items, title, cbar_label, ncols, cmap="RdBu_r", center=0, vmin=-lim, vmax=lim)
+
+
+def heatmap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "", cbar_label: str = "",
+                        ncols: int | None = None, cmap="viridis", center=None, vmin=None, vmax=None) -> bytes:
+    """Small multiples: one layer x head heatmap per (title, [layer, head] matrix), one colour scale."""
     n = len(items)
+    n_layers, n_heads = items[0][1].shape
     if ncols is None:
-        n_layers, n_heads = items[0][1].shape
         ncols = 6 if n_layers > 2 * n_heads else (3 if n_heads > 8 else 4)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    n_layers, n_heads = items[0][1].shape
     w, h = _small_panel_size(n_layers, n_heads)
     fig = new_figure(ncols * w, nrows * h + 0.5)
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    lim = _sym(*[m for _, m in items])
+    finite = np.concatenate([m[np.isfinite(m)].ravel() for _, m in items])
+    if vmin is None:
+        vmin = float(finite.min()) if finite.size else 0.0
+    if vmax is None:
+        vmax = float(finite.max()) if finite.size else 1.0
     for k, (label, mat) in enumerate(items):
         ax = axes[k // ncols, k % ncols]
-        layer_head_heatmap(ax, mat, label, cmap="RdBu_r", center=0, vmin=-lim, vmax=lim,
+        layer_head_heatmap(ax, mat, label, cmap=cmap, center=center, vmin=vmin, vmax=vmax,
                            annot=False, cbar_label=cbar_label)
     for k in range(n, nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
@@ -205,7 +216,7 @@ def gap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "",
 
 def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> bytes:
     """One share heatmap per positional label (-2..+2, special, other)."""
-    labels = [lab for lab in T.POSITIONAL_LABELS if lab in shares.columns]
+    labels = [lab for lab in POSITIONAL_LABELS if lab in shares.columns]
     annotated = n_layers * n_heads <= ANNOTATE_MAX_CELLS
     ncols = min(2 if (annotated and n_heads >= 8) else 4, len(labels))
     nrows = math.ceil(len(labels) / ncols)
@@ -213,7 +224,7 @@ def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> byte
     fig = new_figure(ncols * w, nrows * h + 0.5)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for k, lab in enumerate(labels):
-        mat = T.to_matrix(shares, lab, n_layers, n_heads)
+        mat = to_matrix(shares, lab, n_layers, n_heads)
         name = {"0": "0 (self)", "special": "special token", "other": "other offset"}.get(lab, lab)
         layer_head_heatmap(axes[k // ncols, k % ncols], mat, f"argmax at {name}",
                            cmap="mako_r", vmin=0, vmax=1, cbar_label="share of words")
@@ -226,12 +237,13 @@ def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> byte
 SURFACE_TITLES = {
     "cls": "[CLS] / BOS", "sep": "[SEP] / EOS", "punct": "punctuation",
     "self": "self (same word)", "prev": "previous word", "next": "next word",
+    "first": "the first position",
 }
 
 
 def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> bytes:
     """Clark et al. (2019) Figure 2 style: mean attention mass per head, by layer."""
-    labels = [lab for lab in T.SURFACE_LABELS if lab in per_head.columns]
+    labels = [lab for lab in SURFACE_TITLES if lab in per_head.columns]
     ncols = 3
     nrows = math.ceil(len(labels) / ncols)
     n_layers = int(per_head["layer"].max()) + 1
@@ -287,34 +299,57 @@ def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> bytes:
     return to_png(fig)
 
 
-def role_map_figure(roles: pd.DataFrame, n_layers: int, n_heads: int, title: str = "") -> bytes:
-    """Layer x head grid coloured by role, each cell labelled with the role's detail."""
-    index = {r: i for i, r in enumerate(ROLE_ORDER)}
-    mat = np.full((n_layers, n_heads), index["none"], dtype=float)
+def role_map_figure(roles: pd.DataFrame, n_layers: int, n_heads: int, colors: dict[str, str],
+                    title: str = "") -> bytes:
+    """Layer x head grid coloured by role (`colors`: role -> colour, in the order roles are
+    tried, `none` last), each cell labelled with the role's short detail."""
+    fig = new_figure(max(4.0, 0.55 * n_heads + 1.2) + 1.8, max(2.6, 0.26 * n_layers + 1.1))
+    ax = fig.subplots()
+    _draw_role_map(ax, roles, n_layers, n_heads, colors)
+    _role_legend(ax, roles, colors)
+    ax.set_title(title or "Head-role map (first matching rule)", fontsize=10)
+    fig.tight_layout()
+    return to_png(fig)
+
+
+def role_maps_figure(maps: list[tuple[str, pd.DataFrame, int, int]], colors: dict[str, str],
+                     title: str = "") -> bytes:
+    """Several role maps side by side, one per (title, roles, n_layers, n_heads), one legend."""
+    widths = [max(2.6, 0.42 * n_heads + 1.0) for _, _, _, n_heads in maps]
+    height = max(2.8, 0.26 * max(n_layers for _, _, n_layers, _ in maps) + 1.3)
+    fig = new_figure(sum(widths) + 1.8, height)
+    axes = fig.subplots(1, len(maps), squeeze=False, gridspec_kw={"width_ratios": widths})[0]
+    for ax, (name, roles, n_layers, n_heads) in zip(axes, maps):
+        _draw_role_map(ax, roles, n_layers, n_heads, colors)
+        ax.set_title(name, fontsize=9)
+    _role_legend(axes[-1], pd.concat([m[1] for m in maps]), colors)
+    _finish(fig, title)
+    return to_png(fig)
+
+
+def _draw_role_map(ax, roles: pd.DataFrame, n_layers: int, n_heads: int, colors: dict[str, str]):
+    order = list(colors)
+    index = {r: i for i, r in enumerate(order)}
+    mat = np.full((n_layers, n_heads), index[NONE], dtype=float)
     text = np.full((n_layers, n_heads), "", dtype=object)
     for r in roles.itertuples(index=False):
         if 0 <= r.layer < n_layers and 0 <= r.head < n_heads:
             mat[r.layer, r.head] = index[r.role]
             text[r.layer, r.head] = _short(r.short)
-    cmap = ListedColormap([ROLE_COLORS[r] for r in ROLE_ORDER])
-    fig = new_figure(max(4.0, 0.55 * n_heads + 1.2) + 1.8, max(2.6, 0.26 * n_layers + 1.1))
-    ax = fig.subplots()
     annot = n_layers * n_heads <= 400
-    draw_heatmap(ax, mat, cmap=cmap, vmin=-0.5, vmax=len(ROLE_ORDER) - 0.5,
-                 annot_text=text if annot else None, cbar_label=None,
-                 fontsize=7 if n_heads <= 12 else 5.5)
+    draw_heatmap(ax, mat, cmap=ListedColormap([colors[r] for r in order]), vmin=-0.5, vmax=len(order) - 0.5,
+                 annot_text=text if annot else None, cbar_label=None, fontsize=7 if n_heads <= 12 else 5.5)
     ax.set_xlabel("head (0-based)", fontsize=8)
     ax.set_ylabel("layer (0-based)", fontsize=8)
     ax.tick_params(labelsize=7)
     _thin_ticks(ax, n_layers, n_heads)
-    present = [r for r in ROLE_ORDER if (roles["role"] == r).any()] or ["none"]
-    ax.legend(handles=[Patch(facecolor=ROLE_COLORS[r], edgecolor="#999999", label=r)
-                       for r in present],
+
+
+def _role_legend(ax, roles: pd.DataFrame, colors: dict[str, str]):
+    present = [r for r in colors if (roles["role"] == r).any()] or [NONE]
+    ax.legend(handles=[Patch(facecolor=colors[r], edgecolor="#999999", label=r) for r in present],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
               title="role", title_fontsize=8)
-    ax.set_title(title or "Head-role map (first matching rule)", fontsize=10)
-    fig.tight_layout()
-    return to_png(fig)
 
 
 def _short(text: str, limit: int = 7) -> str:
@@ -373,8 +408,8 @@ def example_figure(words: list[str], attention, gold: list, title: str,
     return to_png(fig)
 
 
-def _role_shares(ax, shares: pd.DataFrame):
-    order = [r for r in ROLE_ORDER if r in set(shares["role"])]
+def _role_shares(ax, shares: pd.DataFrame, colors: dict[str, str]):
+    order = [r for r in colors if r in set(shares["role"])]
     sns.barplot(data=shares, x="role", y="share", hue="model", ax=ax, order=order)
     ax.set_ylabel("share of heads", fontsize=8)
     ax.set_xlabel("")
@@ -398,15 +433,17 @@ def _role_depths(ax, heads: pd.DataFrame, order):
     ax.set_title("Where each role's heads sit", fontsize=9)
 
 
-def compare_roles_figure(shares: pd.DataFrame, heads: pd.DataFrame, title: str = "") -> bytes:
+def compare_roles_figure(shares: pd.DataFrame, heads: pd.DataFrame, colors: dict[str, str],
+                         title: str = "") -> bytes:
     """Two panels for several models: share of heads per role (bars; columns `model`, `role`,
     `share`) and the relative depth of each role's heads (dots; columns `model`, `role`,
-    `relative_depth`, one row per head; the 'none' role is left out)."""
-    order = [r for r in ROLE_ORDER if r in set(shares["role"])]
+    `relative_depth`, one row per head; the 'none' role is left out). `colors` gives the roles'
+    order."""
+    order = [r for r in colors if r in set(shares["role"])]
     width = max(5.0, 1.0 * len(order) + 2.5)
     fig = new_figure(2 * width, 3.6)
     ax1, ax2 = fig.subplots(1, 2)
-    _role_shares(ax1, shares)
-    _role_depths(ax2, heads, [r for r in order if r != "none"])
+    _role_shares(ax1, shares, colors)
+    _role_depths(ax2, heads, [r for r in order if r != NONE])
     _finish(fig, title)
     return to_png(fig)

@@ -9,10 +9,11 @@ from headprobe.report.document import BulletList, Document, Figure, Paragraph, T
 
 def esc(text: str) -> str:
     """Escape what Markdown would read as markup, so text shows as written (and no more,
-    to keep the source readable): emphasis, code, table pipes, tags, links and block
-    markers at the start of a line."""
+    to keep the source readable): emphasis (not an underscore inside a word, as in
+    best_heads), code, table pipes, tags, links and block markers at the start of a line."""
     text = str(text).replace("\\", "\\\\")
-    text = re.sub(r"([`*_|])", r"\\\1", text)
+    text = re.sub(r"([`*|])", r"\\\1", text)
+    text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)   # intraword _ is no emphasis
     text = re.sub(r"<(?=[A-Za-z/!?])", r"\\<", text)
     text = re.sub(r"\[(?=[^\]]*\]\()", r"\\[", text)
     text = re.sub(r"^([#>])", r"\\\1", text)

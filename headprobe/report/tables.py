@@ -1,233 +1,124 @@
-"""Read a results directory and derive report tables from the tidy counts.
+"""Report tables and cell text, rendered from `Results` (nothing here computes a statistic).
 
-Every number the report shows comes from here, and every one of them is a
-ratio or a sum of the stored tables (``counts``, ``best_heads``,
-``summary.json``): accuracy = hits / n, mean mass = mass / n, summed over
-heads or layers where a table is per layer. Nothing is recomputed from
-attention.
+    table = best_heads_table(results, "dependency", results.labels("dependency"))
+    fmt(0.51234) == "0.5123"; head_name(2, 8) == "2-8"
+
+Every number is a stored value of `results.best_heads`, `results.counts` or one of
+the `Results` views, formatted; `BEST_HEADS_LEGEND` says in one sentence each what
+the best-heads columns mean.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
-from headprobe import stats
+from headprobe.report.document import Cell, Table
+from headprobe.roles import MIN_ARCS, MIN_MENTIONS
+from headprobe.stats import MIN_N
 
-STRING_COLUMNS = ("analysis", "label", "direction", "variant", "fold", "selection",
-                  "baseline", "baseline_variant", "heads")
-DIRECTIONS = ("dep->head", "head<-dep")
-SURFACE_LABELS = ("cls", "sep", "punct", "self", "prev", "next")
-POSITIONAL_LABELS = ("-2", "-1", "0", "+1", "+2", "special", "other")
-NOT_PER_RELATION = ("ALL", "root", "punct")
+LEGEND = "L-H = layer-head, both 0-based."
+MAX_VARIANT_COLUMNS = 4        # analyses with at most this many baselines show each one's accuracy
+RUNNERS_UP = 3
+
+BEST_HEADS_LEGEND = [
+    "accuracy, 95% CI: hits / n of the best (layer, head, direction), with the 2.5th and 97.5th "
+    "percentiles of 1,000 Poisson bootstrap resamples over units (documents, else sentences).",
+    "baseline, gap: the best baseline on the same data (fixed offsets and the first word for "
+    "dependency; nearest, head_match, rules for coreference) and the head's accuracy minus it, with a "
+    "paired interval.",
+    "p_value: one-sided exact McNemar test of the head against that in-sample best baseline, on the "
+    "items exactly one of them gets right.",
+    f"p_holm: p_value adjusted by Holm's method over its family of tests (for the role rules, every "
+    f"head x relation with at least {MIN_ARCS} arcs, or every head on at least {MIN_MENTIONS} "
+    f"coreference mentions; otherwise every head of that label).",
+    "tied: how many (layer, head, direction) candidates share the best accuracy; above 1 it is flagged "
+    "'(tie)' and the lowest layer, head, then dep->head is shown.",
+    "folds_agree: whether the two halves of the held-out selection chose the same head and direction "
+    "(when not, the held-out head reads 'fold-0 pick | fold-1 pick').",
+    f"small_sample: the label has fewer than {MIN_N} trials, so no head is named and its interval is "
+    f"unreliable.",
+    "unreachable: arcs the shown direction cannot predict because their row (dep->head) or column "
+    "(head<-dep) holds no attention once specials and self are removed (a decoder's first word's row, "
+    "last word's column); they count as misses.",
+    "note: why a row has no numbers (such as 'no held-out selection: fold 1 has no trials'); it is shown "
+    "in their place.",
+]
 
 
-@dataclass
-class ReportData:
-    """The tables a report is built from."""
-
-    counts: pd.DataFrame
-    best_heads: pd.DataFrame
-    summary: dict
-    examples: list | None = None
-    source: str = ""
-    problems: list = field(default_factory=list)   # non-fatal reading problems, shown in the report
-
-    @property
-    def n_layers(self) -> int:
-        if self.summary.get("n_layers") is not None:
-            return int(self.summary["n_layers"])
-        heads = self.counts[self.counts["layer"] >= 0]
-        return int(heads["layer"].max()) + 1 if len(heads) else 0
-
-    @property
-    def n_heads(self) -> int:
-        if self.summary.get("n_heads") is not None:
-            return int(self.summary["n_heads"])
-        heads = self.counts[self.counts["layer"] >= 0]
-        return int(heads["head"].max()) + 1 if len(heads) else 0
-
-    @property
-    def analyses(self) -> list[str]:
-        present = list(dict.fromkeys(self.counts["analysis"]))
-        return present
-
+# ---------------------------------------------------------------- cell text
 
 def head_name(layer, head) -> str:
-    """Paper-style head name `L-H`, 0-based."""
-    try:
-        if layer is None or head is None or pd.isna(layer) or pd.isna(head) or int(layer) < 0:
-            return "—"
-    except (TypeError, ValueError):
-        return str(layer)
+    """Paper-style head name `L-H`, 0-based; '—' for no head (layer -1 or missing)."""
+    if _missing(layer) or _missing(head) or int(layer) < 0:
+        return "—"
     return f"{int(layer)}-{int(head)}"
 
 
-def normalize(df: pd.DataFrame) -> pd.DataFrame:
-    """Strings for the key columns ('' for missing), ints for layer/head, floats for n/hits/mass."""
-    df = df.copy()
-    for col in STRING_COLUMNS:
-        if col in df.columns:
-            df[col] = df[col].map(_as_key).astype(object)
-    for col in ("layer", "head"):
-        if col in df.columns:
-            df[col] = pd.to_numeric(df[col], errors="coerce").fillna(-1).astype(int)
-    for col in ("n", "hits", "mass"):
-        if col in df.columns:
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    if "mass" not in df.columns and "n" in df.columns:
-        df["mass"] = np.nan
-    if "hits" not in df.columns and "n" in df.columns:
-        df["hits"] = np.nan
-    return df
-
-
-def _as_key(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        if np.isnan(value):
-            return ""
-        if value.is_integer():
-            return str(int(value))
-    return str(value)
-
-
-def _read_table(directory: Path, stem: str) -> pd.DataFrame | None:
-    parquet, csv = directory / f"{stem}.parquet", directory / f"{stem}.csv"
-    if parquet.exists():
-        return pd.read_parquet(parquet)
-    if csv.exists():
-        return pd.read_csv(csv, dtype={c: str for c in STRING_COLUMNS}, keep_default_na=False,
-                           na_values={"n": [""], "hits": [""], "mass": [""]})
-    return None
-
-
-def load(results_dir) -> ReportData:
-    """Read `counts`, `best_heads`, `summary.json` and, if present, `examples.json`.
-
-    `results_dir` is a directory path or an object with `.counts`, `.best_heads`
-    and `.summary` (the API's `Results`).
-    """
-    problems: list[str] = []
-    if hasattr(results_dir, "counts"):
-        counts = results_dir.counts
-        best = getattr(results_dir, "best_heads", None)
-        summary = dict(getattr(results_dir, "summary", {}) or {})
-        examples = getattr(results_dir, "examples", None)
-        source = "in-memory results"
-    else:
-        directory = Path(results_dir)
-        if not directory.is_dir():
-            raise FileNotFoundError(f"results directory not found: {directory}")
-        counts = _read_table(directory, "counts")
-        if counts is None:
-            raise FileNotFoundError(f"{directory} has no counts.parquet or counts.csv")
-        best = _read_table(directory, "best_heads")
-        if best is None:
-            problems.append("best_heads table not found: top-heads tables are left out.")
-        summary_path = directory / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-        if not summary_path.exists():
-            problems.append("summary.json not found.")
-        examples = None
-        ex_path = directory / "examples.json"
-        if ex_path.exists():
-            try:
-                examples = json.loads(ex_path.read_text())
-            except json.JSONDecodeError as err:
-                problems.append(f"examples.json could not be read ({err}).")
-        source = str(directory)
-    counts = normalize(counts)
-    if best is None:
-        best = pd.DataFrame(columns=["analysis", "label", "selection", "layer", "head",
-                                     "direction", "n", "hits", "accuracy"])
-    best = normalize(best)
-    return ReportData(counts=counts, best_heads=best, summary=summary, examples=examples,
-                      source=source, problems=problems)
-
-
-# ---------------------------------------------------------------- accuracy tables
-
-def head_scores(counts: pd.DataFrame, analysis: str, label: str | None = None,
-                direction: str | None = None, fold: str = "") -> pd.DataFrame:
-    """Per-head accuracy: columns label, layer, head, direction, n, hits, mass, accuracy."""
-    c = counts[(counts["analysis"] == analysis) & (counts["variant"] == "")
-               & (counts["fold"] == fold) & (counts["layer"] >= 0)]
-    if label is not None:
-        c = c[c["label"] == label]
-    if direction is not None:
-        c = c[c["direction"] == direction]
-    g = (c.groupby(["label", "layer", "head", "direction"], as_index=False, sort=True)
-         [["n", "hits", "mass"]].sum(min_count=1))
-    g["accuracy"] = g["hits"] / g["n"].where(g["n"] > 0)
-    return g
-
-
-def baselines(counts: pd.DataFrame, analysis: str, label: str, direction: str | None = None,
-              fold: str = "") -> pd.DataFrame:
-    """Baseline accuracies for one label: columns variant, n, hits, accuracy (best first).
-
-    Baseline rows (`variant` != '') may carry a direction or ''; rows of the asked
-    direction are used when there are any, else the '' rows, else all.
-    """
-    c = counts[(counts["analysis"] == analysis) & (counts["variant"] != "")
-               & (counts["fold"] == fold) & (counts["label"] == label)]
-    if direction is not None and (c["direction"] == direction).any():
-        c = c[c["direction"] == direction]
-    elif (c["direction"] == "").any():
-        c = c[c["direction"] == ""]
-    elif len(c):
-        c = c[c["direction"] == c["direction"].iloc[0]]
-    g = c.groupby("variant", as_index=False, sort=True)[["n", "hits"]].sum()
-    g["accuracy"] = g["hits"] / g["n"].where(g["n"] > 0)
-    return g.sort_values(["accuracy", "variant"], ascending=[False, True],
-                         kind="stable").reset_index(drop=True)
-
-
-def best_heads_row(best: pd.DataFrame, analysis: str, label: str,
-                   selection: str = "in-sample") -> pd.Series | None:
-    """The best-heads row of one label and selection; of held-out rows, the pooled one
-    (fold '': both halves' evaluations added up) rather than a single fold's."""
-    rows = best[(best["analysis"] == analysis) & (best["label"] == label)]
-    if "selection" in rows.columns:
-        rows = rows[rows["selection"] == selection]
-    if "fold" in rows.columns and (rows["fold"] == "").any():
-        rows = rows[rows["fold"] == ""]
-    return rows.iloc[0] if len(rows) else None
-
-
 def row_head_name(row: pd.Series | None) -> str:
-    """`L-H` of a best-heads row; its `heads` text when it names more than one head
-    (held-out, when the two folds chose different heads: 'fold-0 pick | fold-1 pick')."""
+    """`L-H` of a best-heads row; its `heads` text when it names two picks (held-out,
+    folds disagreeing: 'fold-0 pick | fold-1 pick')."""
     if row is None:
         return "—"
-    if "heads" in row.index and isinstance(row["heads"], str) and row["heads"].strip():
-        return row["heads"].strip()
+    heads = row.get("heads")
+    if isinstance(heads, str) and heads.strip():
+        return heads.strip()
     return head_name(row.get("layer"), row.get("head"))
 
 
-def reference_baseline(data: ReportData, analysis: str, label: str,
-                       direction: str | None = None) -> tuple[str | None, float]:
-    """The baseline a gap is measured against: the variant the best-heads table names
-    for this label (in-sample), looked up in counts; else the strongest baseline in counts."""
-    bl = baselines(data.counts, analysis, label, direction)
-    if not len(bl):
-        return None, float("nan")
-    row = best_heads_row(data.best_heads, analysis, label)
-    if row is not None and "baseline_variant" in row.index and row["baseline_variant"]:
-        hit = bl[bl["variant"] == row["baseline_variant"]]
-        if len(hit):
-            return str(hit["variant"].iloc[0]), float(hit["accuracy"].iloc[0])
-    return str(bl["variant"].iloc[0]), float(bl["accuracy"].iloc[0])
+def fmt(x, nd: int = 4) -> str:
+    if _missing(x):
+        return "—"
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    return f"{float(x):.{nd}f}"
+
+
+def fmt_int(x) -> str:
+    return "—" if _missing(x) else f"{int(round(float(x)))}"
+
+
+def fmt_ci(low, high, nd: int = 4, unreliable: bool = False) -> str:
+    if _missing(low) or _missing(high):
+        return "—"
+    text = f"[{float(low):.{nd}f}, {float(high):.{nd}f}]"
+    return text + " (unreliable)" if unreliable else text
+
+
+def fmt_p(p) -> str:
+    return "—" if _missing(p) else f"{float(p):.2g}"
+
+
+def fmt_tied(tied) -> str:
+    if _missing(tied):
+        return "—"
+    return f"{int(tied)} (tie)" if int(tied) > 1 else str(int(tied))
+
+
+def fmt_flag(value) -> str:
+    return "—" if _missing(value) else ("yes" if bool(value) else "no")
+
+
+def _missing(x) -> bool:
+    if x is None or x is pd.NA:
+        return True
+    try:
+        return bool(pd.isna(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def get(row: pd.Series | None, key: str):
+    return row[key] if row is not None and key in row.index else np.nan
+
+
+def note_of(row: pd.Series | None) -> str:
+    note = get(row, "note")
+    return note.strip() if isinstance(note, str) else ""
 
 
 def to_matrix(df: pd.DataFrame, value: str, n_layers: int, n_heads: int) -> np.ndarray:
-    """A layer x head array of `value` (NaN where there is no row)."""
+    """[layer, head] array of column `value` of a per-head frame (NaN where there is no row)."""
     mat = np.full((n_layers, n_heads), np.nan)
     for layer, head, v in zip(df["layer"], df["head"], df[value]):
         if 0 <= layer < n_layers and 0 <= head < n_heads:
@@ -235,143 +126,95 @@ def to_matrix(df: pd.DataFrame, value: str, n_layers: int, n_heads: int) -> np.n
     return mat
 
 
-def labels_by_size(counts: pd.DataFrame, analysis: str, exclude=()) -> list[str]:
-    """Labels of an analysis, largest n first (n of one head, whole data)."""
-    c = counts[(counts["analysis"] == analysis) & (counts["variant"] == "")
-               & (counts["fold"] == "") & (counts["layer"] >= 0)]
-    if not len(c):
-        return []
-    first = c[(c["layer"] == c["layer"].min())]
-    first = first[first["head"] == first["head"].min()]
-    if len(first["direction"].unique()) > 1:
-        first = first[first["direction"] == first["direction"].iloc[0]]
-    sizes = first.groupby("label")["n"].sum().sort_values(ascending=False, kind="stable")
-    return [lab for lab in sizes.index if lab not in exclude]
+# ---------------------------------------------------------------- best heads
 
+def best_heads_table(results, analysis: str, labels: list[str], name: str | None = None) -> Table:
+    """One row per label: the in-sample best head (with its baseline, gap, McNemar p_value and
+    Holm p_holm, ties, unreachable arcs) beside the pooled held-out figures (folds_agree).
+    A row's `note` (in-sample or held-out) is shown in place of that part's numbers."""
+    scores = results.head_scores(analysis)
+    directions = [d for d in dict.fromkeys(scores["direction"]) if d]
+    variants = list(dict.fromkeys(results.baselines.loc[results.baselines["analysis"] == analysis, "variant"]))
+    each_variant = variants if len(variants) <= MAX_VARIANT_COLUMNS else []
+    best = results.best_heads
+    best = best[(best["analysis"] == analysis) & (best["fold"] == "")]
+    with_unreachable = bool(best["unreachable"].notna().any())
 
-# ---------------------------------------------------------------- surface / positional
+    columns = ["Label", "n", "Head"] + (["Direction"] if directions else []) + ["Accuracy", "95% CI"]
+    if variants:
+        columns += [f"{v} acc." for v in each_variant] + ["Baseline", "Baseline acc.", "Gap", "Gap CI",
+                                                          "p_value", "p_holm"]
+    columns += ["tied"] + (["unreachable"] if with_unreachable else [])
+    columns += ["Held-out head", "Held-out acc.", "Held-out CI"]
+    if variants:
+        columns += ["Held-out gap", "Held-out gap CI"]
+    columns += ["folds_agree", "small_sample", f"Next best (in-sample, up to {RUNNERS_UP})"]
 
-def surface_per_head(counts: pd.DataFrame) -> pd.DataFrame:
-    """Mean mass per head for each surface label (mass / n), entropy and its ratio to uniform."""
-    g = stats.surface_table(counts)
-    if not len(g):
-        return pd.DataFrame(columns=["layer", "head"])
-    wide = g.pivot_table(index=["layer", "head"], columns="label", values="mean",
-                         aggfunc="first").reset_index()
-    wide.columns.name = None
-    wide = _order(wide, ["layer", "head"], SURFACE_ORDER)
-    if "entropy" in wide.columns and "entropy_uniform" in wide.columns:
-        wide["entropy_ratio"] = wide["entropy"] / wide["entropy_uniform"]
-    if "cls" in wide.columns or "sep" in wide.columns:
-        wide["cls_sep"] = wide.get("cls", 0).fillna(0) + wide.get("sep", 0).fillna(0)
-    return wide
-
-
-def surface_per_layer(counts: pd.DataFrame) -> pd.DataFrame:
-    """Per layer: summed mass over the layer's heads / summed n (= mean over heads when n is equal)."""
-    c = counts[(counts["analysis"] == "surface") & (counts["fold"] == "")
-               & (counts["variant"] == "") & (counts["layer"] >= 0)]
-    if not len(c):
-        return pd.DataFrame(columns=["layer"])
-    g = c.groupby(["layer", "label"], as_index=False)[["n", "mass"]].sum()
-    g["mean"] = g["mass"] / g["n"].where(g["n"] > 0)
-    wide = g.pivot_table(index="layer", columns="label", values="mean",
-                         aggfunc="first").reset_index()
-    wide.columns.name = None
-    wide = _order(wide, ["layer"], SURFACE_ORDER)
-    if "entropy" in wide.columns and "entropy_uniform" in wide.columns:
-        wide["entropy_ratio"] = wide["entropy"] / wide["entropy_uniform"]
-    return wide
-
-
-def positional_shares(counts: pd.DataFrame) -> pd.DataFrame:
-    """Per head: share of argmaxes at each positional label, and the dominant non-zero
-    offset with its share (`stats.positional_heads`, renamed for the report)."""
-    heads = stats.positional_heads(counts)
-    if not len(heads):
-        return pd.DataFrame(columns=["layer", "head", "dominant_offset", "dominant_share"])
-    wide = heads.drop(columns="positional").rename(
-        columns={"n": "words", "offset": "dominant_offset", "share": "dominant_share"})
-    wide["dominant_offset"] = wide["dominant_offset"].where(wide["dominant_share"] > 0, "")
-    return _order(wide, ["layer", "head"], POSITIONAL_LABELS)
-
-
-def _order(df: pd.DataFrame, keys: list[str], known) -> pd.DataFrame:
-    """Key columns first, then the known labels in their order, then anything else."""
-    rest = [c for c in df.columns if c not in keys]
-    ordered = [c for c in known if c in rest] + [c for c in rest if c not in known]
-    return df[keys + ordered]
-
-
-SURFACE_ORDER = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "entropy_uniform")
-
-
-# ---------------------------------------------------------------- formatting
-
-def fmt(x, nd: int = 4) -> str:
-    if x is None:
-        return "—"
-    try:
-        if pd.isna(x):
-            return "—"
-    except (TypeError, ValueError):
-        return str(x)
-    if isinstance(x, (int, np.integer)):
-        return str(int(x))
-    return f"{float(x):.{nd}f}"
-
-
-def fmt_int(x) -> str:
-    try:
-        if pd.isna(x):
-            return "—"
-    except (TypeError, ValueError):
-        return str(x)
-    return f"{int(round(float(x)))}"
-
-
-def fmt_ci(low, high, nd: int = 4) -> str:
-    if low is None or high is None or pd.isna(low) or pd.isna(high):
-        return "—"
-    return f"[{float(low):.{nd}f}, {float(high):.{nd}f}]"
-
-
-def best_heads_table(data: ReportData, analysis: str, labels: list[str] | None = None,
-                     min_n: float = 0) -> pd.DataFrame:
-    """One row per label: the in-sample best head and the held-out figures, from best_heads.
-
-    Columns: label, n, head (`L-H`), layer, head_index, direction, accuracy, ci_low, ci_high,
-    baseline_variant, baseline_accuracy, gap, gap_low, gap_high, heldout_head,
-    heldout_accuracy, heldout_ci_low, heldout_ci_high, heldout_gap, heldout_gap_low,
-    heldout_gap_high. Labels default to those of the analysis, largest first (ALL first).
-    """
-    if labels is None:
-        labels = labels_by_size(data.counts, analysis)
-        if "ALL" in labels:
-            labels = ["ALL"] + [x for x in labels if x != "ALL"]
-    rows = []
+    rows, attrs = [], []
     for label in labels:
-        ins = best_heads_row(data.best_heads, analysis, label, "in-sample")
+        ins = results.best_head(analysis, label, "in-sample")
+        held = results.best_head(analysis, label, "held-out")
         if ins is None:
             continue
-        held = best_heads_row(data.best_heads, analysis, label, "held-out")
+        small = bool(get(ins, "small_sample")) if not _missing(get(ins, "small_sample")) else False
+        row = [Cell(label), Cell(fmt_int(get(ins, "n")), {"col": "n"}, True)]
+        part = [Cell(head_name(get(ins, "layer"), get(ins, "head")), {"col": "head"})]
+        if directions:
+            part.append(Cell(str(get(ins, "direction") or "—"), {"col": "direction"}))
+        part += [Cell(fmt(get(ins, "accuracy")), {"col": "accuracy"}, True),
+                 Cell(fmt_ci(get(ins, "ci_low"), get(ins, "ci_high"), unreliable=small), {"col": "ci"}, True)]
+        if variants:
+            accuracy = results.baseline_scores(analysis, label).set_index("variant")["accuracy"].to_dict()
+            part += [Cell(fmt(accuracy.get(v)), {"col": f"baseline:{v}"}, True) for v in each_variant]
+            part += [Cell(str(get(ins, "baseline_variant") or "—"), {"col": "baseline"}),
+                     Cell(fmt(get(ins, "baseline_accuracy")), {"col": "baseline_accuracy"}, True),
+                     Cell(fmt(get(ins, "gap")), {"col": "gap"}, True),
+                     Cell(fmt_ci(get(ins, "gap_low"), get(ins, "gap_high"), unreliable=small), {"col": "gap_ci"}, True),
+                     Cell(fmt_p(get(ins, "p_value")), {"col": "p_value"}, True),
+                     Cell(fmt_p(get(ins, "p_holm")), {"col": "p_holm"}, True)]
+        part.append(Cell(fmt_tied(get(ins, "tied")), {"col": "tied"}, True))
+        if with_unreachable:
+            part.append(Cell(fmt_int(get(ins, "unreachable")), {"col": "unreachable"}, True))
+        row += _noted(part, note_of(ins))
 
-        def g(row, key):
-            return row[key] if row is not None and key in row.index else np.nan
+        part = [Cell(row_head_name(held), {"col": "heldout_head"}),
+                Cell(fmt(get(held, "accuracy")), {"col": "heldout_accuracy"}, True),
+                Cell(fmt_ci(get(held, "ci_low"), get(held, "ci_high"), unreliable=small), {"col": "heldout_ci"}, True)]
+        if variants:
+            part += [Cell(fmt(get(held, "gap")), {"col": "heldout_gap"}, True),
+                     Cell(fmt_ci(get(held, "gap_low"), get(held, "gap_high"), unreliable=small),
+                          {"col": "heldout_gap_ci"}, True)]
+        part.append(Cell(fmt_flag(get(held, "folds_agree")), {"col": "folds_agree"}))
+        row += _noted(part, note_of(held) if held is not None else "no held-out row")
+        row.append(Cell(fmt_flag(small), {"col": "small_sample"}))
+        row.append(Cell(_runners_up(scores[scores["label"] == label], get(ins, "layer"), get(ins, "head")),
+                        {"col": "next_best"}, wrap=True))
+        rows.append(row)
+        attrs.append({"analysis": analysis, "label": label, "layer": int(get(ins, "layer")),
+                      "head": int(get(ins, "head")), "direction": str(get(ins, "direction") or ""),
+                      "note": note_of(ins), "heldout-note": note_of(held)})
+    caption = ("Best head per label: in-sample (selected and scored on all the data, as the papers did) and "
+               "held-out (selected on one half of the units, scored on the other, and swapped; pooled). "
+               "Columns as in the legend of the overview. " + LEGEND)
+    return Table(name or f"{analysis}-top-heads", caption, columns, rows, attrs)
 
-        if not pd.isna(g(ins, "n")) and float(g(ins, "n")) < min_n:
-            continue
-        rows.append({
-            "label": label, "n": int(g(ins, "n")) if not pd.isna(g(ins, "n")) else np.nan, "head": head_name(g(ins, "layer"), g(ins, "head")),
-            "layer": g(ins, "layer"), "head_index": g(ins, "head"),
-            "direction": g(ins, "direction"), "accuracy": g(ins, "accuracy"),
-            "ci_low": g(ins, "ci_low"), "ci_high": g(ins, "ci_high"),
-            "baseline_variant": g(ins, "baseline_variant"),
-            "baseline_accuracy": g(ins, "baseline_accuracy"), "gap": g(ins, "gap"),
-            "gap_low": g(ins, "gap_low"), "gap_high": g(ins, "gap_high"),
-            "heldout_head": row_head_name(held),
-            "heldout_accuracy": g(held, "accuracy"), "heldout_ci_low": g(held, "ci_low"),
-            "heldout_ci_high": g(held, "ci_high"), "heldout_gap": g(held, "gap"),
-            "heldout_gap_low": g(held, "gap_low"), "heldout_gap_high": g(held, "gap_high"),
-        })
-    return pd.DataFrame(rows)
+
+def _noted(cells: list[Cell], note: str) -> list[Cell]:
+    """A part of a row, or, when it has a note, the note in its first cell and '—' elsewhere."""
+    if not note:
+        return cells
+    first = Cell(note, dict(cells[0].attrs, note="1"), wrap=True)
+    return [first] + [Cell("—", c.attrs, c.numeric) for c in cells[1:]]
+
+
+def _runners_up(scores: pd.DataFrame, layer, head, k: int = RUNNERS_UP) -> str:
+    """The next heads by in-sample accuracy (each head in its better direction)."""
+    if not len(scores):
+        return "—"
+    ranked = scores.sort_values(["accuracy", "layer", "head", "direction"], ascending=[False, True, True, True],
+                                kind="stable").drop_duplicates(["layer", "head"])
+    if not _missing(layer) and int(layer) >= 0:
+        ranked = ranked[~((ranked["layer"] == int(layer)) & (ranked["head"] == int(head)))]
+    parts = [f"{head_name(r.layer, r.head)}{' ' + r.direction if r.direction else ''} {fmt(r.accuracy)}"
+             for r in ranked.head(k).itertuples(index=False)]
+    return "; ".join(parts) or "—"
