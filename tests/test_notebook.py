@@ -1,5 +1,5 @@
 """notebooks/explore.ipynb runs top to bottom on the bundled defaults (slow: loads MiniLM and
-scores the bundled sample, about half a minute on a CPU)."""
+scores the bundled sample, about half a minute on a CPU), reading the `Results` query layer."""
 
 from __future__ import annotations
 
@@ -30,5 +30,8 @@ def test_explore_notebook_runs(tmp_path):
     assert not [o for o in outputs if o.get("output_type") == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 3        # accuracy heatmap, role map, the sentence's attention
+    text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert "p_holm" in text and "folds_agree" in text        # the best-heads table of Results
+    assert "1. positional: a single non-zero offset" in text   # the role rules, from results.role_rules()
     assert (tmp_path / "report.html").is_file() and (tmp_path / "report.md").is_file()
     assert list((tmp_path / "figures").glob("*.png"))
