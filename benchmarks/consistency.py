@@ -1,6 +1,8 @@
 """Do results depend on how they were computed? (issue: streaming engine, point 3)
 
-Scores a treebank with all sentence analyses and compares per-unit counts:
+Scores a treebank with all sentence analyses and compares the streaming tallies
+(`scorer.tally_`: every fold and bootstrap resample, baselines, McNemar's joint
+hits, unreachable arcs):
 - batch size 1 against batch size 64 (fp32): counts must be equal;
 - bfloat16 against float32: per-head accuracy differences, in accuracy points;
 - CPU against CUDA in fp32 (when a GPU is present): counts must be equal.
@@ -17,54 +19,55 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from headprobe import models                                             # noqa: E402
+from headprobe import models, registry                                   # noqa: E402
 from headprobe.corpora.conllu import read_conllu                         # noqa: E402
 from headprobe.engine import Engine                                      # noqa: E402
-from headprobe.results import merge_unit_counts                          # noqa: E402
-from headprobe.scorers.dependency import DependencyScorer                # noqa: E402
-from headprobe.scorers.positional import PositionalScorer                # noqa: E402
-from headprobe.scorers.surface import SurfaceScorer                      # noqa: E402
+from headprobe.results import Results                                    # noqa: E402
 
 EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
-KEY = ["analysis", "label", "unit", "layer", "head", "direction", "variant"]
+ANALYSES = ("dependency", "positional", "surface")
 
 
-def score(model, tokenizer, examples, batch_size) -> pd.DataFrame:
-    scorers = [DependencyScorer(), PositionalScorer(), SurfaceScorer()]
+def score(model, tokenizer, examples, batch_size) -> dict:
+    """{analysis: Tally} of one engine pass."""
+    scorers = [registry.get(name).make_scorer() for name in ANALYSES]
     Engine(model, tokenizer, scorers, batch_size=batch_size, progress=False).run(examples)
-    frame = merge_unit_counts([s.unit_counts() for s in scorers])
-    for column in KEY:
-        if isinstance(frame[column].dtype, pd.CategoricalDtype):
-            frame[column] = frame[column].astype(str)
-    return frame.set_index(KEY).sort_index()
+    return {s.analysis: s.tally_.to("cpu") for s in scorers}
 
 
-def compare_counts(a: pd.DataFrame, b: pd.DataFrame) -> dict:
-    hits = a[a["hits"].notna()]["hits"], b[b["hits"].notna()]["hits"]
-    differing = int((hits[0] != hits[1].reindex(hits[0].index)).sum())
-    mass = a["mass"].dropna(), b["mass"].dropna()
-    mass_diff = float(np.abs(mass[0] - mass[1].reindex(mass[0].index)).max()) if len(mass[0]) else 0.0
-    return {"rows": int(len(a)), "hit_rows_differing": differing, "counts_equal": differing == 0,
+def compare_counts(a: dict, b: dict) -> dict:
+    """Every total of two runs' tallies: whole counts must be equal; summed masses may differ by rounding."""
+    cells = differing = 0
+    mass_diff = 0.0
+    for name, tally in a.items():
+        other = b[name]
+        if tally.sorted_labels() != other.sorted_labels():
+            return {"counts_equal": False, "problem": f"{name}: labels differ"}
+        for label in tally.sorted_labels():
+            x, y = tally.arrays(label), other.arrays(label)
+            for key, values in x.items():
+                if key == "hits" and tally.value == "mass":
+                    mass_diff = max(mass_diff, float(np.abs(values - y[key]).max(initial=0.0)))
+                else:
+                    cells += values.size
+                    differing += int((values != y[key]).sum())
+    return {"count_cells": cells, "count_cells_differing": differing, "counts_equal": differing == 0,
             "max_abs_mass_difference": mass_diff}
 
 
-def accuracy_points(a: pd.DataFrame, b: pd.DataFrame, min_arcs: int = 100) -> dict:
+def accuracy_points(a: dict, b: dict, min_arcs: int = 100) -> dict:
     """Per (label, layer, head, direction) dependency accuracy, difference in points."""
-    def acc(frame):
-        rows = frame.reset_index()
-        rows = rows[(rows["analysis"] == "dependency") & (rows["variant"] == "")]
-        grouped = rows.groupby(["label", "layer", "head", "direction"])[["hits", "n"]].sum()
-        return grouped[grouped["n"] >= min_arcs]
+    def acc(tallies):
+        scores = Results({"dependency": tallies["dependency"]}).head_scores("dependency")
+        return scores[scores["n"] >= min_arcs].set_index(["label", "layer", "head", "direction"])["accuracy"]
     x, y = acc(a), acc(b)
-    diff = 100 * (x["hits"] / x["n"] - y["hits"] / y["n"]).abs()
-    best = lambda g: (g["hits"] / g["n"]).groupby("label").max()
-    best_diff = 100 * (best(x) - best(y)).abs()
+    diff = 100 * (x - y.reindex(x.index)).abs()
+    best_diff = 100 * (x.groupby("label").max() - y.groupby("label").max()).abs()
     return {"max_points_any_head": float(diff.max()), "mean_points": float(diff.mean()),
             "max_points_best_head_per_label": float(best_diff.max()), "labels_with_min_arcs": int(len(best_diff))}
 

@@ -8,7 +8,8 @@ Reports words per second for
                  surface masses scored there, as the papers' scripts did,
 the ratios b/a and b/c, and peak memory (RSS on CPU, torch.cuda.max_memory_allocated on GPU)
 of headprobe on the corpus once and repeated 4 times (each in a fresh subprocess; RSS is
-the process's peak at the end of the scoring run, then sampled while the per-unit tables are built).
+the process's peak at the end of the scoring run, then sampled while `Results` derives its
+tables from the streaming tallies: the counts, best heads with bootstrap intervals, roles).
 
     python benchmarks/throughput.py                               # bundled MiniLM, EWT dev, CPU
     python benchmarks/throughput.py --device cuda --random-bert-base --repeat 10
@@ -41,6 +42,7 @@ from headprobe.batching import iter_batches, prepare                      # noqa
 from headprobe.corpora.base import Example                               # noqa: E402
 from headprobe.corpora.conllu import read_conllu                         # noqa: E402
 from headprobe.engine import Engine, max_length                          # noqa: E402
+from headprobe.results import Results                                    # noqa: E402
 from headprobe.scorers.dependency import DependencyScorer, scored_arcs   # noqa: E402
 from headprobe.scorers.positional import PositionalScorer                # noqa: E402
 from headprobe.scorers.surface import SurfaceScorer                      # noqa: E402
@@ -191,9 +193,9 @@ def child_memory(args):
     if device.type == "cuda":
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
     with RssSampler() as tables:
-        unit_counts = [s.unit_counts() for s in scorers]
+        results = Results({s.analysis: s.tally_.to("cpu") for s in scorers})
     result["peak_rss_with_tables_mb"] = tables.peak
-    result["unit_count_rows"] = int(sum(len(u) for u in unit_counts))
+    result["count_rows"] = int(len(results.counts))
     print(json.dumps(result))
 
 
