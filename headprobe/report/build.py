@@ -361,10 +361,13 @@ def default_section(results, analysis: str) -> Section:
         entry = registry.get(analysis)
     except ValueError:
         entry = None
-    s = Section(slug(analysis), f"{analysis}" + (f": {entry.description}" if entry and entry.description else ""))
+    s = Section(slug(analysis), f"{analysis}")
+    if entry is not None and entry.description:
+        s.add(Paragraph(entry.description[0].upper() + entry.description[1:] + "."))
     scores = results.head_scores(analysis)
     is_mass = bool(len(scores)) and scores["hits"].isna().all()
-    what = "mean attention mass (mass / n)" if is_mass else "accuracy (hits / n)"
+    what = ("mass / n (its summed value per trial, such as the mean attention mass)" if is_mass
+            else "accuracy (hits / n)")
     s.add(Paragraph(f"This analysis declares no report section of its own; shown here: each head's {what} per "
                     f"label, largest labels first (at most {MAX_PANELS} panels)."))
     items = []
@@ -377,7 +380,7 @@ def default_section(results, analysis: str) -> Section:
     items = items[:MAX_PANELS]
     if items:
         s.add(Figure(f"{slug(analysis)}_heads", F.heatmap_grid_figure(
-            items, cbar_label="mean mass" if is_mass else "accuracy", vmin=0, vmax=None if is_mass else 1),
+            items, cbar_label="mass / n" if is_mass else "accuracy", vmin=0, vmax=None if is_mass else 1),
             f"{analysis}: {what} per head and label. " + LEGEND, alt=f"{analysis} heatmaps"))
     else:
         s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
