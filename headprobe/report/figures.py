@@ -321,6 +321,7 @@ def role_maps_figure(maps: list[tuple[str, pd.DataFrame, int, int]], colors: dic
     axes = fig.subplots(1, len(maps), squeeze=False, gridspec_kw={"width_ratios": widths})[0]
     for ax, (name, roles, n_layers, n_heads) in zip(axes, maps):
         _draw_role_map(ax, roles, n_layers, n_heads, colors)
+        ax.set_aspect("equal", anchor="N")          # square cells: a model's shape shows as it is
         ax.set_title(name, fontsize=9)
     _role_legend(axes[-1], pd.concat([m[1] for m in maps]), colors)
     _finish(fig, title)
