@@ -8,7 +8,9 @@ Every script either runs the pipeline through the Python API
 or, with `--results DIR`, reuses a results directory through
 `headprobe.load_results(DIR)`. Arguments left unset are not passed to `run`,
 so the API's own defaults apply (`model=None` is the bundled MiniLM; the alias
-`smollm2` selects SmolLM2).
+`smollm2` selects SmolLM2). The scripts then read the `Results` query layer
+(`best_heads_wide`, `head_scores`, `roles`, derived tables) and draw with
+`headprobe.report.figures`; they compute nothing the results already hold.
 """
 
 from __future__ import annotations
@@ -100,16 +102,9 @@ def get_results(args, analyses: list[str], out: Path, *, model=None, name: str =
     target = out / name
     kwargs["out"] = str(target)
     results = headprobe.run(**kwargs)
-    if not (target / "counts.parquet").exists() and hasattr(results, "save"):
+    if not (target / "summary.json").exists():
         results.save(str(target))
     return results
-
-
-def report_data(results):
-    """The report's view of a Results object (counts, best_heads, summary)."""
-    from headprobe.report import load
-
-    return load(results)
 
 
 def maybe_report(args, results, out: Path):
@@ -120,15 +115,25 @@ def maybe_report(args, results, out: Path):
         print(f"report: {paths['html']}")
 
 
+def model_name(results, args) -> str:
+    return results.summary.get("model") or getattr(args, "model", None) or "default model"
+
+
 def write_table(df, out: Path, stem: str, title: str = "") -> None:
     """Write df as CSV and Markdown and print it."""
     import pandas as pd
 
     csv = out / f"{stem}.csv"
     df.to_csv(csv, index=False)
+    df = df.copy()
+    for column in df.columns:      # counts stored as floats print as whole numbers
+        values = df[column]
+        if values.dtype.kind == "f" and values.notna().any() and values.max() > 1 \
+                and (values.dropna() % 1 == 0).all():
+            df[column] = values.astype("Int64")
     with pd.option_context("display.width", 200, "display.max_columns", 50,
                            "display.max_rows", 200):
-        text = df.to_string(index=False, float_format=lambda v: f"{v:.4f}")
+        text = df.to_string(index=False, float_format=_number)
     md = out / f"{stem}.md"
     md.write_text((f"# {title}\n\n" if title else "") + _markdown(df) + "\n", encoding="utf-8")
     if title:
@@ -147,11 +152,18 @@ def _markdown(df) -> str:
 
 
 def _cell(v) -> str:
-    import math
+    import pandas as pd
 
+    if v is None or (not isinstance(v, str) and pd.isna(v)):
+        return "—"
     if isinstance(v, float):
-        return "—" if math.isnan(v) else f"{v:.4f}"
+        return _number(v)
     return str(v).replace("|", "\\|")
+
+
+def _number(v: float) -> str:
+    """4 decimals; small values (p-values) in 2 significant digits."""
+    return f"{v:.2g}" if 0 < abs(v) < 1e-3 else f"{v:.4f}"
 
 
 def write_png(data: bytes, out: Path, stem: str) -> Path:

@@ -9,8 +9,9 @@ Accuracy is reported for all mentions and per kind (pronoun, proper, nominal).
 
 This script prints, per mention kind, the best head (`L-H`, 0-based) with its
 accuracy and 95% bootstrap interval (over documents), every baseline in the
-results (nearest, head_match, rules), the gap to the baseline the best-heads
-table compares with, and the held-out (2-fold by document) accuracy.
+results (nearest, head_match, rules), the gap to the in-sample best baseline
+with the one-sided McNemar p-value (raw and Holm-adjusted), and the held-out
+(2-fold by document) accuracy.
 
     .venv/bin/python analyses/clark2019_coref.py                    # MiniLM, GUM dev
     .venv/bin/python analyses/clark2019_coref.py --model smollm2
@@ -26,8 +27,6 @@ import sys
 
 import _common as C
 
-KINDS = ("ALL", "pronoun", "proper", "nominal")
-
 
 def main(argv=None) -> int:
     p = C.base_parser(__doc__, treebank=False, coref=True)
@@ -35,54 +34,39 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "clark2019_coref")
     results = C.get_results(args, ["coreference"], out)
 
+    from headprobe.corpora.base import ALL
     from headprobe.report import figures as F
-    from headprobe.report import tables as T
+    from headprobe.report.build import accuracy_panels
 
-    data = C.report_data(results)
-    present = T.labels_by_size(data.counts, "coreference")
-    kinds = [k for k in KINDS if k in present] + [k for k in present if k not in KINDS]
-    table = T.best_heads_table(data, "coreference", kinds)
+    table = results.best_heads_wide("coreference")
     if not len(table):
         print("no coreference best heads in the results", file=sys.stderr)
         return 1
-    variants = sorted(data.counts.loc[(data.counts["analysis"] == "coreference")
-                                      & (data.counts["variant"] != ""), "variant"].unique())
-
-    def baseline_accuracy(kind, variant):
-        bl = T.baselines(data.counts, "coreference", kind)
-        hit = bl[bl["variant"] == variant]
-        return float(hit["accuracy"].iloc[0]) if len(hit) else float("nan")
-
-    for v in variants:
-        table[f"{v}_accuracy"] = [baseline_accuracy(k, v) for k in table["label"]]
-    cols = (["label", "n", "head", "accuracy", "ci_low", "ci_high"]
-            + [f"{v}_accuracy" for v in variants]
-            + ["baseline_variant", "gap", "gap_low", "gap_high", "heldout_head",
-               "heldout_accuracy", "heldout_ci_low", "heldout_ci_high", "heldout_gap"])
-    model = data.summary.get("model", args.model or "default model")
-    C.write_table(table[cols].rename(columns={"label": "kind", "n": "mentions"}), out,
+    baselines = results.baselines[results.baselines["analysis"] == "coreference"]
+    variants = list(dict.fromkeys(baselines["variant"]))
+    wide = baselines.pivot(index="label", columns="variant", values="accuracy")[variants]
+    table = table.merge(wide.add_suffix("_accuracy"), left_on="label", right_index=True, how="left")
+    cols = (["label", "n", "heads", "accuracy", "ci_low", "ci_high"] + [f"{v}_accuracy" for v in variants]
+            + ["baseline_variant", "gap", "gap_low", "gap_high", "p_value", "p_holm", "tied", "heldout_heads",
+               "heldout_accuracy", "heldout_ci_low", "heldout_ci_high", "heldout_gap", "heldout_folds_agree", "note"])
+    model = C.model_name(results, args)
+    C.write_table(table[cols].rename(columns={"label": "kind", "n": "mentions", "heads": "head",
+                                              "heldout_heads": "heldout_head"}), out,
                   "coref_table", f"Best coreference head per mention kind ({model}; L-H 0-based)")
 
-    panels = []
-    for kind in kinds:
-        sc = T.head_scores(data.counts, "coreference", kind)
-        if not len(sc):
-            continue
-        variant, base = T.reference_baseline(data, "coreference", kind)
-        acc = T.to_matrix(sc, "accuracy", data.n_layers, data.n_heads)
-        panels.append((kind, acc, None if variant is None else acc - base,
-                       f"{variant}: {base:.4f}" if variant else "none"))
+    panels = [p for kind in table["label"] for p in accuracy_panels(results, "coreference", kind, [""])]
     if panels:
-        C.write_png(F.accuracy_gap_figure(panels, f"{model}: coreference heads"), out,
-                    "coref_heads")
+        C.write_png(F.accuracy_gap_figure(panels, f"{model}: coreference heads"), out, "coref_heads")
 
-    row = table[table["label"] == "ALL"]
-    if len(row):
+    row = table[table["label"] == ALL]
+    if len(row) and row.iloc[0]["layer"] >= 0:
         r = row.iloc[0]
         beaten = [v for v in variants if r["accuracy"] > r[f"{v}_accuracy"]]
-        print(f"\nbest head for ALL mentions: {r['head']} at {r['accuracy']:.4f} "
-              f"(held-out {r['heldout_accuracy']:.4f}); above the baselines: "
-              f"{', '.join(beaten) or 'none'}")
+        print(f"\nbest head for ALL mentions: {r['heads']} at {r['accuracy']:.4f} "
+              f"(held-out {r['heldout_accuracy']:.4f}; McNemar vs {r['baseline_variant']} p = {r['p_value']:.2g}, "
+              f"Holm {r['p_holm']:.2g}); above the baselines: {', '.join(beaten) or 'none'}")
+    elif len(row):
+        print(f"\nALL mentions: {row.iloc[0]['note']}")
     C.maybe_report(args, results, out)
     return 0
 

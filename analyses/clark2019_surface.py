@@ -9,9 +9,10 @@ punctuation) -- which Clark et al. read as a "no-op" for heads whose function
 does not apply. For decoder models the same role falls to BOS (the
 "attention sink").
 
-This script prints the per-layer means (mass to CLS/BOS, SEP/EOS, punctuation,
-self, previous and next word; entropy and uniform entropy in nats), writes the
-per-head values, and draws the two figures.
+This script prints the per-layer means (mass to CLS/BOS, SEP/EOS, the first
+position, punctuation, self, previous and next word; entropy and uniform
+entropy in nats), writes the per-head values (with `sink_mass`, first position
++ SEP/EOS, and `entropy_ratio`), and draws the two figures.
 
     .venv/bin/python analyses/clark2019_surface.py                  # MiniLM, EWT dev
     .venv/bin/python analyses/clark2019_surface.py --model smollm2 --text notes.txt
@@ -37,26 +38,24 @@ def main(argv=None) -> int:
     results = C.get_results(args, ["surface"], out)
 
     from headprobe.report import figures as F
-    from headprobe.report import tables as T
 
-    data = C.report_data(results)
-    per_head = T.surface_per_head(data.counts)
-    per_layer = T.surface_per_layer(data.counts)
+    per_head = results.surface_per_head()
+    per_layer = results.surface_per_layer()
     if not len(per_head):
         print("no surface statistics in the results", file=sys.stderr)
         return 1
-    model = data.summary.get("model", args.model or "default model")
+    model = C.model_name(results, args)
     C.write_table(per_layer, out, "surface_per_layer",
                   f"Surface statistics per layer ({model}; layers 0-based)")
     C.write_table(per_head, out, "surface_per_head", f"Surface statistics per head ({model})")
-    if any(c in per_head.columns for c in T.SURFACE_LABELS):
+    if any(c in per_head.columns for c in F.SURFACE_TITLES):
         C.write_png(F.surface_figure(per_head, per_layer), out, "surface_mass")
     if "entropy" in per_head.columns:
         C.write_png(F.entropy_figure(per_head, per_layer), out, "surface_entropy")
 
     print()
-    for label, what in (("sep", "[SEP]/EOS"), ("cls", "[CLS]/BOS"), ("prev", "the previous word"),
-                        ("next", "the next word"), ("punct", "punctuation")):
+    for label, what in (("sep", "[SEP]/EOS"), ("cls", "[CLS]/BOS"), ("first", "the first position"),
+                        ("prev", "the previous word"), ("next", "the next word"), ("punct", "punctuation")):
         if label in per_layer.columns and per_layer[label].notna().any():
             i = per_layer[label].idxmax()
             print(f"most attention to {what}: layer {int(per_layer.loc[i, 'layer'])} "

@@ -5,18 +5,19 @@ describe BERT's heads as a mix of broad early heads, previous/next-token heads,
 heads that dump attention on [CLS]/[SEP] and a few specialised (syntactic,
 coreference) heads in the middle layers; Voita et al. (2019) find positional
 heads in every model. Decoder LMs add an attention sink on BOS. This script
-runs (or loads) two or more models on the same data, assigns every head a role
-with the report's stated rules (positional, syntactic, coreference, sink,
-broad, none; see headprobe.report.roles), and tabulates per model how many
-heads take each role and at what relative depth (layer / (layers - 1)), beside
-the best dependency and coreference heads.
+runs (or loads) two or more models on the same data, reads every head's role
+from the results (`results.roles`: SPEC section 6 rules, positional,
+syntactic, coreference, sink, broad, none; see headprobe.roles), and tabulates
+per model how many heads take each role and at what relative depth
+(layer / (layers - 1)), beside the best dependency and coreference heads.
 
     .venv/bin/python analyses/compare_models.py                      # MiniLM vs SmolLM2
-    .venv/bin/python analyses/compare_models.py --models default smollm2 bert-base-uncased
+    .venv/bin/python analyses/compare_models.py --models minilm smollm2 bert-base-uncased
     .venv/bin/python analyses/compare_models.py --results out/a/results out/b/results
 
 Outputs under --out (default out/compare_models/): side_by_side.csv/.md (rows:
-measures, columns: models), roles_per_head.csv (one row per model x head),
+measures, columns: models), roles_per_head.csv (one row per model x head, with
+each rule's evidence), role_maps.png (the role maps side by side),
 compare_roles.png (role shares and depths), role_map_<model>.png, results_<model>/.
 """
 
@@ -38,8 +39,8 @@ def slug(text: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["default", "smollm2"],
-                   help="models to run ('default' = the bundled MiniLM, 'smollm2' = the "
+    p.add_argument("--models", nargs="+", default=["minilm", "smollm2"],
+                   help="models to run ('minilm' or 'default' = the bundled MiniLM, 'smollm2' = the "
                         "bundled SmolLM2, or any Hugging Face name/path)")
     p.add_argument("--results", nargs="+", default=None,
                    help="compare existing results directories instead of running")
@@ -61,9 +62,9 @@ def main(argv=None) -> int:
     import pandas as pd
 
     import headprobe
+    from headprobe.corpora.base import ALL
     from headprobe.report import figures as F
-    from headprobe.report import tables as T
-    from headprobe.report.roles import RoleRules, head_roles, role_summary
+    from headprobe.roles import NONE, role_colors, role_summary
 
     runs = []                                    # (label, Results)
     if args.results:
@@ -80,69 +81,88 @@ def main(argv=None) -> int:
     if len(runs) < 2:
         print("note: comparing fewer than two models", file=sys.stderr)
 
-    rules = RoleRules()
-    columns, per_head, shares = {}, [], []
+    colors, rules = {}, {}                       # every model's roles, in the order they are tried
+    for _, results in runs:
+        colors.update({k: v for k, v in role_colors(results).items() if k != NONE})
+        rules.update({rule.role: rule.description for rule in results.role_rules()})
+    colors[NONE] = role_colors()[NONE]
+
+    columns, per_head, shares, maps = {}, [], [], []
     seen = set()
     for name, results in runs:
-        data = C.report_data(results)
-        label = str(data.summary.get("model") or name or "model")
+        label = str(results.summary.get("model") or name or "model")
         while label in seen:
             label += "'"
         seen.add(label)
-        L, H = data.n_layers, data.n_heads
-        roles = head_roles(data.counts, L, H, rules)
+        L, H = results.n_layers, results.n_heads
+        roles = results.roles.copy()
         roles.insert(0, "model", label)
         roles["relative_depth"] = roles["layer"] / max(L - 1, 1)
         per_head.append(roles)
-        summ = role_summary(roles, L)
-        for r in summ.itertuples(index=False):
+        maps.append((label, roles, L, H))
+        summary = role_summary(roles, order=list(colors))
+        for r in summary.itertuples(index=False):
             shares.append({"model": label, "role": r.role, "share": r.share, "heads": r.heads})
-        col = {"layers x heads": f"{L} x {H}", "heads": str(L * H)}
-        for r in summ.itertuples(index=False):
+        col = {"layers x heads": f"{L} x {H}", "heads": str(L * H),
+               "decoder (causal)": "yes" if results.summary.get("causal") else "no"}
+        for r in summary.itertuples(index=False):
             col[f"{r.role} heads"] = f"{r.heads} ({100 * r.share:.1f}%)"
-        for r in summ.itertuples(index=False):
-            if r.role != "none":
-                col[f"{r.role}: mean relative depth"] = ("—" if r.heads == 0 else
-                                                         f"{r.mean_relative_depth:.2f}")
+        for r in summary.itertuples(index=False):
+            if r.role != NONE:
+                depth = roles.loc[roles["role"] == r.role, "relative_depth"]
+                col[f"{r.role}: mean relative depth"] = f"{depth.mean():.2f}" if len(depth) else "—"
                 col[f"{r.role}: layers"] = r.layers or "—"
         pos = roles[roles["role"] == "positional"]
-        col["positional offsets"] = ", ".join(
-            f"{k}: {v}" for k, v in pos["positional_offset"].value_counts().items()) or "—"
+        col["positional offsets"] = ", ".join(f"{k}: {v}" for k, v in pos["short"].value_counts().items()) or "—"
         syn = roles[roles["role"] == "syntactic"]
         col["syntactic relations (top per head)"] = ", ".join(
             f"{k}: {v}" for k, v in syn["short"].str.rstrip("+").value_counts().items()) or "—"
-        for analysis, lab in (("dependency", "ALL"), ("coreference", "ALL")):
-            bt = T.best_heads_table(data, analysis, [lab])
-            key = f"best {analysis} head ({lab})"
-            if len(bt):
-                b = bt.iloc[0]
-                depth = (b["layer"] / max(L - 1, 1)) if b["layer"] >= 0 else float("nan")
-                col[key] = (f"{b['head']} (depth {depth:.2f}) acc {b['accuracy']:.4f}, "
-                            f"gap {b['gap']:.4f}, held-out {b['heldout_accuracy']:.4f}")
-            else:
-                col[key] = "—"
-        surf = T.surface_per_head(data.counts)
+        for analysis in ("dependency", "coreference"):
+            key = f"best {analysis} head ({ALL})"
+            col[key] = "—"
+            if analysis not in results.analyses:
+                continue
+            best = results.best_head(analysis, ALL, "in-sample")
+            held = results.best_head(analysis, ALL, "held-out")
+            if best is None or best["note"]:
+                col[key] = best["note"] if best is not None else "—"
+                continue
+            depth = best["layer"] / max(L - 1, 1)
+            head = " ".join(x for x in (best["heads"], best["direction"]) if x)
+            held_text = "—" if held is None else (held["note"] or f"{held['accuracy']:.4f}")
+            col[key] = (f"{head} (depth {depth:.2f}) acc {best['accuracy']:.4f}, gap {best['gap']:.4f} vs "
+                        f"{best['baseline_variant']}, Holm p {best['p_holm']:.2g}, held-out {held_text}")
+        if "dependency" in results.analyses and results.summary.get("causal"):
+            unreachable = results.unreachable_arcs("dependency")
+            unreachable = unreachable[unreachable["label"] == ALL]
+            col[f"unreachable {ALL} arcs"] = ", ".join(
+                f"{d}: {int(u)} ({s:.1%})" for d, u, s in
+                zip(unreachable["direction"], unreachable["unreachable"], unreachable["share"])) or "—"
+        bos = results.summary.get("bos")
+        if bos is not None:
+            col["BOS mode"] = "; ".join(f"{k}: {v}" for k, v in bos.items()) if isinstance(bos, dict) else str(bos)
+        surf = results.surface_per_head()
         if len(surf):
-            if "cls_sep" in surf.columns:
-                col["mean mass to CLS+SEP (over heads)"] = f"{surf['cls_sep'].mean():.4f}"
+            if "sink_mass" in surf.columns:
+                col["mean mass to first position + SEP/EOS (over heads)"] = f"{surf['sink_mass'].mean():.4f}"
             if "entropy_ratio" in surf.columns:
                 col["mean entropy / uniform (over heads)"] = f"{surf['entropy_ratio'].mean():.4f}"
         columns[label] = col
-        C.write_png(F.role_map_figure(roles, L, H, f"Head roles: {label}"), out,
-                    f"role_map_{slug(label)}")
+        C.write_png(F.role_map_figure(roles, L, H, colors, f"Head roles: {label}"), out, f"role_map_{slug(label)}")
 
     table = pd.DataFrame(columns).fillna("—")
     table.index.name = "measure"
     C.write_table(table.reset_index(), out, "side_by_side",
-                  "Head roles side by side (heads L-H, 0-based; rules: headprobe.report.roles)")
+                  "Head roles side by side (heads L-H, 0-based; rules: headprobe.roles, SPEC section 6)")
     heads = pd.concat(per_head, ignore_index=True)
     heads.to_csv(out / "roles_per_head.csv", index=False)
     print(f"wrote {out / 'roles_per_head.csv'}")
-    share_df = pd.DataFrame(shares)
-    C.write_png(F.compare_roles_figure(share_df, heads, "Head roles per model"), out,
+    C.write_png(F.role_maps_figure(maps, colors, "Head-role maps side by side (first matching rule)"), out,
+                "role_maps")
+    C.write_png(F.compare_roles_figure(pd.DataFrame(shares), heads, colors, "Head roles per model"), out,
                 "compare_roles")
-    print("\nrules, first match wins:")
-    for i, line in enumerate(rules.describe(), 1):
+    print("\nrules, first met wins (a head meeting none is 'none'):")
+    for i, line in enumerate(rules.values(), 1):
         print(f"  {i}. {line}")
     return 0
 

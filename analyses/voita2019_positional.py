@@ -28,37 +28,36 @@ import _common as C
 
 def main(argv=None) -> int:
     p = C.base_parser(__doc__, text=True)
-    p.add_argument("--threshold", type=float, default=0.9,
-                   help="share of argmaxes at one non-zero offset (default 0.9, Voita et al.)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="share of argmaxes at one non-zero offset (default: the role rule's, 0.9 as in Voita et al.)")
     args = p.parse_args(argv)
+    if args.threshold is None:
+        from headprobe.roles import POSITIONAL_SHARE
+        args.threshold = POSITIONAL_SHARE
     if args.text:
         args.treebank = None
     out = C.out_dir(args, "voita2019_positional")
     results = C.get_results(args, ["positional"], out)
 
     from headprobe.report import figures as F
-    from headprobe.report import tables as T
+    from headprobe.report.tables import head_name
 
-    data = C.report_data(results)
-    shares = T.positional_shares(data.counts)
-    if not len(shares):
+    shares = results.table("positional_heads").copy() if "positional_heads" in results.tables else None
+    if shares is None or not len(shares):
         print("no positional counts in the results", file=sys.stderr)
         return 1
-    shares.insert(0, "head_name", [T.head_name(a, b) for a, b in
-                                   zip(shares["layer"], shares["head"])])
-    shares["positional"] = shares["dominant_share"] >= args.threshold
-    shares = shares.sort_values(["dominant_share", "layer", "head"],
-                                ascending=[False, True, True], kind="stable")
-    model = data.summary.get("model", args.model or "default model")
-    C.write_table(shares, out, "positional_heads",
-                  f"Argmax shares per head ({model}; L-H 0-based)")
-    C.write_png(F.positional_figure(shares, data.n_layers, data.n_heads), out, "positional")
+    shares.insert(0, "head_name", [head_name(a, b) for a, b in zip(shares["layer"], shares["head"])])
+    shares["positional"] = shares["share"] >= args.threshold
+    shares = shares.sort_values(["share", "layer", "head"], ascending=[False, True, True], kind="stable")
+    model = C.model_name(results, args)
+    C.write_table(shares, out, "positional_heads", f"Argmax shares per head ({model}; L-H 0-based)")
+    C.write_png(F.positional_figure(shares, results.n_layers, results.n_heads), out, "positional")
     pos = shares[shares["positional"]]
-    total = data.n_layers * data.n_heads
+    total = results.n_layers * results.n_heads
     print(f"\n{len(pos)} of {total} heads are positional (share >= {args.threshold:g}):")
     for r in pos.itertuples(index=False):
-        print(f"  {r.head_name}: offset {r.dominant_offset}, share {r.dominant_share:.4f}")
-    by_offset = pos["dominant_offset"].value_counts().to_dict()
+        print(f"  {r.head_name}: offset {r.offset}, share {r.share:.4f}")
+    by_offset = pos["offset"].value_counts().to_dict()
     if by_offset:
         print("by offset: " + ", ".join(f"{k}: {v}" for k, v in by_offset.items()))
     C.maybe_report(args, results, out)
