@@ -10,12 +10,7 @@ import pytest
 
 from headprobe.corpora.base import CorpusError
 from headprobe.corpora.hf_datasets import parse_spec, read_hf_dataset
-from headprobe.results import Results, load_results
 
-try:
-    from tests.fixtures_results import make_results
-except ImportError:  # tests/ is not a package when run from inside it
-    from fixtures_results import make_results
 
 
 # ----------------------------------------------------------------------------------------
@@ -267,51 +262,3 @@ def test_read_hf_dataset_multiword_tokens_and_empty_nodes(tmp_path):
     assert example.heads == [3, 3, 3, -1, 3]
     assert example.deprels == ["nsubj", "aux", "advmod", "root", "punct"]
     assert example.upos == ["PRON", "AUX", "PART", "VERB", "PUNCT"]
-
-
-# ----------------------------------------------------------------------------------------
-# Results save / load
-# ----------------------------------------------------------------------------------------
-TABLES = ("counts", "best_heads", "baselines", "positional_heads", "surface")
-
-
-def assert_round_trip(results: Results, loaded: Results):
-    for name in TABLES:
-        pd.testing.assert_frame_equal(getattr(loaded, name), getattr(results, name), check_dtype=False,
-                                      check_categorical=False, obj=name)
-    pd.testing.assert_frame_equal(loaded.unit_counts, results.unit_counts, check_dtype=False,
-                                  check_categorical=False, obj="unit_counts")
-    assert loaded.examples == results.examples
-
-
-def test_results_round_trip_fabricated(tmp_path):
-    results = make_results(seed=2)
-    paths = results.save(tmp_path / "r")
-    assert {p.name for p in paths.values()} >= {f"{t}.parquet" for t in TABLES} | {"summary.json"}
-    loaded = load_results(tmp_path / "r")
-    assert_round_trip(results, loaded)
-    assert loaded.summary == results.summary
-    # the saved unit counts are enough to rebuild every table
-    rebuilt = Results.from_unit_counts(loaded.unit_counts, loaded.summary, seed=loaded.summary["seed"],
-                                       n_boot=loaded.summary["bootstrap_resamples"])
-    pd.testing.assert_frame_equal(rebuilt.best_heads, results.best_heads, check_dtype=False)
-
-
-def test_results_round_trip_of_a_run(tmp_path, bert_family):
-    """A real (tiny) run: categorical unit counts, float32 values, NaN baselines, JSON summary."""
-    import headprobe
-    treebank = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        results = headprobe.run(treebank=treebank, loaded=(bert_family.sdpa, bert_family.tokenizer, "tiny"),
-                                layers=[0, 2], n_boot=50, pictures=False, progress=False, out=tmp_path / "r")
-    loaded = Results.load(tmp_path / "r")
-    assert_round_trip(results, loaded)
-    for key in ("model", "n_layers", "n_heads", "skipped", "headline", "causal", "layers"):
-        assert loaded.summary[key] == results.summary[key], key
-    assert set(loaded.counts.loc[loaded.counts["variant"] == "", "layer"]) == {0, 2}
-
-
-def test_results_load_not_a_results_dir(tmp_path):
-    with pytest.raises(FileNotFoundError, match="summary.json"):
-        Results.load(tmp_path)
