@@ -121,3 +121,28 @@ def align_words(tokenizer, sentences: list[list[str]]) -> list[Alignment]:
         piece_kind = [WORD if w is not None else kinds.get(t, OTHER_SPECIAL) for t, w in zip(ids, word_ids)]
         alignments.append(Alignment(list(ids), piece_word, piece_kind, len(words)))
     return alignments
+
+
+def align_tokens(tokenizer, input_ids) -> Alignment:
+    """An input given as token ids (a probe, `headprobe.probe`): each non-special token is
+    its own word (a 1:1 alignment); special ids (BOS, EOS, ...) are kinded as in `align_words`."""
+    kinds = special_kinds(tokenizer)
+    special = set(kinds) | set(getattr(tokenizer, "all_special_ids", []) or [])
+    piece_word, piece_kind, n_words = [], [], 0
+    for token_id in input_ids:
+        if token_id in special:
+            piece_word.append(-1)
+            piece_kind.append(kinds.get(token_id, OTHER_SPECIAL))
+        else:
+            piece_word.append(n_words)
+            piece_kind.append(WORD)
+            n_words += 1
+    return Alignment([int(t) for t in input_ids], piece_word, piece_kind, n_words)
+
+
+def align_examples(tokenizer, examples) -> list[Alignment]:
+    """Alignments of examples, in order: words tokenized together (`align_words`), except an
+    example that carries its own token ids in `meta["input_ids"]` (a probe): `align_tokens`."""
+    given = [(getattr(ex, "meta", None) or {}).get("input_ids") for ex in examples]
+    worded = iter(align_words(tokenizer, [ex.words for ex, ids in zip(examples, given) if ids is None]))
+    return [next(worded) if ids is None else align_tokens(tokenizer, ids) for ids in given]

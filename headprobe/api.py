@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from headprobe import models, registry
-from headprobe.capture import n_layers_heads
+from headprobe.capture import n_kv_heads, n_layers_heads, text_config
 from headprobe.corpora.conllu import read_conllu
 from headprobe.engine import Engine, is_causal
 from headprobe.results import Results, merge_unit_counts
@@ -61,7 +61,8 @@ def check_analyses(analyses) -> list[str]:
 def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, out=None, analyses=None,
         layers=None, batch_size: int = 64, device=None, dtype: str = "float32", from_mode: str = "mean",
         window: int = 128, skip_bad: bool = False, progress: bool = True, seed: int = SEED,
-        n_boot: int = N_BOOT, keep_unit_counts: bool = False, pictures: bool = True, loaded=None) -> Results:
+        n_boot: int = N_BOOT, keep_unit_counts: bool = False, pictures: bool = True, loaded=None,
+        probe=None, probe_length: int = 50, probe_n: int = 500, probe_specials: str = "auto") -> Results:
     """Score every head of `model` and return (and with `out`, save) the results.
 
     model: hub name, local path, or a bundled alias (`None`/"minilm", "smollm2").
@@ -71,13 +72,20 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     coref: a CorefUD CoNLL-U file for the coreference analysis.
     analyses: names from `headprobe.registry` (default: every default analysis that has input).
     keep_unit_counts: also keep per-unit rows (`results.unit_counts`), for small corpora.
+    probe: a synthetic probe for the token analyses (input "probe": previous_token, duplicate_token,
+      induction, sink), e.g. "repeated-random" (`headprobe.probe`: `probe_n` sequences of
+      `probe_length` random tokens repeated twice, drawn with `seed`; `probe_specials` auto/bos/none).
+      Without a probe, token analyses that are asked for read the sentence corpus at piece level;
+      with one and no `analyses`, every token analysis runs on it.
     loaded: an already loaded `(model, tokenizer, name)` to reuse.
     """
     started = time.perf_counter()
-    if all(x is None for x in (treebank, text, hf_dataset, coref)):     # the bundled samples
+    if all(x is None for x in (treebank, text, hf_dataset, coref, probe)):     # the bundled samples
         treebank = SAMPLE
         coref = SAMPLE_COREF if SAMPLE_COREF.is_file() else None
     wanted = check_analyses(analyses)
+    if probe is not None and not analyses:
+        wanted += registry.names("probe")
     if loaded is None:
         loaded = models.load(model, device=device, dtype=dtype)
     net, tokenizer, name = loaded
@@ -89,8 +97,11 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                    keep_units=keep_unit_counts)
     scorers, sentence_corpus = [], None
     on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
+    on_tokens = [a for a in registry.analyses("probe") if a.name in wanted]
+    if probe is None:                          # token analyses read the sentence corpus, in its pass
+        on_sentences, on_tokens = on_sentences + on_tokens, []
     has_sentences = any(x is not None for x in (treebank, text, hf_dataset))
-    if on_sentences and (coref is None or has_sentences):
+    if on_sentences and (has_sentences or (coref is None and probe is None)):
         sentence_corpus, source, bad = load_sentences(treebank, text, hf_dataset, skip_bad)
         batch = [a.make_scorer() for a in on_sentences]
         _score(net, tokenizer, batch, sentence_corpus, "sentences", source, summary, batch_size=batch_size,
@@ -109,12 +120,20 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         summary["skipped"]["coreference_sources"] = list(windows.skipped)[:50]
         summary["coreference_corpus"] = dict(windows.counts)
         scorers += batch
+    if probe is not None and on_tokens:
+        from headprobe.probe import make_probe
+        examples = make_probe(probe, tokenizer, length=probe_length, n=probe_n, seed=seed,
+                              specials=probe_specials, vocab_size=getattr(text_config(net), "vocab_size", None))
+        batch = [a.make_scorer() for a in on_tokens]
+        _score(net, tokenizer, batch, examples, "probe", examples.name, summary, batch_size=batch_size, **options)
+        scorers += batch
     if not scorers:
         raise ValueError("nothing to score: give a sentence corpus and/or coref for the analyses asked for")
     summary["causal"] = is_causal(net)
     if summary["causal"]:
         summary["notes"].append(CAUSAL_NOTE.format(model=name))
     summary["n_layers"], summary["n_heads"] = n_layers_heads(net)
+    summary["n_kv_heads"] = n_kv_heads(net)
     summary["analyses"] = [s.analysis for s in scorers]
     unit_counts = merge_unit_counts([s.unit_counts() for s in scorers]) if keep_unit_counts else None
     results = Results({s.analysis: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)

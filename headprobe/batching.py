@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from headprobe.align import CLS_LIKE, PAD, SEP_LIKE, WORD, Alignment, align_words
+from headprobe.align import CLS_LIKE, PAD, SEP_LIKE, WORD, Alignment, align_examples
 from headprobe.corpora.base import Example
 
 
@@ -29,7 +29,7 @@ class Prepared:
 
 def prepare(examples: list[Example], tokenizer, max_length: int) -> Prepared:
     kept, aligned, skipped, sources = [], [], Counter(), []
-    alignments = align_words(tokenizer, [ex.words for ex in examples])
+    alignments = align_examples(tokenizer, examples)     # words, or a probe's own token ids
     for example, alignment in zip(examples, alignments):
         if len(alignment) > max_length:
             skipped["too_long"] += 1

@@ -49,6 +49,14 @@ def n_layers_heads(model) -> tuple[int, int]:
     return int(n_layers), int(n_heads)
 
 
+def n_kv_heads(model) -> int:
+    """Key/value heads per layer: fewer than the query heads in grouped-query attention
+    (query head h reads KV head h // (heads // kv_heads), as `eager_probs` repeats them)."""
+    config = text_config(model)
+    kv = getattr(config, "num_key_value_heads", None)
+    return int(kv) if isinstance(kv, int) and kv > 0 else n_layers_heads(model)[1]
+
+
 def find_blocks(model) -> nn.ModuleList:
     """The model's list of Transformer blocks (the ModuleList with one entry per layer)."""
     n_layers, _ = n_layers_heads(model)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from headprobe import registry
 from headprobe.corpora.base import CorpusError
+from headprobe.probe import PROBES, SPECIALS
 
 
 def parse_layers(text: str | None):
@@ -33,6 +34,16 @@ def run_parser(sub):
     source.add_argument("--text", help="raw text file, parsed with the bundled spaCy en_core_web_sm (silver arcs)")
     source.add_argument("--hf-dataset", help="Hugging Face dataset NAME[:CONFIG[:SPLIT]] or a save_to_disk dir")
     p.add_argument("--coref", help="CorefUD CoNLL-U file (Entity= in MISC) for the coreference analysis")
+    p.add_argument("--probe", choices=PROBES, default=None,
+                   help="a synthetic probe for the token analyses (previous_token, duplicate_token, induction, "
+                        "sink): repeated-random = random tokens repeated twice (Olsson et al. 2022); without "
+                        "--analyses every token analysis runs on it. Without a probe, token analyses named in "
+                        "--analyses read the sentence corpus at piece level")
+    p.add_argument("--length", type=int, default=50, help="--probe: random tokens per half (default: 50)")
+    p.add_argument("--n", type=int, default=500, dest="probe_n", help="--probe: sequences (default: 500)")
+    p.add_argument("--probe-specials", choices=SPECIALS, default="auto",
+                   help="--probe: special tokens around each sequence: auto (the tokenizer's own, as for text), "
+                        "bos (BOS in front where the tokenizer has one), none (default: auto)")
     p.add_argument("--out", default="results", help="output directory (default: results)")
     p.add_argument("--analyses", default=None,
                    help="comma list of " + ",".join(registry.names()) + " (default: all that apply)")
@@ -85,7 +96,8 @@ def cmd_run(args) -> int:
             out=args.out, analyses=analyses, layers=parse_layers(args.layers), batch_size=args.batch_size,
             device=args.device, dtype=args.dtype, from_mode=args.from_mode, window=args.window,
             skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap,
-            keep_unit_counts=args.keep_unit_counts)
+            keep_unit_counts=args.keep_unit_counts,
+            probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials)
     except (CorpusError, FileNotFoundError, ValueError) as exc:
         print(f"headprobe: error: {exc}", file=sys.stderr)
         return 2
@@ -99,6 +111,9 @@ def cmd_run(args) -> int:
         print(f"skipped: {skipped}")
     print("\nbest heads (accuracy with 95% bootstrap interval; baseline = best fixed offset / best rule):")
     print(best_table(results.best_heads))
+    if any(registry.get(a).input == "probe" for a in results.tallies if a in registry.names()):
+        from headprobe.scorers.token_patterns import top_heads_text
+        print(top_heads_text(results))
     out = Path(args.out)
     if not args.no_report:
         try:
