@@ -16,6 +16,7 @@ import torch
 
 from headprobe import models, registry
 from headprobe.capture import n_kv_heads, n_layers_heads, text_config
+from headprobe.conventions import PRESETS
 from headprobe.corpora.conllu import read_conllu
 from headprobe.engine import Engine, is_causal
 from headprobe.results import Results, merge_unit_counts
@@ -31,8 +32,9 @@ CAUSAL_NOTE = (
 )
 
 
-def load_sentences(treebank=None, text=None, hf_dataset=None, skip_bad=False):
-    """Dependency examples from exactly one source (default: the bundled sample)."""
+def load_sentences(treebank=None, text=None, hf_dataset=None, skip_bad=False, conventions=None):
+    """Dependency examples from exactly one source (default: the bundled sample); a treebank's
+    relation subtypes are cut or kept as `conventions` say (`headprobe.conventions`)."""
     given = [x for x in (treebank, text, hf_dataset) if x is not None]
     if len(given) > 1:
         raise ValueError("give one of treebank, text, hf_dataset")
@@ -45,7 +47,7 @@ def load_sentences(treebank=None, text=None, hf_dataset=None, skip_bad=False):
         corpus = read_hf_dataset(hf_dataset, skip_bad=skip_bad)
         return corpus, hf_dataset, corpus.skipped
     path = treebank if treebank is not None else SAMPLE
-    corpus = read_conllu(path, skip_bad=skip_bad)
+    corpus = read_conllu(path, skip_bad=skip_bad, conventions=conventions)
     return corpus, str(path), corpus.skipped
 
 
@@ -59,10 +61,11 @@ def check_analyses(analyses) -> list[str]:
 
 
 def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, out=None, analyses=None,
-        layers=None, batch_size: int = 64, device=None, dtype: str = "float32", from_mode: str = "mean",
+        layers=None, batch_size: int = 64, device=None, dtype: str = "float32", from_mode: str | None = None,
         window: int = 128, skip_bad: bool = False, progress: bool = True, seed: int = SEED,
         n_boot: int = N_BOOT, keep_unit_counts: bool = False, pictures: bool = True, loaded=None,
-        probe=None, probe_length: int = 50, probe_n: int = 500, probe_specials: str = "auto") -> Results:
+        probe=None, probe_length: int = 50, probe_n: int = 500, probe_specials: str = "auto",
+        conventions: str = "spec") -> Results:
     """Score every head of `model` and return (and with `out`, save) the results.
 
     model: hub name, local path, or a bundled alias (`None`/"minilm", "smollm2").
@@ -77,6 +80,11 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
       `probe_length` random tokens repeated twice, drawn with `seed`; `probe_specials` auto/bos/none).
       Without a probe, token analyses that are asked for read the sentence corpus at piece level;
       with one and no `analyses`, every token analysis runs on it.
+    conventions: "spec" (default), "clark2019-code" or "joanacero" (`headprobe.conventions`): the
+      from-pooling (unless `from_mode` is given), which arcs are scored (root, punct in ALL), the
+      offset baselines and the subtype cut of the released code behind a published number; the
+      summary names it (`summary["conventions"]`).
+    from_mode: "mean", "first" or "max"; None: the conventions' (SPEC: mean).
     loaded: an already loaded `(model, tokenizer, name)` to reuse.
     """
     started = time.perf_counter()
@@ -86,15 +94,19 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     wanted = check_analyses(analyses)
     if probe is not None and not analyses:
         wanted += registry.names("probe")
+    if conventions not in PRESETS:
+        raise ValueError(f"--conventions {conventions!r}: must be one of {', '.join(PRESETS)}")
+    from_mode = from_mode or PRESETS[conventions].from_mode
     if loaded is None:
         loaded = models.load(model, device=device, dtype=dtype)
     net, tokenizer, name = loaded
     summary = {"model": name, "dtype": dtype, "device": str(next(net.parameters()).device),
                "batch_size": batch_size, "from_mode": from_mode, "layers": layers, "notes": [],
                "skipped": {}, "corpora": {}, "runs": {}, "seed": seed, "bootstrap_resamples": n_boot,
-               "units": "documents where the corpus marks them (# newdoc id), else sentences"}
+               "units": "documents where the corpus marks them (# newdoc id), else sentences",
+               "conventions": dict(PRESETS[conventions].summary(), from_mode_used=from_mode)}
     options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
-                   keep_units=keep_unit_counts)
+                   keep_units=keep_unit_counts, conventions=conventions)
     scorers, sentence_corpus = [], None
     on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
     on_tokens = [a for a in registry.analyses("probe") if a.name in wanted]
@@ -102,7 +114,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         on_sentences, on_tokens = on_sentences + on_tokens, []
     has_sentences = any(x is not None for x in (treebank, text, hf_dataset))
     if on_sentences and (has_sentences or (coref is None and probe is None)):
-        sentence_corpus, source, bad = load_sentences(treebank, text, hf_dataset, skip_bad)
+        sentence_corpus, source, bad = load_sentences(treebank, text, hf_dataset, skip_bad, conventions)
         batch = [a.make_scorer() for a in on_sentences]
         _score(net, tokenizer, batch, sentence_corpus, "sentences", source, summary, batch_size=batch_size,
                **options)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from headprobe import registry
+from headprobe.conventions import PRESETS
 from headprobe.corpora.base import CorpusError
 from headprobe.probe import PROBES, SPECIALS
 
@@ -51,8 +52,14 @@ def run_parser(sub):
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--layers", default=None, help="layers to score, e.g. 0-3,8 (default: all)")
-    p.add_argument("--from-mode", default="mean", choices=["mean", "first", "max"],
-                   help="pooling of attention FROM a word over its pieces (default: mean)")
+    p.add_argument("--from-mode", default=None, choices=["mean", "first", "max"],
+                   help="pooling of attention FROM a word over its pieces (default: the conventions'; "
+                        "spec: mean)")
+    p.add_argument("--conventions", default="spec", choices=list(PRESETS),
+                   help="scoring conventions: spec (default), or those of the released code behind a "
+                        "published number: clark2019-code (from = first piece, root and punct in ALL, "
+                        "offsets -3..2 clipped, subtypes cut), joanacero (as clark2019-code with from = mean "
+                        "and UD subtypes kept); see docs/CONVENTIONS.md")
     p.add_argument("--window", type=int, default=128, help="coreference window in pieces (default: 128)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed sentences (warn and count)")
     p.add_argument("--seed", type=int, default=0)
@@ -96,7 +103,7 @@ def cmd_run(args) -> int:
             out=args.out, analyses=analyses, layers=parse_layers(args.layers), batch_size=args.batch_size,
             device=args.device, dtype=args.dtype, from_mode=args.from_mode, window=args.window,
             skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap,
-            keep_unit_counts=args.keep_unit_counts,
+            keep_unit_counts=args.keep_unit_counts, conventions=args.conventions,
             probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials)
     except (CorpusError, FileNotFoundError, ValueError) as exc:
         print(f"headprobe: error: {exc}", file=sys.stderr)

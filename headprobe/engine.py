@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from headprobe.align import WORD
 from headprobe.batching import Batch, bucket, prepare
 from headprobe.capture import AttentionCapture, n_layers_heads, text_config
+from headprobe.conventions import get_conventions
 from headprobe.tally import N_BOOT, SEED
 
 
@@ -105,23 +106,30 @@ class Engine:
 
     After `run`: `stats_` holds examples/words scored, skipped counts and seconds;
     `batch_size_` is the batch size in use at the end (smaller after an OOM backoff).
+
+    conventions: a `headprobe.conventions` preset (name or object); it gives the from-pooling
+    when `from_mode` is None, and scorers that read conventions (`use_conventions`) get it
+    before they are bound. None: SPEC's pooling, and scorers keep their own conventions.
     """
 
     def __init__(self, model, tokenizer, scorers, *, layers=None, batch_size: int = 64,
-                 from_mode: str = "mean", device=None, progress: bool = True, desc: str = "scoring",
-                 seed: int = SEED, n_boot: int = N_BOOT, keep_units: bool = False):
+                 from_mode: str | None = None, device=None, progress: bool = True, desc: str = "scoring",
+                 seed: int = SEED, n_boot: int = N_BOOT, keep_units: bool = False, conventions=None):
         self.model = model
         self.tokenizer = tokenizer
         self.scorers = list(scorers)
         self.layers = layers
         self.batch_size = batch_size
-        self.from_mode = from_mode
+        self.conventions = get_conventions(conventions)
+        self.from_mode = from_mode or self.conventions.from_mode
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.progress = progress
         self.desc = desc
         self.n_layers, self.n_heads = n_layers_heads(model)
         self.causal = is_causal(model)
         for scorer in self.scorers:
+            if conventions is not None and hasattr(scorer, "use_conventions"):
+                scorer.use_conventions(self.conventions)
             scorer.bind(self.n_layers, self.n_heads, layers, seed=seed, n_boot=n_boot, keep_units=keep_units,
                         device=self.device)
         pad = tokenizer.pad_token_id

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from headprobe.corpora.base import (Corpus, CorpusError, Example, SentIds, base_relation, check_tree, decode_lines,
+from headprobe.corpora.base import (Corpus, CorpusError, Example, SentIds, check_tree, decode_lines,
                                     file_lines, text_lines)
 
 N_COLUMNS = 10
@@ -211,15 +211,19 @@ def read_sentence(block: Block, ids: SentIds, require_heads: bool = True) -> Sen
 # ------------------------------------------------------------------------------- treebank
 
 
-def sentence_example(sentence: Sentence) -> Example:
-    """A dependency `Example` of one sentence."""
+def sentence_example(sentence: Sentence, conventions=None) -> Example:
+    """A dependency `Example` of one sentence; relations with their subtype cut, or kept under
+    conventions that keep them (`headprobe.conventions`, e.g. "joanacero")."""
+    from headprobe.conventions import get_conventions
+
+    relation = get_conventions(conventions).relation
     words, block = sentence.words, sentence.block
     return Example(
         words=[w.form for w in words],
         unit=sentence.unit,
         source=block.where(),
         heads=sentence.heads,
-        deprels=[base_relation(w.deprel) for w in words] if sentence.heads is not None else None,
+        deprels=[relation(w.deprel) for w in words] if sentence.heads is not None else None,
         upos=[w.upos for w in words],
         feats=[dict(w.feats) for w in words],
         meta={"doc_id": block.doc_id, "text": sentence.meta.get("text")},
@@ -227,13 +231,16 @@ def sentence_example(sentence: Sentence) -> Example:
     )
 
 
-def read_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool = True) -> Corpus:
+def read_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool = True,
+                conventions=None) -> Corpus:
     """Read every sentence of a CoNLL-U file as an `Example` with gold arcs.
 
     A malformed sentence raises `CorpusError` ("path:line: what is wrong"), or with
     `skip_bad=True` is skipped with a warning, listed in `corpus.skipped` and counted in
     `corpus.counts` by reason (`malformed_sentence`, `duplicate_sent_id`: the second use
     of an id is skipped). `require_heads=False` reads words only (no tree, no arcs).
+    `conventions` (`headprobe.conventions` preset; default SPEC) decides whether relation
+    subtypes are cut (`obl:tmod` -> `obl`) or kept.
     """
     if not Path(path).is_file():
         raise FileNotFoundError(f"no CoNLL-U file at {path}")
@@ -245,5 +252,5 @@ def read_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool
         except CorpusError as exc:
             corpus.reject(exc, skip_bad)
             continue
-        corpus.append(sentence_example(sentence))
+        corpus.append(sentence_example(sentence, conventions))
     return corpus

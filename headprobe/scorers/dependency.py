@@ -12,6 +12,11 @@ word's column) are counted per relation and direction as `unreachable`.
 Baselines: each fixed offset k in -5..5 (k != 0) predicting h = i + k, and `first`,
 predicting the sentence's first word; declared in tie order (smallest |k|, negative
 first, then `first`), so the first best is the SPEC's choice.
+
+Other conventions (`headprobe.conventions`, e.g. the released code of Clark et al.
+2019) change which relations are scored and the baselines; the scorer reads them from
+its `conventions` (the engine hands the run's preset over with `use_conventions`).
+The default is SPEC's.
 """
 
 from __future__ import annotations
@@ -22,23 +27,26 @@ import numpy as np
 import torch
 
 from headprobe import roles
+from headprobe.conventions import SPEC, Conventions, get_conventions
 from headprobe.registry import Analysis, register
 from headprobe.corpora.base import ALL
 from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, word_fill
 
-UNSCORED = ("root", "punct")
-OFFSETS = [k for k in range(-5, 6) if k != 0]        # sorted
-TIE_ORDER = sorted(OFFSETS, key=lambda k: (abs(k), k))  # -1, +1, -2, +2, ...
+UNSCORED = SPEC.unscored                              # ("root", "punct")
+OFFSETS = sorted(SPEC.offsets)                        # -5..5 without 0
+TIE_ORDER = list(SPEC.tie_order)                      # -1, +1, -2, +2, ...
 FIRST = "first"
-VARIANTS = tuple(f"offset={k:+d}" for k in TIE_ORDER) + (FIRST,)
+VARIANTS = SPEC.variants
 
 
-def scored_arcs(example):
-    """(dependent, head, relation) for every scored arc of an example."""
+def scored_arcs(example, conventions: Conventions | None = None):
+    """(dependent, head, relation) for every scored arc of an example (head -1: ROOT, scored
+    only under conventions that score root arcs; no head ever predicts it)."""
     if example.heads is None:
         return []
+    conventions = get_conventions(conventions)
     return [(i, h, rel) for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
-            if h >= 0 and rel not in UNSCORED]
+            if conventions.scores(rel) and (h >= 0 or conventions.scores("root"))]
 
 
 class DependencyScorer(CountScorer):
@@ -47,11 +55,23 @@ class DependencyScorer(CountScorer):
     variants = VARIANTS
     extras = ("unreachable",)
 
+    def __init__(self, conventions: Conventions | str | None = None):
+        super().__init__()
+        self.use_conventions(conventions)
+
+    def use_conventions(self, conventions) -> None:
+        """Score under `conventions` (a preset name or object; None: SPEC); before `bind`."""
+        conventions = get_conventions(conventions)
+        if self.tally_ is not None and conventions.variants != self.variants:
+            raise ValueError("conventions must be set before the scorer is bound")
+        self.conventions = conventions
+        self.variants = conventions.variants
+
     def rows(self, batch):
         rows = RowIndex()
         arcs = []                                   # (batch row, dependent, head, row of rel, row of ALL)
         for b, example in enumerate(batch.examples):
-            scored = scored_arcs(example)
+            scored = scored_arcs(example, self.conventions)
             if not scored:
                 continue
             all_row = rows.count(example.unit, ALL, len(scored))
@@ -67,7 +87,8 @@ class DependencyScorer(CountScorer):
     def prepare(self, batch):
         self._fill = word_fill(batch)
         table = np.array(self._arcs, dtype=np.int64).reshape(-1, 5)       # [arc, (b, dep, head, row, ALL row)]
-        base = baseline_hits(table[:, 1], table[:, 2])                      # [arc, variant]: no attention needed
+        n_words = np.array([len(ex.words) for ex in batch.examples], dtype=np.int64)[table[:, 0]]
+        base = self.conventions.baseline_hits(table[:, 1], table[:, 2], n_words)   # [arc, variant]: no attention
         unreachable = self.unreachable(batch, table)                       # [arc, direction]
         for column in (3, 4):                                              # the arc's relation row, its ALL row
             np.add.at(self.baseline_hits, table[:, column], base)
@@ -107,14 +128,11 @@ class DependencyScorer(CountScorer):
 
 
 def baseline_hits(dependent: np.ndarray, head: np.ndarray) -> np.ndarray:
-    """[arc, variant] 0/1: does each baseline predict each arc's head (order of `VARIANTS`)?
-
-    offset k predicts i + k (out of range: wrong, as it never equals a head); `first`
-    predicts word 0."""
-    offsets = np.array(TIE_ORDER)
-    hits = (head[:, None] - dependent[:, None]) == offsets[None, :]       # [arc, offset]
-    first = (head == 0)[:, None]                                          # [arc, 1]
-    return np.concatenate([hits, first], axis=1).astype(np.float32)
+    """[arc, variant] 0/1 under SPEC: does each baseline predict each arc's head (order of
+    `VARIANTS`)? offset k predicts i + k (out of range: wrong, as it never equals a head);
+    `first` predicts word 0. (`Conventions.baseline_hits` for other conventions.)"""
+    dependent = np.asarray(dependent)
+    return SPEC.baseline_hits(dependent, head, np.full(dependent.shape, np.iinfo(np.int32).max))
 
 
 ANALYSIS = register(Analysis(
