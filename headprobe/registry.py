@@ -27,7 +27,8 @@ from typing import Callable
 BUILTIN_MODULES = ("headprobe.scorers.dependency", "headprobe.scorers.coreference",
                    "headprobe.scorers.positional", "headprobe.scorers.surface",
                    "headprobe.scorers.previous_token", "headprobe.scorers.duplicate_token",
-                   "headprobe.scorers.induction", "headprobe.scorers.sink")
+                   "headprobe.scorers.induction", "headprobe.scorers.sink",
+                   "headprobe.scorers.head_similarity")
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.probe`,
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level
 INPUTS = ("sentences", "coreference", "probe")

@@ -1,0 +1,155 @@
+"""Head clustering (Clark et al. 2019 section 5): JS divergence between heads on hand-built attention.
+
+One 3-word sentence, one WordPiece piece per word (piece p = word p - 1; piece 0 [CLS],
+piece 4 [SEP]); word rows written with key columns (w0, w1, w2, CLS, SEP) and pooled by the
+real `LayerAttention`.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from headprobe.align import align_words
+from headprobe.batching import Batch
+from headprobe.corpora.base import Example
+from headprobe.engine import LayerAttention
+from headprobe.scorers import head_similarity as hs
+from headprobe.scorers.head_similarity import HeadSimilarityScorer, distance_frame, js_row_sums
+from headprobe.tally import unit_fold
+
+WORDS = ["the", "cat", "sat"]
+# head 0 (P) and head 1 (Q), rows = words as queries, no mass on the specials
+P = [[1.0, 0.0, 0.0, 0.0, 0.0],
+     [0.5, 0.5, 0.0, 0.0, 0.0],
+     [0.0, 0.0, 1.0, 0.0, 0.0]]
+Q = [[0.0, 1.0, 0.0, 0.0, 0.0],
+     [0.5, 0.5, 0.0, 0.0, 0.0],
+     [0.0, 0.5, 0.5, 0.0, 0.0]]
+# by hand, JS(P, Q) = H(M) - (H(P) + H(Q)) / 2 with M = (P + Q) / 2, natural logs:
+#   row 0: M = [.5, .5, 0]: H(M) = ln 2, H(P) = H(Q) = 0               -> ln 2
+#   row 1: P = Q                                                        -> 0
+#   row 2: M = [0, .25, .75]: H(M) = .25 ln 4 + .75 ln 4/3; H(P) = 0, H(Q) = ln 2
+ROW2 = 0.25 * math.log(4) + 0.75 * math.log(4 / 3) - math.log(2) / 2
+JS_SUM = math.log(2) + 0.0 + ROW2
+# the same three rows from both directions give the same divergence; a head against itself: 0
+
+
+def pieces_of(word_rows) -> torch.Tensor:
+    """[3 words x 5 keys (w0..w2, CLS, SEP)] -> [5 x 5] piece attention; special rows uniform."""
+    w = torch.tensor(word_rows, dtype=torch.float32)
+    p = torch.full((5, 5), 0.2)
+    p[1:4, 1:4] = w[:, :3]
+    p[1:4, 0] = w[:, 3]
+    p[1:4, 4] = w[:, 4]
+    return p
+
+
+def run_scorer(wordpiece_tokenizer, examples, maps, n_heads=2):
+    batch = Batch(examples, align_words(wordpiece_tokenizer, [ex.words for ex in examples]),
+                  pad_id=wordpiece_tokenizer.pad_token_id)
+    pieces = torch.stack([torch.stack([pieces_of(m) for m in per_example]) for per_example in maps])
+    scorer = HeadSimilarityScorer()
+    scorer.bind(1, n_heads, [0], n_boot=1)
+    scorer.begin_batch(batch)
+    scorer.update(0, LayerAttention(0, pieces, batch), batch)
+    scorer.end_batch(batch)
+    scorer.finish()
+    return scorer
+
+
+def test_js_of_two_3x3_maps_by_hand(wordpiece_tokenizer):
+    example = Example(words=WORDS, unit="u1", source="t:1")
+    scorer = run_scorer(wordpiece_tokenizer, [example], [[P, Q]])
+    tally = scorer.tally_
+    assert tally.sorted_labels() == ["js:0-0", "js:0-1"]
+    a = tally.arrays("js:0-0")
+    assert a["n"][:, 0, 0].sum() == 3                                   # three word rows
+    assert a["hits"][:, 0, 0, :, 0].sum(0) == pytest.approx([0.0, JS_SUM], abs=1e-6)
+    b = tally.arrays("js:0-1")
+    assert b["hits"][:, 0, 0, :, 0].sum(0) == pytest.approx([JS_SUM, 0.0], abs=1e-6)
+    table = distance_frame(tally).set_index(["layer_a", "head_a", "layer_b", "head_b"])
+    assert table.loc[(0, 0, 0, 1), "js"] == pytest.approx(JS_SUM / 3, abs=1e-6)
+    assert table.loc[(0, 1, 0, 0), "js"] == pytest.approx(JS_SUM / 3, abs=1e-6)
+    assert table.loc[(0, 0, 0, 0), "js"] == 0.0
+    halves = table.loc[(0, 0, 0, 1), ["js_fold0", "js_fold1"]].to_numpy(np.float64)
+    fold = unit_fold("u1")                                              # one unit: the other half has no rows
+    assert halves[fold] == pytest.approx(JS_SUM / 3, abs=1e-6) and np.isnan(halves[1 - fold])
+
+
+def test_rows_are_renormalised_and_specials_are_keys(wordpiece_tokenizer):
+    """Mass on [SEP] is part of the distribution: a head parking everything on [SEP] is far from one
+    attending to words; a row scaled by a constant is the same distribution."""
+    sep = [[0.0, 0.0, 0.0, 0.0, 1.0]] * 3
+    example = Example(words=WORDS, unit="u1", source="t:1")
+    scorer = run_scorer(wordpiece_tokenizer, [example], [[sep, P]])
+    a = scorer.tally_.arrays("js:0-0")["hits"][:, 0, 0, :, 0].sum(0)
+    assert a[1] == pytest.approx(3 * math.log(2), abs=1e-6)            # disjoint supports: ln 2 per row
+
+
+def test_units_add_up_and_pairs_match_a_direct_computation(monkeypatch):
+    """js_row_sums against a per-pair NumPy computation, with blocks forced small (chunk edges)."""
+    monkeypatch.setattr(hs, "CHUNK_BYTES", 1)
+    rng = np.random.default_rng(0)
+    k, rows, keys = 5, 7, 4
+    p = rng.dirichlet(np.ones(keys), size=(k, rows))
+    p[0, 0] = [1.0, 0.0, 0.0, 0.0]                                      # a zero: 0 log 0 = 0
+    group = np.array([0, 0, 1, 1, 1, 2, 2])
+    got = js_row_sums(torch.tensor(p, dtype=torch.float32), torch.tensor(group), 3).numpy()
+
+    def entropy(x):
+        x = x[x > 0]
+        return -(x * np.log(x)).sum()
+
+    want = np.zeros((3, k, k))
+    for a in range(k):
+        for b in range(k):
+            for r in range(rows):
+                m = (p[a, r] + p[b, r]) / 2
+                want[group[r], a, b] += entropy(m) - (entropy(p[a, r]) + entropy(p[b, r])) / 2
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_clusters_and_layer_cohesion():
+    """Two layers of two heads, heads of a layer close together: the nearest head is in its layer,
+    the clusters are the layers, within-layer divergence is smaller."""
+    heads = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    close = {frozenset([(0, 0), (0, 1)]), frozenset([(1, 0), (1, 1)])}
+    rows = []
+    for a in heads:
+        for b in heads:
+            js = 0.0 if a == b else (0.05 if frozenset([a, b]) in close else 0.5)
+            rows.append(dict(layer_a=a[0], head_a=a[1], layer_b=b[0], head_b=b[1], n=10.0, js=js,
+                             js_fold0=js, js_fold1=js))
+    distances = pd.DataFrame(rows)
+    clusters = hs.head_clusters(distances)
+    assert list(clusters["nearest_same_layer"]) == [True] * 4
+    assert clusters.groupby("layer")["cluster"].nunique().eq(1).all()
+    assert clusters["cluster"].nunique() == 2
+    cohesion = hs.layer_cohesion(distances, clusters, n_perm=99)
+    assert cohesion["within_layer_js"] == pytest.approx(0.05)
+    assert cohesion["between_layer_js"] == pytest.approx(0.5)
+    assert cohesion["adjusted_rand_clusters_layers"] == pytest.approx(1.0)
+    assert cohesion["nearest_same_layer"] == 1.0
+
+
+def test_report_section_renders(wordpiece_tokenizer):
+    """The registered report section renders from the stored tables (no model)."""
+    from headprobe.report.clusters import head_clusters_section
+    from headprobe.report.document import Figure
+
+    example = Example(words=WORDS, unit="u1", source="t:1")
+    scorer = run_scorer(wordpiece_tokenizer, [example], [[P, Q, P, Q]], n_heads=4)
+    distances = distance_frame(scorer.tally_)
+    tables = {"head_distances": distances, "head_clusters": hs.head_clusters(distances)}
+    results = SimpleNamespace(tables=tables, table=tables.__getitem__, summary={"seed": 0},
+                              analyses=["head_similarity"], roles=pd.DataFrame(columns=["layer", "head", "role"]))
+    section = head_clusters_section(results)
+    figures = [b for b in section.blocks if isinstance(b, Figure)]
+    assert [f.name for f in figures] == ["head_clusters_roles", "head_clusters_layers", "head_clusters_dendrogram"]
+    assert all(f.png.startswith(b"\x89PNG") for f in figures)
