@@ -1,0 +1,497 @@
+"""Parsing from attention (Clark et al. 2019 section 6; Htut et al. 2019): all heads together.
+
+Arcs: every arc of a relation other than root and punct (SPEC's ALL; under every
+conventions preset, as the papers' probes leave punctuation out and this probe has no ROOT
+candidate). Word-level attention A = `att.words` without the special columns.
+
+- **Attention-only probe** (Clark et al.'s "Attn" probe): for a dependent i and a candidate
+  head j != i (any word of the sentence), the features are every head's A[i, j] and A[j, i]
+  (2 x layers x heads). A candidate's score is w . phi(i, j); p(j | i) is the softmax over
+  the candidates; the prediction is the argmax (ties: the lowest index). w is fitted by
+  L-BFGS on the mean negative log-likelihood of the gold heads (+ `l2` |w|^2 / 2) on one
+  fold (SPEC 5 folds by unit hash) and evaluated on the other, both ways: `probe` hits are
+  held-out, pooled over the two evaluations (no other number is reported for it).
+  The features stream to disk (float16, one file per fold, written batch by batch) and are
+  read back in chunks, so memory does not grow with the corpus.
+- **Trees** (Htut et al.): `mst` cells: per head, the maximum spanning tree over the
+  symmetric scores A[d, h] + A[h, d] (rows not renormalised); its UUAS counts a gold arc
+  found as an undirected tree edge. `probe_mst`: the maximum spanning arborescence
+  (Chu-Liu-Edmonds, dummy ROOT with one child) over the held-out probe's log p(h | d);
+  its UUAS likewise. `chain` (UUAS of the tree linking adjacent words) is their baseline.
+- **Single heads** on the same arcs: `dep->head` / `head<-dep` argmax hits (SPEC 2; under
+  SPEC the same counts as the dependency analysis's ALL) and the conventions' offset
+  baselines, so that every comparison is paired (same arcs, same bootstrap weights).
+
+Tally (one label, ALL): cells [layer, head, direction] for `dep->head`, `head<-dep`, `mst`;
+variants (rows with layer = head = -1): `probe` (UAS), `probe_mst` (UUAS), the offset
+baselines (UAS) and `chain` (UUAS). Trials: the arcs. Derived tables: `parse_scores`
+(probe, best head, best baseline; held-out and in-sample, with intervals), `parse_gaps`
+(paired differences with intervals) and `parse_heads` (every head's argmax accuracy and
+MST UUAS with intervals).
+
+Not run by default (`--analyses parsing`). A run resumed from a checkpoint cannot finish
+it (the features of the batches before the checkpoint are gone): it says so.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headprobe.conventions import Conventions, get_conventions
+from headprobe.corpora.base import ALL
+from headprobe.registry import Analysis, register
+from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, word_fill
+from headprobe.stats import interval, ratio
+from headprobe.trees import max_arborescence, max_spanning_tree, undirected_hits
+
+UNSCORED = ("root", "punct")
+PROBE, PROBE_MST, CHAIN = "probe", "probe_mst", "chain"
+DIRECTIONS = ("dep->head", "head<-dep", "mst")
+L2 = 1e-6
+MAX_ITER = 200
+CHUNK_ROWS = 1 << 16                     # feature rows read back at a time
+CACHE_BYTES = 256 * 2**20                # training features kept in memory up to this size, else re-read
+
+
+def parse_arcs(example) -> list[tuple[int, int, str]]:
+    """(dependent, head, relation) of every arc the parsing analysis scores."""
+    if example.heads is None:
+        return []
+    return [(i, h, rel) for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
+            if h >= 0 and rel not in UNSCORED]
+
+
+# ---------------------------------------------------------------- features on disk
+
+@dataclass
+class SentenceRecord:
+    unit: str
+    n: int                               # words
+    offset: int                          # first feature row (pair (0, 1)) in its fold's file
+    dependents: np.ndarray               # scored arcs
+    heads: np.ndarray
+
+
+@dataclass
+class FoldFeatures:
+    """One fold's pair features: rows (i, j), i != j, per sentence, i-major, j ascending."""
+
+    path: str
+    n_features: int
+    rows: int = 0
+    sentences: list[SentenceRecord] = field(default_factory=list)
+
+    def append(self, record: SentenceRecord, features: np.ndarray) -> None:
+        with open(self.path, "ab") as handle:
+            handle.write(np.ascontiguousarray(features, dtype=np.float16).tobytes())
+        record.offset = self.rows
+        self.rows += len(features)
+        self.sentences.append(record)
+
+    def matrix(self) -> np.ndarray:
+        if self.rows == 0:
+            return np.zeros((0, self.n_features), dtype=np.float16)
+        return np.memmap(self.path, dtype=np.float16, mode="r", shape=(self.rows, self.n_features))
+
+    @property
+    def arcs(self) -> int:
+        return int(sum(len(s.dependents) for s in self.sentences))
+
+
+def pair_features(attention: torch.Tensor, n: int) -> torch.Tensor:
+    """[n (n - 1), 2K]: for each pair (i, j), i != j (i-major), every head's A[i, j] then A[j, i].
+    attention: [K, n, n] word-level attention of one sentence."""
+    a = attention[:, :n, :n]
+    forward = a.permute(1, 2, 0)                              # [i, j, K]: A[i, j]
+    backward = a.transpose(1, 2).permute(1, 2, 0)             # [i, j, K]: A[j, i]
+    both = torch.cat([forward, backward], dim=-1)             # [i, j, 2K]
+    off = ~torch.eye(n, dtype=torch.bool, device=a.device)
+    return both[off]                                          # row-major: (0,1), (0,2), ..., (1,0), ...
+
+
+def candidate_index(n: int, dependent: int) -> np.ndarray:
+    """The words j != dependent, in the order of the dependent's feature rows."""
+    return np.array([j for j in range(n) if j != dependent])
+
+
+# ---------------------------------------------------------------- the probe
+
+def fit_probe(chunks, n_features: int, n_items: int, l2: float = L2, max_iter: int = MAX_ITER,
+              device="cpu") -> np.ndarray:
+    """Weights [n_features] minimising mean_i -log softmax_j(w . phi_ij)[gold] + l2 |w|^2 / 2.
+
+    chunks(): an iterable of (features [row, feature] float tensor, group [row] (item index
+    within the chunk), n_groups, gold [group] (the gold candidate's row)), covering
+    `n_items` items in all; read again for every evaluation of the loss (L-BFGS)."""
+    w = torch.zeros(n_features, dtype=torch.float64, device=device, requires_grad=True)
+    optimizer = torch.optim.LBFGS([w], lr=1.0, max_iter=max_iter, history_size=20,
+                                  line_search_fn="strong_wolfe", tolerance_grad=1e-9, tolerance_change=1e-12)
+
+    def closure():
+        optimizer.zero_grad()
+        total = 0.0
+        for x, group, n_groups, gold in chunks():
+            s = x.to(device, torch.float64) @ w                                       # [row]
+            top = torch.full((n_groups,), float("-inf"), dtype=s.dtype, device=device)
+            top = top.scatter_reduce(0, group, s.detach(), reduce="amax")
+            summed = torch.zeros(n_groups, dtype=s.dtype, device=device).index_add(0, group, (s - top[group]).exp())
+            loss = (summed.log() + top - s[gold]).sum() / max(n_items, 1)
+            loss.backward()
+            total += loss.detach().item()
+        penalty = l2 * (w * w).sum() / 2
+        penalty.backward()
+        return torch.tensor(total + penalty.detach().item())
+
+    optimizer.step(closure)
+    return w.detach().cpu().numpy()
+
+
+def training_chunks(fold: FoldFeatures, rows_per_chunk: int = CHUNK_ROWS, cache_bytes: int = CACHE_BYTES):
+    """A `fit_probe` chunk source over a fold's scored dependents (their candidate rows), and the
+    number of dependents. Chunks are read from the fold's file; when all of them fit in
+    `cache_bytes` (as float64) they are read once and kept, else read again on every pass."""
+    spans = []                                    # (first row, candidates, gold position) per item
+    for s in fold.sentences:
+        for d, h in zip(s.dependents, s.heads):
+            spans.append((s.offset + d * (s.n - 1), s.n - 1, h if h < d else h - 1))
+    plan = []                                     # (row index, group, n_groups, gold) per chunk
+    start = 0
+    while start < len(spans):
+        stop, rows = start, 0
+        while stop < len(spans) and (rows == 0 or rows + spans[stop][1] <= rows_per_chunk):
+            rows += spans[stop][1]
+            stop += 1
+        part = spans[start:stop]
+        sizes = np.array([size for _, size, _ in part])
+        firsts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        plan.append((np.concatenate([np.arange(first, first + size) for first, size, _ in part]),
+                     torch.from_numpy(np.repeat(np.arange(len(part)), sizes)), len(part),
+                     torch.from_numpy(firsts + np.array([g for _, _, g in part]))))
+        start = stop
+    total = sum(len(index) for index, *_ in plan) * fold.n_features * 8
+    kept = []
+
+    def chunks():
+        if kept:
+            yield from kept
+            return
+        matrix, loaded = fold.matrix(), []
+        for index, group, n_groups, gold in plan:
+            item = (torch.from_numpy(np.asarray(matrix[index], dtype=np.float64)), group, n_groups, gold)
+            if total <= cache_bytes:
+                loaded.append(item)
+            yield item
+        kept.extend(loaded)
+
+    return chunks, len(spans)
+
+
+def sentence_scores(fold: FoldFeatures, weights: np.ndarray, rows_per_chunk: int = CHUNK_ROWS):
+    """(record, scores [n, n]) per sentence of a fold: scores[d, h] = w . phi(d, h), -inf on the diagonal."""
+    matrix = fold.matrix()
+    w = weights.astype(np.float64)
+    sentences = fold.sentences
+    start = 0
+    while start < len(sentences):
+        stop, rows = start, 0
+        while stop < len(sentences) and (rows == 0 or rows + sentences[stop].n * (sentences[stop].n - 1)
+                                          <= rows_per_chunk):
+            rows += sentences[stop].n * (sentences[stop].n - 1)
+            stop += 1
+        first = sentences[start].offset
+        block = np.asarray(matrix[first:first + rows], dtype=np.float64) @ w
+        for record in sentences[start:stop]:
+            n = record.n
+            scores = np.full((n, n), -np.inf)
+            scores[~np.eye(n, dtype=bool)] = block[record.offset - first:record.offset - first + n * (n - 1)]
+            yield record, scores
+        start = stop
+
+
+def log_softmax_rows(scores: np.ndarray) -> np.ndarray:
+    top = scores.max(axis=1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    return scores - top - np.log(np.exp(scores - top).sum(axis=1, keepdims=True))
+
+
+# ---------------------------------------------------------------- the scorer
+
+class ParsingScorer(CountScorer):
+    analysis = "parsing"
+    directions = DIRECTIONS
+    variants = (PROBE, PROBE_MST)
+
+    def __init__(self, conventions: Conventions | str | None = None, work_dir: str | None = None,
+                 l2: float = L2, max_iter: int = MAX_ITER):
+        super().__init__()
+        self.work_dir, self.l2, self.max_iter = work_dir, l2, max_iter
+        self.use_conventions(conventions)
+        self._store = None
+        self.probe_weights_: dict[int, np.ndarray] = {}    # weights trained on fold k
+        self.notes_: list[str] = []
+
+    def use_conventions(self, conventions) -> None:
+        """The offset baselines follow `conventions` (the arcs do not: always non-root, non-punct)."""
+        conventions = get_conventions(conventions)
+        variants = (PROBE, PROBE_MST) + conventions.variants + (CHAIN,)
+        if self.tally_ is not None and variants != self.variants:
+            raise ValueError("conventions must be set before the scorer is bound")
+        self.conventions = conventions
+        self.variants = variants
+
+    # -- the pass -------------------------------------------------------------------------
+    def _open_store(self):
+        if self._store is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="headprobe-parsing-", dir=self.work_dir)
+            n_features = 2 * len(self.layers) * self.n_heads
+            self._store = {f: FoldFeatures(os.path.join(self._tmp.name, f"fold{f}.f16"), n_features)
+                           for f in (0, 1)}
+        return self._store
+
+    def rows(self, batch):
+        rows = RowIndex()
+        arcs = []                                  # (batch row, dependent, head, row)
+        for b, example in enumerate(batch.examples):
+            scored = parse_arcs(example)
+            if scored:
+                row = rows.count(example.unit, ALL, len(scored))
+                arcs.extend((b, i, h, row) for i, h, _ in scored)
+        self._arcs = arcs
+        return rows.keys, rows.n
+
+    def prepare(self, batch):
+        self._fill = word_fill(batch)
+        table = np.array(self._arcs, dtype=np.int64).reshape(-1, 4)
+        n_words = np.array([len(ex.words) for ex in batch.examples], dtype=np.int64)
+        base = self.conventions.baseline_hits(table[:, 1], table[:, 2], n_words[table[:, 0]])
+        chain = (np.abs(table[:, 1] - table[:, 2]) == 1).astype(np.float32)[:, None]
+        hits = np.zeros((len(table), len(self.variants)), dtype=np.float32)
+        hits[:, 2:2 + base.shape[1]] = base
+        hits[:, -1:] = chain
+        np.add.at(self.baseline_hits, table[:, 3], hits)
+        arcs = torch.from_numpy(table).to(batch.device)
+        self._arc_b, self._arc_dep, self._arc_head, self._arc_row = arcs.unbind(1)
+        self._n_words = torch.from_numpy(n_words).to(batch.device)
+        self._attention: list[torch.Tensor] = []
+
+    def update(self, layer, att, batch):
+        w = batch.max_words
+        words = att.words[..., :w]                                           # [batch, head, word, word]
+        self._attention.append(words)
+        if self._arc_b.numel() == 0:
+            return
+        scores = masked_word_attention(att, batch, prepared=self._fill)
+        for direction, top in enumerate((scores.max(dim=-1), scores.max(dim=-2))):
+            chosen = top.indices.permute(0, 2, 1)[self._arc_b, self._arc_dep]         # [arc, head]
+            alive = top.values.permute(0, 2, 1)[self._arc_b, self._arc_dep] > 0
+            self.add(layer, direction, self._arc_row, ((chosen == self._arc_head[:, None]) & alive).float())
+
+    def _trees(self, attention: torch.Tensor) -> None:
+        """`mst` hits: every head's maximum spanning tree over A[d, h] + A[h, d], all layers at once."""
+        b, k, w, _ = attention.shape
+        symmetric = (attention + attention.transpose(-1, -2)).reshape(b * k, w, w)
+        parent = max_spanning_tree(symmetric, self._n_words.repeat_interleave(k)).reshape(b, k, w)
+        at_dep = parent[self._arc_b, :, self._arc_dep]                                 # [arc, K]
+        at_head = parent[self._arc_b, :, self._arc_head]
+        edge = ((at_dep == self._arc_head[:, None]) | (at_head == self._arc_dep[:, None])).float()
+        for slot, layer in enumerate(self.layers):
+            self.add(layer, 2, self._arc_row, edge[:, slot * self.n_heads:(slot + 1) * self.n_heads])
+
+    def end_batch(self, batch):
+        if self._attention:
+            store = self._open_store()
+            attention = torch.cat(self._attention, dim=1)                    # [batch, K, word, word]
+            if self._arc_b.numel():
+                self._trees(attention)
+            by_example: dict[int, list] = {}
+            for b, i, h, _ in self._arcs:
+                by_example.setdefault(b, []).append((i, h))
+            for b, example in enumerate(batch.examples):
+                n = len(example.words)
+                if n < 2:
+                    continue
+                pairs = by_example.get(b, [])
+                record = SentenceRecord(example.unit, n, 0, np.array([p[0] for p in pairs], dtype=np.int64),
+                                        np.array([p[1] for p in pairs], dtype=np.int64))
+                fold = self.tally_.draws(example.unit)[0]
+                store[fold].append(record, pair_features(attention[b], n).cpu().numpy())
+        self._attention = []
+        super().end_batch(batch)
+
+    # -- after the pass: train, evaluate held-out, decode trees --------------------------------
+    def finish(self) -> None:
+        super().finish()
+        store = self._open_store() if self.n_layers is not None else None
+        try:
+            if store is not None:
+                self._probe(store)
+        finally:
+            if getattr(self, "_tmp", None) is not None:
+                self._tmp.cleanup()
+                self._tmp = None
+            self._store = None
+
+    def _probe(self, store) -> None:
+        seen = self.tally_.labels.get(ALL)
+        streamed = 0 if seen is None else int(seen.n[:, 0, 0].sum())
+        stored = store[0].arcs + store[1].arcs
+        if streamed != stored:
+            raise RuntimeError(f"parsing: the probe's features cover {stored} arcs, the counts {streamed}: a run "
+                               "resumed from a checkpoint cannot train the probe (its features were not "
+                               "checkpointed); run again without --resume")
+        if not store[0].arcs or not store[1].arcs:
+            self.notes_.append("parsing: one fold has no arcs, so the probe has no held-out evaluation")
+            return
+        units, base = [], []
+        for fold in (0, 1):
+            train = store[1 - fold]
+            chunks, n_items = training_chunks(train)
+            weights = fit_probe(chunks, train.n_features, n_items, self.l2, self.max_iter)
+            self.probe_weights_[1 - fold] = weights
+            for record, scores in sentence_scores(store[fold], weights):
+                if not len(record.dependents):
+                    continue
+                predicted = scores.argmax(axis=1)                                # ties: lowest index
+                probe = predicted[record.dependents] == record.heads
+                tree = max_arborescence(log_softmax_rows(scores))              # arcs h -> d: log p(h | d)
+                mst = undirected_hits(tree, record.dependents, record.heads)
+                hits = np.zeros(len(self.variants), dtype=np.float32)
+                hits[0], hits[1] = probe.sum(), mst.sum()
+                units.append(record.unit)
+                base.append(hits)
+        if units:
+            self.tally_.add(units, [ALL] * len(units), None, np.zeros((len(units), len(self.directions))),
+                            np.stack(base))
+            self.tally_.flush()
+
+
+# ---------------------------------------------------------------- derived tables
+
+SCORE_COLUMNS = ["metric", "predictor", "selection", "heads", "variant", "n", "hits", "accuracy", "ci_low",
+                 "ci_high", "note"]
+GAP_COLUMNS = ["metric", "predictor", "versus", "selection", "gap", "gap_low", "gap_high"]
+COMPARISONS = (("UAS", "probe", "best head"), ("UAS", "probe", "best baseline"),
+               ("UUAS", "probe MST", "best head MST"), ("UUAS", "probe MST", "chain"),
+               ("UAS", "best head", "best baseline"), ("UUAS", "best head MST", "chain"))
+HEAD_COLUMNS = ["layer", "head", "direction", "n", "hits", "accuracy", "ci_low", "ci_high"]
+
+
+class ParseTotals:
+    """The parsing tally's ALL label as [fold, resample, ...] arrays."""
+
+    def __init__(self, tally):
+        a = tally.arrays(ALL)
+        self.tally = tally
+        self.hits = a["hits"].astype(np.float64)                 # [fold, resample, layer, head, direction]
+        self.n = a["n"][..., 0]                                   # [fold, resample]
+        self.base = a["base"].astype(np.float64)                 # [fold, resample, variant]
+        self.variants = list(tally.variants)
+
+    def cells(self, directions) -> list[tuple[int, int, int]]:
+        """(layer slot, head, direction index) candidates, in tie order (layer, head, direction)."""
+        _, _, n_layers, n_heads, _ = self.hits.shape
+        return [(l, h, d) for l in range(n_layers) for h in range(n_heads) for d in directions]
+
+    def head(self, cell) -> np.ndarray:
+        return self.hits[:, :, cell[0], cell[1], cell[2]]         # [fold, resample]
+
+    def name(self, cell) -> str:
+        return f"{self.tally.layers[cell[0]]}-{cell[1]} {DIRECTIONS[cell[2]]}"
+
+    def best(self, options, folds) -> int:
+        """Index of the first best option (each [fold, resample] hits) on `folds` (resample 0)."""
+        f = list(folds)
+        n = self.n[f, 0].sum()
+        scores = [o[f, 0].sum() / n if n else np.nan for o in options]
+        return int(np.nanargmax(scores)) if np.isfinite(scores).any() else 0
+
+    def predictor(self, options, names, selection):
+        """(hits [resample], chosen name) of the best option: in-sample (chosen on all data) or
+        held-out (chosen on the other fold, evaluated on each fold, pooled)."""
+        if selection == "in-sample":
+            k = self.best(options, (0, 1))
+            return options[k].sum(0), names[k]
+        chosen = [self.best(options, (1 - f,)) for f in (0, 1)]
+        hits = sum(options[chosen[f]][f] for f in (0, 1))
+        name = names[chosen[0]] if chosen[0] == chosen[1] else f"{names[chosen[1]]} | {names[chosen[0]]}"
+        return hits, name
+
+
+def parse_tables(results) -> dict[str, pd.DataFrame]:
+    tally = results.tallies.get("parsing")
+    if tally is None or ALL not in tally.labels:
+        return {"parse_scores": pd.DataFrame(columns=SCORE_COLUMNS), "parse_gaps": pd.DataFrame(columns=GAP_COLUMNS),
+                "parse_heads": pd.DataFrame(columns=HEAD_COLUMNS)}
+    t = ParseTotals(tally)
+    n = t.n.sum(0)                                                # [resample]
+    scores, gaps, hits_of = [], [], {}
+
+    def add(metric, predictor, selection, name, variant, hits, note=""):
+        acc = ratio(hits, n)
+        low, high = interval(acc[1:])
+        scores.append(dict(metric=metric, predictor=predictor, selection=selection, heads=name, variant=variant,
+                           n=float(n[0]), hits=float(hits[0]), accuracy=float(acc[0]), ci_low=low, ci_high=high,
+                           note=note))
+        hits_of[(metric, predictor, selection)] = hits
+
+    probe_note = "" if t.base[:, 0, 0].sum() or not n[0] else "no held-out evaluation (a fold has no arcs)"
+    add("UAS", "probe", "held-out", "", PROBE, t.base[:, :, 0].sum(0), probe_note)
+    add("UUAS", "probe MST", "held-out", "", PROBE_MST, t.base[:, :, 1].sum(0), probe_note)
+    offsets = [v for v in t.variants if v not in (PROBE, PROBE_MST, CHAIN)]
+    for selection in ("held-out", "in-sample"):
+        cells = t.cells((0, 1))
+        hits, name = t.predictor([t.head(c) for c in cells], [t.name(c) for c in cells], selection)
+        add("UAS", "best head", selection, name, "", hits)
+        mst = t.cells((2,))
+        hits, name = t.predictor([t.head(c) for c in mst], [t.name(c).replace(" mst", "") for c in mst], selection)
+        add("UUAS", "best head MST", selection, name, "", hits)
+        options = [t.base[:, :, t.variants.index(v)] for v in offsets]
+        if options:
+            hits, name = t.predictor(options, offsets, selection)
+            add("UAS", "best baseline", selection, "", name, hits)
+    add("UUAS", "chain", "fixed", "", CHAIN, t.base[:, :, t.variants.index(CHAIN)].sum(0))
+    # paired differences (same arcs, same resample weights); the probe is always held-out, the
+    # single heads and baselines are selected held-out or in-sample, chain is fixed
+    for metric, predictor, versus in COMPARISONS:
+        for selection in ("held-out", "in-sample"):
+            probe, fixed = predictor.startswith("probe"), versus == "chain"
+            if probe and fixed and selection == "in-sample":         # nothing selected on either side
+                continue
+            a = hits_of.get((metric, predictor, "held-out" if probe else selection))
+            b = hits_of.get((metric, versus, "fixed" if fixed else selection))
+            if a is None or b is None:
+                continue
+            gap = ratio(a, n) - ratio(b, n)
+            low, high = interval(gap[1:])
+            gaps.append(dict(metric=metric, predictor=predictor, versus=versus, selection=selection,
+                             gap=float(gap[0]), gap_low=low, gap_high=high))
+    heads = []
+    whole = t.hits.sum(0)                                          # [resample, layer, head, direction]
+    for (l, h, d) in t.cells((0, 1, 2)):
+        acc = ratio(whole[:, l, h, d], n)
+        low, high = interval(acc[1:])
+        heads.append(dict(layer=tally.layers[l], head=h, direction=DIRECTIONS[d], n=float(n[0]),
+                          hits=float(whole[0, l, h, d]), accuracy=float(acc[0]), ci_low=low, ci_high=high))
+    return {"parse_scores": pd.DataFrame(scores, columns=SCORE_COLUMNS),
+            "parse_gaps": pd.DataFrame(gaps, columns=GAP_COLUMNS),
+            "parse_heads": pd.DataFrame(heads, columns=HEAD_COLUMNS)}
+
+
+def _table(name):
+    return lambda results: parse_tables(results)[name]
+
+
+ANALYSIS = register(Analysis(
+    name="parsing", scorer=ParsingScorer, input="sentences", selection=False, default=False,
+    description="all heads together: an attention-only probe (Clark et al. 2019 section 6) and maximum "
+                "spanning trees per head and over the probe (Htut et al. 2019), against the best single head "
+                "and the offset baselines",
+    tables={"parse_scores": _table("parse_scores"), "parse_gaps": _table("parse_gaps"),
+            "parse_heads": _table("parse_heads")},
+    report="headprobe.report.parsing:parsing_section"))
