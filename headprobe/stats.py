@@ -103,12 +103,14 @@ class LabelTotals:
         self.n = a["n"][..., self.dir_of]                                     # [fold, resample, cand]
         self.base = a["base"].astype(np.float64)                              # [fold, resample, variant]
         self.base_n = a["n"][..., 0]                                          # [fold, resample]
-        self.both = a["both"].reshape(-1, a["both"].shape[-1]).astype(np.float64)   # [cand, variant]
+        self.both = a["both"].reshape(self.hits.shape[-1], a["both"].shape[-1]).astype(np.float64)  # [cand, variant]
         self.extra = {k.split(":", 1)[1]: v for k, v in a.items() if k.startswith("extra:")}  # [fold, dir]
         layers, directions = tally.layers, tally.directions
         self.candidates = [(layers[c // (n_heads * n_dirs)], (c // n_dirs) % n_heads, directions[c % n_dirs])
                            for c in range(self.hits.shape[-1])]
         self.variants = list(tally.variants)
+        # McNemar applies to hit counts (whole numbers), not to summed attention
+        self.counts_hits = tally.value == "hits" or bool(np.array_equal(self.hits[:, 0], np.round(self.hits[:, 0])))
 
     # data subsets: a tuple of folds
     def trials(self, folds) -> float:
@@ -182,7 +184,7 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
     small = n_all < min_n
     row = _row(analysis, label, totals, "in-sample", "", {0: (best, base), 1: (best, base)}, best, base)
     row.update(tied=totals.tied(both, best), small_sample=small, unreachable=totals.unreachable(both, best))
-    if base is not None:
+    if base is not None and totals.counts_hits:       # McNemar needs hits, not summed attention
         b = totals.hits[:, 0, best].sum() - totals.both[best, base]
         c = totals.base[:, 0, base].sum() - totals.both[best, base]
         row.update(p_value=float(mcnemar_greater(b, c)))
@@ -235,8 +237,8 @@ def head_tests(analysis: str, label: str, totals: LabelTotals) -> pd.DataFrame:
     n_layers, n_heads, n_dirs = totals.shape
     both = (0, 1)
     acc = totals.accuracy(both).reshape(n_layers * n_heads, n_dirs)        # [head, dir]
-    if not np.isfinite(acc).any() or not totals.variants:
-        return pd.DataFrame(columns=TEST_COLUMNS)
+    if not np.isfinite(acc).any() or not totals.variants or not totals.counts_hits:
+        return pd.DataFrame(columns=TEST_COLUMNS)          # McNemar tests hits; mass has no discordant items
     d = np.nanargmax(np.where(np.isfinite(acc), acc, -1), axis=1)          # better direction; ties: first
     cand = np.arange(n_layers * n_heads) * n_dirs + d                     # [head]
     _, base = totals.select(both)
