@@ -19,10 +19,23 @@ Models that do not use the interface (older code such as MPNet) fall back to
 `output_attentions=True`, taken from the model's output and handed on layer by
 layer; that path needs the model loaded with eager attention and holds all
 layers of one batch at once.
+
+Query blocks (`AttentionCapture(..., query_block=N)`): an asked-for layer's
+probabilities are computed N query rows at a time, so one layer holds
+O(N x keys) per head instead of O(queries x keys); the callback is then called
+once per block as `callback(layer, probs_rows, block)`, `block` a `QueryBlock`
+(rows `start:stop` of `total`), in row order, and the layer's output is
+assembled from the blocks. Without `query_block` nothing changes (the callback
+gets `(layer, probs)` for all rows). The legacy path hands one block of all rows.
+
+Models spread over devices (accelerate's `device_map` / `dispatch_model`): each
+layer's probabilities are computed, and handed on, on the device where that
+layer runs (`probs.device`); nothing here moves them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -70,12 +83,49 @@ def uses_attention_interface(model) -> bool:
     return bool(getattr(model, "_supports_attention_backend", False))
 
 
-def eager_probs(module, query, key, attention_mask, scaling, kwargs) -> torch.Tensor:
-    """softmax(Q K^T * scale + mask) as eager attention computes it, in float32."""
+def model_device(model) -> torch.device:
+    """Where a model's inputs go: its parameters' device, or for a model dispatched over devices
+    by accelerate (`hf_device_map`) its main device (the first GPU of the map, else the CPU;
+    modules offloaded to "cpu"/"disk" run there, their weights on the "meta" device)."""
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:
+        on = [d for d in device_map.values() if d not in ("cpu", "disk", "meta")]
+        if not on:
+            return torch.device("cpu")
+        first = on[0]
+        return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
+    return next(model.parameters()).device
+
+
+@dataclass(frozen=True)
+class QueryBlock:
+    """Query rows `start:stop` of `total` (one block of a layer captured in query blocks)."""
+
+    start: int
+    stop: int
+    total: int
+
+    @property
+    def first(self) -> bool:
+        return self.start == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stop >= self.total
+
+
+def eager_probs(module, query, key, attention_mask, scaling, kwargs, rows: slice | None = None) -> torch.Tensor:
+    """softmax(Q K^T * scale + mask) as eager attention computes it, in float32.
+
+    rows: only these query rows (`slice(start, stop)`, a query block); the mask is cut to
+    them and a rebuilt causal mask is shifted by `start`. None: every row (the default path,
+    unchanged)."""
     # query: [batch, head, query, dim]; key: [batch, kv_head, key, dim]
     groups = query.shape[1] // key.shape[1]
     if groups > 1:                                                   # grouped-query attention
         key = key.repeat_interleave(groups, dim=1)                   # [batch, head, key, dim]
+    if rows is not None:
+        return _block_probs(module, query, key, attention_mask, scaling, kwargs, rows)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     # scores in float32 even when the model runs in bfloat16/float16: the probabilities we hand on
@@ -99,6 +149,35 @@ def eager_probs(module, query, key, attention_mask, scaling, kwargs) -> torch.Te
     return torch.softmax(scores, dim=-1, dtype=torch.float32)        # [batch, head, query, key]
 
 
+def _block_probs(module, query, key, attention_mask, scaling, kwargs, rows: slice) -> torch.Tensor:
+    """`eager_probs` for query rows `rows` only ([batch, head, rows, key]); `key` has its
+    grouped heads repeated already."""
+    n_total = query.shape[-2]
+    start, stop = rows.start, rows.stop
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    query, key = query[:, :, start:stop].float(), key.float()
+    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)   # [batch, head, rows, key]
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap).mul_(softcap)
+    n_key = scores.shape[-1]
+    if attention_mask is not None and attention_mask.shape[-2] == n_total and n_total > 1:
+        attention_mask = attention_mask[..., start:stop, :]           # the block's rows of the mask
+    if attention_mask is None:
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", False) if causal is None else causal
+        if causal and n_total > 1:
+            keep = torch.ones(stop - start, n_key, dtype=torch.bool, device=scores.device).tril(
+                start + n_key - n_total)
+            scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)
+    elif attention_mask.dtype == torch.bool:
+        scores.masked_fill_(~attention_mask[..., :n_key], torch.finfo(scores.dtype).min)
+    else:
+        scores.add_(attention_mask[..., :n_key].float().clamp_min(torch.finfo(scores.dtype).min))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32)
+
+
 def attend(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Attention output from probabilities: [batch, query, head, dim]."""
     # probs: [batch, head, query, key]; value: [batch, kv_head, key, dim]
@@ -115,11 +194,31 @@ def headprobe_attention(module, query, key, value, attention_mask, scaling=None,
     if capture is None or layer not in capture.layers:
         fallback = capture.fallback if capture is not None else sdpa_attention_forward
         return fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    capture.calls_[layer] = capture.calls_.get(layer, 0) + 1
+    if capture.query_block:
+        return _attend_in_blocks(capture, layer, module, query, key, value, attention_mask, scaling, kwargs), None
     probs = eager_probs(module, query, key, attention_mask, scaling, kwargs)   # [batch, head, query, key]
     output = attend(probs, value)
-    capture.calls_[layer] = capture.calls_.get(layer, 0) + 1
     capture.callback(layer, probs)
     return output, None
+
+
+def _attend_in_blocks(capture, layer, module, query, key, value, attention_mask, scaling, kwargs):
+    """One captured layer, `capture.query_block` query rows at a time: each block's
+    probabilities are handed on and dropped before the next is computed."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:                                                   # repeated once, not per block
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    n_query = query.shape[-2]
+    outputs = []
+    for start in range(0, n_query, capture.query_block):
+        stop = min(start + capture.query_block, n_query)
+        probs = eager_probs(module, query, key, attention_mask, scaling, kwargs, rows=slice(start, stop))
+        outputs.append(attend(probs, value))                          # [batch, rows, head, dim]
+        capture.callback(layer, probs, QueryBlock(start, stop, n_query))
+        del probs
+    return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
 
 
 for _impl, _mask in (("sdpa", sdpa_mask), ("eager", eager_mask)):
@@ -131,17 +230,23 @@ class AttentionCapture:
     """Context manager: hand each asked-for layer's attention to `callback(layer, probs)`.
 
     layers: iterable of 0-based layer indices, or None for all.
+    query_block: None (the callback gets `(layer, probs)`, all query rows at once), or a
+      number of query rows: the callback gets `(layer, probs_rows, QueryBlock)` per block.
     After use, `calls_` counts the captured calls per layer.
     """
 
-    def __init__(self, model, layers: Iterable[int] | None = None, callback: Callback | None = None):
+    def __init__(self, model, layers: Iterable[int] | None = None, callback: Callback | None = None,
+                 query_block: int | None = None):
         self.model = model
         self.n_layers, self.n_heads = n_layers_heads(model)
         self.layers = set(range(self.n_layers)) if layers is None else {int(x) for x in layers}
         bad = sorted(x for x in self.layers if not 0 <= x < self.n_layers)
         if bad:
             raise ValueError(f"layers {bad} out of range: the model has layers 0..{self.n_layers - 1}")
-        self.callback = callback or (lambda layer, probs: None)
+        self.callback = callback or (lambda layer, probs, block=None: None)
+        if query_block is not None and int(query_block) < 1:
+            raise ValueError(f"query_block must be at least 1, not {query_block}")
+        self.query_block = int(query_block) if query_block else None
         self.calls_: dict[int, int] = {}
         self.interface = uses_attention_interface(model)
         self._undo: list[Callable[[], None]] = []
@@ -179,7 +284,10 @@ class AttentionCapture:
             for layer, probs in enumerate(attentions):
                 if layer in self.layers:
                     self.calls_[layer] = self.calls_.get(layer, 0) + 1
-                    self.callback(layer, probs.float())
+                    if self.query_block:                             # one block: every row
+                        self.callback(layer, probs.float(), QueryBlock(0, probs.shape[-2], probs.shape[-2]))
+                    else:
+                        self.callback(layer, probs.float())
             output.attentions = None
             return output
 

@@ -5,6 +5,19 @@ For each batch, each asked-for layer's attention block is pooled to words once
 and dropped. Scorers keep only counts. A batch that runs out of memory is
 retried in halves; nothing is dropped or counted twice (scorers commit a
 batch's counts only in `end_batch`).
+
+Models over several devices (accelerate `device_map`): a layer's attention is pooled to
+words on the device where the layer runs (the batch's word maps are copied there once per
+batch and device); the word-level block, smaller than the piece-level one, is then handed
+to the scorers on the batch's device (`capture.model_device`), where their counts live.
+
+Query blocks (`Engine(query_block=N)`): capture hands a layer N query pieces at a time
+(`capture.QueryBlock`); `WordRows` pools them into the word rows that are complete (all
+of a word's pieces seen, in every example of the batch) and each block goes to the
+scorers as a `LayerAttention` with `query_pieces`, `query_words`, `first`, `last` (the
+block API, `scorers.base.CountScorer.blocks`). Only when every scorer supports blocks;
+otherwise the run is unblocked and `stats_["notes"]` says why. Unblocked (the default) is
+one block of every row, computed exactly as before.
 """
 
 from __future__ import annotations
@@ -16,12 +29,13 @@ import time
 from collections import Counter
 from functools import cached_property
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from headprobe.align import WORD
 from headprobe.batching import Batch, bucket, prepare
-from headprobe.capture import AttentionCapture, n_layers_heads, text_config
+from headprobe.capture import AttentionCapture, QueryBlock, model_device, n_layers_heads, text_config
 from headprobe.conventions import get_conventions
 from headprobe.tally import N_BOOT, SEED
 
@@ -42,28 +56,149 @@ def chunked(items, size: int):
         yield chunk
 
 
-class LayerAttention:
-    """One layer of one batch, at piece level and pooled to words (computed once, shared)."""
+class WordMaps:
+    """A batch's piece -> word maps on one device: the batch's own, or a copy (made once per
+    batch) where a layer of a model spread over devices runs."""
 
-    def __init__(self, layer: int, pieces: torch.Tensor, batch: Batch):
+    def __init__(self, batch: Batch, device: torch.device):
+        same = device == batch.device
+        move = (lambda t: t) if same else (lambda t: t.to(device))
+        self.device = device
+        self.to_words = move(batch.to_words)                  # [batch, piece, word + 2]
+        self.from_words = move(batch.from_words)              # [batch, word, piece]
+        self.piece_kind = move(batch.piece_kind)              # [batch, piece]
+        self.piece_word = move(batch.piece_word)              # [batch, piece]
+
+    @staticmethod
+    def of(batch: Batch, device: torch.device) -> "WordMaps":
+        cache = batch.__dict__.setdefault("_headprobe_maps", {})
+        maps = cache.get(device)
+        if maps is None:
+            maps = cache[device] = WordMaps(batch, device)
+        return maps
+
+
+def pool_words(pieces: torch.Tensor, maps, from_mode: str, max_words: int) -> torch.Tensor:
+    """[batch, head, word, word + 2] word-level attention of piece-level `pieces` (every row)."""
+    to = torch.matmul(pieces, maps.to_words[:, None])                   # [batch, head, piece, word + 2]
+    if from_mode != "max":
+        return torch.matmul(maps.from_words[:, None], to)               # [batch, head, word, word + 2]
+    b, h, t, k = to.shape
+    w = max_words
+    row = torch.where(maps.piece_kind == WORD, maps.piece_word, torch.full_like(maps.piece_word, w))
+    index = row[:, None, :, None].expand(b, h, t, k)                    # [batch, head, piece, word + 2]
+    out = to.new_full((b, h, w + 1, k), float("-inf"))
+    out.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
+    return out[:, :, :w].clamp_min(0)                                   # [batch, head, word, word + 2]
+
+
+class LayerAttention:
+    """One layer of one batch, at piece level and pooled to words (computed once, shared).
+
+    Block API (for scorers that declare `blocks = True`): `pieces` holds the query piece rows
+    `query_pieces = (start, stop)` (all keys), `words` the word rows `query_words = (start,
+    stop)` (all key columns); `first` / `last` mark a layer's first and last block. Without
+    query blocks there is one block of every row: `(0, pieces)`, `(0, words)`, both True.
+
+    On a model spread over devices `pieces` arrives on the layer's device: `words` is pooled
+    there and moved to the batch's device; `pieces` is moved only if a scorer reads it.
+    """
+
+    def __init__(self, layer: int, pieces: torch.Tensor, batch: Batch, *, words: torch.Tensor | None = None,
+                 query_pieces: tuple[int, int] | None = None, query_words: tuple[int, int] | None = None,
+                 first: bool = True, last: bool = True):
         self.layer = layer
-        self.pieces = pieces                                   # [batch, head, piece, piece]
+        self.local = pieces                                   # [batch, head, query piece, piece], layer's device
         self.batch = batch
+        self.query_pieces = query_pieces or (0, pieces.shape[-2])
+        self.query_words = query_words or (0, batch.max_words)
+        self.first, self.last = first, last
+        if words is not None:
+            self.__dict__["words"] = words                    # pooled already (query blocks)
+        if pieces.device == batch.device:
+            self.__dict__["pieces"] = pieces
+
+    @cached_property
+    def pieces(self) -> torch.Tensor:
+        """[batch, head, piece, piece] on the batch's device."""
+        return self.local.to(self.batch.device)
 
     @cached_property
     def words(self) -> torch.Tensor:
         """[batch, head, word, word + 2]: to = sum over pieces; from = mean/first/max; + CLS-, SEP-like."""
         batch = self.batch
-        to = torch.matmul(self.pieces, batch.to_words[:, None])          # [batch, head, piece, word + 2]
-        if batch.from_mode != "max":
-            return torch.matmul(batch.from_words[:, None], to)           # [batch, head, word, word + 2]
-        b, h, t, k = to.shape
-        w = batch.max_words
-        row = torch.where(batch.piece_kind == WORD, batch.piece_word, torch.full_like(batch.piece_word, w))
-        index = row[:, None, :, None].expand(b, h, t, k)                 # [batch, head, piece, word + 2]
-        out = to.new_full((b, h, w + 1, k), float("-inf"))
-        out.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
-        return out[:, :, :w].clamp_min(0)                                # [batch, head, word, word + 2]
+        if self.local.device == batch.device:
+            return pool_words(self.local, batch, batch.from_mode, batch.max_words)
+        words = pool_words(self.local, WordMaps.of(batch, self.local.device), batch.from_mode, batch.max_words)
+        return words.to(batch.device)
+
+
+class WordRows:
+    """Word-level rows of one layer of one batch from its query blocks (piece rows, in order).
+
+    A word's row is complete once all its pieces' rows have been seen; rows are handed on
+    as soon as they are complete in every example of the batch, so only the rows of words
+    cut by a block boundary (or ahead in another example) wait here. To = sum over the
+    key pieces (every key is in each block); from = mean/first (weights, added up over the
+    blocks) or max (a running maximum)."""
+
+    def __init__(self, batch: Batch, device: torch.device):
+        self.maps = WordMaps.of(batch, device)
+        self.from_mode = batch.from_mode
+        self.w = batch.max_words
+        spans = batch.__dict__.get("_headprobe_spans")
+        if spans is None:                                     # each word's first and last piece
+            kind = batch.piece_kind.cpu().numpy()
+            word = batch.piece_word.cpu().numpy()
+            b, t = kind.shape
+            first = np.full((b, self.w), t, dtype=np.int64)  # words an example lacks: never touched,
+            last = np.full((b, self.w), -1, dtype=np.int64)  # always complete
+            rows, pieces = np.nonzero(kind == WORD)
+            np.minimum.at(first, (rows, word[rows, pieces]), pieces)
+            np.maximum.at(last, (rows, word[rows, pieces]), pieces)
+            spans = batch.__dict__["_headprobe_spans"] = (first, last)
+        self.first_piece, self.last_piece = spans
+        self.done = 0                                         # rows handed on: words [0, done)
+        self.acc = None                                       # [batch, head, rows, word + 2]: words [done, ...)
+
+    def add(self, probs: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Pool query piece rows `start:stop`; (complete word rows [batch, head, n, word + 2], (w0, w1))."""
+        b, h = probs.shape[:2]
+        k = self.w + 2
+        maps = self.maps
+        to = torch.matmul(probs, maps.to_words[:, None])                         # [batch, head, rows, word + 2]
+        touched = ((self.first_piece < stop) & (self.last_piece >= start)).any(axis=0)   # [word]
+        if touched.any():
+            cols = np.flatnonzero(touched)
+            lo, hi = int(cols[0]), int(cols[-1]) + 1
+            assert lo >= self.done, "query blocks must come in row order"
+            fill = float("-inf") if self.from_mode == "max" else 0.0
+            have = 0 if self.acc is None else self.acc.shape[2]
+            if self.done + have < hi:                                           # rows for newly touched words
+                more = to.new_full((b, h, hi - self.done - have, k), fill)
+                self.acc = more if self.acc is None else torch.cat([self.acc, more], dim=2)
+            if self.from_mode != "max":
+                part = torch.matmul(maps.from_words[:, None, lo:hi, start:stop], to)   # [batch, head, hi - lo, k]
+                self.acc[:, :, lo - self.done:hi - self.done] += part
+            else:
+                n = self.acc.shape[2]
+                kind, word = maps.piece_kind[:, start:stop], maps.piece_word[:, start:stop]
+                row = torch.where(kind == WORD, word - self.done, torch.full_like(word, n))
+                index = row[:, None, :, None].expand(b, h, stop - start, k)
+                target = torch.cat([self.acc, self.acc.new_full((b, h, 1, k), float("-inf"))], dim=2)
+                target.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
+                self.acc = target[:, :, :n]
+        incomplete = self.last_piece >= stop                                    # [batch, word]
+        ready = np.where(incomplete.any(axis=1), incomplete.argmax(axis=1), self.w)   # [batch]
+        upto = int(ready.min()) if len(ready) else self.w
+        w0 = self.done
+        if upto <= w0:
+            return to.new_zeros((b, h, 0, k)), (w0, w0)
+        out, self.acc = self.acc[:, :, :upto - w0], self.acc[:, :, upto - w0:]
+        self.done = upto
+        if self.from_mode == "max":
+            out = out.clamp_min(0)
+        return out, (w0, upto)
 
 
 def is_causal(model) -> bool:
@@ -114,7 +249,8 @@ class Engine:
 
     def __init__(self, model, tokenizer, scorers, *, layers=None, batch_size: int = 64,
                  from_mode: str | None = None, device=None, progress: bool = True, desc: str = "scoring",
-                 seed: int = SEED, n_boot: int = N_BOOT, keep_units: bool = False, conventions=None):
+                 seed: int = SEED, n_boot: int = N_BOOT, keep_units: bool = False, conventions=None,
+                 query_block: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.scorers = list(scorers)
@@ -122,7 +258,14 @@ class Engine:
         self.batch_size = batch_size
         self.conventions = get_conventions(conventions)
         self.from_mode = from_mode or self.conventions.from_mode
-        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.device = torch.device(device) if device is not None else model_device(model)
+        self.notes: list[str] = []
+        unblocked = [type(s).__name__ for s in self.scorers if not getattr(s, "blocks", False)]
+        if query_block and unblocked:
+            self.notes.append(f"query blocks ({query_block} pieces) not used: {', '.join(unblocked)} "
+                              f"needs whole attention matrices; the attention was captured unblocked")
+            query_block = None
+        self.query_block = int(query_block) if query_block else None
         self.progress = progress
         self.desc = desc
         self.n_layers, self.n_heads = n_layers_heads(model)
@@ -186,6 +329,8 @@ class Engine:
             scorer.finish()
         self.stats_.update(skipped=dict(self.stats_["skipped"]), seconds=time.perf_counter() - start,
                            batch_size=self.batch_size_)
+        if self.notes:
+            self.stats_["notes"] = list(self.notes)
         return self.stats_
 
     @torch.inference_mode()
@@ -198,7 +343,21 @@ class Engine:
             for scorer in self.scorers:
                 scorer.update(layer, att, batch)
 
-        with AttentionCapture(self.model, self.layers, hand_on):
+        pooling: dict[int, WordRows] = {}
+
+        def hand_on_block(layer: int, probs: torch.Tensor, block: QueryBlock) -> None:
+            if block.first:
+                pooling[layer] = WordRows(batch, probs.device)
+            words, query_words = pooling[layer].add(probs, block.start, block.stop)
+            if block.last:
+                del pooling[layer]
+            att = LayerAttention(layer, probs, batch, words=words.to(batch.device), query_words=query_words,
+                                 query_pieces=(block.start, block.stop), first=block.first, last=block.last)
+            for scorer in self.scorers:
+                scorer.update(layer, att, batch)
+
+        callback = hand_on_block if self.query_block else hand_on
+        with AttentionCapture(self.model, self.layers, callback, query_block=self.query_block):
             self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         for scorer in self.scorers:
             scorer.end_batch(batch)

@@ -67,6 +67,12 @@ class CountScorer:
     variants: tuple[str, ...] = ()      # baseline names (rows with layer = head = -1)
     extras: tuple[str, ...] = ()        # per-label counts without a head, [row, direction]
     bootstrap = True                    # resampled totals (for selection and intervals)
+    # Query blocks (`headprobe run --query-block N`): True when `update` accepts a layer in
+    # blocks of query rows (see `query_rows`): `att.words` holds only the word rows
+    # `att.query_words`, `att.pieces` only the piece rows `att.query_pieces`, `att.first` /
+    # `att.last` mark the layer's first and last block, and every row comes exactly once.
+    # A scorer that leaves it False always gets whole matrices (the engine then does not block).
+    blocks = False
 
     def __init__(self):
         self.chunks_: list[tuple] = []                    # per-unit rows, only with keep_units
@@ -251,6 +257,16 @@ def sum_duplicates(frame: pd.DataFrame) -> pd.DataFrame:
         return frame.reset_index(drop=True)
     summed = frame.groupby(keys, observed=True, sort=False)[["n", "hits", "mass"]].sum(min_count=1)
     return summed.reset_index()[UNIT_COLUMNS]
+
+
+def query_rows(att, batch) -> tuple[int, int, int, int, bool, bool]:
+    """(w0, w1, p0, p1, first, last): the word rows `w0:w1` in `att.words` and the piece rows
+    `p0:p1` in `att.pieces` of this block (the block API), first / last block of the layer.
+    An attention object without block attributes (unblocked, or a test's stand-in) is one
+    block of every row."""
+    w0, w1 = getattr(att, "query_words", None) or (0, batch.max_words)
+    p0, p1 = getattr(att, "query_pieces", None) or (0, getattr(batch, "n_pieces", 0))
+    return w0, w1, p0, p1, getattr(att, "first", True), getattr(att, "last", True)
 
 
 def first_argmax(scores: torch.Tensor, dim: int) -> torch.Tensor:

@@ -41,7 +41,7 @@ import torch
 from headprobe import roles
 from headprobe.registry import Analysis, register
 from headprobe.corpora.base import ALL
-from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
+from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
 
 KINDS = ("pronoun", "proper", "nominal")
 LABELS = (ALL,) + KINDS
@@ -162,6 +162,7 @@ class CoreferenceScorer(CountScorer):
 
     analysis = "coreference"
     directions = ("",)
+    blocks = True                       # row by row: a mention's row is its head word's
 
     def __init__(self, baselines: Sequence[str] = BASELINES):
         super().__init__()
@@ -214,17 +215,25 @@ class CoreferenceScorer(CountScorer):
         words = att.words                                     # [batch, head, word, word + 2]
         if words.shape[-1] - 2 < width:
             raise ValueError(f"att.words has {words.shape[-1] - 2} word columns; the batch has {width} words")
-        rows = words[self._b, :, self._q, :width].float()    # [mention, head, word] (a copy)
+        w0, w1, *_ = query_rows(att, batch)
+        b, q, cand, gold, rows_of, base = self._b, self._q, self._cand, self._gold, self._rows, self._base
+        if (w0, w1) != (0, width):                            # a query block: the mentions whose head row is here
+            here = ((q >= w0) & (q < w1)).nonzero().squeeze(1)
+            if not here.numel():
+                return
+            both = torch.cat([here, here + len(self._b)])
+            b, q, cand, gold, rows_of, base = b[here], q[here], cand[here], gold[here], rows_of[both], base[both]
+        rows = words[b, :, q - w0, :width].float()           # [mention, head, word] (a copy)
         n_heads = rows.shape[1]
         # SPEC: the attention a word pays to itself is 0 before any argmax ...
-        rows.scatter_(2, self._q.view(-1, 1, 1).expand(-1, n_heads, 1), 0.0)
+        rows.scatter_(2, q.view(-1, 1, 1).expand(-1, n_heads, 1), 0.0)
         # ... and only candidate words compete (ties -> the lowest index).
-        rows.masked_fill_(~self._cand[:, None, :], float("-inf"))
+        rows.masked_fill_(~cand[:, None, :], float("-inf"))
         pred = first_argmax(rows, -1)                            # [mention, head]
-        hit = self._gold.gather(1, pred)                      # [mention, head] bool
+        hit = gold.gather(1, pred)                            # [mention, head] bool
         hits = torch.cat([hit, hit])                          # [2 * mention, head]
-        self.add(layer, 0, self._rows, hits)
-        self.add_both(layer, 0, self._rows, hits, self._base)
+        self.add(layer, 0, rows_of, hits)
+        self.add_both(layer, 0, rows_of, hits, base)
 
 
 ANALYSIS = register(Analysis(

@@ -30,7 +30,7 @@ from headprobe import roles
 from headprobe.conventions import SPEC, Conventions, get_conventions
 from headprobe.registry import Analysis, register
 from headprobe.corpora.base import ALL
-from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, word_fill
+from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, query_rows, word_fill
 
 UNSCORED = SPEC.unscored                              # ("root", "punct")
 OFFSETS = sorted(SPEC.offsets)                        # -5..5 without 0
@@ -54,6 +54,7 @@ class DependencyScorer(CountScorer):
     directions = ("dep->head", "head<-dep")
     variants = VARIANTS
     extras = ("unreachable",)
+    blocks = True          # query blocks: dep->head row by row; head<-dep by a running column maximum
 
     def __init__(self, conventions: Conventions | str | None = None):
         super().__init__()
@@ -113,6 +114,9 @@ class DependencyScorer(CountScorer):
     def update(self, layer, att, batch):
         if self._arc_b.numel() == 0:
             return
+        w0, w1, _, _, first, last = query_rows(att, batch)
+        if (w0, w1) != (0, batch.max_words):                                  # one query block of the layer
+            return self._update_block(layer, att, batch, w0, w1, first, last)
         scores = masked_word_attention(att, batch, prepared=self._fill)      # [batch, head, word, word]
         # the first maximum (ties -> lowest index); a row or column whose maximum is 0 has no
         # attention left after specials and self are removed: it predicts nothing
@@ -125,6 +129,45 @@ class DependencyScorer(CountScorer):
             hits = torch.cat([hits, hits])                                            # [2 * arc, head]
             self.add(layer, direction, self._arc_rows, hits)
             self.add_both(layer, direction, self._arc_rows, hits, self._arc_base)
+
+    def _update_block(self, layer, att, batch, w0, w1, first, last):
+        """Word rows `w0:w1` of a layer: dep->head for the arcs whose dependent's row is here;
+        head<-dep needs whole columns, so each column's maximum and its first row (ties -> the
+        lowest index: a later block replaces it only when strictly greater, exactly as the
+        unblocked argmax) run across the blocks and are scored at the layer's last block."""
+        if first:
+            self._column = None
+        if w1 > w0:
+            keep, fill = self._fill                                           # [batch, 1, word, word]
+            scores = torch.where(keep[:, :, w0:w1], att.words[..., :batch.max_words], fill[:, :, w0:w1])
+            to_top = scores.max(dim=-1)                                       # [batch, head, block row]
+            arcs = ((self._arc_dep >= w0) & (self._arc_dep < w1)).nonzero().squeeze(1)   # [arc here]
+            if arcs.numel():
+                self._add_hits(layer, 0, to_top.values, to_top.indices, arcs, self._arc_dep[arcs] - w0)
+            top = scores.max(dim=-2)                                          # [batch, head, key]
+            if self._column is None:
+                self._column = (top.values, top.indices + w0)
+            else:
+                values, indices = self._column
+                better = top.values > values
+                self._column = (torch.where(better, top.values, values), torch.where(better, top.indices + w0, indices))
+        if last and self._column is not None:
+            values, indices = self._column
+            self._column = None
+            everything = torch.arange(len(self._arc_b), device=values.device)
+            self._add_hits(layer, 1, values, indices, everything, self._arc_dep)
+
+    def _add_hits(self, layer, direction, values, indices, arcs, position):
+        """Hits of arcs `arcs` [item] whose row (or column) sits at `position` [item] of the
+        [batch, head, position] maxima `values` / `indices`."""
+        b = self._arc_b[arcs]
+        chosen = indices.permute(0, 2, 1)[b, position]                        # [item, head]
+        alive = values.permute(0, 2, 1)[b, position] > 0                      # [item, head]
+        hits = ((chosen == self._arc_head[arcs][:, None]) & alive).float()    # [item, head]
+        both = torch.cat([arcs, arcs + len(self._arc_b)])                     # its relation row, its ALL row
+        hits = torch.cat([hits, hits])                                        # [2 * item, head]
+        self.add(layer, direction, self._arc_rows[both], hits)
+        self.add_both(layer, direction, self._arc_rows[both], hits, self._arc_base[both])
 
 
 def baseline_hits(dependent: np.ndarray, head: np.ndarray) -> np.ndarray:

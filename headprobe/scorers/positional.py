@@ -14,7 +14,7 @@ import torch
 from headprobe import roles
 from headprobe.registry import Analysis, register
 from headprobe.stats import positional_heads
-from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
+from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
 LABELS = OFFSET_LABELS + ["special", "other"]
@@ -44,6 +44,7 @@ class PositionalScorer(UnitLabelRows, CountScorer):
     analysis = "positional"
     labels = LABELS
     bootstrap = False
+    blocks = True                       # row by row: each query's argmax is in its own row
 
     def rows(self, batch):
         return self.unit_rows(batch, lambda example, label: len(example.words))
@@ -56,13 +57,20 @@ class PositionalScorer(UnitLabelRows, CountScorer):
         self._w = w
 
     def update(self, layer, att, batch):
+        w0, w1, *_ = query_rows(att, batch)
+        q_b, q_i = self._q_b, self._q_i                                     # [query]
+        if (w0, w1) != (0, batch.max_words):                                # a query block: its word rows
+            here = (q_i >= w0) & (q_i < w1)
+            q_b, q_i = q_b[here], q_i[here]
+            if not q_b.numel():
+                return
         scores = torch.where(self._key_ok, att.words, -1.0)                 # [batch, head, word, word + 2]
         target = first_argmax(scores, -1)                                      # [batch, head, word]
-        target = target.permute(0, 2, 1)[self._q_b, self._q_i]               # [query, head]
-        offset = target - self._q_i[:, None]                                # [query, head]
+        target = target.permute(0, 2, 1)[q_b, q_i - w0]                     # [query, head]
+        offset = target - q_i[:, None]                                      # [query, head]
         bucket = torch.where(offset.abs() <= 2, offset + 2, torch.full_like(offset, OTHER))
         bucket = torch.where(target >= self._w, torch.full_like(offset, SPECIAL), bucket)
-        rows = self._first_row[self._q_b][:, None] + bucket                 # [query, head]
+        rows = self._first_row[q_b][:, None] + bucket                       # [query, head]
         counts = torch.zeros(len(self._keys), self.n_heads, device=scores.device)
         counts.scatter_add_(0, rows, torch.ones_like(rows, dtype=counts.dtype))
         self.add(layer, 0, torch.arange(len(self._keys), device=scores.device), counts)

@@ -21,7 +21,7 @@ from headprobe import roles
 from headprobe.registry import Analysis, register
 from headprobe.stats import surface_table
 from headprobe.align import WORD
-from headprobe.scorers.base import CountScorer
+from headprobe.scorers.base import CountScorer, query_rows
 from headprobe.scorers.positional import UnitLabelRows
 
 LABELS = ["self", "prev", "next", "cls", "sep", "punct", "first", "entropy", "entropy_uniform"]
@@ -46,6 +46,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
     labels = LABELS
     value = "mass"
     bootstrap = False
+    blocks = True                       # row by row (word rows; piece rows for the entropy)
 
     def rows(self, batch):
         pieces = {id(ex): n_pieces(ex, a) for ex, a in zip(batch.examples, batch.alignments)}
@@ -91,6 +92,9 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         self.add(layer, 0, self._first_row + self._label_row[label], values)
 
     def update(self, layer, att, batch):
+        w0, w1, p0, p1, first, last = query_rows(att, batch)
+        if (w0, w1, p0, p1) != (0, batch.max_words, 0, batch.n_pieces):
+            return self._update_block(layer, att, batch, w0, w1, p0, p1, last)
         w = batch.max_words
         words = att.words                                                # [batch, head, word, word + 2]
         square = words[..., :w]                                          # [batch, head, word, word]
@@ -107,6 +111,35 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         entropy = torch.special.entr(att.pieces).sum(-1)                # [batch, head, piece], nats
         self._add(layer, "entropy", per_example(entropy, self._piece_query))
         self._add(layer, "entropy_uniform", self._uniform)
+
+    def _update_block(self, layer, att, batch, w0, w1, p0, p1, last):
+        """The same sums over word rows `w0:w1` and piece rows `p0:p1` of one query block
+        (word i's row holds self A[i, i], prev A[i, i - 1], next A[i, i + 1])."""
+        w = batch.max_words
+        per_example = lambda x, mask: (x * mask).sum(-1)                 # [batch, head]
+        if w1 > w0:
+            words = att.words                                            # [batch, head, rows, word + 2]
+            square = words[..., :w]                                      # [batch, head, rows, word]
+            query = self._query[:, :, w0:w1]
+            self._add(layer, "self", per_example(square.diagonal(w0, -2, -1), query))
+            start = max(w0, 1)                                           # words with a previous word
+            if w1 > start:
+                self._add(layer, "prev", per_example(square.diagonal(w0 - 1, -2, -1),
+                                                      batch.word_mask[:, None, start:w1].float()))
+            stop = min(w1, w - 1)                                        # words with a next word
+            if stop > w0:
+                self._add(layer, "next", per_example(square.diagonal(w0 + 1, -2, -1)[..., :stop - w0],
+                                                      batch.word_mask[:, None, w0 + 1:stop + 1].float()))
+            self._add(layer, "cls", per_example(words[..., w], query))
+            self._add(layer, "sep", per_example(words[..., w + 1], query))
+            self._add(layer, "punct", per_example((square * self._punct).sum(-1), query))
+            first = torch.where(self._first_special, words[..., w], words[..., 0])   # [batch, head, rows]
+            self._add(layer, "first", per_example(first, self._after_first[:, :, w0:w1]))
+        if p1 > p0:
+            entropy = torch.special.entr(att.pieces).sum(-1)            # [batch, head, rows], nats
+            self._add(layer, "entropy", per_example(entropy, self._piece_query[:, :, p0:p1]))
+        if last:
+            self._add(layer, "entropy_uniform", self._uniform)
 
 
 ANALYSIS = register(Analysis(
