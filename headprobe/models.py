@@ -53,16 +53,48 @@ def pick_device(device: str | None) -> torch.device:
     return torch.device(device)
 
 
+def parse_max_memory(text):
+    """`--max-memory` "0=10GiB,cpu=30GiB" -> {0: "10GiB", "cpu": "30GiB"} (accelerate's
+    `max_memory`: GPU indices as ints); a dict or None is returned as it is."""
+    if text is None or isinstance(text, dict):
+        return text
+    out = {}
+    for part in str(text).split(","):
+        key, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or not key or not value:
+            raise ValueError(f"--max-memory {text!r}: expected DEVICE=SIZE pairs, e.g. 0=10GiB,cpu=30GiB")
+        out[int(key) if key.isdigit() else key] = value
+    return out
+
+
 def load(name: str | None = None, *, device: str | None = None, dtype: str = "float32",
-         attn_implementation: str | None = None):
-    """(model in eval mode on `device`, prepared fast tokenizer, display name)."""
+         attn_implementation: str | None = None, device_map=None, max_memory=None, offload_folder=None):
+    """(model in eval mode on `device`, prepared fast tokenizer, display name).
+
+    device_map: load through accelerate's big-model dispatch instead ("auto", "balanced",
+    "sequential" or {module: device}; `max_memory` {device: size} bounds each device): the
+    layers are spread over GPUs, then CPU, then disk (`offload_folder`), and run where they
+    sit (`device` is not used). transformers dispatches (hooks, `hf_device_map`) only a map
+    of more than one device or with disk; a one-device map is a plain placement."""
     path, extra, display = resolve(name)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
     kwargs = dict(extra, dtype=DTYPES[dtype])
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModel.from_pretrained(path, **kwargs).eval().to(pick_device(device))
+    if device_map is not None:
+        if isinstance(device_map, str) and device_map.strip().startswith("{"):     # a JSON map from the CLI
+            import json
+
+            device_map = json.loads(device_map)
+        kwargs["device_map"] = device_map
+        if max_memory:
+            kwargs["max_memory"] = parse_max_memory(max_memory)
+        if offload_folder is not None:
+            kwargs["offload_folder"] = str(offload_folder)
+        model = AutoModel.from_pretrained(path, **kwargs).eval()
+    else:
+        model = AutoModel.from_pretrained(path, **kwargs).eval().to(pick_device(device))
     if "gguf_file" in extra:
         tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path, **extra))
     else:
