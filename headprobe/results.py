@@ -17,6 +17,13 @@ Files in a results directory:
 - `summary.json`  model, corpora, skipped inputs, options, notes, headline, table list
 - `examples.json`  word-level attention of top heads on example sentences (for reports)
 - `unit_counts.parquet`  per-unit rows, only with `keep_unit_counts`
+- `manifest.json`  run id, inputs with their SHA-256, options, version, and every file above
+  with its size and SHA-256; `load` refuses a directory that does not match it
+- `report/`  HTML + Markdown report, when asked for (not in the manifest: `headprobe report`
+  may rebuild it)
+
+A directory is saved whole or not at all (`headprobe.atomic`): a kill during `save` leaves
+the old results as they were.
 """
 
 from __future__ import annotations
@@ -220,14 +227,48 @@ class Results:
         return wide.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
 
     # -- files ---------------------------------------------------------------------------
-    def save(self, out: str | Path) -> dict[str, Path]:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
+    def save(self, out: str | Path, *, report: bool = False) -> dict[str, Path]:
+        """Write the tallies, every table (.parquet and .csv), summary.json, examples.json and
+        manifest.json to `out`; returns {name: path}.
+
+        Atomic: everything is written into a staging directory in `out`'s lock area, then moved
+        into place with one rename (an atomic exchange where the OS has one), so `out` holds the
+        complete old results or the complete new ones, never a mix, and nothing of the old ones
+        (an old report/ included) survives. With `report`, report/ (HTML + Markdown) is built in
+        the staging directory too; if that fails, the results are still saved, without it.
+        Refuses (`checks.UsageError`) an `out` that is a file or a non-empty directory without
+        results, and (`atomic.OutInUse`) one that another live run holds."""
+        import shutil
+
+        from headprobe import atomic, checks
+
+        out = checks.check_out(out)
+        with atomic.OutLock(out):
+            atomic.recover(out)                   # leftovers of a save that was killed
+            stage = atomic.new_stage(out)
+            try:
+                paths = self._write(stage)
+                if report:
+                    paths.update(self._write_report(stage))
+                paths["manifest"] = stage / atomic.MANIFEST
+                atomic.write_manifest(stage, self._manifest_info())
+                atomic.fsync_tree(stage)
+                atomic.replace_dir(stage, out)
+            finally:
+                shutil.rmtree(stage, ignore_errors=True)
+        paths = {key: out / path.relative_to(stage) for key, path in paths.items()}
+        self.saved_paths = paths
+        return paths
+
+    def _write(self, out: Path) -> dict[str, Path]:
+        from headprobe.atomic import test_pause
+
         paths = {}
         (out / "tallies").mkdir(exist_ok=True)
         for name, tally in self.tallies.items():
             paths[f"tally:{name}"] = out / "tallies" / f"{name}.npz"
             tally.save(paths[f"tally:{name}"])
+        test_pause("saving")                      # tests kill the process here: half written
         for name, table in self._tables.items():
             table.to_parquet(out / f"{name}.parquet", index=False)
             table.to_csv(out / f"{name}.csv", index=False)
@@ -241,9 +282,38 @@ class Results:
         paths["examples"].write_text(json.dumps(self.examples, default=_json_default))
         return paths
 
+    def _write_report(self, stage: Path) -> dict[str, Path]:
+        """report/ inside the staging directory; on failure a warning and no report/."""
+        import shutil
+        import sys
+
+        try:
+            from headprobe.report import build_report
+            built = build_report(self, stage / "report")
+        except Exception as exc:         # the tables matter more than their rendering
+            shutil.rmtree(stage / "report", ignore_errors=True)
+            print(f"headprobe: warning: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return {}
+        return {f"report_{key}": built[key] for key in ("html", "markdown") if key in built}
+
+    def _manifest_info(self) -> dict:
+        from headprobe import atomic
+
+        return {"run_id": self.summary.get("run_id") or atomic.new_run_id(), "created": atomic.now(),
+                "headprobe_version": _version(), "model": self.summary.get("model"),
+                "inputs": self.summary.get("inputs", {}), "options": self.summary.get("options", {}),
+                "tables": list(self._tables)}
+
     @classmethod
-    def load(cls, directory: str | Path) -> "Results":
+    def load(cls, directory: str | Path, *, verify: bool = True) -> "Results":
+        """Results saved by `save`. With `verify` (default) every file must match manifest.json
+        (size and SHA-256): a directory that does not is refused with `atomic.ResultsError`
+        saying which file and why (FileNotFoundError: no results there at all)."""
+        from headprobe import atomic
+
         directory = Path(directory)
+        if verify:
+            atomic.verify(directory)
         summary_path = directory / "summary.json"
         if not summary_path.is_file():
             raise FileNotFoundError(f"{directory} is not a headprobe results directory (no summary.json)")
@@ -279,6 +349,9 @@ class Results:
         if all(p.unit_counts is not None for p in parts):
             unit_counts = merge_unit_counts([p.unit_counts for p in parts])
         summary = dict(parts[0].summary, merged_from=len(parts))
+        summary.pop("run_id", None)               # a new run id when saved; each part's inputs kept
+        if any("inputs" in p.summary for p in parts):
+            summary["inputs"] = {"parts": [p.summary.get("inputs", {}) for p in parts]}
         return cls(tallies, summary, parts[0].examples, unit_counts)
 
 
@@ -303,6 +376,14 @@ def merge_unit_counts(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 def load_results(directory: str | Path) -> Results:
     return Results.load(directory)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("headprobe")
+    except Exception:                 # not installed (a source checkout)
+        return "unknown"
 
 
 def _json_default(value):

@@ -1,0 +1,270 @@
+"""Checks of every option and path of a run, done before any model is loaded.
+
+Each check raises `UsageError` with one line naming the option, the value and what
+is wrong; the CLI prints it and exits with status 2.
+
+Order in `headprobe.run`: options and ranges, input files, model name/path, device,
+`--out`; then the lock on `--out`; then the model's config (AutoConfig: layers
+asked for must exist); only then the weights.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import re
+import tempfile
+from pathlib import Path
+
+MIN_WINDOW = 8
+HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+class UsageError(ValueError):
+    """A bad option or path, found before the run does any work (CLI exit status 2)."""
+
+
+def _first_line(text) -> str:
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+# ----------------------------------------------------------------------------------------
+# numbers and layer lists
+# ----------------------------------------------------------------------------------------
+def check_int(option: str, value, low: int, what: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise UsageError(f"{option} must be a whole number, not {value!r}")
+    if value < low:
+        raise UsageError(f"{option} must be at least {low}{what}, not {value}")
+    return int(value)
+
+
+def parse_layers(text) -> list[int] | None:
+    """'0,2,5' or '0-3' or '0-3,8' -> sorted list of 0-based layers; None or '' -> all layers.
+    A list or tuple of whole numbers is checked and sorted."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return None
+    if not isinstance(text, str):
+        layers = list(text)
+        for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+                raise UsageError(f"--layers: {layer!r} is not a layer (layers are 0-based whole numbers)")
+        if not layers:
+            raise UsageError("--layers: the list of layers is empty")
+        return sorted(set(layers))
+    layers: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        low, dash, high = part.partition("-")
+        try:
+            if dash:
+                start, end = int(low), int(high)
+            else:
+                start = end = int(part)
+        except ValueError:
+            raise UsageError(f"--layers {text!r}: {part!r} is not a layer or a range like 0-3 "
+                             "(layers are 0-based whole numbers)") from None
+        if start < 0 or end < 0:
+            raise UsageError(f"--layers {text!r}: layers are 0-based, {part!r} is negative")
+        if end < start:
+            raise UsageError(f"--layers {text!r}: the range {part} runs backwards (did you mean {end}-{start}?)")
+        layers.update(range(start, end + 1))
+    return sorted(layers)
+
+
+def check_layers_exist(layers, n_layers: int, model: str) -> None:
+    """Layers asked for must exist in the model (read from its config)."""
+    if layers is None:
+        return
+    beyond = [layer for layer in layers if layer >= n_layers]
+    if beyond:
+        raise UsageError(f"--layers: {model} has {n_layers} layers (0-{n_layers - 1}); "
+                         f"layer {beyond[0]} does not exist")
+
+
+# ----------------------------------------------------------------------------------------
+# device
+# ----------------------------------------------------------------------------------------
+def check_device(device):
+    """None/'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N' when a GPU
+    is there, 'mps' when available; anything else is refused."""
+    if device is None:
+        return None
+    import torch
+
+    text = str(device).strip().lower()
+    if text == "auto":
+        return "auto"
+    kind, colon, index = text.partition(":")
+    if kind == "cpu" and not colon:
+        return "cpu"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: no CUDA GPU is available here "
+                             "(torch.cuda.is_available() is False); use --device cpu")
+        if colon:
+            count = torch.cuda.device_count()
+            if not index.isdigit() or int(index) >= count:
+                raise UsageError(f"--device {device}: there {'is' if count == 1 else 'are'} {count} CUDA "
+                                 f"device{'s' if count != 1 else ''} (cuda:0-cuda:{count - 1})")
+        return text
+    if kind == "mps" and not colon:
+        backend = getattr(torch.backends, "mps", None)
+        if backend is None or not backend.is_available():
+            raise UsageError(f"--device {device}: the Apple MPS backend is not available here; use --device cpu")
+        return "mps"
+    raise UsageError(f"--device {device!r}: not a device headprobe can use (cpu, cuda, cuda:N, mps)")
+
+
+# ----------------------------------------------------------------------------------------
+# paths
+# ----------------------------------------------------------------------------------------
+def _probe_writable(directory: Path) -> str | None:
+    """None when a file can be created in `directory`, else why not."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".headprobe-probe-", dir=directory)
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def looks_like_results(directory: Path) -> bool:
+    return (directory / "manifest.json").is_file() or (directory / "summary.json").is_file()
+
+
+def check_out(out) -> Path:
+    """`--out` can be written: not an existing file; an existing directory is empty or holds
+    headprobe results (it will be replaced whole) and can be moved; the nearest existing
+    parent is a writable directory. Returns the absolute, resolved path."""
+    path = Path(out).expanduser()
+    if str(out).strip() == "":
+        raise UsageError("--out is empty")
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out}: is an existing file, not a directory")
+    path = path.resolve()
+    if path.is_dir():
+        if any(path.iterdir()) and not looks_like_results(path):
+            raise UsageError(f"--out {out}: a non-empty directory that does not hold headprobe results; "
+                             "it would be replaced whole, so choose a new or empty directory")
+        why = _probe_writable(path)
+        if why:
+            raise UsageError(f"--out {out}: cannot write in this directory ({why})")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {out}: {parent} is a file, not a directory")
+    why = _probe_writable(parent)
+    if why:
+        raise UsageError(f"--out {out}: cannot write in {parent} ({why})")
+    return path
+
+
+def check_input_file(option: str, path) -> None:
+    if path is None:
+        return
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UsageError(f"{option} {path}: no such file")
+    if not p.is_file():
+        raise UsageError(f"{option} {path}: not a file")
+    if not os.access(p, os.R_OK):
+        raise UsageError(f"{option} {path}: not readable")
+
+
+def looks_like_path(name: str) -> bool:
+    return (name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1
+            or name.endswith("/") or os.path.exists(os.path.expanduser(name)))
+
+
+def check_hf_dataset(spec) -> None:
+    if spec is None:
+        return
+    head = str(spec).split("::", 1)[0] if "::" in str(spec) else str(spec)
+    if looks_like_path(head) and not Path(head).expanduser().exists():
+        raise UsageError(f"--hf-dataset {spec}: no such directory")
+
+
+# ----------------------------------------------------------------------------------------
+# the model
+# ----------------------------------------------------------------------------------------
+def check_model(name):
+    """(path or hub name, extra from_pretrained kwargs, display name), checked: a bundled
+    alias must be installed; a local path must be a directory with a config.json; a hub
+    name is accepted as is (its config is read next)."""
+    from headprobe import models
+
+    if name is None or str(name).lower() in models_aliases():
+        try:
+            return models.resolve(name)
+        except ImportError as err:
+            raise UsageError(f"--model {name or 'minilm'}: the bundled model is not installed ({err})") from None
+    name = str(name)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(f"--model {name}: a file, not a model directory (one with config.json)")
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--model {name}: no config.json in this directory, so it is not a "
+                             "Hugging Face model directory")
+        return str(path), {}, name
+    if looks_like_path(name):
+        raise UsageError(f"--model {name}: no such model directory")
+    if not HUB_NAME.match(name) or "--" in name or ".." in name:
+        raise UsageError(f"--model {name!r}: neither a local model directory nor a Hugging Face hub name "
+                         "(owner/name)")
+    return name, {}, name
+
+
+def models_aliases() -> set[str]:
+    return {"minilm", "all-minilm-l6-v2", "bundled", "smollm2", "smollm2-135m", "smollm2-135m-instruct"}
+
+
+def read_config(path: str, extra: dict, display: str):
+    """The model's config (no weights); a model whose config cannot be read is refused."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, **extra)
+    except Exception as err:            # OSError, ValueError, EnvironmentError, HTTP errors...
+        raise UsageError(f"--model {display}: cannot read its config ({type(err).__name__}: "
+                         f"{_first_line(err)})") from None
+
+
+def config_layers_heads(config) -> tuple[int, int]:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
+    n_heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None)
+    return int(n_layers or 0), int(n_heads or 0)
+
+
+def model_fingerprint(path: str, display: str) -> dict:
+    """What identifies the model cheaply: for a local directory, its config's SHA-256 and the
+    sizes of its weight files; a hub name as it is."""
+    info = {"name": display, "path": str(path)}
+    root = Path(path)
+    if root.is_dir():
+        from headprobe.atomic import sha256_file
+
+        if (root / "config.json").is_file():
+            info["config_sha256"] = sha256_file(root / "config.json")
+        info["weights"] = {p.name: p.stat().st_size for p in sorted(root.iterdir())
+                           if p.suffix in (".safetensors", ".bin", ".gguf", ".pt", ".pth")}
+    return info
+
+
+def input_fingerprint(option: str, path) -> dict | None:
+    """{path, bytes, sha256} of an input file (or directory: one hash over its files)."""
+    if path is None:
+        return None
+    from headprobe.atomic import sha256_file, sha256_tree
+
+    p = Path(str(path).split("::", 1)[0]).expanduser()
+    if p.is_file():
+        return {"option": option, "path": str(path), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    if p.is_dir():
+        return {"option": option, "path": str(path), "sha256": sha256_tree(p)}
+    return {"option": option, "path": str(path), "sha256": None, "note": "not a local file: not hashed"}
