@@ -34,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headprobe.align import WORD
+from headprobe.atomic import test_pause
 from headprobe.batching import Batch, bucket, prepare
 from headprobe.capture import AttentionCapture, QueryBlock, model_device, n_layers_heads, text_config
 from headprobe.conventions import get_conventions
@@ -278,11 +279,17 @@ class Engine:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
 
-    def run(self, examples) -> dict:
+    def run(self, examples, checkpoint=None) -> dict:
         """Score `examples` (any iterable), `CHUNK` examples at a time: each chunk is tokenized,
         bucketed by exact length and scored, then let go, so memory does not grow with the
         corpus. Counts do not depend on the chunking (no padding: a sentence's attention is the
-        same in any batch)."""
+        same in any batch).
+
+        checkpoint: None, or an object with `every` (batches), `start` (None, or the state a
+        previous `save` was given: chunks before `chunk` are done, and the prepared examples
+        `done_in_chunk` of chunk `chunk`; `stats`) and `save(engine, state)`, called every
+        `every` batches with that state. A run started from a state rebuilds the batches of
+        the interrupted chunk exactly as they were, leaving out the examples already scored."""
         start = time.perf_counter()
         trim = heap_trimmer() if self.device.type == "cpu" else None
         limit = max_length(self.model, self.tokenizer)
@@ -291,15 +298,32 @@ class Engine:
         bar = tqdm(total=total, unit="word", desc=self.desc, disable=not self.progress)
         self.stats_ = {"examples": 0, "words": 0, "skipped": Counter(), "skipped_sources": [], "seconds": 0.0,
                        "batch_size": self.batch_size}
+        resume = checkpoint.start if checkpoint is not None else None
+        if resume:
+            saved = resume["stats"]
+            self.stats_.update(saved, skipped=Counter(saved["skipped"]), skipped_sources=list(saved["skipped_sources"]))
+            start -= saved["seconds"]
         done = 0
-        for chunk in chunked(examples, CHUNK):
+        for number, chunk in enumerate(chunked(examples, CHUNK)):
+            if resume and number < resume["chunk"]:            # scored before the checkpoint
+                bar.update(sum(len(ex.words) for ex in chunk))
+                continue
             prepared = prepare(chunk, self.tokenizer, limit)
-            self.stats_["skipped"].update(prepared.skipped)
-            self.stats_["skipped_sources"] += prepared.skipped_sources
-            self.stats_["examples"] += len(prepared.examples)
-            self.stats_["words"] += sum(a.n_words for a in prepared.alignments)
-            bar.update(sum(len(ex.words) for ex in chunk) - sum(a.n_words for a in prepared.alignments))
+            finished: set[int] = set()
+            if resume and number == resume["chunk"]:          # its skips and sizes are in the stats
+                finished = set(resume["done_in_chunk"])
+                bar.update(sum(len(ex.words) for ex in chunk) - sum(prepared.alignments[i].n_words
+                                                                   for i in range(len(prepared.examples))
+                                                                   if i not in finished))
+            else:
+                self.stats_["skipped"].update(prepared.skipped)
+                self.stats_["skipped_sources"] += prepared.skipped_sources
+                self.stats_["examples"] += len(prepared.examples)
+                self.stats_["words"] += sum(a.n_words for a in prepared.alignments)
+                bar.update(sum(len(ex.words) for ex in chunk) - sum(a.n_words for a in prepared.alignments))
             queue = bucket(prepared, self.batch_size)
+            if finished:
+                queue = [kept for kept in ([i for i in batch if i not in finished] for batch in queue) if kept]
             while queue:
                 indices = queue.pop(0)
                 batch = Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices],
@@ -319,10 +343,14 @@ class Engine:
                     continue
                 for i in indices:                  # scored: this run needs its pieces no more
                     prepared.alignments[i] = None
+                finished.update(indices)
                 bar.update(words)
                 done += 1
                 if trim is not None and done % TRIM_EVERY == 0:
                     trim()
+                if checkpoint is not None and checkpoint.every and done % checkpoint.every == 0:
+                    checkpoint.save(self, self.state(number, finished, start))
+                test_pause("scoring")
             del prepared
         bar.close()
         for scorer in self.scorers:
@@ -332,6 +360,13 @@ class Engine:
         if self.notes:
             self.stats_["notes"] = list(self.notes)
         return self.stats_
+
+    def state(self, chunk: int, finished, start: float) -> dict:
+        """Where the run is (for a checkpoint): chunks before `chunk` done, `finished` of it."""
+        stats = dict(self.stats_, skipped=dict(self.stats_["skipped"]),
+                     skipped_sources=list(self.stats_["skipped_sources"]),
+                     seconds=time.perf_counter() - start, batch_size=self.batch_size_)
+        return {"chunk": chunk, "chunk_size": CHUNK, "done_in_chunk": sorted(finished), "stats": stats}
 
     @torch.inference_mode()
     def _score(self, batch: Batch) -> None:

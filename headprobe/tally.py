@@ -287,3 +287,53 @@ class Tally:
                 counts.both = torch.from_numpy(data[f"{i}/both"].copy())
                 counts.extra = {k: torch.from_numpy(data[f"{i}/extra:{k}"].copy()) for k in meta["extras"]}
         return tally
+
+    # -- checkpoints (resume after a kill) ----------------------------------------------
+    def save_checkpoint(self, path) -> None:
+        """Like `save`, but the rows still buffered are stored as they are instead of being
+        added first, so that a resumed run adds them into the totals at the same moment as an
+        uninterrupted run would: float sums (attention mass) stay bit-identical."""
+        import json
+
+        labels = sorted(self.labels)
+        meta = {"analysis": self.analysis, "directions": list(self.directions), "variants": list(self.variants),
+                "layers": self.layers, "n_heads": self.n_heads, "value": self.value, "n_boot": self.n_boot,
+                "seed": self.seed, "extras": list(self.extras), "labels": labels}
+        arrays = {}
+        for i, name in enumerate(labels):
+            for key, value in self.labels[name].arrays().items():
+                arrays[f"{i}/{key}"] = value
+        pending = self._pending
+        if pending:
+            meta["pending"] = {"units": [u for p in pending for u in p[0]],
+                               "labels": [label for p in pending for label in p[1]],
+                               "values": pending[0][2] is not None, "base": pending[0][4] is not None,
+                               "extra": sorted(pending[0][5])}
+            if pending[0][2] is not None:
+                arrays["pending/values"] = torch.cat([p[2].detach().cpu() for p in pending]).numpy()
+            arrays["pending/n"] = np.concatenate([p[3] for p in pending])
+            if pending[0][4] is not None:
+                arrays["pending/base"] = np.concatenate([p[4] for p in pending])
+            for key in pending[0][5]:
+                arrays[f"pending/extra:{key}"] = np.concatenate([p[5][key] for p in pending])
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        with open(path, "wb") as handle:
+            np.savez(handle, **arrays)
+
+    @classmethod
+    def load_checkpoint(cls, path, device="cpu") -> "Tally":
+        """A tally written by `save_checkpoint`, buffered rows included, on `device`."""
+        import json
+
+        tally = cls.load(path).to(device)
+        with np.load(path) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            pending = meta.get("pending")
+            if pending:
+                values = torch.from_numpy(data["pending/values"].copy()) if pending["values"] else None
+                base = data["pending/base"].copy() if pending["base"] else None
+                extra = {key: data[f"pending/extra:{key}"].copy() for key in pending["extra"]}
+                tally._pending = [(pending["units"], pending["labels"], values, data["pending/n"].copy(), base,
+                                   extra)]
+                tally._pending_rows = len(pending["units"])
+        return tally
