@@ -8,17 +8,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from headprobe import models, registry
+from headprobe import atomic, checks, models, registry
 from headprobe.capture import n_kv_heads, n_layers_heads, text_config
+from headprobe.checkpoint import DEFAULT_EVERY, Checkpoint
 from headprobe.conventions import PRESETS
 from headprobe.corpora.conllu import read_conllu
-from headprobe.engine import Engine, is_causal
+from headprobe.engine import CHUNK, Engine, is_causal
 from headprobe.results import Results, merge_unit_counts
 from headprobe.tally import N_BOOT, SEED
 
@@ -64,6 +67,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         layers=None, batch_size: int = 64, device=None, dtype: str = "float32", from_mode: str | None = None,
         window: int = 128, skip_bad: bool = False, progress: bool = True, seed: int = SEED,
         n_boot: int = N_BOOT, keep_unit_counts: bool = False, pictures: bool = True, loaded=None,
+        report: bool = False, resume: bool = False, checkpoint_every: int = DEFAULT_EVERY,
         probe=None, probe_length: int = 50, probe_n: int = 500, probe_specials: str = "auto",
         conventions: str = "spec") -> Results:
     """Score every head of `model` and return (and with `out`, save) the results.
@@ -74,6 +78,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
       `data/sample_coref.conllu`.
     coref: a CorefUD CoNLL-U file for the coreference analysis.
     analyses: names from `headprobe.registry` (default: every default analysis that has input).
+    layers: 0-based layers to score (a list, or text like "0-3,8"); default all.
     keep_unit_counts: also keep per-unit rows (`results.unit_counts`), for small corpora.
     probe: a synthetic probe for the token analyses (input "probe": previous_token, duplicate_token,
       induction, sink), e.g. "repeated-random" (`headprobe.probe`: `probe_n` sequences of
@@ -86,6 +91,15 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
       summary names it (`summary["conventions"]`).
     from_mode: "mean", "first" or "max"; None: the conventions' (SPEC: mean).
     loaded: an already loaded `(model, tokenizer, name)` to reuse.
+    out: results directory. The run holds it (a second run on it is refused) and writes it
+      whole or not at all (`Results.save`); `report` builds out/report/ in the same save.
+    checkpoint_every: with `out`, the counts are checkpointed every this many batches (0: never;
+      not with keep_unit_counts) in out's lock area, and removed after the save.
+    resume: continue an interrupted run to `out` from its checkpoint; the inputs and options
+      must be the same; the tables are identical to an uninterrupted run's.
+
+    Every option and path is checked before any model is loaded (`checks.UsageError`), and
+    `layers` against the model's config before its weights are.
     """
     started = time.perf_counter()
     if all(x is None for x in (treebank, text, hf_dataset, coref, probe)):     # the bundled samples
@@ -94,76 +108,183 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     wanted = check_analyses(analyses)
     if probe is not None and not analyses:
         wanted += registry.names("probe")
+    layers = checks.parse_layers(layers)
+    batch_size = checks.check_int("--batch-size", batch_size, 1)
+    n_boot = checks.check_int("--bootstrap", n_boot, 1, " (resamples for the intervals and held-out selection)")
+    window = checks.check_int("--window", window, checks.MIN_WINDOW, " pieces")
+    seed = checks.check_int("--seed", seed, 0)
+    checkpoint_every = checks.check_int("--checkpoint-every", checkpoint_every, 0, " (0: no checkpoints)")
     if conventions not in PRESETS:
         raise ValueError(f"--conventions {conventions!r}: must be one of {', '.join(PRESETS)}")
     from_mode = from_mode or PRESETS[conventions].from_mode
-    if loaded is None:
-        loaded = models.load(model, device=device, dtype=dtype)
-    net, tokenizer, name = loaded
-    summary = {"model": name, "dtype": dtype, "device": str(next(net.parameters()).device),
-               "batch_size": batch_size, "from_mode": from_mode, "layers": layers, "notes": [],
-               "skipped": {}, "corpora": {}, "runs": {}, "seed": seed, "bootstrap_resamples": n_boot,
-               "units": "documents where the corpus marks them (# newdoc id), else sentences",
-               "conventions": dict(PRESETS[conventions].summary(), from_mode_used=from_mode)}
-    options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
-                   keep_units=keep_unit_counts, conventions=conventions)
-    scorers, sentence_corpus = [], None
-    on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
-    on_tokens = [a for a in registry.analyses("probe") if a.name in wanted]
-    if probe is None:                          # token analyses read the sentence corpus, in its pass
-        on_sentences, on_tokens = on_sentences + on_tokens, []
-    has_sentences = any(x is not None for x in (treebank, text, hf_dataset))
-    if on_sentences and (has_sentences or (coref is None and probe is None)):
-        sentence_corpus, source, bad = load_sentences(treebank, text, hf_dataset, skip_bad, conventions)
-        batch = [a.make_scorer() for a in on_sentences]
-        _score(net, tokenizer, batch, sentence_corpus, "sentences", source, summary, batch_size=batch_size,
-               **options)
-        summary["skipped"]["malformed_sentences"] = len(bad)
-        summary["skipped"]["malformed_sources"] = list(bad)[:50]
-        scorers += batch
-    on_coref = [a for a in registry.analyses("coreference") if a.name in wanted]
-    if coref is not None and on_coref:
-        from headprobe.corpora.corefud import read_coref_examples, tokenizer_piece_counter
-        windows = read_coref_examples(coref, tokenizer_piece_counter(tokenizer), window=window)
-        batch = [a.make_scorer() for a in on_coref]
-        _score(net, tokenizer, batch, windows, "coreference", str(coref), summary,
-               batch_size=max(1, batch_size // 4), **options)
-        summary["skipped"]["coreference_sentences"] = len(windows.skipped)
-        summary["skipped"]["coreference_sources"] = list(windows.skipped)[:50]
-        summary["coreference_corpus"] = dict(windows.counts)
-        scorers += batch
-    if probe is not None and on_tokens:
-        from headprobe.probe import make_probe
-        examples = make_probe(probe, tokenizer, length=probe_length, n=probe_n, seed=seed,
-                              specials=probe_specials, vocab_size=getattr(text_config(net), "vocab_size", None))
-        batch = [a.make_scorer() for a in on_tokens]
-        _score(net, tokenizer, batch, examples, "probe", examples.name, summary, batch_size=batch_size, **options)
-        scorers += batch
-    if not scorers:
-        raise ValueError("nothing to score: give a sentence corpus and/or coref for the analyses asked for")
-    summary["causal"] = is_causal(net)
-    if summary["causal"]:
-        summary["notes"].append(CAUSAL_NOTE.format(model=name))
-    summary["n_layers"], summary["n_heads"] = n_layers_heads(net)
-    summary["n_kv_heads"] = n_kv_heads(net)
-    summary["analyses"] = [s.analysis for s in scorers]
-    unit_counts = merge_unit_counts([s.unit_counts() for s in scorers]) if keep_unit_counts else None
-    results = Results({s.analysis: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
-    if pictures and sentence_corpus is not None and "dependency" in results.tallies:
-        from headprobe.pictures import example_pictures
-        results.examples = example_pictures(net, tokenizer, results.best_heads, sentence_corpus, from_mode)
-    results.summary["seconds"] = round(time.perf_counter() - started, 2)
-    results.summary["headline"] = headline(results.best_heads)
+    if from_mode not in ("mean", "first", "max"):
+        raise checks.UsageError(f"--from-mode {from_mode!r}: must be mean, first or max")
+    if dtype not in models.DTYPES:
+        raise checks.UsageError(f"--dtype {dtype!r}: must be one of {', '.join(models.DTYPES)}")
+    for option, path in (("--treebank", treebank), ("--text", text), ("--coref", coref)):
+        checks.check_input_file(option, path)
+    checks.check_hf_dataset(hf_dataset)
+    reference = checks.check_model(model) if loaded is None else None
+    device = checks.check_device(device) if loaded is None else device
     if out is not None:
-        results.summary["out"] = str(out)
-        results.save(out)
+        out = checks.check_out(out)
+    elif resume:
+        raise checks.UsageError("--resume needs --out: the checkpoint lives beside the results directory")
+    if resume and keep_unit_counts:
+        raise checks.UsageError("--resume cannot be combined with --keep-unit-counts "
+                                "(per-unit rows are not checkpointed)")
+
+    with contextlib.ExitStack() as stack:
+        if out is not None:
+            lock = stack.enter_context(atomic.OutLock(out))
+            for note in lock.notes + atomic.recover(out):
+                _note(note)
+        if loaded is None:           # the config first: layers that do not exist fail before the weights load
+            config = checks.read_config(*reference)
+            n_config_layers, _ = checks.config_layers_heads(config)
+            if n_config_layers:
+                checks.check_layers_exist(layers, n_config_layers, reference[2])
+        inputs = {key: checks.input_fingerprint(option, path) for key, option, path in (
+            ("treebank", "--treebank", treebank), ("text", "--text", text),
+            ("hf_dataset", "--hf-dataset", hf_dataset), ("coref", "--coref", coref)) if path is not None}
+        inputs["model"] = (checks.model_fingerprint(reference[0], reference[2]) if loaded is None
+                           else {"name": loaded[2]})
+        settings = {"analyses": sorted(wanted), "layers": layers, "batch_size": batch_size, "from_mode": from_mode,
+                    "window": window, "seed": seed, "bootstrap_resamples": n_boot, "dtype": dtype,
+                    "device": str(models.pick_device(device)) if loaded is None else
+                    str(next(loaded[0].parameters()).device),
+                    "skip_bad": skip_bad, "keep_unit_counts": keep_unit_counts, "conventions": conventions}
+        if probe is not None:
+            settings["probe"] = {"name": probe, "length": probe_length, "n": probe_n, "specials": probe_specials}
+        checkpoint = None
+        if out is not None and checkpoint_every and not keep_unit_counts:
+            fingerprint = {"inputs": inputs, "options": settings, "chunk": CHUNK, "version": _version()}
+            checkpoint = Checkpoint(out, fingerprint, checkpoint_every, resume)
+            for note in checkpoint.notes:
+                _note(note)
+        if loaded is None:
+            with _quiet_loading(not progress):
+                loaded = models.load(model, device=device, dtype=dtype)
+        net, tokenizer, name = loaded
+        checks.check_layers_exist(layers, n_layers_heads(net)[0], name)
+        summary = {"model": name, "dtype": dtype, "device": str(next(net.parameters()).device),
+                   "batch_size": batch_size, "from_mode": from_mode, "layers": layers, "notes": [],
+                   "skipped": {}, "corpora": {}, "runs": {}, "seed": seed, "bootstrap_resamples": n_boot,
+                   "units": "documents where the corpus marks them (# newdoc id), else sentences",
+                   "run_id": atomic.new_run_id(), "inputs": inputs, "options": settings,
+                   "conventions": dict(PRESETS[conventions].summary(), from_mode_used=from_mode)}
+        options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
+                       keep_units=keep_unit_counts, conventions=conventions)
+        scorers, sentence_corpus = [], None
+        on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
+        on_tokens = [a for a in registry.analyses("probe") if a.name in wanted]
+        if probe is None:                      # token analyses read the sentence corpus, in its pass
+            on_sentences, on_tokens = on_sentences + on_tokens, []
+        has_sentences = any(x is not None for x in (treebank, text, hf_dataset))
+        if on_sentences and (has_sentences or (coref is None and probe is None)):
+            sentence_corpus, source, bad = load_sentences(treebank, text, hf_dataset, skip_bad, conventions)
+            batch = [a.make_scorer() for a in on_sentences]
+            _score(net, tokenizer, batch, sentence_corpus, "sentences", source, summary, checkpoint,
+                   batch_size=batch_size, **options)
+            summary["skipped"]["malformed_sentences"] = len(bad)
+            summary["skipped"]["malformed_sources"] = list(bad)[:50]
+            scorers += batch
+        on_coref = [a for a in registry.analyses("coreference") if a.name in wanted]
+        if coref is not None and on_coref:
+            from headprobe.corpora.corefud import read_coref_examples, tokenizer_piece_counter
+            windows = read_coref_examples(coref, tokenizer_piece_counter(tokenizer), window=window)
+            batch = [a.make_scorer() for a in on_coref]
+            _score(net, tokenizer, batch, windows, "coreference", str(coref), summary, checkpoint,
+                   batch_size=max(1, batch_size // 4), **options)
+            summary["skipped"]["coreference_sentences"] = len(windows.skipped)
+            summary["skipped"]["coreference_sources"] = list(windows.skipped)[:50]
+            summary["coreference_corpus"] = dict(windows.counts)
+            scorers += batch
+        if probe is not None and on_tokens:
+            from headprobe.probe import make_probe
+            examples = make_probe(probe, tokenizer, length=probe_length, n=probe_n, seed=seed,
+                                  specials=probe_specials, vocab_size=getattr(text_config(net), "vocab_size", None))
+            batch = [a.make_scorer() for a in on_tokens]
+            _score(net, tokenizer, batch, examples, "probe", examples.name, summary, checkpoint,
+                   batch_size=batch_size, **options)
+            scorers += batch
+        if not scorers:
+            raise ValueError("nothing to score: give a sentence corpus and/or coref for the analyses asked for")
+        if not any(r["examples"] for r in summary["runs"].values()):
+            skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
+            raise checks.UsageError(f"nothing was scored: no example of the corpus could be scored "
+                                    f"(skipped: {skipped or 'none; the corpus is empty'})")
+        summary["causal"] = is_causal(net)
+        if summary["causal"]:
+            summary["notes"].append(CAUSAL_NOTE.format(model=name))
+        summary["n_layers"], summary["n_heads"] = n_layers_heads(net)
+        summary["n_kv_heads"] = n_kv_heads(net)
+        summary["analyses"] = [s.analysis for s in scorers]
+        unit_counts = merge_unit_counts([s.unit_counts() for s in scorers]) if keep_unit_counts else None
+        results = Results({s.analysis: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
+        if pictures and sentence_corpus is not None and "dependency" in results.tallies:
+            from headprobe.pictures import example_pictures
+            results.examples = example_pictures(net, tokenizer, results.best_heads, sentence_corpus, from_mode)
+        results.summary["seconds"] = round(time.perf_counter() - started, 2)
+        results.summary["headline"] = headline(results.best_heads)
+        if out is not None:
+            results.summary["out"] = str(out)
+            results.save(out, report=report)
+            if checkpoint is not None:
+                checkpoint.remove()
     return results
 
 
-def _score(net, tokenizer, scorers, examples, key, source, summary, **engine_options) -> None:
-    """Run one engine pass and record its corpus, speed and skipped examples under `key`."""
+@contextlib.contextmanager
+def _quiet_loading(quiet: bool):
+    """No "Loading weights" progress bar from transformers when progress bars are off."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if quiet and was:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if quiet and was:
+            hf_logging.enable_progress_bar()
+
+
+def _note(text: str) -> None:
+    print(f"headprobe: note: {text}", file=sys.stderr, flush=True)
+
+
+def _version() -> str:
+    from headprobe.results import _version as version
+    return version()
+
+
+class _CheckpointHook:
+    """What `Engine.run` needs to checkpoint one pass: `every`, `start`, `save`."""
+
+    def __init__(self, checkpoint: Checkpoint, key: str, scorers, start):
+        self.checkpoint, self.key, self.scorers = checkpoint, key, scorers
+        self.every = checkpoint.every
+        self.start = start
+
+    def save(self, engine, state: dict) -> None:
+        self.checkpoint.save(self.key, self.scorers, dict(state, finished=False))
+
+
+def _score(net, tokenizer, scorers, examples, key, source, summary, checkpoint=None, **engine_options) -> None:
+    """Run one engine pass and record its corpus, speed and skipped examples under `key`.
+
+    With a checkpoint: a pass it holds as finished is not scored again (its totals and stats
+    are restored); an interrupted one continues where it stopped; a finished pass is saved."""
+    state = checkpoint.restore(key, scorers, next(net.parameters()).device) if checkpoint is not None else None
     engine = Engine(net, tokenizer, scorers, desc=key, **engine_options)
-    stats = engine.run(examples)
+    if state is not None and state.get("finished"):
+        stats = state["stats"]
+    else:
+        hook = _CheckpointHook(checkpoint, key, scorers, state) if checkpoint is not None else None
+        stats = engine.run(examples, checkpoint=hook)
+        if checkpoint is not None:
+            checkpoint.save(key, scorers, {"finished": True, "stats": stats})
     summary["corpora"][key] = source
     summary["runs"][key] = _run_stats(stats)
     summary["skipped"][f"{key}_skipped_sources"] = stats["skipped_sources"][:50]

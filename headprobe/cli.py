@@ -3,27 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from headprobe import registry
+from headprobe.atomic import OutInUse, ResultsError
+from headprobe.checks import UsageError
 from headprobe.conventions import PRESETS
 from headprobe.corpora.base import CorpusError
 from headprobe.probe import PROBES, SPECIALS
 
+# a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
+USER_ERRORS = (UsageError, CorpusError, OutInUse, ResultsError, FileNotFoundError, ValueError)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line: `headprobe: error: ...`, exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"headprobe: error: {message} (see `{self.prog} --help`)\n")
+
 
 def parse_layers(text: str | None):
-    """'0,2,5' or '0-3' or '0-3,8' -> sorted list; None -> all layers."""
-    if not text:
-        return None
-    layers = set()
-    for part in text.split(","):
-        if "-" in part:
-            low, high = part.split("-", 1)
-            layers.update(range(int(low), int(high) + 1))
-        else:
-            layers.add(int(part))
-    return sorted(layers)
+    """'0,2,5' or '0-3' or '0-3,8' -> sorted list; None -> all layers (UsageError when malformed:
+    '9-3', '-1', 'x')."""
+    from headprobe.checks import parse_layers as parse
+    return parse(text)
 
 
 def run_parser(sub):
@@ -67,7 +73,12 @@ def run_parser(sub):
     p.add_argument("--keep-unit-counts", action="store_true",
                    help="also keep per-unit rows (unit_counts.parquet): small corpora and debugging")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run to --out from its checkpoint (same inputs and options)")
+    p.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
+                   help="checkpoint the counts every N batches, for --resume (default: 100; 0: never)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
 
 
 def best_table(best_heads, analyses=("dependency", "coreference"), max_rows=12) -> str:
@@ -96,18 +107,15 @@ def best_table(best_heads, analyses=("dependency", "coreference"), max_rows=12) 
 def cmd_run(args) -> int:
     import headprobe
 
-    analyses = args.analyses.split(",") if args.analyses else None
-    try:
-        results = headprobe.run(
-            args.model, treebank=args.treebank, text=args.text, hf_dataset=args.hf_dataset, coref=args.coref,
-            out=args.out, analyses=analyses, layers=parse_layers(args.layers), batch_size=args.batch_size,
-            device=args.device, dtype=args.dtype, from_mode=args.from_mode, window=args.window,
-            skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap,
-            keep_unit_counts=args.keep_unit_counts, conventions=args.conventions,
-            probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials)
-    except (CorpusError, FileNotFoundError, ValueError) as exc:
-        print(f"headprobe: error: {exc}", file=sys.stderr)
-        return 2
+    analyses = [a.strip() for a in args.analyses.split(",")] if args.analyses else None
+    results = headprobe.run(
+        args.model, treebank=args.treebank, text=args.text, hf_dataset=args.hf_dataset, coref=args.coref,
+        out=args.out, analyses=analyses, layers=parse_layers(args.layers), batch_size=args.batch_size,
+        device=args.device, dtype=args.dtype, from_mode=args.from_mode, window=args.window,
+        skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap,
+        keep_unit_counts=args.keep_unit_counts, conventions=args.conventions, report=not args.no_report,
+        resume=args.resume, checkpoint_every=args.checkpoint_every,
+        probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials)
     summary = results.summary
     print(f"\nmodel: {summary['model']}  ({summary['n_layers']} layers x {summary['n_heads']} heads; "
           f"layers and heads are 0-based, shown as layer-head)")
@@ -122,13 +130,9 @@ def cmd_run(args) -> int:
         from headprobe.scorers.token_patterns import top_heads_text
         print(top_heads_text(results))
     out = Path(args.out)
-    if not args.no_report:
-        try:
-            from headprobe.report import build_report
-            paths = build_report(out)
-            print(f"\nreport: {paths.get('html')}  {paths.get('markdown', '')}")
-        except Exception as exc:  # the tables are already written; say what failed
-            print(f"headprobe: warning: report not written: {exc}", file=sys.stderr)
+    paths = getattr(results, "saved_paths", {})
+    if "report_html" in paths:              # built inside the atomic save (a failure was warned about)
+        print(f"\nreport: {paths['report_html']}  {paths.get('report_markdown', '')}")
     print(f"\nresults written to {out.resolve()}/ (counts, best_heads, baselines, positional_heads, surface "
           f"as .parquet and .csv; summary.json)")
     return 0
@@ -140,22 +144,47 @@ def cmd_report(args) -> int:
     try:
         paths = build_report(Path(args.results), Path(args.out) if args.out else None)
     except (FileNotFoundError, UnreadableResults) as exc:     # empty, foreign or corrupt: one line
-        print(f"headprobe: error: {exc}", file=sys.stderr)
+        print(f"headprobe: error: {one_line(exc)}", file=sys.stderr)
         return 2
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
 
 
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 1000 else text[:997] + "..."
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="headprobe", description="What do the attention heads of a Transformer do?")
+    """The `headprobe` command. Never a traceback: a bad option, path or input is one line
+    and exit status 2; anything unexpected is one line and exit status 1 (its traceback with
+    --debug or HEADPROBE_DEBUG=1)."""
+    parser = Parser(prog="headprobe", description="What do the attention heads of a Transformer do?")
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser(sub)
     rep = sub.add_parser("report", help="HTML + Markdown report of a results directory")
     rep.add_argument("results", help="results directory written by `headprobe run`")
     rep.add_argument("--out", default=None, help="report directory (default: RESULTS/report)")
+    rep.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
     args = parser.parse_args(argv)
-    return cmd_run(args) if args.command == "run" else cmd_report(args)
+    debug = args.debug or os.environ.get("HEADPROBE_DEBUG", "") not in ("", "0")
+    try:
+        return cmd_run(args) if args.command == "run" else cmd_report(args)
+    except USER_ERRORS as exc:
+        if debug:
+            raise
+        print(f"headprobe: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("headprobe: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"headprobe: error: {type(exc).__name__}: {one_line(exc)} "
+              "(unexpected; --debug or HEADPROBE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
