@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from headprobe import atomic, checks, models, registry
+from headprobe import distributed
 from headprobe.capture import n_kv_heads, n_layers_heads, text_config
 from headprobe.checkpoint import DEFAULT_EVERY, Checkpoint
 from headprobe.conventions import PRESETS
@@ -69,7 +70,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         n_boot: int = N_BOOT, keep_unit_counts: bool = False, pictures: bool = True, loaded=None,
         report: bool = False, resume: bool = False, checkpoint_every: int = DEFAULT_EVERY,
         probe=None, probe_length: int = 50, probe_n: int = 500, probe_specials: str = "auto",
-        conventions: str = "spec") -> Results:
+        conventions: str = "spec", device_map=None, max_memory=None,
+        query_block: int | None = None) -> Results | None:
     """Score every head of `model` and return (and with `out`, save) the results.
 
     model: hub name, local path, or a bundled alias (`None`/"minilm", "smollm2").
@@ -97,6 +99,15 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
       not with keep_unit_counts) in out's lock area, and removed after the save.
     resume: continue an interrupted run to `out` from its checkpoint; the inputs and options
       must be the same; the tables are identical to an uninterrupted run's.
+
+    device_map: None, or accelerate's big-model dispatch ("auto", "balanced", ... or a dict of
+      module -> device) for a model spread over devices; max_memory: per device, e.g.
+      "0=10GiB,cpu=30GiB" (or a dict). Each layer's attention is captured where it runs.
+    query_block: capture N query pieces at a time (memory O(N x keys) per head instead of
+      O(keys^2)); counts are the same (`engine.WordRows`). None: whole matrices (the default).
+    Under torchrun (`torchrun --nproc_per_node N -m headprobe run ...`) each rank scores its
+      share of the examples, the counts are summed over the ranks, and rank 0 returns (and
+      writes) the results; the other ranks return None (`headprobe.distributed`).
 
     Every option and path is checked before any model is loaded (`checks.UsageError`), and
     `layers` against the model's config before its weights are.
@@ -133,6 +144,12 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     if resume and keep_unit_counts:
         raise checks.UsageError("--resume cannot be combined with --keep-unit-counts "
                                 "(per-unit rows are not checkpointed)")
+    if query_block is not None:
+        query_block = checks.check_int("--query-block", query_block, 1, " query pieces")
+    max_memory = models.parse_max_memory(max_memory)
+    world, device, out, checkpoint_every, progress = distributed.for_run(     # torchrun: this rank's part
+        device, out=out, progress=progress, checkpoint_every=checkpoint_every, resume=resume,
+        keep_unit_counts=keep_unit_counts, device_map=device_map)
 
     with contextlib.ExitStack() as stack:
         if out is not None:
@@ -156,6 +173,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                     "skip_bad": skip_bad, "keep_unit_counts": keep_unit_counts, "conventions": conventions}
         if probe is not None:
             settings["probe"] = {"name": probe, "length": probe_length, "n": probe_n, "specials": probe_specials}
+        if query_block or device_map is not None:
+            settings.update(query_block=query_block, device_map=device_map, max_memory=max_memory)
         checkpoint = None
         if out is not None and checkpoint_every and not keep_unit_counts:
             fingerprint = {"inputs": inputs, "options": settings, "chunk": CHUNK, "version": _version()}
@@ -164,7 +183,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                 _note(note)
         if loaded is None:
             with _quiet_loading(not progress):
-                loaded = models.load(model, device=device, dtype=dtype)
+                loaded = models.load(model, device=device, dtype=dtype, device_map=device_map,
+                                     max_memory=max_memory)
         net, tokenizer, name = loaded
         checks.check_layers_exist(layers, n_layers_heads(net)[0], name)
         summary = {"model": name, "dtype": dtype, "device": str(next(net.parameters()).device),
@@ -174,7 +194,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                    "run_id": atomic.new_run_id(), "inputs": inputs, "options": settings,
                    "conventions": dict(PRESETS[conventions].summary(), from_mode_used=from_mode)}
         options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
-                       keep_units=keep_unit_counts, conventions=conventions)
+                       keep_units=keep_unit_counts, conventions=conventions, query_block=query_block)
         scorers, sentence_corpus = [], None
         on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
         on_tokens = [a for a in registry.analyses("probe") if a.name in wanted]
@@ -220,6 +240,13 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         summary["n_layers"], summary["n_heads"] = n_layers_heads(net)
         summary["n_kv_heads"] = n_kv_heads(net)
         summary["analyses"] = [s.analysis for s in scorers]
+        distributed.all_reduce_tallies([s.tally_ for s in scorers])         # torchrun: summed over the ranks
+        if not world.main:
+            return None                                                     # rank 0 writes
+        if world.size > 1:
+            summary["distributed"] = world.describe()
+        if getattr(net, "hf_device_map", None):
+            summary["device_map"] = {k: str(v) for k, v in net.hf_device_map.items()}
         unit_counts = merge_unit_counts([s.unit_counts() for s in scorers]) if keep_unit_counts else None
         results = Results({s.analysis: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
         if pictures and sentence_corpus is not None and "dependency" in results.tallies:
@@ -282,11 +309,12 @@ def _score(net, tokenizer, scorers, examples, key, source, summary, checkpoint=N
         stats = state["stats"]
     else:
         hook = _CheckpointHook(checkpoint, key, scorers, state) if checkpoint is not None else None
-        stats = engine.run(examples, checkpoint=hook)
+        stats = distributed.reduce_stats(engine.run(distributed.shard(examples), checkpoint=hook))
         if checkpoint is not None:
             checkpoint.save(key, scorers, {"finished": True, "stats": stats})
     summary["corpora"][key] = source
     summary["runs"][key] = _run_stats(stats)
+    summary["notes"] += [note for note in stats.get("notes", []) if note not in summary["notes"]]
     summary["skipped"][f"{key}_skipped_sources"] = stats["skipped_sources"][:50]
     summary["skipped"].update({f"{key}_{k}": v for k, v in stats["skipped"].items()})
 

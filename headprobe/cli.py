@@ -55,6 +55,16 @@ def run_parser(sub):
     p.add_argument("--analyses", default=None,
                    help="comma list of " + ",".join(registry.names()) + " (default: all that apply)")
     p.add_argument("--device", default=None, help="cuda, cpu (default: cuda when available)")
+    p.add_argument("--device-map", default=None, metavar="MAP",
+                   help="load a big model over several devices with accelerate's dispatch: auto, balanced, "
+                        "balanced_low_0, sequential, or a JSON map of module -> device; each layer is scored "
+                        "where it runs (not with torchrun)")
+    p.add_argument("--max-memory", default=None, metavar="SIZES",
+                   help="with --device-map: memory per device, e.g. 0=10GiB,cpu=30GiB")
+    p.add_argument("--query-block", type=int, default=None, metavar="N",
+                   help="capture attention N query pieces at a time: one layer needs O(N x keys) memory per "
+                        "head instead of O(keys^2), for long inputs (e.g. --window 2048); same counts "
+                        "(default: whole matrices)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--layers", default=None, help="layers to score, e.g. 0-3,8 (default: all)")
@@ -115,7 +125,10 @@ def cmd_run(args) -> int:
         skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap,
         keep_unit_counts=args.keep_unit_counts, conventions=args.conventions, report=not args.no_report,
         resume=args.resume, checkpoint_every=args.checkpoint_every,
-        probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials)
+        probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials,
+        device_map=args.device_map, max_memory=args.max_memory, query_block=args.query_block)
+    if results is None:                     # torchrun: a rank other than 0 (rank 0 prints and writes)
+        return 0
     summary = results.summary
     print(f"\nmodel: {summary['model']}  ({summary['n_layers']} layers x {summary['n_heads']} heads; "
           f"layers and heads are 0-based, shown as layer-head)")
