@@ -94,6 +94,52 @@ class Alignment:
         return [w for w in range(self.n_words) if w not in seen]
 
 
+BOS_MODES = ("auto", "add", "none")
+
+
+def adds_bos(tokenizer) -> bool:
+    """Does the tokenizer itself put its BOS token first?"""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    ids = tokenizer(["a"], is_split_into_words=True, add_special_tokens=True)["input_ids"]
+    return isinstance(bos, int) and bool(ids) and ids[0] == bos
+
+
+def apply_bos(tokenizer, mode: str, causal: bool):
+    """(tokenizer, what was done): a copy of the tokenizer that prepends its BOS token (`add`),
+    the tokenizer as it is (`none`), or BOS added for a causal model whose tokenizer has a BOS
+    token it does not add (`auto`). What was done: "add" (BOS now first), "tokenizer" (the
+    tokenizer adds it already) or "none". The tokenizer passed in is never changed.
+
+    A decoder without a BOS parks attention on the first word (the attention sink), which then
+    looks like a head of every relation headed by word 1; with BOS the sink is a special
+    position, dropped from dependency scoring (SPEC 1) and measured as first-position mass."""
+    if mode not in BOS_MODES:
+        raise ValueError(f"bos must be one of {', '.join(BOS_MODES)}, not {mode!r}")
+    if adds_bos(tokenizer):
+        return tokenizer, "tokenizer"
+    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    if mode == "none" or (mode == "auto" and (not causal or not isinstance(bos_id, int))):
+        return tokenizer, "none"
+    if not isinstance(bos_id, int):
+        raise ValueError("--bos add: the tokenizer has no BOS token")
+    import copy
+
+    from tokenizers import processors
+
+    tokenizer = copy.deepcopy(tokenizer)
+    backend = tokenizer.backend_tokenizer
+    template = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B:1",
+                                             special_tokens=[(bos, bos_id)])
+    current = backend.post_processor
+    if current is None or isinstance(current, processors.TemplateProcessing):
+        backend.post_processor = template
+    else:
+        backend.post_processor = processors.Sequence([current, template])
+    if not adds_bos(tokenizer):             # pragma: no cover - a tokenizer that ignores its post-processor
+        raise ValueError("could not make the tokenizer add its BOS token")
+    return tokenizer, "add"
+
+
 def special_kinds(tokenizer) -> dict[int, int]:
     kinds = {}
     for attr, kind in (("sep_token_id", SEP_LIKE), ("eos_token_id", SEP_LIKE),

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from headprobe import atomic, checks, models, registry
+from headprobe.align import BOS_MODES, apply_bos
 from headprobe import distributed
 from headprobe.capture import n_kv_heads, n_layers_heads, text_config
 from headprobe.checkpoint import DEFAULT_EVERY, Checkpoint
@@ -44,8 +45,8 @@ def load_sentences(treebank=None, text=None, hf_dataset=None, skip_bad=False, co
         raise ValueError("give one of treebank, text, hf_dataset")
     if text is not None:
         from headprobe.corpora.spacy_text import parse_text
-        corpus = parse_text(text)
-        return corpus, str(text), list(getattr(corpus, "skipped", []))
+        corpus = parse_text(text, skip_bad=skip_bad)
+        return corpus, str(text), corpus.skipped
     if hf_dataset is not None:
         from headprobe.corpora.hf_datasets import read_hf_dataset
         corpus = read_hf_dataset(hf_dataset, skip_bad=skip_bad)
@@ -70,8 +71,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         n_boot: int = N_BOOT, keep_unit_counts: bool = False, pictures: bool = True, loaded=None,
         report: bool = False, resume: bool = False, checkpoint_every: int = DEFAULT_EVERY,
         probe=None, probe_length: int = 50, probe_n: int = 500, probe_specials: str = "auto",
-        conventions: str = "spec", device_map=None, max_memory=None,
-        query_block: int | None = None) -> Results | None:
+        bos: str = "none", conventions: str = "spec", device_map=None, max_memory=None,
+        query_block: int | None = None, coref_single_document: bool = False) -> Results | None:
     """Score every head of `model` and return (and with `out`, save) the results.
 
     model: hub name, local path, or a bundled alias (`None`/"minilm", "smollm2").
@@ -82,6 +83,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     analyses: names from `headprobe.registry` (default: every default analysis that has input).
     layers: 0-based layers to score (a list, or text like "0-3,8"); default all.
     keep_unit_counts: also keep per-unit rows (`results.unit_counts`), for small corpora.
+    skip_bad: skip (warn and count) malformed sentences of every source, `coref` included.
+    coref_single_document: read a `coref` file without `# newdoc` lines as one document.
     probe: a synthetic probe for the token analyses (input "probe": previous_token, duplicate_token,
       induction, sink), e.g. "repeated-random" (`headprobe.probe`: `probe_n` sequences of
       `probe_length` random tokens repeated twice, drawn with `seed`; `probe_specials` auto/bos/none).
@@ -92,6 +95,9 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
       offset baselines and the subtype cut of the released code behind a published number; the
       summary names it (`summary["conventions"]`).
     from_mode: "mean", "first" or "max"; None: the conventions' (SPEC: mean).
+    bos: "none" (the default: inputs as the model's tokenizer makes them), "add" (prepend the
+      tokenizer's BOS token), or "auto" (add it for a causal model whose tokenizer has one but
+      does not add it); see `align.apply_bos`. The summary says what was done.
     loaded: an already loaded `(model, tokenizer, name)` to reuse.
     out: results directory. The run holds it (a second run on it is refused) and writes it
       whole or not at all (`Results.save`); `report` builds out/report/ in the same save.
@@ -125,8 +131,10 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     window = checks.check_int("--window", window, checks.MIN_WINDOW, " pieces")
     seed = checks.check_int("--seed", seed, 0)
     checkpoint_every = checks.check_int("--checkpoint-every", checkpoint_every, 0, " (0: no checkpoints)")
+    if bos not in BOS_MODES:
+        raise checks.UsageError(f"--bos {bos!r}: must be one of {', '.join(BOS_MODES)}")
     if conventions not in PRESETS:
-        raise ValueError(f"--conventions {conventions!r}: must be one of {', '.join(PRESETS)}")
+        raise checks.UsageError(f"--conventions {conventions!r}: must be one of {', '.join(PRESETS)}")
     from_mode = from_mode or PRESETS[conventions].from_mode
     if from_mode not in ("mean", "first", "max"):
         raise checks.UsageError(f"--from-mode {from_mode!r}: must be mean, first or max")
@@ -170,7 +178,9 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                     "window": window, "seed": seed, "bootstrap_resamples": n_boot, "dtype": dtype,
                     "device": str(models.pick_device(device)) if loaded is None else
                     str(next(loaded[0].parameters()).device),
-                    "skip_bad": skip_bad, "keep_unit_counts": keep_unit_counts, "conventions": conventions}
+                    "skip_bad": skip_bad, "keep_unit_counts": keep_unit_counts, "bos": bos,
+                    "coref_single_document": coref_single_document,
+                    "conventions": conventions}
         if probe is not None:
             settings["probe"] = {"name": probe, "length": probe_length, "n": probe_n, "specials": probe_specials}
         if query_block or device_map is not None:
@@ -187,11 +197,14 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                                      max_memory=max_memory)
         net, tokenizer, name = loaded
         checks.check_layers_exist(layers, n_layers_heads(net)[0], name)
+        causal = is_causal(net)
+        tokenizer, bos_used = apply_bos(tokenizer, bos, causal)
         summary = {"model": name, "dtype": dtype, "device": str(next(net.parameters()).device),
                    "batch_size": batch_size, "from_mode": from_mode, "layers": layers, "notes": [],
                    "skipped": {}, "corpora": {}, "runs": {}, "seed": seed, "bootstrap_resamples": n_boot,
                    "units": "documents where the corpus marks them (# newdoc id), else sentences",
                    "run_id": atomic.new_run_id(), "inputs": inputs, "options": settings,
+                   "bos": {"asked": bos, "used": bos_used},
                    "conventions": dict(PRESETS[conventions].summary(), from_mode_used=from_mode)}
         options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
                        keep_units=keep_unit_counts, conventions=conventions, query_block=query_block)
@@ -212,7 +225,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         on_coref = [a for a in registry.analyses("coreference") if a.name in wanted]
         if coref is not None and on_coref:
             from headprobe.corpora.corefud import read_coref_examples, tokenizer_piece_counter
-            windows = read_coref_examples(coref, tokenizer_piece_counter(tokenizer), window=window)
+            windows = read_coref_examples(coref, tokenizer_piece_counter(tokenizer), window=window,
+                                          skip_bad=skip_bad, single_document=coref_single_document)
             batch = [a.make_scorer() for a in on_coref]
             _score(net, tokenizer, batch, windows, "coreference", str(coref), summary, checkpoint,
                    batch_size=max(1, batch_size // 4), **options)
@@ -234,7 +248,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
             raise checks.UsageError(f"nothing was scored: no example of the corpus could be scored "
                                     f"(skipped: {skipped or 'none; the corpus is empty'})")
-        summary["causal"] = is_causal(net)
+        summary["causal"] = causal
         if summary["causal"]:
             summary["notes"].append(CAUSAL_NOTE.format(model=name))
         summary["n_layers"], summary["n_heads"] = n_layers_heads(net)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from headprobe import registry
+from headprobe.align import BOS_MODES
 from headprobe.atomic import OutInUse, ResultsError
 from headprobe.checks import UsageError
 from headprobe.conventions import PRESETS
@@ -77,9 +78,15 @@ def run_parser(sub):
                         "offsets -3..2 clipped, subtypes cut), joanacero (as clark2019-code with from = mean "
                         "and UD subtypes kept); see docs/CONVENTIONS.md")
     p.add_argument("--window", type=int, default=128, help="coreference window in pieces (default: 128)")
-    p.add_argument("--skip-bad", action="store_true", help="skip malformed sentences (warn and count)")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip malformed sentences, in --treebank/--text/--hf-dataset and --coref (warn and count)")
+    p.add_argument("--coref-single-document", action="store_true",
+                   help="read a --coref file without '# newdoc' lines as one document (refused otherwise)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
+    p.add_argument("--bos", default="none", choices=BOS_MODES,
+                   help="prepend the tokenizer's BOS token: none (inputs as the tokenizer makes them), add, or "
+                        "auto (for a causal model whose tokenizer has one but does not add it) (default: none)")
     p.add_argument("--keep-unit-counts", action="store_true",
                    help="also keep per-unit rows (unit_counts.parquet): small corpora and debugging")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report")
@@ -123,10 +130,12 @@ def cmd_run(args) -> int:
         out=args.out, analyses=analyses, layers=parse_layers(args.layers), batch_size=args.batch_size,
         device=args.device, dtype=args.dtype, from_mode=args.from_mode, window=args.window,
         skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap,
-        keep_unit_counts=args.keep_unit_counts, conventions=args.conventions, report=not args.no_report,
+        keep_unit_counts=args.keep_unit_counts, bos=args.bos, conventions=args.conventions,
+        report=not args.no_report,
         resume=args.resume, checkpoint_every=args.checkpoint_every,
         probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials,
-        device_map=args.device_map, max_memory=args.max_memory, query_block=args.query_block)
+        device_map=args.device_map, max_memory=args.max_memory, query_block=args.query_block,
+        coref_single_document=args.coref_single_document)
     if results is None:                     # torchrun: a rank other than 0 (rank 0 prints and writes)
         return 0
     summary = results.summary

@@ -114,9 +114,12 @@ def _load() -> None:
 
 
 def analyses(input: str | None = None) -> list[Analysis]:
-    """Registered analyses, in registration order (built-ins first)."""
+    """Registered analyses: the built-ins in `BUILTIN_MODULES` order (whatever order their modules
+    were imported in), then the others in registration order."""
     _load()
-    return [a for a in _REGISTRY.values() if input is None or a.input == input]
+    rank = {module: i for i, module in enumerate(BUILTIN_MODULES)}
+    ordered = sorted(_REGISTRY.values(), key=lambda a: rank.get(a.scorer.__module__, len(rank)))
+    return [a for a in ordered if input is None or a.input == input]
 
 
 def names(input: str | None = None) -> list[str]:

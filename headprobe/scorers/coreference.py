@@ -162,6 +162,7 @@ class CoreferenceScorer(CountScorer):
 
     analysis = "coreference"
     directions = ("",)
+    variants = BASELINES                  # the default; an instance may take fewer
     blocks = True                       # row by row: a mention's row is its head word's
 
     def __init__(self, baselines: Sequence[str] = BASELINES):
