@@ -134,8 +134,10 @@ def assert_same_tables(a, b):
                                       obj=name)
     ca, cb = a.counts, b.counts
     pd.testing.assert_frame_equal(ca.drop(columns="mass"), cb.drop(columns="mass"), obj="counts")
-    # summed attention (surface) adds floats in another order: equal to rounding
-    assert np.allclose(ca["mass"], cb["mass"], rtol=1e-9, atol=1e-9, equal_nan=True)
+    # summed attention (surface) is float32 attention summed per batch, and a sentence's batch
+    # (its padding to the batch's longest word count) changes the order of those sums: equal to
+    # float32 rounding, not bit for bit
+    assert np.allclose(ca["mass"], cb["mass"], rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
 def test_shards_merged_and_shuffled_order_give_identical_tables(ewt_results, minilm, tmp_path):
