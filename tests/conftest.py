@@ -273,3 +273,12 @@ def gpt2_family() -> Family:
 @pytest.fixture(scope="session")
 def roberta_family() -> Family:
     return get_family("roberta")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, bert_family) -> str:
+    """The 3 x 4 random BERT and its WordPiece tokenizer saved to disk, for `--model PATH`."""
+    path = tmp_path_factory.mktemp("tiny-bert")
+    bert_family.sdpa.save_pretrained(path)
+    bert_family.tokenizer.save_pretrained(path)
+    return str(path)

@@ -65,14 +65,6 @@ def expected_n(sentences) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory, bert_family) -> str:
-    path = tmp_path_factory.mktemp("tiny-bert")
-    bert_family.sdpa.save_pretrained(path)
-    bert_family.tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def treebank(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpora") / "good.conllu"
     path.write_text(conllu_text())

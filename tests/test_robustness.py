@@ -68,14 +68,6 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory, bert_family) -> str:
-    path = tmp_path_factory.mktemp("tiny-bert")
-    bert_family.sdpa.save_pretrained(path)
-    bert_family.tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def corpora(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("corpora")
     (base / "trees.conllu").write_text(treebank_text())
