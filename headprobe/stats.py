@@ -35,33 +35,125 @@ BEST_COLUMNS = ["analysis", "label", "selection", "fold", "layer", "head", "dire
                 "note"]
 BASELINE_COLUMNS = ["analysis", "label", "variant", "n", "hits", "accuracy", "ci_low", "ci_high"]
 TEST_COLUMNS = ["analysis", "label", "layer", "head", "direction", "n", "hits", "accuracy", "baseline_variant",
-                "baseline_accuracy", "head_only", "baseline_only", "p_value", "family", "p_holm",
+                "baseline_accuracy", "gap", "head_only", "baseline_only", "p_value", "family", "p_holm",
                 "heldout_accuracy", "heldout_baseline", "heldout_gap"]
 
 
-# ------------------------------------------------------------------------ small pieces
+# ------------------------------------------------------------------------ the engine
+#
+# Every count here is a `[fold, resample, ...]` array from a tally (`headprobe.tally`):
+# resample 0 is the data itself, resamples 1.. are the Poisson(1) resamples. Selection
+# reads resample 0; intervals read the resamples; a paired gap subtracts two ratios
+# resample by resample (same weights).
+
+Q = (2.5, 97.5)                # the 95% percentile interval's ends (SPEC 5)
+
 
 def ratio(hits, n):
+    """hits / n, elementwise; NaN where n is 0."""
     hits, n = np.asarray(hits, dtype=np.float64), np.asarray(n, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n > 0, hits / np.where(n > 0, n, 1), np.nan)
 
 
-def interval(values: np.ndarray) -> tuple[float, float]:
-    """2.5th and 97.5th percentiles (linear interpolation) of the finite values."""
-    values = np.asarray(values, dtype=np.float64)
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return float("nan"), float("nan")
-    low, high = np.percentile(values, [2.5, 97.5])
+def percentiles(values, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) = the 2.5th and 97.5th percentiles (numpy's linear interpolation) along
+    `axis` (the resamples) of the finite values, for every other cell at once; NaN where a
+    cell has none. The one owner of the interval's ends (SPEC 5).
+
+        low, high = percentiles(ratio(hits[1:], n[1:]))        # hits, n: [resample, layer, head]
+    """
+    v = np.moveaxis(np.asarray(values, dtype=np.float64), axis, 0)
+    shape = v.shape[1:]
+    flat = v.reshape(v.shape[0], -1)                                       # [resample, cell]
+    finite = np.isfinite(flat)
+    out = np.full((2, flat.shape[1]), np.nan)
+    if finite.all() and flat.shape[0]:
+        out[:] = np.percentile(flat, Q, axis=0)
+    elif flat.size:
+        # a percentile depends only on the sorted values: sort the non-finite ones last and
+        # take each cell's finite prefix, all cells with the same count at once
+        ordered = np.sort(np.where(finite, flat, np.inf), axis=0)
+        count = finite.sum(0)                                              # [cell]
+        for k in np.unique(count[count > 0]):
+            cells = count == k
+            out[:, cells] = np.percentile(ordered[:k, cells], Q, axis=0)
+    return out[0].reshape(shape), out[1].reshape(shape)
+
+
+def interval(values) -> tuple[float, float]:
+    """2.5th and 97.5th percentiles (linear interpolation) of the finite values of a 1-D array."""
+    low, high = percentiles(np.ravel(values))
     return float(low), float(high)
 
 
-def first_best(scores: np.ndarray) -> int | None:
-    """Index of the first maximum of `scores` (NaN never wins); None if all are NaN."""
+def estimate(hits, n) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ratio on the data, interval low, interval high) of hits / n; hits and n are
+    [resample, ...] (resample 0 the data; they broadcast), the rest is kept.
+
+        acc, low, high = estimate(hits.sum(0), n.sum(0)[:, None, None])   # whole data, per head
+    """
+    value = ratio(hits, n)
+    low, high = percentiles(value[1:])
+    return value[0], low, high
+
+
+def paired_gap(hits, other, n, n_other=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gap on the data, low, high) of hits / n - other / n_other (default: the same trials),
+    resample by resample (paired: the same weights on both sides); arrays as in `estimate`."""
+    gap = ratio(hits, n) - ratio(other, n if n_other is None else n_other)
+    low, high = percentiles(gap[1:])
+    return gap[0], low, high
+
+
+def first_best(scores) -> int | None:
+    """Index of the first maximum of a 1-D `scores` (NaN never wins); None if all are NaN."""
+    scores = np.asarray(scores, dtype=np.float64)
     if not np.isfinite(scores).any():
         return None
     return int(np.nanargmax(scores))
+
+
+def first_best_along(scores, axis: int = -1) -> np.ndarray:
+    """Index of the first maximum along `axis` for every other cell (non-finite values never
+    win; 0 where a cell has no finite value)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.argmax(np.where(np.isfinite(scores), scores, -np.inf), axis=axis)
+
+
+def fold_ratio(hits, n, folds):
+    """[option] hits / n on the data of `folds`: hits [fold, resample, option], n [fold, resample]
+    or [fold, resample, option]."""
+    f = list(folds)
+    return ratio(np.asarray(hits)[f, 0].sum(0), np.asarray(n)[f, 0].sum(0))
+
+
+def choose(hits, n, folds, default=None):
+    """The option (last axis of hits [fold, resample, option]) with the best ratio on the data
+    of `folds`, the first on ties; `default` when no option has a trial there."""
+    best = first_best(fold_ratio(hits, n, folds))
+    return default if best is None else best
+
+
+def heldout_choices(hits, n, default=None) -> dict[int, object]:
+    """{fold f: the option chosen on the other fold} (`choose`), the picks to evaluate on f."""
+    return {f: choose(hits, n, (1 - f,), default) for f in (0, 1)}
+
+
+def pooled(values, picks: dict) -> np.ndarray:
+    """[resample] values [fold, resample, option] of option picks[f] on each fold f, added up."""
+    return sum(values[f, :, k] for f, k in picks.items())
+
+
+def selected(hits, n, selection: str, default=None):
+    """(hits [resample], {fold: pick}) of the best option: "in-sample" (chosen on all the data)
+    or "held-out" (chosen on one fold, evaluated on the other, both ways, pooled)."""
+    if selection == "in-sample":
+        k = choose(hits, n, (0, 1), default)
+        picks = {0: k, 1: k}
+    else:
+        picks = heldout_choices(hits, n, default)
+    return pooled(hits, picks), picks
 
 
 def mcnemar_greater(head_only, baseline_only) -> np.ndarray:
@@ -118,16 +210,14 @@ class LabelTotals:
 
     def accuracy(self, folds) -> np.ndarray:
         """[cand] plain accuracy on `folds`."""
-        f = list(folds)
-        return ratio(self.hits[f, 0].sum(0), self.n[f, 0].sum(0))
+        return fold_ratio(self.hits, self.n, folds)
 
     def select(self, folds) -> tuple[int | None, int | None]:
         """(best candidate, best baseline) on `folds`: first maximum; None with no trials."""
-        f = list(folds)
-        if self.n[f, 0].sum() <= 0:
+        if self.n[list(folds), 0].sum() <= 0:
             return None, None
-        best = first_best(self.accuracy(folds))
-        base = first_best(ratio(self.base[f, 0].sum(0), self.base_n[f, 0].sum(0))) if self.variants else None
+        best = choose(self.hits, self.n, folds)
+        base = choose(self.base, self.base_n, folds) if self.variants else None
         return best, base
 
     def tied(self, folds, cand: int) -> int:
@@ -137,34 +227,47 @@ class LabelTotals:
     def evaluate(self, picks: dict[int, tuple[int, int | None]]):
         """Hits, trials and baseline hits per resample [resample] of evaluating, on each fold f,
         the (candidate, baseline) `picks[f]`."""
-        hits = sum(self.hits[f, :, c] for f, (c, _) in picks.items())
-        n = sum(self.n[f, :, c] for f, (c, _) in picks.items())
-        base = None
-        if self.variants:
-            base = sum(self.base[f, :, b] for f, (_, b) in picks.items())
-        return hits, n, base
+        cands = {f: c for f, (c, _) in picks.items()}
+        base = pooled(self.base, {f: b for f, (_, b) in picks.items()}) if self.variants else None
+        return pooled(self.hits, cands), pooled(self.n, cands), base
 
     def unreachable(self, folds, cand: int) -> float:
         if "unreachable" not in self.extra:
             return float("nan")
         return float(self.extra["unreachable"][list(folds), self.dir_of[cand]].sum())
 
+    def heldout_heads(self, cand: np.ndarray):
+        """Per head (`cand`: its candidates [head] in one direction each), evaluated on each fold
+        in the direction, and against the baseline, chosen on the other fold, pooled:
+        (accuracy [head], baseline accuracy); NaN when a fold has no trials."""
+        n_dirs = self.shape[2]
+        first = cand - cand % n_dirs                                          # [head] direction 0
+        hits, n, base, base_n = 0.0, 0.0, 0.0, 0.0
+        for f in (0, 1):
+            other = self.accuracy((1 - f,)).reshape(len(cand), n_dirs)        # [head, dir]
+            if not np.isfinite(other).any() or self.trials((1 - f,)) <= 0:
+                return np.full(len(cand), np.nan), np.nan
+            chosen = first + first_best_along(other)                          # [head]
+            hits = hits + self.hits[f, 0, chosen]
+            n = n + self.n[f, 0, chosen]
+            base += self.base[f, 0, self.select((1 - f,))[1]]
+            base_n += self.base_n[f, 0]
+        return ratio(hits, n), ratio(base, base_n).item()
+
 
 def _row(analysis, label, totals, selection, fold, picks, cand, base_idx):
     """One best-heads row from evaluating `picks` ({fold: (cand, base)})."""
     hits, n, base = totals.evaluate(picks)
-    boot = ratio(hits[1:], n[1:])
-    acc = ratio(hits[0], n[0]).item()
+    acc, low, high = estimate(hits, n)
     layer, head, direction = totals.candidates[cand] if cand is not None else (-1, -1, "")
     row = dict(analysis=analysis, label=label, selection=selection, fold=fold, layer=layer, head=head,
                direction=direction, heads=f"{layer}-{head}" if cand is not None else "", n=float(n[0]),
-               hits=float(hits[0]), accuracy=acc)
-    row["ci_low"], row["ci_high"] = interval(boot)
+               hits=float(hits[0]), accuracy=float(acc), ci_low=float(low), ci_high=float(high))
     if base is not None:
-        bacc = ratio(base[0], n[0]).item()
+        gap, gap_low, gap_high = paired_gap(hits, base, n)
         row.update(baseline_variant=totals.variants[base_idx] if base_idx is not None else "per fold",
-                   baseline_hits=float(base[0]), baseline_accuracy=bacc, gap=acc - bacc)
-        row["gap_low"], row["gap_high"] = interval(boot - ratio(base[1:], n[1:]))
+                   baseline_hits=float(base[0]), baseline_accuracy=ratio(base[0], n[0]).item(), gap=float(gap),
+                   gap_low=float(gap_low), gap_high=float(gap_high))
     return row
 
 
@@ -221,60 +324,37 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
 
 
 def baseline_rows(analysis: str, label: str, totals: LabelTotals) -> list[dict]:
-    out = []
-    for v, name in enumerate(totals.variants):
-        hits = totals.base[:, :, v].sum(0)                 # [resample]
-        n = totals.base_n.sum(0)
-        low, high = interval(ratio(hits[1:], n[1:]))
-        out.append(dict(analysis=analysis, label=label, variant=name, n=float(n[0]), hits=float(hits[0]),
-                        accuracy=ratio(hits[0], n[0]).item(), ci_low=low, ci_high=high))
-    return out
+    hits = totals.base.sum(0)                                   # [resample, variant]
+    n = totals.base_n.sum(0)                                    # [resample]
+    acc, low, high = estimate(hits, n[:, None])
+    return [dict(analysis=analysis, label=label, variant=name, n=float(n[0]), hits=float(hits[0, v]),
+                 accuracy=float(acc[v]), ci_low=float(low[v]), ci_high=float(high[v]))
+            for v, name in enumerate(totals.variants)]
 
 
 def head_tests(analysis: str, label: str, totals: LabelTotals) -> pd.DataFrame:
     """Per head: its better direction in-sample, the McNemar test against the in-sample best
     baseline, and the held-out gap (direction and baseline chosen on the other fold)."""
     n_layers, n_heads, n_dirs = totals.shape
-    both = (0, 1)
-    acc = totals.accuracy(both).reshape(n_layers * n_heads, n_dirs)        # [head, dir]
+    acc = totals.accuracy((0, 1)).reshape(n_layers * n_heads, n_dirs)      # [head, dir]
     if not np.isfinite(acc).any() or not totals.variants or not totals.counts_hits:
         return pd.DataFrame(columns=TEST_COLUMNS)          # McNemar tests hits; mass has no discordant items
-    d = np.nanargmax(np.where(np.isfinite(acc), acc, -1), axis=1)          # better direction; ties: first
-    cand = np.arange(n_layers * n_heads) * n_dirs + d                     # [head]
-    _, base = totals.select(both)
+    cand = np.arange(n_layers * n_heads) * n_dirs + first_best_along(acc)  # [head] better direction; ties: first
+    _, base = totals.select((0, 1))
     hits = totals.hits[:, 0, cand].sum(0)
     n = totals.n[:, 0, cand].sum(0)
     base_hits = totals.base[:, 0, base].sum()
     concordant = totals.both[cand, base]
     head_only, baseline_only = hits - concordant, base_hits - concordant
-    # held-out: on fold f, direction and baseline chosen on the other fold
-    per_fold = {f: totals.accuracy((f,)).reshape(n_layers * n_heads, n_dirs) for f in both}
-    held_hits = np.zeros(len(cand))
-    held_n = np.zeros(len(cand))
-    held_base = 0.0
-    held_base_n = 0.0
-    ok = True
-    for f in both:
-        other = per_fold[1 - f]
-        if not np.isfinite(other).any() or totals.trials((1 - f,)) <= 0:
-            ok = False
-            break
-        d_other = np.nanargmax(np.where(np.isfinite(other), other, -1), axis=1)
-        c_other = np.arange(n_layers * n_heads) * n_dirs + d_other
-        held_hits += totals.hits[f, 0, c_other]
-        held_n += totals.n[f, 0, c_other]
-        _, b_other = totals.select((1 - f,))
-        held_base += totals.base[f, 0, b_other]
-        held_base_n += totals.base_n[f, 0]
-    held_acc = ratio(held_hits, held_n) if ok else np.full(len(cand), np.nan)
-    held_bacc = ratio(held_base, held_base_n).item() if ok else np.nan
+    held_acc, held_bacc = totals.heldout_heads(cand)
+    accuracy, baseline_accuracy = ratio(hits, n), ratio(base_hits, n)
     layer_head = [totals.candidates[c][:3] for c in cand]
     return pd.DataFrame({
         "analysis": analysis, "label": label,
         "layer": [x[0] for x in layer_head], "head": [x[1] for x in layer_head],
-        "direction": [x[2] for x in layer_head], "n": n, "hits": hits, "accuracy": ratio(hits, n),
-        "baseline_variant": totals.variants[base], "baseline_accuracy": ratio(base_hits, n),
-        "head_only": head_only, "baseline_only": baseline_only,
+        "direction": [x[2] for x in layer_head], "n": n, "hits": hits, "accuracy": accuracy,
+        "baseline_variant": totals.variants[base], "baseline_accuracy": baseline_accuracy,
+        "gap": accuracy - baseline_accuracy, "head_only": head_only, "baseline_only": baseline_only,
         "p_value": mcnemar_greater(head_only, baseline_only),
         "family": "", "p_holm": np.nan,
         "heldout_accuracy": held_acc, "heldout_baseline": held_bacc, "heldout_gap": held_acc - held_bacc,

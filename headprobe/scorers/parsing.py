@@ -47,7 +47,7 @@ from headprobe.conventions import Conventions, get_conventions
 from headprobe.corpora.base import ALL
 from headprobe.registry import Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, word_fill
-from headprobe.stats import interval, ratio
+from headprobe.stats import estimate, paired_gap, selected
 from headprobe.trees import max_arborescence, max_spanning_tree, undirected_hits
 
 UNSCORED = ("root", "punct")
@@ -404,40 +404,23 @@ class ParseTotals:
     def name(self, cell) -> str:
         return f"{self.tally.layers[cell[0]]}-{cell[1]} {DIRECTIONS[cell[2]]}"
 
-    def best(self, options, folds) -> int:
-        """Index of the first best option (each [fold, resample] hits) on `folds` (resample 0)."""
-        f = list(folds)
-        n = self.n[f, 0].sum()
-        scores = [o[f, 0].sum() / n if n else np.nan for o in options]
-        return int(np.nanargmax(scores)) if np.isfinite(scores).any() else 0
-
     def predictor(self, options, names, selection):
-        """(hits [resample], chosen name) of the best option: in-sample (chosen on all data) or
-        held-out (chosen on the other fold, evaluated on each fold, pooled)."""
-        if selection == "in-sample":
-            k = self.best(options, (0, 1))
-            return options[k].sum(0), names[k]
-        chosen = [self.best(options, (1 - f,)) for f in (0, 1)]
-        hits = sum(options[chosen[f]][f] for f in (0, 1))
-        name = names[chosen[0]] if chosen[0] == chosen[1] else f"{names[chosen[1]]} | {names[chosen[0]]}"
+        """(hits [resample], chosen name) of the best option (each [fold, resample] hits; the first
+        when none has arcs): in-sample, or held-out (`stats.selected`)."""
+        hits, picks = selected(np.stack(options, axis=-1), self.n, selection, default=0)
+        name = names[picks[0]] if picks[0] == picks[1] else f"{names[picks[1]]} | {names[picks[0]]}"
         return hits, name
 
 
-def parse_tables(results) -> dict[str, pd.DataFrame]:
-    tally = results.tallies.get("parsing")
-    if tally is None or ALL not in tally.labels:
-        return {"parse_scores": pd.DataFrame(columns=SCORE_COLUMNS), "parse_gaps": pd.DataFrame(columns=GAP_COLUMNS),
-                "parse_heads": pd.DataFrame(columns=HEAD_COLUMNS)}
-    t = ParseTotals(tally)
-    n = t.n.sum(0)                                                # [resample]
-    scores, gaps, hits_of = [], [], {}
+def _score_rows(t: ParseTotals, n: np.ndarray):
+    """parse_scores rows and {(metric, predictor, selection): hits [resample]}."""
+    scores, hits_of = [], {}
 
     def add(metric, predictor, selection, name, variant, hits, note=""):
-        acc = ratio(hits, n)
-        low, high = interval(acc[1:])
+        acc, low, high = estimate(hits, n)
         scores.append(dict(metric=metric, predictor=predictor, selection=selection, heads=name, variant=variant,
-                           n=float(n[0]), hits=float(hits[0]), accuracy=float(acc[0]), ci_low=low, ci_high=high,
-                           note=note))
+                           n=float(n[0]), hits=float(hits[0]), accuracy=float(acc), ci_low=float(low),
+                           ci_high=float(high), note=note))
         hits_of[(metric, predictor, selection)] = hits
 
     probe_note = "" if t.base[:, 0, 0].sum() or not n[0] else "no held-out evaluation (a fold has no arcs)"
@@ -456,8 +439,13 @@ def parse_tables(results) -> dict[str, pd.DataFrame]:
             hits, name = t.predictor(options, offsets, selection)
             add("UAS", "best baseline", selection, "", name, hits)
     add("UUAS", "chain", "fixed", "", CHAIN, t.base[:, :, t.variants.index(CHAIN)].sum(0))
-    # paired differences (same arcs, same resample weights); the probe is always held-out, the
-    # single heads and baselines are selected held-out or in-sample, chain is fixed
+    return scores, hits_of
+
+
+def _gap_rows(hits_of, n: np.ndarray) -> list[dict]:
+    """Paired differences (same arcs, same resample weights); the probe is always held-out, the
+    single heads and baselines are selected held-out or in-sample, chain is fixed."""
+    gaps = []
     for metric, predictor, versus in COMPARISONS:
         for selection in ("held-out", "in-sample"):
             probe, fixed = predictor.startswith("probe"), versus == "chain"
@@ -467,20 +455,30 @@ def parse_tables(results) -> dict[str, pd.DataFrame]:
             b = hits_of.get((metric, versus, "fixed" if fixed else selection))
             if a is None or b is None:
                 continue
-            gap = ratio(a, n) - ratio(b, n)
-            low, high = interval(gap[1:])
+            gap, low, high = paired_gap(a, b, n)
             gaps.append(dict(metric=metric, predictor=predictor, versus=versus, selection=selection,
-                             gap=float(gap[0]), gap_low=low, gap_high=high))
-    heads = []
+                             gap=float(gap), gap_low=float(low), gap_high=float(high)))
+    return gaps
+
+
+def parse_tables(results) -> dict[str, pd.DataFrame]:
+    tally = results.tallies.get("parsing")
+    if tally is None or ALL not in tally.labels:
+        return {"parse_scores": pd.DataFrame(columns=SCORE_COLUMNS), "parse_gaps": pd.DataFrame(columns=GAP_COLUMNS),
+                "parse_heads": pd.DataFrame(columns=HEAD_COLUMNS)}
+    t = ParseTotals(tally)
+    n = t.n.sum(0)                                                # [resample]
+    scores, hits_of = _score_rows(t, n)
     whole = t.hits.sum(0)                                          # [resample, layer, head, direction]
-    for (l, h, d) in t.cells((0, 1, 2)):
-        acc = ratio(whole[:, l, h, d], n)
-        low, high = interval(acc[1:])
-        heads.append(dict(layer=tally.layers[l], head=h, direction=DIRECTIONS[d], n=float(n[0]),
-                          hits=float(whole[0, l, h, d]), accuracy=float(acc[0]), ci_low=low, ci_high=high))
+    acc, low, high = estimate(whole, n[:, None, None, None])      # [layer, head, direction]
+    cells = t.cells((0, 1, 2))
+    heads = pd.DataFrame({"layer": [tally.layers[l] for l, _, _ in cells], "head": [h for _, h, _ in cells],
+                          "direction": [DIRECTIONS[d] for _, _, d in cells], "n": float(n[0]),
+                          "hits": whole[0].ravel(), "accuracy": acc.ravel(), "ci_low": low.ravel(),
+                          "ci_high": high.ravel()}, columns=HEAD_COLUMNS)
     return {"parse_scores": pd.DataFrame(scores, columns=SCORE_COLUMNS),
-            "parse_gaps": pd.DataFrame(gaps, columns=GAP_COLUMNS),
-            "parse_heads": pd.DataFrame(heads, columns=HEAD_COLUMNS)}
+            "parse_gaps": pd.DataFrame(_gap_rows(hits_of, n), columns=GAP_COLUMNS),
+            "parse_heads": heads}
 
 
 def _table(name):
