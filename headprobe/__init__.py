@@ -8,6 +8,8 @@ from headprobe.api import attention_for_sentence, run
 from headprobe.capture import AttentionCapture
 from headprobe.models import load as load_model
 from headprobe.results import Results, load_results
+from headprobe.scorers.token_patterns import PatternRule, pattern_analysis
 
 __version__ = "0.1.0"
-__all__ = ["run", "load_results", "load_model", "attention_for_sentence", "AttentionCapture", "Results"]
+__all__ = ["run", "load_results", "load_model", "attention_for_sentence", "AttentionCapture", "Results",
+           "pattern_analysis", "PatternRule"]

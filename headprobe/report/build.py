@@ -164,9 +164,8 @@ def gap_items(results, analysis: str, labels: list[str]) -> list:
     for label in labels:
         t = tests[(tests["analysis"] == analysis) & (tests["label"] == label)]
         if len(t):
-            gap = t.assign(gap=t["accuracy"] - t["baseline_accuracy"])
             items.append((f"{label} (vs {t['baseline_variant'].iloc[0]})",
-                          to_matrix(gap, "gap", results.n_layers, results.n_heads)))
+                          to_matrix(t, "gap", results.n_layers, results.n_heads)))
     return items
 
 

@@ -13,28 +13,17 @@ mul score >= 0.4 on each fold, 95% lower end >= 0.3, gap to the best baseline ab
 
 from __future__ import annotations
 
-from headprobe.registry import Analysis, register
-from headprobe.scorers.token_patterns import (PatternScorer, duplicate_token_pattern, group_table, head_table,
-                                              pattern_rule)
+from headprobe.scorers.token_patterns import PatternRule, duplicate_token_pattern, pattern_analysis
 
 NAME = "duplicate_token"
 THRESHOLD, LOWER = 0.4, 0.3
 
-
-class DuplicateTokenScorer(PatternScorer):
-    analysis = NAME
-    pattern = staticmethod(duplicate_token_pattern)
-    offsets = (-1, -2)
-
-
-ROLE = pattern_rule("duplicate-token", NAME, 0.6, "#937860", "dup", THRESHOLD, LOWER,
-                    "attends to earlier occurrences of its own token")
-
-ANALYSIS = register(Analysis(
-    name=NAME, scorer=DuplicateTokenScorer, input="probe", selection=True, default=False,
+ANALYSIS = pattern_analysis(
+    NAME, duplicate_token_pattern, baselines=("random", "first", "offset=-1", "offset=-2"),
+    rule=PatternRule("duplicate-token", THRESHOLD, LOWER, "attends to earlier occurrences of its own token",
+                     order=0.6, color="#937860", short="dup"),
     description="share of attention on earlier occurrences of the same token, and argmax hits on them, per head, "
                 "at piece level (TransformerLens duplicate-token pattern; looks backwards, so causal models can "
-                "express it); rows of first occurrences are empty and not scored",
-    roles=(ROLE,),
-    tables={f"{NAME}_heads": lambda results: head_table(results, NAME),
-            f"{NAME}_kv_groups": lambda results: group_table(results, NAME)}))
+                "express it); rows of first occurrences are empty and not scored")
+ROLE = ANALYSIS.roles[0]
+DuplicateTokenScorer = ANALYSIS.scorer

@@ -19,28 +19,18 @@ are rarer and shorter, and scores are lower.
 
 from __future__ import annotations
 
-from headprobe.registry import Analysis, register
-from headprobe.scorers.token_patterns import (PatternScorer, group_table, head_table, induction_pattern,
-                                              pattern_rule)
+from headprobe.scorers.token_patterns import PatternRule, induction_pattern, pattern_analysis
 
 NAME = "induction"
 THRESHOLD, LOWER = 0.4, 0.3
 
-
-class InductionScorer(PatternScorer):
-    analysis = NAME
-    pattern = staticmethod(induction_pattern)
-    offsets = (-1, -2)
-
-
-ROLE = pattern_rule("induction", NAME, 0.5, "#8172b3", "ind", THRESHOLD, LOWER,
-                    "attends to the token after an earlier occurrence of its own token (Olsson et al. 2022)")
-
-ANALYSIS = register(Analysis(
-    name=NAME, scorer=InductionScorer, input="probe", selection=True, default=False,
+ANALYSIS = pattern_analysis(
+    NAME, induction_pattern, baselines=("random", "first", "offset=-1", "offset=-2"),
+    rule=PatternRule("induction", THRESHOLD, LOWER,
+                     "attends to the token after an earlier occurrence of its own token (Olsson et al. 2022)",
+                     order=0.5, color="#8172b3", short="ind"),
     description="share of attention on the token after an earlier occurrence of the same token, and argmax hits "
                 "on it, per head, at piece level (TransformerLens induction pattern; Olsson et al. 2022; looks "
-                "backwards, so causal models can express it); rows without an earlier occurrence are not scored",
-    roles=(ROLE,),
-    tables={f"{NAME}_heads": lambda results: head_table(results, NAME),
-            f"{NAME}_kv_groups": lambda results: group_table(results, NAME)}))
+                "backwards, so causal models can express it); rows without an earlier occurrence are not scored")
+ROLE = ANALYSIS.roles[0]
+InductionScorer = ANALYSIS.scorer

@@ -12,28 +12,17 @@ mul score >= 0.5 on each fold, 95% lower end >= 0.4, gap to the best baseline ab
 
 from __future__ import annotations
 
-from headprobe.registry import Analysis, register
-from headprobe.scorers.token_patterns import (PatternScorer, group_table, head_table, pattern_rule,
-                                              previous_token_pattern)
+from headprobe.scorers.token_patterns import PatternRule, pattern_analysis, previous_token_pattern
 
 NAME = "previous_token"
 THRESHOLD, LOWER = 0.5, 0.4
 
-
-class PreviousTokenScorer(PatternScorer):
-    analysis = NAME
-    pattern = staticmethod(previous_token_pattern)
-    offsets = ()
-
-
-ROLE = pattern_rule("previous-token", NAME, 1.5, "#64b5cd", "prev", THRESHOLD, LOWER,
-                    "attends to the previous token (D[i, i-1])")
-
-ANALYSIS = register(Analysis(
-    name=NAME, scorer=PreviousTokenScorer, input="probe", selection=True, default=False,
+ANALYSIS = pattern_analysis(
+    NAME, previous_token_pattern, baselines=("random", "first"),
+    rule=PatternRule("previous-token", THRESHOLD, LOWER, "attends to the previous token (D[i, i-1])",
+                     order=1.5, color="#64b5cd", short="prev"),
     description="share of attention on the previous token, and argmax hits on it, per head, at piece level "
                 "(TransformerLens previous-token pattern; looks backwards, so causal models can express it); "
-                "baselines: a random visible key, the first position",
-    roles=(ROLE,),
-    tables={f"{NAME}_heads": lambda results: head_table(results, NAME),
-            f"{NAME}_kv_groups": lambda results: group_table(results, NAME)}))
+                "baselines: a random visible key, the first position")
+ROLE = ANALYSIS.roles[0]
+PreviousTokenScorer = ANALYSIS.scorer

@@ -1,5 +1,13 @@
-"""Token-level head patterns (previous-token, duplicate-token, induction): what the three
-analysis modules `previous_token`, `duplicate_token` and `induction` share.
+"""Token-level head patterns as declarations: one function of the input ids gives the
+pattern, `pattern_analysis` makes the rest (scorer, tables, best heads, intervals, role).
+
+    ANALYSIS = pattern_analysis("previous_token", previous_token_pattern,
+                                rule=PatternRule("previous-token", threshold=0.5, lower=0.4,
+                                                 what="attends to the previous token"))
+
+The built-in analyses `previous_token`, `duplicate_token` and `induction` are such
+declarations (their modules say what each pattern means); a user declares one the same
+way from the API (`headprobe.pattern_analysis`; see its docstring for an example).
 
 Patterns are TransformerLens's detection patterns (`transformer_lens/head_detector.py`),
 at piece level (tokens, not words), over the model's own input ids. For a query
@@ -37,9 +45,9 @@ all rows): for Olsson's repeated random tokens about half, so TL scores run abou
 of headprobe's. Over many sequences `tl_mul` pools sum(A * D) / sum(A), which is
 TransformerLens's per-sequence average when the sequences are equally long (a probe).
 
-Baselines (hits per query row with a pattern, the trials are the rows; a baseline
-predicts one key per row, so its share of the pattern and its argmax hit are the same
-number, and it serves both labels):
+Baselines, as declared (hits per query row with a pattern, the trials are the rows; a
+baseline predicts one key per row, so its share of the pattern and its argmax hit are the
+same number, and it serves both labels):
 
 - `random`: a uniformly random visible key (keys 0..i in a causal model, every key in
   an encoder), drawn once per row from a generator seeded by the run's seed and the
@@ -51,10 +59,12 @@ number, and it serves both labels):
   (duplicate-token, induction): previous-token has no offset baseline, as offset -1
   *is* its pattern.
 
+Intervals, per-fold scores, best baselines and paired gaps come from `headprobe.stats`.
+
 The McNemar counts (head and baseline both hit) are kept for the `argmax` label only;
 for `mul` (a mass, not a hit) the exact test does not apply and `head_tests` shows NaN.
 
-Role rules (see `pattern_rule`): the head's `mul` score is at least the threshold on
+Role rules (`PatternRule`, see `pattern_rule`): the head's `mul` score is at least the threshold on
 *each* fold (found on one half, confirmed on the other), the 95% bootstrap interval's
 lower end is at least a stated value, the paired interval of the gap to the best
 baseline lies above 0, and there are at least `MIN_ROWS` rows.
@@ -62,7 +72,9 @@ baseline lies above 0, and there are at least `MIN_ROWS` rows.
 
 from __future__ import annotations
 
-import warnings
+import re
+import sys
+from dataclasses import dataclass
 from hashlib import blake2b
 
 import numpy as np
@@ -70,14 +82,16 @@ import pandas as pd
 import torch
 
 from headprobe.align import WORD
-from headprobe.registry import RoleRule
+from headprobe.registry import Analysis, RoleRule, register
+from headprobe.roles import MATCH_COLUMNS
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
-from headprobe.stats import ratio
+from headprobe.stats import choose, estimate, paired_gap, ratio
 
 MUL, ARGMAX = "mul", "argmax"
 LABELS = (MUL, ARGMAX)
 MIN_ROWS = 30
-MATCH_COLUMNS = ["layer", "head", "detail", "short", "evidence"]
+RANDOM, FIRST = "random", "first"
+OFFSET = re.compile(r"offset=([+-]\d+)")
 HEAD_COLUMNS = ["label", "layer", "head", "kv_group", "n", "score", "fold0", "fold1", "ci_low", "ci_high",
                 "baseline_variant", "baseline_score", "gap", "gap_low", "gap_high", "queries", "tl_mul"]
 GROUP_COLUMNS = ["label", "layer", "kv_group", "heads", "n", "score", "score_max", "best_head"]
@@ -123,18 +137,32 @@ def example_key(seed: int, example) -> int:
 class PatternScorer(CountScorer):
     """Share of attention on a token pattern, and argmax hits on it, per head (see module doc).
 
-    Subclasses set `analysis`, `pattern` (ids [T], token mask [T] -> D [T, T] bool) and
-    `offsets` (fixed-offset baselines)."""
+    Subclasses (`pattern_analysis` makes them) set `analysis`, `pattern` (ids [T], token mask
+    [T] -> D [T, T] bool; specials are taken out of it here, as query and as key) and
+    `baselines` ("random", "first", "offset=<k>", in the order the tables list them)."""
 
     value = "mass"
     labels = LABELS
     extras = ("queries",)           # every position of the example: TransformerLens's denominator
-    offsets: tuple[int, ...] = ()
+    baselines: tuple[str, ...] = (RANDOM, FIRST)
     pattern = staticmethod(previous_token_pattern)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.variants = ("random", "first") + tuple(f"offset={k:+d}" for k in cls.offsets)
+        for name in cls.baselines:
+            if name not in (RANDOM, FIRST) and not OFFSET.fullmatch(name):
+                raise ValueError(f"{cls.analysis}: unknown baseline {name!r}; use 'random', 'first' or "
+                                 "'offset=<k>' (e.g. 'offset=-1')")
+        cls.variants = tuple(cls.baselines)
+
+    def pattern_of(self, ids: np.ndarray, token: np.ndarray) -> np.ndarray:
+        """[T, T] bool: the declared pattern of one example, without specials."""
+        t = len(ids)
+        d = np.asarray(self.pattern(ids, token), dtype=bool)
+        if d.shape != (t, t):
+            raise ValueError(f"{self.analysis}: the pattern function gave shape {d.shape} for {t} tokens, "
+                             f"not ({t}, {t})")
+        return d & token[:, None] & token[None, :]
 
     def rows(self, batch):
         rows = RowIndex()
@@ -144,7 +172,7 @@ class PatternScorer(CountScorer):
         for b, (example, alignment) in enumerate(zip(batch.examples, batch.alignments)):
             ids = np.asarray(alignment.input_ids, dtype=np.int64)
             token = np.asarray(alignment.piece_kind) == WORD
-            d = self.pattern(ids, token)                                    # [T, T]
+            d = self.pattern_of(ids, token)                                 # [T, T]
             q_rows = np.flatnonzero(d.any(axis=1))                          # rows with a pattern
             mul_row = rows.count(example.unit, MUL, len(q_rows))
             arg_row = rows.count(example.unit, ARGMAX, len(q_rows))
@@ -165,11 +193,15 @@ class PatternScorer(CountScorer):
         """[query row, variant] 0/1: does each baseline's key lie on the pattern?"""
         t = d.shape[0]
         visible = q_rows + 1 if causal else np.full(len(q_rows), t)
-        rng = np.random.Generator(np.random.PCG64(example_key(seed, example)))
-        drawn = rng.integers(0, visible)                                     # [query row]
-        keys = [drawn, np.zeros(len(q_rows), dtype=np.int64)] + [q_rows + k for k in self.offsets]
-        out = np.zeros((len(q_rows), len(keys)), dtype=np.float32)
-        for v, key in enumerate(keys):
+        out = np.zeros((len(q_rows), len(self.variants)), dtype=np.float32)
+        for v, name in enumerate(self.variants):
+            if name == RANDOM:
+                rng = np.random.Generator(np.random.PCG64(example_key(seed, example)))
+                key = rng.integers(0, visible)                                # [query row]
+            elif name == FIRST:
+                key = np.zeros(len(q_rows), dtype=np.int64)
+            else:
+                key = q_rows + int(OFFSET.fullmatch(name).group(1))
             inside = (key >= 0) & (key < t)
             out[inside, v] = d[q_rows[inside], key[inside]]
         return out
@@ -244,36 +276,7 @@ def head_table(results, analysis: str) -> pd.DataFrame:
     if tally is None:
         return pd.DataFrame(columns=HEAD_COLUMNS)
     _, group = kv_groups(results)
-    frames = []
-    for label in tally.sorted_labels():
-        a = tally.arrays(label)
-        mass = a["hits"][..., 0]                                     # [fold, resample, layer, head]
-        n = a["n"][..., 0]                                           # [fold, resample]
-        whole, whole_n = mass.sum(0), n.sum(0)                       # [resample, layer, head], [resample]
-        score = ratio(whole, whole_n[:, None, None])                 # [resample, layer, head]
-        n_layers, n_heads = score.shape[1:]
-        layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(n_heads), indexing="ij")
-        boot = score[1:]
-        has_boot = boot.shape[0] > 0 and np.isfinite(boot).any()
-        low, high = _percentiles(boot) if has_boot else (np.full(score.shape[1:], np.nan),) * 2
-        frame = {"label": label, "layer": layer.ravel(), "head": head.ravel(),
-                 "kv_group": (head // group).ravel(), "n": float(whole_n[0]), "score": score[0].ravel(),
-                 "fold0": ratio(mass[0, 0], n[0, 0]).ravel(), "fold1": ratio(mass[1, 0], n[1, 0]).ravel(),
-                 "ci_low": low.ravel(), "ci_high": high.ravel()}
-        base = a["base"].sum(0)                                       # [resample, variant]
-        if base.shape[-1]:
-            rates = ratio(base, whole_n[:, None])                     # [resample, variant]
-            best = int(np.nanargmax(np.where(np.isfinite(rates[0]), rates[0], -1)))
-            gap = score - rates[:, best][:, None, None]
-            g_low, g_high = _percentiles(gap[1:]) if has_boot else (np.full(score.shape[1:], np.nan),) * 2
-            frame.update(baseline_variant=tally.variants[best], baseline_score=float(rates[0, best]),
-                         gap=gap[0].ravel(), gap_low=g_low.ravel(), gap_high=g_high.ravel())
-        queries = a.get("extra:queries")
-        if queries is not None:
-            frame["queries"] = float(queries.sum())
-            if label == MUL:
-                frame["tl_mul"] = ratio(mass[:, 0].sum(0), float(queries.sum())).ravel()
-        frames.append(pd.DataFrame(frame))
+    frames = [_label_heads(tally, label, group) for label in tally.sorted_labels()]
     if not frames:
         return pd.DataFrame(columns=HEAD_COLUMNS)
     out = pd.concat(frames, ignore_index=True)
@@ -283,13 +286,30 @@ def head_table(results, analysis: str) -> pd.DataFrame:
     return out[HEAD_COLUMNS]
 
 
-def _percentiles(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """2.5th and 97.5th percentiles over the first axis (resamples; linear interpolation, as
-    `stats.interval`), ignoring resamples without trials (NaN)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)          # all-NaN cells stay NaN
-        low, high = np.nanpercentile(values, [2.5, 97.5], axis=0)
-    return low, high
+def _label_heads(tally, label: str, group: int) -> pd.DataFrame:
+    """`head_table`'s rows of one label (the numbers from `headprobe.stats`)."""
+    a = tally.arrays(label)
+    mass = a["hits"][..., 0]                                     # [fold, resample, layer, head]
+    n = a["n"][..., 0]                                           # [fold, resample]
+    whole, whole_n = mass.sum(0), n.sum(0)[:, None, None]        # [resample, layer, head], [resample, 1, 1]
+    score, low, high = estimate(whole, whole_n)                  # [layer, head]
+    layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(score.shape[1]), indexing="ij")
+    frame = {"label": label, "layer": layer.ravel(), "head": head.ravel(),
+             "kv_group": (head // group).ravel(), "n": float(whole_n[0, 0, 0]), "score": score.ravel(),
+             "fold0": ratio(mass[0, 0], n[0, 0]).ravel(), "fold1": ratio(mass[1, 0], n[1, 0]).ravel(),
+             "ci_low": low.ravel(), "ci_high": high.ravel()}
+    if a["base"].shape[-1]:
+        best = choose(a["base"], n, (0, 1), default=0)           # in-sample best baseline
+        base = a["base"][..., best].sum(0)[:, None, None]        # [resample, 1, 1]
+        gap, g_low, g_high = paired_gap(whole, base, whole_n)    # [layer, head]
+        frame.update(baseline_variant=tally.variants[best], baseline_score=ratio(base[0], whole_n[0]).item(),
+                     gap=gap.ravel(), gap_low=g_low.ravel(), gap_high=g_high.ravel())
+    queries = a.get("extra:queries")
+    if queries is not None:
+        frame["queries"] = float(queries.sum())
+        if label == MUL:
+            frame["tl_mul"] = ratio(mass[:, 0].sum(0), float(queries.sum())).ravel()
+    return pd.DataFrame(frame)
 
 
 def group_table(results, analysis: str) -> pd.DataFrame:
@@ -345,6 +365,97 @@ def pattern_rule(role: str, analysis: str, order: float, color: str, short: str,
                    f"one half of the units, confirmed on the other), the lower end of its 95% bootstrap interval "
                    f"is at least {lower:g}{gap}, on at least {min_n} rows.")
     return RoleRule(role, order, color, description, match)
+
+
+# ---------------------------------------------------------------------------- declarations
+
+USER_ORDER = 0.9              # after induction (0.5) and duplicate-token (0.6), before positional (1)
+USER_COLORS = ("#17becf", "#bcbd22", "#e377c2", "#ff9896", "#aec7e8", "#98df8a")
+
+
+@dataclass(frozen=True)
+class PatternRule:
+    """The role rule of a declared pattern (`pattern_rule` says what it checks): the head's
+    `label` score is at least `threshold` on each fold, the 95% interval's lower end at least
+    `lower`, (with `baseline`) the gap interval to the best baseline above 0, on at least
+    `min_n` rows. `what` says in words what the pattern is; `order` places the role among the
+    others (a head gets the first it meets); `short` labels the role map's cells."""
+
+    role: str
+    threshold: float
+    lower: float
+    what: str
+    order: float = USER_ORDER
+    color: str | None = None                  # None: one of USER_COLORS, by the role's name
+    short: str = ""                           # "": the role's first 4 letters
+    label: str = MUL
+    min_n: int = MIN_ROWS
+    baseline: bool = True
+
+    def for_analysis(self, analysis: str) -> RoleRule:
+        color = self.color or USER_COLORS[int.from_bytes(blake2b(self.role.encode(), digest_size=2).digest(),
+                                                         "little") % len(USER_COLORS)]
+        return pattern_rule(self.role, analysis, self.order, color, self.short or self.role[:4], self.threshold,
+                            self.lower, self.what, label=self.label, min_n=self.min_n, baseline=self.baseline)
+
+
+def pattern_analysis(name: str, pattern_fn, *, baselines=(RANDOM, FIRST), rule: PatternRule | None = None,
+                     description: str | None = None, input: str = "probe", default: bool = False,
+                     module: str | None = None) -> Analysis:
+    """Declare a token pattern and register its analysis: the scorer, the tables
+    `<name>_heads` and `<name>_kv_groups`, best heads, intervals and (with `rule`) a head role,
+    the same as the built-in previous-token, duplicate-token and induction analyses get.
+
+        import numpy as np, headprobe
+        from headprobe import PatternRule, pattern_analysis
+
+        COMMA = tokenizer.convert_tokens_to_ids(",")
+
+        def last_comma(ids, token):           # ids [T] int, token [T] bool (False: a special)
+            d = np.zeros((len(ids), len(ids)), dtype=bool)              # -> D [T, T] bool
+            commas = np.flatnonzero(ids == COMMA)
+            for i in range(len(ids)):
+                before = commas[commas < i]
+                if len(before):
+                    d[i, before[-1]] = True                             # the most recent comma
+            return d
+
+        pattern_analysis("last_comma", last_comma, baselines=("random", "first", "offset=-1"),
+                         rule=PatternRule("comma", threshold=0.5, lower=0.4,
+                                          what="attends to the most recent comma"))
+        results = headprobe.run(model, treebank="corpus.conllu", analyses=["last_comma"])
+        results.table("last_comma_heads")
+
+    pattern_fn(ids, token) -> D [T, T] (bool, or anything numpy reads as one): D[i, j] when
+    query i's pattern holds key j, over the model's own input ids of one example (pieces,
+    specials included: `token` is False there; specials are taken out of D as query and key
+    whatever the function says). Rows with an empty pattern are not scored (module doc).
+    baselines: in table order, from "random" (a uniformly random visible key), "first"
+    (position 0) and "offset=<k>" (key i + k; leave out an offset that is the pattern itself).
+    input: "probe" (a probe's sequences where the run has one, else the sentence corpus at
+    piece level) or another of `registry.INPUTS`. default: run when no analyses are named.
+    module: where the scorer class says it lives (default: the caller's module; the built-ins'
+    place in the registry's order comes from it). Returns the registered `Analysis`
+    (`registry.unregister(name)` removes it).
+    """
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+        raise ValueError(f"pattern analysis name {name!r}: use letters, digits and '_' (it names tables and files)")
+    if not callable(pattern_fn):
+        raise ValueError(f"pattern analysis {name!r}: pattern_fn must be a function (ids, token) -> [T, T] bool")
+    module = module or sys._getframe(1).f_globals.get("__name__", "__main__")
+    cls_name = "".join(part[:1].upper() + part[1:] for part in name.split("_")) + "Scorer"
+    scorer = type(cls_name, (PatternScorer,), {
+        "analysis": name, "pattern": staticmethod(pattern_fn), "baselines": tuple(baselines),
+        "__module__": module, "__qualname__": cls_name,
+        "__doc__": f"The {name!r} token pattern (`pattern_analysis`): {getattr(pattern_fn, '__doc__', '') or ''}"})
+    if description is None:
+        description = (f"share of attention on the {name} token pattern, and argmax hits on it, per head, at piece "
+                       f"level (a declared pattern); baselines: {', '.join(baselines)}")
+    return register(Analysis(
+        name=name, scorer=scorer, input=input, selection=True, default=default, description=description,
+        roles=(rule.for_analysis(name),) if rule is not None else (),
+        tables={f"{name}_heads": lambda results: head_table(results, name),
+                f"{name}_kv_groups": lambda results: group_table(results, name)}))
 
 
 # ---------------------------------------------------------------------------- console
