@@ -1,6 +1,10 @@
-"""Honest numbers (SPEC section 5), read from streaming tallies (`headprobe.tally`).
+"""Honest numbers (SPEC section 5), read from streaming tallies (`headprobe.tally`): the one
+statistics engine (every interval, selection and gap of every analysis is computed here).
 
     best, baselines, tests = selection_tables(tally, family=lambda label, n: n >= 50)
+    acc, low, high = estimate(hits, n)                  # [resample, ...] -> ratio and 95% interval
+    gap, low, high = paired_gap(hits, base_hits, n)     # paired: resample by resample
+    hits_pooled, picks = selected(hits, n, "held-out")  # hits [fold, resample, option]
 
 - Units are documents where the corpus marks them, else sentences; a unit's fold
   and bootstrap weights come from a keyed hash of its id (`tally.unit_fold`,
