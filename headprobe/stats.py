@@ -69,7 +69,7 @@ def percentiles(values, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """
     v = np.moveaxis(np.asarray(values, dtype=np.float64), axis, 0)
     shape = v.shape[1:]
-    flat = v.reshape(v.shape[0], -1)                                       # [resample, cell]
+    flat = v.reshape(v.shape[0], int(np.prod(shape)))                      # [resample, cell]
     finite = np.isfinite(flat)
     out = np.full((2, flat.shape[1]), np.nan)
     if finite.all() and flat.shape[0]:

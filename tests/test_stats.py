@@ -232,3 +232,39 @@ def test_results_round_trip_and_merge(tmp_path):
     loaded = Results.load(tmp_path / "r")
     for name in ("counts", "best_heads", "baselines", "head_tests", "roles"):
         pd.testing.assert_frame_equal(loaded.table(name), one.table(name), check_dtype=False, obj=name)
+
+
+def test_percentiles_are_numpys_on_each_cells_finite_values():
+    """The vectorised interval equals numpy's percentile of each cell's finite resamples
+    (cells with different numbers of NaN, an inf, one cell with none, no resamples at all)."""
+    rng = np.random.default_rng(3)
+    values = rng.random((200, 4, 3))
+    values[rng.random(values.shape) < 0.2] = np.nan
+    values[:, 1, 2] = np.nan
+    values[7, 0, 0] = np.inf
+    low, high = stats.percentiles(values)
+    for i in range(4):
+        for j in range(3):
+            cell = values[:, i, j]
+            cell = cell[np.isfinite(cell)]
+            if not cell.size:
+                assert np.isnan(low[i, j]) and np.isnan(high[i, j])
+                continue
+            assert (low[i, j], high[i, j]) == tuple(np.percentile(cell, [2.5, 97.5]))
+    assert stats.interval(values[:, 2, 1]) == (low[2, 1], high[2, 1])
+    empty = stats.percentiles(np.zeros((0, 2)))
+    assert np.isnan(empty[0]).all() and np.isnan(empty[1]).all()
+
+
+def test_held_out_selection_picks_on_the_other_fold_and_pools():
+    # two options; fold 0: option 0 is better (8/10 vs 5/10); fold 1: option 1 (9/10 vs 2/10)
+    hits = np.array([[[8, 5]], [[2, 9]]], dtype=float)              # [fold, resample, option]
+    n = np.array([[10], [10]], dtype=float)                          # [fold, resample]
+    pooled, picks = stats.selected(hits, n, "held-out")
+    assert picks == {0: 1, 1: 0}                    # fold 0 is scored with fold 1's choice, and back
+    assert list(pooled) == [5 + 2]
+    pooled, picks = stats.selected(hits, n, "in-sample")             # 10/20 vs 14/20
+    assert picks == {0: 1, 1: 1} and list(pooled) == [14]
+    gap, _, _ = stats.paired_gap(pooled, hits[:, :, 0].sum(0), n.sum(0))
+    assert gap == pytest.approx((14 - 10) / 20)
+    assert stats.choose(hits, np.zeros_like(n), (0,), default=-1) == -1   # no trials: nothing chosen
