@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headprobe import atomic, checks, models, registry
+from headprobe import atomic, checks, models, registry, store
 from headprobe.align import BOS_MODES, apply_bos
 from headprobe import distributed
 from headprobe.capture import n_kv_heads, n_layers_heads, text_config
@@ -146,7 +146,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     reference = checks.check_model(model) if loaded is None else None
     device = checks.check_device(device) if loaded is None else device
     if out is not None:
-        out = checks.check_out(out)
+        out = store.check_out(out)
     elif resume:
         raise checks.UsageError("--resume needs --out: the checkpoint lives beside the results directory")
     if resume and keep_unit_counts:
@@ -169,10 +169,10 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             n_config_layers, _ = checks.config_layers_heads(config)
             if n_config_layers:
                 checks.check_layers_exist(layers, n_config_layers, reference[2])
-        inputs = {key: checks.input_fingerprint(option, path) for key, option, path in (
+        inputs = {key: store.input_fingerprint(option, path) for key, option, path in (
             ("treebank", "--treebank", treebank), ("text", "--text", text),
             ("hf_dataset", "--hf-dataset", hf_dataset), ("coref", "--coref", coref)) if path is not None}
-        inputs["model"] = (checks.model_fingerprint(reference[0], reference[2]) if loaded is None
+        inputs["model"] = (store.model_fingerprint(reference[0], reference[2]) if loaded is None
                            else {"name": loaded[2]})
         settings = {"analyses": sorted(wanted), "layers": layers, "batch_size": batch_size, "from_mode": from_mode,
                     "window": window, "seed": seed, "bootstrap_resamples": n_boot, "dtype": dtype,
@@ -187,7 +187,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             settings.update(query_block=query_block, device_map=device_map, max_memory=max_memory)
         checkpoint = None
         if out is not None and checkpoint_every and not keep_unit_counts:
-            fingerprint = {"inputs": inputs, "options": settings, "chunk": CHUNK, "version": _version()}
+            fingerprint = {"inputs": inputs, "options": settings, "chunk": CHUNK, "version": store.version()}
             checkpoint = Checkpoint(out, fingerprint, checkpoint_every, resume)
             for note in checkpoint.notes:
                 _note(note)
@@ -203,7 +203,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                    "batch_size": batch_size, "from_mode": from_mode, "layers": layers, "notes": [],
                    "skipped": {}, "corpora": {}, "runs": {}, "seed": seed, "bootstrap_resamples": n_boot,
                    "units": "documents where the corpus marks them (# newdoc id), else sentences",
-                   "run_id": atomic.new_run_id(), "inputs": inputs, "options": settings,
+                   "run_id": store.new_run_id(), "inputs": inputs, "options": settings,
                    "bos": {"asked": bos, "used": bos_used},
                    "conventions": dict(PRESETS[conventions].summary(), from_mode_used=from_mode)}
         options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
@@ -270,7 +270,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         results.summary["headline"] = headline(results.best_heads)
         if out is not None:
             results.summary["out"] = str(out)
-            results.save(out, report=report)
+            results.saved_paths = store.save(results, out, extra=_staged_report(results) if report else None)
             if checkpoint is not None:
                 checkpoint.remove()
     return results
@@ -291,13 +291,14 @@ def _quiet_loading(quiet: bool):
             hf_logging.enable_progress_bar()
 
 
+def _staged_report(results):
+    """report/ built inside the save, swapped in with the results (`report.staged_report`)."""
+    from headprobe.report import staged_report
+    return staged_report(results)
+
+
 def _note(text: str) -> None:
     print(f"headprobe: note: {text}", file=sys.stderr, flush=True)
-
-
-def _version() -> str:
-    from headprobe.results import _version as version
-    return version()
 
 
 class _CheckpointHook:

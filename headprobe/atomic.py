@@ -1,10 +1,18 @@
-"""Results directories that are whole or absent: staging, atomic swap, manifest, lock.
+"""Directories that are whole or absent: staging, atomic swap, lock; file hashes and JSON.
 
-A results directory `OUT` is never written in place. Everything goes into a staging
-directory in OUT's *lock area*, a hidden sibling `.<name>.headprobe/` on the same file
-system, and is moved into place with one rename (an atomic exchange with the old
-directory on Linux), so a reader sees the complete old results or the complete new
-ones, never a mix:
+The low-level primitives of `headprobe.store` (which owns what goes in a results
+directory) and `headprobe.checkpoint`. A directory `OUT` is never written in place.
+Everything goes into a staging directory in OUT's *lock area*, a hidden sibling
+`.<name>.headprobe/` on the same file system, and is moved into place with one rename (an
+atomic exchange with the old directory on Linux), so a reader sees the complete old
+directory or the complete new one, never a mix:
+
+    with OutLock(out):                     # one live process per OUT
+        recover(out)                       # leftovers of a process that was killed
+        with staging(out) as stage:        # removed on the way out, whatever happens
+            ...write into stage...
+            fsync_tree(stage)
+            replace_dir(stage, out)
 
     .<name>.headprobe/
         lock              held by the live run (flock); JSON: pid, host, start time, argv
@@ -12,8 +20,7 @@ ones, never a mix:
         stage-<id>/       the next OUT being written
         old-<id>/         the previous OUT on its way out
 
-`manifest.json` inside OUT lists every file with its size and SHA-256, plus the run
-id, inputs and options; `verify` refuses a directory that does not match it.
+This module imports no other headprobe module (a process can hold a lock without torch).
 
 Tests kill a run at a known point with `HEADPROBE_TEST_PAUSE_AT=scoring|saving[:N]`
 (the N-th time the point is reached, default 1): the process says so on stderr,
@@ -23,6 +30,7 @@ file `HEADPROBE_TEST_PAUSE_RELEASE` exists.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime as _dt
 import errno
@@ -36,15 +44,10 @@ import time
 import uuid
 from pathlib import Path
 
-MANIFEST = "manifest.json"
-FORMAT = "headprobe-results"
-FORMAT_VERSION = 1
-REPORT_DIR = "report"          # written by `headprobe report` later too: not in the manifest
-RESULT_SUFFIXES = (".parquet", ".csv", ".json", ".npz")
+import numpy as np
 
-
-class ResultsError(ValueError):
-    """A results directory that is incomplete, changed after it was written, or foreign."""
+LOCK = "lock"                  # the lock area's names (see above)
+CHECKPOINT = "checkpoint"
 
 
 class OutInUse(RuntimeError):
@@ -60,16 +63,12 @@ def area(out: str | Path) -> Path:
     return out.parent / f".{out.name}.headprobe"
 
 
-def new_run_id() -> str:
-    return f"{_dt.datetime.now().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-
-
 def now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 # ----------------------------------------------------------------------------------------
-# hashes and the manifest
+# hashes and JSON
 # ----------------------------------------------------------------------------------------
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
@@ -89,62 +88,22 @@ def sha256_tree(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def result_files(directory: Path) -> list[str]:
-    """Relative names of the files a manifest covers: everything but itself and `report/`."""
-    names = []
-    for path in sorted(directory.rglob("*")):
-        rel = path.relative_to(directory).as_posix()
-        if path.is_file() and rel != MANIFEST and rel.split("/", 1)[0] != REPORT_DIR:
-            names.append(rel)
-    return names
+def json_default(value):
+    """`json.dumps(..., default=json_default)`: numpy scalars and paths as plain JSON values."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
-def write_manifest(directory: Path, info: dict) -> dict:
-    files = {name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)}
-             for name in result_files(directory)}
-    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **info, "files": files}
-    write_json(directory / MANIFEST, manifest)
-    return manifest
-
-
-def verify(directory: str | Path) -> dict:
-    """The manifest of a complete results directory; raises `ResultsError` (one line) when a
-    file it lists is missing, has another size or hash, or a results file it does not list
-    is there, and FileNotFoundError when the directory holds no results at all."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory}: no such results directory")
-    path = directory / MANIFEST
-    if not path.is_file():
-        if (directory / "summary.json").is_file():
-            raise ResultsError(f"{directory}: no {MANIFEST}: not a complete headprobe results directory "
-                               "(an interrupted save, or written by an older headprobe); run again")
-        raise FileNotFoundError(f"{directory} is not a headprobe results directory (no {MANIFEST})")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        files = manifest["files"]
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"format {manifest.get('format')!r}")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise ResultsError(f"{directory}: unreadable {MANIFEST} ({err})") from None
-    for name, entry in files.items():
-        file = directory / name
-        if not file.is_file():
-            raise ResultsError(f"{directory}: {name} listed in {MANIFEST} is missing")
-        if file.stat().st_size != entry.get("bytes") or sha256_file(file) != entry.get("sha256"):
-            raise ResultsError(f"{directory}: {name} does not match {MANIFEST} "
-                               "(changed or damaged after the run wrote it)")
-    extra = [name for name in result_files(directory)
-             if name not in files and name.endswith(RESULT_SUFFIXES)]
-    if extra:
-        raise ResultsError(f"{directory}: {extra[0]} is not in {MANIFEST} (left by another program or run)")
-    return manifest
-
-
-def write_json(path: Path, value, **kwargs) -> None:
-    from headprobe.results import _json_default
-
-    path.write_text(json.dumps(value, indent=2, default=_json_default, **kwargs), encoding="utf-8")
+def write_json(path: Path, value, indent: int | None = 2) -> None:
+    """`value` as UTF-8 JSON (numpy scalars and paths allowed) in `path`."""
+    path.write_text(json.dumps(value, indent=indent, default=json_default), encoding="utf-8")
 
 
 def fsync_tree(directory: Path) -> None:
@@ -193,19 +152,19 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def replace_dir(staged: Path, target: Path, old: Path | None = None) -> None:
+def replace_dir(staged: Path, target: Path) -> None:
     """Move `staged` to `target`, replacing a directory already there in one step.
 
     Where the atomic exchange is not available, the old directory is first moved aside to
-    `old` (default: `old-*` beside `staged`, which `recover` puts back if the process dies
-    before the new one is in place)."""
+    `aside(staged)`, which `recover` puts back if the process dies before the new one is in
+    place."""
     staged, target = Path(staged), Path(target)
     if not target.exists():
         os.rename(staged, target)
     elif _exchange(staged, target):
         shutil.rmtree(staged, ignore_errors=True)          # now holds the old directory
     else:
-        old = old or staged.with_name(f"old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        old = aside(staged)
         os.rename(target, old)
         os.rename(staged, target)
         shutil.rmtree(old, ignore_errors=True)
@@ -225,13 +184,32 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def new_stage(out: str | Path) -> Path:
-    """A fresh, empty staging directory for `out` in its lock area."""
+def new_stage(out: str | Path, of: str | None = None) -> Path:
+    """A fresh, empty staging directory in `out`'s lock area: the next `out` (`stage-<id>`),
+    or, with `of`, the next copy of the lock area's directory `of` (`<of>.new-<id>`)."""
     place = area(out)
     place.mkdir(parents=True, exist_ok=True)
-    stage = place / f"stage-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    stage = place / (f"stage-{tag}" if of is None else f"{of}.new-{tag}")
     stage.mkdir()
     return stage
+
+
+def aside(stage: Path) -> Path:
+    """Where the directory that `stage` replaces waits while it is swapped (no atomic exchange)."""
+    name = stage.name
+    return stage.with_name("old-" + name[len("stage-"):] if name.startswith("stage-")
+                           else name.replace(".new-", ".old-", 1))
+
+
+@contextlib.contextmanager
+def staging(out: str | Path, of: str | None = None):
+    """`new_stage(out, of)`, removed on the way out (after `replace_dir` moved it: nothing left)."""
+    stage = new_stage(out, of)
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def recover(out: str | Path) -> list[str]:
@@ -243,7 +221,7 @@ def recover(out: str | Path) -> list[str]:
     notes = []
     if not place.is_dir():
         return notes
-    for pattern, target in (("old-*", out), ("checkpoint.old-*", place / "checkpoint")):
+    for pattern, target in (("old-*", out), (f"{CHECKPOINT}.old-*", place / CHECKPOINT)):
         for path in sorted(place.glob(pattern)):
             if not target.exists():
                 os.rename(path, target)
@@ -251,7 +229,7 @@ def recover(out: str | Path) -> list[str]:
                     notes.append(f"put back the previous results of {out} (a save was interrupted)")
             else:
                 shutil.rmtree(path, ignore_errors=True)
-    for path in sorted(place.glob("stage-*")) + sorted(place.glob("checkpoint.new-*")):
+    for path in sorted(place.glob("stage-*")) + sorted(place.glob(f"{CHECKPOINT}.new-*")):
         pid = _pid_of(path.name)
         if pid is None or pid == os.getpid() or not pid_alive(pid):
             shutil.rmtree(path, ignore_errors=True)
@@ -308,7 +286,7 @@ class OutLock:
 
     def __init__(self, out: str | Path):
         self.out = Path(out).absolute()
-        self.path = area(self.out) / "lock"
+        self.path = area(self.out) / LOCK
         self.fd: int | None = None
         self.depth = 0
         self.notes: list[str] = []
@@ -403,7 +381,7 @@ def holder(out: str | Path) -> dict | None:
     """Who holds `out` now (the lock file's JSON), or None when no live run does."""
     import fcntl
 
-    path = area(out) / "lock"
+    path = area(out) / LOCK
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 
 from headprobe import atomic
@@ -29,6 +28,12 @@ from headprobe.checks import UsageError
 from headprobe.tally import Tally
 
 DEFAULT_EVERY = 100          # batches between checkpoints
+STATE = "state.json"         # the checkpoint's layout (above); its directory: `atomic.CHECKPOINT`
+TALLIES = "tallies"
+
+
+def tally_path(root: Path, key: str, analysis: str) -> Path:
+    return root / TALLIES / key / f"{analysis}.npz"
 
 
 class Checkpoint:
@@ -36,13 +41,13 @@ class Checkpoint:
 
     def __init__(self, out, fingerprint: dict, every: int = DEFAULT_EVERY, resume: bool = False):
         self.out = Path(out)
-        self.dir = atomic.area(out) / "checkpoint"
+        self.dir = atomic.area(out) / atomic.CHECKPOINT
         self.every = int(every)
         self.fingerprint = json.loads(json.dumps(fingerprint, default=str))
         self.state = {"fingerprint": self.fingerprint, "passes": {}}
         self.notes: list[str] = []
         self.resumed = False
-        state_path = self.dir / "state.json"
+        state_path = self.dir / STATE
         if self.dir.exists() and not state_path.is_file():
             shutil.rmtree(self.dir, ignore_errors=True)
         if state_path.is_file():
@@ -79,7 +84,7 @@ class Checkpoint:
         if state is None:
             return None
         for scorer in scorers:
-            path = self.dir / "tallies" / key / f"{scorer.analysis}.npz"
+            path = tally_path(self.dir, key, scorer.analysis)
             if not path.is_file():
                 raise UsageError(f"--resume: the checkpoint in {self.dir} lacks {path.name}; "
                                  "run without --resume to start over")
@@ -88,20 +93,16 @@ class Checkpoint:
 
     def save(self, key: str, scorers, state: dict) -> None:
         """Write the totals of pass `key` and its `state` (chunk, done_in_chunk, stats, finished)."""
-        new = self.dir.parent / f"checkpoint.new-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        (new / "tallies" / key).mkdir(parents=True)
-        try:
+        with atomic.staging(self.out, of=atomic.CHECKPOINT) as new:
+            (new / TALLIES / key).mkdir(parents=True)
             for scorer in scorers:
-                scorer.tally_.save_checkpoint(new / "tallies" / key / f"{scorer.analysis}.npz")
-            old_tallies = self.dir / "tallies"
+                scorer.tally_.save_checkpoint(tally_path(new, key, scorer.analysis))
             for other in self.state["passes"]:
-                if other != key and (old_tallies / other).is_dir():
-                    shutil.copytree(old_tallies / other, new / "tallies" / other, copy_function=_link_or_copy)
+                if other != key and (self.dir / TALLIES / other).is_dir():
+                    shutil.copytree(self.dir / TALLIES / other, new / TALLIES / other, copy_function=_link_or_copy)
             self.state["passes"][key] = state
-            atomic.write_json(new / "state.json", self.state)
-            atomic.replace_dir(new, self.dir, old=new.with_name(new.name.replace(".new-", ".old-")))
-        finally:
-            shutil.rmtree(new, ignore_errors=True)
+            atomic.write_json(new / STATE, self.state)
+            atomic.replace_dir(new, self.dir)
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

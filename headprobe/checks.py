@@ -4,8 +4,8 @@ Each check raises `UsageError` with one line naming the option, the value and wh
 is wrong; the CLI prints it and exits with status 2.
 
 Order in `headprobe.run`: options and ranges, input files, model name/path, device,
-`--out`; then the lock on `--out`; then the model's config (AutoConfig: layers
-asked for must exist); only then the weights.
+`--out` (`store.check_out`, beside the layout it checks for); then the lock on `--out`;
+then the model's config (AutoConfig: layers asked for must exist); only then the weights.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import numbers
 import os
 import re
-import tempfile
 from pathlib import Path
 
 MIN_WINDOW = 8
@@ -118,51 +117,8 @@ def check_device(device):
 
 
 # ----------------------------------------------------------------------------------------
-# paths
+# input paths
 # ----------------------------------------------------------------------------------------
-def _probe_writable(directory: Path) -> str | None:
-    """None when a file can be created in `directory`, else why not."""
-    try:
-        fd, name = tempfile.mkstemp(prefix=".headprobe-probe-", dir=directory)
-    except OSError as err:
-        return err.strerror or type(err).__name__
-    os.close(fd)
-    os.unlink(name)
-    return None
-
-
-def looks_like_results(directory: Path) -> bool:
-    return (directory / "manifest.json").is_file() or (directory / "summary.json").is_file()
-
-
-def check_out(out) -> Path:
-    """`--out` can be written: not an existing file; an existing directory is empty or holds
-    headprobe results (it will be replaced whole) and can be moved; the nearest existing
-    parent is a writable directory. Returns the absolute, resolved path."""
-    path = Path(out).expanduser()
-    if str(out).strip() == "":
-        raise UsageError("--out is empty")
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {out}: is an existing file, not a directory")
-    path = path.resolve()
-    if path.is_dir():
-        if any(path.iterdir()) and not looks_like_results(path):
-            raise UsageError(f"--out {out}: a non-empty directory that does not hold headprobe results; "
-                             "it would be replaced whole, so choose a new or empty directory")
-        why = _probe_writable(path)
-        if why:
-            raise UsageError(f"--out {out}: cannot write in this directory ({why})")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"--out {out}: {parent} is a file, not a directory")
-    why = _probe_writable(parent)
-    if why:
-        raise UsageError(f"--out {out}: cannot write in {parent} ({why})")
-    return path
-
-
 def check_input_file(option: str, path) -> None:
     if path is None:
         return
@@ -195,6 +151,8 @@ def check_model(name):
     """(path or hub name, extra from_pretrained kwargs, display name), checked: a bundled
     alias must be installed; a local path must be a directory with a config.json; a hub
     name is accepted as is (its config is read next)."""
+    from transformers.utils import CONFIG_NAME
+
     from headprobe import models
 
     if name is None or str(name).lower() in models_aliases():
@@ -206,9 +164,9 @@ def check_model(name):
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise UsageError(f"--model {name}: a file, not a model directory (one with config.json)")
-        if not (path / "config.json").is_file():
-            raise UsageError(f"--model {name}: no config.json in this directory, so it is not a "
+            raise UsageError(f"--model {name}: a file, not a model directory (one with {CONFIG_NAME})")
+        if not (path / CONFIG_NAME).is_file():
+            raise UsageError(f"--model {name}: no {CONFIG_NAME} in this directory, so it is not a "
                              "Hugging Face model directory")
         return str(path), {}, name
     if looks_like_path(name):
@@ -239,32 +197,3 @@ def config_layers_heads(config) -> tuple[int, int]:
     n_layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
     n_heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None)
     return int(n_layers or 0), int(n_heads or 0)
-
-
-def model_fingerprint(path: str, display: str) -> dict:
-    """What identifies the model cheaply: for a local directory, its config's SHA-256 and the
-    sizes of its weight files; a hub name as it is."""
-    info = {"name": display, "path": str(path)}
-    root = Path(path)
-    if root.is_dir():
-        from headprobe.atomic import sha256_file
-
-        if (root / "config.json").is_file():
-            info["config_sha256"] = sha256_file(root / "config.json")
-        info["weights"] = {p.name: p.stat().st_size for p in sorted(root.iterdir())
-                           if p.suffix in (".safetensors", ".bin", ".gguf", ".pt", ".pth")}
-    return info
-
-
-def input_fingerprint(option: str, path) -> dict | None:
-    """{path, bytes, sha256} of an input file (or directory: one hash over its files)."""
-    if path is None:
-        return None
-    from headprobe.atomic import sha256_file, sha256_tree
-
-    p = Path(str(path).split("::", 1)[0]).expanduser()
-    if p.is_file():
-        return {"option": option, "path": str(path), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
-    if p.is_dir():
-        return {"option": option, "path": str(path), "sha256": sha256_tree(p)}
-    return {"option": option, "path": str(path), "sha256": None, "note": "not a local file: not hashed"}

@@ -9,11 +9,12 @@ from pathlib import Path
 
 from headprobe import registry
 from headprobe.align import BOS_MODES
-from headprobe.atomic import OutInUse, ResultsError
+from headprobe.atomic import OutInUse
 from headprobe.checks import UsageError
 from headprobe.conventions import PRESETS
 from headprobe.corpora.base import CorpusError
 from headprobe.probe import PROBES, SPECIALS
+from headprobe.store import ResultsError
 
 # a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
 USER_ERRORS = (UsageError, CorpusError, OutInUse, ResultsError, FileNotFoundError, ValueError)

@@ -4,41 +4,25 @@
     results.best_heads                       # DataFrame (SPEC 5 columns)
     results.head_scores("dependency", "nsubj")
     results.roles                            # SPEC 6 head roles
-    results.save("out/"); Results.load("out/")
+    results.save("out/"); Results.load("out/")  # headprobe.store: whole or not at all
     Results.merge(a, b)                      # shards add up: identical tables to one run
 
 This is the query layer: the report, the notebook and `analyses/` read these
-tables and views; nothing downstream recomputes them.
-
-Files in a results directory:
-- `tallies/<analysis>.npz`   streaming counts per fold and resample: what everything derives from
-- `counts`, `best_heads`, `baselines`, `head_tests`, `roles` and each analysis's derived
-  tables (`positional_heads`, `surface`, ...), as `.parquet` and `.csv`
-- `summary.json`  model, corpora, skipped inputs, options, notes, headline, table list
-- `examples.json`  word-level attention of top heads on example sentences (for reports)
-- `unit_counts.parquet`  per-unit rows, only with `keep_unit_counts`
-- `manifest.json`  run id, inputs with their SHA-256, options, version, and every file above
-  with its size and SHA-256; `load` refuses a directory that does not match it
-- `report/`  HTML + Markdown report, when asked for (not in the manifest: `headprobe report`
-  may rebuild it)
-
-A directory is saved whole or not at all (`headprobe.atomic`): a kill during `save` leaves
-the old results as they were.
+tables and views; nothing downstream recomputes them. Files are `headprobe.store`'s:
+`save` and `load` are thin calls into it (the layout is listed there), and the report
+is built by whoever asks for it (`headprobe.report`), not here.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from headprobe import registry, stats
+from headprobe import registry, stats, store
 from headprobe.scorers.base import compact, concat_compact, sum_duplicates
-from headprobe.tally import N_BOOT, SEED, Tally
-
-CORE_TABLES = ("counts", "best_heads", "baselines", "head_tests", "roles")
+from headprobe.tally import Tally
 
 
 class Results:
@@ -226,111 +210,19 @@ class Results:
         order = wide["label"].map(lambda label: rank.get(label, len(rank)))
         return wide.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
 
-    # -- files ---------------------------------------------------------------------------
-    def save(self, out: str | Path, *, report: bool = False) -> dict[str, Path]:
-        """Write the tallies, every table (.parquet and .csv), summary.json, examples.json and
-        manifest.json to `out`; returns {name: path}.
-
-        Atomic: everything is written into a staging directory in `out`'s lock area, then moved
-        into place with one rename (an atomic exchange where the OS has one), so `out` holds the
-        complete old results or the complete new ones, never a mix, and nothing of the old ones
-        (an old report/ included) survives. With `report`, report/ (HTML + Markdown) is built in
-        the staging directory too; if that fails, the results are still saved, without it.
-        Refuses (`checks.UsageError`) an `out` that is a file or a non-empty directory without
-        results, and (`atomic.OutInUse`) one that another live run holds."""
-        import shutil
-
-        from headprobe import atomic, checks
-
-        out = checks.check_out(out)
-        with atomic.OutLock(out):
-            atomic.recover(out)                   # leftovers of a save that was killed
-            stage = atomic.new_stage(out)
-            try:
-                paths = self._write(stage)
-                if report:
-                    paths.update(self._write_report(stage))
-                paths["manifest"] = stage / atomic.MANIFEST
-                atomic.write_manifest(stage, self._manifest_info())
-                atomic.fsync_tree(stage)
-                atomic.replace_dir(stage, out)
-            finally:
-                shutil.rmtree(stage, ignore_errors=True)
-        paths = {key: out / path.relative_to(stage) for key, path in paths.items()}
-        self.saved_paths = paths
-        return paths
-
-    def _write(self, out: Path) -> dict[str, Path]:
-        from headprobe.atomic import test_pause
-
-        paths = {}
-        (out / "tallies").mkdir(exist_ok=True)
-        for name, tally in self.tallies.items():
-            paths[f"tally:{name}"] = out / "tallies" / f"{name}.npz"
-            tally.save(paths[f"tally:{name}"])
-        test_pause("saving")                      # tests kill the process here: half written
-        for name, table in self._tables.items():
-            table.to_parquet(out / f"{name}.parquet", index=False)
-            table.to_csv(out / f"{name}.csv", index=False)
-            paths[name] = out / f"{name}.parquet"
-        if self.unit_counts is not None:
-            paths["unit_counts"] = out / "unit_counts.parquet"
-            self.unit_counts.to_parquet(paths["unit_counts"], index=False)
-        paths["summary"] = out / "summary.json"
-        paths["summary"].write_text(json.dumps(self.summary, indent=2, default=_json_default))
-        paths["examples"] = out / "examples.json"
-        paths["examples"].write_text(json.dumps(self.examples, default=_json_default))
-        return paths
-
-    def _write_report(self, stage: Path) -> dict[str, Path]:
-        """report/ inside the staging directory; on failure a warning and no report/."""
-        import shutil
-        import sys
-
-        try:
-            from headprobe.report import build_report
-            built = build_report(self, stage / "report")
-        except Exception as exc:         # the tables matter more than their rendering
-            shutil.rmtree(stage / "report", ignore_errors=True)
-            print(f"headprobe: warning: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return {}
-        return {f"report_{key}": built[key] for key in ("html", "markdown") if key in built}
-
-    def _manifest_info(self) -> dict:
-        from headprobe import atomic
-
-        return {"run_id": self.summary.get("run_id") or atomic.new_run_id(), "created": atomic.now(),
-                "headprobe_version": _version(), "model": self.summary.get("model"),
-                "inputs": self.summary.get("inputs", {}), "options": self.summary.get("options", {}),
-                "tables": list(self._tables)}
+    # -- files (headprobe.store) ---------------------------------------------------------
+    def save(self, out: str | Path) -> dict[str, Path]:
+        """`store.save(self, out)`: the results, whole or not at all; {name: path}, also kept as
+        `saved_paths`. With a report: `store.save(results, out, extra=report.staged_report(results))`."""
+        self.saved_paths = store.save(self, out)
+        return self.saved_paths
 
     @classmethod
     def load(cls, directory: str | Path, *, verify: bool = True) -> "Results":
-        """Results saved by `save`. With `verify` (default) every file must match manifest.json
-        (size and SHA-256): a directory that does not is refused with `atomic.ResultsError`
-        saying which file and why (FileNotFoundError: no results there at all)."""
-        from headprobe import atomic
-
-        directory = Path(directory)
-        if verify:
-            atomic.verify(directory)
-        summary_path = directory / "summary.json"
-        if not summary_path.is_file():
-            raise FileNotFoundError(f"{directory} is not a headprobe results directory (no summary.json)")
-        summary = json.loads(summary_path.read_text())
-        tallies = {p.stem: Tally.load(p) for p in sorted((directory / "tallies").glob("*.npz"))}
-        names = summary.get("tables") or list(CORE_TABLES)
-        tables = {}
-        for name in names:
-            path = directory / f"{name}.parquet"
-            if not path.is_file():
-                raise FileNotFoundError(f"{directory}: table {name}.parquet named in summary.json is missing")
-            tables[name] = pd.read_parquet(path)
-        examples_path = directory / "examples.json"
-        examples = json.loads(examples_path.read_text()) if examples_path.is_file() else []
-        unit_path = directory / "unit_counts.parquet"
-        unit_counts = pd.read_parquet(unit_path) if unit_path.is_file() else None
-        return cls(tallies, summary, examples, unit_counts, tables)
+        """Results saved by `save` (`store.read`). With `verify` (default) every file must match
+        manifest.json: a directory that does not is refused with `store.ResultsError` saying
+        which file and why (FileNotFoundError: no results there at all)."""
+        return cls(**store.read(directory, check=verify))
 
     @classmethod
     def merge(cls, *parts: "Results") -> "Results":
@@ -376,23 +268,3 @@ def merge_unit_counts(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 def load_results(directory: str | Path) -> Results:
     return Results.load(directory)
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("headprobe")
-    except Exception:                 # not installed (a source checkout)
-        return "unknown"
-
-
-def _json_default(value):
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, (np.bool_,)):
-        return bool(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from headprobe import store
 from headprobe.cli import main, parse_layers
 
 # Three sentences. Scored arcs (not root, not punct):
@@ -84,7 +85,7 @@ def run_cli(model, out, *source, extra=()):
 
 
 def whole_counts(out: Path) -> pd.DataFrame:
-    counts = pd.read_parquet(out / "counts.parquet")
+    counts = pd.read_parquet(out / store.table_file("counts"))
     return counts[(counts["analysis"] == "dependency") & (counts["fold"] == "") & (counts["variant"] == "")]
 
 
@@ -113,11 +114,12 @@ def test_run_treebank_writes_tables(tiny_model, treebank, tmp_path, capsys):
     printed = capsys.readouterr().out
 
     for name in ("counts", "best_heads", "baselines", "positional_heads", "surface"):
-        assert (out / f"{name}.parquet").is_file(), name
-        assert (out / f"{name}.csv").is_file(), name
-    assert not (out / "unit_counts.parquet").exists()          # per-unit rows only on request
-    assert {p.name for p in (out / "tallies").iterdir()} == {"dependency.npz", "positional.npz", "surface.npz"}
-    summary = json.loads((out / "summary.json").read_text())
+        assert (out / store.table_file(name)).is_file(), name
+        assert (out / store.table_file(name, ".csv")).is_file(), name
+    assert not (out / store.table_file(store.UNIT_COUNTS)).exists()          # per-unit rows only on request
+    assert {p.name for p in (out / store.TALLIES).iterdir()} == {
+        Path(store.tally_file(name)).name for name in ("dependency", "positional", "surface")}
+    summary = json.loads((out / store.SUMMARY).read_text())
     assert summary["n_layers"] == 3 and summary["n_heads"] == 4
     assert summary["causal"] is False
     assert summary["skipped"]["malformed_sentences"] == 0
@@ -136,7 +138,7 @@ def test_run_treebank_writes_tables(tiny_model, treebank, tmp_path, capsys):
 
     assert_dependency_n(out, expected_n(["s1", "s2", "s3"]))
     # positional: every word of every sentence is a query (9 + 5 + 5 words)
-    positional = pd.read_parquet(out / "counts.parquet").query("analysis == 'positional' and fold == ''")
+    positional = pd.read_parquet(out / store.table_file("counts")).query("analysis == 'positional' and fold == ''")
     assert (positional["n"] == 19).all()
     assert positional.groupby(["layer", "head"])["hits"].sum().eq(19).all()
 
@@ -153,7 +155,7 @@ def test_malformed_treebank_fails_with_file_and_line(tiny_model, bad_treebank, t
     err = capsys.readouterr().err
     assert f"{bad_treebank}:{bad_line_number()}" in err
     assert "head '9'" in err
-    assert not (out / "summary.json").exists()
+    assert not (out / store.SUMMARY).exists()
 
 
 def test_malformed_treebank_skip_bad(tiny_model, bad_treebank, tmp_path, capsys):
@@ -162,27 +164,27 @@ def test_malformed_treebank_skip_bad(tiny_model, bad_treebank, tmp_path, capsys)
         assert run_cli(tiny_model, out, "--treebank", str(bad_treebank),
                        extra=["--skip-bad", "--keep-unit-counts"]) == 0
     printed = capsys.readouterr().out
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / store.SUMMARY).read_text())
     assert summary["skipped"]["malformed_sentences"] == 1
     assert f"{bad_treebank}:{bad_line_number()}" in summary["skipped"]["malformed_sources"][0]
     assert "malformed_sentences" in printed
     # the other two sentences are scored
     assert_dependency_n(out, expected_n(["s1", "s3"]))
-    units = pd.read_parquet(out / "unit_counts.parquet")["unit"].astype(str)
+    units = pd.read_parquet(out / store.table_file(store.UNIT_COUNTS))["unit"].astype(str)
     assert set(units) == {"s1", "s3"}
 
 
 def test_layers_option(tiny_model, treebank, tmp_path):
     out = tmp_path / "results"
     assert run_cli(tiny_model, out, "--treebank", str(treebank), extra=["--layers", "0"]) == 0
-    counts = pd.read_parquet(out / "counts.parquet")
+    counts = pd.read_parquet(out / store.table_file("counts"))
     heads = counts[counts["variant"] == ""]
     assert set(heads["layer"]) == {0}
     assert set(counts.loc[counts["variant"] != "", "layer"]) == {-1}     # baselines
-    best = pd.read_parquet(out / "best_heads.parquet")
+    best = pd.read_parquet(out / store.table_file("best_heads"))
     assert set(best.loc[best["layer"] >= 0, "layer"]) == {0}
     assert_dependency_n(out, expected_n(["s1", "s2", "s3"]), n_layers=1)
-    assert json.loads((out / "summary.json").read_text())["layers"] == [0]
+    assert json.loads((out / store.SUMMARY).read_text())["layers"] == [0]
 
 
 # ----------------------------------------------------------------------------------------
@@ -232,9 +234,9 @@ def test_hf_dataset(tiny_model, hf_dir, tmp_path, suffix):
     spec = f"{hf_dir}{suffix}"
     assert run_cli(tiny_model, out, "--hf-dataset", spec, extra=["--keep-unit-counts"]) == 0
     assert_dependency_n(out, expected_n(["s1", "s2", "s3"]))
-    units = pd.read_parquet(out / "unit_counts.parquet")["unit"].astype(str)
+    units = pd.read_parquet(out / store.table_file(store.UNIT_COUNTS))["unit"].astype(str)
     assert set(units) == {"s1", "s2", "s3"}                   # the dataset's idx column
-    assert json.loads((out / "summary.json").read_text())["corpora"]["sentences"] == spec
+    assert json.loads((out / store.SUMMARY).read_text())["corpora"]["sentences"] == spec
 
 
 def test_hf_dataset_bad_row(tiny_model, tmp_path, capsys):
@@ -261,7 +263,7 @@ def test_text_source(tiny_model, tmp_path, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")          # spaCy / torch deprecation chatter
         assert run_cli(tiny_model, out, "--text", str(text)) == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / store.SUMMARY).read_text())
     assert summary["corpora"]["sentences"] == str(text)
     assert summary["runs"]["sentences"]["examples"] == 3
     dep = whole_counts(out)

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from headprobe import distributed
+from headprobe import distributed, store
 from headprobe.tally import Tally
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,21 +155,21 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
     headprobe_run(one, [sys.executable])
     headprobe_run(two, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
     for name in TABLES:
-        a, b = pd.read_parquet(one / f"{name}.parquet"), pd.read_parquet(two / f"{name}.parquet")
+        a, b = pd.read_parquet(one / store.table_file(name)), pd.read_parquet(two / store.table_file(name))
         assert len(a), name
         pd.testing.assert_frame_equal(a, b, check_exact=True, obj=name)
-    best = pd.read_parquet(two / "best_heads.parquet")
+    best = pd.read_parquet(two / store.table_file("best_heads"))
     assert {"in-sample", "held-out"} <= set(best["selection"]) and {"", "0", "1"} <= set(best["fold"])
     all_arcs = best[(best.label == "ALL") & (best.selection == "in-sample")].iloc[0]
     assert (all_arcs["n"], all_arcs["heads"], all_arcs["direction"]) == (20085, "2-1", "dep->head")   # SPEC 2 table
     for name in ("dependency", "positional"):                    # the streaming totals themselves
-        x, y = Tally.load(one / "tallies" / f"{name}.npz"), Tally.load(two / "tallies" / f"{name}.npz")
+        x, y = Tally.load(one / store.tally_file(name)), Tally.load(two / store.tally_file(name))
         assert x.sorted_labels() == y.sorted_labels()
         for label in x.sorted_labels():
             for key, values in x.arrays(label).items():
                 assert np.array_equal(values, y.arrays(label)[key]), (name, label, key)
     import json
-    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    s1, s2 = (json.loads((d / store.SUMMARY).read_text()) for d in (one, two))
     assert s2["distributed"]["world_size"] == 2 and "distributed" not in s1
     assert s1["runs"]["sentences"]["examples"] == s2["runs"]["sentences"]["examples"]
     assert s1["runs"]["sentences"]["words"] == s2["runs"]["sentences"]["words"] == 25147

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 import headprobe
-from headprobe import models, stats
+from headprobe import models, stats, store
 from headprobe.results import Results
 
 pytestmark = pytest.mark.slow
@@ -173,8 +173,8 @@ def test_smollm2_end_to_end(tmp_path):
     assert (summary["n_layers"], summary["n_heads"]) == (30, 9)
     assert summary["runs"]["sentences"]["examples"] + summary["skipped"].get("sentences_too_long", 0) == 100
     for name in ("counts", "best_heads", "baselines", "positional_heads", "surface"):
-        assert (out / f"{name}.parquet").is_file() and (out / f"{name}.csv").is_file()
-    saved = json.loads((out / "summary.json").read_text())
+        assert (out / store.table_file(name)).is_file() and (out / store.table_file(name, ".csv")).is_file()
+    saved = json.loads((out / store.SUMMARY).read_text())
     assert saved["causal"] is True and saved["notes"] == summary["notes"]
     best = results.best_heads
     all_row = best.query("analysis == 'dependency' and label == 'ALL' and selection == 'in-sample'").iloc[0]

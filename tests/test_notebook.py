@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from headprobe import store
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
@@ -33,5 +35,5 @@ def test_explore_notebook_runs(tmp_path):
     text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
     assert "p_holm" in text and "folds_agree" in text        # the best-heads table of Results
     assert "1. positional: a single non-zero offset" in text   # the role rules, from results.role_rules()
-    assert (tmp_path / "report.html").is_file() and (tmp_path / "report.md").is_file()
-    assert list((tmp_path / "figures").glob("*.png"))
+    assert (tmp_path / store.REPORT_HTML).is_file() and (tmp_path / store.REPORT_MARKDOWN).is_file()
+    assert list((tmp_path / store.REPORT_FIGURES).glob("*.png"))

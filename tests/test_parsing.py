@@ -249,9 +249,9 @@ def run_tiny(family, **options):
 
 
 def test_run_save_load_and_report(bert_family, tmp_path):
-    from headprobe.results import Results
-
+    from headprobe import store
     from headprobe.report import build_report
+    from headprobe.results import Results
 
     out = tmp_path / "results"
     results = run_tiny(bert_family, treebank=DATA / "sample.conllu", analyses=["dependency", "parsing",
@@ -267,7 +267,7 @@ def test_run_save_load_and_report(bert_family, tmp_path):
     loaded = Results.load(out)
     for name in ("parse_scores", "parse_gaps", "parse_heads", "head_distances", "head_clusters"):
         assert len(loaded.table(name)) == len(results.table(name))
-    report = Path(build_report(loaded, tmp_path / "report")["markdown"]).read_text()
+    report = Path(build_report(loaded, tmp_path / store.REPORT_DIR)["markdown"]).read_text()
     assert "## Head clusters (Clark et al. 2019, section 5)" in report
     assert "## Parsing with all heads" in report and "probe - best head" in report
     assert results.summary["conventions"]["name"] == "spec"

@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
-from headprobe import registry
+from headprobe import registry, store
 from headprobe.cli import main as cli_main
 from headprobe.registry import Analysis
 from headprobe.report import build_report, main_report
@@ -56,7 +56,7 @@ def report(results_dir):
 
 @pytest.fixture(scope="module")
 def counts(results_dir):
-    c = pd.read_parquet(results_dir / "counts.parquet")
+    c = pd.read_parquet(results_dir / store.table_file("counts"))
     for col in ("direction", "variant", "fold", "label"):
         c[col] = c[col].fillna("").astype(str)
     return c
@@ -162,7 +162,7 @@ def test_dependency_cells_equal_counts(html_tables, counts, results_dir, label):
     shown = heads[(heads["layer"] == layer) & (heads["head"] == head) & (heads["direction"] == direction)]
     assert int(cells["unreachable"]) == int(shown["unreachable"].iloc[0])
     # McNemar from the stored discordant counts, recomputed with scipy's exact binomial test
-    tests = pd.read_parquet(results_dir / "head_tests.parquet")
+    tests = pd.read_parquet(results_dir / store.table_file("head_tests"))
     t = tests[(tests["analysis"] == "dependency") & (tests["label"] == label) & (tests["layer"] == layer)
               & (tests["head"] == head)].iloc[0]
     assert t["direction"] == direction and t["baseline_variant"] == cells["baseline"]
@@ -331,11 +331,11 @@ def test_without_examples_and_cli(tmp_path):
     results = make_results_dir(tmp_path / "res", seed=1, examples=False)
     out = tmp_path / "out"
     assert main_report([str(results), "--out", str(out)]) == 0
-    page = (out / "report.html").read_text(encoding="utf-8")
+    page = (out / store.REPORT_HTML).read_text(encoding="utf-8")
     assert "No examples in the results" in page
     assert 'data-table="dependency-unreachable"' not in page        # an encoder: nothing unreachable
     assert "BOS mode" not in page
-    assert (out / "report.md").exists() and list((out / "figures").glob("*.png"))
+    assert (out / store.REPORT_MARKDOWN).exists() and list((out / store.REPORT_FIGURES).glob("*.png"))
     assert main_report([str(tmp_path / "missing")]) == 2
 
 
@@ -347,10 +347,10 @@ def test_cli_report_on_unreadable_directories(tmp_path, capsys, results_dir):
     (foreign / "notes.txt").write_text("not results")
     corrupt_json = tmp_path / "corrupt_json"
     corrupt_json.mkdir()
-    (corrupt_json / "summary.json").write_text("{not json")
+    (corrupt_json / store.SUMMARY).write_text("{not json")
     corrupt_table = tmp_path / "corrupt_table"
-    shutil.copytree(results_dir, corrupt_table, ignore=shutil.ignore_patterns("report"))
-    (corrupt_table / "best_heads.parquet").write_bytes(b"garbage")
+    shutil.copytree(results_dir, corrupt_table, ignore=shutil.ignore_patterns(store.REPORT_DIR))
+    (corrupt_table / store.table_file("best_heads")).write_bytes(b"garbage")
     for directory in (tmp_path / "missing", empty, foreign, corrupt_json, corrupt_table):
         assert cli_main(["report", str(directory)]) == 2, directory
         err = capsys.readouterr().err
@@ -572,4 +572,4 @@ def test_report_renders_in_chromium(report):
     artifacts = Path(os.environ.get("HEADPROBE_ARTIFACTS", Path(__file__).resolve().parents[1] / "results" / "ci"))
     artifacts.mkdir(parents=True, exist_ok=True)
     shutil.copy(screenshot, artifacts / "report_screenshot.png")
-    shutil.copy(report["html"], artifacts / "report.html")
+    shutil.copy(report["html"], artifacts / store.REPORT_HTML)

@@ -23,10 +23,11 @@ import pytest
 import torch
 
 import headprobe
-from headprobe import atomic, models
-from headprobe.atomic import ResultsError
+from headprobe import atomic, models, store
+from headprobe.checkpoint import STATE
 from headprobe.cli import main
 from headprobe.results import Results
+from headprobe.store import ResultsError
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["the", "a", "big", "red", "cat", "dog", "mat", "sat", "ran", "on", "and", "it", "was", "saw", "down"]
@@ -167,8 +168,8 @@ def test_kill_then_resume(tiny_model, corpora, clean, old_results, tmp_path, cap
     survivor = Results.load(out)                             # verified against its manifest
     assert survivor.summary["run_id"] == old.summary["run_id"]
     assert_same_tables(survivor, old)
-    checkpoint = atomic.area(out) / "checkpoint"
-    state = json.loads((checkpoint / "state.json").read_text())
+    checkpoint = atomic.area(out) / atomic.CHECKPOINT
+    state = json.loads((checkpoint / STATE).read_text())
     if where == "scoring":
         assert not state["passes"]["sentences"]["finished"] and "coreference" not in state["passes"]
         assert len(state["passes"]["sentences"]["done_in_chunk"]) == EVERY * BATCH
@@ -281,17 +282,17 @@ def test_lock_refuses_in_process(tmp_path):
 def test_rerun_replaces_everything_report_included(tiny_model, corpora, old_results, tmp_path):
     out = tmp_path / "results"
     shutil.copytree(old_results, out)
-    (out / "report").mkdir()
-    (out / "report" / "report.html").write_text("<p>the old corpus</p>")
+    (out / store.REPORT_DIR).mkdir()
+    (out / store.REPORT_DIR / store.REPORT_HTML).write_text("<p>the old corpus</p>")
     (out / "notes.txt").write_text("a note")                # not a results file: goes with the old ones
     assert main(run_args(tiny_model, out, corpora, coref=False)) == 0
-    assert not (out / "report").exists() and not (out / "notes.txt").exists()
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert set(manifest["files"]) == set(atomic.result_files(out))
+    assert not (out / store.REPORT_DIR).exists() and not (out / "notes.txt").exists()
+    manifest = json.loads((out / store.MANIFEST).read_text())
+    assert set(manifest["files"]) == set(store.result_files(out))
     assert manifest["inputs"]["treebank"]["sha256"] == atomic.sha256_file(corpora["trees"])
     assert manifest["inputs"]["model"]["config_sha256"] == atomic.sha256_file(Path(tiny_model) / "config.json")
     assert manifest["options"]["bootstrap_resamples"] == 20 and manifest["options"]["batch_size"] == BATCH
-    assert manifest["run_id"] == json.loads((out / "summary.json").read_text())["run_id"]
+    assert manifest["run_id"] == json.loads((out / store.SUMMARY).read_text())["run_id"]
     assert manifest["headprobe_version"]
 
 
@@ -299,35 +300,37 @@ def test_report_is_written_inside_the_save(tiny_model, corpora, tmp_path):
     out = tmp_path / "results"
     args = [a for a in run_args(tiny_model, out, corpora, coref=False) if a != "--no-report"]
     assert main(args) == 0
-    assert (out / "report" / "report.html").is_file() and (out / "report" / "report.md").is_file()
-    atomic.verify(out)
+    report = out / store.REPORT_DIR
+    assert (report / store.REPORT_HTML).is_file() and (report / store.REPORT_MARKDOWN).is_file()
+    store.verify(out)
     assert main(["report", str(out)]) == 0                   # rebuilding it keeps the manifest valid
-    atomic.verify(out)
+    store.verify(out)
 
 
 def tampered(source: Path, tmp_path: Path, how: str) -> Path:
     target = tmp_path / how
     shutil.copytree(source, target)
     if how == "changed":
-        counts = pd.read_parquet(target / "counts.parquet")
+        counts = pd.read_parquet(target / store.table_file("counts"))
         counts.loc[0, "hits"] += 1
-        counts.to_parquet(target / "counts.parquet", index=False)
+        counts.to_parquet(target / store.table_file("counts"), index=False)
     elif how == "missing":
-        (target / "tallies" / "dependency.npz").unlink()
+        (target / store.tally_file("dependency")).unlink()
     elif how == "extra":
-        shutil.copy(target / "counts.parquet", target / "counts_old.parquet")
+        shutil.copy(target / store.table_file("counts"), target / store.table_file("counts_old"))
     elif how == "no_manifest":
-        (target / "manifest.json").unlink()
+        (target / store.MANIFEST).unlink()
     elif how == "bad_manifest":
-        (target / "manifest.json").write_text("{")
+        (target / store.MANIFEST).write_text("{")
     return target
 
 
-@pytest.mark.parametrize("how, says", [("changed", "counts.parquet does not match manifest.json"),
-                                       ("missing", "tallies/dependency.npz listed in manifest.json is missing"),
-                                       ("extra", "counts_old.parquet is not in manifest.json"),
-                                       ("no_manifest", "no manifest.json"),
-                                       ("bad_manifest", "unreadable manifest.json")])
+@pytest.mark.parametrize("how, says", [
+    ("changed", f"{store.table_file('counts')} does not match {store.MANIFEST}"),
+    ("missing", f"{store.tally_file('dependency')} listed in {store.MANIFEST} is missing"),
+    ("extra", f"{store.table_file('counts_old')} is not in {store.MANIFEST}"),
+    ("no_manifest", f"no {store.MANIFEST}"),
+    ("bad_manifest", f"unreadable {store.MANIFEST}")])
 def test_loader_and_report_refuse_a_mismatch(old_results, tmp_path, capsys, how, says):
     directory = tampered(old_results, tmp_path, how)
     with pytest.raises(ResultsError, match=says.replace(".", r"\.")):
@@ -336,7 +339,7 @@ def test_loader_and_report_refuse_a_mismatch(old_results, tmp_path, capsys, how,
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert says in err
-    assert not (directory / "report").exists()
+    assert not (directory / store.REPORT_DIR).exists()
 
 
 def test_save_refuses_a_foreign_directory(old_results, tmp_path):

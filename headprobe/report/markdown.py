@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from headprobe import store
 from headprobe.report.document import BulletList, Document, Figure, Paragraph, Table
 
 
@@ -22,7 +23,7 @@ def esc(text: str) -> str:
     return text
 
 
-def render(doc: Document, figures_dir: str = "figures") -> str:
+def render(doc: Document, figures_dir: str = store.REPORT_FIGURES) -> str:
     lines = [f"# {esc(doc.title)}", ""]
     if doc.subtitle:
         lines += [f"_{esc(doc.subtitle)}_", ""]
