@@ -50,7 +50,7 @@ def main(argv=None) -> int:
                   "cluster (average linkage, as many clusters as layers), nearest head")
     cohesion = layer_cohesion(distances, clusters, seed=int(results.summary.get("seed", 0) or 0))
     C.write_table(pd.DataFrame([cohesion]), out, "layer_cohesion", "Do heads of the same layer behave alike?")
-    section = head_clusters_section(results)
+    section = head_clusters_section(results, "head_similarity")
     names = {"head_clusters_roles": "clusters_roles", "head_clusters_layers": "clusters_layers",
              "head_clusters_dendrogram": "clusters_dendrogram"}
     for block in section.blocks:

@@ -39,8 +39,8 @@ def main(argv=None) -> int:
 
     from headprobe.report import figures as F
 
-    per_head = results.surface_per_head()
-    per_layer = results.surface_per_layer()
+    per_head = results.mass_per_head("surface")
+    per_layer = results.mass_per_layer("surface")
     if not len(per_head):
         print("no surface statistics in the results", file=sys.stderr)
         return 1

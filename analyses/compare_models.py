@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         bos = results.summary.get("bos")
         if bos is not None:
             col["BOS mode"] = "; ".join(f"{k}: {v}" for k, v in bos.items()) if isinstance(bos, dict) else str(bos)
-        surf = results.surface_per_head()
+        surf = results.mass_per_head("surface")
         if len(surf):
             if "sink_mass" in surf.columns:
                 col["mean mass to first position + SEP/EOS (over heads)"] = f"{surf['sink_mass'].mean():.4f}"

@@ -8,7 +8,7 @@
         family=lambda label, n: n >= 50,                   # labels in the role family (Holm)
         roles=(RoleRule("my_role", order=3.5, ...),),      # its rule in the head-role map
         tables={"my_table": lambda results: ...},          # derived tables, saved with the results
-        report="my_module:my_section",                     # a report section (default: heatmaps)
+        report="my_module:my_section",                     # section(results, name) (default: heatmaps)
     ))
 
 `api`, `stats`, `results`, the CLI and the report read this registry and hold no
@@ -73,7 +73,8 @@ class Analysis:
         return self.scorer(**options)
 
     def report_section(self):
-        """The callable that renders this analysis's report section, or None for the default."""
+        """The callable that renders this analysis's report section, `section(results, name) ->
+        report.document.Section` (given the analysis's registered name), or None for the default."""
         if self.report is None or callable(self.report):
             return self.report
         module, _, name = self.report.partition(":")
@@ -137,3 +138,9 @@ def role_rules() -> list[tuple[Analysis, RoleRule]]:
     """Every registered role rule with its analysis, in the order roles are tried."""
     rules = [(a, rule) for a in analyses() for rule in a.roles]
     return sorted(rules, key=lambda pair: pair[1].order)
+
+
+def declaring(rule: RoleRule) -> list[str]:
+    """Names of the registered analyses that declare `rule` in their `roles` (usually one): a
+    rule written once reads the data of whichever analysis declares it."""
+    return [a.name for a, r in role_rules() if r is rule]

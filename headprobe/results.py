@@ -140,14 +140,17 @@ class Results:
         labels = list(sizes.index)
         return (["ALL"] if "ALL" in labels else []) + [x for x in labels if x != "ALL"]
 
-    def surface_per_head(self) -> pd.DataFrame:
-        """One row per head: mean mass per surface label, `sink_mass` (first + sep) and
-        `entropy_ratio` (entropy / uniform entropy)."""
-        table = self._tables.get("surface")
-        if table is None or not len(table):
+    def mass_per_head(self, analysis: str) -> pd.DataFrame:
+        """One row per head: the mean (mass / n, whole data) of each label of a mass analysis
+        (such as the surface statistics), plus `sink_mass` (first + sep) and `entropy_ratio`
+        (entropy / uniform entropy) where those labels are there."""
+        c = self.counts
+        c = c[(c["analysis"] == analysis) & (c["fold"] == "")]
+        if not len(c):
             return pd.DataFrame(columns=["layer", "head"])
-        wide = table.pivot_table(index=["layer", "head"], columns="label", values="mean",
-                                 aggfunc="first").reset_index()
+        c = c.assign(mean=c["mass"] / c["n"])
+        wide = c.pivot_table(index=["layer", "head"], columns="label", values="mean",
+                             aggfunc="first").reset_index()
         wide.columns.name = None
         if {"entropy", "entropy_uniform"} <= set(wide.columns):
             wide["entropy_ratio"] = wide["entropy"] / wide["entropy_uniform"]
@@ -155,10 +158,11 @@ class Results:
             wide["sink_mass"] = wide["first"].fillna(0) + wide["sep"].fillna(0)
         return wide
 
-    def surface_per_layer(self) -> pd.DataFrame:
-        """Per layer: summed mass over the layer's heads / summed n."""
+    def mass_per_layer(self, analysis: str) -> pd.DataFrame:
+        """Per layer and label of a mass analysis: summed mass over the layer's heads / summed n,
+        plus `entropy_ratio` where the entropy labels are there."""
         c = self.counts
-        c = c[(c["analysis"] == "surface") & (c["fold"] == "") & (c["layer"] >= 0)]
+        c = c[(c["analysis"] == analysis) & (c["fold"] == "") & (c["layer"] >= 0)]
         if not len(c):
             return pd.DataFrame(columns=["layer"])
         g = c.groupby(["layer", "label"], as_index=False)[["n", "mass"]].sum()
@@ -182,7 +186,7 @@ class Results:
         value = np.where(is_mass, stats.ratio(scores["mass"], scores["n"]), scores["accuracy"])
         return scores[["label", "layer", "head", "direction", "n"]].assign(value=value)
 
-    def unreachable_arcs(self, analysis: str = "dependency") -> pd.DataFrame:
+    def unreachable_arcs(self, analysis: str) -> pd.DataFrame:
         """Per label and direction (labels() order): n, `unreachable` (items whose row or column
         holds no attention once specials and self are removed, SPEC 2) and their share; whole data."""
         columns = ["label", "direction", "n", "unreachable", "share"]

@@ -4,16 +4,16 @@
 
 Every registered analysis may declare role rules (`registry.RoleRule`); a head gets the
 first role (by `order`) whose rule it meets, and every rule it meets is listed beside it.
-The built-in rules and their thresholds live here, one owner each.
+The built-in rules and their thresholds live here, one owner each; a rule reads the data
+of the analyses that declare it (`registry.declaring`), so no analysis is named here.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from headprobe.corpora.base import ALL
-from headprobe.registry import RoleRule, role_rules
+from headprobe.registry import RoleRule, declaring, get, role_rules
 from headprobe.stats import ALPHA
 
 POSITIONAL_SHARE = 0.9
@@ -39,16 +39,22 @@ def coreference_family(label: str, n: float) -> bool:
     return label == ALL and n >= MIN_MENTIONS
 
 
-def _tested(results, analysis: str, margin: float) -> pd.DataFrame:
-    """Head tests in the analysis's role family that pass both SPEC 6 conditions."""
+def _analyses_of(rule: RoleRule, results) -> list[str]:
+    """The analyses in `results` that declare `rule`."""
+    present = set(results.analyses)
+    return [name for name in declaring(rule) if name in present]
+
+
+def _tested(results, rule: RoleRule, margin: float) -> pd.DataFrame:
+    """Head tests in the role family of the rule's analyses that pass both SPEC 6 conditions."""
     tests = results.head_tests
-    tests = tests[(tests["analysis"] == analysis) & (tests["family"] == "roles")]
+    tests = tests[tests["analysis"].isin(_analyses_of(rule, results)) & (tests["family"] == "roles")]
     ok = (tests["heldout_gap"] >= margin - 1e-12) & (tests["p_holm"] < ALPHA)
     return tests[ok]
 
 
 def syntactic_match(results) -> pd.DataFrame:
-    passed = _tested(results, "dependency", SYNTACTIC_GAP)
+    passed = _tested(results, SYNTACTIC, SYNTACTIC_GAP)
     rows = []
     for (layer, head), group in passed.groupby(["layer", "head"]):
         group = group.sort_values(["heldout_gap", "label"], ascending=[False, True], kind="stable")
@@ -65,7 +71,7 @@ def syntactic_match(results) -> pd.DataFrame:
 
 
 def coreference_match(results) -> pd.DataFrame:
-    passed = _tested(results, "coreference", COREF_GAP)
+    passed = _tested(results, COREFERENCE, COREF_GAP)
     return pd.DataFrame({
         "layer": passed["layer"], "head": passed["head"], "detail": "coreference (ALL)", "short": "coref",
         "evidence": [f"held-out {a:.4f} vs strongest baseline {b:.4f} (gap {g:+.4f}); McNemar vs "
@@ -75,8 +81,18 @@ def coreference_match(results) -> pd.DataFrame:
         columns=MATCH_COLUMNS)
 
 
+def offset_shares(results, analysis: str) -> pd.DataFrame:
+    """The table an argmax-offset analysis declares with each head's dominant offset and its
+    share (columns layer, head, offset, share, ...); empty when it declares none."""
+    for name in get(analysis).tables:
+        table = results.tables.get(name)
+        if table is not None and {"layer", "head", "offset", "share"} <= set(table.columns):
+            return table
+    return pd.DataFrame(columns=["layer", "head", "offset", "share"])
+
+
 def positional_match(results) -> pd.DataFrame:
-    heads = results.table("positional_heads")
+    heads = _concat([offset_shares(results, name) for name in _analyses_of(POSITIONAL, results)])
     heads = heads[heads["share"] >= POSITIONAL_SHARE] if len(heads) else heads
     return pd.DataFrame({"layer": heads.get("layer", []), "head": heads.get("head", []),
                          "detail": [f"offset {o}" for o in heads.get("offset", [])],
@@ -86,8 +102,18 @@ def positional_match(results) -> pd.DataFrame:
                         columns=MATCH_COLUMNS)
 
 
+def _mass(results, rule: RoleRule) -> pd.DataFrame:
+    """`Results.mass_per_head` of the rule's analyses."""
+    return _concat([results.mass_per_head(name) for name in _analyses_of(rule, results)])
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["layer", "head"])
+
+
 def sink_match(results) -> pd.DataFrame:
-    wide = results.surface_per_head()
+    wide = _mass(results, SINK)
     if "sink_mass" not in wide:
         return pd.DataFrame(columns=MATCH_COLUMNS)
     hit = wide[wide["sink_mass"] >= SINK_MASS]
@@ -99,7 +125,7 @@ def sink_match(results) -> pd.DataFrame:
 
 
 def broad_match(results) -> pd.DataFrame:
-    wide = results.surface_per_head()
+    wide = _mass(results, BROAD)
     if "entropy_ratio" not in wide:
         return pd.DataFrame(columns=MATCH_COLUMNS)
     hit = wide[wide["entropy_ratio"] >= BROAD_RATIO]

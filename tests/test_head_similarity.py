@@ -149,7 +149,7 @@ def test_report_section_renders(wordpiece_tokenizer):
     tables = {"head_distances": distances, "head_clusters": hs.head_clusters(distances)}
     results = SimpleNamespace(tables=tables, table=tables.__getitem__, summary={"seed": 0},
                               analyses=["head_similarity"], roles=pd.DataFrame(columns=["layer", "head", "role"]))
-    section = head_clusters_section(results)
+    section = head_clusters_section(results, "head_similarity")
     figures = [b for b in section.blocks if isinstance(b, Figure)]
     assert [f.name for f in figures] == ["head_clusters_roles", "head_clusters_layers", "head_clusters_dendrogram"]
     assert all(f.png.startswith(b"\x89PNG") for f in figures)

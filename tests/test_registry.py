@@ -62,3 +62,39 @@ def test_a_toy_analysis_appears_everywhere(toy, bert_family, tmp_path):
     paths = build_report(tmp_path / "r")
     text = paths["markdown"].read_text()
     assert "self_attention" in text and "selfish: a word's argmax is itself" in text
+
+
+GENERIC = ["headprobe/results.py", "headprobe/roles.py", "headprobe/store.py", "headprobe/report"]
+
+
+def named_analyses(path: Path, names: set[str]) -> list[str]:
+    """String constants of a module that are an analysis's name, as `file:line 'name'`. A role
+    rule's own role name (`RoleRule("sink", ...)`) and its cell label (`"short": "sink"`) are the
+    rule's facts, not references to an analysis, and are skipped."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "RoleRule" and node.args:
+            skipped.add(id(node.args[0]))
+        if isinstance(node, ast.Dict):
+            skipped.update(id(v) for k, v in zip(node.keys, node.values)
+                           if isinstance(k, ast.Constant) and k.value == "short")
+    return [f"{path}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+            and id(node) not in skipped]
+
+
+def test_generic_modules_name_no_analysis():
+    """results, roles, store and report/ read analysis names from the registry: none is spelled there."""
+    root = Path(__file__).resolve().parents[1]
+    names = set(registry.names())
+    assert {"dependency", "coreference", "surface", "positional"} <= names
+    files = [p for entry in GENERIC for p in sorted((root / entry).rglob("*.py") if (root / entry).is_dir()
+                                                    else [root / entry])]
+    assert len(files) > 4
+    found = [hit for path in files for hit in named_analyses(path, names)]
+    assert not found, "analysis names spelled out in generic modules:\n" + "\n".join(found)
+    probe = root / "tests" / "toy_analysis.py"                # the check itself sees a name where one is
+    assert any("'self_attention'" in hit for hit in named_analyses(probe, {"self_attention"}))

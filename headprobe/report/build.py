@@ -3,11 +3,13 @@
     doc = compose(results)                     # overview, role map, analyses, examples
 
 Each analysis names its section in its registry entry (`Analysis.report`, a callable
-`section(results) -> Section`); the built-in ones are below (`dependency_section`,
-`coreference_section`, `positional_section`, `surface_section`). An analysis without
-one gets `default_section`: a heatmap per label and, for selection analyses, its
-best-heads table. Sections only render: every number is a stored value of a
-`Results` table or view.
+`section(results, analysis) -> Section`, given the analysis's registered name); the
+built-in ones are below (`dependency_section`, `coreference_section`,
+`positional_section`, `surface_section`). An analysis without one gets
+`default_section`: a heatmap per label and, for selection analyses, its best-heads
+table. Sections only render: every number is a stored value of a `Results` table or
+view. No analysis is named here: a section reads the data of the analysis it is given,
+and what it needs to know about it from the registry.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from headprobe.report import figures as F
 from headprobe.report.document import BulletList, Cell, Document, Figure, Paragraph, Section, Table, slug
 from headprobe.report.tables import (BEST_HEADS_LEGEND, LEGEND, best_heads_table, fmt, fmt_int, head_name,
                                      to_matrix)
-from headprobe.roles import NOT_PER_RELATION, POSITIONAL_SHARE, role_colors, role_summary
+from headprobe.roles import NOT_PER_RELATION, POSITIONAL_SHARE, offset_shares, role_colors, role_summary
 from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
 
 HEAD_LEGEND = ("Heads are named L-H = layer-head, both 0-based (Clark et al. 2019 print "
@@ -41,7 +43,7 @@ def compose(results, source: str = "") -> Document:
     doc.sections += [overview_section(results), roles_section(results)]
     for name in sorted(results.analyses, key=_builtin_rank):
         render = _section_of(name)
-        doc.sections.append(render(results) if render is not None else default_section(results, name))
+        doc.sections.append((render or default_section)(results, name))
     doc.sections.append(examples_section(results))
     return doc
 
@@ -195,40 +197,42 @@ def _best_tables(s: Section, results, analysis: str, labels: list[str]) -> None:
         s.add(table)
 
 
-def dependency_section(results) -> Section:
-    s = Section("dependency", "Dependency arcs (Clark et al. 2019, section 4)")
+def dependency_section(results, analysis: str) -> Section:
+    """Dependency arcs: accuracy and gap heatmaps, per-relation gaps, unreachable arcs, best heads."""
+    key = slug(analysis)
+    s = Section(key, "Dependency arcs (Clark et al. 2019, section 4)")
     s.add(Paragraph(
         "dep->head: the dependent's attention argmax (self excluded) is its head; head<-dep: of all words, "
         "the head is the one attending most to the dependent. The baseline is the best of the fixed offsets "
         "(-5..5) and the first word, per relation. root and punct arcs are not scored per relation; ALL is "
         "every other arc."))
-    labels = results.labels("dependency")
+    labels = results.labels(analysis)
     if not labels:
-        s.add(Paragraph("No dependency rows for attention heads.", note=True))
+        s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
         return s
-    unreachable = results.unreachable_arcs("dependency")
+    unreachable = results.unreachable_arcs(analysis)
     if results.summary.get("causal") or (len(unreachable) and unreachable["unreachable"].gt(0).any()):
-        s.add(_unreachable_table(unreachable))
+        s.add(_unreachable_table(unreachable, key))
     main = ALL if ALL in labels else labels[0]
-    panels = accuracy_panels(results, "dependency", main, registry.get("dependency").directions)
+    panels = accuracy_panels(results, analysis, main, registry.get(analysis).directions)
     if panels:
-        s.add(Figure("dependency_all", F.accuracy_gap_figure(panels),
+        s.add(Figure(f"{key}_all", F.accuracy_gap_figure(panels),
                      f"Dependency accuracy per head for {main} arcs, each direction (left), and accuracy minus "
                      f"the in-sample best baseline (right; named in the panel title). " + LEGEND,
-                     alt=f"dependency heatmaps {main}"))
-    big, _ = _split_by_size(results, "dependency", labels)
-    items = gap_items(results, "dependency", [x for x in big if x not in NOT_PER_RELATION][:MAX_PANELS])
+                     alt=f"{analysis} heatmaps {main}"))
+    big, _ = _split_by_size(results, analysis, labels)
+    items = gap_items(results, analysis, [x for x in big if x not in NOT_PER_RELATION][:MAX_PANELS])
     if items:
-        s.add(Figure("dependency_relations", F.gap_grid_figure(items),
-                     f"Per relation with at least {_min_n('dependency')} arcs (largest first): accuracy in the "
+        s.add(Figure(f"{key}_relations", F.gap_grid_figure(items),
+                     f"Per relation with at least {_min_n(analysis)} arcs (largest first): accuracy in the "
                      "head's better direction minus the relation's in-sample best baseline. Blue: below the "
                      "baseline, red: above. " + LEGEND,
                      alt="per-relation gap heatmaps"))
-    _best_tables(s, results, "dependency", labels)
+    _best_tables(s, results, analysis, labels)
     return s
 
 
-def _unreachable_table(unreachable: pd.DataFrame) -> Table:
+def _unreachable_table(unreachable: pd.DataFrame, key: str) -> Table:
     directions = list(dict.fromkeys(unreachable["direction"]))
     rows, attrs = [], []
     for label, group in unreachable.groupby("label", sort=False):
@@ -240,72 +244,75 @@ def _unreachable_table(unreachable: pd.DataFrame) -> Table:
         rows.append(row)
         attrs.append({"label": label})
     columns = ["Relation", "Arcs"] + [x for d in directions for x in (f"unreachable {d}", "share")]
-    return Table("dependency-unreachable",
+    return Table(f"{key}-unreachable",
                  "Arcs no head can predict, per relation and direction: their row (dep->head) or column "
                  "(head<-dep) holds no attention once specials and self are removed (in a decoder, the first "
                  "word's row and the last word's column). They count as misses, never as hits.",
                  columns, rows, attrs)
 
 
-def coreference_section(results) -> Section:
-    s = Section("coreference", "Coreference (Clark et al. 2019, section 5)")
+def coreference_section(results, analysis: str) -> Section:
+    """Coreference: accuracy and gap heatmaps per mention kind, best heads."""
+    s = Section(slug(analysis), "Coreference (Clark et al. 2019, section 5)")
     s.add(Paragraph(
         "A mention's head word scores a hit when the candidate it attends to most is the head of a mention "
         "of its own cluster. Baselines: nearest (latest-starting candidate), head_match (same head word, "
         "else nearest) and, where present, a rule-based baseline."))
-    kinds = results.labels("coreference")
-    panels = [p for kind in kinds for p in accuracy_panels(results, "coreference", kind, [""])]
+    kinds = results.labels(analysis)
+    panels = [p for kind in kinds for p in accuracy_panels(results, analysis, kind, [""])]
     if panels:
-        s.add(Figure("coreference", F.accuracy_gap_figure(panels),
+        s.add(Figure(slug(analysis), F.accuracy_gap_figure(panels),
                      "Coreference accuracy per head for each mention kind (left) and accuracy minus the in-sample "
-                     "best baseline (right). " + LEGEND, alt="coreference heatmaps"))
+                     "best baseline (right). " + LEGEND, alt=f"{analysis} heatmaps"))
     else:
-        s.add(Paragraph("No coreference rows for attention heads.", note=True))
-    _best_tables(s, results, "coreference", kinds)
+        s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
+    _best_tables(s, results, analysis, kinds)
     return s
 
 
 # ---------------------------------------------------------------- positional
 
-def positional_section(results) -> Section:
-    s = Section("positional", "Positional heads (Voita et al. 2019)")
+def positional_section(results, analysis: str) -> Section:
+    """Argmax offsets: share heatmaps and the heads by their dominant offset (`roles.offset_shares`)."""
+    key = slug(analysis)
+    s = Section(key, "Positional heads (Voita et al. 2019)")
     s.add(Paragraph(
         "For every word (specials excluded as queries), where its attention argmax sits (self and special "
         "tokens included): relative offset -2..+2, a special token, or elsewhere. A head is positional when "
         f"one non-zero offset takes at least {POSITIONAL_SHARE:g} of the argmaxes."))
-    shares = results.table("positional_heads")
+    shares = offset_shares(results, analysis)
     if not len(shares):
-        s.add(Paragraph("No positional rows for attention heads.", note=True))
+        s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
         return s
-    s.add(Figure("positional", F.positional_figure(shares, results.n_layers, results.n_heads),
+    s.add(Figure(key, F.positional_figure(shares, results.n_layers, results.n_heads),
                  "Share of words whose argmax is at each relative position, per head. " + LEGEND,
-                 alt="positional heatmaps"))
-    met = _rule_met(results, "positional")
+                 alt=f"{analysis} heatmaps"))
+    met = _rule_met(results, [rule.role for rule in registry.get(analysis).roles])
     top = shares.sort_values(["share", "layer", "head"], ascending=[False, True, True], kind="stable")
     n_positional = sum(met.get((int(r.layer), int(r.head)), False) for r in shares.itertuples(index=False))
     top = top.head(max(10, n_positional))
     labels = [c for c in POSITIONAL_LABELS if c in shares.columns]
     rows, attrs = [], []
     for r in top.to_dict("records"):
-        key = (int(r["layer"]), int(r["head"]))
-        rows.append([Cell(head_name(*key)), Cell(str(r["offset"])),
+        head = (int(r["layer"]), int(r["head"]))
+        rows.append([Cell(head_name(*head)), Cell(str(r["offset"])),
                      Cell(fmt(r["share"]), {"col": "dominant_share"}, True),
-                     Cell("yes" if met.get(key) else "no", {"col": "positional"})]
+                     Cell("yes" if met.get(head) else "no", {"col": key})]
                     + [Cell(fmt(r[c]), {"col": f"share:{c}"}, True) for c in labels]
                     + [Cell(fmt_int(r["n"]), {"col": "n"}, True)])
-        attrs.append({"layer": key[0], "head": key[1]})
-    s.add(Table("positional-top", f"Heads by the share of their dominant non-zero offset ({n_positional} "
+        attrs.append({"layer": head[0], "head": head[1]})
+    s.add(Table(f"{key}-top", f"Heads by the share of their dominant non-zero offset ({n_positional} "
                 f"positional heads). " + LEGEND,
                 ["Head", "Offset", "Share", "Positional"] + [f"share {c}" for c in labels] + ["Words"],
                 rows, attrs))
     return s
 
 
-def _rule_met(results, role: str) -> dict:
-    """{(layer, head): whether the head meets the role's rule} from the roles table."""
-    roles = results.roles
-    return {(int(l), int(h)): role in str(met).split(", ")
-            for l, h, met in zip(roles["layer"], roles["head"], roles["all_roles"])}
+def _rule_met(results, roles: list[str]) -> dict:
+    """{(layer, head): whether the head meets one of the `roles`' rules} from the roles table."""
+    table = results.roles
+    return {(int(l), int(h)): bool(set(roles) & set(str(met).split(", ")))
+            for l, h, met in zip(table["layer"], table["head"], table["all_roles"])}
 
 
 # ---------------------------------------------------------------- surface
@@ -316,35 +323,37 @@ SURFACE_COLUMNS = [("cls", "CLS/BOS"), ("sep", "SEP/EOS"), ("first", "first posi
                    ("entropy_ratio", "entropy / uniform")]
 
 
-def surface_section(results) -> Section:
-    s = Section("surface", "Surface statistics (Clark et al. 2019, section 3)")
+def surface_section(results, analysis: str) -> Section:
+    """Attention mass per label and entropy, per head and per layer (`Results.mass_per_head`)."""
+    key = slug(analysis)
+    s = Section(key, "Surface statistics (Clark et al. 2019, section 3)")
     s.add(Paragraph(
         "Mean attention mass a word pays to [CLS]/BOS, [SEP]/EOS, the first position of the input, "
         "punctuation words, itself, the previous and the next word (Clark et al. Figure 2), and the mean "
         "entropy of the attention rows in nats over pieces, beside the entropy of uniform attention (their "
         "Figure 4). Per-layer values are the layer's summed mass over its summed counts."))
-    per_head, per_layer = results.surface_per_head(), results.surface_per_layer()
+    per_head, per_layer = results.mass_per_head(analysis), results.mass_per_layer(analysis)
     if not len(per_head):
-        s.add(Paragraph("No surface rows for attention heads.", note=True))
+        s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
         return s
     if any(c in per_head.columns for c in F.SURFACE_TITLES):
-        s.add(Figure("surface_mass", F.surface_figure(per_head, per_layer),
+        s.add(Figure(f"{key}_mass", F.surface_figure(per_head, per_layer),
                      "Mean attention mass per head (dots) and per layer (line), by layer (0-based).",
                      alt="surface statistics"))
     if "entropy" in per_head.columns:
-        s.add(Figure("surface_entropy", F.entropy_figure(per_head, per_layer),
+        s.add(Figure(f"{key}_entropy", F.entropy_figure(per_head, per_layer),
                      "Mean entropy of the attention rows per head (dots) and per layer (line), with the entropy "
                      "of uniform attention (dashed).", alt="entropy"))
     cols = [(k, name) for k, name in SURFACE_COLUMNS if k in per_layer.columns]
     rows = [[Cell(str(int(r["layer"])))] + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
             for r in per_layer.to_dict("records")]
-    s.add(Table("surface-per-layer", "Surface statistics per layer (summed over the layer's heads; mass in "
+    s.add(Table(f"{key}-per-layer", "Surface statistics per layer (summed over the layer's heads; mass in "
                 "[0, 1], entropy in nats)", ["Layer"] + [n for _, n in cols], rows,
                 [{"layer": int(x)} for x in per_layer["layer"]]))
     cols = [(k, name) for k, name in SURFACE_COLUMNS if k in per_head.columns]
     rows = [[Cell(head_name(r["layer"], r["head"]))] + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
             for r in per_head.to_dict("records")]
-    s.add(Table("surface-per-head", "Surface statistics per head. " + LEGEND, ["Head"] + [n for _, n in cols],
+    s.add(Table(f"{key}-per-head", "Surface statistics per head. " + LEGEND, ["Head"] + [n for _, n in cols],
                 rows, [{"layer": int(l), "head": int(h)} for l, h in zip(per_head["layer"], per_head["head"])],
                 collapsed=True))
     return s

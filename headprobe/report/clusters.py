@@ -1,6 +1,6 @@
 """Report section of the head_similarity analysis (Clark et al. 2019 section 5, Figure 6).
 
-    section = head_clusters_section(results)      # registered as the analysis's report
+    section = head_clusters_section(results, "head_similarity")   # registered as the analysis's report
 
 Renders the stored `head_distances` and `head_clusters` tables: the heads embedded in
 the plane by MDS of their Jensen-Shannon divergences, coloured by head role and by layer,
@@ -16,7 +16,7 @@ from matplotlib import colormaps
 from matplotlib.lines import Line2D
 
 from headprobe.report import figures as F
-from headprobe.report.document import BulletList, Cell, Figure, Paragraph, Section, Table
+from headprobe.report.document import BulletList, Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.tables import LEGEND, fmt
 from headprobe.roles import NONE, role_colors
 from headprobe.scorers.head_similarity import distance_matrix, layer_cohesion, linkage
@@ -72,8 +72,9 @@ def dendrogram_figure(matrix: np.ndarray, heads: list[tuple[int, int]], colors: 
     return F.to_png(fig)
 
 
-def head_clusters_section(results) -> Section:
-    s = Section("head-similarity", "Head clusters (Clark et al. 2019, section 5)")
+def head_clusters_section(results, analysis: str) -> Section:
+    """Heads embedded and clustered by their mean JS divergence (the analysis's tables)."""
+    s = Section(slug(analysis), "Head clusters (Clark et al. 2019, section 5)")
     s.add(Paragraph(
         "Distance between two heads: the Jensen-Shannon divergence (nats; 0 to ln 2 = 0.693) between their "
         "word-level attention distributions (keys: the words and the [CLS]/[SEP]-like specials), averaged over "

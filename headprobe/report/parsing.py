@@ -1,6 +1,6 @@
 """Report section of the parsing analysis (Clark et al. 2019 section 6; Htut et al. 2019).
 
-    section = parsing_section(results)            # registered as the analysis's report
+    section = parsing_section(results, "parsing")     # registered as the analysis's report
 
 Renders the stored `parse_scores`, `parse_gaps` and `parse_heads` tables: the
 attention-only probe against the best single head and the best offset baseline (UAS),
@@ -12,12 +12,13 @@ from __future__ import annotations
 import pandas as pd
 
 from headprobe.report import figures as F
-from headprobe.report.document import Cell, Figure, Paragraph, Section, Table
+from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, to_matrix
 
 
-def parsing_section(results) -> Section:
-    s = Section("parsing", "Parsing with all heads (Clark et al. 2019, section 6; Htut et al. 2019)")
+def parsing_section(results, analysis: str) -> Section:
+    """The probe's and the trees' scores, paired gaps, per-head accuracy (the analysis's tables)."""
+    s = Section(slug(analysis), "Parsing with all heads (Clark et al. 2019, section 6; Htut et al. 2019)")
     s.add(Paragraph(
         "Arcs: every arc but root and punct. The attention-only probe scores a candidate head j of word i "
         "with a linear combination of every head's A[i, j] and A[j, i] and predicts the argmax over the other "
@@ -30,7 +31,7 @@ def parsing_section(results) -> Section:
         "differences are paired (same arcs, same resamples)."))
     scores = results.table("parse_scores") if "parse_scores" in results.tables else pd.DataFrame()
     if not len(scores):
-        s.add(Paragraph("No parsing rows in the results.", note=True))
+        s.add(Paragraph(f"No {analysis} rows in the results.", note=True))
         return s
     conventions = (results.summary.get("conventions") or {}).get("name")
     if conventions:
@@ -57,7 +58,7 @@ def parsing_section(results) -> Section:
         if len(one):
             items.append((title, to_matrix(one, "accuracy", results.n_layers, results.n_heads)))
     if items:
-        s.add(Figure("parsing_heads", F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1),
+        s.add(Figure(f"{slug(analysis)}_heads", F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1),
                      "Per head, on the parsing arcs: argmax accuracy in each direction and the UUAS of its maximum "
                      "spanning tree. " + LEGEND, alt="per-head parsing accuracy"))
     mst = heads[heads["direction"] == "mst"].sort_values("accuracy", ascending=False, kind="stable")
