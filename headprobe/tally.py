@@ -37,18 +37,20 @@ N_FOLDS = 2
 FLUSH_ROWS = 4096       # buffered (unit, label) rows before they are added into the totals
 
 
-def _hash(seed: int, kind: str, unit: str) -> int:
+def keyed_hash(seed: int, kind: str, unit: str) -> int:
+    """SPEC 5's 64-bit hash of f"{seed}:{kind}:{unit}" (blake2b, little-endian): folds, bootstrap
+    weights, the masked-LM positions of SPEC 8."""
     return int.from_bytes(blake2b(f"{seed}:{kind}:{unit}".encode(), digest_size=8).digest(), "little")
 
 
 def unit_fold(unit: str, seed: int = SEED) -> int:
     """SPEC 5: the fold (0 or 1) of a unit, from a keyed hash of its id."""
-    return _hash(seed, "fold", unit) % N_FOLDS
+    return keyed_hash(seed, "fold", unit) % N_FOLDS
 
 
 def unit_weights(unit: str, seed: int = SEED, n_boot: int = N_BOOT) -> np.ndarray:
     """SPEC 5: the unit's Poisson(1) weight in each of `n_boot` resamples, from its id."""
-    rng = np.random.Generator(np.random.PCG64(_hash(seed, "boot", unit)))
+    rng = np.random.Generator(np.random.PCG64(keyed_hash(seed, "boot", unit)))
     return rng.poisson(1.0, n_boot)
 
 
