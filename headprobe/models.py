@@ -7,7 +7,9 @@
 - anything else: a Hugging Face hub name or a local directory
   (`AutoModel.from_pretrained`), as usual.
 
-The base model (no language-model head) is loaded: attention is all we need.
+`load` gives the base model (no language-model head): attention is all we need.
+`load_lm` gives the model under its language-model head where it has a trained one, and
+the objective head ablation uses with it (`headprobe.objectives`, SPEC 8).
 """
 
 from __future__ import annotations
@@ -76,6 +78,55 @@ def load(name: str | None = None, *, device: str | None = None, dtype: str = "fl
     layers are spread over GPUs, then CPU, then disk (`offload_folder`), and run where they
     sit (`device` is not used). transformers dispatches (hooks, `hf_device_map`) only a map
     of more than one device or with disk; a one-device map is a plain placement."""
+    model, tokenizer, display, _ = _load(name, AutoModel, device=device, dtype=dtype,
+                                         attn_implementation=attn_implementation, device_map=device_map,
+                                         max_memory=max_memory, offload_folder=offload_folder)
+    return model, tokenizer, display
+
+
+def lm_class(path: str, extra: dict):
+    """AutoModelForCausalLM or AutoModelForMaskedLM for a checkpoint, or None for a base model.
+    The checkpoint's `architectures` decide (`...Model` alone: a base model, no head saved);
+    without them its model type: masked where transformers has a masked-LM class for it."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    config = AutoConfig.from_pretrained(path, **extra)
+    architectures = getattr(config, "architectures", None) or []
+    for arch in architectures:
+        if arch.endswith(("CausalLM", "LMHeadModel")):
+            return AutoModelForCausalLM
+        if arch.endswith(("MaskedLM", "ForPreTraining")):     # BERT-style pre-training: an MLM head
+            return AutoModelForMaskedLM
+    if architectures:
+        return None
+    if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return AutoModelForMaskedLM
+    return AutoModelForCausalLM if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else None
+
+
+def load_lm(name: str | None = None, **options):
+    """(model, tokenizer, display name, objective kind): the model under its language-model head
+    and `causal_lm` / `masked_lm`; where the checkpoint has no head, or the head's weights are
+    missing from it (e.g. the bundled MiniLM, a sentence encoder), the base model and
+    `representation`. Options as `load`. SmolLM2's GGUF ties its head to the embeddings."""
+    from headprobe.objectives import lm_kind
+
+    path, extra, _ = resolve(name)
+    auto = lm_class(path, extra)
+    if auto is not None:
+        model, tokenizer, display, missing = _load(name, auto, **options)
+        if not missing:
+            return model, tokenizer, display, lm_kind(model)
+        del model
+    model, tokenizer, display, _ = _load(name, AutoModel, **options)
+    return model, tokenizer, display, "representation"
+
+
+def _load(name: str | None, auto, *, device: str | None = None, dtype: str = "float32",
+          attn_implementation: str | None = None, device_map=None, max_memory=None, offload_folder=None):
+    """`load` with the transformers Auto class `auto`; also the weights the checkpoint lacks."""
     path, extra, display = resolve(name)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
@@ -92,11 +143,10 @@ def load(name: str | None = None, *, device: str | None = None, dtype: str = "fl
             kwargs["max_memory"] = parse_max_memory(max_memory)
         if offload_folder is not None:
             kwargs["offload_folder"] = str(offload_folder)
-        model = AutoModel.from_pretrained(path, **kwargs).eval()
-    else:
-        model = AutoModel.from_pretrained(path, **kwargs).eval().to(pick_device(device))
+    model, info = auto.from_pretrained(path, output_loading_info=True, **kwargs)
+    model = model.eval() if device_map is not None else model.eval().to(pick_device(device))
     if "gguf_file" in extra:
         tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path, **extra))
     else:
         tokenizer = load_tokenizer(path)
-    return model, tokenizer, display
+    return model, tokenizer, display, sorted(info.get("missing_keys", ()))
