@@ -192,9 +192,11 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             for note in checkpoint.notes:
                 _note(note)
         if loaded is None:
+            # head ablation / importance (SPEC 8) score the language-model loss: the model under its head
+            lm_head = any(getattr(registry.get(name).scorer, "needs_lm_head", False) for name in wanted)
             with _quiet_loading(not progress):
-                loaded = models.load(model, device=device, dtype=dtype, device_map=device_map,
-                                     max_memory=max_memory)
+                loaded = (models.load_lm if lm_head else models.load)(
+                    model, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory)[:3]
         net, tokenizer, name = loaded
         checks.check_layers_exist(layers, n_layers_heads(net)[0], name)
         causal = is_causal(net)
@@ -254,6 +256,9 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         summary["n_layers"], summary["n_heads"] = n_layers_heads(net)
         summary["n_kv_heads"] = n_kv_heads(net)
         summary["analyses"] = [s.analysis for s in scorers]
+        objectives = {s.analysis: s.objective.description for s in scorers if hasattr(s, "objective")}
+        if objectives:
+            summary["objectives"] = objectives
         distributed.all_reduce_tallies([s.tally_ for s in scorers])         # torchrun: summed over the ranks
         if not world.main:
             return None                                                     # rank 0 writes
