@@ -11,6 +11,10 @@ words on the device where the layer runs (the batch's word maps are copied there
 batch and device); the word-level block, smaller than the piece-level one, is then handed
 to the scorers on the batch's device (`capture.model_device`), where their counts live.
 
+Scorers that run the model themselves (head ablation and importance,
+`scorers.ablation`: they have `model_pass`) get each batch first, outside inference
+mode; the attention pass follows (skipped when no scorer needs attention).
+
 Query blocks (`Engine(query_block=N)`): capture hands a layer N query pieces at a time
 (`capture.QueryBlock`); `WordRows` pools them into the word rows that are complete (all
 of a word's pieces seen, in every example of the batch) and each block goes to the
@@ -209,7 +213,7 @@ def is_causal(model) -> bool:
 def max_length(model, tokenizer) -> int:
     config = text_config(model)
     positions = getattr(config, "max_position_embeddings", None)
-    offset = getattr(getattr(model, "embeddings", None), "padding_idx", None)
+    offset = getattr(getattr(getattr(model, "base_model", model), "embeddings", None), "padding_idx", None)
     if isinstance(positions, int) and isinstance(offset, int):
         positions -= offset + 1          # RoBERTa-style position ids start after the padding index
     limits = [positions, getattr(config, "n_positions", None), getattr(tokenizer, "model_max_length", None)]
@@ -276,6 +280,10 @@ class Engine:
                 scorer.use_conventions(self.conventions)
             scorer.bind(self.n_layers, self.n_heads, layers, seed=seed, n_boot=n_boot, keep_units=keep_units,
                         device=self.device)
+        # scorers that run the model themselves (head ablation, importance): `model_pass` per batch
+        self.model_scorers = [s for s in self.scorers if hasattr(s, "model_pass")]
+        for scorer in self.model_scorers:
+            scorer.use_model(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
 
@@ -368,8 +376,13 @@ class Engine:
                      seconds=time.perf_counter() - start, batch_size=self.batch_size_)
         return {"chunk": chunk, "chunk_size": CHUNK, "done_in_chunk": sorted(finished), "stats": stats}
 
-    @torch.inference_mode()
     def _score(self, batch: Batch) -> None:
+        for scorer in self.model_scorers:             # each in its own grad mode (importance differentiates)
+            scorer.model_pass(self.model, batch)
+        self._attention_pass(batch)
+
+    @torch.inference_mode()
+    def _attention_pass(self, batch: Batch) -> None:
         for scorer in self.scorers:
             scorer.begin_batch(batch)
 
@@ -392,7 +405,8 @@ class Engine:
                 scorer.update(layer, att, batch)
 
         callback = hand_on_block if self.query_block else hand_on
-        with AttentionCapture(self.model, self.layers, callback, query_block=self.query_block):
-            self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        if len(self.model_scorers) < len(self.scorers):          # someone needs the attention
+            with AttentionCapture(self.model, self.layers, callback, query_block=self.query_block):
+                self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         for scorer in self.scorers:
             scorer.end_batch(batch)

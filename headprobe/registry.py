@@ -28,7 +28,8 @@ BUILTIN_MODULES = ("headprobe.scorers.dependency", "headprobe.scorers.coreferenc
                    "headprobe.scorers.positional", "headprobe.scorers.surface",
                    "headprobe.scorers.previous_token", "headprobe.scorers.duplicate_token",
                    "headprobe.scorers.induction", "headprobe.scorers.sink",
-                   "headprobe.scorers.head_similarity", "headprobe.scorers.parsing")
+                   "headprobe.scorers.head_similarity", "headprobe.scorers.parsing",
+                   "headprobe.scorers.ablation")
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.probe`,
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level
 INPUTS = ("sentences", "coreference", "probe")

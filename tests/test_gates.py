@@ -338,3 +338,60 @@ def test_load_lm_picks_the_head_and_its_objective(tmp_path):
     assert (type(model).__name__, kind) == ("GPT2LMHeadModel", "causal_lm")
     model, _, _, kind = load_lm(str(base))
     assert (type(model).__name__, kind) == ("BertModel", "representation")
+
+
+# ----------------------------------------------------------------------------- as analyses
+def write_treebank(path, n: int, words: int, seed: int):
+    """`n` sentences (a chain: word i heads word i + 1), two documents."""
+    lines = []
+    for i, example in enumerate(sentences(n, words, seed)):
+        if i % (n // 2) == 0:
+            lines.append(f"# newdoc id = d{i}")
+        lines.append(f"# sent_id = s{i}")
+        for j, word in enumerate(example.words):
+            lines.append(f"{j + 1}\t{word}\t{word}\tX\t_\t_\t{j}\t{'root' if j == 0 else 'dep'}\t_\t_")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_ablation_and_importance_analyses_stream_into_tables(tmp_path, name):
+    import headprobe
+    from headprobe.corpora.conllu import read_conllu
+    from headprobe.engine import max_length
+
+    family, model = with_lm_head(name)
+    treebank = write_treebank(tmp_path / "t.conllu", 8, 20, seed=12)
+    results = headprobe.run(loaded=(model, family.tokenizer, "tiny"), treebank=treebank,
+                            analyses=["ablation", "importance", "dependency"], n_boot=50, pictures=False,
+                            progress=False)
+    assert results.head_scores("dependency", "ALL")["n"].max() > 0    # attention analyses run beside them
+    objective = Objective.for_model(model, family.tokenizer)
+    assert results.summary["objectives"] == {"ablation": objective.description, "importance": objective.description}
+    # the same sums, computed directly batch by batch
+    prepared = prepare(read_conllu(treebank), family.tokenizer, max_length(model, family.tokenizer))
+    assert len(prepared.examples) == 8
+    delta = importance = 0
+    tokens = 0.0
+    for batch in iter_batches(prepared, 64, family.pad_id, causal=family.causal):
+        d, n = ablation_rows(model, batch, objective)                   # [row, layer * head]
+        i, _ = importance_rows(model, batch, objective)                 # [row, layer, head]
+        delta, importance, tokens = delta + d.sum(0), importance + i.sum(0).flatten(), tokens + float(n.sum())
+    for table, expected in ((results.ablation_heads, delta / tokens), (results.importance_heads, importance / tokens)):
+        assert set(table["objective"]) == {objective.description} and set(table["label"]) == {objective.kind}
+        assert (table["layer"].tolist(), table["head"].tolist()) == (
+            [l for l in range(family.n_layers) for _ in range(4)], list(range(4)) * family.n_layers)
+        torch.testing.assert_close(torch.tensor(table["score"].to_numpy(), dtype=torch.float32), expected,
+                                   atol=1e-5, rtol=1e-4)
+        assert (table["n"] == tokens).all()
+        assert ((table["ci_low"] <= table["score"] + 1e-9) & (table["score"] <= table["ci_high"] + 1e-9)).all()
+
+
+def test_importance_analysis_refuses_a_model_without_lm_head():
+    import headprobe
+
+    family = get_family("bert")
+    with pytest.raises(ValueError, match="importance analysis needs a language-model loss"):
+        headprobe.run(loaded=(family.sdpa, family.tokenizer, "tiny"), analyses=["importance"], n_boot=10,
+                      pictures=False, progress=False)
