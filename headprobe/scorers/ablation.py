@@ -11,7 +11,8 @@ and the run loads the model under its language-model head (`needs_lm_head`,
 objective is scored on (`headprobe.objectives`); the row's value per head is
 
 - `ablation`: objective(head zeroed) - objective(intact), summed over the example
-  (`ablation.ablation_rows`; one layer's heads per forward pass where the batch is small);
+  (`ablation.ablation_rows`; several heads side by side in one forward pass, up to
+  `ROWS_PER_PASS` rows: a batch of B examples costs about layers x heads x B / 64 passes);
 - `importance`: |dL_x / dg_h| at g = 1 (Michel et al. 2019), one backward pass per batch
   (`ablation.importance_rows`); needs a language-model loss.
 
@@ -76,7 +77,7 @@ class AblationScorer(ModelScorer):
         n_heads = self.n_heads
         heads = [(layer, head) for layer in self.layers for head in range(n_heads)]
         delta, tokens = ablation_rows(model, batch, self.objective, heads,
-                                      copies=max(1, min(n_heads, ROWS_PER_PASS // len(batch))))
+                                      copies=max(1, ROWS_PER_PASS // len(batch)))
         values = torch.zeros(len(batch), self.n_layers, n_heads, dtype=delta.dtype, device=delta.device)
         values[:, self.layers] = delta.view(len(batch), len(self.layers), n_heads)   # [row, layer, head]
         return values, tokens
