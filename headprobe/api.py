@@ -19,11 +19,12 @@ import torch
 from headprobe import atomic, checks, models, registry, store
 from headprobe.align import BOS_MODES, apply_bos
 from headprobe import distributed
-from headprobe.capture import n_kv_heads, n_layers_heads, text_config
+from headprobe.capture import text_config
 from headprobe.checkpoint import DEFAULT_EVERY, Checkpoint
 from headprobe.conventions import PRESETS
 from headprobe.corpora.conllu import read_conllu
-from headprobe.engine import CHUNK, Engine, is_causal
+from headprobe.engine import CHUNK, Engine
+from headprobe.sites import attention_sites
 from headprobe.results import Results, merge_unit_counts
 from headprobe.tally import N_BOOT, SEED
 
@@ -159,9 +160,9 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         device, out=out, progress=progress, checkpoint_every=checkpoint_every, resume=resume,
         keep_unit_counts=keep_unit_counts, device_map=device_map)
 
-    with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as held:
         if out is not None:
-            lock = stack.enter_context(atomic.OutLock(out))
+            lock = held.enter_context(atomic.OutLock(out))
             for note in lock.notes + atomic.recover(out):
                 _note(note)
         if loaded is None:           # the config first: layers that do not exist fail before the weights load
@@ -198,18 +199,20 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                 loaded = (models.load_lm if lm_head else models.load)(
                     model, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory)[:3]
         net, tokenizer, name = loaded
-        checks.check_layers_exist(layers, n_layers_heads(net)[0], name)
-        causal = is_causal(net)
+        sites = attention_sites(net)
+        stack = sites.default_stack
+        checks.check_layers_exist(layers, sites.n_layers(stack), name)
+        causal = sites.causal(stack)
         tokenizer, bos_used = apply_bos(tokenizer, bos, causal)
         summary = {"model": name, "dtype": dtype, "device": str(next(net.parameters()).device),
                    "batch_size": batch_size, "from_mode": from_mode, "layers": layers, "notes": [],
                    "skipped": {}, "corpora": {}, "runs": {}, "seed": seed, "bootstrap_resamples": n_boot,
                    "units": "documents where the corpus marks them (# newdoc id), else sentences",
                    "run_id": store.new_run_id(), "inputs": inputs, "options": settings,
-                   "bos": {"asked": bos, "used": bos_used},
+                   "bos": {"asked": bos, "used": bos_used}, "stack": stack, **sites.describe(),
                    "conventions": dict(PRESETS[conventions].summary(), from_mode_used=from_mode)}
         options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
-                       keep_units=keep_unit_counts, conventions=conventions, query_block=query_block)
+                       keep_units=keep_unit_counts, conventions=conventions, query_block=query_block, stack=stack)
         scorers, sentence_corpus = [], None
         on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
         on_tokens = [a for a in registry.analyses("probe") if a.name in wanted]
@@ -253,8 +256,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         summary["causal"] = causal
         if summary["causal"]:
             summary["notes"].append(CAUSAL_NOTE.format(model=name))
-        summary["n_layers"], summary["n_heads"] = n_layers_heads(net)
-        summary["n_kv_heads"] = n_kv_heads(net)
+        summary["n_layers"], summary["n_heads"] = sites.n_layers(stack), sites.n_heads(stack)
+        summary["n_kv_heads"] = sites.n_kv_heads(stack)
         summary["analyses"] = [s.analysis for s in scorers]
         objectives = {s.analysis: s.objective.description for s in scorers if hasattr(s, "objective")}
         if objectives:
@@ -270,7 +273,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         results = Results({s.analysis: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
         if pictures and sentence_corpus is not None and "dependency" in results.tallies:
             from headprobe.pictures import example_pictures
-            results.examples = example_pictures(net, tokenizer, results.best_heads, sentence_corpus, from_mode)
+            results.examples = example_pictures(net, tokenizer, results.best_heads, sentence_corpus, from_mode,
+                                                stack=stack)
         results.summary["seconds"] = round(time.perf_counter() - started, 2)
         results.summary["headline"] = headline(results.best_heads)
         if out is not None:
@@ -355,8 +359,9 @@ def headline(best_heads: pd.DataFrame, labels=("ALL", "nsubj", "det", "obj", "am
 
 
 def attention_for_sentence(model, words_or_text, layer: int, head: int, from_mode: str = "mean",
-                           tokenizer=None) -> pd.DataFrame:
-    """Word x word attention of one head; `model` is a name/alias or a loaded (model, tokenizer)."""
+                           tokenizer=None, stack: str | None = None) -> pd.DataFrame:
+    """Word x word attention of one head (of `stack`: "encoder", "decoder", "cross"; None: the
+    model's default); `model` is a name/alias or a loaded (model, tokenizer)."""
     from headprobe.pictures import attention_for_sentence as picture
     if isinstance(model, (str, type(None))):
         net, tokenizer, _ = models.load(model)
@@ -365,4 +370,4 @@ def attention_for_sentence(model, words_or_text, layer: int, head: int, from_mod
     else:
         net = model
     with torch.inference_mode():
-        return picture(net, tokenizer, words_or_text, layer, head, from_mode)
+        return picture(net, tokenizer, words_or_text, layer, head, from_mode, stack)

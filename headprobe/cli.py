@@ -10,6 +10,7 @@ from pathlib import Path
 from headprobe import registry
 from headprobe.align import BOS_MODES
 from headprobe.atomic import OutInUse
+from headprobe.attention import CaptureError
 from headprobe.checks import UsageError
 from headprobe.conventions import PRESETS
 from headprobe.corpora.base import CorpusError
@@ -17,7 +18,8 @@ from headprobe.probe import PROBES, SPECIALS
 from headprobe.store import ResultsError
 
 # a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
-USER_ERRORS = (UsageError, CorpusError, OutInUse, ResultsError, FileNotFoundError, ValueError)
+# (CaptureError: a model whose attention cannot be captured exactly, or a capture that delivered nothing)
+USER_ERRORS = (UsageError, CorpusError, OutInUse, ResultsError, CaptureError, FileNotFoundError, ValueError)
 
 
 class Parser(argparse.ArgumentParser):

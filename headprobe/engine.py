@@ -40,7 +40,8 @@ from tqdm.auto import tqdm
 from headprobe.align import WORD
 from headprobe.atomic import test_pause
 from headprobe.batching import Batch, bucket, prepare
-from headprobe.capture import AttentionCapture, QueryBlock, model_device, n_layers_heads, text_config
+from headprobe.capture import AttentionCapture, QueryBlock, model_device, text_config
+from headprobe.sites import attention_sites
 from headprobe.conventions import get_conventions
 from headprobe.tally import N_BOOT, SEED
 
@@ -206,8 +207,10 @@ class WordRows:
         return out, (w0, upto)
 
 
-def is_causal(model) -> bool:
-    return any(getattr(module, "is_causal", False) is True for module in model.modules())
+def is_causal(model, stack: str | None = None) -> bool:
+    """Is the attention of `stack` (default: the model's) causal? Decided per site from its own
+    mask (`headprobe.sites`)."""
+    return attention_sites(model).causal(stack)
 
 
 def max_length(model, tokenizer) -> int:
@@ -250,12 +253,17 @@ class Engine:
     conventions: a `headprobe.conventions` preset (name or object); it gives the from-pooling
     when `from_mode` is None, and scorers that read conventions (`use_conventions`) get it
     before they are bound. None: SPEC's pooling, and scorers keep their own conventions.
+
+    stack: the attention stack scored ("encoder", "decoder", "cross"; `headprobe.sites`; None:
+    the model's default). Its layers, heads and causality are the stack's; an encoder-decoder
+    is fed as `Sites.model_inputs` says, and the batches' pieces are the stack's
+    (`Sites.scoring_alignment`: the decoder's start token first for the decoder stack).
     """
 
     def __init__(self, model, tokenizer, scorers, *, layers=None, batch_size: int = 64,
                  from_mode: str | None = None, device=None, progress: bool = True, desc: str = "scoring",
                  seed: int = SEED, n_boot: int = N_BOOT, keep_units: bool = False, conventions=None,
-                 query_block: int | None = None):
+                 query_block: int | None = None, stack: str | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.scorers = list(scorers)
@@ -273,8 +281,10 @@ class Engine:
         self.query_block = int(query_block) if query_block else None
         self.progress = progress
         self.desc = desc
-        self.n_layers, self.n_heads = n_layers_heads(model)
-        self.causal = is_causal(model)
+        self.sites = attention_sites(model)
+        self.stack = self.sites.resolve(stack)
+        self.n_layers, self.n_heads = self.sites.n_layers(self.stack), self.sites.n_heads(self.stack)
+        self.causal = self.sites.causal(self.stack)
         for scorer in self.scorers:
             if conventions is not None and hasattr(scorer, "use_conventions"):
                 scorer.use_conventions(self.conventions)
@@ -300,7 +310,8 @@ class Engine:
         the interrupted chunk exactly as they were, leaving out the examples already scored."""
         start = time.perf_counter()
         trim = heap_trimmer() if self.device.type == "cpu" else None
-        limit = max_length(self.model, self.tokenizer)
+        # the decoder reads the start token and the sentence: one piece more
+        limit = max_length(self.model, self.tokenizer) - (self.sites.encoder_decoder and self.stack != "encoder")
         self.batch_size_ = self.batch_size
         total = sum(len(ex.words) for ex in examples) if hasattr(examples, "__len__") else None
         bar = tqdm(total=total, unit="word", desc=self.desc, disable=not self.progress)
@@ -334,8 +345,7 @@ class Engine:
                 queue = [kept for kept in ([i for i in batch if i not in finished] for batch in queue) if kept]
             while queue:
                 indices = queue.pop(0)
-                batch = Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices],
-                              self.pad_id, device=self.device, from_mode=self.from_mode, causal=self.causal)
+                batch = self._batch(prepared, indices)
                 words = batch.n_real_words
                 try:
                     self._score(batch)
@@ -376,6 +386,11 @@ class Engine:
                      seconds=time.perf_counter() - start, batch_size=self.batch_size_)
         return {"chunk": chunk, "chunk_size": CHUNK, "done_in_chunk": sorted(finished), "stats": stats}
 
+    def _batch(self, prepared, indices) -> Batch:
+        alignments = [self.sites.scoring_alignment(prepared.alignments[i], self.stack) for i in indices]
+        return Batch([prepared.examples[i] for i in indices], alignments, self.pad_id, device=self.device,
+                     from_mode=self.from_mode, causal=self.causal)
+
     def _score(self, batch: Batch) -> None:
         for scorer in self.model_scorers:             # each in its own grad mode (importance differentiates)
             scorer.model_pass(self.model, batch)
@@ -386,14 +401,21 @@ class Engine:
         for scorer in self.scorers:
             scorer.begin_batch(batch)
 
+        offset = self.sites.query_offset(self.stack)            # cross-attention: the start token's row
+
         def hand_on(layer: int, probs: torch.Tensor) -> None:
-            att = LayerAttention(layer, probs, batch)
+            att = LayerAttention(layer, probs[:, :, offset:] if offset else probs, batch)
             for scorer in self.scorers:
                 scorer.update(layer, att, batch)
 
         pooling: dict[int, WordRows] = {}
 
         def hand_on_block(layer: int, probs: torch.Tensor, block: QueryBlock) -> None:
+            if offset:                                            # rows shifted up by `offset`
+                probs = probs[:, :, max(offset - block.start, 0):]
+                block = QueryBlock(max(block.start - offset, 0), block.stop - offset, block.total - offset)
+                if block.stop <= block.start:
+                    return
             if block.first:
                 pooling[layer] = WordRows(batch, probs.device)
             words, query_words = pooling[layer].add(probs, block.start, block.stop)
@@ -406,7 +428,7 @@ class Engine:
 
         callback = hand_on_block if self.query_block else hand_on
         if len(self.model_scorers) < len(self.scorers):          # someone needs the attention
-            with AttentionCapture(self.model, self.layers, callback, query_block=self.query_block):
-                self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            with AttentionCapture(self.model, self.layers, callback, query_block=self.query_block, stack=self.stack):
+                self.model(**self.sites.model_inputs(batch, self.stack))
         for scorer in self.scorers:
             scorer.end_batch(batch)

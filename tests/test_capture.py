@@ -6,10 +6,11 @@ import pytest
 import torch
 from transformers import AttentionInterface
 
-import headprobe.capture as capture_module
+import headprobe.attention as attention_module
 from headprobe.align import align_words
 from headprobe.batching import Batch
-from headprobe.capture import AttentionCapture, find_blocks
+from headprobe.capture import AttentionCapture
+from headprobe.sites import attention_sites
 from headprobe.corpora.base import Example
 
 TOL = 1e-5
@@ -164,7 +165,7 @@ def sdpa_calls(monkeypatch):
 
 
 def layer_of(model):
-    return {module: layer for layer, block in enumerate(find_blocks(model)) for module in block.modules()}
+    return {site.module: site.layer for site in attention_sites(model).sites}
 
 
 def test_subset_of_layers(family, sdpa_calls):
@@ -209,7 +210,7 @@ def test_config_restored_after_exit(family):
         assert model.config._attn_implementation == "headprobe_sdpa"
         model(**inputs)
     assert config_impls(model) == before
-    assert not any(m in capture_module._ACTIVE for m in model.modules())
+    assert not any(m in attention_module._ROUTES for m in model.modules())
 
 
 def test_config_restored_after_exception(family):
@@ -222,7 +223,7 @@ def test_config_restored_after_exception(family):
         with AttentionCapture(model, [0]):
             raise KeyError("boom")
     assert config_impls(model) == {"sdpa"}
-    assert not any(m in capture_module._ACTIVE for m in model.modules())
+    assert not any(m in attention_module._ROUTES for m in model.modules())
 
     # an exception raised by the callback in the middle of the forward pass
     def fail(layer, probs):
@@ -232,7 +233,7 @@ def test_config_restored_after_exception(family):
         with torch.no_grad(), AttentionCapture(model, [0], fail):
             model(**inputs)
     assert config_impls(model) == {"sdpa"}
-    assert not any(m in capture_module._ACTIVE for m in model.modules())
+    assert not any(m in attention_module._ROUTES for m in model.modules())
     with torch.no_grad():                                          # and the model still runs as before
         out = model(**inputs).last_hidden_state
     assert torch.isfinite(out).all()
