@@ -24,7 +24,7 @@ from headprobe.checkpoint import DEFAULT_EVERY, Checkpoint
 from headprobe.conventions import PRESETS
 from headprobe.corpora.conllu import read_conllu
 from headprobe.engine import CHUNK, Engine
-from headprobe.sites import attention_sites
+from headprobe.sites import STACKS, attention_sites
 from headprobe.results import Results, merge_unit_counts
 from headprobe.tally import N_BOOT, SEED
 
@@ -66,6 +66,26 @@ def check_analyses(analyses) -> list[str]:
     return list(dict.fromkeys(analyses))
 
 
+def check_stack(stack, wanted: list[str], named: bool, probe) -> list[str]:
+    """The analyses to run on attention stack `stack` (None: the model's default): on
+    cross-attention only those defined there (`Analysis.cross`); one named that is not, or a
+    probe, is a usage error."""
+    if stack is None:
+        return wanted
+    if stack not in STACKS:
+        raise checks.UsageError(f"--stack {stack!r}: must be one of {', '.join(STACKS)}")
+    if stack != "cross":
+        return wanted
+    defined = [a.name for a in registry.analyses() if a.cross]
+    undefined = [name for name in wanted if not registry.get(name).cross]
+    if undefined and (named or probe is not None):
+        raise checks.UsageError(
+            f"--stack cross: {', '.join(undefined)} {'is' if len(undefined) == 1 else 'are'} not defined on "
+            f"cross-attention (decoder queries over encoder keys: rows and columns are two sequences, so there "
+            f"are no arcs or token patterns within one); on cross-attention: {', '.join(defined)}")
+    return [name for name in wanted if name in defined]
+
+
 def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, out=None, analyses=None,
         layers=None, batch_size: int = 64, device=None, dtype: str = "float32", from_mode: str | None = None,
         window: int = 128, skip_bad: bool = False, progress: bool = True, seed: int = SEED,
@@ -73,7 +93,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         report: bool = False, resume: bool = False, checkpoint_every: int = DEFAULT_EVERY,
         probe=None, probe_length: int = 50, probe_n: int = 500, probe_specials: str = "auto",
         bos: str = "none", conventions: str = "spec", device_map=None, max_memory=None,
-        query_block: int | None = None, coref_single_document: bool = False) -> Results | None:
+        query_block: int | None = None, coref_single_document: bool = False,
+        stack: str | None = None) -> Results | None:
     """Score every head of `model` and return (and with `out`, save) the results.
 
     model: hub name, local path, or a bundled alias (`None`/"minilm", "smollm2").
@@ -110,6 +131,10 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     device_map: None, or accelerate's big-model dispatch ("auto", "balanced", ... or a dict of
       module -> device) for a model spread over devices; max_memory: per device, e.g.
       "0=10GiB,cpu=30GiB" (or a dict). Each layer's attention is captured where it runs.
+    stack: the attention stack scored (`headprobe.sites`): "encoder" (the default where there is
+      one), "decoder" (an encoder-decoder's decoder self-attention; the decoder reads its start
+      token and then the sentence's pieces) or "cross" (decoder queries over encoder keys: only
+      the analyses defined there, surface and positional). A model with one stack has only it.
     query_block: capture N query pieces at a time (memory O(N x keys) per head instead of
       O(keys^2)); counts are the same (`engine.WordRows`). None: whole matrices (the default).
     Under torchrun (`torchrun --nproc_per_node N -m headprobe run ...`) each rank scores its
@@ -126,6 +151,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     wanted = check_analyses(analyses)
     if probe is not None and not analyses:
         wanted += registry.names("probe")
+    wanted = check_stack(stack, wanted, bool(analyses), probe)
     layers = checks.parse_layers(layers)
     batch_size = checks.check_int("--batch-size", batch_size, 1)
     n_boot = checks.check_int("--bootstrap", n_boot, 1, " (resamples for the intervals and held-out selection)")
@@ -167,7 +193,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                 _note(note)
         if loaded is None:           # the config first: layers that do not exist fail before the weights load
             config = checks.read_config(*reference)
-            n_config_layers, _ = checks.config_layers_heads(config)
+            checks.check_stack_in_config(stack, config, reference[2])
+            n_config_layers, _ = checks.config_layers_heads(config, stack)
             if n_config_layers:
                 checks.check_layers_exist(layers, n_config_layers, reference[2])
         inputs = {key: store.input_fingerprint(option, path) for key, option, path in (
@@ -184,6 +211,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                     "conventions": conventions}
         if probe is not None:
             settings["probe"] = {"name": probe, "length": probe_length, "n": probe_n, "specials": probe_specials}
+        if stack is not None:
+            settings["stack"] = stack
         if query_block or device_map is not None:
             settings.update(query_block=query_block, device_map=device_map, max_memory=max_memory)
         checkpoint = None
@@ -200,7 +229,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                     model, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory)[:3]
         net, tokenizer, name = loaded
         sites = attention_sites(net)
-        stack = sites.default_stack
+        stack = sites.resolve(stack)
         checks.check_layers_exist(layers, sites.n_layers(stack), name)
         causal = sites.causal(stack)
         tokenizer, bos_used = apply_bos(tokenizer, bos, causal)

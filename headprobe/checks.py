@@ -192,8 +192,18 @@ def read_config(path: str, extra: dict, display: str):
                          f"{_first_line(err)})") from None
 
 
-def config_layers_heads(config) -> tuple[int, int]:
+def config_layers_heads(config, stack: str | None = None) -> tuple[int, int]:
+    """(layers, heads) the config declares; an encoder-decoder's decoder layers for the
+    decoder and cross stacks (0: not declared)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    n_layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
+    decoder = (getattr(text, "num_decoder_layers", None) or getattr(text, "decoder_layers", None)
+               if stack in ("decoder", "cross") and getattr(text, "is_encoder_decoder", False) else None)
+    n_layers = decoder or getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
     n_heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None)
     return int(n_layers or 0), int(n_heads or 0)
+
+
+def check_stack_in_config(stack: str | None, config, model: str) -> None:
+    """--stack cross needs an encoder-decoder (its config says so)."""
+    if stack == "cross" and not getattr(config, "is_encoder_decoder", False):
+        raise UsageError(f"--stack cross: {model} is not an encoder-decoder (no cross-attention)")

@@ -16,6 +16,7 @@ from headprobe.conventions import PRESETS
 from headprobe.corpora.base import CorpusError
 from headprobe.probe import PROBES, SPECIALS
 from headprobe.store import ResultsError
+from headprobe.sites import STACKS
 
 # a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
 # (CaptureError: a model whose attention cannot be captured exactly, or a capture that delivered nothing)
@@ -69,6 +70,11 @@ def run_parser(sub):
                    help="capture attention N query pieces at a time: one layer needs O(N x keys) memory per "
                         "head instead of O(keys^2), for long inputs (e.g. --window 2048); same counts "
                         "(default: whole matrices)")
+    p.add_argument("--stack", default=None, choices=STACKS,
+                   help="attention stack of an encoder-decoder (T5, BART): encoder (default), decoder (its "
+                        "self-attention; the decoder reads its start token, then the sentence), or cross "
+                        "(decoder queries over encoder keys: " + ", ".join(a.name for a in registry.analyses() if a.cross)
+                        + " only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--layers", default=None, help="layers to score, e.g. 0-3,8 (default: all)")
@@ -138,7 +144,7 @@ def cmd_run(args) -> int:
         resume=args.resume, checkpoint_every=args.checkpoint_every,
         probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials,
         device_map=args.device_map, max_memory=args.max_memory, query_block=args.query_block,
-        coref_single_document=args.coref_single_document)
+        coref_single_document=args.coref_single_document, stack=args.stack)
     if results is None:                     # torchrun: a rank other than 0 (rank 0 prints and writes)
         return 0
     summary = results.summary

@@ -61,6 +61,7 @@ class Analysis:
     tables: dict = field(default_factory=dict)
     report: str | Callable | None = None
     default: bool = True                  # run when no analyses are named
+    cross: bool = False                   # defined on cross-attention (decoder queries, encoder keys)
 
     @property
     def directions(self) -> tuple[str, ...]:

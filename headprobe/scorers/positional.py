@@ -77,7 +77,7 @@ class PositionalScorer(UnitLabelRows, CountScorer):
 
 
 ANALYSIS = register(Analysis(
-    name="positional", scorer=PositionalScorer, input="sentences", selection=False,
+    name="positional", scorer=PositionalScorer, input="sentences", selection=False, cross=True,
     description="argmax offsets per head (SPEC 4; Voita et al. 2019)",
     roles=(roles.POSITIONAL,), tables={"positional_heads": lambda results: positional_heads(results.counts)},
     report="headprobe.report.build:positional_section"))

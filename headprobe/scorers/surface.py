@@ -143,7 +143,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
 
 
 ANALYSIS = register(Analysis(
-    name="surface", scorer=SurfaceScorer, input="sentences", selection=False,
+    name="surface", scorer=SurfaceScorer, input="sentences", selection=False, cross=True,
     description="attention mass to self, neighbours, specials, punctuation, the first position; entropy "
                 "(SPEC 4; Clark et al. 2019 Figures 2 and 4)",
     roles=(roles.SINK, roles.BROAD), tables={"surface": lambda results: surface_table(results.counts)},
