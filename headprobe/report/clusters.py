@@ -33,7 +33,7 @@ def _roles_of(results, clusters: pd.DataFrame) -> tuple[list[str], dict[str, str
 
 
 def mds_figure(clusters: pd.DataFrame, colors: list, legend: list[tuple[str, str]], title: str,
-               colorbar: tuple | None = None) -> bytes:
+               colorbar: tuple | None = None) -> F.Drawing:
     """The heads in the MDS plane, one dot each, named L-H when there are few enough."""
     fig = F.new_figure(7.0, 5.6)
     ax = fig.add_subplot(1, 1, 1)
@@ -54,10 +54,10 @@ def mds_figure(clusters: pd.DataFrame, colors: list, legend: list[tuple[str, str
         mappable, label = colorbar
         fig.colorbar(mappable, ax=ax, label=label, fraction=0.04)
     F._finish(fig)
-    return F.to_png(fig)
+    return F.drawing(fig)
 
 
-def dendrogram_figure(matrix: np.ndarray, heads: list[tuple[int, int]], colors: list[str]) -> bytes:
+def dendrogram_figure(matrix: np.ndarray, heads: list[tuple[int, int]], colors: list[str]) -> F.Drawing:
     from scipy.cluster.hierarchy import dendrogram
 
     fig = F.new_figure(max(7.0, 0.11 * len(heads) + 1.5), 4.2)
@@ -69,7 +69,7 @@ def dendrogram_figure(matrix: np.ndarray, heads: list[tuple[int, int]], colors: 
     ax.set_ylabel("mean JS divergence (average linkage)")
     ax.set_title("Hierarchical clustering of the heads (leaf labels coloured by layer)", fontsize=10)
     F._finish(fig)
-    return F.to_png(fig)
+    return F.drawing(fig)
 
 
 def head_clusters_section(results, analysis: str) -> Section:

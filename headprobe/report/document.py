@@ -16,6 +16,7 @@ class Cell:
     attrs: dict = field(default_factory=dict)     # becomes data-* attributes in HTML
     numeric: bool = False
     wrap: bool = False                            # long text: may wrap (HTML)
+    keep: bool = False                            # short text kept on one line (HTML), e.g. "2-8 dep->head"
 
 
 @dataclass
@@ -31,9 +32,13 @@ class Table:
 @dataclass
 class Figure:
     name: str                                     # file stem under figures/
-    png: bytes
+    image: object                                 # a figures.Drawing (PNG, SVG, PDF), or PNG bytes
     caption: str
     alt: str = ""
+
+    @property
+    def png(self) -> bytes:
+        return self.image if isinstance(self.image, bytes) else self.image.png
 
     @property
     def filename(self) -> str:
@@ -50,6 +55,13 @@ class Paragraph:
 class BulletList:
     items: list[str]
     ordered: bool = False
+
+
+@dataclass
+class Details:
+    """A collapsed block (HTML <details>): `summary` is shown, `blocks` on request."""
+    summary: str
+    blocks: list = field(default_factory=list)
 
 
 @dataclass
@@ -70,11 +82,19 @@ class Document:
     subtitle: str = ""
     sections: list[Section] = field(default_factory=list)
 
+    def blocks(self) -> list:
+        """Every block, those inside `Details` included, in order."""
+        out = []
+        for s in self.sections:
+            for b in s.blocks:
+                out += [b] + (b.blocks if isinstance(b, Details) else [])
+        return out
+
     def figures(self) -> list[Figure]:
-        return [b for s in self.sections for b in s.blocks if isinstance(b, Figure)]
+        return [b for b in self.blocks() if isinstance(b, Figure)]
 
     def tables(self) -> list[Table]:
-        return [b for s in self.sections for b in s.blocks if isinstance(b, Table)]
+        return [b for b in self.blocks() if isinstance(b, Table)]
 
 
 def slug(text: str) -> str:

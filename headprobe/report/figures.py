@@ -1,19 +1,27 @@
-"""Report figures (seaborn / matplotlib), each returned as PNG bytes.
+"""Report figures (seaborn / matplotlib), each returned as a `Drawing` (PNG, SVG, PDF).
+
+    drawing = role_map_figure(roles, 6, 12, colors)
+    drawing.png, drawing.svg, drawing.pdf          # bytes of each format
+    drawing.save("figures/roles")                  # roles.png, roles.svg, roles.pdf
 
 Figures are drawn on `matplotlib.figure.Figure` objects with the Agg canvas,
 never through pyplot, so building a report touches no global backend state
 (it works headless and inside a notebook with an inline backend alike).
-Layers and heads are 0-based on every axis.
+Vector files carry no date and fixed ids (same figure, same bytes) and PDF fonts
+are embedded as TrueType (Type 42), as journals ask. Layers and heads are 0-based
+on every axis.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import seaborn as sns
+import matplotlib
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
@@ -27,6 +35,10 @@ from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
 DPI = 100
 ANNOTATE_MAX_CELLS = 160
 EXAMPLE_MAX_WORDS = 40
+FORMATS = ("png", "svg", "pdf")           # every figure is written in each, side by side
+_METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None},
+             "pdf": {"CreationDate": None, "ModDate": None, "Creator": None, "Producer": None}}
+_RC = {"svg.hashsalt": "headprobe", "pdf.fonttype": 42}
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -35,11 +47,50 @@ def new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def to_png(fig: Figure) -> bytes:
+def render(fig: Figure, fmt: str = "png") -> bytes:
+    """The bytes of `fig` in `fmt` (one of FORMATS)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI,
-                metadata={"Software": None})
+    with matplotlib.rc_context(_RC):
+        fig.savefig(buf, format=fmt, dpi=DPI, metadata=_METADATA[fmt])
     return buf.getvalue()
+
+
+def to_png(fig: Figure) -> bytes:
+    return render(fig, "png")
+
+
+class Drawing:
+    """One finished figure: `png` is rendered at once; `svg` and `pdf` on first use.
+
+        drawing.save("figures/roles")         # -> [roles.png, roles.svg, roles.pdf]
+    """
+
+    def __init__(self, fig: Figure):
+        self.figure = fig
+        self._bytes = {"png": render(fig, "png")}
+
+    def data(self, fmt: str) -> bytes:
+        if fmt not in self._bytes:
+            self._bytes[fmt] = render(self.figure, fmt)
+        return self._bytes[fmt]
+
+    png = property(lambda self: self.data("png"))
+    svg = property(lambda self: self.data("svg"))
+    pdf = property(lambda self: self.data("pdf"))
+
+    def save(self, stem, formats=FORMATS) -> list[Path]:
+        """Write `<stem>.<fmt>` for each format; returns the paths."""
+        stem = Path(stem)
+        paths = []
+        for fmt in formats:
+            path = stem.with_name(f"{stem.name}.{fmt}")
+            path.write_bytes(self.data(fmt))
+            paths.append(path)
+        return paths
+
+
+def drawing(fig: Figure) -> Drawing:
+    return Drawing(fig)
 
 
 def _finish(fig: Figure, suptitle: str = ""):
@@ -149,7 +200,7 @@ def _sym(*mats) -> float:
 
 
 def accuracy_gap_figure(panels: list[tuple[str, np.ndarray, np.ndarray | None, str]],
-                        suptitle: str = "") -> bytes:
+                        suptitle: str = "") -> Drawing:
     """Rows of (accuracy heatmap, accuracy - baseline heatmap).
 
     `panels`: list of (row title, accuracy matrix, gap matrix or None, baseline text).
@@ -173,7 +224,7 @@ def accuracy_gap_figure(panels: list[tuple[str, np.ndarray, np.ndarray | None, s
                                cmap="RdBu_r", center=0, vmin=-lim, vmax=lim,
                                cbar_label="gap")
     _finish(fig, suptitle)
-    return to_png(fig)
+    return drawing(fig)
 
 
 def _small_panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
@@ -181,14 +232,14 @@ def _small_panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
 
 
 def gap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "",
-                    cbar_label: str = "accuracy − baseline", ncols: int | None = None) -> bytes:
+                    cbar_label: str = "accuracy − baseline", ncols: int | None = None) -> Drawing:
     """Small multiples: one gap heatmap per label (shared symmetric colour scale)."""
     lim = _sym(*[m for _, m in items])
     return heatmap_grid_figure(items, title, cbar_label, ncols, cmap="RdBu_r", center=0, vmin=-lim, vmax=lim)
 
 
 def heatmap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "", cbar_label: str = "",
-                        ncols: int | None = None, cmap="viridis", center=None, vmin=None, vmax=None) -> bytes:
+                        ncols: int | None = None, cmap="viridis", center=None, vmin=None, vmax=None) -> Drawing:
     """Small multiples: one layer x head heatmap per (title, [layer, head] matrix), one colour scale."""
     n = len(items)
     n_layers, n_heads = items[0][1].shape
@@ -211,10 +262,10 @@ def heatmap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "", cb
     for k in range(n, nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
     _finish(fig, title)
-    return to_png(fig)
+    return drawing(fig)
 
 
-def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> bytes:
+def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> Drawing:
     """One share heatmap per positional label (-2..+2, special, other)."""
     labels = [lab for lab in POSITIONAL_LABELS if lab in shares.columns]
     annotated = n_layers * n_heads <= ANNOTATE_MAX_CELLS
@@ -231,7 +282,7 @@ def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> byte
     for k in range(len(labels), nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
     _finish(fig, "Share of words whose attention argmax sits at each relative position")
-    return to_png(fig)
+    return drawing(fig)
 
 
 SURFACE_TITLES = {
@@ -241,7 +292,7 @@ SURFACE_TITLES = {
 }
 
 
-def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> bytes:
+def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     """Clark et al. (2019) Figure 2 style: mean attention mass per head, by layer."""
     labels = [lab for lab in SURFACE_TITLES if lab in per_head.columns]
     ncols = 3
@@ -267,7 +318,7 @@ def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> bytes:
     for k in range(len(labels), nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
     _finish(fig, "Mean attention mass per head (dots) and per layer (line)")
-    return to_png(fig)
+    return drawing(fig)
 
 
 def _layer_ticks(ax, n_layers: int):
@@ -276,7 +327,7 @@ def _layer_ticks(ax, n_layers: int):
     ax.set_xlim(-0.6, n_layers - 0.4)
 
 
-def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> bytes:
+def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     """Clark et al. (2019) Figure 4 style: mean row entropy per head, by layer, with the
     uniform-attention entropy."""
     n_layers = int(per_head["layer"].max()) + 1
@@ -296,11 +347,11 @@ def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> bytes:
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return to_png(fig)
+    return drawing(fig)
 
 
 def role_map_figure(roles: pd.DataFrame, n_layers: int, n_heads: int, colors: dict[str, str],
-                    title: str = "") -> bytes:
+                    title: str = "") -> Drawing:
     """Layer x head grid coloured by role (`colors`: role -> colour, in the order roles are
     tried, `none` last), each cell labelled with the role's short detail."""
     fig = new_figure(max(4.0, 0.55 * n_heads + 1.2) + 1.8, max(2.6, 0.26 * n_layers + 1.1))
@@ -309,15 +360,17 @@ def role_map_figure(roles: pd.DataFrame, n_layers: int, n_heads: int, colors: di
     _role_legend(ax, roles, colors)
     ax.set_title(title or "Head-role map (first matching rule)", fontsize=10)
     fig.tight_layout()
-    return to_png(fig)
+    return drawing(fig)
 
 
 def role_maps_figure(maps: list[tuple[str, pd.DataFrame, int, int]], colors: dict[str, str],
-                     title: str = "") -> bytes:
+                     title: str = "") -> Drawing:
     """Several role maps side by side, one per (title, roles, n_layers, n_heads), one legend."""
-    widths = [max(2.6, 0.42 * n_heads + 1.0) for _, _, _, n_heads in maps]
-    height = max(2.8, 0.26 * max(n_layers for _, _, n_layers, _ in maps) + 1.3)
-    fig = new_figure(sum(widths) + 1.8, height)
+    most_layers = max(n_layers for _, _, n_layers, _ in maps)
+    cell = min(0.5, 7.5 / most_layers, 10.0 / sum(n_heads for *_, n_heads in maps))   # inches, square
+    widths = [n_heads * cell + 0.9 for *_, n_heads in maps]
+    height = most_layers * cell + 1.5
+    fig = new_figure(sum(widths) + 1.5, height)
     axes = fig.subplots(1, len(maps), squeeze=False, gridspec_kw={"width_ratios": widths})[0]
     for ax, (name, roles, n_layers, n_heads) in zip(axes, maps):
         _draw_role_map(ax, roles, n_layers, n_heads, colors)
@@ -325,7 +378,7 @@ def role_maps_figure(maps: list[tuple[str, pd.DataFrame, int, int]], colors: dic
         ax.set_title(name, fontsize=9)
     _role_legend(axes[-1], pd.concat([m[1] for m in maps]), colors)
     _finish(fig, title)
-    return to_png(fig)
+    return drawing(fig)
 
 
 def _draw_role_map(ax, roles: pd.DataFrame, n_layers: int, n_heads: int, colors: dict[str, str]):
@@ -359,7 +412,7 @@ def _short(text: str, limit: int = 7) -> str:
 
 
 def example_figure(words: list[str], attention, gold: list, title: str,
-                   direction: str = "dep->head") -> bytes:
+                   direction: str = "dep->head") -> Drawing:
     """Word x word attention heatmap (rows attend to columns) of one head on one example.
 
     Gold pairs `[dep, head]` are outlined at (row dep, column head) for `dep->head`
@@ -406,7 +459,7 @@ def example_figure(words: list[str], attention, gold: list, title: str,
         ax.text(0, -0.02, f"words {lo}–{hi - 1} of {n} shown", transform=ax.transAxes,
                 fontsize=7, va="top")
     fig.tight_layout()
-    return to_png(fig)
+    return drawing(fig)
 
 
 def _role_shares(ax, shares: pd.DataFrame, colors: dict[str, str]):
@@ -435,7 +488,7 @@ def _role_depths(ax, heads: pd.DataFrame, order):
 
 
 def compare_roles_figure(shares: pd.DataFrame, heads: pd.DataFrame, colors: dict[str, str],
-                         title: str = "") -> bytes:
+                         title: str = "") -> Drawing:
     """Two panels for several models: share of heads per role (bars; columns `model`, `role`,
     `share`) and the relative depth of each role's heads (dots; columns `model`, `role`,
     `relative_depth`, one row per head; the 'none' role is left out). `colors` gives the roles'
@@ -447,4 +500,18 @@ def compare_roles_figure(shares: pd.DataFrame, heads: pd.DataFrame, colors: dict
     _role_shares(ax1, shares, colors)
     _role_depths(ax2, heads, [r for r in order if r != NONE])
     _finish(fig, title)
-    return to_png(fig)
+    return drawing(fig)
+
+
+def matched_heads_figure(similarity: np.ndarray, names: np.ndarray, title: str) -> Drawing:
+    """Layer x head grid of one model: each head coloured by the cosine similarity to the head of
+    the other model it is matched with, and labelled with that head's L-H (`names`, '' for a
+    head left unmatched)."""
+    n_layers, n_heads = similarity.shape
+    w, h = _panel_size(n_layers, n_heads)
+    fig = new_figure(w + 0.4, h + 0.3)
+    ax = fig.subplots()
+    layer_head_heatmap(ax, similarity, title, cmap="viridis", vmin=-1 if np.nanmin(similarity) < 0 else 0,
+                       vmax=1, cbar_label="similarity", annot_text=names)
+    fig.tight_layout()
+    return drawing(fig)
