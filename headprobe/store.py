@@ -51,6 +51,7 @@ TABLE_SUFFIXES = (".parquet", ".csv")    # every table in both; read back from t
 UNIT_COUNTS = "unit_counts"              # unit_counts.parquet
 REPORT_DIR = "report"
 REPORT_HTML, REPORT_MARKDOWN, REPORT_ROLES, REPORT_FIGURES = "report.html", "report.md", "roles.csv", "figures"
+REPORT_TABLES = "tables"                    # report/tables/*.csv: the columns the report's narrow tables leave out
 RESULT_SUFFIXES = (".parquet", ".csv", ".json", ".npz")
 FORMAT = "headprobe-results"
 FORMAT_VERSION = 1

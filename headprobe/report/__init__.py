@@ -4,11 +4,12 @@
     paths = build_report("results/minilm")          # a results directory -> results/minilm/report/
     paths = build_report(results, "out/report")     # or an in-memory `headprobe.Results`
     paths["html"], paths["markdown"], paths["figures"], paths["roles"]
+    build_report("results/minilm", figures_only=True)   # figures/*.png, .svg, .pdf only
     store.save(results, "out/", extra=staged_report(results))   # results + report/, one atomic save
 
-Command line (wired as `headprobe report RESULTS_DIR [--out DIR]`):
+Command line (wired as `headprobe report RESULTS_DIR [--out DIR] [--figures-only]`):
 
-    python -m headprobe.report RESULTS_DIR [--out DIR]
+    python -m headprobe.report RESULTS_DIR [--out DIR] [--figures-only]
 
 The report only renders: every number is a stored value of the `Results` tables
 (`counts`, `best_heads`, `head_tests`, `roles`, derived tables) or a `Results`
@@ -57,14 +58,17 @@ def read_results(source) -> tuple[Results, str]:
         raise UnreadableResults(message) from err
 
 
-def build_report(results_or_dir, out_dir=None) -> dict:
-    """Write `report.html`, `report.md`, `roles.csv` and `figures/*.png` (names: `headprobe.store`).
+def build_report(results_or_dir, out_dir=None, figures_only: bool = False) -> dict:
+    """Write `report.html`, `report.md`, `roles.csv`, `tables/*.csv` and every figure as
+    `figures/<name>.png`, `.svg` and `.pdf` (names: `headprobe.store`; with `figures_only`, just
+    the figures).
 
     `results_or_dir`: a `Results` (then `out_dir` is required) or a directory written by
     `headprobe run` / `Results.save` (`out_dir` defaults to `<dir>/report`).
 
-    Returns {"out_dir", "html", "markdown", "figures_dir", "figures": [paths], "roles"}
-    (all `pathlib.Path`; "roles" is the head-role map as a table).
+    Returns {"out_dir", "html", "markdown", "figures_dir", "figures": [PNG paths],
+    "vector_figures": [SVG and PDF paths], "tables": [CSV paths], "roles"} (all `pathlib.Path`;
+    "roles" is the head-role map as a table; only the figure entries with `figures_only`).
     """
     if out_dir is None:
         if isinstance(results_or_dir, Results):
@@ -74,22 +78,57 @@ def build_report(results_or_dir, out_dir=None) -> dict:
     out = Path(out_dir)
     doc = compose(results, source)
     fig_dir = out / store.REPORT_FIGURES
+    pngs, vectors = write_figures(doc, fig_dir)
+    paths = {"out_dir": out, "figures_dir": fig_dir, "figures": pngs, "vector_figures": vectors}
+    if figures_only:
+        return paths
+    paths["html"] = out / store.REPORT_HTML
+    paths["html"].write_text(_html.render(doc), encoding="utf-8")
+    paths["markdown"] = out / store.REPORT_MARKDOWN
+    paths["markdown"].write_text(_markdown.render(doc, store.REPORT_FIGURES), encoding="utf-8")
+    paths["roles"] = out / store.REPORT_ROLES
+    results.roles.to_csv(paths["roles"], index=False)
+    paths["tables"] = write_tables(results, out / store.REPORT_TABLES)
+    return paths
+
+
+def write_figures(doc, fig_dir: Path) -> tuple[list[Path], list[Path]]:
+    """Every figure of `doc` under `fig_dir` as PNG, SVG and PDF (the figures of an earlier build
+    removed first); returns (PNG paths, SVG and PDF paths)."""
+    from headprobe.report.figures import FORMATS
+
     fig_dir.mkdir(parents=True, exist_ok=True)
-    for old in fig_dir.glob("*.png"):          # figures of an earlier build of this report
-        old.unlink()
-    figure_paths = []
+    for fmt in FORMATS:
+        for old in fig_dir.glob(f"*.{fmt}"):
+            old.unlink()
+    pngs, vectors = [], []
     for fig in doc.figures():
-        path = fig_dir / fig.filename
-        path.write_bytes(fig.png)
-        figure_paths.append(path)
-    html_path = out / store.REPORT_HTML
-    html_path.write_text(_html.render(doc), encoding="utf-8")
-    md_path = out / store.REPORT_MARKDOWN
-    md_path.write_text(_markdown.render(doc, store.REPORT_FIGURES), encoding="utf-8")
-    roles_path = out / store.REPORT_ROLES
-    results.roles.to_csv(roles_path, index=False)
-    return {"out_dir": out, "html": html_path, "markdown": md_path, "figures_dir": fig_dir,
-            "figures": figure_paths, "roles": roles_path}
+        stem = fig_dir / fig.name
+        if isinstance(fig.image, bytes):            # a section that drew PNG bytes itself
+            (fig_dir / fig.filename).write_bytes(fig.image)
+            pngs.append(fig_dir / fig.filename)
+            continue
+        written = fig.image.save(stem)
+        pngs += [p for p in written if p.suffix == ".png"]
+        vectors += [p for p in written if p.suffix != ".png"]
+        fig.image.figure.clear()                   # free the drawing: its files are written
+    return pngs, vectors
+
+
+def write_tables(results, table_dir: Path) -> list[Path]:
+    """The columns a narrow report table leaves out: per selection analysis every best-heads
+    column, each baseline and the next best heads (`<analysis>_best_heads.csv`), and the key
+    findings (`key_findings.csv`)."""
+    from headprobe import findings
+
+    table_dir.mkdir(parents=True, exist_ok=True)
+    paths = [table_dir / "key_findings.csv"]
+    findings.key_findings(results).to_csv(paths[0], index=False)
+    for analysis in findings.selection_analyses(results):
+        path = table_dir / f"{analysis}_best_heads.csv"
+        findings.best_heads_export(results, analysis).to_csv(path, index=False)
+        paths.append(path)
+    return paths
 
 
 def staged_report(results):
@@ -109,19 +148,23 @@ def staged_report(results):
 
 
 def main_report(argv=None) -> int:
-    """`python -m headprobe.report RESULTS_DIR [--out DIR]`; returns the exit status (2: unreadable)."""
+    """`python -m headprobe.report RESULTS_DIR [--out DIR] [--figures-only]`; returns the exit
+    status (2: unreadable)."""
     parser = argparse.ArgumentParser(
         prog="headprobe report",
-        description="Build report.html, report.md and figures/*.png from a results directory.")
+        description="Build report.html, report.md, tables/*.csv and figures/* (PNG, SVG, PDF) from a results "
+                    "directory.")
     parser.add_argument("results_dir", help="directory written by `headprobe run`")
     parser.add_argument("--out", default=None, help="output directory (default: RESULTS_DIR/report)")
+    parser.add_argument("--figures-only", action="store_true", help="write only figures/ (PNG, SVG, PDF)")
     args = parser.parse_args(argv)
     try:
-        paths = build_report(args.results_dir, args.out)
+        paths = build_report(args.results_dir, args.out, figures_only=args.figures_only)
     except (FileNotFoundError, UnreadableResults) as err:
         print(f"headprobe report: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {paths['html']}")
-    print(f"wrote {paths['markdown']}")
-    print(f"wrote {len(paths['figures'])} figures under {paths['figures_dir']}")
+    for key in ("html", "markdown"):
+        if key in paths:
+            print(f"wrote {paths[key]}")
+    print(f"wrote {len(paths['figures'])} figures (PNG, SVG, PDF) under {paths['figures_dir']}")
     return 0

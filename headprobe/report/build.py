@@ -14,37 +14,40 @@ and what it needs to know about it from the registry.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from headprobe import registry
 from headprobe.corpora.base import ALL
 from headprobe.report import figures as F
-from headprobe.report.document import BulletList, Cell, Document, Figure, Paragraph, Section, Table, slug
-from headprobe.report.tables import (BEST_HEADS_LEGEND, LEGEND, best_heads_table, fmt, fmt_int, head_name,
-                                     to_matrix)
-from headprobe.roles import NOT_PER_RELATION, POSITIONAL_SHARE, offset_shares, role_colors, role_summary
+from headprobe.findings import (TOP_LABELS, caveats, data_sources, flat, key_findings, provenance,
+                                repeated_columns)
+from headprobe.report.document import (BulletList, Cell, Details, Document, Figure, Paragraph, Section, Table,
+                                       slug)
+from headprobe.report.tables import (BEST_HEADS_LEGEND, LEGEND, best_heads_table, decimals, fmt, fmt_est,
+                                     fmt_int, fmt_signed_est, head_name, to_matrix)
+from headprobe.roles import NONE, NOT_PER_RELATION, POSITIONAL_SHARE, offset_shares, role_colors, role_summary
 from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
 
 HEAD_LEGEND = ("Heads are named L-H = layer-head, both 0-based (Clark et al. 2019 print "
                "1-based indices, so their 8-10 is 7-9 here).")
 MAX_PANELS = 12
 MAX_EXAMPLES = 30
-SHOWN_ELSEWHERE = ("model", "n_layers", "n_heads", "analyses", "skipped", "notes", "headline", "tables",
-                   "bos", "causal", "corpora")
 
 
 def compose(results, source: str = "") -> Document:
-    """The whole report of `results` (`source`: where they were read from, for the subtitle);
-    the built-in analyses first, in the registry's order."""
+    """The whole report of `results` (`source`: where they were read from): findings first (a
+    short summary), the role map, one section per analysis (built-ins first, in the registry's
+    order), example pictures, how to read the tables, and the provenance, collapsed, last."""
     model = results.summary.get("model", "unknown model")
-    subtitle = f"{results.n_layers} layers x {results.n_heads} heads" + (f"; results from {source}" if source else "")
-    doc = Document(title=f"headprobe report: {model}", subtitle=subtitle)
-    doc.sections += [overview_section(results), roles_section(results)]
+    doc = Document(title=f"headprobe report: {model}")
+    doc.sections += [summary_section(results), roles_section(results)]
     for name in sorted(results.analyses, key=_builtin_rank):
         render = _section_of(name)
         doc.sections.append((render or default_section)(results, name))
-    doc.sections.append(examples_section(results))
+    doc.sections += [examples_section(results), reading_section(), provenance_section(results, source)]
     return doc
 
 
@@ -63,26 +66,78 @@ def _section_of(name: str):
         return None
 
 
-# ---------------------------------------------------------------- overview
+# ---------------------------------------------------------------- summary (findings first)
 
-def overview_section(results) -> Section:
-    s = Section("overview", "Overview")
+def model_line(results, with_model: bool = True) -> str:
+    """Model and data in one line: 'M: encoder, 6 layers x 12 heads; data: a.conllu (2,001
+    sentences, 25,147 words), ...' (the BOS mode where a BOS token is, or could be, used)."""
     summary = results.summary
-    items = [f"model: {summary.get('model', 'unknown')}",
-             f"layers x heads: {results.n_layers} x {results.n_heads}",
-             "analyses: " + (", ".join(sorted(results.analyses, key=_builtin_rank)) or "none")]
-    if "causal" in summary:
-        items.append("decoder (causal attention): " + ("yes" if summary["causal"] else "no"))
-    if summary.get("bos") is not None:
-        items.append(f"BOS mode: {_flat(summary['bos'])}")
-    if summary.get("corpora"):
-        items.append("corpora: " + _flat(summary["corpora"]))
-    skipped = summary.get("skipped") or {}
-    items.append("skipped (never silent): " + _flat(skipped) if skipped else "skipped: nothing reported")
-    items += [f"{key}: {_flat(value)}" for key, value in summary.items() if key not in SHOWN_ELSEWHERE]
-    s.add(BulletList(items))
-    for note in summary.get("notes") or []:
-        s.add(Paragraph(f"Note: {note}", note=True))
+    kind = {True: "decoder (causal attention)", False: "encoder"}.get(summary.get("causal"))
+    shape = ", ".join(x for x in (kind, f"{results.n_layers} layers x {results.n_heads} heads") if x)
+    parts = [f"{summary.get('model', 'unknown model')}: {shape}" if with_model else shape]
+    bos = summary.get("bos")
+    if isinstance(bos, dict):
+        used, asked = bos.get("used"), bos.get("asked")
+        if summary.get("causal") or used not in (None, "none"):
+            parts.append(f"BOS mode: {used}" + (f" (asked: {asked})" if asked not in (None, used) else ""))
+    elif bos is not None:
+        parts.append(f"BOS mode: {bos}")
+    data = []
+    for r in data_sources(results).itertuples(index=False):
+        name = Path(r.path).name or r.input
+        counts = [f"{int(r.examples):,} {r.unit}" if pd.notna(r.examples) else "",
+                  f"{int(r.words):,} words" if pd.notna(r.words) else "",
+                  f"{int(r.documents):,} documents" if pd.notna(r.documents) else "",
+                  f"{int(r.mentions):,} mentions" if pd.notna(r.mentions) else ""]
+        data.append(f"{name} ({', '.join(c for c in counts if c)})" if any(counts) else name)
+    if data:
+        parts.append("data: " + "; ".join(data))
+    return "; ".join(parts)
+
+
+def summary_section(results) -> Section:
+    s = Section("summary", "Summary")
+    s.add(Paragraph(model_line(results) + "."))
+    roles = results.roles
+    if len(roles):
+        counts = role_summary(roles, order=list(role_colors(results)))
+        held = [f"{r.heads} {r.role}" for r in counts.itertuples(index=False) if r.heads and r.role != NONE]
+        empty = [r.role for r in counts.itertuples(index=False) if not r.heads and r.role != NONE]
+        none = int(counts.loc[counts["role"] == NONE, "heads"].sum())
+        s.add(Paragraph(f"Head roles (first matching rule, of {len(roles)} heads): "
+                        + (", ".join(held) or "no head meets a rule") + f"; {none} none"
+                        + (f"; no {' or '.join(empty)} head" if empty else "") + "."))
+    found = key_findings(results)
+    if len(found):
+        s.add(_findings_table(found))
+    s.add(Paragraph("Caveats:"))
+    s.add(BulletList([text for _, text in caveats(results)]))
+    s.add(Paragraph(HEAD_LEGEND))
+    return s
+
+
+def _findings_table(found: pd.DataFrame) -> Table:
+    rows, attrs = [], []
+    for r in found.to_dict("records"):
+        head = " ".join(x for x in (str(r["heads"]), str(r["direction"] or "")) if x and x != "nan")
+        nd = decimals(r["ci_low"], r["ci_high"])
+        rows.append([Cell(r["analysis"]), Cell(r["label"], {"col": "label"}), Cell(fmt_int(r["n"]), {"col": "n"}, True),
+                     Cell(head, {"col": "head"}, keep=True),
+                     Cell(fmt_est(r["accuracy"], r["ci_low"], r["ci_high"]),
+                          {"col": "accuracy", "value": repr(float(r["accuracy"]))}, True),
+                     Cell(f"{r['baseline_variant']} {fmt(r['baseline_accuracy'], nd)}", {"col": "baseline"}),
+                     Cell(fmt_signed_est(r["gap"], r["gap_low"], r["gap_high"]),
+                          {"col": "gap", "value": repr(float(r["gap"]))}, True)])
+        attrs.append({"analysis": r["analysis"], "label": r["label"]})
+    return Table("key-findings", f"Key findings, held-out (head and direction chosen on one half of the units, "
+                 f"scored on the other, both ways, pooled): per analysis, {ALL} and the {TOP_LABELS} labels with "
+                 "the largest gap over their baseline. " + LEGEND,
+                 ["Analysis", "Label", "n", "Held-out head", "Accuracy [95% CI]", "Baseline", "Gap [95% CI]"],
+                 rows, attrs)
+
+
+def reading_section() -> Section:
+    s = Section("reading", "How to read the tables")
     s.add(Paragraph(HEAD_LEGEND))
     s.add(Paragraph(
         "Accuracy is hits / n (arcs for dependency, mentions for coreference). In-sample: the best head "
@@ -90,19 +145,20 @@ def overview_section(results) -> Section:
         "units (documents where the corpus marks them, else sentences), scored on the other half, and "
         "swapped (2-fold, folds by a hash of the unit id). Every number is read from the results' "
         "tables (counts, best_heads, head_tests, roles and the derived tables), as a stored value or a "
-        "ratio of stored sums; only the example pictures draw attention values (examples.json)."))
+        "ratio of stored sums; only the example pictures draw attention values (examples.json). "
+        "Figures are in figures/ as PNG, SVG and PDF; every table's full columns are in tables/ as CSV."))
     s.add(Paragraph("Reading the best-heads tables (column names as in best_heads.csv):"))
     s.add(BulletList(BEST_HEADS_LEGEND))
     return s
 
 
-def _flat(value, limit: int = 10) -> str:
-    if isinstance(value, dict):
-        return "; ".join(f"{k}: {_flat(v)}" for k, v in value.items()) or "none"
-    if isinstance(value, (list, tuple)):
-        more = f" (+{len(value) - limit} more)" if len(value) > limit else ""
-        return (", ".join(_flat(v) for v in value[:limit]) + more) or "none"
-    return "—" if value is None else str(value)
+def provenance_section(results, source: str = "") -> Section:
+    """Inputs, hashes, options and conventions: collapsed, at the end."""
+    s = Section("provenance", "Provenance")
+    items = ([f"results directory: {source}"] if source else []) + [f"{k}: {v}" for k, v in provenance(results)]
+    s.add(Details("Inputs with their SHA-256, options, conventions, corpora and run id "
+                  f"({len(items)} entries)", [BulletList(items)]))
+    return s
 
 
 # ---------------------------------------------------------------- roles
@@ -336,27 +392,40 @@ def surface_section(results, analysis: str) -> Section:
     if not len(per_head):
         s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
         return s
+    same = repeated_columns(per_head, [k for k, _ in SURFACE_COLUMNS])       # an encoder: first = [CLS]
+    if same:
+        s.add(Paragraph("Measures holding the same numbers on every head are shown once: " + "; ".join(
+            f"{_surface_name(k)} = {_surface_name(v)}" for k, v in same.items())
+            + " (every input starts with that special token)."))
     if any(c in per_head.columns for c in F.SURFACE_TITLES):
-        s.add(Figure(f"{key}_mass", F.surface_figure(per_head, per_layer),
+        s.add(Figure(f"{key}_mass", F.surface_figure(per_head.drop(columns=list(same)), per_layer),
                      "Mean attention mass per head (dots) and per layer (line), by layer (0-based).",
                      alt="surface statistics"))
     if "entropy" in per_head.columns:
         s.add(Figure(f"{key}_entropy", F.entropy_figure(per_head, per_layer),
                      "Mean entropy of the attention rows per head (dots) and per layer (line), with the entropy "
                      "of uniform attention (dashed).", alt="entropy"))
-    cols = [(k, name) for k, name in SURFACE_COLUMNS if k in per_layer.columns]
+    names = {k: name for k, name in SURFACE_COLUMNS}
+    for dropped, kept in same.items():
+        names[kept] = f"{names[kept]} = {names[dropped]}"
+    keys = [k for k, _ in SURFACE_COLUMNS if k not in same]
+    cols = [(k, names[k]) for k in keys if k in per_layer.columns]
     rows = [[Cell(str(int(r["layer"])))] + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
             for r in per_layer.to_dict("records")]
     s.add(Table(f"{key}-per-layer", "Surface statistics per layer (summed over the layer's heads; mass in "
                 "[0, 1], entropy in nats)", ["Layer"] + [n for _, n in cols], rows,
                 [{"layer": int(x)} for x in per_layer["layer"]]))
-    cols = [(k, name) for k, name in SURFACE_COLUMNS if k in per_head.columns]
+    cols = [(k, names[k]) for k in keys if k in per_head.columns]
     rows = [[Cell(head_name(r["layer"], r["head"]))] + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
             for r in per_head.to_dict("records")]
     s.add(Table(f"{key}-per-head", "Surface statistics per head. " + LEGEND, ["Head"] + [n for _, n in cols],
                 rows, [{"layer": int(l), "head": int(h)} for l, h in zip(per_head["layer"], per_head["head"])],
                 collapsed=True))
     return s
+
+
+def _surface_name(key: str) -> str:
+    return dict(SURFACE_COLUMNS).get(key, key)
 
 
 # ---------------------------------------------------------------- any other analysis
@@ -409,10 +478,12 @@ def examples_section(results) -> Section:
                         note=True))
         return s
     s.add(Paragraph(
-        "Word-level attention of a top head on one example from the corpus (rows attend to columns). Red "
-        "boxes: gold arcs (dependent row, head column for dep->head; head row, dependent column for "
-        "head<-dep; mention row, antecedent column for coreference). Orange dots: each row's argmax, self "
-        "excluded. These pictures are the only part of the report drawn from attention values."))
+        "Word-level attention of a top head on one example from the corpus per label (rows attend to columns), "
+        "a sentence of moderate length holding the relation, drawn at random with the run's seed. Red "
+        "boxes: gold arcs of that relation (dependent row, head column for dep->head; head row, dependent "
+        "column for head<-dep); for coreference, the mention's head row and the heads of its antecedents "
+        "(earlier mentions of its cluster). Orange dots: each row's argmax, self excluded. These pictures "
+        "are the only part of the report drawn from attention values."))
     for k, ex in enumerate(examples[:MAX_EXAMPLES]):
         try:
             words = [str(w) for w in ex["words"]]
@@ -430,10 +501,20 @@ def examples_section(results) -> Section:
         is_best = best is not None and (int(best["layer"]), int(best["head"])) == (layer, head)
         name = head_name(layer, head)
         title = f"{analysis} {label}: head {name}" + (f" ({direction})" if direction else "")
-        caption = (f"{title}{' — best head for this label' if is_best else ''}. "
-                   f"Sentence: {' '.join(words[:60])}{' …' if len(words) > 60 else ''}")
         s.add(Figure(f"example_{k:02d}_{slug(analysis)}_{slug(label)}_{name}",
-                     F.example_figure(words, att, gold, title, direction), caption, alt=f"attention of head {name}"))
+                     F.example_figure(words, att, gold, title, direction),
+                     _example_caption(ex, words, title, is_best), alt=f"attention of head {name}"))
     if len(examples) > MAX_EXAMPLES:
         s.add(Paragraph(f"{len(examples) - MAX_EXAMPLES} further examples not drawn.", note=True))
     return s
+
+
+def _example_caption(ex: dict, words: list[str], title: str, is_best: bool) -> str:
+    where = f" ({ex['sentence']})" if ex.get("sentence") else ""
+    text = f"{title}{' — best head for this label' if is_best else ''}. "
+    mention, antecedent = ex.get("mention"), ex.get("antecedent")
+    if mention and antecedent:
+        span = lambda m: " ".join(words[int(m[0]):int(m[1])])
+        text += f"Mention “{span(mention)}”, antecedent “{span(antecedent)}”. "
+    shown = " ".join(words[:60]) + (" …" if len(words) > 60 else "")
+    return text + f"{'Words' if mention else 'Sentence'}{where}: {shown}"

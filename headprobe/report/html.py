@@ -9,33 +9,43 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from headprobe.report.document import BulletList, Document, Figure, Paragraph, Table
+from headprobe.report.document import BulletList, Details, Document, Figure, Paragraph, Table
 
 CSS = """
 :root { color-scheme: light; }
+*, *::before, *::after { box-sizing: border-box; }
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
        margin: 0; color: #1d1d1f; background: #fafafa; line-height: 1.45; }
 main { max-width: 1180px; margin: 0 auto; padding: 1.2rem 1.6rem 3rem; background: #fff; }
 h1 { font-size: 1.6rem; margin: 0.4rem 0 0.2rem; }
 h2 { font-size: 1.25rem; margin-top: 2.2rem; border-bottom: 1px solid #ddd; padding-bottom: .2rem; }
 h3 { font-size: 1.05rem; margin-top: 1.4rem; }
+p, li, figcaption, summary { overflow-wrap: anywhere; }
 .subtitle { color: #555; margin: 0 0 1rem; }
 nav.toc { background: #f4f6f8; padding: .5rem 1rem; border-radius: 6px; font-size: .92rem; }
 nav.toc ul { margin: .2rem 0; padding-left: 1.2rem; columns: 2; }
 p.note { background: #fff7e0; border-left: 4px solid #e0a800; padding: .4rem .7rem; }
 figure { margin: 1rem 0 1.4rem; }
-figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figure img { display: block; max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: .88rem; color: #444; margin-top: .3rem; }
-table { border-collapse: collapse; font-size: .84rem; margin: .4rem 0 1rem; }
+table { border-collapse: collapse; font-size: .8rem; margin: .4rem 0 1rem; max-width: 100%; }
 p.tablecap { font-size: .88rem; color: #444; margin: 1rem 0 .3rem; }
-th, td { border: 1px solid #ddd; padding: .22rem .45rem; vertical-align: top; }
+th, td { border: 1px solid #ddd; padding: .2rem .4rem; vertical-align: top; overflow-wrap: break-word; }
 th { background: #f0f2f4; text-align: left; }
-td { white-space: nowrap; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.wrap { white-space: normal; min-width: 22rem; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; overflow-wrap: normal; }
+td.wrap { min-width: 10em; }
+td.keep { white-space: nowrap; }
 tbody tr:nth-child(even) { background: #fafbfc; }
 details summary { cursor: pointer; color: #2a5db0; margin: .3rem 0; }
-.tablewrap { overflow-x: auto; }
+details.provenance ul { font-size: .82rem; color: #333; }
+@media print {
+  body { background: #fff; font-size: 10pt; }
+  main { max-width: none; padding: 0; }
+  nav.toc { display: none; }
+  table { font-size: 7.5pt; }
+  th, td { padding: .1rem .25rem; }
+  figure, tr { break-inside: avoid; }
+}
 """
 
 
@@ -76,6 +86,9 @@ def _block(block) -> str:
                 f"<figcaption>{escape(block.caption)}</figcaption></figure>")
     if isinstance(block, Table):
         return _table(block)
+    if isinstance(block, Details):
+        inner = "".join(_block(b) for b in block.blocks)
+        return f'<details class="provenance"><summary>{escape(block.summary)}</summary>{inner}</details>'
     raise TypeError(f"unknown block {type(block).__name__}")
 
 
@@ -85,18 +98,18 @@ def _attrs(attrs: dict) -> str:
 
 def _table(t: Table) -> str:
     out = [f'<p class="tablecap">{escape(t.caption)}</p>' if not t.collapsed else "",
-           f'<div class="tablewrap"><table id="table-{escape(t.name)}" '
-           f'data-table="{escape(t.name)}">', "<thead><tr>"]
+           f'<table id="table-{escape(t.name)}" data-table="{escape(t.name)}">', "<thead><tr>"]
     out += [f"<th>{escape(c)}</th>" for c in t.columns]
     out.append("</tr></thead><tbody>")
     for i, row in enumerate(t.rows):
         ra = t.row_attrs[i] if i < len(t.row_attrs) else {}
         out.append(f"<tr{_attrs(ra)}>")
         for cell in row:
-            cls = ' class="num"' if cell.numeric else (' class="wrap"' if cell.wrap else "")
+            cls = next((f' class="{c}"' for c, on in (("num", cell.numeric), ("wrap", cell.wrap), ("keep", cell.keep))
+                        if on), "")
             out.append(f"<td{cls}{_attrs(cell.attrs)}>{escape(cell.text)}</td>")
         out.append("</tr>")
-    out.append("</tbody></table></div>")
+    out.append("</tbody></table>")
     html = "".join(out)
     if t.collapsed:
         html = (f"<details><summary>{escape(t.caption)} ({len(t.rows)} rows)</summary>"

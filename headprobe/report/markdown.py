@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from headprobe import store
-from headprobe.report.document import BulletList, Document, Figure, Paragraph, Table
+from headprobe.report.document import BulletList, Details, Document, Figure, Paragraph, Table
 
 
 def esc(text: str) -> str:
@@ -50,6 +50,11 @@ def _block(block, figures_dir: str) -> list[str]:
                 f"*{esc(block.caption)}*"]
     if isinstance(block, Table):
         return _table(block)
+    if isinstance(block, Details):           # GitHub and most renderers fold it, as the HTML does
+        out = ["<details>", f"<summary>{esc(block.summary)}</summary>", ""]
+        for b in block.blocks:
+            out += _block(b, figures_dir) + [""]
+        return out + ["</details>"]
     raise TypeError(f"unknown block {type(block).__name__}")
 
 

@@ -10,6 +10,8 @@ the best-heads columns mean.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -18,8 +20,6 @@ from headprobe.roles import MIN_ARCS, MIN_MENTIONS
 from headprobe.stats import MIN_N
 
 LEGEND = "L-H = layer-head, both 0-based."
-MAX_VARIANT_COLUMNS = 4        # analyses with at most this many baselines show each one's accuracy
-RUNNERS_UP = 3
 
 BEST_HEADS_LEGEND = [
     "accuracy, 95% CI: hits / n of the best (layer, head, direction), with the 2.5th and 97.5th "
@@ -27,13 +27,14 @@ BEST_HEADS_LEGEND = [
     "baseline, gap: the best baseline on the same data (fixed offsets and the first word for "
     "dependency; nearest, head_match, rules for coreference) and the head's accuracy minus it, with a "
     "paired interval.",
+    "p / Holm: the McNemar p_value and its Holm-adjusted p_holm (below), in one cell.",
     "p_value: one-sided exact McNemar test of the head against that in-sample best baseline, on the "
     "items exactly one of them gets right.",
     f"p_holm: p_value adjusted by Holm's method over its family of tests (for the role rules, every "
     f"head x relation with at least {MIN_ARCS} arcs, or every head on at least {MIN_MENTIONS} "
     f"coreference mentions; otherwise every head of that label).",
     "tied: how many (layer, head, direction) candidates share the best accuracy; above 1 it is flagged "
-    "'(tie)' and the lowest layer, head, then dep->head is shown.",
+    "'tie (k)' and the lowest layer, head, then dep->head is shown.",
     "folds_agree: whether the two halves of the held-out selection chose the same head and direction "
     "(when not, the held-out head reads 'fold-0 pick | fold-1 pick').",
     f"small_sample: the label has fewer than {MIN_N} trials, so no head is named and its interval is "
@@ -41,6 +42,9 @@ BEST_HEADS_LEGEND = [
     "unreachable: arcs the shown direction cannot predict because their row (dep->head) or column "
     "(head<-dep) holds no attention once specials and self are removed (a decoder's first word's row, "
     "last word's column); they count as misses.",
+    "Flags: tie (k), folds differ (folds_agree is no), n unreachable, small sample; '—' when none.",
+    "rounding: a value is shown to one digit past the first significant digit of its interval's width "
+    "(3 decimals for a width of 0.04); the CSV files keep full precision.",
     "note: why a row has no numbers (such as 'no held-out selection: fold 1 has no trials'); it is shown "
     "in their place.",
 ]
@@ -86,7 +90,10 @@ def fmt_ci(low, high, nd: int = 4, unreliable: bool = False) -> str:
 
 
 def fmt_p(p) -> str:
-    return "—" if _missing(p) else f"{float(p):.2g}"
+    """Two significant digits; '<1e-300' for a p-value that underflowed to 0."""
+    if _missing(p):
+        return "—"
+    return "<1e-300" if float(p) == 0 else f"{float(p):.2g}"
 
 
 def fmt_tied(tied) -> str:
@@ -112,6 +119,11 @@ def get(row: pd.Series | None, key: str):
     return row[key] if row is not None and key in row.index else np.nan
 
 
+def text_of(row: pd.Series | None, key: str, missing: str = "—") -> str:
+    value = get(row, key)
+    return missing if _missing(value) or value == "" else str(value)
+
+
 def note_of(row: pd.Series | None) -> str:
     note = get(row, "note")
     return note.strip() if isinstance(note, str) else ""
@@ -126,77 +138,119 @@ def to_matrix(df: pd.DataFrame, value: str, n_layers: int, n_heads: int) -> np.n
     return mat
 
 
+# ---------------------------------------------------------------- rounding
+
+def decimals(low, high, lo: int = 2, hi: int = 4) -> int:
+    """Decimals a value with 95% interval [low, high] supports: one digit past the first
+    significant digit of the interval's width (width 0.042 -> 3; 0.3 -> 2; 0.004 -> 4),
+    within [lo, hi]; `hi` when there is no interval."""
+    if _missing(low) or _missing(high) or not float(high) > float(low):
+        return hi
+    return int(min(hi, max(lo, 1 - math.floor(math.log10(float(high) - float(low))))))
+
+
+def fmt_est(value, low, high, nd: int | None = None) -> str:
+    """'0.556 [0.535,\u00a00.577]': a value and its interval in one cell, rounded to what the
+    interval supports (a line may break only before the interval)."""
+    if _missing(value):
+        return "—"
+    nd = decimals(low, high) if nd is None else nd
+    if _missing(low) or _missing(high):
+        return f"{float(value):.{nd}f}"
+    return f"{float(value):.{nd}f} [{float(low):.{nd}f},\u00a0{float(high):.{nd}f}]"
+
+
+def fmt_signed_est(value, low, high) -> str:
+    """A difference and its interval (sign always shown)."""
+    if _missing(value):
+        return "—"
+    nd = decimals(low, high)
+    if _missing(low) or _missing(high):
+        return f"{float(value):+.{nd}f}"
+    return f"{float(value):+.{nd}f} [{float(low):+.{nd}f},\u00a0{float(high):+.{nd}f}]"
+
+
 # ---------------------------------------------------------------- best heads
 
+BEST_HEADS_COLUMNS = ["Label", "n", "Head", "Accuracy [95% CI]", "Baseline", "Gap [95% CI]", "p / Holm",
+                      "Held-out head", "Held-out acc. [95% CI]", "Held-out gap [95% CI]", "Flags"]
+
+
 def best_heads_table(results, analysis: str, labels: list[str], name: str | None = None) -> Table:
-    """One row per label: the in-sample best head (with its baseline, gap, McNemar p_value and
-    Holm p_holm, ties, unreachable arcs) beside the pooled held-out figures (folds_agree).
-    A row's `note` (in-sample or held-out) is shown in place of that part's numbers."""
-    scores = results.head_scores(analysis)
-    directions = [d for d in dict.fromkeys(scores["direction"]) if d]
-    variants = list(dict.fromkeys(results.baselines.loc[results.baselines["analysis"] == analysis, "variant"]))
-    each_variant = variants if len(variants) <= MAX_VARIANT_COLUMNS else []
-    best = results.best_heads
-    best = best[(best["analysis"] == analysis) & (best["fold"] == "")]
-    with_unreachable = bool(best["unreachable"].notna().any())
-
-    columns = ["Label", "n", "Head"] + (["Direction"] if directions else []) + ["Accuracy", "95% CI"]
-    if variants:
-        columns += [f"{v} acc." for v in each_variant] + ["Baseline", "Baseline acc.", "Gap", "Gap CI",
-                                                          "p_value", "p_holm"]
-    columns += ["tied"] + (["unreachable"] if with_unreachable else [])
-    columns += ["Held-out head", "Held-out acc.", "Held-out CI"]
-    if variants:
-        columns += ["Held-out gap", "Held-out gap CI"]
-    columns += ["folds_agree", "small_sample", f"Next best (in-sample, up to {RUNNERS_UP})"]
-
+    """One row per label, narrow enough for a page: the in-sample best head (direction beside it),
+    its accuracy with interval, the in-sample best baseline, the gap with its paired interval,
+    McNemar p and Holm p in one cell, the pooled held-out head, accuracy and gap, and flags (ties,
+    folds disagreeing, unreachable arcs, small sample). The columns left out (each baseline,
+    next best heads, counts) are in the report's CSV (`findings.best_heads_export`). A row's
+    `note` (in-sample or held-out) is shown in place of that part's numbers. Each cell keeps
+    its full-precision values as data-* attributes."""
     rows, attrs = [], []
     for label in labels:
         ins = results.best_head(analysis, label, "in-sample")
         held = results.best_head(analysis, label, "held-out")
         if ins is None:
             continue
-        small = bool(get(ins, "small_sample")) if not _missing(get(ins, "small_sample")) else False
         row = [Cell(label), Cell(fmt_int(get(ins, "n")), {"col": "n"}, True)]
-        part = [Cell(head_name(get(ins, "layer"), get(ins, "head")), {"col": "head"})]
-        if directions:
-            part.append(Cell(str(get(ins, "direction") or "—"), {"col": "direction"}))
-        part += [Cell(fmt(get(ins, "accuracy")), {"col": "accuracy"}, True),
-                 Cell(fmt_ci(get(ins, "ci_low"), get(ins, "ci_high"), unreliable=small), {"col": "ci"}, True)]
-        if variants:
-            accuracy = results.baseline_scores(analysis, label).set_index("variant")["accuracy"].to_dict()
-            part += [Cell(fmt(accuracy.get(v)), {"col": f"baseline:{v}"}, True) for v in each_variant]
-            part += [Cell(str(get(ins, "baseline_variant") or "—"), {"col": "baseline"}),
-                     Cell(fmt(get(ins, "baseline_accuracy")), {"col": "baseline_accuracy"}, True),
-                     Cell(fmt(get(ins, "gap")), {"col": "gap"}, True),
-                     Cell(fmt_ci(get(ins, "gap_low"), get(ins, "gap_high"), unreliable=small), {"col": "gap_ci"}, True),
-                     Cell(fmt_p(get(ins, "p_value")), {"col": "p_value"}, True),
-                     Cell(fmt_p(get(ins, "p_holm")), {"col": "p_holm"}, True)]
-        part.append(Cell(fmt_tied(get(ins, "tied")), {"col": "tied"}, True))
-        if with_unreachable:
-            part.append(Cell(fmt_int(get(ins, "unreachable")), {"col": "unreachable"}, True))
-        row += _noted(part, note_of(ins))
-
-        part = [Cell(row_head_name(held), {"col": "heldout_head"}),
-                Cell(fmt(get(held, "accuracy")), {"col": "heldout_accuracy"}, True),
-                Cell(fmt_ci(get(held, "ci_low"), get(held, "ci_high"), unreliable=small), {"col": "heldout_ci"}, True)]
-        if variants:
-            part += [Cell(fmt(get(held, "gap")), {"col": "heldout_gap"}, True),
-                     Cell(fmt_ci(get(held, "gap_low"), get(held, "gap_high"), unreliable=small),
-                          {"col": "heldout_gap_ci"}, True)]
-        part.append(Cell(fmt_flag(get(held, "folds_agree")), {"col": "folds_agree"}))
-        row += _noted(part, note_of(held) if held is not None else "no held-out row")
-        row.append(Cell(fmt_flag(small), {"col": "small_sample"}))
-        row.append(Cell(_runners_up(scores[scores["label"] == label], get(ins, "layer"), get(ins, "head")),
-                        {"col": "next_best"}, wrap=True))
+        row += _noted(_in_sample_cells(ins), note_of(ins))
+        row += _noted(_held_out_cells(held), note_of(held) if held is not None else "no held-out row")
+        row.append(Cell(", ".join(_flags(ins, held)) or "—", {"col": "flags"}))
         rows.append(row)
         attrs.append({"analysis": analysis, "label": label, "layer": int(get(ins, "layer")),
                       "head": int(get(ins, "head")), "direction": str(get(ins, "direction") or ""),
                       "note": note_of(ins), "heldout-note": note_of(held)})
     caption = ("Best head per label: in-sample (selected and scored on all the data, as the papers did) and "
                "held-out (selected on one half of the units, scored on the other, and swapped; pooled). "
-               "Columns as in the legend of the overview. " + LEGEND)
-    return Table(name or f"{analysis}-top-heads", caption, columns, rows, attrs)
+               f"Every column, each baseline and the next best heads: {analysis}_best_heads.csv. " + LEGEND)
+    return Table(name or f"{analysis}-top-heads", caption, list(BEST_HEADS_COLUMNS), rows, attrs)
+
+
+def _in_sample_cells(ins: pd.Series) -> list[Cell]:
+    nd = decimals(get(ins, "ci_low"), get(ins, "ci_high"))
+    direction = text_of(ins, "direction", "")
+    head = head_name(get(ins, "layer"), get(ins, "head"))
+    return [Cell(f"{head} {direction}".strip(), {"col": "head", "head": head, "direction": direction}, keep=True),
+            Cell(fmt_est(get(ins, "accuracy"), get(ins, "ci_low"), get(ins, "ci_high")),
+                 _values(ins, col="accuracy", value="accuracy", low="ci_low", high="ci_high"), True),
+            Cell(f"{text_of(ins, 'baseline_variant')} {fmt(get(ins, 'baseline_accuracy'), nd)}",
+                 _values(ins, col="baseline", variant="baseline_variant", value="baseline_accuracy")),
+            Cell(fmt_signed_est(get(ins, "gap"), get(ins, "gap_low"), get(ins, "gap_high")),
+                 _values(ins, col="gap", value="gap", low="gap_low", high="gap_high"), True),
+            Cell(f"{fmt_p(get(ins, 'p_value'))} / {fmt_p(get(ins, 'p_holm'))}",
+                 _values(ins, col="p", p_value="p_value", p_holm="p_holm"), True)]
+
+
+def _held_out_cells(held: pd.Series | None) -> list[Cell]:
+    return [Cell(f"{row_head_name(held)} {get(held, 'direction') or ''}".strip() if held is not None else "—",
+                 {"col": "heldout_head", "head": row_head_name(held)}, keep=True),
+            Cell(fmt_est(get(held, "accuracy"), get(held, "ci_low"), get(held, "ci_high")),
+                 _values(held, col="heldout_accuracy", value="accuracy", low="ci_low", high="ci_high"), True),
+            Cell(fmt_signed_est(get(held, "gap"), get(held, "gap_low"), get(held, "gap_high")),
+                 _values(held, col="heldout_gap", value="gap", low="gap_low", high="gap_high"), True)]
+
+
+def _values(row: pd.Series | None, col: str, **fields) -> dict:
+    """data-* attributes of a cell: its column name and the full-precision values it shows."""
+    out = {"col": col}
+    for key, source in fields.items():
+        v = get(row, source)
+        out[key] = "" if _missing(v) else (v if isinstance(v, str) else repr(float(v)))
+    return out
+
+
+def _flags(ins: pd.Series, held: pd.Series | None) -> list[str]:
+    flags = []
+    tied = get(ins, "tied")
+    if not _missing(tied) and int(tied) > 1:
+        flags.append(f"tie ({int(tied)})")
+    agree = get(held, "folds_agree")
+    if held is not None and not note_of(held) and not _missing(agree) and not bool(agree):
+        flags.append("folds differ")
+    unreachable = get(ins, "unreachable")
+    if not _missing(unreachable) and float(unreachable) > 0:
+        flags.append(f"{int(unreachable)} unreachable")
+    if not _missing(get(ins, "small_sample")) and bool(get(ins, "small_sample")):
+        flags.append("small sample")
+    return flags
 
 
 def _noted(cells: list[Cell], note: str) -> list[Cell]:
@@ -205,16 +259,3 @@ def _noted(cells: list[Cell], note: str) -> list[Cell]:
         return cells
     first = Cell(note, dict(cells[0].attrs, note="1"), wrap=True)
     return [first] + [Cell("—", c.attrs, c.numeric) for c in cells[1:]]
-
-
-def _runners_up(scores: pd.DataFrame, layer, head, k: int = RUNNERS_UP) -> str:
-    """The next heads by in-sample accuracy (each head in its better direction)."""
-    if not len(scores):
-        return "—"
-    ranked = scores.sort_values(["accuracy", "layer", "head", "direction"], ascending=[False, True, True, True],
-                                kind="stable").drop_duplicates(["layer", "head"])
-    if not _missing(layer) and int(layer) >= 0:
-        ranked = ranked[~((ranked["layer"] == int(layer)) & (ranked["head"] == int(head)))]
-    parts = [f"{head_name(r.layer, r.head)}{' ' + r.direction if r.direction else ''} {fmt(r.accuracy)}"
-             for r in ranked.head(k).itertuples(index=False)]
-    return "; ".join(parts) or "—"
