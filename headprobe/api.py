@@ -242,7 +242,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                    "conventions": dict(PRESETS[conventions].summary(), from_mode_used=from_mode)}
         options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
                        keep_units=keep_unit_counts, conventions=conventions, query_block=query_block, stack=stack)
-        scorers, sentence_corpus = [], None
+        scorers, sentence_corpus, windows = [], None, None
         on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
         on_tokens = [a for a in registry.analyses("probe") if a.name in wanted]
         if probe is None:                      # token analyses read the sentence corpus, in its pass
@@ -300,10 +300,12 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             summary["device_map"] = {k: str(v) for k, v in net.hf_device_map.items()}
         unit_counts = merge_unit_counts([s.unit_counts() for s in scorers]) if keep_unit_counts else None
         results = Results({s.analysis: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
-        if pictures and sentence_corpus is not None and "dependency" in results.tallies:
+        if pictures and (sentence_corpus is not None and "dependency" in results.tallies
+                         or windows is not None and "coreference" in results.tallies):
             from headprobe.pictures import example_pictures
-            results.examples = example_pictures(net, tokenizer, results.best_heads, sentence_corpus, from_mode,
-                                                stack=stack)
+            results.examples = example_pictures(
+                net, tokenizer, results.best_heads, sentence_corpus if "dependency" in results.tallies else None,
+                from_mode, seed=seed, coref=windows if "coreference" in results.tallies else None, stack=stack)
         results.summary["seconds"] = round(time.perf_counter() - started, 2)
         results.summary["headline"] = headline(results.best_heads)
         if out is not None:

@@ -1,16 +1,38 @@
-"""Word-level attention of one head on one sentence (for reports and notebooks)."""
+"""Word-level attention of one head on one sentence (for reports and notebooks).
+
+    attention_for_sentence(model, tokenizer, "The cat sat .", layer=2, head=8)   # DataFrame
+    chosen = pick_sentences(corpus, ["ALL", "nsubj"], seed=0)      # {label: [Example]}
+    chosen = pick_mentions(windows, ["ALL", "pronoun"], seed=0)    # {kind: [MentionPick]}
+    example_pictures(model, tokenizer, results.best_heads, corpus, seed=0, coref=windows)
+
+The examples of a report are drawn at random with the run's seed, one per label, among
+sentences of moderate length that hold the relation (a seeded reservoir per label: one
+pass over any iterable of examples, memory of one pick per label), so each relation gets
+its own sentence and the same seed gives the same sentences. A coreference example is a
+scored mention (SPEC 3) with its nearest antecedent a few words before it.
+"""
 
 from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Iterable
 
 import pandas as pd
 import torch
 
-from headprobe.batching import Batch
 from headprobe.align import align_words
+from headprobe.batching import Batch
 from headprobe.capture import AttentionCapture
-from headprobe.corpora.base import Example
+from headprobe.corpora.base import ALL, Example
 from headprobe.engine import LayerAttention
 from headprobe.sites import attention_sites
+
+SENTENCE_WORDS = (8, 25)          # moderate length: a picture a reader can take in
+FALLBACK_WORDS = 40               # when no sentence of moderate length holds the relation
+MENTION_SPAN = (2, 25)            # words from the antecedent's head to the mention's head
+CONTEXT = 3                       # words shown before the antecedent and after the mention
+NOT_IN_ALL = ("root", "punct")
 
 
 @torch.inference_mode()
@@ -43,28 +65,157 @@ def attention_for_sentence(model, tokenizer, words_or_text, layer: int, head: in
     return pd.DataFrame(matrix.numpy(), index=words, columns=columns)
 
 
+
+# ---------------------------------------------------------------- choosing examples
+
+class Reservoir:
+    """`k` items drawn uniformly at random per label from a stream (Algorithm R), each label with
+    its own generator seeded by (seed, label), so a label's pick does not depend on the others.
+
+        r = Reservoir(seed=0); r.offer("nsubj", item); r.picks("nsubj")
+    """
+
+    def __init__(self, seed: int, k: int = 1, salt: str = "example"):
+        self.seed, self.k, self.salt = seed, k, salt
+        self._seen: dict[str, int] = {}
+        self._items: dict[str, list] = {}
+        self._rng: dict[str, random.Random] = {}
+
+    def offer(self, label: str, item) -> None:
+        if label not in self._rng:
+            self._rng[label] = random.Random(f"{self.seed}:{self.salt}:{label}")
+            self._seen[label], self._items[label] = 0, []
+        self._seen[label] += 1
+        items = self._items[label]
+        if len(items) < self.k:
+            items.append(item)
+        else:
+            j = self._rng[label].randrange(self._seen[label])
+            if j < self.k:
+                items[j] = item
+
+    def picks(self, label: str) -> list:
+        return list(self._items.get(label, []))
+
+
+def gold_arcs(example: Example, label: str) -> list[list[int]]:
+    """[[dependent, head], ...] of `label` in `example` (ALL: every arc but root and punct)."""
+    if example.heads is None or example.deprels is None:
+        return []
+    return [[i, h] for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
+            if h >= 0 and (rel == label if label != ALL else rel not in NOT_IN_ALL)]
+
+
+def pick_sentences(examples: Iterable[Example], labels: list[str], seed: int = 0, per_label: int = 1,
+                   words: tuple[int, int] = SENTENCE_WORDS, fallback: int = FALLBACK_WORDS) -> dict[str, list[Example]]:
+    """Per label, `per_label` sentences holding that relation, drawn at random with `seed`
+    among those of `words[0]..words[1]` words (else, for a relation found in none, among
+    those of at most `fallback` words). One pass over `examples` (any iterable)."""
+    wanted = set(labels)
+    moderate, longer = Reservoir(seed, per_label), Reservoir(seed, per_label, salt="longer")
+    for example in examples:
+        if example.heads is None or example.deprels is None or len(example.words) > fallback:
+            continue
+        present = {rel for h, rel in zip(example.heads, example.deprels) if h >= 0}
+        if present - set(NOT_IN_ALL):
+            present.add(ALL)
+        pool = moderate if words[0] <= len(example.words) <= words[1] else longer
+        for label in present & wanted:
+            pool.offer(label, example)
+    return {label: moderate.picks(label) or longer.picks(label) for label in labels}
+
+
+@dataclass
+class MentionPick:
+    """A scored mention of a window with its nearest antecedent (window word indices)."""
+
+    window: Example
+    kind: str
+    query: int                       # the mention's head word
+    mention: tuple[int, int]         # [start, end) of the mention
+    antecedent: int                  # head word of the nearest earlier mention of its cluster
+    antecedent_span: tuple[int, int]
+    gold: list[int]                  # every candidate heading a mention of its cluster
+
+
+def pick_mentions(windows: Iterable[Example], kinds: list[str], seed: int = 0, per_label: int = 1,
+                  span: tuple[int, int] = MENTION_SPAN) -> dict[str, list[MentionPick]]:
+    """Per mention kind (ALL, pronoun, proper, nominal), `per_label` scored mentions (SPEC 3)
+    whose nearest antecedent's head lies `span[0]..span[1]` words before the mention's head,
+    drawn at random with `seed`. One pass over `windows` (any iterable)."""
+    from headprobe.scorers.coreference import scored_mentions
+
+    wanted = set(kinds)
+    pool = Reservoir(seed, per_label, salt="mention")
+    for window in windows:
+        mentions = list(window.mentions or [])
+        for sm in scored_mentions(window, baselines=()):
+            before = [g for g in sm.gold if g < sm.query]
+            if not before or not span[0] <= sm.query - max(before) <= span[1]:
+                continue
+            m = mentions[sm.index]
+            ante = max(before)
+            ante_m = max((x for x in mentions if x.head == ante and x.entity == m.entity and x.start < m.start),
+                         key=lambda x: x.start, default=None)
+            if ante_m is None or max(m.end, sm.query + 1) - min(ante_m.start, ante) > FALLBACK_WORDS - 2 * CONTEXT:
+                continue                                    # a long antecedent: no picture a reader takes in
+            pick = MentionPick(window, sm.kind, sm.query, (m.start, m.end), ante, (ante_m.start, ante_m.end),
+                               list(sm.gold))
+            for label in {ALL, sm.kind} & wanted:
+                pool.offer(label, pick)
+    return {kind: pool.picks(kind) for kind in kinds}
+
+
+# ---------------------------------------------------------------- pictures
+
+def _best_rows(best_heads: pd.DataFrame, analysis: str, max_labels: int) -> pd.DataFrame:
+    """In-sample best heads of `analysis` that name a head, most trials first."""
+    rows = best_heads[(best_heads["analysis"] == analysis) & (best_heads["selection"] == "in-sample")
+                      & (best_heads["fold"] == "") & (best_heads["layer"] >= 0)]   # small samples name no head
+    return rows.sort_values("n", ascending=False, kind="stable").head(max_labels)
+
+
 def example_pictures(model, tokenizer, best_heads: pd.DataFrame, examples, from_mode="mean",
-                     max_words: int = 25, per_label: int = 1, max_labels: int = 8, stack: str | None = None) -> list[dict]:
-    """For the in-sample best dependency heads, attention on a short sentence with that relation."""
-    rows = best_heads[(best_heads["analysis"] == "dependency") & (best_heads["selection"] == "in-sample")
-                      & (best_heads["layer"] >= 0)]          # small-sample labels name no head
-    rows = rows.sort_values("n", ascending=False).head(max_labels)
+                     max_words: int = SENTENCE_WORDS[1], per_label: int = 1, max_labels: int = 8, seed: int = 0,
+                     coref=None, min_words: int = SENTENCE_WORDS[0], stack: str | None = None) -> list[dict]:
+    """For the in-sample best dependency heads (most arcs first, at most `max_labels`): each one's
+    attention on a sentence holding its relation (`pick_sentences`, seeded); with `coref` windows,
+    for the best coreference head of each kind, its attention around a mention and its nearest
+    antecedent (`pick_mentions`). `stack`: the attention stack scored (`headprobe.sites`). Returns the
+    entries of examples.json."""
     pictures = []
+    rows = _best_rows(best_heads, "dependency", max_labels) if examples is not None else best_heads.iloc[:0]
+    chosen = pick_sentences(examples, list(rows["label"]), seed, per_label, (min_words, max_words)) if len(rows) else {}
     for row in rows.itertuples():
-        found = 0
-        for example in examples:
-            if example.heads is None or len(example.words) > max_words:
-                continue
-            gold = [[i, h] for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
-                    if h >= 0 and (rel == row.label or (row.label == "ALL" and rel not in ("root", "punct")))]
-            if not gold:
-                continue
+        for example in chosen.get(row.label, []):
             matrix = word_attention(model, tokenizer, example.words, int(row.layer), from_mode, stack)[int(row.head)]
             pictures.append(dict(analysis="dependency", label=row.label, layer=int(row.layer), head=int(row.head),
                                  direction=row.direction, unit=example.unit, sentence=example.sent_id,
-                                 words=list(example.words),
-                                 attention=matrix[:, :len(example.words)].tolist(), gold=gold))
-            found += 1
-            if found >= per_label:
-                break
+                                 words=list(example.words), attention=matrix[:, :len(example.words)].tolist(),
+                                 gold=gold_arcs(example, row.label), seed=seed))
+    if coref is not None:
+        pictures += coref_pictures(model, tokenizer, best_heads, coref, from_mode, per_label, seed, stack)
+    return pictures
+
+
+def coref_pictures(model, tokenizer, best_heads: pd.DataFrame, windows, from_mode="mean", per_label: int = 1,
+                   seed: int = 0, stack: str | None = None) -> list[dict]:
+    """The best coreference head of each kind on a mention and its antecedent: attention over the
+    whole window, cropped to the words from just before the antecedent to just after the mention."""
+    rows = _best_rows(best_heads, "coreference", 8)
+    chosen = pick_mentions(windows, list(rows["label"]), seed, per_label) if len(rows) else {}
+    pictures = []
+    for row in rows.itertuples():
+        for pick in chosen.get(row.label, []):
+            words = pick.window.words
+            lo = max(0, min(pick.antecedent_span[0], pick.antecedent) - CONTEXT)
+            hi = min(len(words), max(pick.mention[1], pick.query + 1) + CONTEXT)
+            matrix = word_attention(model, tokenizer, words, int(row.layer), from_mode, stack)[int(row.head)]
+            pictures.append(dict(
+                analysis="coreference", label=row.label, layer=int(row.layer), head=int(row.head), direction="",
+                unit=pick.window.unit, sentence=pick.window.sent_id, words=list(words[lo:hi]),
+                attention=matrix[lo:hi, lo:hi].tolist(), offset=lo,
+                gold=[[pick.query - lo, g - lo] for g in pick.gold if lo <= g < hi],
+                mention=[pick.mention[0] - lo, pick.mention[1] - lo],
+                antecedent=[pick.antecedent_span[0] - lo, pick.antecedent_span[1] - lo], seed=seed))
     return pictures
