@@ -133,7 +133,9 @@ def positional_tally(rng, n_layers, n_heads) -> Tally:
     return tally
 
 
-def surface_tally(rng, n_layers, n_heads) -> Tally:
+def surface_tally(rng, n_layers, n_heads, first_is_cls: bool = False) -> Tally:
+    """Surface masses per head; with `first_is_cls` the first position is the [CLS] token (an
+    encoder): its mass is the cls mass, item for item."""
     tally = new_tally("surface", n_layers, n_heads)
     mean = rng.uniform(0.02, 0.2, size=(n_layers, n_heads, len(SURFACE_MASS)))
     mean[1, 1] = [0.05, 0.05, 0.05, 0.3, 0.4, 0.05, 0.35]                  # sink: first 0.35 + sep 0.4
@@ -148,6 +150,8 @@ def surface_tally(rng, n_layers, n_heads) -> Tally:
             trials = words - 1 if label in ("prev", "next") else words
             noise = rng.normal(0, 0.02, size=(n_layers, n_heads))
             labels.append(label), n.append(trials), values.append(np.clip(mean[..., k] + noise, 0, 1) * trials)
+        if first_is_cls:
+            values[SURFACE_MASS.index("first")] = values[SURFACE_MASS.index("cls")]
         noise = rng.normal(0, 0.01, size=(n_layers, n_heads))
         labels += ["entropy", "entropy_uniform"]
         n += [pieces, pieces]
@@ -202,21 +206,32 @@ def make_examples(results, seed: int = 0) -> list[dict]:
     return out
 
 
+PROVENANCE = {
+    "run_id": "fixture-run-0001",
+    "inputs": {"treebank": {"option": "--treebank", "path": "fixture.conllu", "bytes": 4321,
+                            "sha256": "5e" * 32}},
+    "options": {"batch_size": 8, "from_mode": "mean", "window": 128},
+    "conventions": {"name": "spec", "offsets": [-5, 5]},
+}
+
+
 def make_results(seed: int = 0, n_layers: int = 2, n_heads: int = 3, examples: bool = True,
-                 causal: bool = False, bos: str | None = None):
-    """A `headprobe.results.Results` derived by the project's own stats from planted tallies."""
+                 causal: bool = False, bos: str | None = None, first_is_cls: bool = False):
+    """A `headprobe.results.Results` derived by the project's own stats from planted tallies
+    (summary with a run id, an input and its SHA-256, options and conventions: PROVENANCE)."""
     from headprobe.results import Results
 
     rng = np.random.default_rng(seed)
     tallies = {"dependency": dependency_tally(rng, n_layers, n_heads, causal),
                "coreference": coreference_tally(rng, n_layers, n_heads),
                "positional": positional_tally(rng, n_layers, n_heads),
-               "surface": surface_tally(rng, n_layers, n_heads)}
+               "surface": surface_tally(rng, n_layers, n_heads, first_is_cls)}
     summary = {
         "model": f"fixture/tiny-{n_layers}x{n_heads}", "n_layers": n_layers, "n_heads": n_heads,
         "analyses": list(tallies), "causal": causal,
         "skipped": {"sentences_too_long": 1, "sentences_no_pieces": 0, "coreference_sentences": 0},
         "notes": ["fabricated by tests/fixtures_results.py (planted probabilities, fixed seed)"],
+        "seed": seed, **PROVENANCE,
     }
     if bos is not None:
         summary["bos"] = bos
@@ -227,11 +242,11 @@ def make_results(seed: int = 0, n_layers: int = 2, n_heads: int = 3, examples: b
 
 
 def make_results_dir(path, *, seed: int = 0, n_layers: int = 2, n_heads: int = 3, examples: bool = True,
-                     causal: bool = False, bos: str | None = None) -> Path:
+                     causal: bool = False, bos: str | None = None, first_is_cls: bool = False) -> Path:
     """Save `make_results(...)` under `path` with `Results.save` (the pipeline's file layout;
     without `examples`, examples.json holds none). Returns the path."""
     path = Path(path)
-    make_results(seed, n_layers, n_heads, examples, causal, bos).save(path)
+    make_results(seed, n_layers, n_heads, examples, causal, bos, first_is_cls).save(path)
     return path
 
 

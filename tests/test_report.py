@@ -36,11 +36,12 @@ from headprobe.report import build_report, main_report
 from headprobe.results import Results
 from headprobe.scorers.base import CountScorer
 try:
-    from tests.fixtures_results import add_items, make_results, make_results_dir, new_tally
+    from tests.fixtures_results import PROVENANCE, add_items, make_results, make_results_dir, new_tally
 except ImportError:            # tests/ itself on sys.path (pytest's default rootdir handling)
-    from fixtures_results import add_items, make_results, make_results_dir, new_tally
+    from fixtures_results import PROVENANCE, add_items, make_results, make_results_dir, new_tally
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PRINT_WIDTH = 718             # CSS pixels across an A4 page with Chromium's default print margins
 BOS_MODE = "kept"
 
 
@@ -75,8 +76,8 @@ def html_tables(html):
 
 
 class TableParser(HTMLParser):
-    """Collects every <table data-table=NAME>: rows of (row attrs, {col: text}, [texts]), and
-    the text of every <li>."""
+    """Collects every <table data-table=NAME>: rows of (row attrs, {col: text}, [texts],
+    {col: cell attrs}), and the text of every <li>."""
 
     def __init__(self):
         super().__init__()
@@ -92,9 +93,9 @@ class TableParser(HTMLParser):
         if tag == "table":
             self._table = self.tables.setdefault(a.get("data-table", f"t{len(self.tables)}"), [])
         elif tag == "tr" and self._table is not None:
-            self._row = ({k[5:]: v for k, v in a.items() if k.startswith("data-")}, {}, [])
+            self._row = ({k[5:]: v for k, v in a.items() if k.startswith("data-")}, {}, [], {})
         elif tag == "td" and self._row is not None:
-            self._cell = [a.get("data-col"), ""]
+            self._cell = [a.get("data-col"), "", {k[5:]: v for k, v in a.items() if k.startswith("data-")}]
         elif tag == "li":
             self._item = ""
 
@@ -106,9 +107,10 @@ class TableParser(HTMLParser):
 
     def handle_endtag(self, tag):
         if tag == "td" and self._cell is not None:
-            col, text = self._cell
+            col, text, cell_attrs = self._cell
             if col:
                 self._row[1][col] = text
+                self._row[3][col] = cell_attrs
             self._row[2].append(text)
             self._cell = None
         elif tag == "tr" and self._row is not None:
@@ -138,57 +140,86 @@ def rows_of(tables, name):
 # ---------------------------------------------------------------- numbers
 
 
+def shown_decimals(low: float, high: float) -> int:
+    """The report's rounding rule, stated independently: one digit past the first significant
+    digit of the interval's width, between 2 and 4 decimals."""
+    width = high - low
+    return 4 if width <= 0 else min(4, max(2, 1 - int(np.floor(np.log10(width)))))
+
+
+def estimate_text(value, low, high, signed=False) -> str:
+    d = shown_decimals(low, high)
+    sign = "+" if signed else ""
+    return f"{value:{sign}.{d}f} [{low:{sign}.{d}f},\u00a0{high:{sign}.{d}f}]"
+
+
 @pytest.mark.parametrize("label", ["ALL", "nsubj", "det"])
 def test_dependency_cells_equal_counts(html_tables, counts, results_dir, label):
-    attrs, cells, _ = rows_of(html_tables, "dependency-top-heads")[label]
+    attrs, cells, _, values = rows_of(html_tables, "dependency-top-heads")[label]
     layer, head, direction = int(attrs["layer"]), int(attrs["head"]), attrs["direction"]
-    assert cells["head"] == f"{layer}-{head}"
+    assert values["head"]["head"] == f"{layer}-{head}" and values["head"]["direction"] == direction
+    assert cells["head"] == f"{layer}-{head} {direction}"
     acc, n = ratio(counts, analysis="dependency", label=label, layer=layer, head=head,
                    direction=direction, variant="", fold="")
-    assert float(cells["accuracy"]) == pytest.approx(round(acc, 4), abs=1e-12)
+    assert float(values["accuracy"]["value"]) == pytest.approx(acc, rel=1e-12)
+    best = pd.read_parquet(results_dir / "best_heads.parquet")
+    row = best[(best["analysis"] == "dependency") & (best["label"] == label) & (best["selection"] == "in-sample")
+               & (best["fold"] == "")].iloc[0]
+    assert cells["accuracy"] == estimate_text(acc, row["ci_low"], row["ci_high"])
+    assert float(values["accuracy"]["low"]) == row["ci_low"] and float(values["accuracy"]["high"]) == row["ci_high"]
     assert int(cells["n"]) == n
     # the shown head is the best (layer, head, direction) in counts
     heads = counts[(counts["analysis"] == "dependency") & (counts["label"] == label)
                    & (counts["variant"] == "") & (counts["fold"] == "")]
     assert acc == pytest.approx((heads["hits"] / heads["n"]).max())
-    base, _ = ratio(counts, analysis="dependency", label=label, variant=cells["baseline"],
-                    fold="")
-    assert float(cells["baseline_accuracy"]) == pytest.approx(round(base, 4), abs=1e-12)
+    variant = values["baseline"]["variant"]
+    base, _ = ratio(counts, analysis="dependency", label=label, variant=variant, fold="")
+    assert float(values["baseline"]["value"]) == pytest.approx(base, rel=1e-12)
+    assert cells["baseline"] == f"{variant} {base:.{shown_decimals(row['ci_low'], row['ci_high'])}f}"
     bl = counts[(counts["analysis"] == "dependency") & (counts["label"] == label)
                 & (counts["variant"] != "") & (counts["fold"] == "")]
     assert base == pytest.approx((bl["hits"] / bl["n"]).max())     # the best baseline
-    assert float(cells["gap"]) == pytest.approx(acc - base, abs=6e-5)
-    # unreachable arcs of the shown direction, as counted
+    assert float(values["gap"]["value"]) == pytest.approx(acc - base, abs=1e-12)
+    assert cells["gap"] == estimate_text(acc - base, row["gap_low"], row["gap_high"], signed=True)
+    # unreachable arcs of the shown direction, as counted, in the flags
     shown = heads[(heads["layer"] == layer) & (heads["head"] == head) & (heads["direction"] == direction)]
-    assert int(cells["unreachable"]) == int(shown["unreachable"].iloc[0])
+    unreachable = int(shown["unreachable"].iloc[0])
+    assert (f"{unreachable} unreachable" in cells["flags"]) == (unreachable > 0)
     # McNemar from the stored discordant counts, recomputed with scipy's exact binomial test
     tests = pd.read_parquet(results_dir / store.table_file("head_tests"))
     t = tests[(tests["analysis"] == "dependency") & (tests["label"] == label) & (tests["layer"] == layer)
               & (tests["head"] == head)].iloc[0]
-    assert t["direction"] == direction and t["baseline_variant"] == cells["baseline"]
+    assert t["direction"] == direction and t["baseline_variant"] == variant
     b, c = int(t["head_only"]), int(t["baseline_only"])
     p = binomtest(b, b + c, 0.5, alternative="greater").pvalue if b + c else 1.0
-    assert float(cells["p_value"]) == pytest.approx(float(f"{p:.2g}"))
-    assert float(cells["p_holm"]) == pytest.approx(float(f"{t['p_holm']:.2g}"))
-    assert float(cells["p_holm"]) >= float(cells["p_value"])
+    assert float(values["p"]["p_value"]) == pytest.approx(p, rel=1e-9)
+    assert float(values["p"]["p_holm"]) == pytest.approx(t["p_holm"], rel=1e-12)
+    assert cells["p"] == f"{p:.2g} / {t['p_holm']:.2g}"
+    assert float(values["p"]["p_holm"]) >= float(values["p"]["p_value"])
 
 
 @pytest.mark.parametrize("kind", ["ALL", "pronoun"])
-def test_coreference_cells_equal_counts(html_tables, counts, kind):
-    attrs, cells, _ = rows_of(html_tables, "coreference-top-heads")[kind]
+def test_coreference_cells_equal_counts(html_tables, counts, report, kind):
+    attrs, cells, _, values = rows_of(html_tables, "coreference-top-heads")[kind]
     acc, n = ratio(counts, analysis="coreference", label=kind, layer=int(attrs["layer"]),
                    head=int(attrs["head"]), variant="", fold="")
-    assert float(cells["accuracy"]) == pytest.approx(round(acc, 4), abs=1e-12)
+    assert float(values["accuracy"]["value"]) == pytest.approx(acc, rel=1e-12)
     assert int(cells["n"]) == n
+    # each baseline's accuracy is in the CSV beside the report (the narrow table shows the best)
+    csv = pd.read_csv(report["out_dir"] / "tables" / "coreference_best_heads.csv").set_index("label")
+    best = []
     for variant in ("nearest", "head_match", "rules"):
         base, _ = ratio(counts, analysis="coreference", label=kind, variant=variant, fold="")
-        assert float(cells[f"baseline:{variant}"]) == pytest.approx(round(base, 4), abs=1e-12)
+        assert csv.at[kind, f"baseline:{variant}"] == pytest.approx(base, rel=1e-12)
+        best.append((base, variant))
+    assert values["baseline"]["variant"] == max(best)[1]
+    assert csv.at[kind, "accuracy"] == pytest.approx(acc, rel=1e-12)
 
 
 def test_unreachable_table_equals_counts(html_tables, counts):
     rows = rows_of(html_tables, "dependency-unreachable")
     assert "ALL" in rows and "iobj" in rows
-    for label, (_, cells, _) in rows.items():
+    for label, (_, cells, _, _) in rows.items():
         for direction in ("dep->head", "head<-dep"):
             sel = counts[(counts["analysis"] == "dependency") & (counts["label"] == label) & (counts["layer"] == 0)
                          & (counts["head"] == 0) & (counts["direction"] == direction) & (counts["fold"] == "")]
@@ -199,14 +230,14 @@ def test_unreachable_table_equals_counts(html_tables, counts):
 
 
 def test_surface_and_positional_cells_equal_counts(html_tables, counts):
-    for attrs, cells, _ in html_tables["surface-per-layer"]:
+    for attrs, cells, _, _ in html_tables["surface-per-layer"]:
         layer = int(attrs["layer"])
         for label in ("cls", "sep", "first", "punct", "entropy"):
             sel = counts[(counts["analysis"] == "surface") & (counts["label"] == label)
                          & (counts["layer"] == layer) & (counts["fold"] == "")]
             assert float(cells[label]) == pytest.approx(
                 round(sel["mass"].sum() / sel["n"].sum(), 4), abs=1e-12)
-    attrs, cells, _ = html_tables["positional-top"][0]
+    attrs, cells, _, _ = html_tables["positional-top"][0]
     share, n = ratio(counts, analysis="positional", label="+1", layer=int(attrs["layer"]),
                      head=int(attrs["head"]), fold="")
     assert float(cells["dominant_share"]) == pytest.approx(round(share, 4), abs=1e-12)
@@ -217,7 +248,7 @@ def test_surface_and_positional_cells_equal_counts(html_tables, counts):
 def test_markdown_carries_the_same_numbers(report, html_tables):
     md = report["markdown"].read_text(encoding="utf-8")
     for name in ("dependency-top-heads", "coreference-top-heads", "dependency-unreachable"):
-        for _, _, texts in html_tables[name]:
+        for _, _, texts, _ in html_tables[name]:
             line = "| " + " | ".join(t.replace("|", "\\|") for t in texts) + " |"
             assert _md_unescape(line) in _md_unescape(md), line
     for fig in report["figures"]:
@@ -256,14 +287,14 @@ def test_role_rules_are_printed(results_dir, html):
 
 
 def test_noted_rows_show_the_note(html_tables):
-    attrs, cells, texts = rows_of(html_tables, "dependency-top-heads-small")["iobj"]
+    attrs, cells, texts, _ = rows_of(html_tables, "dependency-top-heads-small")["iobj"]
     assert cells["head"] == "fewer than 30 trials: no best head"
     assert cells["heldout_head"] == "no held-out selection: fold 1 has no trials"
     assert attrs["note"] == cells["head"] and attrs["heldout-note"] == cells["heldout_head"]
-    for col in ("accuracy", "ci", "baseline_accuracy", "gap", "p_value", "p_holm", "heldout_accuracy",
-                "heldout_ci", "heldout_gap"):
+    for col in ("accuracy", "baseline", "gap", "p", "heldout_accuracy", "heldout_gap"):
         assert cells[col] == "—", col
-    assert cells["n"] == "3" and cells["small_sample"] == "yes"
+    assert cells["n"] == "3" and "small sample" in cells["flags"]
+    assert "folds differ" not in cells["flags"]          # no held-out selection: no folds to disagree
     assert "iobj" not in rows_of(html_tables, "dependency-top-heads")
 
 
@@ -324,7 +355,7 @@ def test_default_section_for_an_analysis_without_one(tmp_path):
     assert rows["ALL"][1]["head"] == "0-1" and set(rows) == {"ALL", "a", "b"}
     scores = results.head_scores("toy", "ALL")
     best = scores.loc[scores["accuracy"].idxmax()]
-    assert float(rows["ALL"][1]["accuracy"]) == pytest.approx(round(best["hits"] / best["n"], 4), abs=1e-12)
+    assert float(rows["ALL"][3]["accuracy"]["value"]) == pytest.approx(best["hits"] / best["n"], rel=1e-12)
 
 
 def test_without_examples_and_cli(tmp_path):
@@ -481,10 +512,53 @@ def console_errors(events: list[dict]) -> list[str]:
     return errors
 
 
+# Layout, measured in the page: the page itself must not scroll sideways, and no rendered box may be
+# wider than its own box allows (scrollWidth > clientWidth: content cut or scrolling) nor reach out
+# of its parent's box. Collapsed <details> are opened first, so what they hold is measured too.
+LAYOUT_JS = """(() => {
+  const bad = [];
+  const page = document.documentElement;
+  if (page.scrollWidth > window.innerWidth) bad.push(`page: scrollWidth ${page.scrollWidth} > ${window.innerWidth}`);
+  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') +
+                    (e.dataset && e.dataset.table ? '[' + e.dataset.table + ']' : '');
+  for (const e of document.querySelectorAll('body *')) {
+    const cs = getComputedStyle(e);
+    if (cs.display === 'inline' || cs.display === 'none' || e.clientWidth === 0) continue;
+    if (e.scrollWidth > e.clientWidth + 1)
+      bad.push(`${name(e)}: scrollWidth ${e.scrollWidth} > clientWidth ${e.clientWidth}`);
+    const p = e.parentElement;
+    if (p && p !== document.body && !['TR', 'TBODY', 'THEAD', 'TABLE'].includes(p.tagName)) {
+      const r = e.getBoundingClientRect(), q = p.getBoundingClientRect();
+      if (r.right > q.right + 1 || r.left < q.left - 1)
+        bad.push(`${name(e)} in ${name(p)}: [${Math.round(r.left)}, ${Math.round(r.right)}] outside `
+                 + `[${Math.round(q.left)}, ${Math.round(q.right)}]`);
+    }
+  }
+  return JSON.stringify(bad);
+})()"""
+
+# Provenance (run id, SHA-256 of the inputs, options) may appear only inside a collapsed <details>.
+HIDDEN_JS = """((markers) => {
+  const out = [];
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    const hit = markers.find(m => n.textContent.includes(m));
+    if (!hit) continue;
+    const box = n.parentElement.closest('details');
+    const shown = n.parentElement.checkVisibility();   // false inside a closed <details>
+    if (!box || box.open || shown) out.push(hit + ' in <' + n.parentElement.tagName.toLowerCase() + '>');
+  }
+  return JSON.stringify(out);
+})(MARKERS)"""
+
+
 def check_page_in_chromium(html_path: Path, screenshot: Path, width: int = 1280,
-                           max_height: int = 8000) -> dict:
-    """Open `html_path` in headless Chromium; return {"images": [...], "errors": [...]} and
-    write a full-page screenshot (at most `max_height` pixels tall)."""
+                           max_height: int = 8000, hidden_markers=(), print_width: int | None = None) -> dict:
+    """Open `html_path` in headless Chromium; return {"images": [...], "errors": [...],
+    "visible_markers": [...], "layout": [...], "print_layout": [...]} and write a full-page
+    screenshot (at most `max_height` pixels tall). `visible_markers`: those of `hidden_markers`
+    shown outside a collapsed <details>; `layout`: boxes wider than they may be at `width`
+    (details opened); `print_layout`: the same in print media at `print_width`."""
     binary = chromium_binary()
     profile = Path(screenshot).parent / ".chromium-profile"
     shutil.rmtree(profile, ignore_errors=True)
@@ -530,6 +604,16 @@ def check_page_in_chromium(html_path: Path, screenshot: Path, width: int = 1280,
         shot = tools.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
                           clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1})
         Path(screenshot).write_bytes(base64.b64decode(shot["data"]))
+        evaluate = lambda js: json.loads(tools.call("Runtime.evaluate", expression=js,
+                                                    returnByValue=True)["result"]["value"])
+        info["visible_markers"] = evaluate(HIDDEN_JS.replace("MARKERS", json.dumps(list(hidden_markers))))
+        evaluate("JSON.stringify([...document.querySelectorAll('details')].map(d => d.open = true))")
+        info["layout"] = evaluate(LAYOUT_JS)
+        if print_width:
+            tools.call("Emulation.setEmulatedMedia", media="print")
+            tools.call("Emulation.setDeviceMetricsOverride", width=print_width, height=900,
+                       deviceScaleFactor=1, mobile=False)
+            info["print_layout"] = evaluate(LAYOUT_JS)
         time.sleep(0.2)                       # let late console events arrive
         tools.sock.settimeout(0.5)
         try:
@@ -559,7 +643,11 @@ def check_page_in_chromium(html_path: Path, screenshot: Path, width: int = 1280,
                     "(apt-get install chromium)")
 def test_report_renders_in_chromium(report):
     screenshot = report["out_dir"] / "report_screenshot.png"
-    info = check_page_in_chromium(report["html"], screenshot)
+    markers = [PROVENANCE["run_id"], PROVENANCE["inputs"]["treebank"]["sha256"], "batch_size"]
+    info = check_page_in_chromium(report["html"], screenshot, hidden_markers=markers, print_width=PRINT_WIDTH)
+    assert not info["visible_markers"], info["visible_markers"]
+    assert not info["layout"], info["layout"]                    # nothing wider than its box at 1280 px
+    assert not info["print_layout"], info["print_layout"]        # nor on an A4 page
     assert info["images"], "no <img> in the page"
     assert len(info["images"]) == len(report["figures"])
     broken = [i for i in info["images"] if not (i["complete"] and i["w"] > 0 and i["h"] > 0)]
