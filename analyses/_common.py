@@ -166,8 +166,13 @@ def _number(v: float) -> str:
     return f"{v:.2g}" if 0 < abs(v) < 1e-3 else f"{v:.4f}"
 
 
-def write_png(data: bytes, out: Path, stem: str) -> Path:
-    path = out / f"{stem}.png"
-    path.write_bytes(data)
-    print(f"wrote {path}")
+def write_png(data, out: Path, stem: str) -> Path:
+    """Write a figure as `<stem>.png` and, for a `headprobe.report.figures.Drawing`, also as
+    `.svg` and `.pdf` beside it (figures for papers); returns the PNG's path."""
+    if isinstance(data, bytes):
+        path = out / f"{stem}.png"
+        path.write_bytes(data)
+    else:
+        path = data.save(out / stem)[0]
+    print(f"wrote {path}" + ("" if isinstance(data, bytes) else " (and .svg, .pdf)"))
     return path

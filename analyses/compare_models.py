@@ -9,7 +9,10 @@ runs (or loads) two or more models on the same data, reads every head's role
 from the results (`results.roles`: SPEC section 6 rules, positional,
 syntactic, coreference, sink, broad, none; see headprobe.roles), and tabulates
 per model how many heads take each role and at what relative depth
-(layer / (layers - 1)), beside the best dependency and coreference heads.
+(layer / (layers - 1)), beside the best dependency and coreference heads, and
+matches the heads of the models one to one on their profiles of per-label
+scores (headprobe.compare: which head of one model does what a head of the
+other does, and whether it keeps its role).
 
     .venv/bin/python analyses/compare_models.py                      # MiniLM vs SmolLM2
     .venv/bin/python analyses/compare_models.py --models minilm smollm2 bert-base-uncased
@@ -17,8 +20,10 @@ per model how many heads take each role and at what relative depth
 
 Outputs under --out (default out/compare_models/): side_by_side.csv/.md (rows:
 measures, columns: models), roles_per_head.csv (one row per model x head, with
-each rule's evidence), role_maps.png (the role maps side by side),
-compare_roles.png (role shares and depths), role_map_<model>.png, results_<model>/.
+each rule's evidence), compare/ (the page `headprobe compare` writes:
+compare.html and .md, figures/ role maps side by side, role shares and depths,
+matched heads, as PNG, SVG and PDF; tables/ role counts, best heads per label,
+matched heads, roles kept), role_map_<model>.png/.svg/.pdf, results_<model>/.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def main(argv=None) -> int:
     import headprobe
     from headprobe.corpora.base import ALL
     from headprobe.report import figures as F
-    from headprobe.roles import NONE, role_colors, role_summary
+    from headprobe.roles import NONE, role_colors
 
     runs = []                                    # (label, Results)
     if args.results:
@@ -81,28 +86,28 @@ def main(argv=None) -> int:
     if len(runs) < 2:
         print("note: comparing fewer than two models", file=sys.stderr)
 
+    from headprobe.compare import Run, compare_runs, unique_names
+    from headprobe.report.compare import build_comparison
+
     colors, rules = {}, {}                       # every model's roles, in the order they are tried
     for _, results in runs:
         colors.update({k: v for k, v in role_colors(results).items() if k != NONE})
         rules.update({rule.role: rule.description for rule in results.role_rules()})
     colors[NONE] = role_colors()[NONE]
+    compared = unique_names([Run(str(results.summary.get("model") or name or "model"), results)
+                             for name, results in runs])
+    tables = compare_runs(compared)
+    counts = tables["role_counts"]
 
-    columns, per_head, shares, maps = {}, [], [], []
-    seen = set()
-    for name, results in runs:
-        label = str(results.summary.get("model") or name or "model")
-        while label in seen:
-            label += "'"
-        seen.add(label)
+    columns, per_head = {}, []
+    for run in compared:
+        label, results = run.name, run.results
         L, H = results.n_layers, results.n_heads
         roles = results.roles.copy()
         roles.insert(0, "model", label)
         roles["relative_depth"] = roles["layer"] / max(L - 1, 1)
         per_head.append(roles)
-        maps.append((label, roles, L, H))
-        summary = role_summary(roles, order=list(colors))
-        for r in summary.itertuples(index=False):
-            shares.append({"model": label, "role": r.role, "share": r.share, "heads": r.heads})
+        summary = counts[counts["run"] == label]
         col = {"layers x heads": f"{L} x {H}", "heads": str(L * H),
                "decoder (causal)": "yes" if results.summary.get("causal") else "no"}
         for r in summary.itertuples(index=False):
@@ -112,6 +117,11 @@ def main(argv=None) -> int:
                 depth = roles.loc[roles["role"] == r.role, "relative_depth"]
                 col[f"{r.role}: mean relative depth"] = f"{depth.mean():.2f}" if len(depth) else "—"
                 col[f"{r.role}: layers"] = r.layers or "—"
+        for pair in tables["pairs"].itertuples(index=False):
+            if pair.run_a == label:
+                col[f"heads matched with {pair.run_b}: mean similarity (chance)"] = \
+                    f"{pair.mean_similarity:.3f} ({pair.mean_all_pairs:.3f})"
+                col[f"heads matched with {pair.run_b}: roles kept"] = f"{pair.roles_kept:.1%}"
         pos = roles[roles["role"] == "positional"]
         col["positional offsets"] = ", ".join(f"{k}: {v}" for k, v in pos["short"].value_counts().items()) or "—"
         syn = roles[roles["role"] == "syntactic"]
@@ -157,10 +167,8 @@ def main(argv=None) -> int:
     heads = pd.concat(per_head, ignore_index=True)
     heads.to_csv(out / "roles_per_head.csv", index=False)
     print(f"wrote {out / 'roles_per_head.csv'}")
-    C.write_png(F.role_maps_figure(maps, colors, "Head-role maps side by side (first matching rule)"), out,
-                "role_maps")
-    C.write_png(F.compare_roles_figure(pd.DataFrame(shares), heads, colors, "Head roles per model"), out,
-                "compare_roles")
+    page = build_comparison(compared, out / "compare")
+    print(f"wrote {page['html']} and {page['markdown']} ({len(page['figures'])} figures, {len(page['tables'])} tables)")
     print("\nrules, first met wins (a head meeting none is 'none'):")
     for i, line in enumerate(rules.values(), 1):
         print(f"  {i}. {line}")

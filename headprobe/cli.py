@@ -1,4 +1,5 @@
-"""Command line: `headprobe run ...` and `headprobe report RESULTS_DIR`."""
+"""Command line: `headprobe run ...`, `headprobe report RESULTS_DIR` and
+`headprobe compare RUN_DIR RUN_DIR ... [--out DIR]`."""
 
 from __future__ import annotations
 
@@ -173,12 +174,37 @@ def cmd_report(args) -> int:
     from headprobe.report import UnreadableResults, build_report
 
     try:
-        paths = build_report(Path(args.results), Path(args.out) if args.out else None)
+        paths = build_report(Path(args.results), Path(args.out) if args.out else None,
+                             figures_only=args.figures_only)
     except (FileNotFoundError, UnreadableResults) as exc:     # empty, foreign or corrupt: one line
         print(f"headprobe: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    _print_paths(paths)
+    return 0
+
+
+def _print_paths(paths: dict) -> None:
     for kind, path in paths.items():
-        print(f"{kind}: {path}")
+        if isinstance(path, list):
+            print(f"{kind}: {len(path)} files" + (f" under {path[0].parent}" if path else ""))
+        else:
+            print(f"{kind}: {path}")
+
+
+def cmd_compare(args) -> int:
+    from headprobe.report import UnreadableResults
+    from headprobe.report.compare import build_comparison
+
+    if len(args.runs) < 2:
+        print("headprobe: error: compare needs at least two results directories (the same one twice compares "
+              "a run with itself)", file=sys.stderr)
+        return 2
+    try:
+        paths = build_comparison(args.runs, Path(args.out))
+    except (FileNotFoundError, UnreadableResults) as exc:
+        print(f"headprobe: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    _print_paths(paths)
     return 0
 
 
@@ -197,11 +223,19 @@ def main(argv=None) -> int:
     rep = sub.add_parser("report", help="HTML + Markdown report of a results directory")
     rep.add_argument("results", help="results directory written by `headprobe run`")
     rep.add_argument("--out", default=None, help="report directory (default: RESULTS/report)")
+    rep.add_argument("--figures-only", action="store_true",
+                     help="write only the figures (PNG, SVG and PDF) under OUT/figures")
     rep.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+    cmp = sub.add_parser("compare", help="one HTML + Markdown page comparing runs: role maps, role counts, best "
+                                         "heads per label, heads matched across models")
+    cmp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="results directories written by `headprobe run`")
+    cmp.add_argument("--out", default="compare", help="output directory (default: compare)")
+    cmp.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("HEADPROBE_DEBUG", "") not in ("", "0")
+    commands = {"run": cmd_run, "report": cmd_report, "compare": cmd_compare}
     try:
-        return cmd_run(args) if args.command == "run" else cmd_report(args)
+        return commands[args.command](args)
     except USER_ERRORS as exc:
         if debug:
             raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -312,6 +313,84 @@ def test_legend_explains_the_columns(html):
 
 def test_overview_names_the_bos_mode(html):
     assert f"BOS mode: {BOS_MODE}" in html
+
+
+# ---------------------------------------------------------------- findings first, provenance last
+
+
+def test_findings_first_provenance_last_in_html_and_markdown(report, html):
+    order = re.findall(r'<section id="([^"]+)">', html)
+    assert order[0] == "summary" and order[1] == "roles" and order[-1] == "provenance", order
+    assert html.index('data-table="key-findings"') < html.index('data-table="roles-per-head"') \
+        < html.index('data-table="dependency-top-heads"')
+    before, _, rest = html.partition('<details class="provenance">')
+    inside = rest.split("</details>")[0]
+    for marker in (PROVENANCE["run_id"], PROVENANCE["inputs"]["treebank"]["sha256"], "batch_size"):
+        assert marker not in before and marker not in rest[len(inside):] and marker in inside, marker
+    md = report["markdown"].read_text(encoding="utf-8")
+    assert re.findall(r'<a id="([^"]+)"></a>', md) == order                 # the twin, in the same order
+    md_before, _, md_rest = md.partition("<details>")
+    assert PROVENANCE["run_id"] not in md_before and PROVENANCE["run_id"] in md_rest.split("</details>")[0]
+
+
+def test_key_findings_are_the_held_out_rows(html_tables, results_dir):
+    best = pd.read_parquet(results_dir / "best_heads.parquet")
+    held = best[(best["selection"] == "held-out") & (best["fold"] == "")].set_index(["analysis", "label"])
+    ins = best[(best["selection"] == "in-sample") & (best["fold"] == "")].set_index(["analysis", "label"])
+    shown = html_tables["key-findings"]
+    for analysis in ("dependency", "coreference"):
+        rows = [r for r in shown if r[0]["analysis"] == analysis]
+        ok = [label for (a, label), r in held.iterrows() if a == analysis and not r["note"]
+              and not ins.loc[(a, label), "small_sample"]]
+        expected = ["ALL"] + sorted((x for x in ok if x != "ALL"),
+                                    key=lambda x: (-held.loc[(analysis, x), "gap"], -held.loc[(analysis, x), "n"]))[:5]
+        assert [r[0]["label"] for r in rows] == expected
+        for attrs, cells, _, values in rows:
+            h = held.loc[(analysis, attrs["label"])]
+            assert cells["head"] == " ".join(x for x in (h["heads"], h["direction"]) if x)
+            assert float(values["accuracy"]["value"]) == pytest.approx(h["hits"] / h["n"], rel=1e-12)
+            assert cells["accuracy"] == estimate_text(h["accuracy"], h["ci_low"], h["ci_high"])
+            assert cells["gap"] == estimate_text(h["gap"], h["gap_low"], h["gap_high"], signed=True)
+
+
+def test_caveats_name_small_samples_and_skipped_input(html):
+    parser = TableParser()
+    parser.feed(html)
+    assert any(i.startswith("dependency: 1 label(s) with fewer than 30 trials") and "iobj (3)" in i
+               for i in parser.items), parser.items
+    assert "Skipped (never silently): sentences too long 1." in parser.items
+
+
+def test_repeated_surface_columns_are_shown_once(tmp_path):
+    results = make_results(seed=3, examples=False, first_is_cls=True)       # an encoder: first = [CLS]
+    paths = build_report(results, tmp_path / "enc")
+    parser = TableParser()
+    parser.feed(paths["html"].read_text(encoding="utf-8"))
+    for name in ("surface-per-layer", "surface-per-head"):
+        cols = set(parser.tables[name][0][1])
+        assert "cls" in cols and "first" not in cols and "sep" in cols, cols
+    assert "CLS/BOS = first position" in paths["html"].read_text(encoding="utf-8")
+    per_layer = results.surface_per_layer()
+    for attrs, cells, _, _ in parser.tables["surface-per-layer"]:
+        row = per_layer[per_layer["layer"] == int(attrs["layer"])].iloc[0]
+        assert float(cells["cls"]) == pytest.approx(round(row["first"], 4), abs=1e-12)
+
+
+def test_every_figure_as_png_svg_pdf_and_figures_only(report, results_dir, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    for png in report["figures"]:
+        svg, pdf = png.with_suffix(".svg"), png.with_suffix(".pdf")
+        assert svg in report["vector_figures"] and pdf in report["vector_figures"]
+        assert ET.parse(svg).getroot().tag.endswith("svg")
+        assert pdf.read_bytes().startswith(b"%PDF") and b"/FontFile2" in pdf.read_bytes()   # TrueType embedded
+    out = tmp_path / "figs"
+    assert cli_main(["report", str(results_dir), "--out", str(out), "--figures-only"]) == 0
+    assert not (out / "report.html").exists() and not (out / "report.md").exists()
+    written = sorted(p.name for p in (out / "figures").iterdir())
+    assert written == sorted(p.name for p in report["figures"] + report["vector_figures"])
+    for name in written:                                          # the same figure, the same bytes
+        assert (out / "figures" / name).read_bytes() == (report["figures_dir"] / name).read_bytes(), name
 
 
 def test_html_is_self_contained(report, html):

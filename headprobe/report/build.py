@@ -510,9 +510,9 @@ def examples_section(results) -> Section:
 
 
 def _example_caption(ex: dict, words: list[str], title: str, is_best: bool) -> str:
-    where = f" ({ex['sentence']})" if ex.get("sentence") else ""
-    text = f"{title}{' — best head for this label' if is_best else ''}. "
     mention, antecedent = ex.get("mention"), ex.get("antecedent")
+    where = f" ({'window from ' if mention else ''}{ex['sentence']})" if ex.get("sentence") else ""
+    text = f"{title}{' — best head for this label' if is_best else ''}. "
     if mention and antecedent:
         span = lambda m: " ".join(words[int(m[0]):int(m[1])])
         text += f"Mention “{span(mention)}”, antecedent “{span(antecedent)}”. "

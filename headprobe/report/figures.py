@@ -14,6 +14,7 @@ on every axis.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 from pathlib import Path
@@ -39,6 +40,18 @@ FORMATS = ("png", "svg", "pdf")           # every figure is written in each, sid
 _METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None},
              "pdf": {"CreationDate": None, "ModDate": None, "Creator": None, "Producer": None}}
 _RC = {"svg.hashsalt": "headprobe", "pdf.fonttype": 42}
+
+
+@contextlib.contextmanager
+def seeded_jitter(seed: int = 0):
+    """seaborn's strip-plot jitter draws from numpy's global generator: seed it for one plot and
+    put its state back, so the same figure has the same bytes and nothing else is disturbed."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -303,8 +316,9 @@ def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for k, lab in enumerate(labels):
         ax = axes[k // ncols, k % ncols]
-        sns.stripplot(data=per_head, x="layer", y=lab, ax=ax, size=3.5, alpha=0.7,
-                      color="#4c72b0", jitter=0.2, native_scale=True)
+        with seeded_jitter():
+            sns.stripplot(data=per_head, x="layer", y=lab, ax=ax, size=3.5, alpha=0.7,
+                          color="#4c72b0", jitter=0.2, native_scale=True)
         ax.plot(per_layer["layer"], per_layer[lab], color="#c44e52", lw=1.5,
                 label="layer mean")
         ax.set_title(f"attention to {SURFACE_TITLES.get(lab, lab)}", fontsize=9)
@@ -333,8 +347,9 @@ def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     n_layers = int(per_head["layer"].max()) + 1
     fig = new_figure(max(4.5, 0.25 * n_layers + 2.5), 3.2)
     ax = fig.subplots()
-    sns.stripplot(data=per_head, x="layer", y="entropy", ax=ax, size=4, alpha=0.75,
-                  color="#4c72b0", jitter=0.2, native_scale=True)
+    with seeded_jitter():
+        sns.stripplot(data=per_head, x="layer", y="entropy", ax=ax, size=4, alpha=0.75,
+                      color="#4c72b0", jitter=0.2, native_scale=True)
     if "entropy_uniform" in per_layer.columns:
         ax.plot(per_layer["layer"], per_layer["entropy_uniform"], ls="--", color="black",
                 lw=1.2, label="uniform attention")
@@ -477,8 +492,9 @@ def _role_depths(ax, heads: pd.DataFrame, order):
     if not len(sub):
         ax.text(0.5, 0.5, "no heads", ha="center", va="center", transform=ax.transAxes)
         return
-    sns.stripplot(data=sub, x="role", y="relative_depth", hue="model", dodge=True, ax=ax,
-                  size=4, alpha=0.7, order=order, jitter=0.25)
+    with seeded_jitter():
+        sns.stripplot(data=sub, x="role", y="relative_depth", hue="model", dodge=True, ax=ax,
+                      size=4, alpha=0.7, order=order, jitter=0.25)
     ax.set_ylabel("relative depth (0 = first layer, 1 = last)", fontsize=8)
     ax.set_xlabel("")
     ax.set_ylim(-0.05, 1.05)
