@@ -16,7 +16,7 @@ class Cell:
     attrs: dict = field(default_factory=dict)     # becomes data-* attributes in HTML
     numeric: bool = False
     wrap: bool = False                            # long text: may wrap (HTML)
-    keep: bool = False                            # short text kept on one line (HTML), e.g. "2-8 dep->head"
+    keep: bool = False                            # lines break at spaces only (HTML): "2-8 dep->head"
 
 
 @dataclass

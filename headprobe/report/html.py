@@ -34,7 +34,7 @@ th, td { border: 1px solid #ddd; padding: .2rem .4rem; vertical-align: top; over
 th { background: #f0f2f4; text-align: left; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; overflow-wrap: normal; }
 td.wrap { min-width: 10em; }
-td.keep { white-space: nowrap; }
+td.keep span { white-space: nowrap; }
 tbody tr:nth-child(even) { background: #fafbfc; }
 details summary { cursor: pointer; color: #2a5db0; margin: .3rem 0; }
 details.provenance ul { font-size: .82rem; color: #333; }
@@ -42,8 +42,8 @@ details.provenance ul { font-size: .82rem; color: #333; }
   body { background: #fff; font-size: 10pt; }
   main { max-width: none; padding: 0; }
   nav.toc { display: none; }
-  table { font-size: 7.5pt; }
-  th, td { padding: .1rem .25rem; }
+  table { font-size: 7pt; }
+  th, td { padding: .08rem .18rem; }
   figure, tr { break-inside: avoid; }
 }
 """
@@ -107,7 +107,9 @@ def _table(t: Table) -> str:
         for cell in row:
             cls = next((f' class="{c}"' for c, on in (("num", cell.numeric), ("wrap", cell.wrap), ("keep", cell.keep))
                         if on), "")
-            out.append(f"<td{cls}{_attrs(cell.attrs)}>{escape(cell.text)}</td>")
+            text = (" ".join(f"<span>{escape(w)}</span>" for w in cell.text.split(" ")) if cell.keep
+                    else escape(cell.text))          # keep: lines break at spaces only ("dep->head" whole)
+            out.append(f"<td{cls}{_attrs(cell.attrs)}>{text}</td>")
         out.append("</tr>")
     out.append("</tbody></table>")
     html = "".join(out)
