@@ -370,7 +370,7 @@ def test_repeated_surface_columns_are_shown_once(tmp_path):
         cols = set(parser.tables[name][0][1])
         assert "cls" in cols and "first" not in cols and "sep" in cols, cols
     assert "CLS/BOS = first position" in paths["html"].read_text(encoding="utf-8")
-    per_layer = results.surface_per_layer()
+    per_layer = results.mass_per_layer("surface")
     for attrs, cells, _, _ in parser.tables["surface-per-layer"]:
         row = per_layer[per_layer["layer"] == int(attrs["layer"])].iloc[0]
         assert float(cells["cls"]) == pytest.approx(round(row["first"], 4), abs=1e-12)
