@@ -84,7 +84,7 @@ class Checkpoint:
         if state is None:
             return None
         for scorer in scorers:
-            path = tally_path(self.dir, key, scorer.analysis)
+            path = tally_path(self.dir, key, scorer.key)
             if not path.is_file():
                 raise UsageError(f"--resume: the checkpoint in {self.dir} lacks {path.name}; "
                                  "run without --resume to start over")
@@ -96,7 +96,7 @@ class Checkpoint:
         with atomic.staging(self.out, of=atomic.CHECKPOINT) as new:
             (new / TALLIES / key).mkdir(parents=True)
             for scorer in scorers:
-                scorer.tally_.save_checkpoint(tally_path(new, key, scorer.analysis))
+                scorer.tally_.save_checkpoint(tally_path(new, key, scorer.key))
             for other in self.state["passes"]:
                 if other != key and (self.dir / TALLIES / other).is_dir():
                     shutil.copytree(self.dir / TALLIES / other, new / TALLIES / other, copy_function=_link_or_copy)

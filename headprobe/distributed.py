@@ -202,10 +202,10 @@ def all_reduce_tallies(tallies) -> None:
     tallies = list(tallies)
     mine = [t.sorted_labels() for t in tallies]                     # flushes the buffered rows
     every = [None] * world.size
-    dist.all_gather_object(every, [(t.analysis, labels) for t, labels in zip(tallies, mine)])
+    dist.all_gather_object(every, [(t.key, labels) for t, labels in zip(tallies, mine)])
     for index, tally in enumerate(tallies):
         names = {rank_labels[index][0] for rank_labels in every}
-        if names != {tally.analysis}:
+        if names != {tally.key}:
             raise RuntimeError(f"ranks disagree on the analyses to merge: {sorted(names)}")
         for labels in (rank_labels[index][1] for rank_labels in every):
             for name in labels:

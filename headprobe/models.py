@@ -150,3 +150,28 @@ def _load(name: str | None, auto, *, device: str | None = None, dtype: str = "fl
     else:
         tokenizer = load_tokenizer(path)
     return model, tokenizer, display, sorted(info.get("missing_keys", ()))
+
+
+def random_init(model, seed: int):
+    """The random-init control (`headprobe.control`): `model`'s architecture re-initialised from its
+    config, `torch.manual_seed(seed)` first (inside `torch.random.fork_rng`, so the caller's random
+    state is left alone), with its dtype, device, attention implementation and head (a model under
+    a language-model head gets a fresh one). The same seed gives the same weights.
+
+        control = random_init(net, seed=0)          # run its tokenizer unchanged
+    """
+    import copy
+
+    config = copy.deepcopy(model.config)
+    for attr in ("quantization_config", "_name_or_path"):       # a GGUF's quantisation is not the architecture's
+        if attr in config.__dict__:
+            delattr(config, attr)
+    parameter = next(model.parameters())
+    kwargs = {"dtype": parameter.dtype}
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation:
+        kwargs["attn_implementation"] = implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        control = type(model)._from_config(config, **kwargs)
+    return control.eval().to(parameter.device)

@@ -24,6 +24,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
+from headprobe.control import TRAINED
+
 BUILTIN_MODULES = ("headprobe.scorers.dependency", "headprobe.scorers.coreference",
                    "headprobe.scorers.positional", "headprobe.scorers.surface",
                    "headprobe.scorers.previous_token", "headprobe.scorers.duplicate_token",
@@ -71,8 +73,11 @@ class Analysis:
     def baselines(self) -> tuple[str, ...]:
         return tuple(self.scorer.variants)
 
-    def make_scorer(self, **options):
-        return self.scorer(**options)
+    def make_scorer(self, model: str = TRAINED, **options):
+        """A new scorer for this analysis counting `model` ("trained", or the random-init "control")."""
+        scorer = self.scorer(**options)
+        scorer.model = model
+        return scorer
 
     def report_section(self):
         """The callable that renders this analysis's report section, `section(results, name) ->

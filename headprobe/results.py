@@ -11,6 +11,11 @@ This is the query layer: the report, the notebook and `analyses/` read these
 tables and views; nothing downstream recomputes them. Files are `headprobe.store`'s:
 `save` and `load` are thin calls into it (the layout is listed there), and the report
 is built by whoever asks for it (`headprobe.report`), not here.
+
+The random-init control (`headprobe.control`): tallies whose `model` is "control" are the
+control's; their tables are computed as for a run of that model alone (`results.control`),
+saved prefixed `control_`, and the trained model's best heads carry the control's best
+beside them. Every other table and view is the trained model's.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ import numpy as np
 import pandas as pd
 
 from headprobe import registry, stats, store
+from headprobe.control import TABLE_PREFIX, by_model, control_tables, with_control
 from headprobe.scorers.base import compact, concat_compact, sum_duplicates
 from headprobe.tally import Tally
 
 
 class Results:
     """All tables of one run as pandas DataFrames, plus `summary` (dict), `examples` (list),
-    `tallies` ({analysis: Tally}) and, when kept, `unit_counts`."""
+    `tallies` ({tally key: Tally}: the analysis, `<analysis>~control` for the control's) and,
+    when kept, `unit_counts`."""
 
     def __init__(self, tallies: dict[str, Tally], summary: dict | None = None, examples: list | None = None,
                  unit_counts: pd.DataFrame | None = None, tables: dict[str, pd.DataFrame] | None = None):
@@ -36,6 +43,7 @@ class Results:
         self.examples = examples or []
         self.unit_counts = unit_counts
         self._tables: dict[str, pd.DataFrame] = {}
+        self._control: Results | None = None
         if tables is None:
             self._compute()
         else:
@@ -44,8 +52,9 @@ class Results:
 
     # -- computed once ------------------------------------------------------------------
     def _compute(self) -> None:
+        trained, control = by_model(self.tallies)
         counts, best, base, tests = [], [], [], []
-        for name, tally in self.tallies.items():
+        for name, tally in trained.items():
             counts.append(stats.tidy_counts(tally))
             analysis = _registered(name)
             if analysis is not None and analysis.selection:
@@ -55,7 +64,11 @@ class Results:
         self._tables["best_heads"] = _concat(best, stats.BEST_COLUMNS)
         self._tables["baselines"] = _concat(base, stats.BASELINE_COLUMNS)
         self._tables["head_tests"] = _concat(tests, stats.TEST_COLUMNS)
-        for name in self.tallies:
+        if control:                        # the random-init control: its own tables, its best beside ours
+            self._control = Results(control, dict(self.summary), self.examples)
+            self._tables["best_heads"] = with_control(self.best_heads, self._control.best_heads)
+            self._tables.update({TABLE_PREFIX + name: t for name, t in self._control.tables.items()})
+        for name in trained:
             analysis = _registered(name)
             for table, make in (analysis.tables.items() if analysis is not None else ()):
                 self._tables[table] = make(self)
@@ -84,10 +97,20 @@ class Results:
             return tables[name]
         raise AttributeError(name)
 
+    @property
+    def control(self) -> "Results | None":
+        """The random-init control's results (`headprobe.control`), or None without one."""
+        if self._control is None:
+            tables = control_tables(self._tables)
+            if tables:
+                self._control = Results(by_model(self.tallies)[1], dict(self.summary), self.examples, tables=tables)
+        return self._control
+
     # -- shape --------------------------------------------------------------------------
     @property
     def analyses(self) -> list[str]:
-        return list(self.tallies) or sorted(set(self.counts["analysis"]))
+        """The analyses scored (the trained model's)."""
+        return list(by_model(self.tallies)[0]) or sorted(set(self.counts["analysis"]))
 
     @property
     def n_heads(self) -> int:
@@ -99,7 +122,7 @@ class Results:
 
     @property
     def layers(self) -> list[int]:
-        found = sorted({layer for t in self.tallies.values() for layer in t.layers})
+        found = sorted({layer for t in self.tallies.values() for layer in t.layers if layer >= 0})
         if not found and len(self.counts):
             found = sorted(int(x) for x in set(self.counts["layer"]) if x >= 0)
         return found

@@ -31,6 +31,8 @@ from hashlib import blake2b
 import numpy as np
 import torch
 
+from headprobe.control import TRAINED, tally_key
+
 SEED = 0
 N_BOOT = 1000
 N_FOLDS = 2
@@ -112,8 +114,9 @@ class Tally:
 
     def __init__(self, analysis: str, *, directions=("",), variants=(), layers=(), n_heads: int = 0,
                  value: str = "hits", resamples: int = N_BOOT, bootstrap: bool = True,
-                 seed: int = SEED, extras=(), device="cpu"):
+                 seed: int = SEED, extras=(), device="cpu", model: str = TRAINED):
         self.analysis = analysis
+        self.model = model                        # "trained", or "control" (`headprobe.control`)
         self.directions = tuple(directions)
         self.variants = tuple(variants)
         self.layers = [int(x) for x in layers]
@@ -210,7 +213,8 @@ class Tally:
     def merge(self, other: "Tally") -> "Tally":
         """Add another tally of the same analysis (a shard, another process) into this one."""
         self.flush()
-        for attr in ("analysis", "directions", "variants", "layers", "n_heads", "value", "n_boot", "seed"):
+        for attr in ("analysis", "model", "directions", "variants", "layers", "n_heads", "value", "n_boot",
+                     "seed"):
             if getattr(self, attr) != getattr(other, attr):
                 raise ValueError(f"cannot merge {self.analysis} counts: {attr} differs "
                                  f"({getattr(self, attr)!r} vs {getattr(other, attr)!r})")
@@ -222,8 +226,13 @@ class Tally:
     def copy(self) -> "Tally":
         empty = Tally(self.analysis, directions=self.directions, variants=self.variants, layers=self.layers,
                       n_heads=self.n_heads, value=self.value, resamples=self.n_boot, bootstrap=self.n_boot > 0,
-                      seed=self.seed, extras=self.extras, device=self.device)
+                      seed=self.seed, extras=self.extras, device=self.device, model=self.model)
         return empty.merge(self)
+
+    @property
+    def key(self) -> str:
+        """This tally's name in a run's tallies and files: the analysis, `~control` for the control's."""
+        return tally_key(self.analysis, self.model)
 
     # -- reading ----------------------------------------------------------------------
     def sorted_labels(self) -> list[str]:
@@ -256,9 +265,13 @@ class Tally:
 
     # -- saving -----------------------------------------------------------------------
     def meta(self) -> dict:
-        return {"analysis": self.analysis, "directions": list(self.directions), "variants": list(self.variants),
-                "layers": self.layers, "n_heads": self.n_heads, "value": self.value, "n_boot": self.n_boot,
-                "seed": self.seed, "extras": list(self.extras), "labels": self.sorted_labels()}
+        return self._meta(self.sorted_labels())
+
+    def _meta(self, labels) -> dict:
+        return {"analysis": self.analysis, "model": self.model, "directions": list(self.directions),
+                "variants": list(self.variants), "layers": self.layers, "n_heads": self.n_heads,
+                "value": self.value, "n_boot": self.n_boot, "seed": self.seed, "extras": list(self.extras),
+                "labels": list(labels)}
 
     def save(self, path) -> None:
         """One .npz file: arrays named `<label index>/<array>` plus the metadata."""
@@ -280,7 +293,7 @@ class Tally:
             tally = cls(meta["analysis"], directions=meta["directions"], variants=meta["variants"],
                         layers=meta["layers"], n_heads=meta["n_heads"], value=meta["value"],
                         resamples=meta["n_boot"], bootstrap=meta["n_boot"] > 0, seed=meta["seed"],
-                        extras=meta["extras"])
+                        extras=meta["extras"], model=meta.get("model", TRAINED))
             for i, name in enumerate(meta["labels"]):
                 counts = tally.label(name)
                 counts.hits = torch.from_numpy(data[f"{i}/hits"].copy())
@@ -298,9 +311,7 @@ class Tally:
         import json
 
         labels = sorted(self.labels)
-        meta = {"analysis": self.analysis, "directions": list(self.directions), "variants": list(self.variants),
-                "layers": self.layers, "n_heads": self.n_heads, "value": self.value, "n_boot": self.n_boot,
-                "seed": self.seed, "extras": list(self.extras), "labels": labels}
+        meta = self._meta(labels)
         arrays = {}
         for i, name in enumerate(labels):
             for key, value in self.labels[name].arrays().items():

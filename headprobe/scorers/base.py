@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headprobe.control import TRAINED, tally_key
 from headprobe.tally import N_BOOT, SEED, Tally
 
 UNIT_COLUMNS = ["analysis", "label", "unit", "layer", "head", "direction", "variant", "n", "hits", "mass"]
@@ -73,6 +74,9 @@ class CountScorer:
     # `att.last` mark the layer's first and last block, and every row comes exactly once.
     # A scorer that leaves it False always gets whole matrices (the engine then does not block).
     blocks = False
+    # The model this instance counts (`headprobe.control`): "trained", or "control" for the
+    # random-init control's instance (its tally is kept apart: `key`).
+    model = TRAINED
 
     def __init__(self):
         self.chunks_: list[tuple] = []                    # per-unit rows, only with keep_units
@@ -90,7 +94,13 @@ class CountScorer:
         if self.tally_ is None:
             self.tally_ = Tally(self.analysis, directions=self.directions, variants=self.variants,
                                 layers=self.layers, n_heads=n_heads, value=self.value, resamples=n_boot,
-                                bootstrap=self.bootstrap, seed=seed, extras=self.extras, device=device)
+                                bootstrap=self.bootstrap, seed=seed, extras=self.extras, device=device,
+                                model=self.model)
+
+    @property
+    def key(self) -> str:
+        """The name of this scorer's tally: the analysis, `~control` for the control's."""
+        return tally_key(self.analysis, self.model)
 
     def begin_batch(self, batch) -> None:
         keys, n = self.rows(batch)                       # [(unit, label)], trials per row
