@@ -9,7 +9,10 @@
 
     head_importance(model, batches, objective)      # DataFrame: layer, head, importance, ...
 
-Both give per-row sums with the row's piece count, so they add up per unit (SPEC 5) and
+    steps = prune_steps(prune_order(scores))         # 0%, 10%, ... 100% of heads, least important first
+    values = gated_rows(model, objective.targets(model, batch), objective, [heads for _, heads in steps])
+
+Ablation and importance give per-row sums with the row's piece count, so they add up per unit (SPEC 5) and
 stream: a set of units reports `sum delta / sum tokens` and `sum importance / sum tokens`.
 
 Importance (Michel et al. 2019) is taken per example (a sentence, or a coreference window):
@@ -18,6 +21,10 @@ each row its own gradient (rows of a batch do not interact); `I_h(u)` of a unit 
 over its examples of `|dL_x / dg_h|`, Michel et al.'s expectation over examples. (For a
 document unit this is not `|dL_u / dg_h|` with one gate shared by the document's sentences,
 which could not stream: the signs of sentences in different batches would have to meet.)
+
+The pruning curve (Michel et al. 2019, figure 3): heads removed cumulatively, least
+important first, 0%, 10%, ... 100% of them (`prune_steps`), the objective of each point
+per row (`gated_rows`), so its points stream per unit with intervals like any mass.
 """
 
 from __future__ import annotations
@@ -58,6 +65,30 @@ def _tile(targets: Targets, copies: int) -> Targets:
 
 
 @torch.no_grad()
+def gated_rows(model, targets: Targets, objective: Objective, ablated: list, means: torch.Tensor | None = None,
+               copies: int = 1) -> torch.Tensor:
+    """[batch, set] the objective summed over each row with the heads of `ablated[k]` (a list of
+    (layer, head)) ablated together, for each set k; `copies` sets run in one forward pass on
+    the batch repeated that many times (a gate per row). An empty set is the intact model."""
+    n_layers, n_heads = n_layers_heads(model)
+    ids = targets.inputs["input_ids"]                                       # [batch, piece]
+    rows = ids.shape[0]
+    out = torch.empty(rows, len(ablated), dtype=torch.float32, device=ids.device)   # [batch, set]
+    step = max(1, copies)
+    for start in range(0, len(ablated), step):
+        group = ablated[start:start + step]
+        gates = torch.ones(len(group), rows, n_layers, n_heads, device=ids.device)  # [copy, batch, layer, head]
+        for copy, heads in enumerate(group):
+            for layer, head in heads:
+                gates[copy, :, layer, head] = 0.0
+        tiled = _tile(targets, len(group)) if len(group) > 1 else targets
+        with HeadGates(model, gates.flatten(0, 1), means):
+            values, _ = objective.per_row(model, tiled)                     # [copy * batch]
+        out[:, start:start + len(group)] = values.view(len(group), rows).T.to(out.dtype)
+    return out
+
+
+@torch.no_grad()
 def ablation_rows(model, batch, objective: Objective, heads: Iterable[tuple[int, int]] | None = None,
                   means: torch.Tensor | None = None, copies: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """([batch, ablated head] objective(ablated) - objective(intact), summed over each row;
@@ -69,18 +100,32 @@ def ablation_rows(model, batch, objective: Objective, heads: Iterable[tuple[int,
     heads = [(l, h) for l in range(n_layers) for h in range(n_heads)] if heads is None else list(heads)
     targets = objective.targets(model, batch)
     intact, tokens = objective.per_row(model, targets)                      # [batch], [batch]
-    rows = intact.shape[0]
-    out = torch.empty(rows, len(heads), dtype=intact.dtype, device=intact.device)   # [batch, ablated]
-    for start in range(0, len(heads), max(1, copies)):
-        group = heads[start:start + max(1, copies)]
-        gates = torch.ones(len(group), rows, n_layers, n_heads, device=intact.device)  # [copy, batch, layer, head]
-        for copy, (layer, head) in enumerate(group):
-            gates[copy, :, layer, head] = 0.0
-        tiled = _tile(targets, len(group)) if len(group) > 1 else targets
-        with HeadGates(model, gates.flatten(0, 1), means):
-            values, _ = objective.per_row(model, tiled)                     # [copy * batch]
-        out[:, start:start + len(group)] = (values.view(len(group), rows) - intact).T
-    return out, tokens
+    ablated = gated_rows(model, targets, objective, [[head] for head in heads], means, copies)   # [batch, head]
+    return ablated - intact[:, None], tokens
+
+
+# ----------------------------------------------------------------------------- pruning
+PRUNE_PERCENTS = tuple(range(0, 101, 10))       # share of heads removed at each point of the curve
+
+
+def prune_order(scores) -> list[tuple[int, int]]:
+    """Heads least important first (Michel et al. 2019): `scores` has columns layer, head, score;
+    ties (and NaN, last) keep layer-major order."""
+    frame = scores[["layer", "head", "score"]].reset_index(drop=True)
+    order = np.lexsort((frame["head"].to_numpy(), frame["layer"].to_numpy(),
+                        np.nan_to_num(frame["score"].to_numpy(np.float64), nan=np.inf)))
+    return [(int(frame["layer"][i]), int(frame["head"][i])) for i in order]
+
+
+def removed_at(percent: int, total: int) -> int:
+    """Heads removed at `percent` of `total`: the nearest whole number, halves up."""
+    return (percent * total + 50) // 100
+
+
+def prune_steps(order: list[tuple[int, int]], percents=PRUNE_PERCENTS) -> list[tuple[str, list]]:
+    """[(label "10%", the first heads of `order` removed there)], cumulative: each point removes
+    `removed_at(percent, len(order))` heads, the least important first."""
+    return [(f"{p}%", list(order[:removed_at(p, len(order))])) for p in percents]
 
 
 def head_importance(model, batches: Iterable, objective: Objective, means: torch.Tensor | None = None,

@@ -82,6 +82,39 @@ def check_layers_exist(layers, n_layers: int, model: str) -> None:
                          f"layer {beyond[0]} does not exist")
 
 
+def parse_heads(text) -> list[tuple[int, int]] | None:
+    """--heads: '17-3,18-6' (layer-head, 0-based) -> [(17, 3), (18, 6)] in that order without
+    repeats; None, '' or 'all' -> None (every head). A list of (layer, head) pairs is checked."""
+    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "all")):
+        return None
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
+    heads: list[tuple[int, int]] = []
+    for part in parts:
+        try:
+            layer, head = (int(x) for x in part.split("-")) if isinstance(part, str) else part
+            ok = not any(isinstance(x, bool) for x in (layer, head)) and layer >= 0 and head >= 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise UsageError(f"--heads {text!r}: {part!r} is not a head; give LAYER-HEAD pairs like 17-3,18-6 "
+                             "(0-based) or 'all'")
+        if (int(layer), int(head)) not in heads:
+            heads.append((int(layer), int(head)))
+    if not heads:
+        raise UsageError("--heads: the list of heads is empty (give 'all' for every head)")
+    return heads
+
+
+def check_heads_exist(heads, n_layers: int, n_heads: int, layers, model: str) -> None:
+    """Heads asked for must exist in the model and lie in the layers scored (`--layers`)."""
+    for layer, head in heads or ():
+        if layer >= n_layers or head >= n_heads:
+            raise UsageError(f"--heads: {model} has {n_layers} layers x {n_heads} heads (0-based); "
+                             f"head {layer}-{head} does not exist")
+        if layers is not None and layer not in layers:
+            raise UsageError(f"--heads: head {layer}-{head} is in layer {layer}, which --layers leaves out")
+
+
 # ----------------------------------------------------------------------------------------
 # device
 # ----------------------------------------------------------------------------------------

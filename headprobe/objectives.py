@@ -138,11 +138,25 @@ class Objective:
             keep = mask.to(change.dtype)
             return (change * keep).sum(-1), keep.sum(-1)
         logits = model(**targets.inputs).logits.float()                      # [batch, piece, vocab]
-        labels = targets.labels                                              # [batch, piece]
+        labels = self.scored_labels(targets)                                 # [batch, piece (- 1)]
         if self.kind == "causal_lm":
-            logits, labels = logits[:, :-1], labels[:, 1:].masked_fill(mask[:, :-1] == 0, IGNORE)
+            logits = logits[:, :-1]
         nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="none")
         return nll.sum(-1), (labels != IGNORE).sum(-1).to(nll.dtype)        # [batch], [batch]
+
+    def scored_labels(self, targets: Targets) -> torch.Tensor:
+        """The LM targets as the loss reads them: causal, shifted one piece left ([batch, piece - 1],
+        the target of position p is piece p + 1) with padding IGNOREd; masked, `targets.labels`."""
+        if self.kind != "causal_lm":
+            return targets.labels
+        mask = targets.inputs["attention_mask"]                             # [batch, piece]
+        return targets.labels[:, 1:].masked_fill(mask[:, :-1] == 0, IGNORE)
+
+    def pieces(self, targets: Targets) -> torch.Tensor:
+        """[batch] float32: the pieces `per_row` sums over, without running the model."""
+        if self.kind == "representation":
+            return targets.inputs["attention_mask"].to(torch.float32).sum(-1)
+        return (self.scored_labels(targets) != IGNORE).sum(-1).to(torch.float32)
 
 
 def _kinds_and_keys(batch):

@@ -20,19 +20,37 @@ They add up per unit and fold like any mass, so the tables carry `sum / n` with 
 streaming bootstrap's intervals. The label is the objective's kind; the tables name it
 in full (`objective`). Zero ablation only here (mean ablation needs a pass over the
 corpus first: `gates.head_means`, `ablation.ablation_rows(means=...)`).
+
+`ablation` ablates every head of the scored layers, or the heads given (`run(heads=...)`,
+`--heads 17-3,18-6`); heads not ablated hold NaN and are left out of `ablation_heads`.
+
+`prune_curve` (`run(prune_curve=True)`, `--prune-curve`; Michel et al. 2019): the objective
+as 0%, 10%, ... 100% of the heads are gated to 0 together, cumulatively, least important
+first. It is a second pass over the sentences (`second_pass`): the order comes from the
+first pass's `importance` (a language-model loss) or, where importance is undefined (no
+language-model head), from `ablation` (every head), which the run adds. One row per
+(unit, point) with n = pieces scored, a single cell (layer `MODEL_LEVEL`: the whole model),
+so each point has an interval and the change from 0% a paired one (`prune_table`); the
+order used is in the summary (`prune_curve`). `head_ranks`: every head's rank by the same
+score (1 = most important), which the role map prints beside each role.
 """
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import torch
 
-from headprobe.ablation import ablation_rows, importance_rows
+from headprobe.ablation import ablation_rows, gated_rows, importance_rows, prune_order, prune_steps
+from headprobe.checks import UsageError
 from headprobe.objectives import DESCRIPTIONS, Objective
 from headprobe.registry import Analysis, register
 from headprobe.scorers.base import CountScorer
 from headprobe.scorers.token_patterns import head_table
+from headprobe.stats import estimate, paired_gap, ratio
 
 ROWS_PER_PASS = 64      # ablation: heads side by side in one forward pass, up to this many rows
+MODEL_LEVEL = -1        # the layer of a whole-model cell (the pruning curve), never a head
 
 
 class ModelScorer(CountScorer):
@@ -72,14 +90,24 @@ class ModelScorer(CountScorer):
 
 class AblationScorer(ModelScorer):
     analysis = "ablation"
+    heads = None                        # None: every head of the scored layers; else [(layer, head)]
+
+    def use_heads(self, heads) -> None:
+        """Ablate only `heads` ([(layer, head)]; None: all); the others hold NaN."""
+        self.heads = None if heads is None else [(int(layer), int(head)) for layer, head in heads]
+
+    def ablated(self) -> list[tuple[int, int]]:
+        every = [(layer, head) for layer in self.layers for head in range(self.n_heads)]
+        return every if self.heads is None else [x for x in every if x in set(self.heads)]
 
     def compute(self, model, batch):
-        n_heads = self.n_heads
-        heads = [(layer, head) for layer in self.layers for head in range(n_heads)]
+        heads = self.ablated()
         delta, tokens = ablation_rows(model, batch, self.objective, heads,
                                       copies=max(1, ROWS_PER_PASS // len(batch)))
-        values = torch.zeros(len(batch), self.n_layers, n_heads, dtype=delta.dtype, device=delta.device)
-        values[:, self.layers] = delta.view(len(batch), len(self.layers), n_heads)   # [row, layer, head]
+        values = torch.full((len(batch), self.n_layers, self.n_heads), float("nan"), dtype=delta.dtype,
+                            device=delta.device)                                 # [row, layer, head]
+        layer, head = (torch.tensor(x, dtype=torch.long) for x in zip(*heads))
+        values[:, layer, head] = delta                                          # [row, ablated]
         return values, tokens
 
 
@@ -96,23 +124,140 @@ class ImportanceScorer(ModelScorer):
         return importance_rows(model, batch, self.objective)          # [row, layer, head], [row]
 
 
+class PruneScorer(ModelScorer):
+    """The pruning curve: per example, the objective with each point's heads gated to 0."""
+
+    analysis = "prune_curve"
+    second_pass = True                  # scored after the first pass, whose tallies give the order
+
+    def __init__(self):
+        super().__init__()
+        self.order_by, self.order, self.steps = "", [], []
+
+    @staticmethod
+    def prerequisites(kind: str, heads=None) -> list[str]:
+        """The analyses the order needs on a model whose objective is `kind`; `heads`: the heads
+        the `ablation` analysis is asked to ablate (None: all), which the order by ablation needs."""
+        if kind != "representation":
+            return ["importance"]
+        if heads is not None:
+            raise UsageError("--prune-curve: without a language-model head the heads are ordered by their "
+                             "ablation effect, which needs every head ablated (--heads all)")
+        return ["ablation"]
+
+    def use_tallies(self, tallies: dict) -> None:
+        """Order the heads by the first pass's `importance` (else `ablation`) tally, least first."""
+        self.order_by = "importance" if "importance" in tallies else "ablation"
+        self.order = prune_order(tally_scores(tallies[self.order_by]))
+        self.steps = prune_steps(self.order)
+
+    def describe(self) -> dict:
+        """What the summary keeps of this pass (`prune_table` reads it)."""
+        return {"prune_curve": {"order_by": self.order_by, "order": [f"{l}-{h}" for l, h in self.order],
+                                "points": {label: len(heads) for label, heads in self.steps}}}
+
+    def bind(self, n_layers, n_heads, layers=None, **options) -> None:
+        super().bind(1, 1, [MODEL_LEVEL], **options)                 # one cell: the whole model
+
+    def compute(self, model, batch):
+        targets = self.objective.targets(model, batch)
+        values = gated_rows(model, targets, self.objective, [heads for _, heads in self.steps],
+                            copies=max(1, ROWS_PER_PASS // len(batch)))    # [row, point]
+        return values, self.objective.pieces(targets)                     # [row]
+
+    def rows(self, batch):
+        _, tokens = self._pass
+        keys = [(example.unit, label) for example in batch.examples for label, _ in self.steps]
+        return keys, np.repeat(tokens.cpu().numpy(), len(self.steps)).tolist()
+
+    def prepare(self, batch):
+        values, _ = self._pass                                        # [row, point]
+        self._values[0, 0] = values.reshape(-1, 1).to(self._values)   # [row x point, 1]
+
+
+def tally_scores(tally) -> pd.DataFrame:
+    """Per head of a one-label mass tally (importance, ablation): layer, head, score = mass / n."""
+    a = tally.arrays(tally.sorted_labels()[0])
+    mass = a["hits"][:, 0, ..., 0].sum(0)                             # [layer, head]
+    n = a["n"][:, 0, 0].sum()
+    layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(mass.shape[1]), indexing="ij")
+    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "score": ratio(mass, n).ravel()})
+
+
 def objective_table(results, analysis: str):
     """`token_patterns.head_table` (score = sum / n per head, folds, 95% interval) with the
-    objective named in full."""
+    objective named in full; heads not scored (NaN: not ablated) left out."""
     table = head_table(results, analysis).drop(columns=["baseline_variant", "baseline_score", "gap", "gap_low",
                                                         "gap_high", "queries", "tl_mul"])
     table.insert(1, "objective", table["label"].map(DESCRIPTIONS))
-    return table
+    return table[table["score"].notna()].reset_index(drop=True)
+
+
+RANK_COLUMNS = ["layer", "head", "by", "score", "rank", "of", "objective"]
+
+
+def head_ranks(results) -> pd.DataFrame:
+    """Every head ranked by importance (where the run has it) else by its ablation effect: rank 1
+    is the most important (ties share the best rank), `of` the heads ranked, `by` the score."""
+    by = "importance" if "importance" in results.tallies else "ablation"
+    table = objective_table(results, by)
+    if not len(table):
+        return pd.DataFrame(columns=RANK_COLUMNS)
+    rank = table["score"].rank(method="min", ascending=False).astype(int)
+    return pd.DataFrame({"layer": table["layer"], "head": table["head"], "by": by, "score": table["score"],
+                         "rank": rank, "of": len(table), "objective": table["objective"]})[RANK_COLUMNS]
+
+
+PRUNE_COLUMNS = ["percent", "fraction", "heads_removed", "heads_total", "removed", "objective", "n", "value",
+                 "ci_low", "ci_high", "change", "change_low", "change_high", "order_by"]
+
+
+def prune_table(results) -> pd.DataFrame:
+    """One row per point of the curve: the objective with that share of heads removed (value, 95%
+    interval) and its paired change from 0% (same bootstrap weights); `removed`: the heads
+    removed at this point beyond the previous one, from the order the run used."""
+    tally = results.tallies.get("prune_curve")
+    if tally is None or not tally.labels:
+        return pd.DataFrame(columns=PRUNE_COLUMNS)
+    info = results.summary.get("prune_curve", {})
+    order = info.get("order", [])
+    labels = sorted(tally.sorted_labels(), key=lambda label: int(label.rstrip("%")))
+    totals = {label: tally.arrays(label) for label in labels}
+    mass = {label: a["hits"][..., 0, 0, 0].sum(0) for label, a in totals.items()}   # [resample]
+    n = totals[labels[0]]["n"][..., 0].sum(0)                                      # [resample]
+    rows, before = [], 0
+    for label in labels:
+        value, low, high = estimate(mass[label], n)
+        change, c_low, c_high = paired_gap(mass[label], mass[labels[0]], n)
+        k = info.get("points", {}).get(label)
+        removed = " ".join(order[before:k]) if k is not None else ""
+        before = k if k is not None else before
+        rows.append({"percent": label, "fraction": int(label.rstrip("%")) / 100,
+                     "heads_removed": np.nan if k is None else k,
+                     "heads_total": len(order) or np.nan, "removed": removed, "n": float(n[0]),
+                     "value": float(value), "ci_low": float(low), "ci_high": float(high), "change": float(change),
+                     "change_low": float(c_low), "change_high": float(c_high), "order_by": info.get("order_by", "")})
+    frame = pd.DataFrame(rows)
+    frame.insert(5, "objective", (results.summary.get("objectives") or {}).get("prune_curve", ""))
+    return frame[PRUNE_COLUMNS]
 
 
 ABLATION = register(Analysis(
     name="ablation", scorer=AblationScorer, input="sentences", selection=False, default=False,
     description="per head: objective(head zeroed) - objective(intact) per piece (SPEC 8): the LM loss where "
                 "the model has a language-model head, else the last hidden state's 1 - cos",
-    tables={"ablation_heads": lambda results: objective_table(results, "ablation")}))
+    tables={"ablation_heads": lambda results: objective_table(results, "ablation"), "head_ranks": head_ranks},
+    report="headprobe.report.ablation:importance_section"))
 
 IMPORTANCE = register(Analysis(
     name="importance", scorer=ImportanceScorer, input="sentences", selection=False, default=False,
     description="per head: |dL/dg| at g = 1 per piece, a gate per example and head, one backward pass "
                 "(Michel et al. 2019; SPEC 8); needs a language-model head",
-    tables={"importance_heads": lambda results: objective_table(results, "importance")}))
+    tables={"importance_heads": lambda results: objective_table(results, "importance"), "head_ranks": head_ranks},
+    report="headprobe.report.ablation:importance_section"))
+
+PRUNE_CURVE = register(Analysis(
+    name="prune_curve", scorer=PruneScorer, input="sentences", selection=False, default=False,
+    description="the objective as 0%, 10%, ... 100% of the heads are gated to 0, cumulatively, least important "
+                "first (Michel et al. 2019): ordered by importance, else by single-head ablation effect",
+    tables={"prune_curve": prune_table}, report="headprobe.report.ablation:prune_section"))

@@ -357,7 +357,7 @@ def pattern_rule(role: str, analysis: str, order: float, color: str, short: str,
                 text += f"; TransformerLens mul {r.tl_mul:.4f}"
             evidence.append(text)
         return pd.DataFrame({"layer": hit["layer"], "head": hit["head"], "detail": what, "short": short,
-                             "evidence": evidence}, columns=MATCH_COLUMNS)
+                             "evidence": evidence, "score": hit["score"]}, columns=MATCH_COLUMNS)
 
     gap = (", the paired 95% interval of its gap to the analysis's best baseline (the best on all data) lies "
            "above 0") if baseline else ""
