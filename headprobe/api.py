@@ -21,6 +21,7 @@ from headprobe.align import BOS_MODES, apply_bos
 from headprobe import distributed
 from headprobe.capture import text_config
 from headprobe.checkpoint import DEFAULT_EVERY, Checkpoint
+from headprobe.control import CONTROL, CONTROLS, tally_key
 from headprobe.conventions import PRESETS
 from headprobe.corpora.conllu import read_conllu
 from headprobe.engine import CHUNK, Engine
@@ -94,7 +95,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         probe=None, probe_length: int = 50, probe_n: int = 500, probe_specials: str = "auto",
         bos: str = "none", conventions: str = "spec", device_map=None, max_memory=None,
         query_block: int | None = None, coref_single_document: bool = False,
-        stack: str | None = None) -> Results | None:
+        stack: str | None = None, heads=None, control: str | None = None,
+        prune_curve: bool = False) -> Results | None:
     """Score every head of `model` and return (and with `out`, save) the results.
 
     model: hub name, local path, or a bundled alias (`None`/"minilm", "smollm2").
@@ -137,6 +139,14 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
       the analyses defined there, surface and positional). A model with one stack has only it.
     query_block: capture N query pieces at a time (memory O(N x keys) per head instead of
       O(keys^2)); counts are the same (`engine.WordRows`). None: whole matrices (the default).
+    heads: the heads the `ablation` analysis ablates, "17-3,18-6" or [(17, 3), (18, 6)] (0-based);
+      None or "all": every head of the scored layers.
+    control: "random-init": also score the attention analyses on the same architecture
+      re-initialised with `seed` (`headprobe.control`): best heads gain the control's best
+      beside them, and the syntactic role needs a head above the control's held-out best.
+    prune_curve: the objective as 0%, 10%, ... 100% of the heads are gated to 0, least important
+      first (Michel et al. 2019; the `prune_curve` analysis, with `importance`, or `ablation`
+      where the model has no language-model head, added to order the heads).
     Under torchrun (`torchrun --nproc_per_node N -m headprobe run ...`) each rank scores its
       share of the examples, the counts are summed over the ranks, and rank 0 returns (and
       writes) the results; the other ranks return None (`headprobe.distributed`).
@@ -152,6 +162,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
     if probe is not None and not analyses:
         wanted += registry.names("probe")
     wanted = check_stack(stack, wanted, bool(analyses), probe)
+    wanted, heads = _check_ablation_options(wanted, heads, control, prune_curve, device_map)
     layers = checks.parse_layers(layers)
     batch_size = checks.check_int("--batch-size", batch_size, 1)
     n_boot = checks.check_int("--bootstrap", n_boot, 1, " (resamples for the intervals and held-out selection)")
@@ -197,6 +208,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             n_config_layers, _ = checks.config_layers_heads(config, stack)
             if n_config_layers:
                 checks.check_layers_exist(layers, n_config_layers, reference[2])
+                checks.check_heads_exist(heads, n_config_layers, checks.config_layers_heads(config)[1], layers,
+                                         reference[2])
         inputs = {key: store.input_fingerprint(option, path) for key, option, path in (
             ("treebank", "--treebank", treebank), ("text", "--text", text),
             ("hf_dataset", "--hf-dataset", hf_dataset), ("coref", "--coref", coref)) if path is not None}
@@ -215,6 +228,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             settings["stack"] = stack
         if query_block or device_map is not None:
             settings.update(query_block=query_block, device_map=device_map, max_memory=max_memory)
+        settings.update({key: value for key, value in (("heads", heads), ("control", control)) if value})
         checkpoint = None
         if out is not None and checkpoint_every and not keep_unit_counts:
             fingerprint = {"inputs": inputs, "options": settings, "chunk": CHUNK, "version": store.version()}
@@ -231,6 +245,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         sites = attention_sites(net)
         stack = sites.resolve(stack)
         checks.check_layers_exist(layers, sites.n_layers(stack), name)
+        checks.check_heads_exist(heads, sites.n_layers(stack), sites.n_heads(stack), layers, name)
+        wanted = _with_prerequisites(wanted, net, heads)
         causal = sites.causal(stack)
         tokenizer, bos_used = apply_bos(tokenizer, bos, causal)
         summary = {"model": name, "dtype": dtype, "device": str(next(net.parameters()).device),
@@ -242,7 +258,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
                    "conventions": dict(PRESETS[conventions].summary(), from_mode_used=from_mode)}
         options = dict(layers=layers, from_mode=from_mode, progress=progress, seed=seed, n_boot=n_boot,
                        keep_units=keep_unit_counts, conventions=conventions, query_block=query_block, stack=stack)
-        scorers, sentence_corpus, windows = [], None, None
+        scorers, sentence_corpus, windows, passes = [], None, None, []
         on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
         on_tokens = [a for a in registry.analyses("probe") if a.name in wanted]
         if probe is None:                      # token analyses read the sentence corpus, in its pass
@@ -250,20 +266,27 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
         has_sentences = any(x is not None for x in (treebank, text, hf_dataset))
         if on_sentences and (has_sentences or (coref is None and probe is None)):
             sentence_corpus, source, bad = load_sentences(treebank, text, hf_dataset, skip_bad, conventions)
-            batch = [a.make_scorer() for a in on_sentences]
+            later = [a for a in on_sentences if getattr(a.scorer, "second_pass", False)]
+            first = [a for a in on_sentences if a not in later]
+            batch = _make_scorers(first, heads)
             _score(net, tokenizer, batch, sentence_corpus, "sentences", source, summary, checkpoint,
                    batch_size=batch_size, **options)
             summary["skipped"]["malformed_sentences"] = len(bad)
             summary["skipped"]["malformed_sources"] = list(bad)[:50]
             scorers += batch
+            passes.append(("sentences", first, sentence_corpus, source, batch_size))
+            if later:
+                scorers += _second_pass(net, tokenizer, batch, later, sentence_corpus, source, summary, checkpoint,
+                                        batch_size=batch_size, **options)
         on_coref = [a for a in registry.analyses("coreference") if a.name in wanted]
         if coref is not None and on_coref:
             from headprobe.corpora.corefud import read_coref_examples, tokenizer_piece_counter
             windows = read_coref_examples(coref, tokenizer_piece_counter(tokenizer), window=window,
                                           skip_bad=skip_bad, single_document=coref_single_document)
-            batch = [a.make_scorer() for a in on_coref]
+            batch = _make_scorers(on_coref, heads)
             _score(net, tokenizer, batch, windows, "coreference", str(coref), summary, checkpoint,
                    batch_size=max(1, batch_size // 4), **options)
+            passes.append(("coreference", on_coref, windows, str(coref), max(1, batch_size // 4)))
             summary["skipped"]["coreference_sentences"] = len(windows.skipped)
             summary["skipped"]["coreference_sources"] = list(windows.skipped)[:50]
             summary["coreference_corpus"] = dict(windows.counts)
@@ -272,23 +295,27 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             from headprobe.probe import make_probe
             examples = make_probe(probe, tokenizer, length=probe_length, n=probe_n, seed=seed,
                                   specials=probe_specials, vocab_size=getattr(text_config(net), "vocab_size", None))
-            batch = [a.make_scorer() for a in on_tokens]
+            batch = _make_scorers(on_tokens, heads)
             _score(net, tokenizer, batch, examples, "probe", examples.name, summary, checkpoint,
                    batch_size=batch_size, **options)
             scorers += batch
+            passes.append(("probe", on_tokens, examples, examples.name, batch_size))
         if not scorers:
             raise ValueError("nothing to score: give a sentence corpus and/or coref for the analyses asked for")
         if not any(r["examples"] for r in summary["runs"].values()):
             skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
             raise checks.UsageError(f"nothing was scored: no example of the corpus could be scored "
                                     f"(skipped: {skipped or 'none; the corpus is empty'})")
+        trained = list(scorers)
+        if control is not None:
+            scorers += _control_passes(net, tokenizer, name, passes, control, summary, checkpoint, **options)
         summary["causal"] = causal
         if summary["causal"]:
             summary["notes"].append(CAUSAL_NOTE.format(model=name))
         summary["n_layers"], summary["n_heads"] = sites.n_layers(stack), sites.n_heads(stack)
         summary["n_kv_heads"] = sites.n_kv_heads(stack)
-        summary["analyses"] = [s.analysis for s in scorers]
-        objectives = {s.analysis: s.objective.description for s in scorers if hasattr(s, "objective")}
+        summary["analyses"] = [s.analysis for s in trained]
+        objectives = {s.analysis: s.objective.description for s in trained if hasattr(s, "objective")}
         if objectives:
             summary["objectives"] = objectives
         distributed.all_reduce_tallies([s.tally_ for s in scorers])         # torchrun: summed over the ranks
@@ -298,8 +325,8 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             summary["distributed"] = world.describe()
         if getattr(net, "hf_device_map", None):
             summary["device_map"] = {k: str(v) for k, v in net.hf_device_map.items()}
-        unit_counts = merge_unit_counts([s.unit_counts() for s in scorers]) if keep_unit_counts else None
-        results = Results({s.analysis: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
+        unit_counts = merge_unit_counts([s.unit_counts() for s in trained]) if keep_unit_counts else None
+        results = Results({s.key: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
         if pictures and (sentence_corpus is not None and "dependency" in results.tallies
                          or windows is not None and "coreference" in results.tallies):
             from headprobe.pictures import example_pictures
@@ -314,6 +341,82 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             if checkpoint is not None:
                 checkpoint.remove()
     return results
+
+
+def _check_ablation_options(wanted: list[str], heads, control, prune_curve: bool, device_map):
+    """(analyses, heads) after checking --heads, --control and --prune-curve (before any model loads)."""
+    heads = checks.parse_heads(heads)
+    if heads is not None and "ablation" not in wanted:
+        raise checks.UsageError("--heads selects the heads the ablation analysis ablates: add --analyses ablation")
+    if control is not None and control not in CONTROLS:
+        raise checks.UsageError(f"--control {control!r}: must be one of {', '.join(CONTROLS)}")
+    if control is not None and device_map is not None:
+        raise checks.UsageError("--control cannot be combined with --device-map (the control is a second copy "
+                                "of the model, built on one device)")
+    if prune_curve is not True and prune_curve is not False:
+        raise checks.UsageError(f"--prune-curve is a switch (True or False), not {prune_curve!r}")
+    return (wanted + ["prune_curve"] if prune_curve and "prune_curve" not in wanted else wanted), heads
+
+
+def _with_prerequisites(wanted: list[str], net, heads) -> list[str]:
+    """`wanted` plus what its second-pass analyses need first on this model (the pruning curve:
+    `importance`, or `ablation` on a model without a language-model head)."""
+    from headprobe.objectives import lm_kind
+
+    more = []
+    for name in wanted:
+        scorer = registry.get(name).scorer
+        if getattr(scorer, "second_pass", False):
+            more += scorer.prerequisites(lm_kind(net), heads)
+    return list(dict.fromkeys(wanted + more))
+
+
+def _make_scorers(analyses, heads=None, model: str | None = None) -> list:
+    """A scorer per analysis (counting `model`: default the trained model); the ablation
+    analysis's heads set (`use_heads`)."""
+    scorers = [a.make_scorer() if model is None else a.make_scorer(model=model) for a in analyses]
+    for scorer in scorers:
+        if hasattr(scorer, "use_heads"):
+            scorer.use_heads(heads)
+    return scorers
+
+
+SECOND_PASS = "sentences_second_pass"
+
+
+def _second_pass(net, tokenizer, first: list, later, corpus, source: str, summary: dict, checkpoint,
+                 **engine_options) -> list:
+    """Score the analyses that need the first pass's counts (`second_pass`: the pruning curve's order)
+    on the same corpus. Under torchrun the counts they read are summed over the ranks first (copies:
+    the run's own totals are summed once, at the end)."""
+    tallies = {s.analysis: s.tally_.copy() for s in first}
+    distributed.all_reduce_tallies(list(tallies.values()))
+    scorers = _make_scorers(later)
+    for scorer in scorers:
+        scorer.use_tallies(tallies)
+        summary.update(scorer.describe())
+    _score(net, tokenizer, scorers, corpus, SECOND_PASS, source, summary, checkpoint, **engine_options)
+    return scorers
+
+
+def _control_passes(net, tokenizer, name: str, passes: list, control: str, summary: dict, checkpoint,
+                    **engine_options) -> list:
+    """The random-init control (`headprobe.control`): the analyses that read attention, scored again
+    on `net`'s architecture re-initialised with the run's seed (`models.random_init`), same
+    tokenizer, same corpora, into tallies of their own (`model` = "control")."""
+    seed = engine_options["seed"]
+    twin = models.random_init(net, seed)
+    scorers = []
+    for key, analyses, examples, source, batch_size in passes:
+        reading = [a for a in analyses if not hasattr(a.scorer, "model_pass")]
+        if reading:
+            batch = _make_scorers(reading, model=CONTROL)
+            _score(twin, tokenizer, batch, examples, tally_key(key, CONTROL), source, summary, checkpoint,
+                   batch_size=batch_size, **engine_options)
+            scorers += batch
+    summary["control"] = {"kind": control, "model": f"{name}, {control} (seed {seed})", "seed": seed,
+                          "analyses": [s.analysis for s in scorers]}
+    return scorers
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from headprobe.align import BOS_MODES
 from headprobe.atomic import OutInUse
 from headprobe.attention import CaptureError
 from headprobe.checks import UsageError
+from headprobe.control import CONTROLS
 from headprobe.conventions import PRESETS
 from headprobe.corpora.base import CorpusError
 from headprobe.probe import PROBES, SPECIALS
@@ -76,6 +77,16 @@ def run_parser(sub):
                         "self-attention; the decoder reads its start token, then the sentence), or cross "
                         "(decoder queries over encoder keys: " + ", ".join(a.name for a in registry.analyses() if a.cross)
                         + " only)")
+    p.add_argument("--heads", default=None, metavar="HEADS",
+                   help="the heads the ablation analysis ablates: LAYER-HEAD pairs like 17-3,18-6 (0-based), "
+                        "or all (default: all)")
+    p.add_argument("--control", default=None, choices=list(CONTROLS),
+                   help="random-init: also score the attention analyses on the same architecture re-initialised "
+                        "with --seed (same tokenizer); best heads gain the control's best, and the syntactic role "
+                        "needs a head above the control's held-out best")
+    p.add_argument("--prune-curve", action="store_true",
+                   help="the objective as 0%%, 10%%, ... 100%% of the heads are gated to 0, least important first "
+                        "(Michel et al. 2019): by importance, else (no language-model head) by ablation effect")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--layers", default=None, help="layers to score, e.g. 0-3,8 (default: all)")
@@ -145,7 +156,8 @@ def cmd_run(args) -> int:
         resume=args.resume, checkpoint_every=args.checkpoint_every,
         probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials,
         device_map=args.device_map, max_memory=args.max_memory, query_block=args.query_block,
-        coref_single_document=args.coref_single_document, stack=args.stack)
+        coref_single_document=args.coref_single_document, stack=args.stack, heads=args.heads,
+        control=args.control, prune_curve=args.prune_curve)
     if results is None:                     # torchrun: a rank other than 0 (rank 0 prints and writes)
         return 0
     summary = results.summary
