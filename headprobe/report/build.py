@@ -47,6 +47,9 @@ def compose(results, source: str = "") -> Document:
     for name in sorted(results.analyses, key=_builtin_rank):
         render = _section_of(name)
         doc.sections.append((render or default_section)(results, name))
+    if results.control is not None:          # the random-init control (headprobe.control)
+        from headprobe.report.ablation import control_section
+        doc.sections.append(control_section(results))
     doc.sections += [examples_section(results), reading_section(), provenance_section(results, source)]
     return doc
 
