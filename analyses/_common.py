@@ -176,3 +176,15 @@ def write_png(data, out: Path, stem: str) -> Path:
         path = data.save(out / stem)[0]
     print(f"wrote {path}" + ("" if isinstance(data, bytes) else " (and .svg, .pdf)"))
     return path
+
+
+def first_sentences(path, n: int | None, out: Path) -> str | None:
+    """The first `n` sentences of a CoNLL-U file (comment lines such as `# newdoc id` kept), written
+    to out/<name>.first<n>.conllu, for quick runs; the file itself when `n` is None."""
+    if path is None or n is None:
+        return None if path is None else str(path)
+    blocks = Path(path).read_text(encoding="utf-8").split("\n\n")
+    kept = [b.strip("\n") for b in blocks if b.strip()][:n]
+    target = out / f"{Path(path).stem}.first{n}.conllu"
+    target.write_text("\n\n".join(kept) + "\n\n", encoding="utf-8")
+    return str(target)

@@ -9,43 +9,112 @@ row's attention on that key, averaged over the rows (TransformerLens's "mul" pat
 per row; `tl_mul` is TransformerLens's whole-matrix normalisation, about half of it
 here), with a 95% bootstrap interval over sequences and the score on each half of them.
 
-The trained model is `--model` (default: the bundled SmolLM2-135M-Instruct); the
-control is the same config with random weights (`AutoModel.from_config`, seeded, the
-config's own initializer). The finding holds when the trained model has at least one
-head with score >= `--threshold` (0.4) and the random one has none above `--control`
-(0.1); the script says so and exits 0, else 1.
+The trained model is `--model` (default: the bundled SmolLM2-135M-Instruct), loaded under
+its language-model head; the control is the same config with random weights
+(`headprobe.models.random_init`: seeded, the config's own initializer). The finding holds
+when the trained model has at least one head with score >= `--threshold` (0.4) and the
+random one has none above `--control` (0.1); the script says so and exits 0, else 1.
+
+Do the induction heads matter? (issue 18; needs a language-model head.) On the same probe:
+- the induction heads (score >= `--threshold`, or `--induction-heads 18-6,17-3,...`) ablated
+  together (gated to 0), as many other heads drawn from the same layers (per layer as many
+  as it has induction heads; a seeded choice) ablated together, and the intact model;
+- every head of `--ablate-layers` (default 17-23) ablated alone.
+The objective is the next-token loss on the repeated half only: a target piece counts when
+it is a word of the second half after its first word (`Objective(scored=...)`: the labels
+of every other piece are ignored, the model still reads the whole sequence), i.e. exactly
+the tokens an induction head can predict by copying. Per-sequence sums stream into tallies,
+so each number has a 95% bootstrap interval over sequences and every difference (induction
+vs intact, induction vs other heads, one head vs intact) is paired.
 
     .venv/bin/python analyses/olsson2022_induction.py                       # SmolLM2, 500 x 50
+    .venv/bin/python analyses/olsson2022_induction.py --n 20 --length 25    # quick
     .venv/bin/python analyses/olsson2022_induction.py --n 100 --length 25 --device cuda
 
 Outputs under --out (default out/olsson2022_induction/): induction_heads.csv/.md (both
-models, every head), trained/ and random/ (results directories).
+models, every head), trained/ and random/ (results directories), induction_ablation.csv/.md
+(intact, induction heads, other heads) and single_head_ablation.csv/.md (layers ablated).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 
 import _common as C
 
 
-def random_twin(model, seed: int):
-    """The same architecture and config with freshly initialised weights."""
-    import torch
-    from transformers import AutoModel
+def parse_heads(text) -> list[tuple[int, int]]:
+    from headprobe.checks import parse_heads as parse
 
-    config = copy.deepcopy(model.config)
-    for attr in ("quantization_config", "_name_or_path"):
-        if hasattr(config, attr):
-            try:
-                delattr(config, attr)
-            except AttributeError:
-                pass
-    torch.manual_seed(seed)
-    twin = AutoModel.from_config(config, attn_implementation="sdpa", dtype=next(model.parameters()).dtype)
-    return twin.eval().to(next(model.parameters()).device)
+    return parse(text) or []
+
+
+def other_heads(induction, n_heads: int, seed: int) -> list[tuple[int, int]]:
+    """Per layer as many non-induction heads of that layer as it has induction heads, drawn with a
+    generator keyed by the seed (SPEC 5's keyed hash); fewer where a layer has too few."""
+    import numpy as np
+
+    from headprobe.tally import keyed_hash
+
+    rng = np.random.Generator(np.random.PCG64(keyed_hash(seed, "other-heads", "olsson2022")))
+    chosen = []
+    for layer in sorted({l for l, _ in induction}):
+        mine = {h for l, h in induction if l == layer}
+        pool = [h for h in range(n_heads) if h not in mine]
+        take = rng.choice(pool, size=min(len(mine), len(pool)), replace=False)
+        chosen += [(layer, int(h)) for h in sorted(take)]
+    return chosen
+
+
+def repeated_half(length: int):
+    """`Objective(scored=...)`: the pieces of the second half's words after its first word (word
+    index > length), the tokens an induction head can predict."""
+    from headprobe.align import WORD
+
+    return lambda batch: (batch.piece_kind == WORD) & (batch.piece_word > length)       # [batch, piece]
+
+
+def ablate(net, tokenizer, name, args, induction, out) -> None:
+    """Induction heads vs other heads vs intact, and every head of --ablate-layers alone, on the
+    repeated half's loss (see the module docstring)."""
+    from headprobe import registry
+    from headprobe.capture import n_layers_heads, text_config
+    from headprobe.checks import parse_layers
+    from headprobe.engine import Engine
+    from headprobe.probe import make_probe
+    from headprobe.results import Results
+    from headprobe.scorers.ablation import GroupScorer, points_table
+
+    others = other_heads(induction, n_layers_heads(net)[1], args.seed)
+    names = lambda heads: " ".join(f"{l}-{h}" for l, h in heads)
+    groups = [("intact", []), ("induction heads", induction), ("other heads", others)]
+    scored = repeated_half(args.length)
+    together = GroupScorer()
+    together.scored = scored
+    together.use_groups(groups)
+    alone = registry.get("ablation").make_scorer()
+    alone.scored = scored
+    layers = parse_layers(args.ablate_layers)
+    examples = make_probe("repeated-random", tokenizer, length=args.length, n=args.n, seed=args.seed,
+                          vocab_size=getattr(text_config(net), "vocab_size", None))
+    Engine(net, tokenizer, [together, alone], layers=layers, batch_size=args.batch_size, seed=args.seed,
+           n_boot=args.bootstrap, progress=not args.quiet, desc="ablation").run(examples)
+    labels = [label for label, _ in groups]
+    table = points_table(together.tally_, labels, "intact")
+    versus_other = points_table(together.tally_, labels, "other heads").set_index("label")
+    table["heads"] = [names(heads) for _, heads in groups]
+    table["vs_other"], table["vs_other_low"], table["vs_other_high"] = (
+        [versus_other.loc[label, column] for label in labels] for column in ("change", "change_low", "change_high"))
+    C.write_table(table, out, "induction_ablation",
+                  f"{name}: next-token loss on the repeated half (nats per piece), heads gated to 0 together; "
+                  f"change vs intact and vs the other heads, paired 95% intervals over {args.n} sequences")
+    single = Results({"ablation": alone.tally_}).ablation_heads
+    single.insert(0, "head_name", [f"{l}-{h}" for l, h in zip(single["layer"], single["head"])])
+    single["induction"] = [(l, h) in set(induction) for l, h in zip(single["layer"], single["head"])]
+    C.write_table(single[["head_name", "induction", "n", "score", "ci_low", "ci_high", "fold0", "fold1"]]
+                  .sort_values("score", ascending=False, kind="stable"), out, "single_head_ablation",
+                  f"{name}: one head gated to 0, change in the repeated half's loss (layers {args.ablate_layers})")
 
 
 def main(argv=None) -> int:
@@ -61,6 +130,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default=None)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--induction-heads", default=None, metavar="HEADS",
+                   help="heads to ablate as induction heads, e.g. 18-6,17-3 (default: trained heads with "
+                        "score >= --threshold)")
+    p.add_argument("--ablate-layers", default="17-23", help="layers whose heads are ablated one at a time "
+                   "(default 17-23, SmolLM2's induction layers)")
+    p.add_argument("--no-ablation", action="store_true", help="skip the ablation of the induction heads")
     args = p.parse_args(argv)
     out = C.out_dir(args, "olsson2022_induction")
 
@@ -69,9 +144,9 @@ def main(argv=None) -> int:
     import headprobe
     from headprobe import models
 
-    net, tokenizer, name = models.load(C.model_arg(args.model), device=args.device)
+    net, tokenizer, name, kind = models.load_lm(C.model_arg(args.model), device=args.device)
     runs = {"trained": (net, tokenizer, name),
-            "random": (random_twin(net, args.seed), tokenizer, f"{name}, random weights (seed {args.seed})")}
+            "random": (models.random_init(net, args.seed), tokenizer, f"{name}, random weights (seed {args.seed})")}
     frames = []
     for kind, loaded in runs.items():
         results = headprobe.run(loaded=loaded, probe="repeated-random", probe_length=args.length, probe_n=args.n,
@@ -101,6 +176,14 @@ def main(argv=None) -> int:
           f"(head {control.iloc[0]['head_name']}); {len(above)} heads above {args.control:g}")
     ok = len(strong) > 0 and len(above) == 0
     print("finding reproduced" if ok else "finding NOT reproduced")
+    induction = parse_heads(args.induction_heads) or [
+        tuple(int(x) for x in head.split("-")) for head in strong["head_name"]]
+    if args.no_ablation:
+        pass
+    elif kind == "representation" or not induction:
+        print(f"\nno ablation: {'the model has no language-model head' if induction else 'no induction heads'}")
+    else:
+        ablate(net, tokenizer, name, args, induction, out)
     return 0 if ok else 1
 
 

@@ -90,20 +90,27 @@ def last_hidden(model, inputs) -> torch.Tensor:
 
 
 class Objective:
-    """See the module docstring. kind: one of `KINDS`; mask_token_id: for `masked_lm`."""
+    """See the module docstring. kind: one of `KINDS`; mask_token_id: for `masked_lm`.
 
-    def __init__(self, kind: str, seed: int = SEED, mask_token_id: int | None = None):
+    scored: None, or a function `scored(batch) -> [batch, piece] bool` naming the pieces whose
+    loss is counted (LM kinds only): a target piece outside it is IGNOREd, so the objective
+    is the loss on those pieces alone (e.g. the repeated half of a repeated-random probe,
+    analyses/olsson2022_induction.py). The model still reads every piece."""
+
+    def __init__(self, kind: str, seed: int = SEED, mask_token_id: int | None = None, scored=None):
         if kind not in KINDS:
             raise ValueError(f"objective must be one of {', '.join(KINDS)}, not {kind!r}")
         if kind == "masked_lm" and not isinstance(mask_token_id, int):
             raise ValueError("objective masked_lm: the tokenizer has no mask token")
-        self.kind, self.seed, self.mask_token_id = kind, int(seed), mask_token_id
+        if scored is not None and kind == "representation":
+            raise ValueError("objective representation: a restriction to some pieces needs a language-model loss")
+        self.kind, self.seed, self.mask_token_id, self.scored = kind, int(seed), mask_token_id, scored
 
     @classmethod
-    def for_model(cls, model, tokenizer=None, kind: str | None = None, seed: int = SEED) -> "Objective":
+    def for_model(cls, model, tokenizer=None, kind: str | None = None, seed: int = SEED, scored=None) -> "Objective":
         """The model's objective (`lm_kind`), or `kind` where given."""
         kind = kind or lm_kind(model)
-        return cls(kind, seed, getattr(tokenizer, "mask_token_id", None))
+        return cls(kind, seed, getattr(tokenizer, "mask_token_id", None), scored)
 
     @property
     def description(self) -> str:
@@ -121,12 +128,19 @@ class Objective:
             return Targets(inputs, reference=last_hidden(model, inputs).detach())
         if self.kind == "causal_lm":
             labels = ids.masked_fill(mask == 0, IGNORE)                      # [batch, piece]
-            return Targets(inputs, labels=labels)
+            return Targets(inputs, labels=self._restricted(labels, batch))
         kind, keys = _kinds_and_keys(batch)
         chosen = mlm_positions(keys, kind, self.seed).to(ids.device)       # [batch, piece]
         labels = ids.masked_fill(~chosen, IGNORE)
         fed = dict(inputs, input_ids=ids.masked_fill(chosen, self.mask_token_id))
-        return Targets(fed, labels=labels)
+        return Targets(fed, labels=self._restricted(labels, batch))
+
+    def _restricted(self, labels: torch.Tensor, batch) -> torch.Tensor:
+        """labels [batch, piece] with the pieces outside `scored(batch)` IGNOREd."""
+        if self.scored is None:
+            return labels
+        keep = torch.as_tensor(self.scored(batch), device=labels.device, dtype=torch.bool)   # [batch, piece]
+        return labels.masked_fill(~keep, IGNORE)
 
     def per_row(self, model, targets: Targets) -> tuple[torch.Tensor, torch.Tensor]:
         """([batch] summed objective, [batch] pieces it is summed over), float32; differentiable

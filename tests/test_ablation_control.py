@@ -274,3 +274,37 @@ def test_syntactic_role_needs_a_head_above_the_controls_heldout_best(control_rat
         assert abs(bar - control_rate) < 0.1
         if syntactic:
             assert f"random-init control's held-out best {bar:.4f}" in roles.loc["0-0", "evidence"]
+
+
+# ----------------------------------------------------------------------------- head groups, restricted loss
+def test_head_groups_on_a_restricted_loss_equal_gates_and_labels_by_hand(tmp_path):
+    """GroupScorer (analyses/olsson2022_induction.py): each group gated together, the loss counted on
+    the pieces `scored` names (here: every piece from the fourth on), against transformers' own
+    loss with those labels alone and the heads gated by hand."""
+    from headprobe.objectives import IGNORE
+    from headprobe.scorers.ablation import GroupScorer, points_table
+
+    family, model = with_lm_head("llama")
+    examples = list(read_conllu(write_treebank(tmp_path / "t.conllu", n=10)))
+    groups = [("intact", []), ("pair", [(0, 1), (1, 2)]), ("layer 1", [(1, h) for h in range(4)])]
+    scorer = GroupScorer()
+    scorer.scored = lambda batch: torch.arange(batch.input_ids.shape[1])[None, :] >= 3   # [1, piece]
+    scorer.use_groups(groups)
+    Engine(model, family.tokenizer, [scorer], progress=False, n_boot=30, batch_size=4).run(examples)
+    table = points_table(scorer.tally_, [label for label, _ in groups], "intact").set_index("label")
+    for label, heads in groups:
+        gates = torch.ones(2, 4)
+        for layer, head in heads:
+            gates[layer, head] = 0.0
+        total = count = 0.0
+        with torch.no_grad(), HeadGates(model, gates):
+            for example in examples:
+                ids = one_batch(family, [example]).input_ids                    # [1, piece]
+                labels = ids.clone()
+                labels[:, :3] = IGNORE                                          # pieces 0-2 are not targets
+                loss = model(input_ids=ids, labels=labels).loss
+                total += float(loss) * (ids.shape[1] - 3)
+                count += ids.shape[1] - 3
+        assert table.loc[label, "value"] == pytest.approx(total / count, rel=1e-5), label
+        assert table.loc[label, "n"] == count
+    assert table.loc["intact", "change"] == 0.0 and table.loc["layer 1", "change"] != 0.0

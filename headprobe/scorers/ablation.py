@@ -33,6 +33,11 @@ language-model head), from `ablation` (every head), which the run adds. One row 
 so each point has an interval and the change from 0% a paired one (`prune_table`); the
 order used is in the summary (`prune_curve`). `head_ranks`: every head's rank by the same
 score (1 = most important), which the role map prints beside each role.
+
+`GroupScorer` (not registered; the pruning curve is one) gates named groups of heads together
+per example, e.g. induction heads vs as many other heads vs intact; `points_table` gives each
+group's objective and its paired difference from a reference group. A model scorer's
+objective may be restricted to some pieces (`scored`, `objectives.Objective`).
 """
 
 from __future__ import annotations
@@ -59,10 +64,12 @@ class ModelScorer(CountScorer):
     value = "mass"
     blocks = True                       # takes no attention, so never stops query blocks
     needs_lm_head = True
+    scored = None                       # `objectives.Objective`'s restriction to some pieces (None: all)
 
     def use_model(self, model, tokenizer) -> None:
         """Called by the engine before the run: the objective, from the model as loaded."""
-        self.objective = Objective.for_model(model, tokenizer, seed=self.tally_.seed if self.tally_ else 0)
+        self.objective = Objective.for_model(model, tokenizer, seed=self.tally_.seed if self.tally_ else 0,
+                                             scored=self.scored)
 
     def model_pass(self, model, batch) -> None:
         """Per example [row, layer, head] values and [row] pieces, kept for this batch's rows."""
@@ -124,15 +131,51 @@ class ImportanceScorer(ModelScorer):
         return importance_rows(model, batch, self.objective)          # [row, layer, head], [row]
 
 
-class PruneScorer(ModelScorer):
-    """The pruning curve: per example, the objective with each point's heads gated to 0."""
+class GroupScorer(ModelScorer):
+    """Per example, the objective with each named group of heads gated to 0 together (`use_groups`):
+    one row per (unit, group) with n = pieces scored, a single whole-model cell (layer
+    `MODEL_LEVEL`), so every group's objective has an interval and any two groups a paired
+    difference (`points_table`). Not registered: `analyses/olsson2022_induction.py` runs it
+    through `Engine` (induction heads vs other heads vs intact); the pruning curve is one."""
+
+    analysis = "head_groups"
+
+    def __init__(self):
+        super().__init__()
+        self.groups: list[tuple[str, list]] = []
+
+    def use_groups(self, groups) -> None:
+        """groups: [(label, [(layer, head), ...])]; an empty list of heads is the intact model."""
+        self.groups = [(str(label), [(int(l), int(h)) for l, h in heads]) for label, heads in groups]
+
+    def bind(self, n_layers, n_heads, layers=None, **options) -> None:
+        super().bind(1, 1, [MODEL_LEVEL], **options)                 # one cell: the whole model
+
+    def compute(self, model, batch):
+        targets = self.objective.targets(model, batch)
+        values = gated_rows(model, targets, self.objective, [heads for _, heads in self.groups],
+                            copies=max(1, ROWS_PER_PASS // len(batch)))    # [row, group]
+        return values, self.objective.pieces(targets)                     # [row]
+
+    def rows(self, batch):
+        _, tokens = self._pass
+        keys = [(example.unit, label) for example in batch.examples for label, _ in self.groups]
+        return keys, np.repeat(tokens.cpu().numpy(), len(self.groups)).tolist()
+
+    def prepare(self, batch):
+        values, _ = self._pass                                        # [row, group]
+        self._values[0, 0] = values.reshape(-1, 1).to(self._values)   # [row x group, 1]
+
+
+class PruneScorer(GroupScorer):
+    """The pruning curve: the groups are 0%, 10%, ... 100% of the heads, least important first."""
 
     analysis = "prune_curve"
     second_pass = True                  # scored after the first pass, whose tallies give the order
 
     def __init__(self):
         super().__init__()
-        self.order_by, self.order, self.steps = "", [], []
+        self.order_by, self.order = "", []
 
     @staticmethod
     def prerequisites(kind: str, heads=None) -> list[str]:
@@ -149,30 +192,31 @@ class PruneScorer(ModelScorer):
         """Order the heads by the first pass's `importance` (else `ablation`) tally, least first."""
         self.order_by = "importance" if "importance" in tallies else "ablation"
         self.order = prune_order(tally_scores(tallies[self.order_by]))
-        self.steps = prune_steps(self.order)
+        self.use_groups(prune_steps(self.order))
 
     def describe(self) -> dict:
         """What the summary keeps of this pass (`prune_table` reads it)."""
         return {"prune_curve": {"order_by": self.order_by, "order": [f"{l}-{h}" for l, h in self.order],
-                                "points": {label: len(heads) for label, heads in self.steps}}}
+                                "points": {label: len(heads) for label, heads in self.groups}}}
 
-    def bind(self, n_layers, n_heads, layers=None, **options) -> None:
-        super().bind(1, 1, [MODEL_LEVEL], **options)                 # one cell: the whole model
 
-    def compute(self, model, batch):
-        targets = self.objective.targets(model, batch)
-        values = gated_rows(model, targets, self.objective, [heads for _, heads in self.steps],
-                            copies=max(1, ROWS_PER_PASS // len(batch)))    # [row, point]
-        return values, self.objective.pieces(targets)                     # [row]
+POINT_COLUMNS = ["label", "n", "value", "ci_low", "ci_high", "change", "change_low", "change_high"]
 
-    def rows(self, batch):
-        _, tokens = self._pass
-        keys = [(example.unit, label) for example in batch.examples for label, _ in self.steps]
-        return keys, np.repeat(tokens.cpu().numpy(), len(self.steps)).tolist()
 
-    def prepare(self, batch):
-        values, _ = self._pass                                        # [row, point]
-        self._values[0, 0] = values.reshape(-1, 1).to(self._values)   # [row x point, 1]
+def points_table(tally, labels: list[str], reference: str) -> pd.DataFrame:
+    """Per label of a whole-model tally (`GroupScorer`), in `labels` order: the objective (mass / n)
+    with its 95% interval, and its change from `reference`'s with a paired interval (same
+    bootstrap weights: the same units)."""
+    mass = {label: tally.arrays(label)["hits"][..., 0, 0, 0].sum(0) for label in labels}   # [resample]
+    n = tally.arrays(labels[0])["n"][..., 0].sum(0)                                         # [resample]
+    rows = []
+    for label in labels:
+        value, low, high = estimate(mass[label], n)
+        change, c_low, c_high = paired_gap(mass[label], mass[reference], n)
+        rows.append({"label": label, "n": float(n[0]), "value": float(value), "ci_low": float(low),
+                     "ci_high": float(high), "change": float(change), "change_low": float(c_low),
+                     "change_high": float(c_high)})
+    return pd.DataFrame(rows, columns=POINT_COLUMNS)
 
 
 def tally_scores(tally) -> pd.DataFrame:
@@ -214,32 +258,24 @@ PRUNE_COLUMNS = ["percent", "fraction", "heads_removed", "heads_total", "removed
 
 def prune_table(results) -> pd.DataFrame:
     """One row per point of the curve: the objective with that share of heads removed (value, 95%
-    interval) and its paired change from 0% (same bootstrap weights); `removed`: the heads
-    removed at this point beyond the previous one, from the order the run used."""
+    interval) and its paired change from 0% (`points_table`); `removed`: the heads removed at this
+    point beyond the previous one, from the order the run used (`summary["prune_curve"]`)."""
     tally = results.tallies.get("prune_curve")
     if tally is None or not tally.labels:
         return pd.DataFrame(columns=PRUNE_COLUMNS)
     info = results.summary.get("prune_curve", {})
-    order = info.get("order", [])
+    order, points = info.get("order", []), info.get("points", {})
     labels = sorted(tally.sorted_labels(), key=lambda label: int(label.rstrip("%")))
-    totals = {label: tally.arrays(label) for label in labels}
-    mass = {label: a["hits"][..., 0, 0, 0].sum(0) for label, a in totals.items()}   # [resample]
-    n = totals[labels[0]]["n"][..., 0].sum(0)                                      # [resample]
-    rows, before = [], 0
-    for label in labels:
-        value, low, high = estimate(mass[label], n)
-        change, c_low, c_high = paired_gap(mass[label], mass[labels[0]], n)
-        k = info.get("points", {}).get(label)
-        removed = " ".join(order[before:k]) if k is not None else ""
-        before = k if k is not None else before
-        rows.append({"percent": label, "fraction": int(label.rstrip("%")) / 100,
-                     "heads_removed": np.nan if k is None else k,
-                     "heads_total": len(order) or np.nan, "removed": removed, "n": float(n[0]),
-                     "value": float(value), "ci_low": float(low), "ci_high": float(high), "change": float(change),
-                     "change_low": float(c_low), "change_high": float(c_high), "order_by": info.get("order_by", "")})
-    frame = pd.DataFrame(rows)
-    frame.insert(5, "objective", (results.summary.get("objectives") or {}).get("prune_curve", ""))
-    return frame[PRUNE_COLUMNS]
+    table = points_table(tally, labels, labels[0]).rename(columns={"label": "percent"})
+    table["fraction"] = [int(label.rstrip("%")) / 100 for label in labels]
+    removed = [points.get(label) for label in labels]
+    table["heads_removed"] = [np.nan if k is None else k for k in removed]
+    before = [0] + [k or 0 for k in removed[:-1]]
+    table["removed"] = [" ".join(order[b:k]) if k is not None else "" for b, k in zip(before, removed)]
+    table["heads_total"] = len(order) or np.nan
+    table["objective"] = (results.summary.get("objectives") or {}).get("prune_curve", "")
+    table["order_by"] = info.get("order_by", "")
+    return table[PRUNE_COLUMNS]
 
 
 ABLATION = register(Analysis(
