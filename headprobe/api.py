@@ -208,7 +208,7 @@ def run(model=None, *, treebank=None, text=None, hf_dataset=None, coref=None, ou
             n_config_layers, _ = checks.config_layers_heads(config, stack)
             if n_config_layers:
                 checks.check_layers_exist(layers, n_config_layers, reference[2])
-                checks.check_heads_exist(heads, n_config_layers, checks.config_layers_heads(config)[1], layers,
+                checks.check_heads_exist(heads, n_config_layers, checks.config_layers_heads(config, stack)[1], layers,
                                          reference[2])
         inputs = {key: store.input_fingerprint(option, path) for key, option, path in (
             ("treebank", "--treebank", treebank), ("text", "--text", text),

@@ -44,7 +44,7 @@ def _described(analysis: str) -> str:
 
 # ---------------------------------------------------------------- figures
 
-def prune_figure(curve: pd.DataFrame, title: str) -> bytes:
+def prune_figure(curve: pd.DataFrame, title: str) -> "F.Drawing":
     """The objective (with its 95% interval) against the share of heads removed."""
     fig = F.new_figure(5.2, 3.4)
     ax = fig.subplots()
@@ -58,10 +58,10 @@ def prune_figure(curve: pd.DataFrame, title: str) -> bytes:
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7)
     F._finish(fig)
-    return F.to_png(fig)
+    return F.drawing(fig)
 
 
-def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str) -> bytes:
+def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str) -> "F.Drawing":
     """Each head with a role: the number that decided its role against its importance."""
     fig = F.new_figure(5.6, 3.8)
     ax = fig.subplots()
@@ -79,7 +79,7 @@ def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str)
     else:
         ax.text(0.5, 0.5, "no head has a role", ha="center", va="center", transform=ax.transAxes)
     F._finish(fig)
-    return F.to_png(fig)
+    return F.drawing(fig)
 
 
 # ---------------------------------------------------------------- sections
