@@ -27,7 +27,7 @@ from hashlib import blake2b
 
 import numpy as np
 
-from headprobe.corpora.base import Corpus, Example
+from headprobe.corpora.base import Corpus, Example, Stream
 
 PROBES = ("repeated-random",)
 SPECIALS = ("auto", "bos", "none")
@@ -72,27 +72,35 @@ def wrap(tokenizer, specials: str = "auto") -> tuple[list[int], list[int]]:
 
 def repeated_random(tokenizer, length: int = 50, n: int = 500, seed: int = 0, specials: str = "auto",
                     vocab_size: int | None = None) -> Corpus:
-    """`n` sequences of `length` random tokens repeated twice (Olsson et al. 2022)."""
+    """`n` sequences of `length` random tokens repeated twice (Olsson et al. 2022), in a `Corpus`."""
+    return repeated_random_stream(tokenizer, length, n, seed, specials, vocab_size).collect()
+
+
+def repeated_random_stream(tokenizer, length: int = 50, n: int = 500, seed: int = 0, specials: str = "auto",
+                           vocab_size: int | None = None) -> Stream:
+    """`repeated_random` as a lazy `Stream`: each sequence is drawn when it is taken."""
     if length < 1 or n < 1:
         raise ValueError(f"a probe needs length >= 1 and n >= 1 (got length {length}, n {n})")
     vocab = vocabulary(tokenizer, vocab_size)
     if not len(vocab):
         raise ValueError("the tokenizer has no non-special token to draw")
     before, after = wrap(tokenizer, specials)
-    corpus = Corpus()
-    corpus.name = f"repeated-random (length {length}, n {n}, seed {seed}, specials {specials})"
-    for k in range(n):
-        rng = np.random.Generator(np.random.PCG64(_key(seed, "probe", k)))
-        tokens = vocab[rng.integers(0, len(vocab), length)].tolist()
-        ids = before + tokens + tokens + after
-        words = tokenizer.convert_ids_to_tokens(tokens + tokens)
-        unit = f"repeated-random:{k}"
-        corpus.append(Example(words=list(words), unit=unit, source=f"{corpus.name}#{k}",
-                              meta={"input_ids": ids, "probe": "repeated-random"}))
-    return corpus
+    name = f"repeated-random (length {length}, n {n}, seed {seed}, specials {specials})"
+
+    def read(sink):
+        for k in range(n):
+            rng = np.random.Generator(np.random.PCG64(_key(seed, "probe", k)))
+            tokens = vocab[rng.integers(0, len(vocab), length)].tolist()
+            ids = before + tokens + tokens + after
+            words = tokenizer.convert_ids_to_tokens(tokens + tokens)
+            yield Example(words=list(words), unit=f"repeated-random:{k}", source=f"{name}#{k}",
+                          meta={"input_ids": ids, "probe": "repeated-random"})
+
+    return Stream(read, name=name, total_words=lambda: 2 * length * n)
 
 
-def make_probe(name: str, tokenizer, **options) -> Corpus:
+def make_probe(name: str, tokenizer, **options) -> Stream:
+    """The probe `name` (one of `PROBES`) as a lazy `Stream` of `Example`s."""
     if name not in PROBES:
         raise ValueError(f"unknown probe {name!r}; choose from {', '.join(PROBES)}")
-    return repeated_random(tokenizer, **options)
+    return repeated_random_stream(tokenizer, **options)

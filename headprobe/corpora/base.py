@@ -10,8 +10,10 @@
     corpus.skipped                          # ["t.conllu:14: head '9' of word 3 ...", ...]
     corpus.counts                           # Counter({"malformed_sentence": 1, ...})
 
-Every reader (CoNLL-U treebanks, CorefUD, spaCy text, Hugging Face datasets)
-returns a `Corpus`, and every malformed input goes through `Corpus.reject`.
+Every reader (CoNLL-U treebanks, CorefUD, spaCy text, Hugging Face datasets) has a lazy
+form that returns a `Stream` (examples read one at a time, as a run scores them: memory does
+not grow with the corpus) and an eager one that returns a `Corpus` (a list); every malformed
+input goes through `Accounting.reject`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 ALL = "ALL"
 """The reserved label of the row that pools every relation (or coreference kind); no
@@ -72,22 +74,13 @@ class Example:
         return len(self.words)
 
 
-class Corpus(list):
-    """A list of items (`Example`s, or CorefUD documents) that remembers what was skipped.
+class Accounting:
+    """What a corpus remembers it skipped: `skipped` ("path:line: why" per skipped thing) and
+    `counts` (skips by reason: `malformed_sentence`, `duplicate_sent_id`, `malformed_mention`, ...,
+    and whatever totals a reader adds, e.g. the coreference reader's documents and windows)."""
 
-        corpus.reject(error, skip_bad)    # the one skip path for malformed input
-        corpus.skipped                    # "path:line: why" per skipped thing
-        corpus.counts["malformed_sentence"]
-
-    `counts` holds the skips by reason (`malformed_sentence`, `duplicate_sent_id`,
-    `malformed_mention`, ...) and whatever totals a reader adds (the coreference reader:
-    documents, sentences, windows, mentions, ...).
-    """
-
-    def __init__(self, items=(), skipped=None, counts=None):
-        super().__init__(items)
-        self.skipped: list[str] = list(skipped or [])
-        self.counts: Counter = Counter(counts or {})
+    skipped: list[str]
+    counts: Counter
 
     def reject(self, error: CorpusError, skip_bad: bool) -> None:
         """Raise `error`, or with `skip_bad` warn, list and count it (by `error.reason`) and go on."""
@@ -106,6 +99,60 @@ class Corpus(list):
     def rejected_sentences(self) -> int:
         """Input sentences skipped as malformed or duplicate (not read into the corpus)."""
         return sum(self.counts[reason] for reason in SENTENCE_REASONS)
+
+
+class Corpus(Accounting, list):
+    """A list of items (`Example`s, or CorefUD documents) that remembers what was skipped.
+
+        corpus.reject(error, skip_bad)    # the one skip path for malformed input
+        corpus.skipped                    # "path:line: why" per skipped thing
+        corpus.counts["malformed_sentence"]
+
+    `counts` holds the skips by reason (`malformed_sentence`, `duplicate_sent_id`,
+    `malformed_mention`, ...) and whatever totals a reader adds (the coreference reader:
+    documents, sentences, windows, mentions, ...).
+    """
+
+    def __init__(self, items=(), skipped=None, counts=None):
+        super().__init__(items)
+        self.skipped: list[str] = list(skipped or [])
+        self.counts: Counter = Counter(counts or {})
+
+
+class Stream(Accounting):
+    """A corpus read lazily: each pass over it reads its source again and yields the items one
+    at a time, so a run holds only what it is scoring; the skip accounting fills in during the pass.
+
+        stream = Stream(lambda sink: my_reader(path, sink), name=str(path))
+        for example in stream:            # reads the file; sink.reject / sink.note as it goes
+            ...
+        stream.skipped, stream.counts     # complete once a pass has ended
+        corpus = stream.collect()         # the whole thing as a `Corpus` (small inputs, tests)
+
+    `read(sink)` returns an iterator of items and reports skips to `sink` (this stream, or the
+    stream given as `accounting`, whose lists are then shared: a reader built on another, like
+    the coreference windows on the documents). `skipped` and `counts` are emptied (in place) at
+    the start of each pass. `total_words`, when given, is a cheap count of the words the pass
+    will yield (a progress bar's total; None: unknown).
+    """
+
+    def __init__(self, read: Callable[["Accounting"], Iterable], *, name: str | None = None,
+                 accounting: Accounting | None = None, total_words: Callable[[], int | None] | None = None):
+        self.read = read
+        self.name = name
+        self.skipped: list[str] = accounting.skipped if accounting is not None else []
+        self.counts: Counter = accounting.counts if accounting is not None else Counter()
+        self.total_words = total_words or (lambda: None)
+
+    def __iter__(self) -> Iterator:
+        self.skipped.clear()
+        self.counts.clear()
+        return iter(self.read(self))
+
+    def collect(self) -> Corpus:
+        """Every item of one pass, in a `Corpus` with the pass's skip accounting."""
+        items = list(self)
+        return Corpus(items, self.skipped, self.counts)
 
 
 class SentIds:

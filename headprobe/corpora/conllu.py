@@ -1,6 +1,7 @@
 """CoNLL-U reading: one layer of blocks, rows and validation for treebanks and CorefUD.
 
     corpus = read_conllu("en_ewt-ud-dev.conllu")               # Corpus of Examples (gold arcs)
+    stream = stream_conllu("en_ewt-ud-dev.conllu")             # the same, read lazily (a Stream)
     corpus = read_conllu(path, skip_bad=True)                  # bad sentences skipped, counted
     for block in iter_blocks(path):                            # the layer readers build on
         sentence = read_sentence(block, ids)                   # validated rows, heads, sent_id
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from headprobe.corpora.base import (Corpus, CorpusError, Example, SentIds, check_tree, decode_lines,
+from headprobe.corpora.base import (Corpus, CorpusError, Example, SentIds, Stream, check_tree, decode_lines,
                                     file_lines, text_lines)
 
 N_COLUMNS = 10
@@ -237,9 +238,46 @@ def sentence_example(sentence: Sentence, conventions=None) -> Example:
     )
 
 
+def stream_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool = True,
+                  conventions=None) -> Stream:
+    """The sentences of a CoNLL-U file as a lazy `Stream` of `Example`s with gold arcs: each pass
+    reads the file again, one sentence at a time (`read_conllu` for the rules).
+
+        stream = stream_conllu("en_ewt-ud-dev.conllu", skip_bad=True)
+        for example in stream: ...
+        stream.counts["malformed_sentence"]          # complete after the pass
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no CoNLL-U file at {path}")
+
+    def read(sink):
+        ids = SentIds()
+        for block in iter_blocks(path):
+            try:
+                sentence = read_sentence(block, ids, require_heads)
+            except CorpusError as exc:
+                sink.reject(exc, skip_bad)
+                continue
+            yield sentence_example(sentence, conventions)
+
+    return Stream(read, name=str(path), total_words=lambda: count_word_lines(path))
+
+
+def count_word_lines(path: str | Path) -> int:
+    """Syntactic word lines of a CoNLL-U file (first column a whole number), counted without
+    parsing: a cheap total for a progress bar (malformed sentences included)."""
+    n = 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            if line[:1].isdigit() and line.split(b"\t", 1)[0].isdigit():
+                n += 1
+    return n
+
+
 def read_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool = True,
                 conventions=None) -> Corpus:
-    """Read every sentence of a CoNLL-U file as an `Example` with gold arcs.
+    """Read every sentence of a CoNLL-U file as an `Example` with gold arcs (a `Corpus`, in memory;
+    `stream_conllu` reads it lazily).
 
     A malformed sentence raises `CorpusError` ("path:line: what is wrong"), or with
     `skip_bad=True` is skipped with a warning, listed in `corpus.skipped` and counted in
@@ -248,15 +286,4 @@ def read_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool
     `conventions` (`headprobe.conventions` preset; default SPEC) decides whether relation
     subtypes are cut (`obl:tmod` -> `obl`) or kept.
     """
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no CoNLL-U file at {path}")
-    corpus = Corpus()
-    ids = SentIds()
-    for block in iter_blocks(path):
-        try:
-            sentence = read_sentence(block, ids, require_heads)
-        except CorpusError as exc:
-            corpus.reject(exc, skip_bad)
-            continue
-        corpus.append(sentence_example(sentence, conventions))
-    return corpus
+    return stream_conllu(path, skip_bad=skip_bad, require_heads=require_heads, conventions=conventions).collect()

@@ -3,6 +3,7 @@
     documents = read_corefud("en_gum-ud-dev.conllu")                 # Corpus of CorefDocuments
     windows = read_coref_examples(path, tokenizer_piece_counter(tokenizer), window=128,
                                   skip_bad=True, single_document=False)  # Corpus of window Examples
+    windows = stream_coref_examples(path, ...)                       # the same, read lazily (a Stream)
 
 Reading (`read_corefud`, `parse_corefud`)
 -----------------------------------------
@@ -72,9 +73,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
-from headprobe.corpora.base import MALFORMED_MENTION, Corpus, CorpusError, Example, SentIds, base_relation
+from headprobe.corpora.base import (MALFORMED_MENTION, Accounting, Corpus, CorpusError, Example, SentIds, Stream,
+                                    base_relation)
 from headprobe.corpora.conllu import (EMPTY, RANGE, WORD, Block, Sentence, iter_blocks, read_sentence,
                                       text_lines)
 
@@ -261,17 +263,17 @@ class _Open:
 
 class _DocumentBuilder:
     """Collects the sentences and brackets of one document; a bracket structure that does not
-    hold goes to `corpus.reject` as a malformed mention (raised, or skipped and counted)."""
+    hold goes to `sink.reject` as a malformed mention (raised, or skipped and counted)."""
 
-    def __init__(self, doc_id: str, source: str, path: str, corpus: Corpus, skip_bad: bool):
+    def __init__(self, doc_id: str, source: str, path: str, sink: Accounting, skip_bad: bool):
         self.doc = CorefDocument(doc_id, source)
-        self.path, self.corpus, self.skip_bad = path, corpus, skip_bad
+        self.path, self.sink, self.skip_bad = path, sink, skip_bad
         self.open: dict[str, list[_Open]] = {}
         self.raw: list[tuple[int, int, str, int, tuple]] = []            # (start, end, entity, line, fields)
         self.n_words = 0
 
     def reject(self, message: str) -> None:
-        self.corpus.reject(CorpusError(message, MALFORMED_MENTION), self.skip_bad)
+        self.sink.reject(CorpusError(message, MALFORMED_MENTION), self.skip_bad)
 
     def add(self, sentence: Sentence, brackets: Sequence[Bracket]) -> None:
         words = sentence.words
@@ -362,59 +364,97 @@ def read_corefud(path: str | Path, *, skip_bad: bool = False, single_document: b
     See the module docstring for the rules; `corpus.skipped` / `corpus.counts` say what was
     skipped (`malformed_sentence`, `duplicate_sent_id`, `malformed_mention`). A file that marks
     no documents is refused unless `single_document=True` (one document named after the file);
-    where the file has `# newdoc` lines, `single_document` changes nothing.
+    where the file has `# newdoc` lines, `single_document` changes nothing. `stream_corefud`
+    reads the same documents lazily, one at a time.
     """
+    return stream_corefud(path, skip_bad=skip_bad, single_document=single_document).collect()
+
+
+def stream_corefud(path: str | Path, *, skip_bad: bool = False, single_document: bool = False) -> Stream:
+    """`read_corefud` as a lazy `Stream` of `CorefDocument`s: each pass reads the file again and
+    holds one document at a time (a file read as one document is held whole)."""
     path = str(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"no CorefUD file at {path}")
-    return _parse(iter_blocks(path), path, skip_bad, single_document)
+    return Stream(lambda sink: _documents(iter_blocks(path), path, skip_bad, single_document, sink), name=path)
 
 
 def parse_corefud(lines: Iterable[str] | str, source: str = "<string>", *, skip_bad: bool = False,
                   single_document: bool = False) -> Corpus:
     """`read_corefud` of CorefUD text in memory (a string or lines); errors name `source:line`."""
-    return _parse(iter_blocks(source, text_lines(lines)), source, skip_bad, single_document)
-
-
-def _parse(blocks: Iterable[Block], path: str, skip_bad: bool, single_document: bool) -> Corpus:
     corpus = Corpus()
+    corpus.extend(_documents(iter_blocks(source, text_lines(lines)), source, skip_bad, single_document, corpus))
+    return corpus
+
+
+def _read_block(block: Block, ids: SentIds, sink: Accounting, skip_bad: bool):
+    """(block, validated sentence or None where it was skipped, its brackets)."""
+    try:
+        sentence = read_sentence(block, ids)
+        return block, sentence, sentence_brackets(sentence)
+    except CorpusError as exc:
+        sink.reject(exc, skip_bad)
+        return block, None, []
+
+
+class _Documents:
+    """Sentences in file order -> documents: `add` returns the document that a new one closes."""
+
+    def __init__(self, path: str, sink: Accounting, skip_bad: bool):
+        self.path, self.sink, self.skip_bad = path, sink, skip_bad
+        self.builder: _DocumentBuilder | None = None
+        self.key = None
+
+    def add(self, block: Block, sentence: Sentence | None, brackets: list[Bracket], doc_key,
+            doc_id: str) -> CorefDocument | None:
+        done = None
+        if self.builder is None or doc_key != self.key:
+            done = self.close()
+            self.builder = _DocumentBuilder(doc_id, f"{self.path}:{block.doc_line or block.first_line}", self.path,
+                                            self.sink, self.skip_bad)
+            self.key = doc_key
+        if sentence is None:
+            self.builder.gap()
+        else:
+            self.builder.add(sentence, brackets)
+        return done
+
+    def close(self) -> CorefDocument | None:
+        builder, self.builder = self.builder, None
+        return builder.finish() if builder is not None and builder.doc.sentences else None
+
+
+def _documents(blocks: Iterable[Block], path: str, skip_bad: bool, single_document: bool,
+               sink: Accounting) -> Iterator[CorefDocument]:
+    """The documents of `blocks`, each as soon as the next one starts. Blocks before the file's
+    first `# newdoc` wait (in a file that marks none: all of them, read as one document or refused)."""
     ids = SentIds()
-    read: list[tuple[Block, Sentence | None, list[Bracket]]] = []    # sentence None: a skipped block
+    docs = _Documents(path, sink, skip_bad)
+    pending: list[tuple[Block, Sentence | None, list[Bracket]]] = []
     marks_documents = False
     for block in blocks:
-        marks_documents = marks_documents or block.doc_line is not None
-        try:
-            sentence = read_sentence(block, ids)
-            brackets = sentence_brackets(sentence)
-        except CorpusError as exc:
-            corpus.reject(exc, skip_bad)
-            read.append((block, None, []))
+        block, sentence, brackets = _read_block(block, ids, sink, skip_bad)
+        if not marks_documents and block.doc_line is not None:
+            marks_documents = True
+            for early, skipped_or_read, _ in pending:
+                if skipped_or_read is not None:
+                    sink.reject(CorpusError(f"{early.where()}: sentence before the file's first '# newdoc id' "
+                                            f"belongs to no document"), skip_bad)
+            pending = []
+        if not marks_documents:
+            pending.append((block, sentence, brackets))
             continue
-        read.append((block, sentence, brackets))
-    if read and not marks_documents and not single_document:
-        raise CorpusError(f"{path}:{read[0][0].first_line}: no '# newdoc id' line: the file marks no documents, "
+        done = docs.add(block, sentence, brackets, block.doc_line, block.doc_id)
+        if done is not None:
+            yield done
+    if pending and not single_document:
+        raise CorpusError(f"{path}:{pending[0][0].first_line}: no '# newdoc id' line: the file marks no documents, "
                           f"which coreference windows need (read it as one document with single_document=True)")
-    builder, key = None, None
-    for block, sentence, brackets in read:
-        doc_key = block.doc_line if marks_documents else 0
-        if doc_key is None:
-            if sentence is not None:
-                corpus.reject(CorpusError(f"{block.where()}: sentence before the file's first '# newdoc id' "
-                                          f"belongs to no document"), skip_bad)
-            continue
-        if builder is None or doc_key != key:
-            if builder is not None and builder.doc.sentences:
-                corpus.append(builder.finish())
-            doc_id = block.doc_id if marks_documents else Path(path).name
-            builder, key = _DocumentBuilder(doc_id, f"{path}:{block.doc_line or block.first_line}", path,
-                                            corpus, skip_bad), doc_key
-        if sentence is None:
-            builder.gap()
-        else:
-            builder.add(sentence, brackets)
-    if builder is not None and builder.doc.sentences:
-        corpus.append(builder.finish())
-    return corpus
+    for block, sentence, brackets in pending:                 # one document: the file
+        docs.add(block, sentence, brackets, 0, Path(path).name)
+    done = docs.close()
+    if done is not None:
+        yield done
 
 
 # ------------------------------------------------------------------------ windows
@@ -499,7 +539,14 @@ def coref_examples(documents: Iterable[CorefDocument], count_pieces: PieceCounte
         corpus = Corpus(skipped=documents.skipped, counts=documents.counts)
     else:
         corpus = Corpus()
-    counts = corpus.counts
+    corpus.extend(_windows(documents, count_pieces, window, corpus))
+    return corpus
+
+
+def _windows(documents: Iterable[CorefDocument], count_pieces: PieceCounter, window: int,
+             sink: Accounting) -> Iterator[Example]:
+    """The window `Example`s of each document in turn; counts and skips go to `sink` (`coref_examples`)."""
+    counts = sink.counts
     for doc in documents:
         counts["documents"] += 1
         counts["sentences"] += len(doc.sentences)
@@ -511,13 +558,10 @@ def coref_examples(documents: Iterable[CorefDocument], count_pieces: PieceCounte
             s = doc.sentences[i]
             what = (f"more than {window} pieces" if reason == "too_long"
                     else "a word the tokenizer turns into no piece")
-            corpus.note(f"{s.source}: sentence {s.sent_id} skipped: {what}", f"sentence_{reason}")
-        ranges = []
-        for group in groups:
-            example, _ = window_example(doc, group)
-            ranges.append((example.meta["doc_start"], example.meta["doc_start"] + len(example.words)))
-            counts["window_mentions"] += len(example.mentions)
-            corpus.append(example)
+            sink.note(f"{s.source}: sentence {s.sent_id} skipped: {what}", f"sentence_{reason}")
+        examples = [window_example(doc, group)[0] for group in groups]
+        ranges = [(ex.meta["doc_start"], ex.meta["doc_start"] + len(ex.words)) for ex in examples]
+        counts["window_mentions"] += sum(len(ex.mentions) for ex in examples)
         skipped_ranges = [(doc.sentences[i].start, doc.sentences[i].start + len(doc.sentences[i]))
                           for i, _ in skipped]
         for m in doc.mentions:
@@ -528,7 +572,7 @@ def coref_examples(documents: Iterable[CorefDocument], count_pieces: PieceCounte
             else:
                 counts["mention_across_windows"] += 1
         counts["windows"] += len(groups)
-    return corpus
+        yield from examples
 
 
 def tokenizer_piece_counter(tokenizer) -> PieceCounter:
@@ -556,6 +600,20 @@ def read_coref_examples(path: str | Path, count_pieces: PieceCounter, window: in
     """
     return coref_examples(read_corefud(path, skip_bad=skip_bad, single_document=single_document),
                           count_pieces, window)
+
+
+def stream_coref_examples(path: str | Path, count_pieces: PieceCounter, window: int = 128, *,
+                          skip_bad: bool = False, single_document: bool = False) -> Stream:
+    """`read_coref_examples` as a lazy `Stream`: each pass reads the file again, one document at a
+    time; the reader's and the packing's skips and counts fill in together (in file order).
+
+        windows = stream_coref_examples(path, tokenizer_piece_counter(tokenizer), 128)
+        for example in windows: ...
+        windows.counts["windows"]                      # complete after the pass
+    """
+    documents = stream_corefud(path, skip_bad=skip_bad, single_document=single_document)
+    return Stream(lambda sink: _windows(documents, count_pieces, window, sink), name=str(path),
+                  accounting=documents)
 
 
 def corpus_summary(documents: Sequence[CorefDocument]) -> dict[str, int]:

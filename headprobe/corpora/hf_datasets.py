@@ -12,8 +12,10 @@ or is skipped with `skip_bad`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
-from headprobe.corpora.base import Corpus, CorpusError, Example, SentIds, base_relation, check_tree
+from headprobe.corpora.base import (Accounting, Corpus, CorpusError, Example, SentIds, Stream, base_relation,
+                                    check_tree)
 
 COLUMNS = {
     "words": ("tokens", "words", "form", "forms"),
@@ -69,7 +71,7 @@ def _no_head(head) -> bool:
 
 
 def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
-    """Read a dataset's rows as a `Corpus` of dependency `Example`s.
+    """Read a dataset's rows as a `Corpus` of dependency `Example`s (`stream_hf_dataset`: lazily).
 
         corpus = read_hf_dataset("universal_dependencies:en_ewt:validation", skip_bad=True)
 
@@ -79,14 +81,21 @@ def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
     `sent_id` / `id` / `idx` column, else "SPEC#<ordinal>" (1-based); a repeated id is an
     error like a repeated `# sent_id` in a file (`duplicate_sent_id`).
     """
+    return stream_hf_dataset(spec, skip_bad=skip_bad).collect()
+
+
+def stream_hf_dataset(spec: str, *, skip_bad: bool = False) -> Stream:
+    """`read_hf_dataset` as a lazy `Stream`: the dataset is opened (and its columns found) now,
+    its rows are read one at a time in each pass (Arrow data is memory-mapped, not loaded)."""
     data = open_dataset(spec)
-    words_col = _column(data, "words", spec)
-    heads_col = _column(data, "heads", spec)
-    rel_col = _column(data, "deprels", spec)
-    upos_col = _column(data, "upos", spec, required=False)
-    id_col = _column(data, "ids", spec, required=False)
-    upos_names = _label_names(data, upos_col) if upos_col else None
-    corpus = Corpus()
+    columns = {role: _column(data, role, spec, required=role in ("words", "heads", "deprels"))
+               for role in COLUMNS}
+    upos_names = _label_names(data, columns["upos"]) if columns["upos"] else None
+    return Stream(lambda sink: _examples(data, spec, columns, upos_names, skip_bad, sink), name=spec)
+
+
+def _examples(data, spec: str, columns: dict, upos_names, skip_bad: bool, sink: Accounting) -> Iterator[Example]:
+    words_col, heads_col, rel_col, upos_col, id_col = (columns[role] for role in COLUMNS)
     ids = SentIds()
     for row_index, row in enumerate(data):
         where = f"{spec} row {row_index}"
@@ -110,9 +119,8 @@ def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
             if sent_id is not None:
                 ids.add(sent_id, where, f"row {row_index}")
         except CorpusError as exc:
-            corpus.reject(exc, skip_bad)
+            sink.reject(exc, skip_bad)
             continue
         sent_id = sent_id or f"{spec}#{row_index + 1}"
-        corpus.append(Example(words=words, unit=sent_id, source=where, heads=heads,
-                              deprels=[base_relation(str(r)) for r in raw_rels], upos=upos, sent_id=sent_id))
-    return corpus
+        yield Example(words=words, unit=sent_id, source=where, heads=heads,
+                      deprels=[base_relation(str(r)) for r in raw_rels], upos=upos, sent_id=sent_id)

