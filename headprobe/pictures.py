@@ -4,6 +4,8 @@
     chosen = pick_sentences(corpus, ["ALL", "nsubj"], seed=0)      # {label: [Example]}
     chosen = pick_mentions(windows, ["ALL", "pronoun"], seed=0)    # {kind: [MentionPick]}
     example_pictures(model, tokenizer, results.best_heads, corpus, seed=0, coref=windows)
+    picker = SentencePicker(seed=0)                                # during a run's scoring pass:
+    for example in picker.watch(stream): ...                       # the same picks, no second read
 
 The examples of a report are drawn at random with the run's seed, one per label, among
 sentences of moderate length that hold the relation (a seeded reservoir per label: one
@@ -106,23 +108,53 @@ def gold_arcs(example: Example, label: str) -> list[list[int]]:
             if h >= 0 and (rel == label if label != ALL else rel not in NOT_IN_ALL)]
 
 
+class SentencePicker:
+    """`pick_sentences` one example at a time: a seeded reservoir for every relation seen (each
+    label's draw depends on its own examples only, so keeping them all gives the same picks as
+    asking for a few). A run offers it the sentences as it scores them and asks for the best
+    heads' labels afterwards, without reading the corpus again.
+
+        picker = SentencePicker(seed=0)
+        for example in picker.watch(stream): ...          # the scoring pass
+        picker.chosen(["ALL", "nsubj"])                   # {label: [Example]}
+
+    What is kept is bounded by the number of relations (`ALL` included) times 2 * `per_label`."""
+
+    def __init__(self, seed: int = 0, per_label: int = 1, words: tuple[int, int] = SENTENCE_WORDS,
+                 fallback: int = FALLBACK_WORDS, labels: Iterable[str] | None = None):
+        self.seed, self.per_label, self.words, self.fallback = seed, per_label, words, fallback
+        self.labels = None if labels is None else set(labels)
+        self.moderate, self.longer = Reservoir(seed, per_label), Reservoir(seed, per_label, salt="longer")
+
+    def offer(self, example: Example) -> None:
+        if example.heads is None or example.deprels is None or len(example.words) > self.fallback:
+            return
+        present = {rel for h, rel in zip(example.heads, example.deprels) if h >= 0}
+        if present - set(NOT_IN_ALL):
+            present.add(ALL)
+        pool = self.moderate if self.words[0] <= len(example.words) <= self.words[1] else self.longer
+        for label in present if self.labels is None else present & self.labels:
+            pool.offer(label, example)
+
+    def watch(self, examples: Iterable[Example]):
+        """`examples`, unchanged, each offered on its way."""
+        for example in examples:
+            self.offer(example)
+            yield example
+
+    def chosen(self, labels: list[str]) -> dict[str, list[Example]]:
+        return {label: self.moderate.picks(label) or self.longer.picks(label) for label in labels}
+
+
 def pick_sentences(examples: Iterable[Example], labels: list[str], seed: int = 0, per_label: int = 1,
                    words: tuple[int, int] = SENTENCE_WORDS, fallback: int = FALLBACK_WORDS) -> dict[str, list[Example]]:
     """Per label, `per_label` sentences holding that relation, drawn at random with `seed`
     among those of `words[0]..words[1]` words (else, for a relation found in none, among
     those of at most `fallback` words). One pass over `examples` (any iterable)."""
-    wanted = set(labels)
-    moderate, longer = Reservoir(seed, per_label), Reservoir(seed, per_label, salt="longer")
+    picker = SentencePicker(seed, per_label, words, fallback, labels)
     for example in examples:
-        if example.heads is None or example.deprels is None or len(example.words) > fallback:
-            continue
-        present = {rel for h, rel in zip(example.heads, example.deprels) if h >= 0}
-        if present - set(NOT_IN_ALL):
-            present.add(ALL)
-        pool = moderate if words[0] <= len(example.words) <= words[1] else longer
-        for label in present & wanted:
-            pool.offer(label, example)
-    return {label: moderate.picks(label) or longer.picks(label) for label in labels}
+        picker.offer(example)
+    return picker.chosen(labels)
 
 
 @dataclass
@@ -138,16 +170,23 @@ class MentionPick:
     gold: list[int]                  # every candidate heading a mention of its cluster
 
 
-def pick_mentions(windows: Iterable[Example], kinds: list[str], seed: int = 0, per_label: int = 1,
-                  span: tuple[int, int] = MENTION_SPAN) -> dict[str, list[MentionPick]]:
-    """Per mention kind (ALL, pronoun, proper, nominal), `per_label` scored mentions (SPEC 3)
-    whose nearest antecedent's head lies `span[0]..span[1]` words before the mention's head,
-    drawn at random with `seed`. One pass over `windows` (any iterable)."""
-    from headprobe.scorers.coreference import scored_mentions
+class MentionPicker:
+    """`pick_mentions` one window at a time (as `SentencePicker`: every kind kept, picked later).
 
-    wanted = set(kinds)
-    pool = Reservoir(seed, per_label, salt="mention")
-    for window in windows:
+        picker = MentionPicker(seed=0)
+        for window in picker.watch(windows): ...          # the scoring pass
+        picker.chosen(["ALL", "pronoun"])                 # {kind: [MentionPick]}"""
+
+    def __init__(self, seed: int = 0, per_label: int = 1, span: tuple[int, int] = MENTION_SPAN,
+                 kinds: Iterable[str] | None = None):
+        self.span = span
+        self.kinds = None if kinds is None else set(kinds)
+        self.pool = Reservoir(seed, per_label, salt="mention")
+
+    def offer(self, window: Example) -> None:
+        from headprobe.scorers.coreference import scored_mentions
+
+        span = self.span
         mentions = list(window.mentions or [])
         for sm in scored_mentions(window, baselines=()):
             before = [g for g in sm.gold if g < sm.query]
@@ -161,9 +200,28 @@ def pick_mentions(windows: Iterable[Example], kinds: list[str], seed: int = 0, p
                 continue                                    # a long antecedent: no picture a reader takes in
             pick = MentionPick(window, sm.kind, sm.query, (m.start, m.end), ante, (ante_m.start, ante_m.end),
                                list(sm.gold))
-            for label in {ALL, sm.kind} & wanted:
-                pool.offer(label, pick)
-    return {kind: pool.picks(kind) for kind in kinds}
+            for label in {ALL, sm.kind} if self.kinds is None else {ALL, sm.kind} & self.kinds:
+                self.pool.offer(label, pick)
+
+    def watch(self, windows: Iterable[Example]):
+        """`windows`, unchanged, each offered on its way."""
+        for window in windows:
+            self.offer(window)
+            yield window
+
+    def chosen(self, kinds: list[str]) -> dict[str, list[MentionPick]]:
+        return {kind: self.pool.picks(kind) for kind in kinds}
+
+
+def pick_mentions(windows: Iterable[Example], kinds: list[str], seed: int = 0, per_label: int = 1,
+                  span: tuple[int, int] = MENTION_SPAN) -> dict[str, list[MentionPick]]:
+    """Per mention kind (ALL, pronoun, proper, nominal), `per_label` scored mentions (SPEC 3)
+    whose nearest antecedent's head lies `span[0]..span[1]` words before the mention's head,
+    drawn at random with `seed`. One pass over `windows` (any iterable)."""
+    picker = MentionPicker(seed, per_label, span, kinds)
+    for window in windows:
+        picker.offer(window)
+    return picker.chosen(kinds)
 
 
 # ---------------------------------------------------------------- pictures
@@ -181,11 +239,16 @@ def example_pictures(model, tokenizer, best_heads: pd.DataFrame, examples, from_
     """For the in-sample best dependency heads (most arcs first, at most `max_labels`): each one's
     attention on a sentence holding its relation (`pick_sentences`, seeded); with `coref` windows,
     for the best coreference head of each kind, its attention around a mention and its nearest
-    antecedent (`pick_mentions`). `stack`: the attention stack scored (`headprobe.sites`). Returns the
-    entries of examples.json."""
+    antecedent (`pick_mentions`). `examples` / `coref`: any iterable (read once), or a
+    `SentencePicker` / `MentionPicker` that watched the scoring pass (its seed and sizes are then
+    the picker's). `stack`: the attention stack scored (`headprobe.sites`). Returns the entries of
+    examples.json."""
     pictures = []
     rows = _best_rows(best_heads, "dependency", max_labels) if examples is not None else best_heads.iloc[:0]
-    chosen = pick_sentences(examples, list(rows["label"]), seed, per_label, (min_words, max_words)) if len(rows) else {}
+    if isinstance(examples, SentencePicker):             # filled during the scoring pass
+        chosen = examples.chosen(list(rows["label"]))
+    else:
+        chosen = pick_sentences(examples, list(rows["label"]), seed, per_label, (min_words, max_words)) if len(rows) else {}
     for row in rows.itertuples():
         for example in chosen.get(row.label, []):
             matrix = word_attention(model, tokenizer, example.words, int(row.layer), from_mode, stack)[int(row.head)]
@@ -203,7 +266,10 @@ def coref_pictures(model, tokenizer, best_heads: pd.DataFrame, windows, from_mod
     """The best coreference head of each kind on a mention and its antecedent: attention over the
     whole window, cropped to the words from just before the antecedent to just after the mention."""
     rows = _best_rows(best_heads, "coreference", 8)
-    chosen = pick_mentions(windows, list(rows["label"]), seed, per_label) if len(rows) else {}
+    if isinstance(windows, MentionPicker):               # filled during the scoring pass
+        chosen = windows.chosen(list(rows["label"]))
+    else:
+        chosen = pick_mentions(windows, list(rows["label"]), seed, per_label) if len(rows) else {}
     pictures = []
     for row in rows.itertuples():
         for pick in chosen.get(row.label, []):
