@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -244,6 +245,26 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+@dataclass
+class _Pass:
+    """One `Engine.run` in progress: when it started, its checkpoint hook, heap trimmer, bar, batches done."""
+
+    start: float
+    checkpoint: object
+    trim: object
+    bar: object
+    batches: int = 0
+
+
+def total_words(examples) -> int | None:
+    """Words of `examples` for the progress bar's total, where that is cheap: a list's, or the
+    `total_words()` a lazy corpus offers; None (no total) otherwise. A lazy corpus is not read."""
+    if isinstance(examples, (list, tuple)):
+        return sum(len(ex.words) for ex in examples)
+    count = getattr(examples, "total_words", None)
+    return count() if callable(count) else None
+
+
 class Engine:
     """Run `scorers` over `examples` with `model`.
 
@@ -298,10 +319,10 @@ class Engine:
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
 
     def run(self, examples, checkpoint=None) -> dict:
-        """Score `examples` (any iterable), `CHUNK` examples at a time: each chunk is tokenized,
-        bucketed by exact length and scored, then let go, so memory does not grow with the
-        corpus. Counts do not depend on the chunking (no padding: a sentence's attention is the
-        same in any batch).
+        """Score `examples` (any iterable, read once: a lazy `corpora.base.Stream` is never held
+        whole), `CHUNK` examples at a time: each chunk is tokenized, bucketed by exact length and
+        scored, then let go, so memory does not grow with the corpus. Counts do not depend on the
+        chunking (no padding: a sentence's attention is the same in any batch).
 
         checkpoint: None, or an object with `every` (batches), `start` (None, or the state a
         previous `save` was given: chunks before `chunk` are done, and the prepared examples
@@ -309,12 +330,7 @@ class Engine:
         `every` batches with that state. A run started from a state rebuilds the batches of
         the interrupted chunk exactly as they were, leaving out the examples already scored."""
         start = time.perf_counter()
-        trim = heap_trimmer() if self.device.type == "cpu" else None
-        # the decoder reads the start token and the sentence: one piece more
-        limit = max_length(self.model, self.tokenizer) - (self.sites.encoder_decoder and self.stack != "encoder")
         self.batch_size_ = self.batch_size
-        total = sum(len(ex.words) for ex in examples) if hasattr(examples, "__len__") else None
-        bar = tqdm(total=total, unit="word", desc=self.desc, disable=not self.progress)
         self.stats_ = {"examples": 0, "words": 0, "skipped": Counter(), "skipped_sources": [], "seconds": 0.0,
                        "batch_size": self.batch_size}
         resume = checkpoint.start if checkpoint is not None else None
@@ -322,55 +338,18 @@ class Engine:
             saved = resume["stats"]
             self.stats_.update(saved, skipped=Counter(saved["skipped"]), skipped_sources=list(saved["skipped_sources"]))
             start -= saved["seconds"]
-        done = 0
+        self._pass = _Pass(start, checkpoint, heap_trimmer() if self.device.type == "cpu" else None,
+                           tqdm(total=total_words(examples), unit="word", desc=self.desc, disable=not self.progress))
+        # the decoder reads the start token and the sentence: one piece more
+        limit = max_length(self.model, self.tokenizer) - (self.sites.encoder_decoder and self.stack != "encoder")
         for number, chunk in enumerate(chunked(examples, CHUNK)):
             if resume and number < resume["chunk"]:            # scored before the checkpoint
-                bar.update(sum(len(ex.words) for ex in chunk))
+                self._pass.bar.update(sum(len(ex.words) for ex in chunk))
                 continue
-            prepared = prepare(chunk, self.tokenizer, limit)
-            finished: set[int] = set()
-            if resume and number == resume["chunk"]:          # its skips and sizes are in the stats
-                finished = set(resume["done_in_chunk"])
-                bar.update(sum(len(ex.words) for ex in chunk) - sum(prepared.alignments[i].n_words
-                                                                   for i in range(len(prepared.examples))
-                                                                   if i not in finished))
-            else:
-                self.stats_["skipped"].update(prepared.skipped)
-                self.stats_["skipped_sources"] += prepared.skipped_sources
-                self.stats_["examples"] += len(prepared.examples)
-                self.stats_["words"] += sum(a.n_words for a in prepared.alignments)
-                bar.update(sum(len(ex.words) for ex in chunk) - sum(a.n_words for a in prepared.alignments))
-            queue = bucket(prepared, self.batch_size)
-            if finished:
-                queue = [kept for kept in ([i for i in batch if i not in finished] for batch in queue) if kept]
-            while queue:
-                indices = queue.pop(0)
-                batch = self._batch(prepared, indices)
-                words = batch.n_real_words
-                try:
-                    self._score(batch)
-                except (torch.OutOfMemoryError, RuntimeError) as exc:
-                    if not is_out_of_memory(exc) or len(indices) == 1:
-                        raise
-                    del batch
-                    if self.device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    half = len(indices) // 2
-                    self.batch_size_ = max(1, half)
-                    queue[:0] = [indices[:half], indices[half:]]
-                    continue
-                for i in indices:                  # scored: this run needs its pieces no more
-                    prepared.alignments[i] = None
-                finished.update(indices)
-                bar.update(words)
-                done += 1
-                if trim is not None and done % TRIM_EVERY == 0:
-                    trim()
-                if checkpoint is not None and checkpoint.every and done % checkpoint.every == 0:
-                    checkpoint.save(self, self.state(number, finished, start))
-                test_pause("scoring")
-            del prepared
-        bar.close()
+            resumed = bool(resume) and number == resume["chunk"]   # its skips and sizes are in the stats
+            finished = set(resume["done_in_chunk"]) if resumed else set()
+            self._score_chunk(number, chunk, prepare(chunk, self.tokenizer, limit), finished, resumed)
+        self._pass.bar.close()
         for scorer in self.scorers:
             scorer.finish()
         self.stats_.update(skipped=dict(self.stats_["skipped"]), seconds=time.perf_counter() - start,
@@ -378,6 +357,55 @@ class Engine:
         if self.notes:
             self.stats_["notes"] = list(self.notes)
         return self.stats_
+
+    def _score_chunk(self, number: int, chunk: list, prepared, finished: set[int], resumed: bool) -> None:
+        """Score one prepared chunk; `resumed`: the chunk a checkpoint stopped in (its skips and sizes
+        are in the restored stats already), `finished`: its examples scored before."""
+        bar = self._pass.bar
+        unscored = sum(len(ex.words) for ex in chunk)           # words never scored: skipped examples
+        if resumed:
+            unscored -= sum(prepared.alignments[i].n_words for i in range(len(prepared.examples)) if i not in finished)
+        else:
+            self.stats_["skipped"].update(prepared.skipped)
+            self.stats_["skipped_sources"] += prepared.skipped_sources
+            self.stats_["examples"] += len(prepared.examples)
+            self.stats_["words"] += sum(a.n_words for a in prepared.alignments)
+            unscored -= sum(a.n_words for a in prepared.alignments)
+        bar.update(unscored)
+        queue = bucket(prepared, self.batch_size)
+        if finished:
+            queue = [kept for kept in ([i for i in batch if i not in finished] for batch in queue) if kept]
+        while queue:
+            indices = queue.pop(0)
+            batch = self._batch(prepared, indices)
+            words = batch.n_real_words
+            try:
+                self._score(batch)
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not is_out_of_memory(exc) or len(indices) == 1:
+                    raise
+                del batch
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                half = len(indices) // 2
+                self.batch_size_ = max(1, half)
+                queue[:0] = [indices[:half], indices[half:]]
+                continue
+            for i in indices:                  # scored: this run needs its pieces no more
+                prepared.alignments[i] = None
+            finished.update(indices)
+            bar.update(words)
+            self._batch_done(number, finished)
+
+    def _batch_done(self, number: int, finished: set[int]) -> None:
+        """After each batch: the occasional heap trim and checkpoint, and the test pause point."""
+        run = self._pass
+        run.batches += 1
+        if run.trim is not None and run.batches % TRIM_EVERY == 0:
+            run.trim()
+        if run.checkpoint is not None and run.checkpoint.every and run.batches % run.checkpoint.every == 0:
+            run.checkpoint.save(self, self.state(number, finished, run.start))
+        test_pause("scoring")
 
     def state(self, chunk: int, finished, start: float) -> dict:
         """Where the run is (for a checkpoint): chunks before `chunk` done, `finished` of it."""
