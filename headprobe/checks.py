@@ -3,9 +3,11 @@
 Each check raises `UsageError` with one line naming the option, the value and what
 is wrong; the CLI prints it and exits with status 2.
 
-Order in `headprobe.run`: options and ranges, input files, model name/path, device,
-`--out` (`store.check_out`, beside the layout it checks for); then the lock on `--out`;
-then the model's config (AutoConfig: layers asked for must exist); only then the weights.
+Which option gets which check is declared with the option (`headprobe.config.RunConfig`).
+Order in `headprobe.run` (`RunConfig.checked`): options and ranges, input files, model
+name/path, device, `--out` (`store.check_out`, beside the layout it checks for); then the
+lock on `--out`; then the model's config (AutoConfig: layers asked for must exist); only
+then the weights.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ def check_int(option: str, value, low: int, what: str = "") -> int:
     if value < low:
         raise UsageError(f"{option} must be at least {low}{what}, not {value}")
     return int(value)
+
+
+def check_choice(option: str, value, choices) -> str:
+    if value not in choices:
+        raise UsageError(f"{option} {value!r}: must be one of {', '.join(map(str, choices))}")
+    return value
 
 
 def parse_layers(text) -> list[int] | None:

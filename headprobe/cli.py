@@ -9,16 +9,12 @@ import sys
 from pathlib import Path
 
 from headprobe import registry
-from headprobe.align import BOS_MODES
 from headprobe.atomic import OutInUse
 from headprobe.attention import CaptureError
 from headprobe.checks import UsageError
-from headprobe.control import CONTROLS
-from headprobe.conventions import PRESETS
+from headprobe.config import cli_options, from_cli
 from headprobe.corpora.base import CorpusError
-from headprobe.probe import PROBES, SPECIALS
 from headprobe.store import ResultsError
-from headprobe.sites import STACKS
 
 # a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
 # (CaptureError: a model whose attention cannot be captured exactly, or a capture that delivered nothing)
@@ -40,82 +36,14 @@ def parse_layers(text: str | None):
 
 
 def run_parser(sub):
+    """`headprobe run`: one option per `RunConfig` field that has a flag (`config.cli_options`)."""
     p = sub.add_parser("run", help="score every attention head of a model on a corpus")
-    p.add_argument("--model", default=None,
-                   help="hub name or path; bundled aliases: minilm (default), smollm2")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--treebank", help="CoNLL-U file with gold dependencies (default: data/sample.conllu)")
-    source.add_argument("--text", help="raw text file, parsed with the bundled spaCy en_core_web_sm (silver arcs)")
-    source.add_argument("--hf-dataset", help="Hugging Face dataset NAME[:CONFIG[:SPLIT]] or a save_to_disk dir")
-    p.add_argument("--coref", help="CorefUD CoNLL-U file (Entity= in MISC) for the coreference analysis")
-    p.add_argument("--probe", choices=PROBES, default=None,
-                   help="a synthetic probe for the token analyses (previous_token, duplicate_token, induction, "
-                        "sink): repeated-random = random tokens repeated twice (Olsson et al. 2022); without "
-                        "--analyses every token analysis runs on it. Without a probe, token analyses named in "
-                        "--analyses read the sentence corpus at piece level")
-    p.add_argument("--length", type=int, default=50, help="--probe: random tokens per half (default: 50)")
-    p.add_argument("--n", type=int, default=500, dest="probe_n", help="--probe: sequences (default: 500)")
-    p.add_argument("--probe-specials", choices=SPECIALS, default="auto",
-                   help="--probe: special tokens around each sequence: auto (the tokenizer's own, as for text), "
-                        "bos (BOS in front where the tokenizer has one), none (default: auto)")
-    p.add_argument("--out", default="results", help="output directory (default: results)")
-    p.add_argument("--analyses", default=None,
-                   help="comma list of " + ",".join(registry.names()) + " (default: all that apply)")
-    p.add_argument("--device", default=None, help="cuda, cpu (default: cuda when available)")
-    p.add_argument("--device-map", default=None, metavar="MAP",
-                   help="load a big model over several devices with accelerate's dispatch: auto, balanced, "
-                        "balanced_low_0, sequential, or a JSON map of module -> device; each layer is scored "
-                        "where it runs (not with torchrun)")
-    p.add_argument("--max-memory", default=None, metavar="SIZES",
-                   help="with --device-map: memory per device, e.g. 0=10GiB,cpu=30GiB")
-    p.add_argument("--query-block", type=int, default=None, metavar="N",
-                   help="capture attention N query pieces at a time: one layer needs O(N x keys) memory per "
-                        "head instead of O(keys^2), for long inputs (e.g. --window 2048); same counts "
-                        "(default: whole matrices)")
-    p.add_argument("--stack", default=None, choices=STACKS,
-                   help="attention stack of an encoder-decoder (T5, BART): encoder (default), decoder (its "
-                        "self-attention; the decoder reads its start token, then the sentence), or cross "
-                        "(decoder queries over encoder keys: " + ", ".join(a.name for a in registry.analyses() if a.cross)
-                        + " only)")
-    p.add_argument("--heads", default=None, metavar="HEADS",
-                   help="the heads the ablation analysis ablates: LAYER-HEAD pairs like 17-3,18-6 (0-based), "
-                        "or all (default: all)")
-    p.add_argument("--control", default=None, choices=list(CONTROLS),
-                   help="random-init: also score the attention analyses on the same architecture re-initialised "
-                        "with --seed (same tokenizer); best heads gain the control's best, and the syntactic role "
-                        "needs a head above the control's held-out best")
-    p.add_argument("--prune-curve", action="store_true",
-                   help="the objective as 0%%, 10%%, ... 100%% of the heads are gated to 0, least important first "
-                        "(Michel et al. 2019): by importance, else (no language-model head) by ablation effect")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--layers", default=None, help="layers to score, e.g. 0-3,8 (default: all)")
-    p.add_argument("--from-mode", default=None, choices=["mean", "first", "max"],
-                   help="pooling of attention FROM a word over its pieces (default: the conventions'; "
-                        "spec: mean)")
-    p.add_argument("--conventions", default="spec", choices=list(PRESETS),
-                   help="scoring conventions: spec (default), or those of the released code behind a "
-                        "published number: clark2019-code (from = first piece, root and punct in ALL, "
-                        "offsets -3..2 clipped, subtypes cut), joanacero (as clark2019-code with from = mean "
-                        "and UD subtypes kept); see docs/CONVENTIONS.md")
-    p.add_argument("--window", type=int, default=128, help="coreference window in pieces (default: 128)")
-    p.add_argument("--skip-bad", action="store_true",
-                   help="skip malformed sentences, in --treebank/--text/--hf-dataset and --coref (warn and count)")
-    p.add_argument("--coref-single-document", action="store_true",
-                   help="read a --coref file without '# newdoc' lines as one document (refused otherwise)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
-    p.add_argument("--bos", default="none", choices=BOS_MODES,
-                   help="prepend the tokenizer's BOS token: none (inputs as the tokenizer makes them), add, or "
-                        "auto (for a causal model whose tokenizer has one but does not add it) (default: none)")
-    p.add_argument("--keep-unit-counts", action="store_true",
-                   help="also keep per-unit rows (unit_counts.parquet): small corpora and debugging")
-    p.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run to --out from its checkpoint (same inputs and options)")
-    p.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
-                   help="checkpoint the counts every N batches, for --resume (default: 100; 0: never)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    groups = {}
+    for name, flag, kwargs, group in cli_options():
+        target = p
+        if group is not None:
+            target = groups.get(group) or groups.setdefault(group, p.add_mutually_exclusive_group())
+        target.add_argument(flag, **kwargs)
     p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
 
 
@@ -145,19 +73,7 @@ def best_table(best_heads, analyses=("dependency", "coreference"), max_rows=12) 
 def cmd_run(args) -> int:
     import headprobe
 
-    analyses = [a.strip() for a in args.analyses.split(",")] if args.analyses else None
-    results = headprobe.run(
-        args.model, treebank=args.treebank, text=args.text, hf_dataset=args.hf_dataset, coref=args.coref,
-        out=args.out, analyses=analyses, layers=parse_layers(args.layers), batch_size=args.batch_size,
-        device=args.device, dtype=args.dtype, from_mode=args.from_mode, window=args.window,
-        skip_bad=args.skip_bad, progress=not args.quiet, seed=args.seed, n_boot=args.bootstrap,
-        keep_unit_counts=args.keep_unit_counts, bos=args.bos, conventions=args.conventions,
-        report=not args.no_report,
-        resume=args.resume, checkpoint_every=args.checkpoint_every,
-        probe=args.probe, probe_length=args.length, probe_n=args.probe_n, probe_specials=args.probe_specials,
-        device_map=args.device_map, max_memory=args.max_memory, query_block=args.query_block,
-        coref_single_document=args.coref_single_document, stack=args.stack, heads=args.heads,
-        control=args.control, prune_curve=args.prune_curve)
+    results = headprobe.run(from_cli(args))
     if results is None:                     # torchrun: a rank other than 0 (rank 0 prints and writes)
         return 0
     summary = results.summary
