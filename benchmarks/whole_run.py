@@ -1,14 +1,17 @@
 """Time and peak memory of what a user runs: a whole `headprobe run` (scoring, statistics, tables).
 
     python benchmarks/whole_run.py memory --json benchmarks/results/whole_run_memory.json
+    python benchmarks/whole_run.py memory --cases x1 x8 x40     # only these
     python benchmarks/whole_run.py speed  --json benchmarks/results/whole_run_speed.json
 
 `memory`: each case runs in a fresh subprocess (peak RSS is the child's `ru_maxrss`):
-- MiniLM on EWT dev x1 and x8 (x8: the file concatenated 8 times, sentence and document
-  ids renamed per copy), `--no-report`;
-- a random-weight Llama, 32 layers x 32 heads (8 KV heads), hidden 256, on the whole of
-  EWT dev (SmolLM2's tokenizer), `--no-report`.
-For each: the scoring pass, everything after it (statistics, tables, saving) and the peak.
+- `x1`, `x8`, `x40`: MiniLM on EWT dev x1, x8 and x40 (the file concatenated 8 or 40 times,
+  sentence and document ids renamed per copy; x40 is about 1M words), `--no-report`;
+- `llama`: a random-weight Llama, 32 layers x 32 heads (8 KV heads), hidden 256, on the whole
+  of EWT dev (SmolLM2's tokenizer), `--no-report`.
+For each: the scoring pass, everything after it (statistics, tables, saving) and the peak;
+then the peaks of x8 and x40 over x1's (the corpus is read lazily: targets <= 1.15 at x8,
+under 1.0 GB at x40).
 
 `speed`: in one process, start-up (imports, model load) excluded: a plain batched forward
 pass over EWT dev (the same exact-length batches) against a whole run with the report,
@@ -32,17 +35,14 @@ EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
 
 
 def replicate(path: Path, copies: int, out: Path) -> Path:
-    """`copies` concatenated copies of a CoNLL-U file, ids renamed (`-copyK`) so units stay distinct."""
-    text = path.read_text(encoding="utf-8")
-    parts = []
-    for k in range(copies):
-        lines = []
-        for line in text.splitlines():
-            if line.startswith("# sent_id =") or line.startswith("# newdoc id ="):
-                line = f"{line}-copy{k}"
-            lines.append(line)
-        parts.append("\n".join(lines).rstrip("\n") + "\n\n")
-    out.write_text("".join(parts), encoding="utf-8")
+    """`copies` concatenated copies of a CoNLL-U file, ids renamed (`-copyK`) so units stay distinct
+    (written a copy at a time)."""
+    lines = path.read_text(encoding="utf-8").rstrip("\n").splitlines()
+    with open(out, "w", encoding="utf-8") as handle:
+        for k in range(copies):
+            renamed = (f"{line}-copy{k}" if line.startswith(("# sent_id =", "# newdoc id =")) else line
+                       for line in lines)
+            handle.write("\n".join(renamed) + "\n\n")
     return out
 
 
@@ -87,19 +87,25 @@ def run_child(case: str, treebank: Path, out: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def memory() -> list[dict]:
-    rows = []
+CASES = {"x1": ("minilm", 1), "x8": ("minilm", 8), "x40": ("minilm", 40), "llama": ("llama", 1)}
+
+
+def memory(cases=tuple(CASES)) -> list[dict]:
+    rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        x8 = replicate(EWT, 8, tmp / "ewt-x8.conllu")
-        for case, treebank in (("minilm", EWT), ("minilm", x8), ("llama", EWT)):
-            row = run_child(case, treebank, tmp / f"out-{case}-{treebank.stem}")
-            row["corpus"] = "EWT dev x8" if treebank == x8 else "EWT dev"
+        for name in cases:
+            model, copies = CASES[name]
+            treebank = EWT if copies == 1 else replicate(EWT, copies, tmp / f"ewt-x{copies}.conllu")
+            row = run_child(model, treebank, tmp / f"out-{name}")
+            row["corpus"] = "EWT dev" if copies == 1 else f"EWT dev x{copies}"
             print(json.dumps(row), flush=True)
-            rows.append(row)
-    x1, x8_row = rows[0], rows[1]
-    rows.append({"x8_over_x1_peak": round(x8_row["peak_rss_mb"] / x1["peak_rss_mb"], 3)})
-    return rows
+            rows[name] = row
+            if copies > 1:
+                treebank.unlink()
+    ratios = {f"{name}_over_x1_peak": round(rows[name]["peak_rss_mb"] / rows["x1"]["peak_rss_mb"], 3)
+              for name in ("x8", "x40") if name in rows and "x1" in rows}
+    return list(rows.values()) + ([ratios] if ratios else [])
 
 
 def speed(repeat: int) -> dict:
@@ -152,9 +158,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["memory", "speed"])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES), help="memory: which runs")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args()
-    figures = memory() if args.what == "memory" else speed(args.repeat)
+    figures = memory(args.cases) if args.what == "memory" else speed(args.repeat)
     text = json.dumps(figures, indent=2)
     print(text)
     if args.json:

@@ -141,10 +141,8 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 1000 else text[:997] + "..."
 
 
-def main(argv=None) -> int:
-    """The `headprobe` command. Never a traceback: a bad option, path or input is one line
-    and exit status 2; anything unexpected is one line and exit status 1 (its traceback with
-    --debug or HEADPROBE_DEBUG=1)."""
+def build_parser() -> Parser:
+    """`headprobe run ...`, `headprobe report ...`, `headprobe compare ...`: `build_parser().parse_args(argv)`."""
     parser = Parser(prog="headprobe", description="What do the attention heads of a Transformer do?")
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser(sub)
@@ -159,7 +157,14 @@ def main(argv=None) -> int:
     cmp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="results directories written by `headprobe run`")
     cmp.add_argument("--out", default="compare", help="output directory (default: compare)")
     cmp.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    """The `headprobe` command. Never a traceback: a bad option, path or input is one line
+    and exit status 2; anything unexpected is one line and exit status 1 (its traceback with
+    --debug or HEADPROBE_DEBUG=1)."""
+    args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("HEADPROBE_DEBUG", "") not in ("", "0")
     commands = {"run": cmd_run, "report": cmd_report, "compare": cmd_compare}
     try:

@@ -8,6 +8,7 @@ vocabulary, so the counts below can be worked out by hand.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -271,3 +272,94 @@ def test_text_source(tiny_model, tmp_path, capsys):
     # 3 sentences, 18 words, 3 roots, 3 punctuation marks -> 12 scored arcs
     assert (dep.loc[dep["label"] == "ALL", "n"] == 12).all()
     assert "best heads" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------
+# one RunConfig: the command line, Python keywords and the recorded options agree
+# ----------------------------------------------------------------------------------------
+def test_cli_options_are_the_run_config_fields():
+    from dataclasses import fields
+
+    from headprobe.cli import build_parser
+    from headprobe.config import RunConfig, flag, from_cli
+
+    defaults = from_cli(build_parser().parse_args(["run"]))
+    # the command line's defaults are RunConfig's but for --out (results) and the report (on)
+    assert defaults == RunConfig(out="results", report=True)
+    flags = {f.name: flag(f.name) for f in fields(RunConfig)}
+    assert {name for name, given in flags.items() if given == name} == {"pictures", "loaded"}   # Python only
+    args = build_parser().parse_args(["run", "--bootstrap", "7", "--no-report", "--quiet", "--length", "3",
+                                      "--n", "4", "--analyses", "dependency, positional", "--layers", "2,0-1",
+                                      "--conventions", "clark2019-code", "--treebank", "t.conllu"])
+    config = from_cli(args)
+    assert (config.n_boot, config.report, config.progress, config.probe_length, config.probe_n) == (7, False, False, 3, 4)
+    checked = dataclasses_replace(config, treebank=None, out=None).checked()
+    assert checked.analyses == ["dependency", "positional"] and checked.layers == [0, 1, 2]
+    assert checked.from_mode == "first"                          # clark2019-code's pooling, when not given
+    assert checked.checked() == checked                          # checks are idempotent
+
+
+def dataclasses_replace(config, **changes):
+    import dataclasses
+    return dataclasses.replace(config, **changes)
+
+
+@pytest.mark.parametrize("options, needle", [
+    (dict(treebank="a.conllu", text="b.txt"), "give one of --treebank, --text, --hf-dataset, not --treebank and --text"),
+    (dict(probe_length=0), "--length must be at least 1"),
+    (dict(dtype="float8"), "--dtype 'float8': must be one of float32, bfloat16, float16"),
+    (dict(from_mode="last"), "--from-mode 'last': must be one of mean, first, max"),
+    (dict(resume=True), "--resume needs --out"),
+])
+def test_python_options_are_checked_like_the_command_line(options, needle):
+    import headprobe
+    from headprobe.checks import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        headprobe.run(**options)
+
+
+def test_run_config_and_keywords_record_the_same_options(tiny_model, treebank, tmp_path):
+    """`headprobe run`, `headprobe.run(RunConfig(...))` and `headprobe.run(**keywords)` are one run:
+    the same options recorded (the keys every results directory has had) and the same counts."""
+    import headprobe
+    from headprobe.config import RunConfig
+
+    options = dict(treebank=str(treebank), layers="0-1", n_boot=20, progress=False, pictures=False,
+                   analyses=["dependency"], device="cpu")
+    assert run_cli(tiny_model, tmp_path / "cli", "--treebank", str(treebank),
+                   extra=["--layers", "0-1", "--bootstrap", "20", "--analyses", "dependency", "--device", "cpu"]) == 0
+    by_config = headprobe.run(RunConfig(model=tiny_model, **options))
+    by_keywords = headprobe.run(tiny_model, **options)
+    recorded = json.loads((tmp_path / "cli" / "summary.json").read_text())["options"]
+    assert by_config.summary["options"] == by_keywords.summary["options"] == recorded
+    assert list(recorded) == ["analyses", "layers", "batch_size", "from_mode", "window", "seed",
+                              "bootstrap_resamples", "dtype", "device", "skip_bad", "keep_unit_counts", "bos",
+                              "coref_single_document", "conventions"]
+    assert recorded["layers"] == [0, 1] and recorded["bootstrap_resamples"] == 20
+    counts = pd.read_parquet(tmp_path / "cli" / "counts.parquet")
+    pd.testing.assert_frame_equal(by_config.counts.reset_index(drop=True), counts, check_categorical=False,
+                                  check_dtype=False)
+    pd.testing.assert_frame_equal(by_config.counts, by_keywords.counts)
+
+
+# ----------------------------------------------------------------------------------------
+# pictures: example sentences picked as the corpus streams past
+# ----------------------------------------------------------------------------------------
+def test_run_writes_pictures_of_the_best_heads(tiny_model, treebank, tmp_path):
+    """The run picks its example sentences while it scores (`pictures.SentencePicker`): the same
+    sentences as `pick_sentences` over the whole corpus read again, with the run's seed."""
+    from headprobe.corpora.conllu import read_conllu
+    from headprobe.pictures import pick_sentences
+
+    out = tmp_path / "results"
+    assert run_cli(tiny_model, out, "--treebank", str(treebank), extra=["--seed", "3"]) == 0
+    pictures = json.loads((out / "examples.json").read_text())
+    best = pd.read_parquet(out / "best_heads.parquet").query(
+        "analysis == 'dependency' and selection == 'in-sample' and fold == '' and layer >= 0")
+    labels = list(best.sort_values("n", ascending=False, kind="stable")["label"].head(8))
+    assert [p["label"] for p in pictures] == labels                  # every label occurs in a sentence
+    again = pick_sentences(read_conllu(treebank), labels, seed=3)
+    assert [p["sentence"] for p in pictures] == [again[label][0].sent_id for label in labels]
+    for picture in pictures:
+        assert len(picture["attention"]) == len(picture["words"]) and picture["seed"] == 3

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from headprobe.corpora.base import CorpusError
-from headprobe.corpora.conllu import read_conllu
+from headprobe.corpora.conllu import read_conllu, stream_conllu
 from headprobe.scorers.dependency import scored_arcs
 
 
@@ -251,6 +251,32 @@ def test_units_and_sentence_ids(tmp_path):
     assert [e.unit for e in corpus] == ["lead", "u.conllu#2", "D1", "D1", "u.conllu#doc2"]
     assert [e.sent_id for e in corpus] == ["lead", "u.conllu#2", "d1-a", "u.conllu#4", "u.conllu#5"]
     assert [e.meta["doc_id"] for e in corpus] == [None, None, "D1", "D1", "u.conllu#doc2"]
+
+
+def test_stream_reads_as_it_is_taken_and_counts_during_the_pass(tmp_path):
+    """`stream_conllu` yields a sentence before it reads the next (a malformed sentence further on
+    is met only when the pass gets there), fills its skip accounting during the pass, empties it
+    at the start of each pass, and gives what `read_conllu` gives."""
+    bad = two_words(sent_id="bad", first=(0, "root"))                     # two roots, lines 18-20
+    path = write(tmp_path, GOOD + bad + S3_OK)
+    stream = stream_conllu(path)
+    taken = iter(stream)
+    assert next(taken).sent_id == "s1" and next(taken).sent_id == "s2"   # read before the error
+    with pytest.raises(CorpusError, match=f"{path}:18: 2 roots"):
+        next(taken)
+    stream = stream_conllu(path, skip_bad=True)
+    assert stream.name == str(path) and stream.total_words() == 5 + 4 + 2 + 2   # word lines, ids N only
+    with pytest.warns(UserWarning, match="skipping malformed sentence"):
+        first = [e.sent_id for e in stream]
+    assert first == ["s1", "s2", "s3"] and stream.counts == {"malformed_sentence": 1}
+    with pytest.warns(UserWarning):
+        taken = iter(stream)
+        assert next(taken).sent_id == "s1" and stream.counts == {} and stream.skipped == []   # a new pass
+        assert [e.sent_id for e in taken] == ["s2", "s3"] and stream.counts == {"malformed_sentence": 1}
+    with pytest.warns(UserWarning):
+        corpus = read_conllu(path, skip_bad=True)
+        again = [e.words for e in stream]
+    assert [e.words for e in corpus] == again and corpus.skipped == stream.skipped
 
 
 EWT_DEV = Path(__file__).resolve().parents[2] / "shared/data/en_ewt-ud-dev.conllu"

@@ -17,6 +17,8 @@ from headprobe.corpora.corefud import (
     parse_corefud,
     read_corefud,
     split_entity_chunks,
+    stream_coref_examples,
+    stream_corefud,
     tokenizer_piece_counter,
 )
 
@@ -495,3 +497,39 @@ def test_invalid_utf8_and_duplicate_sent_id_in_a_coref_file(tmp_path):
     assert [d.doc_id for d in documents] == ["d1"]              # d2's only sentence repeats 'd1-1'
     assert documents.counts == {"malformed_sentence": 1, "duplicate_sent_id": 1}
     assert documents.skipped[1] == f"{path}:15: duplicate sent_id 'd1-1' (first used at line 2)"
+
+
+def test_stream_yields_a_document_before_reading_the_next(tmp_path):
+    """`stream_corefud` / `stream_coref_examples` hold one document at a time (a document ends when
+    the next one starts): d1's windows come before the reader meets a malformed sentence in d3 (d2
+    ends there); under skip_bad the pass fills the same skips and counts as `read_coref_examples`,
+    in one shared accounting, emptied per pass."""
+    d3 = "\n".join(["# newdoc id = d3", "# sent_id = d3-1", word(1, "Rain", 5), word(2, "fell", 0), "", ""])
+    assert TWO_DOCS.endswith("\n\n") and TWO_DOCS.count("\n") == 18                  # d3 starts on line 19
+    path = coref_file(tmp_path, TWO_DOCS + d3)
+    windows = stream_coref_examples(path, plus_two, window=5)
+    taken = iter(windows)
+    assert [next(taken).sent_id for _ in range(3)] == ["d1-1", "d1-2", "d1-3"]
+    with pytest.raises(CorpusError, match=re.escape(f"{path}:21: head '5' of word 1 ('Rain')")):
+        next(taken)
+    assert [d.doc_id for d in stream_corefud(coref_file(tmp_path, TWO_DOCS, "good.conllu"))] == ["d1", "d2"]
+
+    windows = stream_coref_examples(path, plus_two, window=5, skip_bad=True)
+    with pytest.warns(UserWarning, match="skipping malformed sentence"):
+        streamed = [(w.unit, w.words, w.mentions) for w in windows]
+        eager = read_coref_examples(path, plus_two, window=5, skip_bad=True)
+    assert streamed == [(w.unit, w.words, w.mentions) for w in eager]
+    assert windows.counts == eager.counts and windows.counts["malformed_sentence"] == 1
+    assert windows.counts["documents"] == 2 and windows.counts["windows"] == 4
+    assert windows.skipped == eager.skipped and len(eager.skipped) == 1 and eager.skipped[0].startswith(f"{path}:21:")
+    with pytest.warns(UserWarning):
+        assert len(list(windows)) == 4 and windows.counts == eager.counts     # a second pass: the same
+
+
+@needs_gum
+def test_gum_dev_streamed_windows_equal_the_eager_ones():
+    windows = stream_coref_examples(GUM_DEV, plus_two, window=128)
+    streamed = [(w.unit, w.sent_id, w.words, w.heads, w.mentions) for w in windows]
+    eager = read_coref_examples(GUM_DEV, plus_two, window=128)
+    assert streamed == [(w.unit, w.sent_id, w.words, w.heads, w.mentions) for w in eager]
+    assert windows.counts == eager.counts and windows.skipped == eager.skipped

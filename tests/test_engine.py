@@ -10,6 +10,7 @@ import torch
 
 from conftest import WORDS
 from headprobe.corpora.base import Example
+from headprobe import engine as engine_module
 from headprobe.engine import Engine
 from headprobe.scorers.dependency import DependencyScorer, scored_arcs
 from headprobe.scorers.positional import PositionalScorer
@@ -90,6 +91,33 @@ def test_batch_size_and_order_do_not_change_counts(tiny):
         pos = seven[(seven.analysis == "positional") & (seven.unit == ex.unit)]
         # per layer and head, the 7 buckets share out the example's words
         assert (pos.groupby(["layer", "head"]).hits.sum() == len(ex.words)).all()
+
+
+def test_a_one_shot_iterable_is_read_one_chunk_ahead(bert_family, monkeypatch):
+    """A generator (no len, read once) gives the list's counts, and the engine never takes more
+    than one chunk (`engine.CHUNK`) of examples ahead of those it has scored."""
+    examples = random_sentences(20)
+    _, reference = run(bert_family.sdpa, bert_family.tokenizer, examples, batch_size=4)
+    monkeypatch.setattr(engine_module, "CHUNK", 6)
+    taken, scored, ahead = [], [], []
+
+    def stream():
+        for example in examples:
+            taken.append(example)
+            yield example
+
+    score = Engine._score
+
+    def watched(self, batch):
+        ahead.append(len(taken) - len(scored))
+        score(self, batch)
+        scored.extend(batch.examples)
+
+    monkeypatch.setattr(Engine, "_score", watched)
+    engine, counts = run(bert_family.sdpa, bert_family.tokenizer, stream(), batch_size=4)
+    assert_same_counts(reference, counts)
+    assert engine.stats_["examples"] == len(scored) == 20
+    assert max(ahead) == 6 and len(taken) == 20
 
 
 def test_layer_subset(bert_family):

@@ -15,7 +15,8 @@ import torch
 
 from headprobe.corpora.base import ALL, Example
 from headprobe.corpora.corefud import Mention
-from headprobe.pictures import (Reservoir, example_pictures, gold_arcs, pick_mentions, pick_sentences)
+from headprobe.pictures import (MentionPicker, Reservoir, SentencePicker, example_pictures, gold_arcs,
+                                pick_mentions, pick_sentences)
 
 WORDS = ["the", "big", "red", "cat", "sat", "on", "the", "mat", "and", "it", "ran", "down", "."]
 
@@ -135,3 +136,23 @@ def test_pictures_show_the_heads_attention(bert_family):
     antecedent = {3: 0, 10: 8}[query]
     assert coref["gold"] == [[query - lo, antecedent - lo]]
     assert lo == max(0, {3: 0, 10: 6}[query] - 3) and hi == min(len(window.words), query + 1 + 3)
+
+
+def test_pickers_watching_a_pass_pick_as_the_eager_functions():
+    """A run's pickers see every label as the corpus streams past and are asked for a few labels
+    afterwards: the picks are those of `pick_sentences` / `pick_mentions` over the corpus, whatever
+    the labels asked, for any seed (each label's draw depends on its own examples only)."""
+    examples = corpus()
+    window = coref_window()
+    for seed in range(30):
+        sentences, mentions = SentencePicker(seed), MentionPicker(seed)
+        assert list(sentences.watch(iter(examples))) == examples
+        assert list(mentions.watch([window, window])) == [window, window]
+        for labels in ([ALL, "nsubj", "det", "iobj", "xcomp"], ["det"], ["nsubj", ALL]):
+            eager = pick_sentences(examples, labels, seed=seed)
+            assert {k: [e.sent_id for e in v] for k, v in sentences.chosen(labels).items()} == {
+                k: [e.sent_id for e in v] for k, v in eager.items()}
+        for kinds in ([ALL, "pronoun", "proper"], ["pronoun"]):
+            eager = pick_mentions([window, window], kinds, seed=seed)
+            assert {k: [(p.query, p.antecedent) for p in v] for k, v in mentions.chosen(kinds).items()} == {
+                k: [(p.query, p.antecedent) for p in v] for k, v in eager.items()}
