@@ -29,7 +29,7 @@ from headprobe.align import apply_bos
 from headprobe import distributed
 from headprobe.capture import text_config
 from headprobe.checkpoint import Checkpoint
-from headprobe.config import SAMPLE, SAMPLE_COREF, RunConfig
+from headprobe.config import SAMPLE, SAMPLE_COREF, SENTENCE_SOURCES, RunConfig, flag
 from headprobe.control import CONTROL, tally_key
 from headprobe.conventions import PRESETS
 from headprobe.corpora.base import Stream
@@ -119,9 +119,8 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
         if n_config_layers:
             checks.check_layers_exist(config.layers, n_config_layers, reference[2])
             checks.check_heads_exist(config.heads, n_config_layers, n_config_heads, config.layers, reference[2])
-    inputs = {key: store.input_fingerprint(checks_flag, getattr(config, key)) for key, checks_flag in (
-        ("treebank", "--treebank"), ("text", "--text"), ("hf_dataset", "--hf-dataset"), ("coref", "--coref"))
-        if getattr(config, key) is not None}
+    inputs = {key: store.input_fingerprint(flag(key), getattr(config, key))
+              for key in ("treebank", "text", "hf_dataset", "coref") if getattr(config, key) is not None}
     inputs["model"] = (store.model_fingerprint(reference[0], reference[2]) if reference is not None
                        else {"name": config.loaded[2]})
     device = (str(models.pick_device(config.device)) if config.loaded is None
@@ -216,7 +215,7 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
     on_coref = [a for a in registry.analyses("coreference") if a.name in wanted]
     if config.probe is None:
         on_sentences, on_tokens = on_sentences + on_tokens, []
-    has_sentences = any(getattr(config, key) is not None for key in ("treebank", "text", "hf_dataset"))
+    has_sentences = any(getattr(config, key) is not None for key in SENTENCE_SOURCES)
     passes = []
     if on_sentences and (has_sentences or (config.coref is None and config.probe is None)):
         later = [a for a in on_sentences if getattr(a.scorer, "second_pass", False)]
@@ -238,10 +237,8 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
 
 
 def sentence_stream(treebank=None, text=None, hf_dataset=None, skip_bad=False, conventions=None) -> Stream:
-    """Dependency examples of exactly one source (default: the bundled sample), read lazily; a
-    treebank's relation subtypes are cut or kept as `conventions` say (`headprobe.conventions`)."""
-    if sum(x is not None for x in (treebank, text, hf_dataset)) > 1:
-        raise ValueError("give one of treebank, text, hf_dataset")
+    """Dependency examples of one source (`RunConfig.checked` allows one; default: the bundled
+    sample), read lazily; a treebank's relation subtypes are cut or kept as `conventions` say."""
     if text is not None:
         from headprobe.corpora.spacy_text import stream_text
         return stream_text(text, skip_bad=skip_bad)
