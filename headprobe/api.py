@@ -63,7 +63,7 @@ def run(config: RunConfig | str | None = None, /, **options) -> Results | None:
     Every option and path is checked before any model is loaded (`checks.UsageError`), and
     `layers` against the model's config before its weights are. Corpora are read lazily, as
     they are scored: memory does not grow with the corpus. With `out`, the run holds the
-    directory and writes it whole or not at all (`Results.save`), checkpointing the counts
+    directory and writes it whole or not at all (`store.save`), checkpointing the counts
     every `checkpoint_every` batches for `resume`. Under torchrun (`torchrun --nproc_per_node N
     -m headprobe run ...`) each rank scores its share of the examples, the counts are summed
     over the ranks, and rank 0 returns (and writes) the results; the others return None.
@@ -120,7 +120,7 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
             checks.check_layers_exist(config.layers, n_config_layers, reference[2])
             checks.check_heads_exist(config.heads, n_config_layers, n_config_heads, config.layers, reference[2])
     inputs = {key: store.input_fingerprint(flag(key), getattr(config, key))
-              for key in ("treebank", "text", "hf_dataset", "coref") if getattr(config, key) is not None}
+              for key in (*SENTENCE_SOURCES, "coref") if getattr(config, key) is not None}
     inputs["model"] = (store.model_fingerprint(reference[0], reference[2]) if reference is not None
                        else {"name": config.loaded[2]})
     device = (str(models.pick_device(config.device)) if config.loaded is None
