@@ -210,4 +210,5 @@ def test_user_pattern_through_run_and_report(unregister, tmp_path):
     assert '<section id="last-comma">' in html and f'<table id="table-{NAME}-top-heads"' in html
     table = html[html.index(f'<table id="table-{NAME}-top-heads"'):]
     table = table[:table.index("</table>")]
-    assert table.count('data-col="head">0-0</td>') == 2 and table.count('data-col="heldout_head">0-0</td>') == 2
+    assert table.count('data-col="head" data-head="0-0"') == 2
+    assert table.count('data-col="heldout_head" data-head="0-0"') == 2
