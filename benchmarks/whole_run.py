@@ -14,8 +14,15 @@ then the peaks of x8 and x40 over x1's (the corpus is read lazily: targets <= 1.
 under 1.0 GB at x40).
 
 `speed`: in one process, start-up (imports, model load) excluded: a plain batched forward
-pass over EWT dev (the same exact-length batches) against a whole run with the report,
-best of `--repeat` alternating trials.
+pass over EWT dev x `--copies` (default 4, ~100k words; the same exact-length batches)
+against a whole run with the report, best of `--repeat` alternating trials; also the run's
+own scoring pass. `--measure weights,norms` times the run with both measures.
+
+    python benchmarks/whole_run.py speed --copies 4 --repeat 2
+    python benchmarks/whole_run.py speed --copies 1 --measure weights,norms
+
+`profile`: one whole run under cProfile, its time split by stage (model, capture, pooling,
+scorers, tally, statistics, report, save): where the time goes, as shares.
 """
 
 from __future__ import annotations
@@ -108,7 +115,10 @@ def memory(cases=tuple(CASES)) -> list[dict]:
     return list(rows.values()) + ([ratios] if ratios else [])
 
 
-def speed(repeat: int) -> dict:
+def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
+    """A plain batched forward pass over EWT dev x `copies` (the same exact-length batches)
+    against a whole run with the report, best of `repeat` alternating trials, in one process,
+    start-up excluded. `scoring` is the run's own scoring pass (summary runs.sentences.seconds)."""
     import torch
 
     import headprobe
@@ -119,36 +129,81 @@ def speed(repeat: int) -> dict:
 
     torch.manual_seed(0)
     model, tokenizer, name = models.load(None, device="cpu")
-    corpus = read_conllu(EWT)
-    words = sum(len(ex.words) for ex in corpus)
-    pad = tokenizer.pad_token_id or 0
-
-    @torch.inference_mode()
-    def plain():
-        prepared = prepare(list(corpus), tokenizer, max_length(model, tokenizer))
-        for batch in iter_batches(prepared, 64, pad):
-            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-
-    def whole(out):
-        headprobe.run(treebank=EWT, out=out, progress=False, loaded=(model, tokenizer, name), report=True)
-
-    plain()                                                     # warm-up
-    times = {"plain": [], "whole": []}
     with tempfile.TemporaryDirectory() as tmp:
+        treebank = EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
+        corpus = read_conllu(treebank)
+        words = sum(len(ex.words) for ex in corpus)
+        pad = tokenizer.pad_token_id or 0
+
+        @torch.inference_mode()
+        def plain():
+            prepared = prepare(list(corpus), tokenizer, max_length(model, tokenizer))
+            for batch in iter_batches(prepared, 64, pad):
+                model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+
+        def whole(out):
+            extra = {} if measure == "weights" else {"measure": measure}
+            results = headprobe.run(treebank=treebank, out=out, progress=False, loaded=(model, tokenizer, name),
+                                    report=True, **extra)
+            return results.summary["runs"]["sentences"]["seconds"]
+
+        plain()                                                     # warm-up
+        times = {"plain": [], "whole": [], "scoring": []}
         for trial in range(repeat):
             start = time.perf_counter()
             plain()
             times["plain"].append(time.perf_counter() - start)
             start = time.perf_counter()
-            whole(Path(tmp) / f"r{trial}")
+            times["scoring"].append(whole(Path(tmp) / f"r{trial}"))
             times["whole"].append(time.perf_counter() - start)
     best = {k: min(v) for k, v in times.items()}
-    return {"model": name, "corpus": "EWT dev", "words": words, "trials": repeat,
+    return {"model": name, "corpus": f"EWT dev x{copies}", "words": words, "trials": repeat, "measure": measure,
             "plain_words_per_second": round(words / best["plain"], 1),
             "whole_run_words_per_second": round(words / best["whole"], 1),
             "whole_over_plain": round(best["plain"] / best["whole"], 3),
+            "scoring_over_plain": round(best["plain"] / best["scoring"], 3),
             "seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
             "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
+
+
+# where a whole run's time goes: cumulative seconds of these functions under cProfile
+STAGES = {"model forward (all)": ("torch/nn/modules/module.py", "_call_impl"),
+          "capture (probabilities)": ("headprobe/capture.py", None),
+          "word pooling": ("headprobe/engine.py", "pool_words"),
+          "scorers (update)": ("headprobe/scorers/", "update"),
+          "tally (streaming bootstrap)": ("headprobe/tally.py", "flush"),
+          "statistics and tables": ("headprobe/results.py", None),
+          "report": ("headprobe/report/", None),
+          "save": ("headprobe/store.py", "save")}
+
+
+def profile(copies: int = 4) -> dict:
+    """One whole run (report included) under cProfile: the cumulative seconds of each stage
+    (top-level calls of the stage's module, so nested calls count once). cProfile slows
+    Python-heavy stages more than torch kernels: read the shares, not the totals."""
+    import cProfile
+    import pstats
+
+    import headprobe
+    from headprobe import models
+
+    loaded = models.load(None, device="cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        treebank = EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.enable()
+        headprobe.run(treebank=treebank, out=Path(tmp) / "out", progress=False, loaded=loaded, report=True)
+        profiler.disable()
+        total = time.perf_counter() - start
+    stats = pstats.Stats(profiler).stats            # (file, line, name) -> (cc, nc, tt, ct, callers)
+    stages = {}
+    for stage, (where, function) in STAGES.items():
+        mine = {key for key in stats if where in key[0] and (function is None or key[2] == function)}
+        # a stage's time: its entries called from outside the stage (nested calls count once)
+        stages[stage] = round(sum(stats[key][3] for key in mine
+                                  if not any(caller in mine for caller in stats[key][4])), 2)
+    return {"corpus": f"EWT dev x{copies}", "profiled_seconds": round(total, 2), "stages": stages}
 
 
 def main() -> None:
@@ -156,12 +211,19 @@ def main() -> None:
         print(json.dumps(child(*sys.argv[2:5])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["memory", "speed"])
+    parser.add_argument("what", choices=["memory", "speed", "profile"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES), help="memory: which runs")
+    parser.add_argument("--copies", type=int, default=4, help="speed/profile: EWT dev repeated this many times")
+    parser.add_argument("--measure", default="weights", help="speed: the run's --measure (weights, weights,norms)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args()
-    figures = memory(args.cases) if args.what == "memory" else speed(args.repeat)
+    if args.what == "memory":
+        figures = memory(args.cases)
+    elif args.what == "speed":
+        figures = speed(args.repeat, args.copies, args.measure)
+    else:
+        figures = profile(args.copies)
     text = json.dumps(figures, indent=2)
     print(text)
     if args.json:
