@@ -4,7 +4,7 @@
         state.json                   fingerprint of the run + per engine pass (`sentences`,
                                      `coreference`): finished?, the chunk being scored, the
                                      examples of that chunk already scored, engine stats
-        tallies/<pass>/<analysis>.npz  the scorers' totals (constant size), buffered rows included
+        tallies/<pass>/<tally key>.npz  the scorers' totals (constant size), buffered rows included
 
 A checkpoint is written whole into a new directory and swapped in (`atomic.replace_dir`),
 so a kill while writing leaves the previous checkpoint. What is done is kept as "every

@@ -22,6 +22,12 @@ scorers as a `LayerAttention` with `query_pieces`, `query_words`, `first`, `last
 block API, `scorers.base.CountScorer.blocks`). Only when every scorer supports blocks;
 otherwise the run is unblocked and `stats_["notes"]` says why. Unblocked (the default) is
 one block of every row, computed exactly as before.
+
+Measures (SPEC 7, `headprobe.measures`): each scorer scores one measure (`scorer.measure`,
+`weights` unless set) and says how it reads it (`scorer.reads`). The capture is asked for
+what the measures need (`value_norms` for `norms`), once per batch; per layer (or block)
+one `LayerAttention` is built per (measure, reading) that some scorer reads, and shared by
+those scorers. With `weights` alone the capture and the attention are exactly as before.
 """
 
 from __future__ import annotations
@@ -41,9 +47,10 @@ from tqdm.auto import tqdm
 from headprobe.align import WORD
 from headprobe.atomic import test_pause
 from headprobe.batching import Batch, bucket, prepare
-from headprobe.capture import AttentionCapture, QueryBlock, model_device, text_config
+from headprobe.capture import AttentionCapture, Heads, QueryBlock, check_capturable, model_device, text_config
 from headprobe.sites import attention_sites
 from headprobe.conventions import get_conventions
+from headprobe.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
 from headprobe.tally import N_BOOT, SEED
 
 
@@ -113,8 +120,9 @@ class LayerAttention:
 
     def __init__(self, layer: int, pieces: torch.Tensor, batch: Batch, *, words: torch.Tensor | None = None,
                  query_pieces: tuple[int, int] | None = None, query_words: tuple[int, int] | None = None,
-                 first: bool = True, last: bool = True):
+                 first: bool = True, last: bool = True, measure: str = WEIGHTS):
         self.layer = layer
+        self.measure = measure                                # which measure `pieces` holds (SPEC 7)
         self.local = pieces                                   # [batch, head, query piece, piece], layer's device
         self.batch = batch
         self.query_pieces = query_pieces or (0, pieces.shape[-2])
@@ -214,6 +222,53 @@ def is_causal(model, stack: str | None = None) -> bool:
     return attention_sites(model).causal(stack)
 
 
+def view_of(scorer) -> tuple[str, str]:
+    """(measure, reading) of the attention a scorer gets; under `weights` every reading is the
+    same matrix, so scorers share one `LayerAttention` as they always did."""
+    measure = getattr(scorer, "measure", WEIGHTS)
+    return (measure, ARGMAX) if measure == WEIGHTS else (measure, getattr(scorer, "reads", ARGMAX))
+
+
+def without_rows(heads, block: QueryBlock | None, offset: int):
+    """The capture's payload (probs, or a `capture.Heads`) without the first `offset` query rows
+    (cross-attention: the decoder start token's row), and the block renumbered; (None, None)
+    when a block holds none of the other rows. Key quantities (value_norms) stay whole."""
+    probs = heads if isinstance(heads, torch.Tensor) else heads["probs"]    # [batch, head, query, key]
+    if block is None:
+        cut = probs[:, :, offset:]
+    else:
+        cut = probs[:, :, max(offset - block.start, 0):]
+        block = QueryBlock(max(block.start - offset, 0), block.stop - offset, block.total - offset)
+        if block.stop <= block.start:
+            return None, None
+    return (cut if isinstance(heads, torch.Tensor) else Heads(heads, probs=cut)), block
+
+
+def measured_attention(scorers, layer: int, heads, batch: Batch, block: QueryBlock | None = None,
+                       pooling: dict | None = None):
+    """(scorer, LayerAttention) for each scorer, in order: one `LayerAttention` per (measure,
+    reading) that some scorer reads (`view_of`), built from what the capture handed on (`heads`:
+    the probabilities, or a `capture.Heads`), shared by the scorers that read it. With a query
+    `block`, `pooling` ({(layer, view): WordRows}, kept across the layer's blocks) pools its rows."""
+    pieces, atts = MeasuredPieces(heads), {}
+    for scorer in scorers:
+        view = view_of(scorer)
+        if view not in atts:
+            probs = pieces.get(*view)                                      # [batch, head, query rows, key]
+            if block is None:
+                atts[view] = LayerAttention(layer, probs, batch, measure=view[0])
+            else:
+                if block.first:
+                    pooling[layer, view] = WordRows(batch, probs.device)
+                words, query_words = pooling[layer, view].add(probs, block.start, block.stop)
+                if block.last:
+                    del pooling[layer, view]
+                atts[view] = LayerAttention(layer, probs, batch, words=words.to(batch.device), query_words=query_words,
+                                            query_pieces=(block.start, block.stop), first=block.first,
+                                            last=block.last, measure=view[0])
+        yield scorer, atts[view]
+
+
 def max_length(model, tokenizer) -> int:
     config = text_config(model)
     positions = getattr(config, "max_position_embeddings", None)
@@ -306,13 +361,16 @@ class Engine:
         self.stack = self.sites.resolve(stack)
         self.n_layers, self.n_heads = self.sites.n_layers(self.stack), self.sites.n_heads(self.stack)
         self.causal = self.sites.causal(self.stack)
+        # scorers that run the model themselves (head ablation, importance): `model_pass` per batch
+        self.model_scorers = [s for s in self.scorers if hasattr(s, "model_pass")]
+        self.measures = tuple(dict.fromkeys(view_of(s)[0] for s in self.scorers if s not in self.model_scorers))
+        self.needs = needs_of(self.measures) if set(self.measures) - {WEIGHTS} else None   # None: probs only
+        check_capturable(model, self.needs)
         for scorer in self.scorers:
             if conventions is not None and hasattr(scorer, "use_conventions"):
                 scorer.use_conventions(self.conventions)
             scorer.bind(self.n_layers, self.n_heads, layers, seed=seed, n_boot=n_boot, keep_units=keep_units,
                         device=self.device)
-        # scorers that run the model themselves (head ablation, importance): `model_pass` per batch
-        self.model_scorers = [s for s in self.scorers if hasattr(s, "model_pass")]
         for scorer in self.model_scorers:
             scorer.use_model(model, tokenizer)
         pad = tokenizer.pad_token_id
@@ -430,33 +488,20 @@ class Engine:
             scorer.begin_batch(batch)
 
         offset = self.sites.query_offset(self.stack)            # cross-attention: the start token's row
+        pooling: dict[tuple, WordRows] = {}
+        readers = [s for s in self.scorers if s not in self.model_scorers]   # model scorers take no attention
 
-        def hand_on(layer: int, probs: torch.Tensor) -> None:
-            att = LayerAttention(layer, probs[:, :, offset:] if offset else probs, batch)
-            for scorer in self.scorers:
-                scorer.update(layer, att, batch)
-
-        pooling: dict[int, WordRows] = {}
-
-        def hand_on_block(layer: int, probs: torch.Tensor, block: QueryBlock) -> None:
-            if offset:                                            # rows shifted up by `offset`
-                probs = probs[:, :, max(offset - block.start, 0):]
-                block = QueryBlock(max(block.start - offset, 0), block.stop - offset, block.total - offset)
-                if block.stop <= block.start:
+        def hand_on(layer: int, heads, block: QueryBlock | None = None) -> None:
+            if offset:
+                heads, block = without_rows(heads, block, offset)
+                if heads is None:
                     return
-            if block.first:
-                pooling[layer] = WordRows(batch, probs.device)
-            words, query_words = pooling[layer].add(probs, block.start, block.stop)
-            if block.last:
-                del pooling[layer]
-            att = LayerAttention(layer, probs, batch, words=words.to(batch.device), query_words=query_words,
-                                 query_pieces=(block.start, block.stop), first=block.first, last=block.last)
-            for scorer in self.scorers:
+            for scorer, att in measured_attention(readers, layer, heads, batch, block, pooling):
                 scorer.update(layer, att, batch)
 
-        callback = hand_on_block if self.query_block else hand_on
         if len(self.model_scorers) < len(self.scorers):          # someone needs the attention
-            with AttentionCapture(self.model, self.layers, callback, query_block=self.query_block, stack=self.stack):
+            with AttentionCapture(self.model, self.layers, hand_on, query_block=self.query_block, stack=self.stack,
+                                  needs=self.needs):
                 self.model(**self.sites.model_inputs(batch, self.stack))
         for scorer in self.scorers:
             scorer.end_batch(batch)

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import torch
 
+from headprobe.control import TRAINED
+from headprobe.control import tally_key as control_key
+
 WEIGHTS, NORMS = "weights", "norms"
 MEASURES = (WEIGHTS, NORMS)
 DEFAULT = (WEIGHTS,)
@@ -53,10 +56,11 @@ def needs_of(measures) -> frozenset[str]:
     return frozenset().union(*(NEEDS[m] for m in measures))
 
 
-def tally_key(analysis: str, measure: str = WEIGHTS) -> str:
-    """The name of an analysis's tally for one measure (results' `tallies`, file names): the
-    analysis itself for `weights`, `<analysis>@<measure>` otherwise."""
-    return analysis if measure == WEIGHTS else f"{analysis}@{measure}"
+def tally_key(analysis: str, measure: str = WEIGHTS, model: str = TRAINED) -> str:
+    """The name of a tally in a run's tallies (and its file's stem): the analysis, with
+    `@<measure>` beyond weights, then `~control` for the random-init control's
+    (`control.tally_key`): `dependency`, `dependency@norms`, `dependency@norms~control`."""
+    return control_key(analysis if measure == WEIGHTS else f"{analysis}@{measure}", model)
 
 
 def norm_attention(probs: torch.Tensor, value_norms: torch.Tensor, rows: bool = False) -> torch.Tensor:

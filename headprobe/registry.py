@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from headprobe.control import TRAINED
+from headprobe.measures import WEIGHTS
 
 BUILTIN_MODULES = ("headprobe.scorers.dependency", "headprobe.scorers.coreference",
                    "headprobe.scorers.positional", "headprobe.scorers.surface",
@@ -73,10 +74,12 @@ class Analysis:
     def baselines(self) -> tuple[str, ...]:
         return tuple(self.scorer.variants)
 
-    def make_scorer(self, model: str = TRAINED, **options):
-        """A new scorer for this analysis counting `model` ("trained", or the random-init "control")."""
+    def make_scorer(self, model: str = TRAINED, measure: str = WEIGHTS, **options):
+        """A new scorer for this analysis counting `model` ("trained", or the random-init "control")
+        on `measure` (SPEC 7: "weights" or "norms")."""
         scorer = self.scorer(**options)
         scorer.model = model
+        scorer.measure = measure
         return scorer
 
     def report_section(self):

@@ -31,7 +31,8 @@ from hashlib import blake2b
 import numpy as np
 import torch
 
-from headprobe.control import TRAINED, tally_key
+from headprobe.control import TRAINED
+from headprobe.measures import WEIGHTS, tally_key
 
 SEED = 0
 N_BOOT = 1000
@@ -114,9 +115,10 @@ class Tally:
 
     def __init__(self, analysis: str, *, directions=("",), variants=(), layers=(), n_heads: int = 0,
                  value: str = "hits", resamples: int = N_BOOT, bootstrap: bool = True,
-                 seed: int = SEED, extras=(), device="cpu", model: str = TRAINED):
+                 seed: int = SEED, extras=(), device="cpu", model: str = TRAINED, measure: str = WEIGHTS):
         self.analysis = analysis
         self.model = model                        # "trained", or "control" (`headprobe.control`)
+        self.measure = measure                    # SPEC 7: weights or norms (`headprobe.measures`)
         self.directions = tuple(directions)
         self.variants = tuple(variants)
         self.layers = [int(x) for x in layers]
@@ -213,8 +215,8 @@ class Tally:
     def merge(self, other: "Tally") -> "Tally":
         """Add another tally of the same analysis (a shard, another process) into this one."""
         self.flush()
-        for attr in ("analysis", "model", "directions", "variants", "layers", "n_heads", "value", "n_boot",
-                     "seed"):
+        for attr in ("analysis", "model", "measure", "directions", "variants", "layers", "n_heads", "value",
+                     "n_boot", "seed"):
             if getattr(self, attr) != getattr(other, attr):
                 raise ValueError(f"cannot merge {self.analysis} counts: {attr} differs "
                                  f"({getattr(self, attr)!r} vs {getattr(other, attr)!r})")
@@ -226,13 +228,15 @@ class Tally:
     def copy(self) -> "Tally":
         empty = Tally(self.analysis, directions=self.directions, variants=self.variants, layers=self.layers,
                       n_heads=self.n_heads, value=self.value, resamples=self.n_boot, bootstrap=self.n_boot > 0,
-                      seed=self.seed, extras=self.extras, device=self.device, model=self.model)
+                      seed=self.seed, extras=self.extras, device=self.device, model=self.model,
+                      measure=self.measure)
         return empty.merge(self)
 
     @property
     def key(self) -> str:
-        """This tally's name in a run's tallies and files: the analysis, `~control` for the control's."""
-        return tally_key(self.analysis, self.model)
+        """This tally's name in a run's tallies and files (`measures.tally_key`): the analysis,
+        `@<measure>` beyond weights, `~control` for the control's."""
+        return tally_key(self.analysis, self.measure, self.model)
 
     # -- reading ----------------------------------------------------------------------
     def sorted_labels(self) -> list[str]:
@@ -268,8 +272,9 @@ class Tally:
         return self._meta(self.sorted_labels())
 
     def _meta(self, labels) -> dict:
-        return {"analysis": self.analysis, "model": self.model, "directions": list(self.directions),
-                "variants": list(self.variants), "layers": self.layers, "n_heads": self.n_heads,
+        return {"analysis": self.analysis, "model": self.model, "measure": self.measure,
+                "directions": list(self.directions), "variants": list(self.variants), "layers": self.layers,
+                "n_heads": self.n_heads,
                 "value": self.value, "n_boot": self.n_boot, "seed": self.seed, "extras": list(self.extras),
                 "labels": list(labels)}
 
@@ -293,7 +298,8 @@ class Tally:
             tally = cls(meta["analysis"], directions=meta["directions"], variants=meta["variants"],
                         layers=meta["layers"], n_heads=meta["n_heads"], value=meta["value"],
                         resamples=meta["n_boot"], bootstrap=meta["n_boot"] > 0, seed=meta["seed"],
-                        extras=meta["extras"], model=meta.get("model", TRAINED))
+                        extras=meta["extras"], model=meta.get("model", TRAINED),
+                        measure=meta.get("measure", WEIGHTS))
             for i, name in enumerate(meta["labels"]):
                 counts = tally.label(name)
                 counts.hits = torch.from_numpy(data[f"{i}/hits"].copy())

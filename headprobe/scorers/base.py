@@ -20,10 +20,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.control import TRAINED, tally_key
+from headprobe.control import TRAINED
+from headprobe.measures import ARGMAX, WEIGHTS, tally_key
 from headprobe.tally import N_BOOT, SEED, Tally
 
-UNIT_COLUMNS = ["analysis", "label", "unit", "layer", "head", "direction", "variant", "n", "hits", "mass"]
+UNIT_COLUMNS = ["analysis", "measure", "label", "unit", "layer", "head", "direction", "variant", "n", "hits",
+                "mass"]
+UNIT_KEYS = UNIT_COLUMNS[:8]            # one row per key (duplicates are summed)
 
 
 def smallest_dtype(values: np.ndarray, whole: bool):
@@ -77,6 +80,11 @@ class CountScorer:
     # The model this instance counts (`headprobe.control`): "trained", or "control" for the
     # random-init control's instance (its tally is kept apart: `key`).
     model = TRAINED
+    # Measures (SPEC 7, `headprobe.measures`): the measure this scorer instance counts (set per
+    # instance; one instance per measure asked for) and how it reads one: ARGMAX (N = a * ||v W_O||)
+    # or MASS (N with each row normalised to sum 1). Under `weights` both are the weights.
+    measure = WEIGHTS
+    reads = ARGMAX
 
     def __init__(self):
         self.chunks_: list[tuple] = []                    # per-unit rows, only with keep_units
@@ -95,12 +103,13 @@ class CountScorer:
             self.tally_ = Tally(self.analysis, directions=self.directions, variants=self.variants,
                                 layers=self.layers, n_heads=n_heads, value=self.value, resamples=n_boot,
                                 bootstrap=self.bootstrap, seed=seed, extras=self.extras, device=device,
-                                model=self.model)
+                                model=self.model, measure=self.measure)
 
     @property
     def key(self) -> str:
-        """The name of this scorer's tally: the analysis, `~control` for the control's."""
-        return tally_key(self.analysis, self.model)
+        """The name of this scorer's tally (`measures.tally_key`): the analysis, `@<measure>`
+        beyond weights, `~control` for the control's."""
+        return tally_key(self.analysis, self.measure, self.model)
 
     def begin_batch(self, batch) -> None:
         keys, n = self.rows(batch)                       # [(unit, label)], trials per row
@@ -193,6 +202,7 @@ class CountScorer:
         size = row.size
         return pd.DataFrame({
             "analysis": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [self.analysis]),
+            "measure": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [self.measure]),
             "label": pd.Categorical([k[1] for k in keys])[row],
             "unit": pd.Categorical([k[0] for k in keys])[row],
             "layer": np.full(size, -1, dtype=np.int16),
@@ -217,6 +227,7 @@ class CountScorer:
         nan = np.full(flat.shape, np.nan, dtype=np.float32)
         return pd.DataFrame({
             "analysis": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [self.analysis]),
+            "measure": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [self.measure]),
             "label": labels[row],
             "unit": units[row],
             "layer": layer,
@@ -229,12 +240,15 @@ class CountScorer:
         })
 
 
-CATEGORICAL = ["analysis", "label", "unit", "direction", "variant"]
+CATEGORICAL = ["analysis", "measure", "label", "unit", "direction", "variant"]
 
 
 def compact(frame: pd.DataFrame) -> pd.DataFrame:
-    """Unit counts with categorical keys, int16 layer/head and float32 values."""
+    """Unit counts with categorical keys, int16 layer/head and float32 values (frames saved
+    before measures existed are `weights`)."""
     frame = frame.copy()
+    if "measure" not in frame:
+        frame["measure"] = WEIGHTS
     for column in CATEGORICAL:
         frame[column] = frame[column].astype(str).astype("category")
     for column in ("layer", "head"):
@@ -261,8 +275,8 @@ def concat_compact(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def sum_duplicates(frame: pd.DataFrame) -> pd.DataFrame:
-    """Sum rows that share (analysis, label, unit, layer, head, direction, variant)."""
-    keys = UNIT_COLUMNS[:7]
+    """Sum rows that share (analysis, measure, label, unit, layer, head, direction, variant)."""
+    keys = UNIT_KEYS
     if not frame.duplicated(keys).any():
         return frame.reset_index(drop=True)
     summed = frame.groupby(keys, observed=True, sort=False)[["n", "hits", "mass"]].sum(min_count=1)

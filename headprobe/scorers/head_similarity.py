@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headprobe.measures import MASS
 from headprobe.registry import Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex
 
@@ -73,6 +74,7 @@ def js_row_sums(p: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Te
 class HeadSimilarityScorer(CountScorer):
     analysis = "head_similarity"
     value = "mass"
+    reads = MASS                        # norms: row-normalised N (SPEC 7)
     bootstrap = False
 
     def rows(self, batch):

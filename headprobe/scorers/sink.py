@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from headprobe.measures import MASS
 from headprobe.registry import Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex
 from headprobe.scorers.token_patterns import example_key, group_table, head_table, pattern_rule
@@ -47,6 +48,7 @@ THRESHOLD, LOWER, MIN_INPUTS = 0.5, 0.4, 30
 class SinkScorer(CountScorer):
     analysis = NAME
     value = "mass"
+    reads = MASS                        # norms: row-normalised N (SPEC 7)
     variants = ("uniform",)
 
     def rows(self, batch):

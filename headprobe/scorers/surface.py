@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from headprobe import roles
+from headprobe.measures import MASS
 from headprobe.registry import Analysis, register
 from headprobe.stats import surface_table
 from headprobe.align import WORD
@@ -45,6 +46,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
     analysis = "surface"
     labels = LABELS
     value = "mass"
+    reads = MASS                        # norms: row-normalised N (SPEC 7)
     bootstrap = False
     blocks = True                       # row by row (word rows; piece rows for the entropy)
 
