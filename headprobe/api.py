@@ -30,10 +30,12 @@ from headprobe import distributed
 from headprobe.capture import text_config
 from headprobe.checkpoint import Checkpoint
 from headprobe.config import SAMPLE, SAMPLE_COREF, SENTENCE_SOURCES, RunConfig, flag
-from headprobe.control import CONTROL, tally_key
+from headprobe.control import CONTROL, TRAINED, tally_key
 from headprobe.conventions import PRESETS
 from headprobe.corpora.base import Stream
 from headprobe.engine import CHUNK, Engine
+from headprobe.measures import DEFAULT as DEFAULT_MEASURES
+from headprobe.measures import needs_of
 from headprobe.pictures import MentionPicker, SentencePicker
 from headprobe.results import Results, merge_unit_counts
 from headprobe.sites import Sites, attention_sites
@@ -145,6 +147,7 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
     stack = sites.resolve(config.stack)
     checks.check_layers_exist(config.layers, sites.n_layers(stack), name)
     checks.check_heads_exist(config.heads, sites.n_layers(stack), sites.n_heads(stack), config.layers, name)
+    check_capturable_measures(net, config.measure)
     tokenizer, bos_used = apply_bos(tokenizer, config.bos, sites.causal(stack))
     summary = {"model": name, "dtype": config.dtype, "device": str(next(net.parameters()).device),
                "batch_size": config.batch_size, "from_mode": config.from_mode, "layers": config.layers,
@@ -153,7 +156,8 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
                "units": "documents where the corpus marks them (# newdoc id), else sentences",
                "run_id": store.new_run_id(), "inputs": inputs, "options": settings,
                "bos": {"asked": config.bos, "used": bos_used}, "stack": stack, **sites.describe(),
-               "conventions": dict(PRESETS[config.conventions].summary(), from_mode_used=config.from_mode)}
+               "conventions": dict(PRESETS[config.conventions].summary(), from_mode_used=config.from_mode),
+               "measures": list(config.measure)}
     analyses = _with_prerequisites(config.analyses, net, config.heads)
     return Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world)
 
@@ -196,10 +200,13 @@ class Pass:
     control: bool = False
 
 
-def _make_scorers(analyses, heads=None, model: str | None = None) -> list:
-    """A scorer per analysis (counting `model`: default the trained model); the ablation
-    analysis's heads set (`use_heads`)."""
-    scorers = [a.make_scorer() if model is None else a.make_scorer(model=model) for a in analyses]
+def _make_scorers(analyses, heads=None, model: str = TRAINED, measures=DEFAULT_MEASURES) -> list:
+    """A scorer per analysis and measure (counting `model`: default the trained model), measure-major
+    (the first measure's scorers are exactly a one-measure run's); an analysis that takes no
+    attention (it runs the model itself: ablation, importance) once, under the first measure; the
+    ablation analysis's heads set (`use_heads`)."""
+    scorers = [a.make_scorer(model=model, measure=m) for i, m in enumerate(measures) for a in analyses
+               if i == 0 or not hasattr(a.scorer, "model_pass")]
     for scorer in scorers:
         if hasattr(scorer, "use_heads"):
             scorer.use_heads(heads)
@@ -229,8 +236,8 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
         examples = make_probe(config.probe, session.tokenizer, length=config.probe_length, n=config.probe_n,
                               seed=config.seed, specials=config.probe_specials,
                               vocab_size=getattr(text_config(session.net), "vocab_size", None))
-        passes.append(Pass("probe", on_tokens, _make_scorers(on_tokens, config.heads), examples, examples.name,
-                           config.batch_size))
+        passes.append(Pass("probe", on_tokens, _make_scorers(on_tokens, config.heads, measures=config.measure),
+                           examples, examples.name, config.batch_size))
     if not passes:
         raise ValueError("nothing to score: give a sentence corpus and/or coref for the analyses asked for")
     return passes
@@ -257,18 +264,19 @@ def sentence_pass(config: RunConfig, analyses) -> Pass:
         summary["skipped"]["malformed_sources"] = list(stream.skipped)[:50]
 
     pictures = config.pictures and any(a.name == "dependency" for a in analyses)
-    return Pass("sentences", analyses, _make_scorers(analyses, config.heads), stream, stream.name, config.batch_size,
-                record, picker=SentencePicker(config.seed) if pictures else None)
+    return Pass("sentences", analyses, _make_scorers(analyses, config.heads, measures=config.measure), stream,
+                stream.name, config.batch_size, record, picker=SentencePicker(config.seed) if pictures else None)
 
 
 def second_pass(first: Pass, later) -> Pass:
     """The analyses that need the first pass's counts (`second_pass`: the pruning curve's order), on
     the same corpus. Under torchrun the counts they read are summed over the ranks first (copies:
     the run's own totals are summed once, at the end)."""
-    scorers = _make_scorers(later)
+    measure = first.scorers[0].measure if first.scorers else DEFAULT_MEASURES[0]   # the first measure's counts
+    scorers = _make_scorers(later, measures=(measure,))
 
     def before(summary: dict) -> None:
-        tallies = {s.analysis: s.tally_.copy() for s in first.scorers}
+        tallies = {s.analysis: s.tally_.copy() for s in first.scorers if s.measure == measure}
         distributed.all_reduce_tallies(list(tallies.values()))
         for scorer in scorers:
             scorer.use_tallies(tallies)
@@ -289,7 +297,8 @@ def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:
         summary["coreference_corpus"] = dict(windows.counts)
 
     pictures = config.pictures and any(a.name == "coreference" for a in analyses)
-    return Pass("coreference", analyses, _make_scorers(analyses, config.heads), windows, str(config.coref),
+    return Pass("coreference", analyses, _make_scorers(analyses, config.heads, measures=config.measure), windows,
+                str(config.coref),
                 max(1, config.batch_size // 4), record, picker=MentionPicker(config.seed) if pictures else None)
 
 
@@ -302,11 +311,12 @@ def control_passes(config: RunConfig, session: Session, passes: list[Pass]) -> l
     for one in passes:
         reading = [a for a in one.analyses if not hasattr(a.scorer, "model_pass")]
         if one.key != SECOND_PASS and reading:
-            control.append(Pass(tally_key(one.key, CONTROL), reading, _make_scorers(reading, model=CONTROL),
+            control.append(Pass(tally_key(one.key, CONTROL), reading,
+                                _make_scorers(reading, model=CONTROL, measures=config.measure),
                                 one.examples, one.source, one.batch_size, net=twin, control=True))
     session.summary["control"] = {"kind": config.control, "seed": config.seed,
                                   "model": f"{session.name}, {config.control} (seed {config.seed})",
-                                  "analyses": [s.analysis for one in control for s in one.scorers]}
+                                  "analyses": list(dict.fromkeys(s.analysis for one in control for s in one.scorers))}
     return control
 
 
@@ -371,7 +381,7 @@ def finish(config: RunConfig, session: Session, passes: list[Pass], started: flo
     sites, stack = session.sites, session.stack
     summary["n_layers"], summary["n_heads"] = sites.n_layers(stack), sites.n_heads(stack)
     summary["n_kv_heads"] = sites.n_kv_heads(stack)
-    summary["analyses"] = [s.analysis for s in trained]
+    summary["analyses"] = list(dict.fromkeys(s.analysis for s in trained))
     objectives = {s.analysis: s.objective.description for s in trained if hasattr(s, "objective")}
     if objectives:
         summary["objectives"] = objectives
@@ -389,8 +399,8 @@ def finish(config: RunConfig, session: Session, passes: list[Pass], started: flo
     mentions = pickers.get("coreference") if "coreference" in results.tallies else None
     if sentences is not None or mentions is not None:
         from headprobe.pictures import example_pictures
-        results.examples = example_pictures(net, session.tokenizer, results.best_heads, sentences, config.from_mode,
-                                            seed=config.seed, coref=mentions, stack=stack)
+        results.examples = example_pictures(net, session.tokenizer, results.for_measure().best_heads, sentences,
+                                            config.from_mode, seed=config.seed, coref=mentions, stack=stack)
     results.summary["seconds"] = round(time.perf_counter() - started, 2)
     results.summary["headline"] = headline(results.best_heads)
     out, report, checkpoint = config.out, config.report, session.checkpoint
@@ -421,6 +431,15 @@ def _staged_report(results):
     """report/ built inside the save, swapped in with the results (`report.staged_report`)."""
     from headprobe.report import staged_report
     return staged_report(results)
+
+
+def check_capturable_measures(net, measures) -> None:
+    """A model on the legacy output_attentions path has no values: --measure norms is refused."""
+    from headprobe.capture import CaptureUnavailable, check_capturable
+    try:
+        check_capturable(net, needs_of(measures))
+    except CaptureUnavailable as err:
+        raise checks.UsageError(f"--measure {','.join(measures)}: {err}") from None
 
 
 def _note(text: str) -> None:

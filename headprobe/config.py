@@ -25,6 +25,8 @@ from headprobe.align import BOS_MODES
 from headprobe.checkpoint import DEFAULT_EVERY
 from headprobe.control import CONTROLS
 from headprobe.conventions import PRESETS
+from headprobe.measures import DEFAULT as DEFAULT_MEASURES
+from headprobe.measures import parse_measures
 from headprobe.probe import PROBES, SPECIALS
 from headprobe.sites import STACKS
 from headprobe.tally import N_BOOT, SEED
@@ -145,6 +147,14 @@ def _control(flag, value, values):
     return value
 
 
+def _measures(flag, value, values) -> tuple[str, ...]:
+    """'weights,norms' (or a list) -> the measures in `measures.MEASURES` order."""
+    try:
+        return parse_measures(value)
+    except ValueError as err:
+        raise checks.UsageError(f"{flag}: {err}") from None
+
+
 def _switch(flag, value, values):
     if value is not True and value is not False:
         raise checks.UsageError(f"{flag} is a switch (True or False), not {value!r}")
@@ -227,6 +237,10 @@ class RunConfig:
         False, "the objective as 0%, 10%, ... 100% of the heads are gated to 0, least important first (Michel "
                "et al. 2019): by importance, else (no language-model head) by ablation effect",
         flag="--prune-curve", action="store_true", check=_switch)
+    measure: str | tuple = option(
+        ",".join(DEFAULT_MEASURES), "what each head is scored on (SPEC 7): weights (attention weights, the "
+        "default), norms (weight x ||value x W_O||, Kobayashi et al. 2020), or weights,norms (both from one pass; "
+        "every table has a measure column)", flag="--measure", metavar="M[,M]", check=_measures)
     dtype: str = option("float32", "model weights' dtype (default: float32)", flag="--dtype",
                         choices=tuple(models.DTYPES))
     batch_size: int = option(64, "sentences per batch (default: 64; coreference windows: a quarter)",
@@ -334,6 +348,7 @@ class RunConfig:
         if self.query_block or self.device_map is not None:
             settings.update(query_block=self.query_block, device_map=self.device_map, max_memory=self.max_memory)
         settings.update({key: value for key, value in (("heads", self.heads), ("control", self.control)) if value})
+        settings["measure"] = ",".join(self.measure)
         return settings
 
 

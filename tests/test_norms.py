@@ -12,13 +12,24 @@
 from __future__ import annotations
 
 import copy
+import math
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 import headprobe
 from conftest import get_family
+from headprobe.align import align_words
+from headprobe.batching import Batch
 from headprobe.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
+from headprobe.corpora.base import Example
+from headprobe.engine import Engine, measured_attention
+from headprobe.scorers.coreference import CoreferenceScorer
+from headprobe.scorers.dependency import DependencyScorer
+from headprobe.scorers.positional import PositionalScorer
+from headprobe.scorers.surface import SurfaceScorer
 from test_capture import SENTENCES, make_batch
 
 TOL = 1e-5
@@ -144,3 +155,121 @@ def test_bad_needs_and_the_legacy_path(bert_family):
     with torch.no_grad(), headprobe.capture_heads(legacy, needs={"probs"}) as heads:
         legacy(**inputs_of(bert_family))
     assert sorted(heads.probs) == [0, 1, 2]
+
+
+# ------------------------------------------------------------------------ weights unchanged
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_adding_norms_leaves_every_weights_row_bit_identical(name):
+    """One run with `weights`, one with `weights,norms`: every table's weights rows are equal,
+    values and dtypes (counts, best heads, intervals, tests, roles, every analysis's tables),
+    and every weights tally total is bit-identical; the norms rows differ somewhere."""
+    from headprobe import registry
+
+    family = get_family(name)
+    options = dict(loaded=(family.sdpa, family.tokenizer, name), progress=False, n_boot=20, pictures=False,
+                   analyses=registry.names(), treebank="data/sample.conllu", coref="data/sample_coref.conllu")
+    weights = headprobe.run(**options)
+    both = headprobe.run(**options, measure="weights,norms")
+    assert set(weights.tables) == set(both.tables)
+    assert both.measures == ["weights", "norms"] and weights.measures == ["weights"]
+    for table_name, table in both.tables.items():
+        assert set(table["measure"]) == {"weights", "norms"}, table_name
+        rows = table[table["measure"] == "weights"].reset_index(drop=True)
+        pd.testing.assert_frame_equal(rows, weights.table(table_name), check_exact=True, obj=table_name)
+    for key, tally in weights.tallies.items():
+        for label in tally.sorted_labels():
+            for array, value in tally.arrays(label).items():
+                assert np.array_equal(value, both.tallies[key].arrays(label)[array]), (key, label, array)
+    counts = both.counts
+    n = counts[counts["measure"] == "norms"].reset_index(drop=True)
+    w = counts[counts["measure"] == "weights"].reset_index(drop=True)
+    assert (n["hits"].fillna(-1) != w["hits"].fillna(-1)).any()      # the norms were scored, not copied
+    assert (n["n"] == w["n"]).all()                                   # same items, same trials
+
+
+def test_only_norms_and_a_bad_measure(bert_family):
+    from headprobe.checks import UsageError
+
+    results = headprobe.run(loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"), progress=False, n_boot=10,
+                            pictures=False, analyses=["positional"], measure="norms")
+    assert list(results.tallies) == ["positional@norms"] and set(results.positional_heads["measure"]) == {"norms"}
+    assert len(results.head_scores("positional")) == 3 * 4 * 7        # the views read the measure present
+    with pytest.raises(UsageError, match="--measure: unknown measure 'norm'"):
+        headprobe.run(loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"), measure="weights,norm")
+
+
+def test_norms_counts_identical_with_query_blocks():
+    """Causal GQA Llama, --query-block 4: the norms counts equal the unblocked norms counts."""
+    from test_query_block import corpus
+
+    family = get_family("llama")
+    examples = corpus(seed=7)[:12]
+
+    def score(query_block):
+        scorers = [cls() for cls in (DependencyScorer, PositionalScorer, SurfaceScorer, CoreferenceScorer)]
+        for scorer in scorers:
+            scorer.measure = "norms"
+        engine = Engine(family.sdpa, family.tokenizer, scorers, batch_size=4, progress=False, n_boot=10,
+                        query_block=query_block)
+        engine.run(examples)
+        assert engine.needs == {"probs", "value_norms"} and engine.query_block == query_block
+        return {s.analysis: s.tally_ for s in scorers}
+
+    whole, blocked = score(None), score(4)
+    for analysis, tally in whole.items():
+        assert tally.measure == "norms"
+        for label in tally.sorted_labels():
+            for array, value in tally.arrays(label).items():
+                other = blocked[analysis].arrays(label)[array]
+                if analysis == "surface" and array == "hits":
+                    np.testing.assert_allclose(value, other, rtol=1e-5, atol=1e-6)
+                else:
+                    assert np.array_equal(value, other), (analysis, label, array)
+
+
+# ------------------------------------------------------------------- a hand-built example
+
+def test_a_zero_norm_key_loses_its_mass_under_norms(wordpiece_tokenizer):
+    """[CLS] cat [SEP]: one word, three pieces. Head 0: the word's row puts 0.2 / 0.3 / 0.5 on
+    [CLS] / cat / [SEP]; value norms 0.5 / 1 / 0, so N = 0.1 / 0.3 / 0 and its row shares are
+    0.25 / 0.75 / 0: under norms the [SEP] mass vanishes (0.5 -> 0), self rises (0.3 -> 0.75),
+    the argmax moves from [SEP] (special) to the word itself (offset 0), and the row's entropy is
+    that of (0.25, 0.75). Head 1: every norm 2, so norms equal weights."""
+    example = Example(words=["cat"], unit="u", source="t:1")
+    batch = Batch([example], align_words(wordpiece_tokenizer, [example.words]), wordpiece_tokenizer.pad_token_id)
+    assert batch.alignments[0].piece_word == [-1, 0, -1]
+    row = torch.tensor([0.2, 0.3, 0.5])
+    probs = torch.full((1, 2, 3, 3), 1 / 3)                           # [batch, head, query, key]
+    probs[0, :, 1] = row
+    value_norms = torch.tensor([[[0.5, 1.0, 0.0], [2.0, 2.0, 2.0]]])  # [batch, head, key]
+    heads = Heads(probs=probs, value_norms=value_norms)
+    scorers = []
+    for measure in ("weights", "norms"):
+        for cls in (SurfaceScorer, PositionalScorer):
+            scorer = cls()
+            scorer.measure = measure
+            scorer.bind(1, 2, [0], n_boot=2, keep_units=True)
+            scorer.begin_batch(batch)
+            scorers.append(scorer)
+    for scorer, att in measured_attention(scorers, 0, heads, batch):
+        scorer.update(0, att, batch)
+    for scorer in scorers:
+        scorer.end_batch(batch)
+    counts = pd.concat([s.unit_counts() for s in scorers]).astype({"measure": str, "label": str, "analysis": str})
+
+    def value(analysis, measure, label, head, column):
+        rows = counts[(counts.analysis == analysis) & (counts.measure == measure) & (counts.label == label)
+                      & (counts["head"] == head)]
+        assert len(rows) == 1
+        return float(rows[column].iloc[0])
+
+    expected = {"weights": {"sep": 0.5, "self": 0.3, "cls": 0.2}, "norms": {"sep": 0.0, "self": 0.75, "cls": 0.25}}
+    for measure, masses in expected.items():
+        for label, mass in masses.items():
+            assert value("surface", measure, label, 0, "mass") == pytest.approx(mass, abs=1e-6)
+            assert value("surface", measure, label, 1, "mass") == pytest.approx(expected["weights"][label], abs=1e-6)
+    entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert value("surface", "norms", "entropy", 0, "mass") == pytest.approx(entropy, abs=1e-6)
+    assert value("positional", "weights", "special", 0, "hits") == 1 and value("positional", "weights", "0", 0, "hits") == 0
+    assert value("positional", "norms", "0", 0, "hits") == 1 and value("positional", "norms", "special", 0, "hits") == 0
