@@ -98,3 +98,4 @@ class MeasuredPieces:
             else:
                 self._cache[key] = norm_attention(self.probs, self.heads["value_norms"])
         return self._cache[key]
+

@@ -273,3 +273,45 @@ def test_a_zero_norm_key_loses_its_mass_under_norms(wordpiece_tokenizer):
     assert value("surface", "norms", "entropy", 0, "mass") == pytest.approx(entropy, abs=1e-6)
     assert value("positional", "weights", "special", 0, "hits") == 1 and value("positional", "weights", "0", 0, "hits") == 0
     assert value("positional", "norms", "0", 0, "hits") == 1 and value("positional", "norms", "special", 0, "hits") == 0
+
+
+# ------------------------------------------------------------------ side by side (report)
+
+def test_special_share_and_the_report_section(bert_family, tmp_path):
+    """special_share's point estimates are the surface masses to [CLS] + [SEP] per layer of each
+    measure; its intervals (per-unit counts) bracket them; the report gets a measures section."""
+    from headprobe.measure_compare import special_share, surface_side_by_side
+    from headprobe.report import build_report
+
+    results = headprobe.run(loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"), progress=False, n_boot=50,
+                            pictures=False, analyses=["surface", "positional"], measure="weights,norms",
+                            keep_unit_counts=True)
+    share = special_share(results)
+    assert list(share["layer"]) == [0, 1, 2]
+    for measure in ("weights", "norms"):
+        per_layer = results.mass_per_layer("surface", measure=measure)
+        np.testing.assert_allclose(share[measure], per_layer["cls"] + per_layer["sep"], rtol=1e-6)
+        assert (share[f"{measure}_low"] <= share[measure]).all() and (share[measure] <= share[f"{measure}_high"]).all()
+    np.testing.assert_allclose(share["change"], share["norms"] - share["weights"], atol=1e-9)
+    side = surface_side_by_side(results)
+    sep = side[side["label"] == "sep"]
+    np.testing.assert_allclose(sep["norms"], results.mass_per_layer("surface", measure="norms")["sep"])
+    markdown = build_report(results, tmp_path / "report")["markdown"].read_text()
+    assert '<a id="measures"></a>' in markdown and "Share of a word's attention on [CLS]/BOS" in markdown
+    assert markdown.count('<a id="surface"></a>') == 1
+
+
+def test_role_changes_lists_heads_whose_role_differs():
+    from headprobe.measure_compare import role_changes
+    from headprobe.results import Results
+
+    def roles(measure, names):
+        return pd.DataFrame({"measure": measure, "layer": [0, 0, 1], "head": [0, 1, 0], "name": ["0-0", "0-1", "1-0"],
+                             "role": names, "detail": ["", "offset -1", ""], "evidence": ["", "share 0.95", ""]})
+
+    table = pd.concat([roles("weights", ["sink", "positional", "none"]), roles("norms", ["none", "positional", "none"])])
+    results = Results({}, {"n_layers": 2, "n_heads": 2}, tables={"roles": table.reset_index(drop=True),
+                                                               "counts": pd.DataFrame({"measure": ["weights", "norms"]})})
+    changed = role_changes(results)
+    assert list(changed["name"]) == ["0-0"]
+    assert (changed["role_weights"].iloc[0], changed["role_norms"].iloc[0]) == ("sink", "none")

@@ -43,13 +43,17 @@ def compose(results, source: str = "") -> Document:
     order), example pictures, how to read the tables, and the provenance, collapsed, last."""
     model = results.summary.get("model", "unknown model")
     doc = Document(title=f"headprobe report: {model}")
-    doc.sections += [summary_section(results), roles_section(results)]
+    shown = results.for_measure()            # several measures (SPEC 7): the sections show the first
+    doc.sections += [summary_section(shown), roles_section(shown)]
     for name in sorted(results.analyses, key=_builtin_rank):
         render = _section_of(name)
-        doc.sections.append((render or default_section)(results, name))
-    if results.control is not None:          # the random-init control (headprobe.control)
+        doc.sections.append((render or default_section)(shown, name))
+    if shown.control is not None:            # the random-init control (headprobe.control)
         from headprobe.report.ablation import control_section
-        doc.sections.append(control_section(results))
+        doc.sections.append(control_section(shown))
+    if len(results.measures) > 1:
+        from headprobe.report.measures import measures_section
+        doc.sections.append(measures_section(results))
     doc.sections += [examples_section(results), reading_section(), provenance_section(results, source)]
     return doc
 
