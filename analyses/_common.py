@@ -84,8 +84,9 @@ def parse_layers(value):
     return [int(x) for x in str(value).split(",") if x.strip()]
 
 
-def get_results(args, analyses: list[str], out: Path, *, model=None, name: str = "results"):
-    """Run the pipeline (or load `--results`); results are saved under out/<name>."""
+def get_results(args, analyses: list[str], out: Path, *, model=None, name: str = "results", **options):
+    """Run the pipeline (or load `--results`); results are saved under out/<name>. `options` go to
+    `headprobe.run` as they are (e.g. `measure="weights,norms"`)."""
     import headprobe
 
     if getattr(args, "results", None):
@@ -99,6 +100,7 @@ def get_results(args, analyses: list[str], out: Path, *, model=None, name: str =
     layers = parse_layers(getattr(args, "layers", None))
     if layers is not None:
         kwargs["layers"] = layers
+    kwargs.update(options)
     target = out / name
     kwargs["out"] = str(target)
     results = headprobe.run(**kwargs)
