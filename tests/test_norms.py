@@ -197,6 +197,10 @@ def test_only_norms_and_a_bad_measure(bert_family):
     assert len(results.head_scores("positional")) == 3 * 4 * 7        # the views read the measure present
     with pytest.raises(UsageError, match="--measure: unknown measure 'norm'"):
         headprobe.run(loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"), measure="weights,norm")
+    legacy = copy.deepcopy(bert_family.eager)
+    legacy._supports_attention_backend = False                        # output_attentions only
+    with pytest.raises(UsageError, match="--measure norms: BertModel .* value_norms"):
+        headprobe.run(loaded=(legacy, bert_family.tokenizer, "bert"), measure="norms", progress=False)
 
 
 def test_norms_counts_identical_with_query_blocks():
@@ -315,3 +319,28 @@ def test_role_changes_lists_heads_whose_role_differs():
     changed = role_changes(results)
     assert list(changed["name"]) == ["0-0"]
     assert (changed["role_weights"].iloc[0], changed["role_norms"].iloc[0]) == ("sink", "none")
+
+
+def test_cli_measure(tiny_model, tmp_path, capsys):
+    """`headprobe run --measure weights,norms`: one tally per analysis and measure on disk, every
+    table with both measures, loadable (manifest verified); a bad --measure: one line, exit 2,
+    before the model loads."""
+    from headprobe.cli import main
+    from headprobe.results import Results
+
+    assert main(["run", "--model", str(tmp_path / "no-model"), "--measure", "weights,norm", "--out",
+                 str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "--measure: unknown measure 'norm'" in err and "no-model" not in err and "Traceback" not in err
+    out = tmp_path / "results"
+    assert main(["run", "--model", tiny_model, "--out", str(out), "--no-report", "--quiet", "--bootstrap", "20",
+                 "--analyses", "dependency,surface", "--measure", "weights,norms"]) == 0
+    assert sorted(p.name for p in (out / "tallies").iterdir()) == [
+        "dependency.npz", "dependency@norms.npz", "surface.npz", "surface@norms.npz"]
+    loaded = Results.load(out)
+    assert loaded.measures == ["weights", "norms"]
+    assert loaded.tallies["dependency@norms"].measure == "norms"
+    for name in ("counts", "best_heads", "head_tests", "roles", "surface"):
+        assert set(pd.read_parquet(out / f"{name}.parquet")["measure"]) == {"weights", "norms"}, name
+    assert loaded.for_measure("norms").best_heads.equals(
+        loaded.best_heads[loaded.best_heads["measure"] == "norms"].reset_index(drop=True))
