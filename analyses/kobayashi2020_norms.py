@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "kobayashi2020_norms")
     results = C.get_results(args, ANALYSES, out, measure="weights,norms", keep_unit_counts=True)
 
-    from headprobe.measures import role_changes, special_share, surface_side_by_side
+    from headprobe.measure_compare import role_changes, special_share, surface_side_by_side
     from headprobe.report import figures as F
     from headprobe.roles import role_colors
 
