@@ -167,21 +167,24 @@ def test_adding_norms_leaves_every_weights_row_bit_identical(name):
     from headprobe import registry
 
     family = get_family(name)
+    readers = [a.name for a in registry.analyses() if not hasattr(a.scorer, "model_pass")]   # read attention
     options = dict(loaded=(family.sdpa, family.tokenizer, name), progress=False, n_boot=20, pictures=False,
-                   analyses=registry.names(), treebank="data/sample.conllu", coref="data/sample_coref.conllu")
+                   analyses=readers + ["ablation"], treebank="data/sample.conllu", coref="data/sample_coref.conllu")
     weights = headprobe.run(**options)
     both = headprobe.run(**options, measure="weights,norms")
     assert set(weights.tables) == set(both.tables)
     assert both.measures == ["weights", "norms"] and weights.measures == ["weights"]
+    assert "ablation" in both.tallies and "ablation@norms" not in both.tallies     # no attention: scored once
     for table_name, table in both.tables.items():
-        assert set(table["measure"]) == {"weights", "norms"}, table_name
+        expected = {"weights"} if table_name.startswith("ablation") else {"weights", "norms"}
+        assert set(table["measure"]) == expected, table_name
         rows = table[table["measure"] == "weights"].reset_index(drop=True)
         pd.testing.assert_frame_equal(rows, weights.table(table_name), check_exact=True, obj=table_name)
     for key, tally in weights.tallies.items():
         for label in tally.sorted_labels():
             for array, value in tally.arrays(label).items():
                 assert np.array_equal(value, both.tallies[key].arrays(label)[array]), (key, label, array)
-    counts = both.counts
+    counts = both.counts[both.counts["analysis"].isin(readers)]
     n = counts[counts["measure"] == "norms"].reset_index(drop=True)
     w = counts[counts["measure"] == "weights"].reset_index(drop=True)
     assert (n["hits"].fillna(-1) != w["hits"].fillna(-1)).any()      # the norms were scored, not copied
