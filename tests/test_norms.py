@@ -3,8 +3,9 @@
 - capture's `value_norms` equal ||v_j^h W_O^h|| computed directly from the value projection's
   output (hooked) and the output projection's weight, for BERT (W_O beside the
   self-attention: `attention.output.dense`), GPT-2 (Conv1D `c_proj`, values from the fused
-  `c_attn`), Llama with grouped-query attention (`o_proj`) and a BERT spread over devices by
-  accelerate with a layer offloaded to disk;
+  `c_attn`), Llama with grouped-query attention (`o_proj`), T5's encoder and cross attention
+  (`o`; cross keys are the encoder's pieces) and a BERT spread over devices by accelerate
+  with a layer offloaded to disk;
 - adding `norms` to a run leaves every `weights` count bit-identical;
 - a hand-built 3-piece input whose [SEP] value has norm 0: its mass vanishes under norms.
 """
@@ -100,6 +101,39 @@ def test_value_norms_equal_the_direct_computation(name, needs):
         assert norms.std() > 0.05 * norms.mean()                      # not a constant a wrong head could match
 
 
+@pytest.mark.parametrize("stack", ["encoder", "cross"])
+def test_value_norms_of_t5_encoder_and_cross_attention(stack):
+    """T5 (W_O named `o`, values from `v`): the encoder's self-attention and the decoder's cross
+    attention, whose keys (and values) are the encoder's pieces."""
+    from test_architectures import build, stack_batch
+
+    built = build("t5")
+    model = built.model
+    _, inputs = stack_batch(built, SENTENCES, stack)
+    sites = ([block.layer[0].SelfAttention for block in model.encoder.block] if stack == "encoder" else
+             [block.layer[1].EncDecAttention for block in model.decoder.block])
+    values: dict[int, torch.Tensor] = {}
+    handles = [attention.v.register_forward_hook(
+        lambda module, args, output, layer=layer: values.__setitem__(layer, output.detach().clone()))
+        for layer, attention in enumerate(sites)]
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    with torch.no_grad(), headprobe.capture_heads(model, needs={"probs", "value_norms"}, stack=stack) as heads:
+        model(**inputs)
+    n_heads, d = model.config.num_heads, model.config.d_kv
+    for layer, attention in enumerate(sites):
+        v = values[layer].reshape(*values[layer].shape[:2], n_heads, d).double()      # [batch, key, head, d]
+        w = attention.o.weight.detach().double().reshape(-1, n_heads, d)              # [hidden, head, d]
+        expected = torch.linalg.vector_norm(torch.einsum("bkhd,ohd->bhko", v, w), dim=-1).float()   # [b, h, key]
+        assert heads.value_norms[layer].shape == expected.shape
+        assert expected.shape[-1] == inputs["input_ids"].shape[1]                     # keys: the encoder's pieces
+        torch.testing.assert_close(heads.value_norms[layer], expected, rtol=TOL, atol=TOL)
+
+
 def test_value_norms_of_grouped_heads_differ_per_query_head():
     """GQA (Llama: 4 query heads over 2 KV heads): heads 0 and 1 read the same value vectors
     but have their own W_O blocks, so their norms differ."""
@@ -143,18 +177,27 @@ def test_named_capture_hands_on_what_is_asked_and_leaves_the_output():
         assert heads.value_norms.shape[-1] == t                       # every key in every block
 
 
+def legacy_model(tokenizer):
+    """A tiny MPNet: it calls no attention function (the legacy output_attentions path)."""
+    from transformers import AutoModel, MPNetConfig
+
+    config = MPNetConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=40, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(4)
+    return AutoModel.from_config(config).eval()
+
+
 def test_bad_needs_and_the_legacy_path(bert_family):
     with pytest.raises(ValueError, match="unknown capture quantity 'values'"):
         AttentionCapture(bert_family.sdpa, None, None, needs={"values"})
     with pytest.raises(NotImplementedError, match="head_output"):
         AttentionCapture(bert_family.sdpa, None, None, needs={"head_output"})
-    legacy = copy.deepcopy(bert_family.eager)
-    legacy._supports_attention_backend = False                        # as MPNet: output_attentions only
-    with pytest.raises(CaptureUnavailable, match="BertModel.*value_norms.*norms measure"):
+    legacy = legacy_model(bert_family.tokenizer)
+    with pytest.raises(CaptureUnavailable, match="MPNetModel.*value_norms.*norms measure"):
         AttentionCapture(legacy, None, None, needs={"probs", "value_norms"})
     with torch.no_grad(), headprobe.capture_heads(legacy, needs={"probs"}) as heads:
         legacy(**inputs_of(bert_family))
-    assert sorted(heads.probs) == [0, 1, 2]
+    assert sorted(heads.probs) == [0, 1]
 
 
 # ------------------------------------------------------------------------ weights unchanged
@@ -200,9 +243,8 @@ def test_only_norms_and_a_bad_measure(bert_family):
     assert len(results.head_scores("positional")) == 3 * 4 * 7        # the views read the measure present
     with pytest.raises(UsageError, match="--measure: unknown measure 'norm'"):
         headprobe.run(loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"), measure="weights,norm")
-    legacy = copy.deepcopy(bert_family.eager)
-    legacy._supports_attention_backend = False                        # output_attentions only
-    with pytest.raises(UsageError, match="--measure norms: BertModel .* value_norms"):
+    legacy = legacy_model(bert_family.tokenizer)                      # output_attentions only
+    with pytest.raises(UsageError, match="--measure norms: MPNetModel .* value_norms"):
         headprobe.run(loaded=(legacy, bert_family.tokenizer, "bert"), measure="norms", progress=False)
 
 
