@@ -218,9 +218,11 @@ def test_adding_norms_leaves_every_weights_row_bit_identical(name):
     assert set(weights.tables) == set(both.tables)
     assert both.measures == ["weights", "norms"] and weights.measures == ["weights"]
     assert "ablation" in both.tallies and "ablation@norms" not in both.tallies     # no attention: scored once
+    for table_name in ("counts", "best_heads", "baselines", "head_tests", "roles", "positional_heads", "surface",
+                       "head_distances", "parse_scores", "previous_token_heads", "sink_heads"):
+        assert set(both.table(table_name)["measure"]) == {"weights", "norms"}, table_name
     for table_name, table in both.tables.items():
-        expected = {"weights"} if table_name.startswith("ablation") else {"weights", "norms"}
-        assert set(table["measure"]) == expected, table_name
+        assert "weights" in set(table["measure"]), table_name          # ablation's tables: weights only
         rows = table[table["measure"] == "weights"].reset_index(drop=True)
         pd.testing.assert_frame_equal(rows, weights.table(table_name), check_exact=True, obj=table_name)
     for key, tally in weights.tallies.items():
@@ -328,13 +330,17 @@ def test_a_zero_norm_key_loses_its_mass_under_norms(wordpiece_tokenizer):
 
 def test_special_share_and_the_report_section(bert_family, tmp_path):
     """special_share's point estimates are the surface masses to [CLS] + [SEP] per layer of each
-    measure; its intervals (per-unit counts) bracket them; the report gets a measures section."""
+    measure; its intervals (per-unit counts) bracket them; the report gets a measures section;
+    with the random-init control, the control is scored on each measure too."""
     from headprobe.measure_compare import special_share, surface_side_by_side
     from headprobe.report import build_report
 
     results = headprobe.run(loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"), progress=False, n_boot=50,
-                            pictures=False, analyses=["surface", "positional"], measure="weights,norms",
-                            keep_unit_counts=True)
+                            pictures=False, analyses=["surface", "positional", "dependency"],
+                            measure="weights,norms", keep_unit_counts=True, control="random-init")
+    assert "dependency@norms~control" in results.tallies                # the random-init control, per measure too
+    assert set(results.control_best_heads["measure"]) == {"weights", "norms"}
+    assert results.for_measure("norms").control.best_heads["measure"].eq("norms").all()
     share = special_share(results)
     assert list(share["layer"]) == [0, 1, 2]
     for measure in ("weights", "norms"):

@@ -88,7 +88,7 @@ def build_report(results_or_dir, out_dir=None, figures_only: bool = False) -> di
     paths["markdown"].write_text(_markdown.render(doc, store.REPORT_FIGURES), encoding="utf-8")
     paths["roles"] = out / store.REPORT_ROLES
     results.roles.to_csv(paths["roles"], index=False)
-    paths["tables"] = write_tables(results, out / store.REPORT_TABLES)
+    paths["tables"] = write_tables(results.for_measure(), out / store.REPORT_TABLES)   # several measures: the first
     return paths
 
 
