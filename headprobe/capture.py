@@ -183,7 +183,8 @@ def value_norms(site, value: torch.Tensor, n_heads: int) -> torch.Tensor:
     projection = site.output
     in_features = n_heads * value.shape[-1]
     if projection is None or projection_in_features(projection) != in_features:
-        found = "none" if projection is None else f"{type(projection).__name__} with {projection_in_features(projection)}"
+        found = ("none" if projection is None else
+                 f"{type(projection).__name__} with {projection_in_features(projection)}")
         raise CaptureUnavailable(f"value_norms: {type(site.module).__name__} ({site.name}) has no output projection "
                                  f"with {in_features} input features (heads x d_head; found: {found})")
     factor = head_factors(projection, n_heads, value.shape[-1]).to(value.device)   # [head, d, d]
