@@ -348,7 +348,8 @@ class RunConfig:
         if self.query_block or self.device_map is not None:
             settings.update(query_block=self.query_block, device_map=self.device_map, max_memory=self.max_memory)
         settings.update({key: value for key, value in (("heads", self.heads), ("control", self.control)) if value})
-        settings["measure"] = ",".join(self.measure)
+        if tuple(self.measure) != DEFAULT_MEASURES:           # like stack and control: only when asked for
+            settings["measure"] = ",".join(self.measure)
         return settings
 
 
