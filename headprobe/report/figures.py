@@ -76,6 +76,7 @@ class Drawing:
     """One finished figure: `png` is rendered at once; `svg` and `pdf` on first use.
 
         drawing.save("figures/roles")         # -> [roles.png, roles.svg, roles.pdf]
+        display(drawing)                      # in a notebook: the PNG
     """
 
     def __init__(self, fig: Figure):
@@ -90,6 +91,9 @@ class Drawing:
     png = property(lambda self: self.data("png"))
     svg = property(lambda self: self.data("svg"))
     pdf = property(lambda self: self.data("pdf"))
+
+    def _repr_png_(self) -> bytes:          # a notebook cell shows it: `display(drawing)`
+        return self.png
 
     def save(self, stem, formats=FORMATS) -> list[Path]:
         """Write `<stem>.<fmt>` for each format; returns the paths."""
