@@ -466,34 +466,6 @@ COUNT_COLUMNS = ["analysis", "label", "layer", "head", "direction", "variant", "
                  "unreachable"]
 
 
-# ------------------------------------------------------------------------ derived views
-
-def positional_heads(counts: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
-    """Per head: the share of argmaxes at each offset; positional if one non-zero offset >= threshold."""
-    rows = counts[(counts["analysis"] == "positional") & (counts["fold"] == "")]
-    if rows.empty:
-        return pd.DataFrame(columns=["layer", "head", "n", "offset", "share", "positional"])
-    share = rows.assign(share=rows["hits"] / rows["n"]).pivot_table(
-        index=["layer", "head"], columns="label", values="share", aggfunc="sum").fillna(0.0)
-    nonzero = [c for c in ("-2", "-1", "+1", "+2") if c in share.columns]
-    top = share[nonzero].idxmax(axis=1)
-    out = share.reset_index()
-    out.insert(2, "n", rows.groupby(["layer", "head"])["n"].max().reindex(share.index).to_numpy())
-    out["offset"] = top.to_numpy()
-    out["share"] = share[nonzero].max(axis=1).to_numpy()
-    out["positional"] = out["share"] >= threshold
-    out.columns.name = None
-    return out
-
-
-def surface_table(counts: pd.DataFrame) -> pd.DataFrame:
-    """Per head and statistic: mean = mass / n (whole data)."""
-    rows = counts[(counts["analysis"] == "surface") & (counts["fold"] == "")]
-    out = rows[["label", "layer", "head", "n", "mass"]].copy()
-    out["mean"] = out["mass"] / out["n"]
-    return out.reset_index(drop=True)
-
-
 # ------------------------------------------------------------------------ exact reference
 
 def multinomial_intervals(unit_counts: pd.DataFrame, analysis: str, label: str, layer: int, head: int,

@@ -3,17 +3,17 @@
 Per head, over word queries (specials are not queries): where does the argmax
 of the word-level row sit? Self is included, specials are included (as two key
 columns, CLS-like and SEP-like). Labels: relative offsets -2..+2, `special`,
-`other`. A *positional head* (derived in `stats`) is one where a single
-non-zero offset takes at least 0.9 of the argmaxes.
+`other`. A *positional head* (`positional_heads`, the table the role reads) is one where a
+single non-zero offset takes at least `roles.POSITIONAL_SHARE` (0.9) of the argmaxes.
 """
 
 from __future__ import annotations
 
+import pandas as pd
 import torch
 
 from headprobe import roles
-from headprobe.registry import Analysis, register
-from headprobe.stats import positional_heads
+from headprobe.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
@@ -76,8 +76,26 @@ class PositionalScorer(UnitLabelRows, CountScorer):
         self.add(layer, 0, torch.arange(len(self._keys), device=scores.device), counts)
 
 
+def positional_heads(counts: pd.DataFrame, threshold: float = roles.POSITIONAL_SHARE) -> pd.DataFrame:
+    """Per head: the share of argmaxes at each offset; positional if one non-zero offset >= threshold."""
+    rows = counts[(counts["analysis"] == "positional") & (counts["fold"] == "")]
+    if rows.empty:
+        return pd.DataFrame(columns=["layer", "head", "n", "offset", "share", "positional"])
+    share = rows.assign(share=rows["hits"] / rows["n"]).pivot_table(
+        index=["layer", "head"], columns="label", values="share", aggfunc="sum").fillna(0.0)
+    nonzero = [c for c in OFFSET_LABELS if c != "0" and c in share.columns]
+    top = share[nonzero].idxmax(axis=1)
+    out = share.reset_index()
+    out.insert(2, "n", rows.groupby(["layer", "head"])["n"].max().reindex(share.index).to_numpy())
+    out["offset"] = top.to_numpy()
+    out["share"] = share[nonzero].max(axis=1).to_numpy()
+    out["positional"] = out["share"] >= threshold
+    out.columns.name = None
+    return out
+
+
 ANALYSIS = register(Analysis(
-    name="positional", scorer=PositionalScorer, input="sentences", selection=False, cross=True,
+    name="positional", scorer=PositionalScorer, input=SENTENCES, selection=False, cross=True,
     description="argmax offsets per head (SPEC 4; Voita et al. 2019)",
     roles=(roles.POSITIONAL,), tables={"positional_heads": lambda results: positional_heads(results.counts)},
     report="headprobe.report.build:positional_section"))

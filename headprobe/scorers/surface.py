@@ -15,12 +15,12 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pandas as pd
 import torch
 
 from headprobe import roles
 from headprobe.measures import MASS
-from headprobe.registry import Analysis, register
-from headprobe.stats import surface_table
+from headprobe.registry import SENTENCES, Analysis, register
 from headprobe.align import WORD
 from headprobe.scorers.base import CountScorer, query_rows
 from headprobe.scorers.positional import UnitLabelRows
@@ -144,8 +144,16 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
             self._add(layer, "entropy_uniform", self._uniform)
 
 
+def surface_table(counts: pd.DataFrame) -> pd.DataFrame:
+    """Per head and statistic: mean = mass / n (whole data)."""
+    rows = counts[(counts["analysis"] == "surface") & (counts["fold"] == "")]
+    out = rows[["label", "layer", "head", "n", "mass"]].copy()
+    out["mean"] = out["mass"] / out["n"]
+    return out.reset_index(drop=True)
+
+
 ANALYSIS = register(Analysis(
-    name="surface", scorer=SurfaceScorer, input="sentences", selection=False, cross=True,
+    name="surface", scorer=SurfaceScorer, input=SENTENCES, selection=False, cross=True,
     description="attention mass to self, neighbours, specials, punctuation, the first position; entropy "
                 "(SPEC 4; Clark et al. 2019 Figures 2 and 4)",
     roles=(roles.SINK, roles.BROAD), tables={"surface": lambda results: surface_table(results.counts)},
