@@ -37,6 +37,7 @@ from headprobe.engine import CHUNK, Engine
 from headprobe.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.measures import needs_of
 from headprobe.pictures import MentionPicker, SentencePicker
+from headprobe.registry import ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
 from headprobe.results import Results, merge_unit_counts
 from headprobe.sites import Sites, attention_sites
 
@@ -217,9 +218,9 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
     """The engine passes the analyses asked for need, in order: sentences, coreference, probe.
     Token analyses read the sentence corpus (in its pass) unless a probe is given."""
     wanted = session.analyses
-    on_sentences = [a for a in registry.analyses("sentences") if a.name in wanted]
-    on_tokens = [a for a in registry.analyses("probe") if a.name in wanted]
-    on_coref = [a for a in registry.analyses("coreference") if a.name in wanted]
+    on_sentences = [a for a in registry.analyses(SENTENCES) if a.name in wanted]
+    on_tokens = [a for a in registry.analyses(PROBE) if a.name in wanted]
+    on_coref = [a for a in registry.analyses(COREFERENCE) if a.name in wanted]
     if config.probe is None:
         on_sentences, on_tokens = on_sentences + on_tokens, []
     has_sentences = any(getattr(config, key) is not None for key in SENTENCE_SOURCES)
@@ -236,7 +237,7 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
         examples = make_probe(config.probe, session.tokenizer, length=config.probe_length, n=config.probe_n,
                               seed=config.seed, specials=config.probe_specials,
                               vocab_size=getattr(text_config(session.net), "vocab_size", None))
-        passes.append(Pass("probe", on_tokens, _make_scorers(on_tokens, config.heads, measures=config.measure),
+        passes.append(Pass(PROBE, on_tokens, _make_scorers(on_tokens, config.heads, measures=config.measure),
                            examples, examples.name, config.batch_size))
     if not passes:
         raise ValueError("nothing to score: give a sentence corpus and/or coref for the analyses asked for")
@@ -263,8 +264,8 @@ def sentence_pass(config: RunConfig, analyses) -> Pass:
         summary["skipped"]["malformed_sentences"] = len(stream.skipped)
         summary["skipped"]["malformed_sources"] = list(stream.skipped)[:50]
 
-    pictures = config.pictures and any(a.name == "dependency" for a in analyses)
-    return Pass("sentences", analyses, _make_scorers(analyses, config.heads, measures=config.measure), stream,
+    pictures = config.pictures and any(a.pictures == ARCS for a in analyses)
+    return Pass(SENTENCES, analyses, _make_scorers(analyses, config.heads, measures=config.measure), stream,
                 stream.name, config.batch_size, record, picker=SentencePicker(config.seed) if pictures else None)
 
 
@@ -296,8 +297,8 @@ def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:
         summary["skipped"]["coreference_sources"] = list(windows.skipped)[:50]
         summary["coreference_corpus"] = dict(windows.counts)
 
-    pictures = config.pictures and any(a.name == "coreference" for a in analyses)
-    return Pass("coreference", analyses, _make_scorers(analyses, config.heads, measures=config.measure), windows,
+    pictures = config.pictures and any(a.pictures == MENTIONS for a in analyses)
+    return Pass(COREFERENCE, analyses, _make_scorers(analyses, config.heads, measures=config.measure), windows,
                 str(config.coref),
                 max(1, config.batch_size // 4), record, picker=MentionPicker(config.seed) if pictures else None)
 
@@ -395,8 +396,9 @@ def finish(config: RunConfig, session: Session, passes: list[Pass], started: flo
     unit_counts = merge_unit_counts([s.unit_counts() for s in trained]) if config.keep_unit_counts else None
     results = Results({s.key: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
     pickers = {one.key: one.picker for one in passes if one.picker is not None}
-    sentences = pickers.get("sentences") if "dependency" in results.tallies else None
-    mentions = pickers.get("coreference") if "coreference" in results.tallies else None
+    drawn = lambda kind: any(name in results.tallies for name in registry.pictured(kind))
+    sentences = pickers.get(SENTENCES) if drawn(ARCS) else None
+    mentions = pickers.get(COREFERENCE) if drawn(MENTIONS) else None
     if sentences is not None or mentions is not None:
         from headprobe.pictures import example_pictures
         results.examples = example_pictures(net, session.tokenizer, results.for_measure().best_heads, sentences,

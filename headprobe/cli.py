@@ -47,12 +47,14 @@ def run_parser(sub):
     p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
 
 
-def best_table(best_heads, analyses=("dependency", "coreference"), max_rows=12) -> str:
+def best_table(best_heads, analyses=None, max_rows=12) -> str:
+    """The best heads of `analyses` (default: those the registry marks `headline`) as text."""
     import pandas as pd
 
+    analyses = registry.headlines() if analyses is None else analyses
     rows = best_heads[(best_heads["fold"] == "") & best_heads["analysis"].isin(analyses)].copy()
     if rows.empty:
-        return "(no dependency or coreference rows)"
+        return f"(no {' or '.join(analyses)} rows)"
     rows = rows.sort_values(["analysis", "n"], ascending=[True, False])
     keep = []
     for analysis, group in rows.groupby("analysis", sort=False):
@@ -86,7 +88,7 @@ def cmd_run(args) -> int:
         print(f"skipped: {skipped}")
     print("\nbest heads (accuracy with 95% bootstrap interval; baseline = best fixed offset / best rule):")
     print(best_table(results.best_heads))
-    if any(registry.get(a).input == "probe" for a in results.tallies if a in registry.names()):
+    if any(registry.get(a).input == registry.PROBE for a in results.tallies if a in registry.names()):
         from headprobe.scorers.token_patterns import top_heads_text
         print(top_heads_text(results))
     out = Path(args.out)

@@ -79,19 +79,21 @@ def _hf_dataset(flag, value, values):
 
 def _analyses(flag, value, values) -> list[str]:
     """The analyses to run: the named ones (a list, or a comma list), else every default one; with a
-    probe and none named, every token analysis too; on `stack` only those defined there."""
+    probe and none named, every token analysis too; on `stack` only those defined there; then those
+    a switch that is on adds (`Analysis.added_by`)."""
     if isinstance(value, str):
         value = [name.strip() for name in value.split(",") if name.strip()]
     if not value:
         wanted = [a.name for a in registry.analyses() if a.default]
         if values["probe"] is not None:
-            wanted += registry.names("probe")
+            wanted += registry.names(registry.PROBE)
     else:
         for name in value:
             registry.get(name)                 # raises with the list of known analyses
         wanted = list(dict.fromkeys(value))
     wanted = _on_stack(values["stack"], wanted, bool(value), values["probe"])
-    return wanted + ["prune_curve"] if values["prune_curve"] and "prune_curve" not in wanted else wanted
+    added = [a.name for a in registry.analyses() if a.added_by and values.get(a.added_by) and a.name not in wanted]
+    return wanted + added
 
 
 def _on_stack(stack, wanted: list[str], named: bool, probe) -> list[str]:
@@ -135,8 +137,10 @@ def _max_memory(flag, value, values):
 
 def _heads(flag, value, values):
     heads = checks.parse_heads(value)
-    if heads is not None and "ablation" not in values["analyses"]:
-        raise checks.UsageError("--heads selects the heads the ablation analysis ablates: add --analyses ablation")
+    readers = registry.reading("heads")
+    if heads is not None and not set(readers) & set(values["analyses"]):
+        raise checks.UsageError(f"--heads selects the heads the {' or '.join(readers)} analysis ablates: "
+                                f"add --analyses {readers[0]}")
     return heads
 
 

@@ -118,7 +118,7 @@ def skipped_text(skipped: dict) -> str:
     return "Skipped (never silently): " + ", ".join(f"{k.replace('_', ' ')} {_int(v)}" for k, v in counts.items()) + "."
 
 
-UNITS = {"sentences": "sentences", "coreference": "windows", "probe": "sequences"}   # an input's examples
+UNITS = {registry.SENTENCES: "sentences", registry.COREFERENCE: "windows", registry.PROBE: "sequences"}   # an input's examples
 
 
 def data_sources(results) -> pd.DataFrame:
@@ -134,7 +134,7 @@ def data_sources(results) -> pd.DataFrame:
         row = {"input": key, "path": str(corpora.get(key, "")), "unit": UNITS.get(key, "examples"),
                "examples": run.get("examples", np.nan),
                "words": run.get("words", np.nan), "documents": np.nan, "mentions": np.nan}
-        if key == "coreference":
+        if key == registry.COREFERENCE:
             row.update(documents=coref.get("documents", np.nan), mentions=coref.get("mentions", np.nan))
         rows.append(row)
     return pd.DataFrame(rows, columns=["input", "path", "unit", "examples", "words", "documents", "mentions"])

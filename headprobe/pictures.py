@@ -28,6 +28,7 @@ from headprobe.batching import Batch
 from headprobe.capture import AttentionCapture
 from headprobe.corpora.base import ALL, Example
 from headprobe.engine import LayerAttention
+from headprobe.registry import ARCS, MENTIONS, pictured
 from headprobe.sites import attention_sites
 
 SENTENCE_WORDS = (8, 25)          # moderate length: a picture a reader can take in
@@ -226,9 +227,10 @@ def pick_mentions(windows: Iterable[Example], kinds: list[str], seed: int = 0, p
 
 # ---------------------------------------------------------------- pictures
 
-def _best_rows(best_heads: pd.DataFrame, analysis: str, max_labels: int) -> pd.DataFrame:
-    """In-sample best heads of `analysis` that name a head, most trials first."""
-    rows = best_heads[(best_heads["analysis"] == analysis) & (best_heads["selection"] == "in-sample")
+def _best_rows(best_heads: pd.DataFrame, kind: str, max_labels: int) -> pd.DataFrame:
+    """In-sample best heads that name a head, of the analyses pictured as `kind` (`registry.PICTURES`),
+    most trials first."""
+    rows = best_heads[best_heads["analysis"].isin(pictured(kind)) & (best_heads["selection"] == "in-sample")
                       & (best_heads["fold"] == "") & (best_heads["layer"] >= 0)]   # small samples name no head
     return rows.sort_values("n", ascending=False, kind="stable").head(max_labels)
 
@@ -244,7 +246,7 @@ def example_pictures(model, tokenizer, best_heads: pd.DataFrame, examples, from_
     the picker's). `stack`: the attention stack scored (`headprobe.sites`). Returns the entries of
     examples.json."""
     pictures = []
-    rows = _best_rows(best_heads, "dependency", max_labels) if examples is not None else best_heads.iloc[:0]
+    rows = _best_rows(best_heads, ARCS, max_labels) if examples is not None else best_heads.iloc[:0]
     if isinstance(examples, SentencePicker):             # filled during the scoring pass
         chosen = examples.chosen(list(rows["label"]))
     else:
@@ -252,7 +254,7 @@ def example_pictures(model, tokenizer, best_heads: pd.DataFrame, examples, from_
     for row in rows.itertuples():
         for example in chosen.get(row.label, []):
             matrix = word_attention(model, tokenizer, example.words, int(row.layer), from_mode, stack)[int(row.head)]
-            pictures.append(dict(analysis="dependency", label=row.label, layer=int(row.layer), head=int(row.head),
+            pictures.append(dict(analysis=row.analysis, label=row.label, layer=int(row.layer), head=int(row.head),
                                  direction=row.direction, unit=example.unit, sentence=example.sent_id,
                                  words=list(example.words), attention=matrix[:, :len(example.words)].tolist(),
                                  gold=gold_arcs(example, row.label), seed=seed))
@@ -265,7 +267,7 @@ def coref_pictures(model, tokenizer, best_heads: pd.DataFrame, windows, from_mod
                    seed: int = 0, stack: str | None = None) -> list[dict]:
     """The best coreference head of each kind on a mention and its antecedent: attention over the
     whole window, cropped to the words from just before the antecedent to just after the mention."""
-    rows = _best_rows(best_heads, "coreference", 8)
+    rows = _best_rows(best_heads, MENTIONS, 8)
     if isinstance(windows, MentionPicker):               # filled during the scoring pass
         chosen = windows.chosen(list(rows["label"]))
     else:
@@ -278,7 +280,7 @@ def coref_pictures(model, tokenizer, best_heads: pd.DataFrame, windows, from_mod
             hi = min(len(words), max(pick.mention[1], pick.query + 1) + CONTEXT)
             matrix = word_attention(model, tokenizer, words, int(row.layer), from_mode, stack)[int(row.head)]
             pictures.append(dict(
-                analysis="coreference", label=row.label, layer=int(row.layer), head=int(row.head), direction="",
+                analysis=row.analysis, label=row.label, layer=int(row.layer), head=int(row.head), direction="",
                 unit=pick.window.unit, sentence=pick.window.sent_id, words=list(words[lo:hi]),
                 attention=matrix[lo:hi, lo:hi].tolist(), offset=lo,
                 gold=[[pick.query - lo, g - lo] for g in pick.gold if lo <= g < hi],

@@ -11,6 +11,11 @@
         report="my_module:my_section",                     # section(results, name) (default: heatmaps)
     ))
 
+What the generic code needs to know about an analysis is declared here, never tested by its name:
+which corpus it reads (`input`), whether the CLI prints its best heads (`headline`), which example
+pictures its best heads get (`pictures`), which run options only it reads (`options`) and which
+run switch adds it (`added_by`).
+
 `api`, `stats`, `results`, the CLI and the report read this registry and hold no
 list of analyses. The built-in analyses register themselves in their scorer
 modules (`headprobe/scorers/*.py`); other packages can add theirs through the
@@ -35,7 +40,10 @@ BUILTIN_MODULES = ("headprobe.scorers.dependency", "headprobe.scorers.coreferenc
                    "headprobe.scorers.ablation")
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.probe`,
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level
-INPUTS = ("sentences", "coreference", "probe")
+SENTENCES, COREFERENCE, PROBE = INPUTS = ("sentences", "coreference", "probe")
+# the example pictures of an analysis's best heads (`headprobe.pictures`): a head's attention on a
+# sentence holding its relation, with the gold arcs; on a mention and its nearest antecedent
+ARCS, MENTIONS = PICTURES = ("arcs", "mentions")
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class RoleRule:
 class Analysis:
     name: str
     scorer: type
-    input: str = "sentences"
+    input: str = SENTENCES
     selection: bool = True
     description: str = ""
     family: Callable | None = None
@@ -65,6 +73,11 @@ class Analysis:
     report: str | Callable | None = None
     default: bool = True                  # run when no analyses are named
     cross: bool = False                   # defined on cross-attention (decoder queries, encoder keys)
+    headline: bool = False                # the CLI prints its best heads after a run
+    pictures: str | None = None           # one of PICTURES: example pictures of its best heads
+    options: tuple = ()                   # RunConfig fields only it reads: given without it, a usage error
+    added_by: str | None = None           # a RunConfig switch that adds it to the analyses run
+    homes: tuple = ()                     # other modules of its own (beside its scorer's and report's)
 
     @property
     def directions(self) -> tuple[str, ...]:
@@ -97,6 +110,8 @@ _loaded = False
 
 def register(analysis: Analysis) -> Analysis:
     """Add (or replace) an analysis; returns it, so a module can keep it as a constant."""
+    if analysis.pictures is not None and analysis.pictures not in PICTURES:
+        raise ValueError(f"analysis {analysis.name!r}: pictures must be one of {PICTURES}, not {analysis.pictures!r}")
     if analysis.input not in INPUTS:
         raise ValueError(f"analysis {analysis.name!r}: input must be one of {INPUTS}, not {analysis.input!r}")
     if analysis.scorer.analysis != analysis.name:
@@ -135,6 +150,21 @@ def analyses(input: str | None = None) -> list[Analysis]:
 
 def names(input: str | None = None) -> list[str]:
     return [a.name for a in analyses(input)]
+
+
+def headlines() -> list[str]:
+    """Names of the analyses whose best heads the CLI prints after a run (`Analysis.headline`)."""
+    return [a.name for a in analyses() if a.headline]
+
+
+def pictured(kind: str) -> list[str]:
+    """Names of the analyses whose best heads get example pictures of `kind` (one of PICTURES)."""
+    return [a.name for a in analyses() if a.pictures == kind]
+
+
+def reading(option: str) -> list[str]:
+    """Names of the analyses that read run option `option` (a RunConfig field; `Analysis.options`)."""
+    return [a.name for a in analyses() if option in a.options]
 
 
 def get(name: str) -> Analysis:

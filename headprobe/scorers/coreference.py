@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from headprobe import roles
-from headprobe.registry import Analysis, register
+from headprobe.registry import COREFERENCE, MENTIONS, Analysis, register
 from headprobe.corpora.base import ALL
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
 
@@ -238,7 +238,7 @@ class CoreferenceScorer(CountScorer):
 
 
 ANALYSIS = register(Analysis(
-    name="coreference", scorer=CoreferenceScorer, input="coreference", selection=True,
+    name="coreference", scorer=CoreferenceScorer, input=COREFERENCE, selection=True,
     description="coreferent antecedents from a mention's head (SPEC 3; Clark et al. 2019 section 4.3)",
-    family=roles.coreference_family, roles=(roles.COREFERENCE,),
+    family=roles.coreference_family, roles=(roles.COREFERENCE,), headline=True, pictures=MENTIONS,
     report="headprobe.report.build:coreference_section"))

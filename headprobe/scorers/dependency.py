@@ -28,7 +28,7 @@ import torch
 
 from headprobe import roles
 from headprobe.conventions import SPEC, Conventions, get_conventions
-from headprobe.registry import Analysis, register
+from headprobe.registry import ARCS, SENTENCES, Analysis, register
 from headprobe.corpora.base import ALL
 from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, query_rows, word_fill
 
@@ -179,7 +179,7 @@ def baseline_hits(dependent: np.ndarray, head: np.ndarray) -> np.ndarray:
 
 
 ANALYSIS = register(Analysis(
-    name="dependency", scorer=DependencyScorer, input="sentences", selection=True,
+    name="dependency", scorer=DependencyScorer, input=SENTENCES, selection=True,
     description="dependency arcs per relation, both directions (SPEC 2; Clark et al. 2019 section 4.2)",
-    family=roles.dependency_family, roles=(roles.SYNTACTIC,),
+    family=roles.dependency_family, roles=(roles.SYNTACTIC,), headline=True, pictures=ARCS,
     report="headprobe.report.build:dependency_section"))

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from headprobe.measures import MASS
-from headprobe.registry import Analysis, register
+from headprobe.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex
 
 PREFIX = "js:"
@@ -252,7 +252,7 @@ def head_clusters_table(results) -> pd.DataFrame:
 
 
 ANALYSIS = register(Analysis(
-    name="head_similarity", scorer=HeadSimilarityScorer, input="sentences", selection=False, default=False,
+    name="head_similarity", scorer=HeadSimilarityScorer, input=SENTENCES, selection=False, default=False,
     description="mean Jensen-Shannon divergence between every two heads' word attention; heads clustered "
                 "(Clark et al. 2019 section 5, Figure 6)",
     tables={"head_distances": head_distances, "head_clusters": head_clusters_table},

@@ -45,7 +45,7 @@ import torch
 
 from headprobe.conventions import Conventions, get_conventions
 from headprobe.corpora.base import ALL
-from headprobe.registry import Analysis, register
+from headprobe.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, word_fill
 from headprobe.stats import estimate, paired_gap, selected
 from headprobe.trees import max_arborescence, max_spanning_tree, undirected_hits
@@ -486,7 +486,7 @@ def _table(name):
 
 
 ANALYSIS = register(Analysis(
-    name="parsing", scorer=ParsingScorer, input="sentences", selection=False, default=False,
+    name="parsing", scorer=ParsingScorer, input=SENTENCES, selection=False, default=False,
     description="all heads together: an attention-only probe (Clark et al. 2019 section 6) and maximum "
                 "spanning trees per head and over the probe (Htut et al. 2019), against the best single head "
                 "and the offset baselines",

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from headprobe.measures import MASS
-from headprobe.registry import Analysis, register
+from headprobe.registry import PROBE, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex
 from headprobe.scorers.token_patterns import example_key, group_table, head_table, pattern_rule
 
@@ -103,7 +103,7 @@ ROLE = pattern_rule("sink (Gu)", NAME, 4.5, "#4d4d4d", "sink@0", THRESHOLD, LOWE
                     label=RATE, min_n=MIN_INPUTS)
 
 ANALYSIS = register(Analysis(
-    name=NAME, scorer=SinkScorer, input="probe", selection=True, default=False,
+    name=NAME, scorer=SinkScorer, input=PROBE, selection=True, default=False,
     description=f"attention to position 0 per head, at piece level (Xiao et al. 2023), and the share of inputs where "
                 f"its mean over the queries after the first is at least {EPSILON:g} (Gu et al. 2024 sink rate)",
     roles=(ROLE,),

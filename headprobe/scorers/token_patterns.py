@@ -82,7 +82,7 @@ import pandas as pd
 import torch
 
 from headprobe.align import WORD
-from headprobe.registry import Analysis, RoleRule, register
+from headprobe.registry import PROBE, Analysis, RoleRule, register
 from headprobe.roles import MATCH_COLUMNS
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
 from headprobe.stats import choose, estimate, paired_gap, ratio
@@ -400,7 +400,7 @@ class PatternRule:
 
 
 def pattern_analysis(name: str, pattern_fn, *, baselines=(RANDOM, FIRST), rule: PatternRule | None = None,
-                     description: str | None = None, input: str = "probe", default: bool = False,
+                     description: str | None = None, input: str = PROBE, default: bool = False,
                      module: str | None = None) -> Analysis:
     """Declare a token pattern and register its analysis: the scorer, the tables
     `<name>_heads` and `<name>_kv_groups`, best heads, intervals and (with `rule`) a head role,
