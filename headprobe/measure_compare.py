@@ -13,9 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headprobe.scorers.surface import ANALYSIS as SURFACE_ANALYSIS
+from headprobe.stats import interval
 from headprobe.tally import N_BOOT, SEED, unit_weights
 
-SURFACE = "surface"                     # the analysis whose masses these views read
+SURFACE = SURFACE_ANALYSIS.name         # the analysis whose masses these views read (its own module names it)
 SURFACE_SIDE = ("cls", "sep", "first", "punct", "self", "prev", "next", "entropy_ratio")
 
 
@@ -101,8 +103,7 @@ def special_share(results, labels=("cls", "sep"), n_boot: int | None = None, see
 
 
 def _interval(values) -> tuple[float, float]:
-    """2.5th / 97.5th percentiles of resamples 1.. (SPEC 5), NaN without resamples."""
+    """2.5th / 97.5th percentiles of resamples 1.. (SPEC 5: `stats.interval`), NaN without resamples."""
     if values is None or len(values) < 2:
         return np.nan, np.nan
-    low, high = np.percentile(values.to_numpy()[1:], [2.5, 97.5])
-    return float(low), float(high)
+    return interval(values.to_numpy()[1:])
