@@ -97,14 +97,17 @@ def run_child(case: str, treebank: Path, out: Path) -> dict:
 CASES = {"x1": ("minilm", 1), "x8": ("minilm", 8), "x40": ("minilm", 40), "llama": ("llama", 1)}
 
 
-def memory(cases=tuple(CASES)) -> list[dict]:
+def memory(cases=tuple(CASES), keep: str | None = None) -> list[dict]:
+    """keep: write each case's results directory under this folder (to time its report) instead
+    of a temporary one."""
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        outs = Path(keep) if keep else tmp
         for name in cases:
             model, copies = CASES[name]
             treebank = EWT if copies == 1 else replicate(EWT, copies, tmp / f"ewt-x{copies}.conllu")
-            row = run_child(model, treebank, tmp / f"out-{name}")
+            row = run_child(model, treebank, outs / f"out-{name}")
             row["corpus"] = "EWT dev" if copies == 1 else f"EWT dev x{copies}"
             print(json.dumps(row), flush=True)
             rows[name] = row
@@ -214,12 +217,13 @@ def main() -> None:
     parser.add_argument("what", choices=["memory", "speed", "profile"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES), help="memory: which runs")
+    parser.add_argument("--keep", default=None, help="memory: keep each case's results directory under this folder")
     parser.add_argument("--copies", type=int, default=4, help="speed/profile: EWT dev repeated this many times")
     parser.add_argument("--measure", default="weights", help="speed: the run's --measure (weights, weights,norms)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args()
     if args.what == "memory":
-        figures = memory(args.cases)
+        figures = memory(args.cases, args.keep)
     elif args.what == "speed":
         figures = speed(args.repeat, args.copies, args.measure)
     else:
