@@ -41,13 +41,19 @@ BEST_COLUMNS = ["run", "analysis", "label", "n", "heads", "direction", "accuracy
 @dataclass
 class Run:
     """One side of a comparison: a name, its `Results`, and the measure it reads (None: the
-    only one), `source` where it was read from."""
+    only one; a run scored on several measures is read under its first, `weights`, unless one
+    is named), `source` where it was read from."""
 
     name: str
     results: object
     measure: str | None = None
     source: str = ""
     meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        measures = getattr(self.results, "measures", [])
+        if self.measure is None and len(measures) > 1:
+            self.measure = measures[0]
 
     @classmethod
     def load(cls, directory, name: str | None = None, measure: str | None = None) -> "Run":

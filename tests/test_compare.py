@@ -98,6 +98,12 @@ def test_two_measures_of_one_run_match_the_permutation():
     assert got == perm
     assert np.allclose(matches["similarity"], 1.0, atol=1e-9)
     assert head_profiles(both, "weights").shape == head_profiles(base).shape     # one measure at a time
+    # a run scored on two measures, named without one, is read under its first (weights)
+    default = Run("both", both)
+    assert default.measure == "weights"
+    itself = match_heads(default, Run("base", base))
+    assert (itself["layer_a"] == itself["layer_b"]).all() and (itself["head_a"] == itself["head_b"]).all()
+    assert np.allclose(itself["similarity"], 1.0, atol=1e-9)
 
 
 def test_hand_built_profiles_centring_weights_and_an_unmatched_head():
