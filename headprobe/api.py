@@ -359,7 +359,7 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
             pass
     else:
         hook = _CheckpointHook(checkpoint, one.key, one.scorers, state) if checkpoint is not None else None
-        stats = distributed.reduce_stats(engine.run(distributed.shard(examples), checkpoint=hook))
+        stats = distributed.reduce_stats(engine.run(distributed.shard(examples, block=CHUNK), checkpoint=hook))
         if checkpoint is not None:
             checkpoint.save(one.key, one.scorers, {"finished": True, "stats": stats})
     summary["corpora"][one.key] = one.source

@@ -11,9 +11,10 @@ one) nothing here does anything, and a run is exactly the single-process run.
 
 What each rank does (`headprobe.api.run` calls these):
 
-- **shard**: rank r scores examples r, r + N, r + 2N, ... of each corpus, in corpus order
-  (round-robin over examples, N = world size; `shard`). Deterministic, balanced for any
-  corpus order, and lazy (nothing is copied). A unit (document) may span ranks: its
+- **shard**: rank r scores chunks r, r + N, r + 2N, ... of each corpus, in corpus order
+  (round-robin over the engine's chunks of `CHUNK` examples, N = world size; `shard`).
+  Deterministic and lazy (nothing is copied); each rank's chunks are chunks of the
+  one-process run, so its batches, and the float sums inside them, are the same. A unit (document) may span ranks: its
   fold and bootstrap weights are functions of its id (SPEC 5), so its counts land in
   the same cells on whichever rank scores them, and tallies add linearly.
 - **merge**: after every pass, the per-pass statistics (examples, words, skipped inputs)
@@ -58,7 +59,7 @@ class World:
 
     def describe(self) -> dict:
         return {"world_size": self.size, "backend": self.backend,
-                "sharding": "round-robin over examples in corpus order (rank r: examples r, r + N, ...)",
+                "sharding": "round-robin over chunks of examples in corpus order (rank r: chunks r, r + N, ...)",
                 "merge": "all-reduce (sum) of every tally total; rank 0 writes"}
 
 
@@ -137,27 +138,32 @@ def for_run(device, *, out, progress: bool, checkpoint_every: int, resume: bool,
 
 
 class Shard:
-    """Examples `rank`, `rank + size`, ... of an iterable (lazily; `len` when the source has one)."""
+    """Blocks `rank`, `rank + size`, ... of `block` consecutive examples of an iterable (lazily;
+    `len` when the source has one). With `block` = the engine's chunk, each rank's chunks are
+    chunks of the one-process run, so every batch, and every float sum, is the same."""
 
-    def __init__(self, examples, rank: int, size: int):
-        self.examples, self.rank, self.size = examples, rank, size
+    def __init__(self, examples, rank: int, size: int, block: int = 1):
+        self.examples, self.rank, self.size, self.block = examples, rank, size, block
         for name in ("name", "skipped", "counts"):             # what a corpus object carries besides examples
             if hasattr(examples, name):
                 setattr(self, name, getattr(examples, name))
 
     def __iter__(self):
         for index, example in enumerate(self.examples):
-            if index % self.size == self.rank:
+            if index // self.block % self.size == self.rank:
                 yield example
 
     def __len__(self) -> int:
-        return len(range(self.rank, len(self.examples), self.size))
+        n = len(self.examples)
+        return sum(min(start + self.block, n) - start
+                   for start in range(self.rank * self.block, n, self.size * self.block))
 
 
-def shard(examples, world: World | None = None):
-    """This rank's share of `examples` (round-robin in corpus order); all of it in one process."""
+def shard(examples, world: World | None = None, block: int = 1):
+    """This rank's share of `examples`: blocks of `block` examples dealt round-robin in corpus
+    order (`block` = `engine.CHUNK` in a run); all of it in one process."""
     world = world or current()
-    return examples if world.size <= 1 else Shard(examples, world.rank, world.size)
+    return examples if world.size <= 1 else Shard(examples, world.rank, world.size, block)
 
 
 def _source_key(text: str):
