@@ -23,6 +23,7 @@ from headprobe.corpora.conllu import read_conllu
 from headprobe.engine import Engine
 from headprobe.gates import HeadGates
 from headprobe.models import random_init
+from headprobe.objectives import IGNORE
 from headprobe.report import build_report
 from headprobe.report.ablation import role_with_importance
 from headprobe.results import Results
@@ -74,8 +75,9 @@ def test_ablation_and_importance_merged_over_three_shards_equal_one_run(tmp_path
 
 
 # ----------------------------------------------------------------------------- the pruning curve
-def hand_losses(model, family, examples, heads_off) -> float:
-    """Mean next-piece NLL over every example, one at a time, with `heads_off` zero-gated."""
+def hand_loss_and_count(model, family, examples, heads_off, ignore_first: int = 0) -> tuple[float, int]:
+    """Mean next-piece NLL over every example, one at a time, with `heads_off` zero-gated, and
+    the number of targets; pieces `0 .. ignore_first - 1` are not targets."""
     gates = torch.ones(family.n_layers, 4)
     for layer, head in heads_off:
         gates[layer, head] = 0.0
@@ -83,10 +85,18 @@ def hand_losses(model, family, examples, heads_off) -> float:
     with torch.no_grad(), HeadGates(model, gates):
         for example in examples:
             ids = one_batch(family, [example]).input_ids                # [1, piece]
-            loss = model(input_ids=ids, labels=ids).loss                # transformers' own mean
-            total += float(loss) * (ids.shape[1] - 1)
-            count += ids.shape[1] - 1
-    return total / count
+            labels = ids.clone()
+            labels[:, :ignore_first] = IGNORE
+            loss = model(input_ids=ids, labels=labels).loss             # transformers' own mean
+            targets = ids.shape[1] - 1 - max(ignore_first - 1, 0)       # labels shift by one
+            total += float(loss) * targets
+            count += targets
+    return total / count, count
+
+
+def hand_losses(model, family, examples, heads_off) -> float:
+    """Mean next-piece NLL over every example, one at a time, with `heads_off` zero-gated."""
+    return hand_loss_and_count(model, family, examples, heads_off)[0]
 
 
 def test_prune_curve_equals_heads_gated_by_hand(tmp_path):
@@ -281,7 +291,6 @@ def test_head_groups_on_a_restricted_loss_equal_gates_and_labels_by_hand(tmp_pat
     """GroupScorer (analyses/olsson2022_induction.py): each group gated together, the loss counted on
     the pieces `scored` names (here: every piece from the fourth on), against transformers' own
     loss with those labels alone and the heads gated by hand."""
-    from headprobe.objectives import IGNORE
     from headprobe.scorers.ablation import GroupScorer, points_table
 
     family, model = with_lm_head("llama")
@@ -293,18 +302,7 @@ def test_head_groups_on_a_restricted_loss_equal_gates_and_labels_by_hand(tmp_pat
     Engine(model, family.tokenizer, [scorer], progress=False, n_boot=30, batch_size=4).run(examples)
     table = points_table(scorer.tally_, [label for label, _ in groups], "intact").set_index("label")
     for label, heads in groups:
-        gates = torch.ones(2, 4)
-        for layer, head in heads:
-            gates[layer, head] = 0.0
-        total = count = 0.0
-        with torch.no_grad(), HeadGates(model, gates):
-            for example in examples:
-                ids = one_batch(family, [example]).input_ids                    # [1, piece]
-                labels = ids.clone()
-                labels[:, :3] = IGNORE                                          # pieces 0-2 are not targets
-                loss = model(input_ids=ids, labels=labels).loss
-                total += float(loss) * (ids.shape[1] - 3)
-                count += ids.shape[1] - 3
-        assert table.loc[label, "value"] == pytest.approx(total / count, rel=1e-5), label
+        mean, count = hand_loss_and_count(model, family, examples, heads, ignore_first=3)   # pieces 0-2 not targets
+        assert table.loc[label, "value"] == pytest.approx(mean, rel=1e-5), label
         assert table.loc[label, "n"] == count
     assert table.loc["intact", "change"] == 0.0 and table.loc["layer 1", "change"] != 0.0

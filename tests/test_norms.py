@@ -36,6 +36,21 @@ from test_capture import SENTENCES, make_batch
 TOL = 1e-5
 
 
+def module_outputs(model, inputs, modules) -> dict[int, torch.Tensor]:
+    """{i: output of modules[i]} from one forward pass (forward hooks, removed afterwards)."""
+    values: dict[int, torch.Tensor] = {}
+    handles = [module.register_forward_hook(
+        lambda module, args, output, i=i: values.__setitem__(i, output.detach().clone()))
+        for i, module in enumerate(modules)]
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return values
+
+
 def direct_value_norms(model, name: str, inputs) -> dict[int, torch.Tensor]:
     """{layer: [batch, head, key]} from the value projection's output (a forward hook) and the
     output projection's weight, head by head: || W_O[:, h*d:(h+1)*d] @ v_j^(group of h) ||."""
@@ -48,16 +63,7 @@ def direct_value_norms(model, name: str, inputs) -> dict[int, torch.Tensor]:
         sites = [(block.attn.c_attn, block.attn.c_proj.weight.T) for block in model.h]      # Conv1D: [in, out]
     else:
         sites = [(layer.self_attn.v_proj, layer.self_attn.o_proj.weight) for layer in model.layers]
-    values: dict[int, torch.Tensor] = {}
-    handles = [projection.register_forward_hook(
-        lambda module, args, output, layer=layer: values.__setitem__(layer, output.detach().clone()))
-        for layer, (projection, _) in enumerate(sites)]
-    try:
-        with torch.no_grad():
-            model(**inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    values = module_outputs(model, inputs, [projection for projection, _ in sites])
     out = {}
     for layer, (_, weight) in enumerate(sites):
         v = values[layer]                                             # [batch, key, features]
@@ -112,16 +118,7 @@ def test_value_norms_of_t5_encoder_and_cross_attention(stack):
     _, inputs = stack_batch(built, SENTENCES, stack)
     sites = ([block.layer[0].SelfAttention for block in model.encoder.block] if stack == "encoder" else
              [block.layer[1].EncDecAttention for block in model.decoder.block])
-    values: dict[int, torch.Tensor] = {}
-    handles = [attention.v.register_forward_hook(
-        lambda module, args, output, layer=layer: values.__setitem__(layer, output.detach().clone()))
-        for layer, attention in enumerate(sites)]
-    try:
-        with torch.no_grad():
-            model(**inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    values = module_outputs(model, inputs, [attention.v for attention in sites])
     with torch.no_grad(), headprobe.capture_heads(model, needs={"probs", "value_norms"}, stack=stack) as heads:
         model(**inputs)
     n_heads, d = model.config.num_heads, model.config.d_kv
