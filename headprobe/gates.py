@@ -41,7 +41,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from headprobe.capture import find_blocks, model_device, n_layers_heads
+from headprobe.capture import find_blocks, model_device, n_layers_heads, projection_in_features
 
 # The attention output projection, relative to one Transformer block (`capture.find_blocks`).
 OUTPUT_PROJECTIONS = (
@@ -60,8 +60,8 @@ OUTPUT_PROJECTIONS = (
 
 
 def in_features(module: nn.Module) -> int:
-    """Input width of a projection: `nn.Linear.in_features`, or transformers' `Conv1D.nx`."""
-    width = getattr(module, "in_features", None) or getattr(module, "nx", None)
+    """Input width of a projection (`capture.projection_in_features`), or an error naming it."""
+    width = projection_in_features(module)
     if width is None:
         raise ValueError(f"cannot tell the input width of {type(module).__name__}")
     return int(width)
