@@ -85,13 +85,6 @@ def _of_measure(frame: pd.DataFrame, measure: str | None) -> pd.DataFrame:
     return frame
 
 
-def _min_n(analysis: str) -> int:
-    try:
-        return registry.get(analysis).min_n
-    except ValueError:
-        return registry.Analysis.min_n
-
-
 def head_profiles(results, measure: str | None = None) -> pd.DataFrame:
     """[head, feature] per-label scores of every head: index (layer, head), columns
     'analysis|label|direction'. Counting analyses give hits / n (labels with at least the
@@ -103,7 +96,7 @@ def head_profiles(results, measure: str | None = None) -> pd.DataFrame:
     for (analysis, label, direction), g in c.groupby(["analysis", "label", "direction"], sort=True):
         g = g.set_index(["layer", "head"])
         if g["hits"].notna().any():
-            if g["n"].max() < _min_n(analysis):
+            if g["n"].max() < registry.min_n(analysis):
                 continue
             columns[f"{analysis}|{label}|{direction}"] = g["hits"] / g["n"]
         elif not str(label).startswith("entropy"):

@@ -35,13 +35,6 @@ def selection_analyses(results) -> list[str]:
     return ordered + sorted(present - set(ordered))
 
 
-def _min_n(analysis: str) -> int:
-    try:
-        return registry.get(analysis).min_n
-    except ValueError:
-        return registry.Analysis.min_n
-
-
 def key_findings(results, top: int = TOP_LABELS) -> pd.DataFrame:
     """Per selection analysis: the held-out best head of ALL and of the `top` other labels with
     the largest held-out gap over the baseline (labels with enough trials and a held-out
@@ -69,7 +62,7 @@ def caveats(results) -> list[tuple[str, str]]:
         wide = results.best_heads_wide(analysis)
         small = wide[wide["small_sample"].astype(bool)]
         if len(small):
-            out.append(("small samples", f"{analysis}: {len(small)} label(s) with fewer than {_min_n(analysis)} "
+            out.append(("small samples", f"{analysis}: {len(small)} label(s) with fewer than {registry.min_n(analysis)} "
                         f"trials, shown with their counts but never named a best head or a role: "
                         f"{_listing(small['label'], small['n'])}."))
         tied = wide[~wide["small_sample"].astype(bool) & (pd.to_numeric(wide["tied"], errors="coerce") > 1)]

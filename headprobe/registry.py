@@ -174,6 +174,14 @@ def get(name: str) -> Analysis:
     return _REGISTRY[name]
 
 
+def min_n(name: str) -> int:
+    """The fewest trials a label of analysis `name` needs to be named a best head or a role
+    (SPEC 5); the default for a name no longer registered (results of a removed plugin)."""
+    _load()
+    analysis = _REGISTRY.get(name)
+    return analysis.min_n if analysis is not None else Analysis.min_n
+
+
 def role_rules() -> list[tuple[Analysis, RoleRule]]:
     """Every registered role rule with its analysis, in the order roles are tried."""
     rules = [(a, rule) for a in analyses() for rule in a.roles]

@@ -236,17 +236,10 @@ def gap_items(results, analysis: str, labels: list[str]) -> list:
 
 def _split_by_size(results, analysis: str, labels: list[str]) -> tuple[list[str], list[str]]:
     """Labels with at least the analysis's `min_n` trials, and the rest."""
-    min_n = _min_n(analysis)
+    min_n = registry.min_n(analysis)
     rows = {label: results.best_head(analysis, label) for label in labels}
     big = [x for x in labels if rows[x] is not None and rows[x]["n"] >= min_n]
     return big, [x for x in labels if x not in big]
-
-
-def _min_n(analysis: str) -> int:
-    try:
-        return registry.get(analysis).min_n
-    except ValueError:
-        return registry.Analysis.min_n
 
 
 def _best_tables(s: Section, results, analysis: str, labels: list[str]) -> None:
@@ -254,7 +247,7 @@ def _best_tables(s: Section, results, analysis: str, labels: list[str]) -> None:
     s.add(best_heads_table(results, analysis, big))
     if small:
         table = best_heads_table(results, analysis, small, name=f"{analysis}-top-heads-small")
-        table.caption = (f"Labels with fewer than {_min_n(analysis)} trials (same columns): shown with their "
+        table.caption = (f"Labels with fewer than {registry.min_n(analysis)} trials (same columns): shown with their "
                          f"counts, never named a best head")
         table.collapsed = True
         s.add(table)
@@ -287,7 +280,7 @@ def dependency_section(results, analysis: str) -> Section:
     items = gap_items(results, analysis, [x for x in big if x not in NOT_PER_RELATION][:MAX_PANELS])
     if items:
         s.add(Figure(f"{key}_relations", F.gap_grid_figure(items),
-                     f"Per relation with at least {_min_n(analysis)} arcs (largest first): accuracy in the "
+                     f"Per relation with at least {registry.min_n(analysis)} arcs (largest first): accuracy in the "
                      "head's better direction minus the relation's in-sample best baseline. Blue: below the "
                      "baseline, red: above. " + LEGEND,
                      alt="per-relation gap heatmaps"))
