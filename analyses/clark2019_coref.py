@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "clark2019_coref")
     results = C.get_results(args, ["coreference"], out)
 
-    from headprobe.corpora.base import ALL
+    from headprobe.inputs.corpora.base import ALL
     from headprobe.report import figures as F
     from headprobe.report.build import accuracy_panels
 

@@ -49,11 +49,11 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "clark2019_syntax")
     results = C.get_results(args, ["dependency"], out)
 
-    from headprobe.corpora.base import ALL
+    from headprobe.inputs.corpora.base import ALL
     from headprobe.report import figures as F
     from headprobe.report.build import gap_items
-    from headprobe.roles import NOT_PER_RELATION
-    from headprobe.stats import ALPHA
+    from headprobe.stats.roles import NOT_PER_RELATION
+    from headprobe.stats.engine import ALPHA
 
     table = results.best_heads_wide("dependency")
     if not len(table):

@@ -7,11 +7,11 @@ coreference) heads in the middle layers; Voita et al. (2019) find positional
 heads in every model. Decoder LMs add an attention sink on BOS. This script
 runs (or loads) two or more models on the same data, reads every head's role
 from the results (`results.roles`: SPEC section 6 rules, positional,
-syntactic, coreference, sink, broad, none; see headprobe.roles), and tabulates
+syntactic, coreference, sink, broad, none; see headprobe.stats.roles), and tabulates
 per model how many heads take each role and at what relative depth
 (layer / (layers - 1)), beside the best dependency and coreference heads, and
 matches the heads of the models one to one on their profiles of per-label
-scores (headprobe.compare: which head of one model does what a head of the
+scores (headprobe.results.comparison: which head of one model does what a head of the
 other does, and whether it keeps its role).
 
     .venv/bin/python analyses/compare_models.py                      # MiniLM vs SmolLM2
@@ -67,9 +67,9 @@ def main(argv=None) -> int:
     import pandas as pd
 
     import headprobe
-    from headprobe.corpora.base import ALL
+    from headprobe.inputs.corpora.base import ALL
     from headprobe.report import figures as F
-    from headprobe.roles import NONE, role_colors
+    from headprobe.stats.roles import NONE, role_colors
 
     runs = []                                    # (label, Results)
     if args.results:
@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     if len(runs) < 2:
         print("note: comparing fewer than two models", file=sys.stderr)
 
-    from headprobe.compare import Run, compare_runs, unique_names
-    from headprobe.report.compare import build_comparison
+    from headprobe.results.comparison import Run, compare_runs, unique_names
+    from headprobe.report.comparison_page import build_comparison
 
     colors, rules = {}, {}                       # every model's roles, in the order they are tried
     for _, results in runs:
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     table = pd.DataFrame(columns).fillna("—")
     table.index.name = "measure"
     C.write_table(table.reset_index(), out, "side_by_side",
-                  "Head roles side by side (heads L-H, 0-based; rules: headprobe.roles, SPEC section 6)")
+                  "Head roles side by side (heads L-H, 0-based; rules: headprobe.stats.roles, SPEC section 6)")
     heads = pd.concat(per_head, ignore_index=True)
     heads.to_csv(out / "roles_per_head.csv", index=False)
     print(f"wrote {out / 'roles_per_head.csv'}")

@@ -33,9 +33,9 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "kobayashi2020_norms")
     results = C.get_results(args, ANALYSES, out, measure="weights,norms", keep_unit_counts=True)
 
-    from headprobe.measure_compare import role_changes, special_share, surface_side_by_side
+    from headprobe.results.measure_views import role_changes, special_share, surface_side_by_side
     from headprobe.report import figures as F
-    from headprobe.roles import role_colors
+    from headprobe.stats.roles import role_colors
 
     if results.measures[:2] != ["weights", "norms"]:
         print(f"the results have measures {results.measures}; this script needs weights and norms", file=sys.stderr)

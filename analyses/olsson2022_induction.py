@@ -1,7 +1,7 @@
 """Reproduce Olsson et al. (2022), "In-context Learning and Induction Heads": a trained
 decoder has induction heads, and the same architecture with random weights has none.
 
-Probe: `--n` sequences of `--length` random tokens repeated twice (`headprobe.probe`,
+Probe: `--n` sequences of `--length` random tokens repeated twice (`headprobe.inputs.probes`,
 specials as the run's tokenizer puts them around text). On the second half a head that
 attends to the token *after* the earlier occurrence of the current token is an induction
 head. Score per head (`headprobe.scorers.induction`): the share of each second-half
@@ -11,7 +11,7 @@ here), with a 95% bootstrap interval over sequences and the score on each half o
 
 The trained model is `--model` (default: the bundled SmolLM2-135M-Instruct), loaded under
 its language-model head; the control is the same config with random weights
-(`headprobe.models.random_init`: seeded, the config's own initializer). The finding holds
+(`headprobe.model.loading.random_init`: seeded, the config's own initializer). The finding holds
 when the trained model has at least one head with score >= `--threshold` (0.4) and the
 random one has none above `--control` (0.1); the script says so and exits 0, else 1.
 
@@ -55,7 +55,7 @@ def other_heads(induction, n_heads: int, seed: int) -> list[tuple[int, int]]:
     generator keyed by the seed (SPEC 5's keyed hash); fewer where a layer has too few."""
     import numpy as np
 
-    from headprobe.tally import keyed_hash
+    from headprobe.scoring.tally import keyed_hash
 
     rng = np.random.Generator(np.random.PCG64(keyed_hash(seed, "other-heads", "olsson2022")))
     chosen = []
@@ -70,7 +70,7 @@ def other_heads(induction, n_heads: int, seed: int) -> list[tuple[int, int]]:
 def repeated_half(length: int):
     """`Objective(scored=...)`: the pieces of the second half's words after its first word (word
     index > length), the tokens an induction head can predict."""
-    from headprobe.align import WORD
+    from headprobe.inputs.align import WORD
 
     return lambda batch: (batch.piece_kind == WORD) & (batch.piece_word > length)       # [batch, piece]
 
@@ -78,12 +78,12 @@ def repeated_half(length: int):
 def ablate(net, tokenizer, name, args, induction, out) -> None:
     """Induction heads vs other heads vs intact, and every head of --ablate-layers alone, on the
     repeated half's loss (see the module docstring)."""
-    from headprobe import registry
-    from headprobe.capture import n_layers_heads, text_config
+    from headprobe.scorers import registry
+    from headprobe.model.capture import n_layers_heads, text_config
     from headprobe.checks import parse_layers
-    from headprobe.engine import Engine
-    from headprobe.probe import make_probe
-    from headprobe.results import Results
+    from headprobe.scoring.engine import Engine
+    from headprobe.inputs.probes import make_probe
+    from headprobe.results.query import Results
     from headprobe.scorers.ablation import GroupScorer, points_table
 
     others = other_heads(induction, n_layers_heads(net)[1], args.seed)
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     import pandas as pd
 
     import headprobe
-    from headprobe import models
+    from headprobe.model import loading as models
 
     net, tokenizer, name, kind = models.load_lm(C.model_arg(args.model), device=args.device)
     runs = {"trained": (net, tokenizer, name),

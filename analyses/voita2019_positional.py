@@ -32,7 +32,7 @@ def main(argv=None) -> int:
                    help="share of argmaxes at one non-zero offset (default: the role rule's, 0.9 as in Voita et al.)")
     args = p.parse_args(argv)
     if args.threshold is None:
-        from headprobe.roles import POSITIONAL_SHARE
+        from headprobe.stats.roles import POSITIONAL_SHARE
         args.threshold = POSITIONAL_SHARE
     if args.text:
         args.treebank = None

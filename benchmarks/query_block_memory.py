@@ -70,9 +70,9 @@ class RssSampler(threading.Thread):
 def long_example(tokenizer, pieces: int):
     """UD English EWT dev words, as many as give exactly `pieces` pieces (specials included)
     when tokenized together as one input (dependency arcs kept where both ends are inside)."""
-    from headprobe.align import align_words
-    from headprobe.corpora.base import Example
-    from headprobe.corpora.conllu import read_conllu
+    from headprobe.inputs.align import align_words
+    from headprobe.inputs.corpora.base import Example
+    from headprobe.inputs.corpora.conllu import read_conllu
 
     words, heads, deprels, upos = [], [], [], []
     for sentence in read_conllu(EWT):
@@ -100,8 +100,9 @@ def long_example(tokenizer, pieces: int):
 def child(args) -> None:
     from transformers import BertConfig, BertModel
 
-    from headprobe import models, registry
-    from headprobe.engine import Engine
+    from headprobe.model import loading as models
+    from headprobe.scorers import registry
+    from headprobe.scoring.engine import Engine
 
     torch.set_num_threads(args.threads)
     _, tokenizer, _ = models.load(None, device="cpu")

@@ -36,13 +36,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from headprobe import models                                             # noqa: E402
-from headprobe.align import align_words                                  # noqa: E402
-from headprobe.batching import iter_batches, prepare                      # noqa: E402
-from headprobe.corpora.base import Example                               # noqa: E402
-from headprobe.corpora.conllu import read_conllu                         # noqa: E402
-from headprobe.engine import Engine, max_length                          # noqa: E402
-from headprobe.results import Results                                    # noqa: E402
+from headprobe.model import loading as models                                             # noqa: E402
+from headprobe.inputs.align import align_words                                  # noqa: E402
+from headprobe.inputs.batching import iter_batches, prepare                      # noqa: E402
+from headprobe.inputs.corpora.base import Example                               # noqa: E402
+from headprobe.inputs.corpora.conllu import read_conllu                         # noqa: E402
+from headprobe.scoring.engine import Engine, max_length                          # noqa: E402
+from headprobe.results.query import Results                                    # noqa: E402
 from headprobe.scorers.dependency import DependencyScorer, scored_arcs   # noqa: E402
 from headprobe.scorers.positional import PositionalScorer                # noqa: E402
 from headprobe.scorers.surface import SurfaceScorer                      # noqa: E402

@@ -58,8 +58,8 @@ def random_llama():
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaModel
 
-    from headprobe.align import prepare_tokenizer
-    from headprobe.models import SMOLLM2_GGUF, smollm2_dir
+    from headprobe.inputs.align import prepare_tokenizer
+    from headprobe.model.loading import SMOLLM2_GGUF, smollm2_dir
 
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF))
     config = LlamaConfig(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=256,
@@ -72,7 +72,7 @@ def random_llama():
 def child(case: str, treebank: str, out: str) -> dict:
     """One whole run, in this process: returns its times and peak RSS."""
     import headprobe
-    from headprobe import models
+    from headprobe.model import loading as models
 
     started = time.perf_counter()
     loaded = random_llama() if case == "llama" else models.load(None, device="cpu")
@@ -125,10 +125,10 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
     import torch
 
     import headprobe
-    from headprobe import models
-    from headprobe.batching import iter_batches, prepare
-    from headprobe.corpora.conllu import read_conllu
-    from headprobe.engine import max_length
+    from headprobe.model import loading as models
+    from headprobe.inputs.batching import iter_batches, prepare
+    from headprobe.inputs.corpora.conllu import read_conllu
+    from headprobe.scoring.engine import max_length
 
     torch.manual_seed(0)
     model, tokenizer, name = models.load(None, device="cpu")
@@ -171,13 +171,13 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
 
 # where a whole run's time goes: cumulative seconds of these functions under cProfile
 STAGES = {"model forward (all)": ("torch/nn/modules/module.py", "_call_impl"),
-          "capture (probabilities)": ("headprobe/capture.py", None),
-          "word pooling": ("headprobe/engine.py", "pool_words"),
+          "capture (probabilities)": ("headprobe/model/capture.py", None),
+          "word pooling": ("headprobe/scoring/engine.py", "pool_words"),
           "scorers (update)": ("headprobe/scorers/", "update"),
-          "tally (streaming bootstrap)": ("headprobe/tally.py", "flush"),
-          "statistics and tables": ("headprobe/results.py", None),
+          "tally (streaming bootstrap)": ("headprobe/scoring/tally.py", "flush"),
+          "statistics and tables": ("headprobe/results/query.py", None),
           "report": ("headprobe/report/", None),
-          "save": ("headprobe/store.py", "save")}
+          "save": ("headprobe/results/store.py", "save")}
 
 
 def profile(copies: int = 4) -> dict:
@@ -188,7 +188,7 @@ def profile(copies: int = 4) -> dict:
     import pstats
 
     import headprobe
-    from headprobe import models
+    from headprobe.model import loading as models
 
     loaded = models.load(None, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:

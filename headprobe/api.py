@@ -24,22 +24,26 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from headprobe import atomic, checks, models, registry, store
-from headprobe.align import apply_bos
-from headprobe import distributed
-from headprobe.capture import text_config
-from headprobe.checkpoint import Checkpoint
+from headprobe import checks
+from headprobe.results import atomic
+from headprobe.model import loading as models
+from headprobe.scorers import registry
+from headprobe.results import store
+from headprobe.inputs.align import apply_bos
+from headprobe.scoring import distributed
+from headprobe.model.capture import text_config
+from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.config import SAMPLE, SAMPLE_COREF, SENTENCE_SOURCES, RunConfig, flag
-from headprobe.control import CONTROL, TRAINED, tally_key
-from headprobe.conventions import PRESETS
-from headprobe.corpora.base import Stream
-from headprobe.engine import CHUNK, Engine
-from headprobe.measures import DEFAULT as DEFAULT_MEASURES
-from headprobe.measures import needs_of
-from headprobe.pictures import MentionPicker, SentencePicker
-from headprobe.registry import ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
-from headprobe.results import Results, merge_unit_counts
-from headprobe.sites import Sites, attention_sites
+from headprobe.model.control import CONTROL, TRAINED, tally_key
+from headprobe.inputs.conventions import PRESETS
+from headprobe.inputs.corpora.base import Stream
+from headprobe.scoring.engine import CHUNK, Engine
+from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
+from headprobe.scoring.measures import needs_of
+from headprobe.results.examples import MentionPicker, SentencePicker
+from headprobe.scorers.registry import ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
+from headprobe.results.query import Results, merge_unit_counts
+from headprobe.model.sites import Sites, attention_sites
 
 __all__ = ["RunConfig", "run", "headline", "attention_for_sentence", "SAMPLE", "SAMPLE_COREF"]
 
@@ -166,7 +170,7 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
 def _with_prerequisites(wanted: list[str], net, heads) -> list[str]:
     """`wanted` plus what its second-pass analyses need first on this model (the pruning curve:
     `importance`, or `ablation` on a model without a language-model head)."""
-    from headprobe.objectives import lm_kind
+    from headprobe.model.objectives import lm_kind
 
     more = []
     for name in wanted:
@@ -233,7 +237,7 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
     if config.coref is not None and on_coref:
         passes.append(coref_pass(config, session.tokenizer, on_coref))
     if config.probe is not None and on_tokens:
-        from headprobe.probe import make_probe
+        from headprobe.inputs.probes import make_probe
         examples = make_probe(config.probe, session.tokenizer, length=config.probe_length, n=config.probe_n,
                               seed=config.seed, specials=config.probe_specials,
                               vocab_size=getattr(text_config(session.net), "vocab_size", None))
@@ -248,12 +252,12 @@ def sentence_stream(treebank=None, text=None, hf_dataset=None, skip_bad=False, c
     """Dependency examples of one source (`RunConfig.checked` allows one; default: the bundled
     sample), read lazily; a treebank's relation subtypes are cut or kept as `conventions` say."""
     if text is not None:
-        from headprobe.corpora.spacy_text import stream_text
+        from headprobe.inputs.corpora.spacy_text import stream_text
         return stream_text(text, skip_bad=skip_bad)
     if hf_dataset is not None:
-        from headprobe.corpora.hf_datasets import stream_hf_dataset
+        from headprobe.inputs.corpora.hf_datasets import stream_hf_dataset
         return stream_hf_dataset(hf_dataset, skip_bad=skip_bad)
-    from headprobe.corpora.conllu import stream_conllu
+    from headprobe.inputs.corpora.conllu import stream_conllu
     return stream_conllu(treebank if treebank is not None else SAMPLE, skip_bad=skip_bad, conventions=conventions)
 
 
@@ -287,7 +291,7 @@ def second_pass(first: Pass, later) -> Pass:
 
 
 def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:
-    from headprobe.corpora.corefud import stream_coref_examples, tokenizer_piece_counter
+    from headprobe.inputs.corpora.corefud import stream_coref_examples, tokenizer_piece_counter
 
     windows = stream_coref_examples(config.coref, tokenizer_piece_counter(tokenizer), window=config.window,
                                     skip_bad=config.skip_bad, single_document=config.coref_single_document)
@@ -304,7 +308,7 @@ def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:
 
 
 def control_passes(config: RunConfig, session: Session, passes: list[Pass]) -> list[Pass]:
-    """The random-init control (`headprobe.control`): the analyses that read attention, scored again
+    """The random-init control (`headprobe.model.control`): the analyses that read attention, scored again
     on the model's architecture re-initialised with the run's seed (`models.random_init`), same
     tokenizer, same corpora (read again), into tallies of their own (`model` = "control")."""
     twin = models.random_init(session.net, config.seed)
@@ -400,7 +404,7 @@ def finish(config: RunConfig, session: Session, passes: list[Pass], started: flo
     sentences = pickers.get(SENTENCES) if drawn(ARCS) else None
     mentions = pickers.get(COREFERENCE) if drawn(MENTIONS) else None
     if sentences is not None or mentions is not None:
-        from headprobe.pictures import example_pictures
+        from headprobe.results.examples import example_pictures
         results.examples = example_pictures(net, session.tokenizer, results.for_measure().best_heads, sentences,
                                             config.from_mode, seed=config.seed, coref=mentions, stack=stack)
     results.summary["seconds"] = round(time.perf_counter() - started, 2)
@@ -437,7 +441,7 @@ def _staged_report(results):
 
 def check_capturable_measures(net, measures) -> None:
     """A model on the legacy output_attentions path has no values: --measure norms is refused."""
-    from headprobe.capture import CaptureUnavailable, check_capturable
+    from headprobe.model.capture import CaptureUnavailable, check_capturable
     try:
         check_capturable(net, needs_of(measures))
     except CaptureUnavailable as err:
@@ -479,7 +483,7 @@ def attention_for_sentence(model, words_or_text, layer: int, head: int, from_mod
                            tokenizer=None, stack: str | None = None) -> pd.DataFrame:
     """Word x word attention of one head (of `stack`: "encoder", "decoder", "cross"; None: the
     model's default); `model` is a name/alias or a loaded (model, tokenizer)."""
-    from headprobe.pictures import attention_for_sentence as picture
+    from headprobe.results.examples import attention_for_sentence as picture
     if isinstance(model, (str, type(None))):
         net, tokenizer, _ = models.load(model)
     elif isinstance(model, tuple):

@@ -194,7 +194,7 @@ def check_model(name):
     name is accepted as is (its config is read next)."""
     from transformers.utils import CONFIG_NAME
 
-    from headprobe import models
+    from headprobe.model import loading as models
 
     if name is None or str(name).lower() in models_aliases():
         try:

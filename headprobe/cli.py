@@ -8,13 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from headprobe import registry
-from headprobe.atomic import OutInUse
-from headprobe.attention import CaptureError
+from headprobe.scorers import registry
+from headprobe.results.atomic import OutInUse
+from headprobe.model.attention import CaptureError
 from headprobe.checks import UsageError
 from headprobe.config import cli_options, from_cli
-from headprobe.corpora.base import CorpusError
-from headprobe.store import ResultsError
+from headprobe.inputs.corpora.base import CorpusError
+from headprobe.results.store import ResultsError
 
 # a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
 # (CaptureError: a model whose attention cannot be captured exactly, or a capture that delivered nothing)
@@ -123,7 +123,7 @@ def _print_paths(paths: dict) -> None:
 
 def cmd_compare(args) -> int:
     from headprobe.report import UnreadableResults
-    from headprobe.report.compare import build_comparison
+    from headprobe.report.comparison_page import build_comparison
 
     if len(args.runs) < 2:
         print("headprobe: error: compare needs at least two results directories (the same one twice compares "

@@ -20,16 +20,19 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from headprobe import checks, models, registry, store
-from headprobe.align import BOS_MODES
-from headprobe.checkpoint import DEFAULT_EVERY
-from headprobe.control import CONTROLS
-from headprobe.conventions import PRESETS
-from headprobe.measures import DEFAULT as DEFAULT_MEASURES
-from headprobe.measures import parse_measures
-from headprobe.probe import PROBES, SPECIALS
-from headprobe.sites import STACKS
-from headprobe.tally import N_BOOT, SEED
+from headprobe import checks
+from headprobe.model import loading as models
+from headprobe.scorers import registry
+from headprobe.results import store
+from headprobe.inputs.align import BOS_MODES
+from headprobe.scoring.checkpoint import DEFAULT_EVERY
+from headprobe.model.control import CONTROLS
+from headprobe.inputs.conventions import PRESETS
+from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
+from headprobe.scoring.measures import parse_measures
+from headprobe.inputs.probes import PROBES, SPECIALS
+from headprobe.model.sites import STACKS
+from headprobe.scoring.tally import N_BOOT, SEED
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
 SAMPLE_COREF = Path(__file__).resolve().parents[1] / "data" / "sample_coref.conllu"

@@ -234,7 +234,7 @@ def build_family(name: str) -> Family:
         return Family(name, tok, *twins(config, 2), n_layers=3, causal=True)
     if name == "llama":
         tok = make_llama3()
-        # a space before every word, set by hand (what headprobe.align.prepare_tokenizer does for
+        # a space before every word, set by hand (what headprobe.inputs.align.prepare_tokenizer does for
         # Split + ByteLevel tokenizers), so the model fixtures do not depend on the code under test
         tok.backend_tokenizer.normalizer = normalizers.Prepend(" ")
         config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

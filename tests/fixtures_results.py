@@ -6,8 +6,8 @@
 
 Item-level outcomes (an arc, a mention, a word) are drawn here with fixed
 probabilities and added, one row per (unit, label), into the project's own
-`headprobe.tally.Tally` objects, shaped by each registered scorer's declarations
-(directions, baselines, extras, hits or mass). `headprobe.results.Results` then
+`headprobe.scoring.tally.Tally` objects, shaped by each registered scorer's declarations
+(directions, baselines, extras, hits or mass). `headprobe.results.query.Results` then
 derives every table (counts, best heads in-sample and held-out with bootstrap
 intervals, McNemar and Holm, roles), so the report tests do not depend on a model.
 Heads are planted so that every role rule fires:
@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headprobe import registry
-from headprobe.corpora.base import ALL
-from headprobe.tally import Tally, unit_fold
+from headprobe.scorers import registry
+from headprobe.inputs.corpora.base import ALL
+from headprobe.scoring.tally import Tally, unit_fold
 
 DEP_LABELS = ("nsubj", "det", "obj")
 RARE_LABEL = "iobj"
@@ -217,9 +217,9 @@ PROVENANCE = {
 
 def make_results(seed: int = 0, n_layers: int = 2, n_heads: int = 3, examples: bool = True,
                  causal: bool = False, bos: str | None = None, first_is_cls: bool = False):
-    """A `headprobe.results.Results` derived by the project's own stats from planted tallies
+    """A `headprobe.results.query.Results` derived by the project's own stats from planted tallies
     (summary with a run id, an input and its SHA-256, options and conventions: PROVENANCE)."""
-    from headprobe.results import Results
+    from headprobe.results.query import Results
 
     rng = np.random.default_rng(seed)
     tallies = {"dependency": dependency_tally(rng, n_layers, n_heads, causal),

@@ -16,18 +16,18 @@ import torch
 
 import headprobe
 from conftest import WHOLE_WORDS, get_family
-from headprobe import registry
+from headprobe.scorers import registry
 from headprobe.checks import UsageError, parse_heads
-from headprobe.control import CONTROL
-from headprobe.corpora.conllu import read_conllu
-from headprobe.engine import Engine
-from headprobe.gates import HeadGates
-from headprobe.models import random_init
-from headprobe.objectives import IGNORE
+from headprobe.model.control import CONTROL
+from headprobe.inputs.corpora.conllu import read_conllu
+from headprobe.scoring.engine import Engine
+from headprobe.model.gates import HeadGates
+from headprobe.model.loading import random_init
+from headprobe.model.objectives import IGNORE
 from headprobe.report import build_report
-from headprobe.report.ablation import role_with_importance
-from headprobe.results import Results
-from headprobe.tally import Tally
+from headprobe.report.effects import role_with_importance
+from headprobe.results.query import Results
+from headprobe.scoring.tally import Tally
 from test_gates import one_batch, with_lm_head
 from test_stats import VARIANTS, add_arcs
 

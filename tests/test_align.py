@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import make_gpt2, make_llama3, make_roberta, make_sentencepiece, make_wordpiece
-from headprobe.align import CLS_LIKE, PAD, SEP_LIKE, WORD, align_words, load_tokenizer, prepare_tokenizer
-from headprobe.batching import Batch
-from headprobe.corpora.base import Example
-from headprobe.engine import LayerAttention
+from headprobe.inputs.align import CLS_LIKE, PAD, SEP_LIKE, WORD, align_words, load_tokenizer, prepare_tokenizer
+from headprobe.inputs.batching import Batch
+from headprobe.inputs.corpora.base import Example
+from headprobe.scoring.engine import LayerAttention
 
 # "unbelievable" is 3 pieces in every family; "$" and "," are single-character words
 SENTENCE = ["the", "cat", "unbelievable", "$", ",", "don't"]

@@ -37,13 +37,13 @@ from tokenizers import normalizers, processors
 from transformers import AutoModel
 
 from conftest import make_gpt2, make_llama3, make_roberta, make_sentencepiece, make_wordpiece
-from headprobe.align import align_words
-from headprobe.attention import CaptureError
-from headprobe.batching import Batch
-from headprobe.capture import AttentionCapture
+from headprobe.inputs.align import align_words
+from headprobe.model.attention import CaptureError
+from headprobe.inputs.batching import Batch
+from headprobe.model.capture import AttentionCapture
 from headprobe.cli import main
-from headprobe.corpora.base import Example
-from headprobe.sites import attention_sites
+from headprobe.inputs.corpora.base import Example
+from headprobe.model.sites import attention_sites
 from test_capture import SENTENCES
 from test_cli import conllu_text
 
@@ -72,7 +72,7 @@ def make_t5_tokenizer():
 
 def make_llama3_spaced():
     tok = make_llama3()
-    tok.backend_tokenizer.normalizer = normalizers.Prepend(" ")      # as headprobe.align does for it
+    tok.backend_tokenizer.normalizer = normalizers.Prepend(" ")      # as headprobe.inputs.align does for it
     return tok
 
 
@@ -419,7 +419,7 @@ def test_layer_not_captured_is_an_error():
 
 # -- the engine on every stack ------------------------------------------------------------------
 def engine_counts(built: Built, examples, stack: str, query_block=None):
-    from headprobe.engine import Engine
+    from headprobe.scoring.engine import Engine
     from headprobe.scorers.dependency import DependencyScorer
     from headprobe.scorers.positional import PositionalScorer
     from headprobe.scorers.surface import SurfaceScorer
@@ -457,8 +457,8 @@ def test_word_attention_per_stack(name):
     """Word-level attention of each stack (`pictures.word_attention`) is eager's, pooled to the
     stack's pieces: the decoder's start token is a CLS/BOS-like column; cross-attention's row
     for a word is the decoder position that reads its pieces."""
-    from headprobe.engine import pool_words
-    from headprobe.pictures import word_attention
+    from headprobe.scoring.engine import pool_words
+    from headprobe.results.examples import word_attention
 
     built = build(name)
     words = SENTENCES[0]

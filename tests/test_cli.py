@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headprobe import store
+from headprobe.results import store
 from headprobe.cli import main, parse_layers
 
 # Three sentences. Scored arcs (not root, not punct):
@@ -349,8 +349,8 @@ def test_run_config_and_keywords_record_the_same_options(tiny_model, treebank, t
 def test_run_writes_pictures_of_the_best_heads(tiny_model, treebank, tmp_path):
     """The run picks its example sentences while it scores (`pictures.SentencePicker`): the same
     sentences as `pick_sentences` over the whole corpus read again, with the run's seed."""
-    from headprobe.corpora.conllu import read_conllu
-    from headprobe.pictures import pick_sentences
+    from headprobe.inputs.corpora.conllu import read_conllu
+    from headprobe.results.examples import pick_sentences
 
     out = tmp_path / "results"
     assert run_cli(tiny_model, out, "--treebank", str(treebank), extra=["--seed", "3"]) == 0

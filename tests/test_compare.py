@@ -1,4 +1,4 @@
-"""Comparing runs (headprobe.compare, `headprobe compare`): heads matched across models.
+"""Comparing runs (headprobe.results.comparison, `headprobe compare`): heads matched across models.
 
 A MiniLM-shaped run (6 x 12 heads, planted tallies from tests/fixtures_results.py, no model)
 compared with itself must match every head to itself with similarity 1 and keep every
@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from headprobe.cli import main as cli_main
-from headprobe.compare import Run, compare_runs, comparable, head_profiles, match_heads, match_profiles, role_agreement
-from headprobe.results import Results
-from headprobe.roles import NONE
+from headprobe.results.comparison import Run, compare_runs, comparable, head_profiles, match_heads, match_profiles, role_agreement
+from headprobe.results.query import Results
+from headprobe.stats.roles import NONE
 
 try:
     from tests.fixtures_results import make_results, make_results_dir

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from headprobe.corpora.base import CorpusError
-from headprobe.corpora.conllu import read_conllu, stream_conllu
+from headprobe.inputs.corpora.base import CorpusError
+from headprobe.inputs.corpora.conllu import read_conllu, stream_conllu
 from headprobe.scorers.dependency import scored_arcs
 
 

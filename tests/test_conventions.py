@@ -1,4 +1,4 @@
-"""Conventions presets (`headprobe.conventions`): what each switches, and the published numbers they
+"""Conventions presets (`headprobe.inputs.conventions`): what each switches, and the published numbers they
 reproduce on the bundled MiniLM and UD English EWT dev (slow)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.align import align_words
-from headprobe.batching import Batch
-from headprobe.conventions import PRESETS, get_conventions
-from headprobe.corpora.base import Example
-from headprobe.corpora.conllu import read_conllu
-from headprobe.engine import Engine, LayerAttention
+from headprobe.inputs.align import align_words
+from headprobe.inputs.batching import Batch
+from headprobe.inputs.conventions import PRESETS, get_conventions
+from headprobe.inputs.corpora.base import Example
+from headprobe.inputs.corpora.conllu import read_conllu
+from headprobe.scoring.engine import Engine, LayerAttention
 from headprobe.scorers.dependency import VARIANTS, DependencyScorer, baseline_hits, scored_arcs
 
 EWT = Path("/work/shared/data/en_ewt-ud-dev.conllu")

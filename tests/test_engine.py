@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import WORDS
-from headprobe.corpora.base import Example
-from headprobe import engine as engine_module
-from headprobe.engine import Engine
+from headprobe.inputs.corpora.base import Example
+from headprobe.scoring import engine as engine_module
+from headprobe.scoring.engine import Engine
 from headprobe.scorers.dependency import DependencyScorer, scored_arcs
 from headprobe.scorers.positional import PositionalScorer
 from headprobe.scorers.surface import SurfaceScorer
@@ -133,7 +133,7 @@ def test_layer_subset(bert_family):
 
 def test_buckets_hold_one_length(tiny):
     """No padding: every batch holds examples of exactly one piece count (batch-size invariance)."""
-    from headprobe.batching import bucket, prepare
+    from headprobe.inputs.batching import bucket, prepare
     prepared = prepare(random_sentences(40, seed=5), tiny.tokenizer, 512)
     batches = bucket(prepared, 4)
     assert sorted(i for batch in batches for i in batch) == list(range(40))

@@ -18,12 +18,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
 from conftest import WHOLE_WORDS, WORDS, get_family
-from headprobe.ablation import ablation_rows, head_importance, importance_rows
-from headprobe.align import WORD
-from headprobe.batching import Batch, iter_batches, prepare
-from headprobe.corpora.base import Example
-from headprobe.gates import HeadGates, head_means, output_projections
-from headprobe.objectives import IGNORE, Objective, lm_kind, mlm_positions
+from headprobe.model.head_effects import ablation_rows, head_importance, importance_rows
+from headprobe.inputs.align import WORD
+from headprobe.inputs.batching import Batch, iter_batches, prepare
+from headprobe.inputs.corpora.base import Example
+from headprobe.model.gates import HeadGates, head_means, output_projections
+from headprobe.model.objectives import IGNORE, Objective, lm_kind, mlm_positions
 
 FAMILIES = ["bert", "gpt2", "llama"]          # llama: 4 query heads over 2 key/value heads
 
@@ -197,7 +197,7 @@ def test_mlm_positions_deterministic_fifteen_percent_never_special():
         chosen = mlm_positions(keys, batch.piece_kind, seed=0)
         assert torch.equal(chosen, mlm_positions(keys, batch.piece_kind, seed=0))
         assert not chosen[batch.piece_kind != WORD].any()            # never CLS, SEP or padding
-        # the formula by hand, independent of headprobe.tally
+        # the formula by hand, independent of headprobe.scoring.tally
         for row, key in enumerate(keys[:3]):
             for p in range(batch.n_pieces):
                 h = int.from_bytes(blake2b(f"0:mask:{key}:{p}".encode(), digest_size=8).digest(), "little")
@@ -317,7 +317,7 @@ def test_ablation_rows_equal_zeroed_weights(name):
 def test_load_lm_picks_the_head_and_its_objective(tmp_path):
     import json
 
-    from headprobe.models import load_lm
+    from headprobe.model.loading import load_lm
 
     saved = {}
     for name in ("bert", "gpt2"):
@@ -358,8 +358,8 @@ def write_treebank(path, n: int, words: int, seed: int):
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_ablation_and_importance_analyses_stream_into_tables(tmp_path, name):
     import headprobe
-    from headprobe.corpora.conllu import read_conllu
-    from headprobe.engine import max_length
+    from headprobe.inputs.corpora.conllu import read_conllu
+    from headprobe.scoring.engine import max_length
 
     family, model = with_lm_head(name)
     treebank = write_treebank(tmp_path / "t.conllu", 8, 20, seed=12)

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 import torch
 
-from headprobe.align import align_words
-from headprobe.batching import Batch
-from headprobe.corpora.base import Example
-from headprobe.engine import LayerAttention
+from headprobe.inputs.align import align_words
+from headprobe.inputs.batching import Batch
+from headprobe.inputs.corpora.base import Example
+from headprobe.scoring.engine import LayerAttention
 from headprobe.scorers import head_similarity as hs
 from headprobe.scorers.head_similarity import HeadSimilarityScorer, distance_frame, js_row_sums
-from headprobe.tally import unit_fold
+from headprobe.scoring.tally import unit_fold
 
 WORDS = ["the", "cat", "sat"]
 # head 0 (P) and head 1 (Q), rows = words as queries, no mass on the specials

@@ -18,8 +18,10 @@ import pandas as pd
 import pytest
 
 import headprobe
-from headprobe import models, stats, store
-from headprobe.results import Results
+from headprobe.model import loading as models
+from headprobe.stats import engine as stats
+from headprobe.results import store
+from headprobe.results.query import Results
 
 pytestmark = pytest.mark.slow
 

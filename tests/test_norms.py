@@ -22,11 +22,11 @@ import torch
 
 import headprobe
 from conftest import get_family
-from headprobe.align import align_words
-from headprobe.batching import Batch
-from headprobe.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
-from headprobe.corpora.base import Example
-from headprobe.engine import Engine, measured_attention
+from headprobe.inputs.align import align_words
+from headprobe.inputs.batching import Batch
+from headprobe.model.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
+from headprobe.inputs.corpora.base import Example
+from headprobe.scoring.engine import Engine, measured_attention
 from headprobe.scorers.coreference import CoreferenceScorer
 from headprobe.scorers.dependency import DependencyScorer
 from headprobe.scorers.positional import PositionalScorer
@@ -204,7 +204,7 @@ def test_adding_norms_leaves_every_weights_row_bit_identical(name):
     """One run with `weights`, one with `weights,norms`: every table's weights rows are equal,
     values and dtypes (counts, best heads, intervals, tests, roles, every analysis's tables),
     and every weights tally total is bit-identical; the norms rows differ somewhere."""
-    from headprobe import registry
+    from headprobe.scorers import registry
 
     family = get_family(name)
     readers = [a.name for a in registry.analyses() if not hasattr(a.scorer, "model_pass")]   # read attention
@@ -329,7 +329,7 @@ def test_special_share_and_the_report_section(bert_family, tmp_path):
     """special_share's point estimates are the surface masses to [CLS] + [SEP] per layer of each
     measure; its intervals (per-unit counts) bracket them; the report gets a measures section;
     with the random-init control, the control is scored on each measure too."""
-    from headprobe.measure_compare import special_share, surface_side_by_side
+    from headprobe.results.measure_views import special_share, surface_side_by_side
     from headprobe.report import build_report
 
     results = headprobe.run(loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"), progress=False, n_boot=50,
@@ -354,8 +354,8 @@ def test_special_share_and_the_report_section(bert_family, tmp_path):
 
 
 def test_role_changes_lists_heads_whose_role_differs():
-    from headprobe.measure_compare import role_changes
-    from headprobe.results import Results
+    from headprobe.results.measure_views import role_changes
+    from headprobe.results.query import Results
 
     def roles(measure, names):
         return pd.DataFrame({"measure": measure, "layer": [0, 0, 1], "head": [0, 1, 0], "name": ["0-0", "0-1", "1-0"],
@@ -374,7 +374,7 @@ def test_cli_measure(tiny_model, tmp_path, capsys):
     table with both measures, loadable (manifest verified); a bad --measure: one line, exit 2,
     before the model loads."""
     from headprobe.cli import main
-    from headprobe.results import Results
+    from headprobe.results.query import Results
 
     assert main(["run", "--model", str(tmp_path / "no-model"), "--measure", "weights,norm", "--out",
                  str(tmp_path / "bad")]) == 2

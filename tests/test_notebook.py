@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from headprobe import store
+from headprobe.results import store
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from conftest import WHOLE_WORDS
-from headprobe.align import align_words
-from headprobe.batching import Batch
-from headprobe.corpora.base import Example
-from headprobe.engine import LayerAttention
+from headprobe.inputs.align import align_words
+from headprobe.inputs.batching import Batch
+from headprobe.inputs.corpora.base import Example
+from headprobe.scoring.engine import LayerAttention
 from headprobe.scorers.dependency import DependencyScorer
 from headprobe.scorers.parsing import (ParsingScorer, candidate_index, fit_probe, log_softmax_rows, pair_features,
                                        parse_tables)
-from headprobe.trees import _cycle, max_arborescence, max_spanning_tree, undirected_hits
+from headprobe.stats.trees import _cycle, max_arborescence, max_spanning_tree, undirected_hits
 
 # ---------------------------------------------------------------------------------------
 # trees
@@ -249,9 +249,9 @@ def run_tiny(family, **options):
 
 
 def test_run_save_load_and_report(bert_family, tmp_path):
-    from headprobe import store
+    from headprobe.results import store
     from headprobe.report import build_report
-    from headprobe.results import Results
+    from headprobe.results.query import Results
 
     out = tmp_path / "results"
     results = run_tiny(bert_family, treebank=DATA / "sample.conllu", analyses=["dependency", "parsing",

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from headprobe.corpora.base import ALL, Example
-from headprobe.corpora.corefud import Mention
-from headprobe.pictures import (MentionPicker, Reservoir, SentencePicker, example_pictures, gold_arcs,
+from headprobe.inputs.corpora.base import ALL, Example
+from headprobe.inputs.corpora.corefud import Mention
+from headprobe.results.examples import (MentionPicker, Reservoir, SentencePicker, example_pictures, gold_arcs,
                                 pick_mentions, pick_sentences)
 
 WORDS = ["the", "big", "red", "cat", "sat", "on", "the", "mat", "and", "it", "ran", "down", "."]

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import headprobe
-from headprobe.align import CLS_LIKE, SEP_LIKE, WORD, align_examples, align_tokens
-from headprobe.batching import prepare
+from headprobe.inputs.align import CLS_LIKE, SEP_LIKE, WORD, align_examples, align_tokens
+from headprobe.inputs.batching import prepare
 from headprobe.cli import main
-from headprobe.corpora.base import Example
-from headprobe.probe import make_probe, repeated_random, special_ids, wrap
-from headprobe.results import Results
+from headprobe.inputs.corpora.base import Example
+from headprobe.inputs.probes import make_probe, repeated_random, special_ids, wrap
+from headprobe.results.query import Results
 
 
 def test_sequences_repeat_and_are_reproducible(gpt2_tokenizer):

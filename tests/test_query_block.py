@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from conftest import WORDS, get_family
-from headprobe.capture import AttentionCapture, QueryBlock
-from headprobe.corpora.base import Example
-from headprobe.corpora.corefud import Mention
-from headprobe.engine import Engine
+from headprobe.model.capture import AttentionCapture, QueryBlock
+from headprobe.inputs.corpora.base import Example
+from headprobe.inputs.corpora.corefud import Mention
+from headprobe.scoring.engine import Engine
 from headprobe.scorers.base import CountScorer, RowIndex
 from headprobe.scorers.coreference import CoreferenceScorer
 from headprobe.scorers.dependency import DependencyScorer

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headprobe.corpora.base import ALL, CorpusError
-from headprobe.corpora.conllu import read_conllu
-from headprobe.corpora.corefud import coref_examples, read_corefud
+from headprobe.inputs.corpora.base import ALL, CorpusError
+from headprobe.inputs.corpora.conllu import read_conllu
+from headprobe.inputs.corpora.corefud import coref_examples, read_corefud
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 EWT_DEV = DATA / "en_ewt-ud-dev.conllu"

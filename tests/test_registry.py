@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import headprobe
-from headprobe import registry
+from headprobe.scorers import registry
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
 
@@ -64,7 +64,7 @@ def test_a_toy_analysis_appears_everywhere(toy, bert_family, tmp_path):
     assert "self_attention" in text and "selfish: a word's argmax is itself" in text
 
 
-GENERIC = ["headprobe/results.py", "headprobe/roles.py", "headprobe/store.py", "headprobe/report"]
+GENERIC = ["headprobe/results/query.py", "headprobe/stats/roles.py", "headprobe/results/store.py", "headprobe/report"]
 
 
 def named_analyses(path: Path, names: set[str]) -> list[str]:

@@ -30,11 +30,12 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
-from headprobe import registry, store
+from headprobe.scorers import registry
+from headprobe.results import store
 from headprobe.cli import main as cli_main
-from headprobe.registry import Analysis
+from headprobe.scorers.registry import Analysis
 from headprobe.report import build_report, main_report
-from headprobe.results import Results
+from headprobe.results.query import Results
 from headprobe.scorers.base import CountScorer
 try:
     from tests.fixtures_results import PROVENANCE, add_items, make_results, make_results_dir, new_tally

@@ -23,11 +23,13 @@ import pytest
 import torch
 
 import headprobe
-from headprobe import atomic, models, store
-from headprobe.checkpoint import STATE
+from headprobe.results import atomic
+from headprobe.model import loading as models
+from headprobe.results import store
+from headprobe.scoring.checkpoint import STATE
 from headprobe.cli import main
-from headprobe.results import Results
-from headprobe.store import ResultsError
+from headprobe.results.query import Results
+from headprobe.results.store import ResultsError
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["the", "a", "big", "red", "cat", "dog", "mat", "sat", "ran", "on", "and", "it", "was", "saw", "down"]
@@ -258,12 +260,12 @@ def test_stale_lock_is_taken_over(tiny_model, corpora, tmp_path, capsys):
 
 def test_lock_refuses_in_process(tmp_path):
     out = tmp_path / "results"
-    holder = subprocess.Popen([sys.executable, "-c", (      # headprobe.atomic alone: no torch to import
+    holder = subprocess.Popen([sys.executable, "-c", (      # headprobe.results.atomic alone: no torch to import
         "import importlib.util, time\n"
         "spec = importlib.util.spec_from_file_location('atomic', %r)\n"
         "atomic = importlib.util.module_from_spec(spec); spec.loader.exec_module(atomic)\n"
         "with atomic.OutLock(%r):\n    print('held', flush=True); time.sleep(60)\n")
-        % (str(ROOT / "headprobe" / "atomic.py"), str(out))], stdout=subprocess.PIPE, text=True)
+        % (str(ROOT / "headprobe" / "results" / "atomic.py"), str(out))], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(atomic.OutInUse, match=f"pid {holder.pid}"):

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from conftest import make_gpt2
-from headprobe.align import align_words
-from headprobe.batching import Batch
-from headprobe.corpora.base import Example
-from headprobe.engine import LayerAttention
+from headprobe.inputs.align import align_words
+from headprobe.inputs.batching import Batch
+from headprobe.inputs.corpora.base import Example
+from headprobe.scoring.engine import LayerAttention
 from headprobe.scorers.base import masked_word_attention
 from headprobe.scorers.dependency import DependencyScorer
 from headprobe.scorers.positional import PositionalScorer

@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headprobe.corpora.base import CorpusError
-from headprobe.corpora.hf_datasets import parse_spec, read_hf_dataset
+from headprobe.inputs.corpora.base import CorpusError
+from headprobe.inputs.corpora.hf_datasets import parse_spec, read_hf_dataset
 
 
 
@@ -25,13 +25,13 @@ TEXT = ("The cat sat on the mat. The dog ran.\n"          # line 1: paragraph 1,
 
 @pytest.fixture(scope="module")
 def nlp():
-    from headprobe.corpora.spacy_text import load_parser
+    from headprobe.inputs.corpora.spacy_text import load_parser
     return load_parser()
 
 
 @pytest.fixture(scope="module")
 def text_examples(nlp, tmp_path_factory):
-    from headprobe.corpora.spacy_text import parse_text
+    from headprobe.inputs.corpora.spacy_text import parse_text
     path = tmp_path_factory.mktemp("text") / "story.txt"
     path.write_text(TEXT)
     return path, parse_text(path, nlp=nlp)
@@ -70,7 +70,7 @@ def test_parse_text_units_and_sources(text_examples):
 
 
 def test_parse_text_errors(nlp, tmp_path):
-    from headprobe.corpora.spacy_text import parse_text
+    from headprobe.inputs.corpora.spacy_text import parse_text
     with pytest.raises(FileNotFoundError):
         parse_text(tmp_path / "missing.txt", nlp=nlp)
     empty = tmp_path / "empty.txt"
@@ -80,7 +80,7 @@ def test_parse_text_errors(nlp, tmp_path):
 
 
 def test_parse_text_bytes_bom_and_skip_bad(nlp, tmp_path):
-    from headprobe.corpora.spacy_text import parse_text
+    from headprobe.inputs.corpora.spacy_text import parse_text
     path = tmp_path / "bytes.txt"
     path.write_bytes(b"\xef\xbb\xbfThe cat sat.\n\nA dog r\xffan.\n\nIt rained.\n")
     with pytest.raises(CorpusError) as info:

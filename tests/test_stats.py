@@ -14,9 +14,9 @@ import torch
 from hashlib import blake2b
 from scipy.stats import binomtest
 
-from headprobe import stats
-from headprobe.results import Results
-from headprobe.tally import Tally, unit_fold, unit_weights
+from headprobe.stats import engine as stats
+from headprobe.results.query import Results
+from headprobe.scoring.tally import Tally, unit_fold, unit_weights
 
 D, H = "dep->head", "head<-dep"
 VARIANTS = ("offset=-1", "first")

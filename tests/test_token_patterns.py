@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.align import CLS_LIKE, SEP_LIKE, WORD, Alignment, align_words
-from headprobe.batching import Batch
-from headprobe.corpora.base import Example
-from headprobe.engine import Engine
-from headprobe.results import Results
+from headprobe.inputs.align import CLS_LIKE, SEP_LIKE, WORD, Alignment, align_words
+from headprobe.inputs.batching import Batch
+from headprobe.inputs.corpora.base import Example
+from headprobe.scoring.engine import Engine
+from headprobe.results.query import Results
 from headprobe.scorers.duplicate_token import DuplicateTokenScorer
 from headprobe.scorers.induction import InductionScorer
 from headprobe.scorers.previous_token import PreviousTokenScorer
@@ -354,7 +354,7 @@ def test_held_out_roles(synthetic_results):
     rules = {r.role for r in synthetic_results.role_rules()}
     assert {"induction", "duplicate-token", "previous-token", "sink (Gu)"} <= rules
     # every role name is used once
-    from headprobe.registry import role_rules
+    from headprobe.scorers.registry import role_rules
     names = [rule.role for _, rule in role_rules()]
     assert len(names) == len(set(names))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from headprobe.registry import Analysis, RoleRule, register
+from headprobe.scorers.registry import Analysis, RoleRule, register
 from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention
 
 SHARE = 0.5

@@ -13,7 +13,7 @@ Command line (wired as `headprobe report RESULTS_DIR [--out DIR] [--figures-only
 
 The report only renders: every number is a stored value of the `Results` tables
 (`counts`, `best_heads`, `head_tests`, `roles`, derived tables) or a `Results`
-view; sections come from the analysis registry (`headprobe.registry`); only the
+view; sections come from the analysis registry (`headprobe.scorers.registry`); only the
 example pictures draw attention, from `examples.json`.
 """
 
@@ -24,11 +24,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from headprobe import store
+from headprobe.results import store
 from headprobe.report import html as _html
 from headprobe.report import markdown as _markdown
 from headprobe.report.build import compose
-from headprobe.results import Results
+from headprobe.results.query import Results
 
 __all__ = ["build_report", "staged_report", "main_report", "compose", "read_results", "UnreadableResults"]
 
@@ -60,7 +60,7 @@ def read_results(source) -> tuple[Results, str]:
 
 def build_report(results_or_dir, out_dir=None, figures_only: bool = False) -> dict:
     """Write `report.html`, `report.md`, `roles.csv`, `tables/*.csv` and every figure as
-    `figures/<name>.png`, `.svg` and `.pdf` (names: `headprobe.store`; with `figures_only`, just
+    `figures/<name>.png`, `.svg` and `.pdf` (names: `headprobe.results.store`; with `figures_only`, just
     the figures).
 
     `results_or_dir`: a `Results` (then `out_dir` is required) or a directory written by
@@ -119,7 +119,7 @@ def write_tables(results, table_dir: Path) -> list[Path]:
     """The columns a narrow report table leaves out: per selection analysis every best-heads
     column, each baseline and the next best heads (`<analysis>_best_heads.csv`), and the key
     findings (`key_findings.csv`)."""
-    from headprobe import findings
+    from headprobe.results import findings
 
     table_dir.mkdir(parents=True, exist_ok=True)
     paths = [table_dir / "key_findings.csv"]

@@ -19,16 +19,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headprobe import registry
-from headprobe.corpora.base import ALL
+from headprobe.scorers import registry
+from headprobe.inputs.corpora.base import ALL
 from headprobe.report import figures as F
-from headprobe.findings import (TOP_LABELS, caveats, data_sources, flat, key_findings, provenance,
+from headprobe.results.findings import (TOP_LABELS, caveats, data_sources, flat, key_findings, provenance,
                                 repeated_columns)
 from headprobe.report.document import (BulletList, Cell, Details, Document, Figure, Paragraph, Section, Table,
                                        slug)
 from headprobe.report.tables import (BEST_HEADS_LEGEND, LEGEND, best_heads_table, decimals, fmt, fmt_est,
                                      fmt_int, fmt_signed_est, head_name, to_matrix)
-from headprobe.roles import NONE, NOT_PER_RELATION, POSITIONAL_SHARE, offset_shares, role_colors, role_summary
+from headprobe.stats.roles import NONE, NOT_PER_RELATION, POSITIONAL_SHARE, offset_shares, role_colors, role_summary
 from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
 
 HEAD_LEGEND = ("Heads are named L-H = layer-head, both 0-based (Clark et al. 2019 print "
@@ -48,8 +48,8 @@ def compose(results, source: str = "") -> Document:
     for name in sorted(results.analyses, key=_builtin_rank):
         render = _section_of(name)
         doc.sections.append((render or default_section)(shown, name))
-    if shown.control is not None:            # the random-init control (headprobe.control)
-        from headprobe.report.ablation import control_section
+    if shown.control is not None:            # the random-init control (headprobe.model.control)
+        from headprobe.report.effects import control_section
         doc.sections.append(control_section(shown))
     if len(results.measures) > 1:
         from headprobe.report.measures import measures_section

@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from headprobe.report.tables import to_matrix
-from headprobe.roles import NONE
+from headprobe.stats.roles import NONE
 from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
 
 DPI = 100

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from headprobe import store
+from headprobe.results import store
 from headprobe.report.document import BulletList, Details, Document, Figure, Paragraph, Table
 
 

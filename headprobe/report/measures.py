@@ -2,7 +2,7 @@
 
     section = measures_section(results)        # results scored with --measure weights,norms
 
-Renders the views of `headprobe.measure_compare`: the share of attention on [CLS]/[SEP] per layer
+Renders the views of `headprobe.results.measure_views`: the share of attention on [CLS]/[SEP] per layer
 under each measure (with intervals when per-unit counts were kept), the surface statistics
 per layer side by side, the role maps side by side, and the heads whose role changed.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from headprobe.measure_compare import role_changes, special_share, surface_side_by_side
+from headprobe.results.measure_views import role_changes, special_share, surface_side_by_side
 from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table
 from headprobe.report.tables import LEGEND, fmt, fmt_ci
-from headprobe.roles import role_colors
+from headprobe.stats.roles import role_colors
 
 SURFACE_NAMES = {"cls": "[CLS]/BOS", "sep": "[SEP]/EOS", "first": "first position", "punct": "punctuation",
                  "self": "self", "prev": "previous word", "next": "next word",

@@ -8,7 +8,7 @@ These analyses need the model, not its attention: the engine calls `model_pass(m
 batch)` before the batch's attention pass (`engine.Engine`), outside inference mode,
 and the run loads the model under its language-model head (`needs_lm_head`,
 `models.load_lm`). Per example one row, (unit, objective kind), with n = the pieces the
-objective is scored on (`headprobe.objectives`); the row's value per head is
+objective is scored on (`headprobe.model.objectives`); the row's value per head is
 
 - `ablation`: objective(head zeroed) - objective(intact), summed over the example
   (`ablation.ablation_rows`; several heads side by side in one forward pass, up to
@@ -46,13 +46,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.ablation import ablation_rows, gated_rows, importance_rows, prune_order, prune_steps
+from headprobe.model.head_effects import ablation_rows, gated_rows, importance_rows, prune_order, prune_steps
 from headprobe.checks import UsageError
-from headprobe.objectives import DESCRIPTIONS, Objective
-from headprobe.registry import SENTENCES, Analysis, register
+from headprobe.model.objectives import DESCRIPTIONS, Objective
+from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer
 from headprobe.scorers.token_patterns import head_table
-from headprobe.stats import estimate, paired_gap, ratio
+from headprobe.stats.engine import estimate, paired_gap, ratio
 
 ROWS_PER_PASS = 64      # ablation: heads side by side in one forward pass, up to this many rows
 MODEL_LEVEL = -1        # the layer of a whole-model cell (the pruning curve), never a head
@@ -278,10 +278,10 @@ def prune_table(results) -> pd.DataFrame:
     return table[PRUNE_COLUMNS]
 
 
-# their own module beside this one: headprobe.ablation computes the rows they count (ablation_rows,
+# their own module beside this one: headprobe.model.head_effects computes the rows they count (ablation_rows,
 # importance_rows, gated_rows), and its head_importance names its column and progress bar `importance`
 # (a public table users and tests read), so it spells their names as its own
-HOMES = ("headprobe.ablation",)
+HOMES = ("headprobe.model.head_effects",)
 
 ABLATION = register(Analysis(
     name="ablation", scorer=AblationScorer, input=SENTENCES, selection=False, default=False,
@@ -289,18 +289,18 @@ ABLATION = register(Analysis(
     description="per head: objective(head zeroed) - objective(intact) per piece (SPEC 8): the LM loss where "
                 "the model has a language-model head, else the last hidden state's 1 - cos",
     tables={"ablation_heads": lambda results: objective_table(results, "ablation"), "head_ranks": head_ranks},
-    report="headprobe.report.ablation:importance_section"))
+    report="headprobe.report.effects:importance_section"))
 
 IMPORTANCE = register(Analysis(
     name="importance", scorer=ImportanceScorer, input=SENTENCES, selection=False, default=False, homes=HOMES,
     description="per head: |dL/dg| at g = 1 per piece, a gate per example and head, one backward pass "
                 "(Michel et al. 2019; SPEC 8); needs a language-model head",
     tables={"importance_heads": lambda results: objective_table(results, "importance"), "head_ranks": head_ranks},
-    report="headprobe.report.ablation:importance_section"))
+    report="headprobe.report.effects:importance_section"))
 
 PRUNE_CURVE = register(Analysis(
     name="prune_curve", scorer=PruneScorer, input=SENTENCES, selection=False, default=False,
     added_by="prune_curve", homes=HOMES,
     description="the objective as 0%, 10%, ... 100% of the heads are gated to 0, cumulatively, least important "
                 "first (Michel et al. 2019): ordered by importance, else by single-head ablation effect",
-    tables={"prune_curve": prune_table}, report="headprobe.report.ablation:prune_section"))
+    tables={"prune_curve": prune_table}, report="headprobe.report.effects:prune_section"))

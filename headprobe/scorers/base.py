@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.control import TRAINED
-from headprobe.measures import ARGMAX, WEIGHTS, tally_key
-from headprobe.tally import N_BOOT, SEED, Tally
+from headprobe.model.control import TRAINED
+from headprobe.scoring.measures import ARGMAX, WEIGHTS, tally_key
+from headprobe.scoring.tally import N_BOOT, SEED, Tally
 
 UNIT_COLUMNS = ["analysis", "measure", "label", "unit", "layer", "head", "direction", "variant", "n", "hits",
                 "mass"]
@@ -77,10 +77,10 @@ class CountScorer:
     # `att.last` mark the layer's first and last block, and every row comes exactly once.
     # A scorer that leaves it False always gets whole matrices (the engine then does not block).
     blocks = False
-    # The model this instance counts (`headprobe.control`): "trained", or "control" for the
+    # The model this instance counts (`headprobe.model.control`): "trained", or "control" for the
     # random-init control's instance (its tally is kept apart: `key`).
     model = TRAINED
-    # Measures (SPEC 7, `headprobe.measures`): the measure this scorer instance counts (set per
+    # Measures (SPEC 7, `headprobe.scoring.measures`): the measure this scorer instance counts (set per
     # instance; one instance per measure asked for) and how it reads one: ARGMAX (N = a * ||v W_O||)
     # or MASS (N with each row normalised to sum 1). Under `weights` both are the weights.
     measure = WEIGHTS

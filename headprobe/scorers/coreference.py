@@ -1,7 +1,7 @@
 """Coreference head scores (SPEC section 3) with nearest / head-match / rule-based baselines.
 
 Per window `Example` (words + `mentions` in window coordinates, see
-`headprobe.corpora.corefud`):
+`headprobe.inputs.corpora.corefud`):
 
 - mentions are ordered by start, longer first on ties;
 - a mention `m` is **scored** when a mention that starts before it (strictly smaller
@@ -38,9 +38,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from headprobe import roles
-from headprobe.registry import COREFERENCE, MENTIONS, Analysis, register
-from headprobe.corpora.base import ALL
+from headprobe.stats import roles
+from headprobe.scorers.registry import COREFERENCE, MENTIONS, Analysis, register
+from headprobe.inputs.corpora.base import ALL
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
 
 KINDS = ("pronoun", "proper", "nominal")

@@ -13,7 +13,7 @@ Baselines: each fixed offset k in -5..5 (k != 0) predicting h = i + k, and `firs
 predicting the sentence's first word; declared in tie order (smallest |k|, negative
 first, then `first`), so the first best is the SPEC's choice.
 
-Other conventions (`headprobe.conventions`, e.g. the released code of Clark et al.
+Other conventions (`headprobe.inputs.conventions`, e.g. the released code of Clark et al.
 2019) change which relations are scored and the baselines; the scorer reads them from
 its `conventions` (the engine hands the run's preset over with `use_conventions`).
 The default is SPEC's.
@@ -26,10 +26,10 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from headprobe import roles
-from headprobe.conventions import SPEC, Conventions, get_conventions
-from headprobe.registry import ARCS, SENTENCES, Analysis, register
-from headprobe.corpora.base import ALL
+from headprobe.stats import roles
+from headprobe.inputs.conventions import SPEC, Conventions, get_conventions
+from headprobe.scorers.registry import ARCS, SENTENCES, Analysis, register
+from headprobe.inputs.corpora.base import ALL
 from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, query_rows, word_fill
 
 UNSCORED = SPEC.unscored                              # ("root", "punct")

@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.measures import MASS
-from headprobe.registry import SENTENCES, Analysis, register
+from headprobe.scoring.measures import MASS
+from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex
 
 PREFIX = "js:"

@@ -43,12 +43,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.conventions import Conventions, get_conventions
-from headprobe.corpora.base import ALL
-from headprobe.registry import SENTENCES, Analysis, register
+from headprobe.inputs.conventions import Conventions, get_conventions
+from headprobe.inputs.corpora.base import ALL
+from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, word_fill
-from headprobe.stats import estimate, paired_gap, selected
-from headprobe.trees import max_arborescence, max_spanning_tree, undirected_hits
+from headprobe.stats.engine import estimate, paired_gap, selected
+from headprobe.stats.trees import max_arborescence, max_spanning_tree, undirected_hits
 
 UNSCORED = ("root", "punct")
 PROBE, PROBE_MST, CHAIN = "probe", "probe_mst", "chain"

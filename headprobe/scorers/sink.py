@@ -34,8 +34,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from headprobe.measures import MASS
-from headprobe.registry import PROBE, Analysis, register
+from headprobe.scoring.measures import MASS
+from headprobe.scorers.registry import PROBE, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex
 from headprobe.scorers.token_patterns import example_key, group_table, head_table, pattern_rule
 

@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe import roles
-from headprobe.measures import MASS
-from headprobe.registry import SENTENCES, Analysis, register
-from headprobe.align import WORD
+from headprobe.stats import roles
+from headprobe.scoring.measures import MASS
+from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.inputs.align import WORD
 from headprobe.scorers.base import CountScorer, query_rows
 from headprobe.scorers.positional import UnitLabelRows
 

@@ -59,7 +59,7 @@ same number, and it serves both labels):
   (duplicate-token, induction): previous-token has no offset baseline, as offset -1
   *is* its pattern.
 
-Intervals, per-fold scores, best baselines and paired gaps come from `headprobe.stats`.
+Intervals, per-fold scores, best baselines and paired gaps come from `headprobe.stats.engine`.
 
 The McNemar counts (head and baseline both hit) are kept for the `argmax` label only;
 for `mul` (a mass, not a hit) the exact test does not apply and `head_tests` shows NaN.
@@ -81,11 +81,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.align import WORD
-from headprobe.registry import PROBE, Analysis, RoleRule, register
-from headprobe.roles import MATCH_COLUMNS
+from headprobe.inputs.align import WORD
+from headprobe.scorers.registry import PROBE, Analysis, RoleRule, register
+from headprobe.stats.roles import MATCH_COLUMNS
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
-from headprobe.stats import choose, estimate, paired_gap, ratio
+from headprobe.stats.engine import choose, estimate, paired_gap, ratio
 
 MUL, ARGMAX = "mul", "argmax"
 LABELS = (MUL, ARGMAX)
@@ -287,7 +287,7 @@ def head_table(results, analysis: str) -> pd.DataFrame:
 
 
 def _label_heads(tally, label: str, group: int) -> pd.DataFrame:
-    """`head_table`'s rows of one label (the numbers from `headprobe.stats`)."""
+    """`head_table`'s rows of one label (the numbers from `headprobe.stats.engine`)."""
     a = tally.arrays(label)
     mass = a["hits"][..., 0]                                     # [fold, resample, layer, head]
     n = a["n"][..., 0]                                           # [fold, resample]

@@ -1,0 +1,1 @@
+"""Corpora and probes -> examples -> tokenized, length-bucketed batches."""

@@ -1,0 +1,135 @@
+"""Examples -> length-bucketed, padded batches with piece->word maps on the device.
+
+Every example is tokenized once (one batched call to the fast tokenizer). An
+example that does not fit the model's maximum length, or that has a word the
+tokenizer turns into no piece, is skipped and counted (SPEC section 1).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from headprobe.inputs.align import CLS_LIKE, PAD, SEP_LIKE, WORD, Alignment, align_examples
+from headprobe.inputs.corpora.base import Example
+
+
+@dataclass
+class Prepared:
+    """Examples ready for batching, plus what was skipped and why."""
+
+    examples: list[Example]
+    alignments: list[Alignment]
+    skipped: Counter = field(default_factory=Counter)
+    skipped_sources: list[str] = field(default_factory=list)
+
+
+def prepare(examples: list[Example], tokenizer, max_length: int) -> Prepared:
+    kept, aligned, skipped, sources = [], [], Counter(), []
+    alignments = align_examples(tokenizer, examples)     # words, or a probe's own token ids
+    for example, alignment in zip(examples, alignments):
+        if len(alignment) > max_length:
+            skipped["too_long"] += 1
+            sources.append(f"{example.source}: {len(alignment)} pieces > {max_length}")
+        elif alignment.empty_words():
+            skipped["word_without_piece"] += 1
+            sources.append(f"{example.source}: words {alignment.empty_words()} have no piece")
+        else:
+            kept.append(example)
+            aligned.append(alignment)
+    return Prepared(kept, aligned, skipped, sources)
+
+
+def bucket(prepared: Prepared, batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of examples with exactly the same number of pieces.
+
+    No padding means a sentence's attention is bit-for-bit what it is alone: counts do not
+    depend on the batch size (padding shifts float rounding, enough to flip a near-tie
+    argmax). Longest first, corpus order within a length.
+    """
+    by_length: dict[int, list[int]] = {}
+    for i, alignment in enumerate(prepared.alignments):
+        by_length.setdefault(len(alignment), []).append(i)
+    batches = []
+    for length in sorted(by_length, reverse=True):
+        same = by_length[length]
+        batches += [same[start:start + batch_size] for start in range(0, len(same), batch_size)]
+    return batches
+
+
+class Batch:
+    """Padded model inputs and word maps for a list of examples (tensors on `device`)."""
+
+    def __init__(self, examples: list[Example], alignments: list[Alignment], pad_id: int,
+                 device="cpu", from_mode: str = "mean", causal: bool = False):
+        self.examples = examples
+        self.alignments = alignments
+        self.device = torch.device(device)
+        self.from_mode = from_mode
+        self.causal = causal
+        b = len(examples)
+        n_pieces = max(len(a) for a in alignments)
+        n_words = max(a.n_words for a in alignments)
+        self.n_pieces, self.max_words = n_pieces, n_words
+
+        input_ids = np.full((b, n_pieces), pad_id, dtype=np.int64)
+        piece_word = np.full((b, n_pieces), -2, dtype=np.int64)
+        piece_kind = np.full((b, n_pieces), PAD, dtype=np.int64)
+        for row, a in enumerate(alignments):
+            t = len(a)
+            input_ids[row, :t] = a.input_ids
+            piece_word[row, :t] = a.piece_word
+            piece_kind[row, :t] = a.piece_kind
+        # sum pooling: a word piece -> its word's column; CLS-like -> column W; SEP-like -> W + 1
+        column = np.where(piece_kind == WORD, piece_word,
+                          np.where(piece_kind == CLS_LIKE, n_words,
+                                   np.where(piece_kind == SEP_LIKE, n_words + 1, -1)))
+        to_words = np.zeros((b, n_pieces, n_words + 2), dtype=np.float32)
+        rows, pieces = np.nonzero(column >= 0)
+        to_words[rows, pieces, column[rows, pieces]] = 1.0
+
+        put = lambda array: torch.from_numpy(array).to(self.device)
+        self.input_ids = put(input_ids)                                  # [batch, piece]
+        self.attention_mask = put((piece_kind != PAD).astype(np.int64))   # [batch, piece]
+        self.piece_word = put(piece_word)                                # [batch, piece]
+        self.piece_kind = put(piece_kind)                                # [batch, piece]
+        self.n_words = put(np.array([a.n_words for a in alignments]))    # [batch]
+        self.word_mask = torch.arange(n_words, device=self.device)[None, :] < self.n_words[:, None]  # [batch, word]
+        self.to_words = put(to_words)                                    # [batch, piece, word + 2]
+        # which of the two special key columns (CLS-like, SEP-like) exist in each example
+        self.special_present = self.to_words[:, :, n_words:].amax(dim=1) > 0   # [batch, 2]
+        self.from_words = self._from_weights(piece_word, piece_kind, n_words)  # [batch, word, piece]
+
+    def _from_weights(self, piece_word, piece_kind, n_words):
+        b, t = piece_word.shape
+        weights = np.zeros((b, n_words, t), dtype=np.float32)
+        rows, pieces = np.nonzero(piece_kind == WORD)
+        words = piece_word[rows, pieces]
+        if self.from_mode == "mean":
+            counts = np.zeros((b, n_words), dtype=np.float32)
+            np.add.at(counts, (rows, words), 1.0)
+            weights[rows, words, pieces] = 1.0 / counts[rows, words]
+        else:                                   # "first" (and the index map used by "max")
+            first = {}
+            for r, p, w in zip(rows, pieces, words):
+                first.setdefault((r, w), p)
+            for (r, w), p in first.items():
+                weights[r, w, p] = 1.0
+        return torch.from_numpy(weights).to(self.device)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @property
+    def n_real_words(self) -> int:
+        return int(sum(a.n_words for a in self.alignments))
+
+
+def iter_batches(prepared: Prepared, batch_size: int, pad_id: int, device="cpu",
+                 from_mode="mean", causal=False):
+    for indices in bucket(prepared, batch_size):
+        yield Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices],
+                    pad_id, device=device, from_mode=from_mode, causal=causal)

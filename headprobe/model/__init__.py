@@ -1,0 +1,1 @@
+"""Where things are in a model and what it computes: loading, attention sites, capture, gates."""

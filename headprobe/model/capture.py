@@ -1,0 +1,448 @@
+"""Capture per-head attention probabilities, one layer at a time.
+
+    with AttentionCapture(model, layers=[2, 3], callback=fn):
+        model(**inputs)            # fn(layer, probs) for layers 2 and 3, in order
+
+`probs` is `[batch, head, query, key]` float32: softmax(Q K^T * scale + extra terms + mask),
+the same numbers `output_attentions=True` gives under eager attention. It is handed on as
+soon as the layer computes it and is not kept.
+
+Which layers: those of one attention stack (`stack=`: "encoder", "decoder" or "cross" of an
+encoder-decoder; a model with one stack has just that one; None: the encoder where there is
+one), as `headprobe.model.sites.attention_sites` found them: every attention module wherever it
+sits, a shared module (ALBERT) one layer per call. An encoder-decoder is run with the inputs
+`Sites.model_inputs` forms.
+
+Interface path: every attention call of the model goes through headprobe's attention
+function (`headprobe.model.attention.routed`); for an asked-for layer the probabilities are
+computed here (grouped query heads repeated, causal mask rebuilt where the fast path left it
+out, extra terms such as T5's position bias or Gemma-2's soft-capping added as eager does;
+a keyword not understood: the family's own eager attention computes them). Every other layer
+runs the model's own implementation (SDPA, or its eager attention; flash/flex run as SDPA).
+
+Legacy path (models that call no attention function: MPNet, DeBERTa-v2, BLOOM): the model
+runs under eager attention for the capture, with `output_attentions=True`; the stack's
+field of the output is handed on layer by layer (all layers of one batch held at once).
+
+Never a silent zero: after every forward pass each asked-for layer must have been
+captured; otherwise `CaptureError` (one line naming the model class and the path).
+Everything is undone on exit.
+
+Query blocks (`AttentionCapture(..., query_block=N)`): an asked-for layer's
+probabilities are computed N query rows at a time, so one layer holds
+O(N x keys) per head instead of O(queries x keys); the callback is then called
+once per block as `callback(layer, probs_rows, block)`, `block` a `QueryBlock`
+(rows `start:stop` of `total`), in row order, and the layer's output is
+assembled from the blocks. Without `query_block` nothing changes (the callback
+gets `(layer, probs)` for all rows). The legacy path, and a layer whose attention
+the family's eager function computes, hand the blocks of the whole matrix.
+
+Models spread over devices (accelerate's `device_map` / `dispatch_model`): each
+layer's probabilities are computed, and handed on, on the device where that
+layer runs (`probs.device`); nothing here moves them.
+
+Named captures (`AttentionCapture(..., needs={"probs", "value_norms"})`): a fixed set of
+named per-head quantities (`QUANTITIES`, the idea of TransformerLens's hook points); only
+the ones asked for are computed, and the callback gets them as a `Heads` mapping,
+`callback(layer, heads)` (`heads.probs`, `heads.value_norms`; with query blocks
+`callback(layer, heads, block)`, `value_norms` covering every key in each block). Without
+`needs` the callback gets the probabilities tensor as above. `value_norms[b, h, j]` is
+`||v_j^h W_O^h||` (SPEC 7, Kobayashi et al. 2020), computed inside the attention function
+where the values are: `v` as the model computed it (bias included; in grouped-query
+attention the value of h's KV group), `W_O^h` the block of the site's output projection
+(`AttentionSite.output`: `o_proj`, GPT-2's Conv1D `c_proj`, BERT's `attention.output.dense`)
+that reads head h's slice of the concatenated head outputs; cost O(heads x keys x d_head^2)
+per example, nothing of size keys^2. The legacy path has no values: asking it for
+`value_norms` is an error naming the model (`CaptureUnavailable`).
+
+For notebooks, `capture_heads(model, needs=...)` keeps the quantities of one forward pass:
+
+    with headprobe.capture_heads(model, needs={"probs", "value_norms"}) as heads:
+        model(**tokenizer("The cat sat .", return_tensors="pt"))
+    heads.probs[2]              # layer 2: [batch, head, query, key]
+    heads.value_norms[2]        # [batch, head, key]
+    heads.norms(2)              # N = probs * value_norms: [batch, head, query, key]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from headprobe.model.attention import (CaptureError, attend, eager_probs, fallback, implementation_set, not_understood,
+                                 probs_and_output, routed)
+from headprobe.model.sites import LEGACY_FIELDS, attention_sites, model_device, text_config  # noqa: F401 (re-exported)
+
+Callback = Callable[[int, torch.Tensor], None]
+
+# the named per-head quantities a capture can hand on (what `needs` may name)
+QUANTITIES = {
+    "probs": "[batch, head, query, key] float32: softmax(Q K^T * scale + mask), the attention weights",
+    "value_norms": "[batch, head, key] float32: ||v_j^h W_O^h||, what head h passes on of key j per unit "
+                   "of weight (SPEC 7)",
+}
+RESERVED = {"head_output": "[batch, head, query, hidden]: z, each head's share of the attention output"}
+
+
+class CaptureUnavailable(CaptureError):
+    """A quantity asked for cannot be captured from this model (e.g. values on the legacy path)."""
+
+
+def check_needs(needs) -> frozenset[str] | None:
+    """`needs` as a frozenset of known quantity names (None stays None: the probs-only API)."""
+    if needs is None:
+        return None
+    needs = frozenset([needs] if isinstance(needs, str) else needs)
+    for name in sorted(needs):
+        if name in RESERVED:
+            raise NotImplementedError(f"capture quantity {name!r} ({RESERVED[name]}) is reserved, not built yet")
+        if name not in QUANTITIES:
+            raise ValueError(f"unknown capture quantity {name!r}; choose from {', '.join(QUANTITIES)}")
+    if not needs:
+        raise ValueError("needs names no quantity")
+    return needs
+
+
+def check_capturable(model, needs) -> None:
+    """Raise `CaptureUnavailable` (naming the model) when `needs` asks for more than the
+    probabilities of a model on the legacy `output_attentions` path, which has no values."""
+    beyond = sorted(set(needs or ()) - {"probs"})
+    if beyond and attention_sites(model).path != "interface":
+        raise CaptureUnavailable(
+            f"{type(model).__name__} does not route attention through transformers' attention interface; "
+            f"its attention is read from output_attentions, which has no value vectors, so "
+            f"{', '.join(beyond)} (the norms measure) cannot be captured for it")
+
+
+class Heads(dict):
+    """The quantities of one captured layer (or query block), by name; also as attributes
+    (`heads.probs`, `heads.value_norms`)."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"{name!r} was not asked for (needs: {', '.join(self)})") from None
+
+
+# ------------------------------------------------------------------------- value norms
+
+def projection_in_features(module: nn.Module) -> int | None:
+    """Input features of a linear map (nn.Linear, GPT-2's Conv1D), else None."""
+    if isinstance(module, nn.Linear):
+        return module.in_features
+    if isinstance(module, Conv1D):
+        return module.nx
+    return None
+
+
+def projection_weight(module: nn.Module) -> torch.Tensor:
+    """[out, in]: the weight of nn.Linear, or of GPT-2's Conv1D (stored [in, out]) transposed.
+    Weights offloaded by accelerate (on the meta device between forwards) are read from the
+    offload map of the module's hook."""
+    weight = module.weight
+    if weight.device.type == "meta":
+        hook = getattr(module, "_hf_hook", None)
+        weights_map = getattr(hook, "weights_map", None)
+        if weights_map is None or "weight" not in weights_map:
+            raise CaptureUnavailable(f"the weight of {type(module).__name__} is offloaded (meta device) and "
+                                     "cannot be read for value_norms; place that layer on a device")
+        weight = weights_map["weight"]
+    return weight.T if isinstance(module, Conv1D) else weight
+
+
+_R_CACHE: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def head_factors(projection: nn.Module, n_heads: int, d_head: int) -> torch.Tensor:
+    """[head, d_head, d_head] float32: R of the QR factorisation of each head's block
+    W_O^h = W[:, h*d_head:(h+1)*d_head] ([hidden, d_head]), so that ||W_O^h v|| = ||R_h v||
+    without forming v W_O^h ([hidden] per key). Kept per projection while its weight is
+    unchanged (same storage and version)."""
+    weight = projection_weight(projection)                                   # [hidden, heads * d_head]
+    stamp = (weight.data_ptr(), weight._version, str(weight.device), weight.dtype, n_heads, d_head)
+    kept = _R_CACHE.get(projection)
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    blocks = weight.detach().double().reshape(weight.shape[0], n_heads, d_head).transpose(0, 1)  # [head, hidden, d]
+    factor = torch.linalg.qr(blocks, mode="r").R.float()                     # [head, d_head, d_head]
+    _R_CACHE[projection] = (stamp, factor)
+    return factor
+
+
+def value_norms(site, value: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[batch, head, key] float32: ||v_j^h W_O^h|| for every query head h and key j of one
+    attention site; `value` [batch, kv_head, key, d_head] as the attention function gets it
+    (query head h reads KV head h // (heads // kv_heads)); W_O is `site.output`."""
+    projection = site.output
+    in_features = n_heads * value.shape[-1]
+    if projection is None or projection_in_features(projection) != in_features:
+        found = ("none" if projection is None else
+                 f"{type(projection).__name__} with {projection_in_features(projection)}")
+        raise CaptureUnavailable(f"value_norms: {type(site.module).__name__} ({site.name}) has no output projection "
+                                 f"with {in_features} input features (heads x d_head; found: {found})")
+    factor = head_factors(projection, n_heads, value.shape[-1]).to(value.device)   # [head, d, d]
+    groups = n_heads // value.shape[1]
+    v = value.float()                                                        # [batch, kv_head, key, d]
+    if groups > 1:
+        v = v.repeat_interleave(groups, dim=1)                               # [batch, head, key, d]
+    return torch.linalg.vector_norm(torch.einsum("bhkd,hed->bhke", v, factor), dim=-1)   # [batch, head, key]
+
+
+def n_layers_heads(model, stack: str | None = None) -> tuple[int, int]:
+    """(layers, query heads) of one attention stack (default: the encoder where there is one)."""
+    sites = attention_sites(model)
+    return sites.n_layers(stack), sites.n_heads(stack)
+
+
+def n_kv_heads(model, stack: str | None = None) -> int:
+    """Key/value heads per layer: fewer than the query heads in grouped-query attention
+    (query head h reads KV head h // (heads // kv_heads), as `eager_probs` repeats them)."""
+    return attention_sites(model).n_kv_heads(stack)
+
+
+def find_blocks(model) -> nn.ModuleList:
+    """The model's list of Transformer blocks (the ModuleList with one entry per layer of its
+    default stack), for code that works block by block (`headprobe.model.gates`). The attention
+    itself is found by `headprobe.model.sites`, which needs no such list (ALBERT has none)."""
+    n_layers = attention_sites(model).n_layers()
+    for _, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == n_layers:
+            return module
+    raise ValueError(f"cannot find the {n_layers} Transformer blocks of {type(model).__name__}")
+
+
+@dataclass(frozen=True)
+class QueryBlock:
+    """Query rows `start:stop` of `total` (one block of a layer captured in query blocks)."""
+
+    start: int
+    stop: int
+    total: int
+
+    @property
+    def first(self) -> bool:
+        return self.start == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stop >= self.total
+
+
+class AttentionCapture:
+    """Context manager: hand each asked-for layer's attention to `callback(layer, probs)`.
+
+    layers: iterable of 0-based layer indices of the stack, or None for all.
+    query_block: None (the callback gets `(layer, probs)`, all query rows at once), or a
+      number of query rows: the callback gets `(layer, probs_rows, QueryBlock)` per block.
+    stack: "encoder", "decoder" or "cross" (`headprobe.model.sites`); None: the model's default.
+    needs: None (the callback gets the probabilities), or names from `QUANTITIES`: the
+      callback gets a `Heads` mapping of exactly those (`(layer, heads)`, or with query
+      blocks `(layer, heads, QueryBlock)`); nothing not asked for is computed.
+    After use, `calls_` counts the captured calls per layer.
+    """
+
+    def __init__(self, model, layers: Iterable[int] | None = None, callback: Callback | None = None,
+                 query_block: int | None = None, stack: str | None = None, needs=None):
+        self.model = model
+        self.needs = check_needs(needs)
+        self.wanted = self.needs if self.needs is not None else frozenset({"probs"})
+        check_capturable(model, self.wanted)
+        self.sites = attention_sites(model)
+        self.stack = self.sites.resolve(stack)
+        self.n_layers, self.n_heads = self.sites.n_layers(self.stack), self.sites.n_heads(self.stack)
+        self.layers = set(range(self.n_layers)) if layers is None else {int(x) for x in layers}
+        bad = sorted(x for x in self.layers if not 0 <= x < self.n_layers)
+        if bad:
+            raise ValueError(f"layers {bad} out of range: the model has layers 0..{self.n_layers - 1}")
+        self.callback = callback or (lambda layer, probs, block=None: None)
+        if query_block is not None and int(query_block) < 1:
+            raise ValueError(f"query_block must be at least 1, not {query_block}")
+        self.query_block = int(query_block) if query_block else None
+        self.calls_: dict[int, int] = {}
+        self.interface = self.sites.path == "interface"
+        self._seen: dict = {}                   # this forward pass: module -> calls so far
+        self._got: set[int] = set()             # this forward pass: layers captured
+        self._exit = contextlib.ExitStack()
+
+    # -- interface path -------------------------------------------------------------
+    def _handle(self, module, query, key, value, mask, scaling, dropout, kwargs):
+        """One attention call of a site module: captured if it is an asked-for layer."""
+        sites = self._calls[module]
+        n = self._seen[module] = self._seen.get(module, 0) + 1
+        if n > len(sites):
+            raise CaptureError(f"{self.sites.model_class}: {type(module).__name__} ran {n} times in one forward "
+                               f"pass, {len(sites)} when its attention was found (interface path)")
+        site = sites[n - 1]
+        if site.stack != self.stack or site.layer not in self.layers:
+            return fallback(module)(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+        layer = site.layer
+        self.calls_[layer] = self.calls_.get(layer, 0) + 1
+        self._got.add(layer)
+        extra = {}
+        if "value_norms" in self.wanted:
+            extra["value_norms"] = value_norms(site, value, query.shape[1])   # [batch, head, key]
+        if "probs" not in self.wanted:                                   # nothing else to compute
+            n = query.shape[-2]
+            self._give(layer, None, extra, QueryBlock(0, n, n) if self.query_block else None)
+            return fallback(module)(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+        if not_understood(kwargs):                                    # the family's eager attention
+            probs, output = probs_and_output(module, query, key, value, mask, scaling, dropout, kwargs)
+            self._hand_on(layer, probs, extra)
+            return output, None
+        if self.query_block:
+            return self._attend_in_blocks(layer, module, query, key, value, mask, scaling, kwargs, extra), None
+        probs = eager_probs(module, query, key, mask, scaling, kwargs)   # [batch, head, query, key]
+        output = attend(probs, value)
+        self._give(layer, probs, extra)
+        return output, None
+
+    def _give(self, layer: int, probs: torch.Tensor | None, extra: dict, block: QueryBlock | None = None):
+        """Call the callback with the probabilities (no `needs`) or a `Heads` of what was asked."""
+        if self.needs is None:
+            payload = probs
+        else:
+            payload = Heads({"probs": probs} if probs is not None else {})
+            payload.update(extra)
+        if block is None:
+            self.callback(layer, payload)
+        else:
+            self.callback(layer, payload, block)
+
+    def _attend_in_blocks(self, layer, module, query, key, value, attention_mask, scaling, kwargs, extra):
+        """One captured layer, `query_block` query rows at a time: each block's probabilities
+        are handed on and dropped before the next is computed."""
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:                                               # repeated once, not per block
+            key = key.repeat_interleave(groups, dim=1)
+            value = value.repeat_interleave(groups, dim=1)
+        n_query = query.shape[-2]
+        outputs = []
+        for start in range(0, n_query, self.query_block):
+            stop = min(start + self.query_block, n_query)
+            probs = eager_probs(module, query, key, attention_mask, scaling, kwargs, rows=slice(start, stop))
+            outputs.append(attend(probs, value))                      # [batch, rows, head, dim]
+            self._give(layer, probs, extra, QueryBlock(start, stop, n_query))
+            del probs
+        return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
+
+    def _hand_on(self, layer: int, probs: torch.Tensor, extra: dict | None = None) -> None:
+        """A whole layer's probabilities [batch, head, query, key], in blocks if asked."""
+        if not self.query_block:
+            self._give(layer, probs, extra or {})
+            return
+        n_query = probs.shape[-2]
+        for start in range(0, n_query, self.query_block):
+            stop = min(start + self.query_block, n_query)
+            self._give(layer, probs[:, :, start:stop], extra or {}, QueryBlock(start, stop, n_query))
+
+    # -- legacy path: output_attentions under eager ---------------------------------
+    def _take_legacy(self, output) -> None:
+        attentions = getattr(output, self.sites.fields[self.stack], None) or ()   # per layer [b, h, q, k]
+        for layer, probs in enumerate(attentions):
+            if layer in self.layers and probs is not None:
+                self.calls_[layer] = self.calls_.get(layer, 0) + 1
+                self._got.add(layer)
+                self._hand_on(layer, probs.float())
+        for name in ("attentions", *LEGACY_FIELDS.values()):         # not kept on the output
+            if getattr(output, name, None) is not None:
+                setattr(output, name, None)
+
+    # -- every forward pass -----------------------------------------------------------
+    def _begin(self, module, args, kwargs):
+        self._seen.clear()
+        self._got.clear()
+        if not self.interface:
+            kwargs["output_attentions"] = True
+        return args, kwargs
+
+    def _end(self, module, args, kwargs, output):
+        if not self.interface:
+            self._take_legacy(output)
+        missing = sorted(self.layers - self._got)
+        if missing:
+            path = "interface" if self.interface else "legacy (output_attentions under eager)"
+            raise CaptureError(f"{self.sites.model_class}: {len(self._got)} of the {len(self.layers)} asked-for "
+                               f"layers of its {self.stack} attention were captured in a forward pass ({path} "
+                               f"path); missing layers {missing[:10]}")
+        return output
+
+    def __enter__(self):
+        try:
+            if self.interface:
+                self._calls = self.sites.calls()
+                self._exit.enter_context(routed(self.model, {m: self._handle for m in self._calls}))
+            else:
+                self._exit.enter_context(implementation_set(self.model, "eager"))
+            for handle in (self.model.register_forward_pre_hook(self._begin, with_kwargs=True),
+                           self.model.register_forward_hook(self._end, with_kwargs=True)):
+                self._exit.callback(handle.remove)
+        except BaseException:
+            self._exit.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._exit.close()
+        return False
+
+
+class Captured:
+    """What `capture_heads` kept of the last forward pass: per quantity, {layer: tensor}.
+
+    `heads.probs[layer]` [batch, head, query, key], `heads.value_norms[layer]` [batch, head, key]
+    (also `heads["probs"]`); `heads.norms(layer)` is N = probs * value_norms (SPEC 7), and
+    `heads.norms(layer, rows=True)` its rows normalised to sum to 1."""
+
+    def __init__(self, needs: frozenset[str], to=None):
+        self.needs = needs
+        self.to = torch.device(to) if to is not None else None
+        self._kept: dict[str, dict[int, torch.Tensor]] = {name: {} for name in sorted(needs)}
+
+    def keep(self, layer: int, heads: Heads) -> None:
+        for name, value in heads.items():
+            value = value.detach()
+            self._kept[name][layer] = value.to(self.to) if self.to is not None else value.clone()
+
+    def __getitem__(self, name: str) -> dict[int, torch.Tensor]:
+        if name not in self._kept:
+            raise KeyError(f"{name!r} was not asked for (needs: {', '.join(self._kept)})")
+        return self._kept[name]
+
+    def __getattr__(self, name: str) -> dict[int, torch.Tensor]:
+        kept = self.__dict__.get("_kept", {})
+        if name in kept:
+            return kept[name]
+        raise AttributeError(name)
+
+    def norms(self, layer: int, rows: bool = False) -> torch.Tensor:
+        """[batch, head, query, key]: N = a * ||v W_O|| of one layer (needs probs and value_norms)."""
+        from headprobe.scoring.measures import norm_attention
+        return norm_attention(self["probs"][layer], self["value_norms"][layer], rows=rows)
+
+
+@contextlib.contextmanager
+def capture_heads(model, needs=("probs",), layers: Iterable[int] | None = None, to=None, stack: str | None = None):
+    """Keep named per-head quantities (`QUANTITIES`) of every asked-for layer for your own inputs.
+
+        with headprobe.capture_heads(model, needs={"probs", "value_norms"}) as heads:
+            model(**tokenizer("The cat sat .", return_tensors="pt"))
+        heads.probs[0]                  # [batch, head, query, key]
+        heads.value_norms[0]            # [batch, head, key]
+        heads.norms(0)                  # N = probs * value_norms
+
+    Only what `needs` names is computed (`needs={"value_norms"}` leaves the model's own fast
+    attention in place); a second forward pass in the block replaces the first's. `layers`:
+    0-based layers of the stack (default all; `stack` as `AttentionCapture`); `to`: a device to
+    move the tensors to (default: where each layer ran, copied). The model runs unchanged (same
+    outputs); wrap it in `torch.inference_mode()` yourself if you like."""
+    kept = Captured(check_needs(needs), to)
+    with AttentionCapture(model, layers, lambda layer, heads: kept.keep(layer, heads), needs=kept.needs,
+                          stack=stack):
+        yield kept

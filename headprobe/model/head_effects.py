@@ -1,0 +1,147 @@
+"""Does a head matter? Ablation effects and gradient importance per example row (SPEC 8).
+
+    objective = Objective.for_model(model, tokenizer)
+    for batch in batches:
+        delta, tokens = ablation_rows(model, batch, objective, heads=[(0, 1), (2, 3)])
+        # delta [batch, 2]: objective(head ablated) - objective(intact), summed over the row
+        score, tokens = importance_rows(model, batch, objective)
+        # score [batch, layer, head]: |d L_row / d g_h| at g = 1, one backward pass
+
+    head_importance(model, batches, objective)      # DataFrame: layer, head, importance, ...
+
+    steps = prune_steps(prune_order(scores))         # 0%, 10%, ... 100% of heads, least important first
+    values = gated_rows(model, objective.targets(model, batch), objective, [heads for _, heads in steps])
+
+Ablation and importance give per-row sums with the row's piece count, so they add up per unit (SPEC 5) and
+stream: a set of units reports `sum delta / sum tokens` and `sum importance / sum tokens`.
+
+Importance (Michel et al. 2019) is taken per example (a sentence, or a coreference window):
+a gate per row and head, [batch, layer, head], so one backward pass of the summed loss gives
+each row its own gradient (rows of a batch do not interact); `I_h(u)` of a unit is the sum
+over its examples of `|dL_x / dg_h|`, Michel et al.'s expectation over examples. (For a
+document unit this is not `|dL_u / dg_h|` with one gate shared by the document's sentences,
+which could not stream: the signs of sentences in different batches would have to meet.)
+
+The pruning curve (Michel et al. 2019, figure 3): heads removed cumulatively, least
+important first, 0%, 10%, ... 100% of them (`prune_steps`), the objective of each point
+per row (`gated_rows`), so its points stream per unit with intervals like any mass.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headprobe.model.capture import n_layers_heads
+from headprobe.model.gates import HeadGates
+from headprobe.model.objectives import Objective, Targets
+
+
+def importance_rows(model, batch, objective: Objective, means: torch.Tensor | None = None,
+                    targets: Targets | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([batch, layer, head] |dL_row/dg| at g = 1, [batch] pieces scored): one backward pass.
+    `means`: differentiate the mean-ablation gate instead (slice = mean + g (slice - mean))."""
+    if objective.kind == "representation":
+        raise ValueError("importance needs a language-model loss: the representation change "
+                         "1 - cos has zero gradient at g = 1 (load the model with its LM head)")
+    targets = targets if targets is not None else objective.targets(model, batch)
+    n_layers, n_heads = n_layers_heads(model)
+    rows = targets.inputs["input_ids"].shape[0]
+    gates = torch.ones(rows, n_layers, n_heads, device=targets.inputs["input_ids"].device,
+                       requires_grad=True)                                  # [batch, layer, head]
+    with torch.enable_grad(), HeadGates(model, gates, means):
+        values, tokens = objective.per_row(model, targets)                  # [batch], [batch]
+        grad, = torch.autograd.grad(values.sum(), gates)                    # [batch, layer, head]
+    return grad.abs().detach(), tokens.detach()
+
+
+def _tile(targets: Targets, copies: int) -> Targets:
+    """The batch `copies` times over (copy-major: rows c * batch .. (c + 1) * batch)."""
+    rep = lambda t: None if t is None else t.repeat(copies, *([1] * (t.dim() - 1)))
+    return Targets({k: rep(v) for k, v in targets.inputs.items()}, rep(targets.labels), rep(targets.reference))
+
+
+@torch.no_grad()
+def gated_rows(model, targets: Targets, objective: Objective, ablated: list, means: torch.Tensor | None = None,
+               copies: int = 1) -> torch.Tensor:
+    """[batch, set] the objective summed over each row with the heads of `ablated[k]` (a list of
+    (layer, head)) ablated together, for each set k; `copies` sets run in one forward pass on
+    the batch repeated that many times (a gate per row). An empty set is the intact model."""
+    n_layers, n_heads = n_layers_heads(model)
+    ids = targets.inputs["input_ids"]                                       # [batch, piece]
+    rows = ids.shape[0]
+    out = torch.empty(rows, len(ablated), dtype=torch.float32, device=ids.device)   # [batch, set]
+    step = max(1, copies)
+    for start in range(0, len(ablated), step):
+        group = ablated[start:start + step]
+        gates = torch.ones(len(group), rows, n_layers, n_heads, device=ids.device)  # [copy, batch, layer, head]
+        for copy, heads in enumerate(group):
+            for layer, head in heads:
+                gates[copy, :, layer, head] = 0.0
+        tiled = _tile(targets, len(group)) if len(group) > 1 else targets
+        with HeadGates(model, gates.flatten(0, 1), means):
+            values, _ = objective.per_row(model, tiled)                     # [copy * batch]
+        out[:, start:start + len(group)] = values.view(len(group), rows).T.to(out.dtype)
+    return out
+
+
+@torch.no_grad()
+def ablation_rows(model, batch, objective: Objective, heads: Iterable[tuple[int, int]] | None = None,
+                  means: torch.Tensor | None = None, copies: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """([batch, ablated head] objective(ablated) - objective(intact), summed over each row;
+    [batch] pieces scored). Each head in `heads` (default: every (layer, head), layer-major)
+    is ablated alone: zeroed, or replaced by its mean where `means` ([layer, head, d_head],
+    `gates.head_means`) is given. `copies` heads run in one forward pass on a batch repeated
+    that many times (a gate per row)."""
+    n_layers, n_heads = n_layers_heads(model)
+    heads = [(l, h) for l in range(n_layers) for h in range(n_heads)] if heads is None else list(heads)
+    targets = objective.targets(model, batch)
+    intact, tokens = objective.per_row(model, targets)                      # [batch], [batch]
+    ablated = gated_rows(model, targets, objective, [[head] for head in heads], means, copies)   # [batch, head]
+    return ablated - intact[:, None], tokens
+
+
+# ----------------------------------------------------------------------------- pruning
+PRUNE_PERCENTS = tuple(range(0, 101, 10))       # share of heads removed at each point of the curve
+
+
+def prune_order(scores) -> list[tuple[int, int]]:
+    """Heads least important first (Michel et al. 2019): `scores` has columns layer, head, score;
+    ties (and NaN, last) keep layer-major order."""
+    frame = scores[["layer", "head", "score"]].reset_index(drop=True)
+    order = np.lexsort((frame["head"].to_numpy(), frame["layer"].to_numpy(),
+                        np.nan_to_num(frame["score"].to_numpy(np.float64), nan=np.inf)))
+    return [(int(frame["layer"][i]), int(frame["head"][i])) for i in order]
+
+
+def removed_at(percent: int, total: int) -> int:
+    """Heads removed at `percent` of `total`: the nearest whole number, halves up."""
+    return (percent * total + 50) // 100
+
+
+def prune_steps(order: list[tuple[int, int]], percents=PRUNE_PERCENTS) -> list[tuple[str, list]]:
+    """[(label "10%", the first heads of `order` removed there)], cumulative: each point removes
+    `removed_at(percent, len(order))` heads, the least important first."""
+    return [(f"{p}%", list(order[:removed_at(p, len(order))])) for p in percents]
+
+
+def head_importance(model, batches: Iterable, objective: Objective, means: torch.Tensor | None = None,
+                    progress: bool = False) -> pd.DataFrame:
+    """Per head: importance = sum over rows of |dL_row/dg_h| / sum of pieces scored (whole
+    data, no intervals; `tokens`, `total` keep the sums), with the objective named."""
+    from tqdm.auto import tqdm
+
+    n_layers, n_heads = n_layers_heads(model)
+    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)             # [layer, head]
+    pieces = 0.0
+    for batch in tqdm(batches, desc="importance", unit="batch", disable=not progress):
+        score, tokens = importance_rows(model, batch, objective, means)
+        total += score.sum(0).double().cpu()
+        pieces += float(tokens.sum())
+    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    summed = total.numpy().ravel()
+    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "total": summed, "tokens": pieces,
+                         "importance": summed / pieces if pieces else np.nan, "objective": objective.description})

@@ -1,0 +1,180 @@
+"""The objective a head ablation changes (SPEC 8), per example row, so effects stream per unit.
+
+    objective = Objective.for_model(model, tokenizer)     # kind picked from the model
+    targets = objective.targets(model, batch)             # outside any gates: intact reference
+    with HeadGates(model, gates):
+        values, tokens = objective.per_row(model, targets)   # [batch] summed loss, [batch] pieces
+    values.sum() / tokens.sum()                           # the objective: a mean per piece
+
+Kinds (`KINDS`; the one used is named in every table, `DESCRIPTIONS`):
+- `causal_lm` (a model with a language-model head that attends causally): next-token
+  negative log-likelihood, summed over the row's predicted pieces (every non-padding
+  piece after the first).
+- `masked_lm` (a language-model head, bidirectional): the MLM loss on 15% of the word
+  pieces (never special pieces or padding), chosen by a keyed hash of (seed, sentence,
+  piece position), `mlm_positions`; chosen pieces are replaced by the mask token.
+- `representation` (no language-model head, or an untrained one): `1 - cos(h_L', h_L)`
+  of the last hidden state against the intact model's, summed over non-padding pieces.
+  Its gradient at g = 1 is zero (the intact state is its minimum), so importance
+  (`headprobe.model.head_effects`) needs one of the two losses.
+
+`values` are sums and `tokens` the pieces they are summed over, so a unit's value is
+the sum of its rows' and any set of units reports `sum values / sum tokens`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from headprobe.inputs.align import WORD
+from headprobe.model.gates import model_inputs
+from headprobe.scoring.tally import SEED, keyed_hash
+
+KINDS = ("causal_lm", "masked_lm", "representation")
+DESCRIPTIONS = {
+    "causal_lm": "causal LM: mean next-token negative log-likelihood (nats per piece)",
+    "masked_lm": "masked LM: mean loss (nats) on 15% of word pieces chosen by hash of (seed, sentence, position)",
+    "representation": "representation change: mean 1 - cos(h_L', h_L) of the last hidden state per piece",
+}
+MASK_RATE = 0.15
+IGNORE = -100                       # a target that is not scored (torch's cross-entropy default)
+
+
+def lm_kind(model) -> str:
+    """`causal_lm` or `masked_lm` for a model with a language-model head, else `representation`."""
+    from headprobe.scoring.engine import is_causal
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        return "representation"
+    return "causal_lm" if is_causal(model) else "masked_lm"
+
+
+def mask_key(example) -> str:
+    """The sentence a masked-LM position belongs to: its `sent_id` (the unit itself where units
+    are sentences; sentences of one document differ by it)."""
+    return str(getattr(example, "sent_id", None) or example.unit)
+
+
+def mlm_positions(keys, piece_kind: torch.Tensor, seed: int = SEED, rate: float = MASK_RATE) -> torch.Tensor:
+    """[batch, piece] bool: the word pieces masked for the MLM loss. Piece `p` of the row keyed
+    `keys[b]` is chosen iff keyed_hash(seed, "mask", f"{key}:{p}") < rate * 2**64 and it is a
+    word piece (`piece_kind == WORD`: never a special piece or padding)."""
+    # piece_kind: [batch, piece]
+    kind = piece_kind.cpu().numpy()
+    limit = int(rate * 2 ** 64)
+    chosen = np.zeros(kind.shape, dtype=bool)
+    for row, key in enumerate(keys):
+        for piece in np.flatnonzero(kind[row] == WORD):
+            chosen[row, piece] = keyed_hash(seed, "mask", f"{key}:{piece}") < limit
+    return torch.from_numpy(chosen).to(piece_kind.device)
+
+
+@dataclass
+class Targets:
+    """One batch, ready for `Objective.per_row`: what the model is fed and what is scored."""
+
+    inputs: dict                            # input_ids, attention_mask: [batch, piece]
+    labels: torch.Tensor | None = None      # [batch, piece] target ids, IGNORE where not scored
+    reference: torch.Tensor | None = None   # [batch, piece, hidden] the intact last hidden state
+
+
+def last_hidden(model, inputs) -> torch.Tensor:
+    """[batch, piece, hidden]: the last hidden state (the base model's, under any LM head)."""
+    base = getattr(model, "base_model", model)
+    return base(**inputs).last_hidden_state
+
+
+class Objective:
+    """See the module docstring. kind: one of `KINDS`; mask_token_id: for `masked_lm`.
+
+    scored: None, or a function `scored(batch) -> [batch, piece] bool` naming the pieces whose
+    loss is counted (LM kinds only): a target piece outside it is IGNOREd, so the objective
+    is the loss on those pieces alone (e.g. the repeated half of a repeated-random probe,
+    analyses/olsson2022_induction.py). The model still reads every piece."""
+
+    def __init__(self, kind: str, seed: int = SEED, mask_token_id: int | None = None, scored=None):
+        if kind not in KINDS:
+            raise ValueError(f"objective must be one of {', '.join(KINDS)}, not {kind!r}")
+        if kind == "masked_lm" and not isinstance(mask_token_id, int):
+            raise ValueError("objective masked_lm: the tokenizer has no mask token")
+        if scored is not None and kind == "representation":
+            raise ValueError("objective representation: a restriction to some pieces needs a language-model loss")
+        self.kind, self.seed, self.mask_token_id, self.scored = kind, int(seed), mask_token_id, scored
+
+    @classmethod
+    def for_model(cls, model, tokenizer=None, kind: str | None = None, seed: int = SEED, scored=None) -> "Objective":
+        """The model's objective (`lm_kind`), or `kind` where given."""
+        kind = kind or lm_kind(model)
+        return cls(kind, seed, getattr(tokenizer, "mask_token_id", None), scored)
+
+    @property
+    def description(self) -> str:
+        return DESCRIPTIONS[self.kind]
+
+    @torch.no_grad()
+    def targets(self, model, batch) -> Targets:
+        """A batch's targets. Call it outside any `HeadGates`: `representation` runs the intact
+        model here. `batch`: a headprobe `Batch` (a mapping needs `piece_kind` and `keys` for MLM)."""
+        from headprobe.model.capture import model_device
+
+        inputs = model_inputs(batch, model_device(model))
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]          # [batch, piece]
+        if self.kind == "representation":
+            return Targets(inputs, reference=last_hidden(model, inputs).detach())
+        if self.kind == "causal_lm":
+            labels = ids.masked_fill(mask == 0, IGNORE)                      # [batch, piece]
+            return Targets(inputs, labels=self._restricted(labels, batch))
+        kind, keys = _kinds_and_keys(batch)
+        chosen = mlm_positions(keys, kind, self.seed).to(ids.device)       # [batch, piece]
+        labels = ids.masked_fill(~chosen, IGNORE)
+        fed = dict(inputs, input_ids=ids.masked_fill(chosen, self.mask_token_id))
+        return Targets(fed, labels=self._restricted(labels, batch))
+
+    def _restricted(self, labels: torch.Tensor, batch) -> torch.Tensor:
+        """labels [batch, piece] with the pieces outside `scored(batch)` IGNOREd."""
+        if self.scored is None:
+            return labels
+        keep = torch.as_tensor(self.scored(batch), device=labels.device, dtype=torch.bool)   # [batch, piece]
+        return labels.masked_fill(~keep, IGNORE)
+
+    def per_row(self, model, targets: Targets) -> tuple[torch.Tensor, torch.Tensor]:
+        """([batch] summed objective, [batch] pieces it is summed over), float32; differentiable
+        (run it under `torch.no_grad()` where no gradient is wanted)."""
+        mask = targets.inputs["attention_mask"]                             # [batch, piece]
+        if self.kind == "representation":
+            h = last_hidden(model, targets.inputs).float()                  # [batch, piece, hidden]
+            change = 1.0 - F.cosine_similarity(h, targets.reference.float(), dim=-1)   # [batch, piece]
+            keep = mask.to(change.dtype)
+            return (change * keep).sum(-1), keep.sum(-1)
+        logits = model(**targets.inputs).logits.float()                      # [batch, piece, vocab]
+        labels = self.scored_labels(targets)                                 # [batch, piece (- 1)]
+        if self.kind == "causal_lm":
+            logits = logits[:, :-1]
+        nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="none")
+        return nll.sum(-1), (labels != IGNORE).sum(-1).to(nll.dtype)        # [batch], [batch]
+
+    def scored_labels(self, targets: Targets) -> torch.Tensor:
+        """The LM targets as the loss reads them: causal, shifted one piece left ([batch, piece - 1],
+        the target of position p is piece p + 1) with padding IGNOREd; masked, `targets.labels`."""
+        if self.kind != "causal_lm":
+            return targets.labels
+        mask = targets.inputs["attention_mask"]                             # [batch, piece]
+        return targets.labels[:, 1:].masked_fill(mask[:, :-1] == 0, IGNORE)
+
+    def pieces(self, targets: Targets) -> torch.Tensor:
+        """[batch] float32: the pieces `per_row` sums over, without running the model."""
+        if self.kind == "representation":
+            return targets.inputs["attention_mask"].to(torch.float32).sum(-1)
+        return (self.scored_labels(targets) != IGNORE).sum(-1).to(torch.float32)
+
+
+def _kinds_and_keys(batch):
+    """(piece kinds [batch, piece], one mask key per row) of a `Batch` or a mapping."""
+    if isinstance(batch, dict):
+        return batch["piece_kind"], list(batch["keys"])
+    return batch.piece_kind, [mask_key(example) for example in batch.examples]

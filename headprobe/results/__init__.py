@@ -1,0 +1,1 @@
+"""Tables (the query layer), the results directory, findings and comparisons."""

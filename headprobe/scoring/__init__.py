@@ -1,0 +1,1 @@
+"""The streaming pass: engine, measures, tallies, checkpoints, torchrun."""

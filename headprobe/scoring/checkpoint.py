@@ -1,0 +1,133 @@
+"""Resumable runs: the counts of a run, checkpointed every N batches in `--out`'s lock area.
+
+    <out's lock area>/checkpoint/
+        state.json                   fingerprint of the run + per engine pass (`sentences`,
+                                     `coreference`): finished?, the chunk being scored, the
+                                     examples of that chunk already scored, engine stats
+        tallies/<pass>/<tally key>.npz  the scorers' totals (constant size), buffered rows included
+
+A checkpoint is written whole into a new directory and swapped in (`atomic.replace_dir`),
+so a kill while writing leaves the previous checkpoint. What is done is kept as "every
+chunk before `chunk`, and these prepared-example indices of `chunk`" (chunks are
+`engine.CHUNK` consecutive examples in corpus order); the fingerprint holds the input
+files' SHA-256, the model and every option that changes a count, so `--resume` only
+continues a run with the same inputs and options. Totals add up in any order, and the
+engine rebuilds the batches of the interrupted chunk exactly, so a resumed run's tables
+are identical to an uninterrupted run's. The checkpoint is removed after a successful save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from headprobe.results import atomic
+from headprobe.checks import UsageError
+from headprobe.scoring.tally import Tally
+
+DEFAULT_EVERY = 100          # batches between checkpoints
+STATE = "state.json"         # the checkpoint's layout (above); its directory: `atomic.CHECKPOINT`
+TALLIES = "tallies"
+
+
+def tally_path(root: Path, key: str, analysis: str) -> Path:
+    return root / TALLIES / key / f"{analysis}.npz"
+
+
+class Checkpoint:
+    """The checkpoint of a run to `out` (the caller holds `out`'s lock)."""
+
+    def __init__(self, out, fingerprint: dict, every: int = DEFAULT_EVERY, resume: bool = False):
+        self.out = Path(out)
+        self.dir = atomic.area(out) / atomic.CHECKPOINT
+        self.every = int(every)
+        self.fingerprint = json.loads(json.dumps(fingerprint, default=str))
+        self.state = {"fingerprint": self.fingerprint, "passes": {}}
+        self.notes: list[str] = []
+        self.resumed = False
+        state_path = self.dir / STATE
+        if self.dir.exists() and not state_path.is_file():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        if state_path.is_file():
+            if resume:
+                try:
+                    saved = json.loads(state_path.read_text(encoding="utf-8"))
+                except ValueError as err:
+                    raise UsageError(f"--resume: the checkpoint {self.dir} is unreadable ({err}); "
+                                     "run again without --resume to start over") from None
+                differs = first_difference(saved.get("fingerprint", {}), self.fingerprint)
+                if differs:
+                    raise UsageError(f"--resume: the checkpoint in {self.dir} is of another run ({differs}); "
+                                     "give the same inputs and options, or run without --resume to start over")
+                self.state = saved
+                self.resumed = True
+                done = sum(1 for p in saved["passes"].values() if p.get("finished"))
+                self.notes.append(f"resuming from the checkpoint in {self.dir} "
+                                  f"({done} of the run's scoring passes finished)")
+            else:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                self.notes.append(f"discarded the checkpoint of an interrupted run in {self.dir} "
+                                  "(give --resume to continue such a run)")
+        elif resume:
+            self.notes.append(f"--resume: no checkpoint for {self.out}; starting from the beginning")
+
+    # -- per engine pass --------------------------------------------------------------
+    def passed(self, key: str) -> dict | None:
+        """The saved state of pass `key` (None when it has not started)."""
+        return self.state["passes"].get(key)
+
+    def restore(self, key: str, scorers, device) -> dict | None:
+        """Give `scorers` their checkpointed totals; the pass's saved state, or None."""
+        state = self.passed(key)
+        if state is None:
+            return None
+        for scorer in scorers:
+            path = tally_path(self.dir, key, scorer.key)
+            if not path.is_file():
+                raise UsageError(f"--resume: the checkpoint in {self.dir} lacks {path.name}; "
+                                 "run without --resume to start over")
+            scorer.tally_ = Tally.load_checkpoint(path, device=device)
+        return state
+
+    def save(self, key: str, scorers, state: dict) -> None:
+        """Write the totals of pass `key` and its `state` (chunk, done_in_chunk, stats, finished)."""
+        with atomic.staging(self.out, of=atomic.CHECKPOINT) as new:
+            (new / TALLIES / key).mkdir(parents=True)
+            for scorer in scorers:
+                scorer.tally_.save_checkpoint(tally_path(new, key, scorer.key))
+            for other in self.state["passes"]:
+                if other != key and (self.dir / TALLIES / other).is_dir():
+                    shutil.copytree(self.dir / TALLIES / other, new / TALLIES / other, copy_function=_link_or_copy)
+            self.state["passes"][key] = state
+            atomic.write_json(new / STATE, self.state)
+            atomic.replace_dir(new, self.dir)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def first_difference(saved, current, where: str = "") -> str:
+    """'' when equal, else the first key whose value differs, with both values."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for key in sorted(set(saved) | set(current)):
+            found = first_difference(saved.get(key), current.get(key), f"{where}.{key}" if where else key)
+            if found:
+                return found
+        return ""
+    if saved != current:
+        return f"{where}: {_short(saved)} then, {_short(current)} now"
+    return ""
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,510 @@
+"""The streaming engine: examples -> batches -> capture -> scorers.
+
+For each batch, each asked-for layer's attention block is pooled to words once
+(`LayerAttention`), handed to every scorer on the device where it was produced,
+and dropped. Scorers keep only counts. A batch that runs out of memory is
+retried in halves; nothing is dropped or counted twice (scorers commit a
+batch's counts only in `end_batch`).
+
+Models over several devices (accelerate `device_map`): a layer's attention is pooled to
+words on the device where the layer runs (the batch's word maps are copied there once per
+batch and device); the word-level block, smaller than the piece-level one, is then handed
+to the scorers on the batch's device (`capture.model_device`), where their counts live.
+
+Scorers that run the model themselves (head ablation and importance,
+`scorers.ablation`: they have `model_pass`) get each batch first, outside inference
+mode; the attention pass follows (skipped when no scorer needs attention).
+
+Query blocks (`Engine(query_block=N)`): capture hands a layer N query pieces at a time
+(`capture.QueryBlock`); `WordRows` pools them into the word rows that are complete (all
+of a word's pieces seen, in every example of the batch) and each block goes to the
+scorers as a `LayerAttention` with `query_pieces`, `query_words`, `first`, `last` (the
+block API, `scorers.base.CountScorer.blocks`). Only when every scorer supports blocks;
+otherwise the run is unblocked and `stats_["notes"]` says why. Unblocked (the default) is
+one block of every row, computed exactly as before.
+
+Measures (SPEC 7, `headprobe.scoring.measures`): each scorer scores one measure (`scorer.measure`,
+`weights` unless set) and says how it reads it (`scorer.reads`). The capture is asked for
+what the measures need (`value_norms` for `norms`), once per batch; per layer (or block)
+one `LayerAttention` is built per (measure, reading) that some scorer reads, and shared by
+those scorers. With `weights` alone the capture and the attention are exactly as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from headprobe.inputs.align import WORD
+from headprobe.results.atomic import test_pause
+from headprobe.inputs.batching import Batch, bucket, prepare
+from headprobe.model.capture import AttentionCapture, Heads, QueryBlock, check_capturable, model_device, text_config
+from headprobe.model.sites import attention_sites
+from headprobe.inputs.conventions import get_conventions
+from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
+from headprobe.scoring.tally import N_BOOT, SEED
+
+
+TRIM_EVERY = 64        # batches between heap trims on CPU
+# examples tokenized and bucketed together: the prepared chunk is the part of the corpus held
+# in memory (EWT dev x8, MiniLM: peak 849 MB at 1,024 vs 989 MB at 4,096, against 771 / 777 MB
+# for EWT dev x1; benchmarks/whole_run.py memory)
+CHUNK = 1024
+
+
+def chunked(items, size: int):
+    """Lists of up to `size` consecutive items of any iterable."""
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class WordMaps:
+    """A batch's piece -> word maps on one device: the batch's own, or a copy (made once per
+    batch) where a layer of a model spread over devices runs."""
+
+    def __init__(self, batch: Batch, device: torch.device):
+        same = device == batch.device
+        move = (lambda t: t) if same else (lambda t: t.to(device))
+        self.device = device
+        self.to_words = move(batch.to_words)                  # [batch, piece, word + 2]
+        self.from_words = move(batch.from_words)              # [batch, word, piece]
+        self.piece_kind = move(batch.piece_kind)              # [batch, piece]
+        self.piece_word = move(batch.piece_word)              # [batch, piece]
+
+    @staticmethod
+    def of(batch: Batch, device: torch.device) -> "WordMaps":
+        cache = batch.__dict__.setdefault("_headprobe_maps", {})
+        maps = cache.get(device)
+        if maps is None:
+            maps = cache[device] = WordMaps(batch, device)
+        return maps
+
+
+def pool_words(pieces: torch.Tensor, maps, from_mode: str, max_words: int) -> torch.Tensor:
+    """[batch, head, word, word + 2] word-level attention of piece-level `pieces` (every row)."""
+    to = torch.matmul(pieces, maps.to_words[:, None])                   # [batch, head, piece, word + 2]
+    if from_mode != "max":
+        return torch.matmul(maps.from_words[:, None], to)               # [batch, head, word, word + 2]
+    b, h, t, k = to.shape
+    w = max_words
+    row = torch.where(maps.piece_kind == WORD, maps.piece_word, torch.full_like(maps.piece_word, w))
+    index = row[:, None, :, None].expand(b, h, t, k)                    # [batch, head, piece, word + 2]
+    out = to.new_full((b, h, w + 1, k), float("-inf"))
+    out.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
+    return out[:, :, :w].clamp_min(0)                                   # [batch, head, word, word + 2]
+
+
+class LayerAttention:
+    """One layer of one batch, at piece level and pooled to words (computed once, shared).
+
+    Block API (for scorers that declare `blocks = True`): `pieces` holds the query piece rows
+    `query_pieces = (start, stop)` (all keys), `words` the word rows `query_words = (start,
+    stop)` (all key columns); `first` / `last` mark a layer's first and last block. Without
+    query blocks there is one block of every row: `(0, pieces)`, `(0, words)`, both True.
+
+    On a model spread over devices `pieces` arrives on the layer's device: `words` is pooled
+    there and moved to the batch's device; `pieces` is moved only if a scorer reads it.
+    """
+
+    def __init__(self, layer: int, pieces: torch.Tensor, batch: Batch, *, words: torch.Tensor | None = None,
+                 query_pieces: tuple[int, int] | None = None, query_words: tuple[int, int] | None = None,
+                 first: bool = True, last: bool = True, measure: str = WEIGHTS):
+        self.layer = layer
+        self.measure = measure                                # which measure `pieces` holds (SPEC 7)
+        self.local = pieces                                   # [batch, head, query piece, piece], layer's device
+        self.batch = batch
+        self.query_pieces = query_pieces or (0, pieces.shape[-2])
+        self.query_words = query_words or (0, batch.max_words)
+        self.first, self.last = first, last
+        if words is not None:
+            self.__dict__["words"] = words                    # pooled already (query blocks)
+        if pieces.device == batch.device:
+            self.__dict__["pieces"] = pieces
+
+    @cached_property
+    def pieces(self) -> torch.Tensor:
+        """[batch, head, piece, piece] on the batch's device."""
+        return self.local.to(self.batch.device)
+
+    @cached_property
+    def words(self) -> torch.Tensor:
+        """[batch, head, word, word + 2]: to = sum over pieces; from = mean/first/max; + CLS-, SEP-like."""
+        batch = self.batch
+        if self.local.device == batch.device:
+            return pool_words(self.local, batch, batch.from_mode, batch.max_words)
+        words = pool_words(self.local, WordMaps.of(batch, self.local.device), batch.from_mode, batch.max_words)
+        return words.to(batch.device)
+
+
+class WordRows:
+    """Word-level rows of one layer of one batch from its query blocks (piece rows, in order).
+
+    A word's row is complete once all its pieces' rows have been seen; rows are handed on
+    as soon as they are complete in every example of the batch, so only the rows of words
+    cut by a block boundary (or ahead in another example) wait here. To = sum over the
+    key pieces (every key is in each block); from = mean/first (weights, added up over the
+    blocks) or max (a running maximum)."""
+
+    def __init__(self, batch: Batch, device: torch.device):
+        self.maps = WordMaps.of(batch, device)
+        self.from_mode = batch.from_mode
+        self.w = batch.max_words
+        spans = batch.__dict__.get("_headprobe_spans")
+        if spans is None:                                     # each word's first and last piece
+            kind = batch.piece_kind.cpu().numpy()
+            word = batch.piece_word.cpu().numpy()
+            b, t = kind.shape
+            first = np.full((b, self.w), t, dtype=np.int64)  # words an example lacks: never touched,
+            last = np.full((b, self.w), -1, dtype=np.int64)  # always complete
+            rows, pieces = np.nonzero(kind == WORD)
+            np.minimum.at(first, (rows, word[rows, pieces]), pieces)
+            np.maximum.at(last, (rows, word[rows, pieces]), pieces)
+            spans = batch.__dict__["_headprobe_spans"] = (first, last)
+        self.first_piece, self.last_piece = spans
+        self.done = 0                                         # rows handed on: words [0, done)
+        self.acc = None                                       # [batch, head, rows, word + 2]: words [done, ...)
+
+    def add(self, probs: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Pool query piece rows `start:stop`; (complete word rows [batch, head, n, word + 2], (w0, w1))."""
+        b, h = probs.shape[:2]
+        k = self.w + 2
+        maps = self.maps
+        to = torch.matmul(probs, maps.to_words[:, None])                         # [batch, head, rows, word + 2]
+        touched = ((self.first_piece < stop) & (self.last_piece >= start)).any(axis=0)   # [word]
+        if touched.any():
+            cols = np.flatnonzero(touched)
+            lo, hi = int(cols[0]), int(cols[-1]) + 1
+            assert lo >= self.done, "query blocks must come in row order"
+            fill = float("-inf") if self.from_mode == "max" else 0.0
+            have = 0 if self.acc is None else self.acc.shape[2]
+            if self.done + have < hi:                                           # rows for newly touched words
+                more = to.new_full((b, h, hi - self.done - have, k), fill)
+                self.acc = more if self.acc is None else torch.cat([self.acc, more], dim=2)
+            if self.from_mode != "max":
+                part = torch.matmul(maps.from_words[:, None, lo:hi, start:stop], to)   # [batch, head, hi - lo, k]
+                self.acc[:, :, lo - self.done:hi - self.done] += part
+            else:
+                n = self.acc.shape[2]
+                kind, word = maps.piece_kind[:, start:stop], maps.piece_word[:, start:stop]
+                row = torch.where(kind == WORD, word - self.done, torch.full_like(word, n))
+                index = row[:, None, :, None].expand(b, h, stop - start, k)
+                target = torch.cat([self.acc, self.acc.new_full((b, h, 1, k), float("-inf"))], dim=2)
+                target.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
+                self.acc = target[:, :, :n]
+        incomplete = self.last_piece >= stop                                    # [batch, word]
+        ready = np.where(incomplete.any(axis=1), incomplete.argmax(axis=1), self.w)   # [batch]
+        upto = int(ready.min()) if len(ready) else self.w
+        w0 = self.done
+        if upto <= w0:
+            return to.new_zeros((b, h, 0, k)), (w0, w0)
+        out, self.acc = self.acc[:, :, :upto - w0], self.acc[:, :, upto - w0:]
+        self.done = upto
+        if self.from_mode == "max":
+            out = out.clamp_min(0)
+        return out, (w0, upto)
+
+
+def is_causal(model, stack: str | None = None) -> bool:
+    """Is the attention of `stack` (default: the model's) causal? Decided per site from its own
+    mask (`headprobe.model.sites`)."""
+    return attention_sites(model).causal(stack)
+
+
+def view_of(scorer) -> tuple[str, str]:
+    """(measure, reading) of the attention a scorer gets; under `weights` every reading is the
+    same matrix, so scorers share one `LayerAttention` as they always did."""
+    measure = getattr(scorer, "measure", WEIGHTS)
+    return (measure, ARGMAX) if measure == WEIGHTS else (measure, getattr(scorer, "reads", ARGMAX))
+
+
+def without_rows(heads, block: QueryBlock | None, offset: int):
+    """The capture's payload (probs, or a `capture.Heads`) without the first `offset` query rows
+    (cross-attention: the decoder start token's row), and the block renumbered; (None, None)
+    when a block holds none of the other rows. Key quantities (value_norms) stay whole."""
+    probs = heads if isinstance(heads, torch.Tensor) else heads["probs"]    # [batch, head, query, key]
+    if block is None:
+        cut = probs[:, :, offset:]
+    else:
+        cut = probs[:, :, max(offset - block.start, 0):]
+        block = QueryBlock(max(block.start - offset, 0), block.stop - offset, block.total - offset)
+        if block.stop <= block.start:
+            return None, None
+    return (cut if isinstance(heads, torch.Tensor) else Heads(heads, probs=cut)), block
+
+
+def measured_attention(scorers, layer: int, heads, batch: Batch, block: QueryBlock | None = None,
+                       pooling: dict | None = None):
+    """(scorer, LayerAttention) for each scorer, in order: one `LayerAttention` per (measure,
+    reading) that some scorer reads (`view_of`), built from what the capture handed on (`heads`:
+    the probabilities, or a `capture.Heads`), shared by the scorers that read it. With a query
+    `block`, `pooling` ({(layer, view): WordRows}, kept across the layer's blocks) pools its rows."""
+    pieces, atts = MeasuredPieces(heads), {}
+    for scorer in scorers:
+        view = view_of(scorer)
+        if view not in atts:
+            probs = pieces.get(*view)                                      # [batch, head, query rows, key]
+            if block is None:
+                atts[view] = LayerAttention(layer, probs, batch, measure=view[0])
+            else:
+                if block.first:
+                    pooling[layer, view] = WordRows(batch, probs.device)
+                words, query_words = pooling[layer, view].add(probs, block.start, block.stop)
+                if block.last:
+                    del pooling[layer, view]
+                atts[view] = LayerAttention(layer, probs, batch, words=words.to(batch.device), query_words=query_words,
+                                            query_pieces=(block.start, block.stop), first=block.first,
+                                            last=block.last, measure=view[0])
+        yield scorer, atts[view]
+
+
+def max_length(model, tokenizer) -> int:
+    config = text_config(model)
+    positions = getattr(config, "max_position_embeddings", None)
+    offset = getattr(getattr(getattr(model, "base_model", model), "embeddings", None), "padding_idx", None)
+    if isinstance(positions, int) and isinstance(offset, int):
+        positions -= offset + 1          # RoBERTa-style position ids start after the padding index
+    limits = [positions, getattr(config, "n_positions", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 10**7]
+    return min(limits) if limits else 512
+
+
+def heap_trimmer():
+    """A function that hands freed heap memory back to the OS (Linux / glibc), or None.
+
+    Attention blocks of many shapes are allocated and freed per layer; the small, long-lived
+    count arrays in between pin the freed space, so without an occasional trim the process
+    grows with the corpus. Set HEADPROBE_KEEP_MALLOC=1 to leave the allocator alone.
+    """
+    if os.environ.get("HEADPROBE_KEEP_MALLOC") or not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return lambda: trim(0)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+@dataclass
+class _Pass:
+    """One `Engine.run` in progress: when it started, its checkpoint hook, heap trimmer, bar, batches done."""
+
+    start: float
+    checkpoint: object
+    trim: object
+    bar: object
+    batches: int = 0
+
+
+def total_words(examples) -> int | None:
+    """Words of `examples` for the progress bar's total, where that is cheap: a list's, or the
+    `total_words()` a lazy corpus offers; None (no total) otherwise. A lazy corpus is not read."""
+    if isinstance(examples, (list, tuple)):
+        return sum(len(ex.words) for ex in examples)
+    count = getattr(examples, "total_words", None)
+    return count() if callable(count) else None
+
+
+class Engine:
+    """Run `scorers` over `examples` with `model`.
+
+    After `run`: `stats_` holds examples/words scored, skipped counts and seconds;
+    `batch_size_` is the batch size in use at the end (smaller after an OOM backoff).
+
+    conventions: a `headprobe.inputs.conventions` preset (name or object); it gives the from-pooling
+    when `from_mode` is None, and scorers that read conventions (`use_conventions`) get it
+    before they are bound. None: SPEC's pooling, and scorers keep their own conventions.
+
+    stack: the attention stack scored ("encoder", "decoder", "cross"; `headprobe.model.sites`; None:
+    the model's default). Its layers, heads and causality are the stack's; an encoder-decoder
+    is fed as `Sites.model_inputs` says, and the batches' pieces are the stack's
+    (`Sites.scoring_alignment`: the decoder's start token first for the decoder stack).
+    """
+
+    def __init__(self, model, tokenizer, scorers, *, layers=None, batch_size: int = 64,
+                 from_mode: str | None = None, device=None, progress: bool = True, desc: str = "scoring",
+                 seed: int = SEED, n_boot: int = N_BOOT, keep_units: bool = False, conventions=None,
+                 query_block: int | None = None, stack: str | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.scorers = list(scorers)
+        self.layers = layers
+        self.batch_size = batch_size
+        self.conventions = get_conventions(conventions)
+        self.from_mode = from_mode or self.conventions.from_mode
+        self.device = torch.device(device) if device is not None else model_device(model)
+        self.notes: list[str] = []
+        unblocked = [type(s).__name__ for s in self.scorers if not getattr(s, "blocks", False)]
+        if query_block and unblocked:
+            self.notes.append(f"query blocks ({query_block} pieces) not used: {', '.join(unblocked)} "
+                              f"needs whole attention matrices; the attention was captured unblocked")
+            query_block = None
+        self.query_block = int(query_block) if query_block else None
+        self.progress = progress
+        self.desc = desc
+        self.sites = attention_sites(model)
+        self.stack = self.sites.resolve(stack)
+        self.n_layers, self.n_heads = self.sites.n_layers(self.stack), self.sites.n_heads(self.stack)
+        self.causal = self.sites.causal(self.stack)
+        # scorers that run the model themselves (head ablation, importance): `model_pass` per batch
+        self.model_scorers = [s for s in self.scorers if hasattr(s, "model_pass")]
+        self.measures = tuple(dict.fromkeys(view_of(s)[0] for s in self.scorers if s not in self.model_scorers))
+        self.needs = needs_of(self.measures) if set(self.measures) - {WEIGHTS} else None   # None: probs only
+        check_capturable(model, self.needs)
+        for scorer in self.scorers:
+            if conventions is not None and hasattr(scorer, "use_conventions"):
+                scorer.use_conventions(self.conventions)
+            scorer.bind(self.n_layers, self.n_heads, layers, seed=seed, n_boot=n_boot, keep_units=keep_units,
+                        device=self.device)
+        for scorer in self.model_scorers:
+            scorer.use_model(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+
+    def run(self, examples, checkpoint=None) -> dict:
+        """Score `examples` (any iterable, read once: a lazy `corpora.base.Stream` is never held
+        whole), `CHUNK` examples at a time: each chunk is tokenized, bucketed by exact length and
+        scored, then let go, so memory does not grow with the corpus. Counts do not depend on the
+        chunking (no padding: a sentence's attention is the same in any batch).
+
+        checkpoint: None, or an object with `every` (batches), `start` (None, or the state a
+        previous `save` was given: chunks before `chunk` are done, and the prepared examples
+        `done_in_chunk` of chunk `chunk`; `stats`) and `save(engine, state)`, called every
+        `every` batches with that state. A run started from a state rebuilds the batches of
+        the interrupted chunk exactly as they were, leaving out the examples already scored."""
+        start = time.perf_counter()
+        self.batch_size_ = self.batch_size
+        self.stats_ = {"examples": 0, "words": 0, "skipped": Counter(), "skipped_sources": [], "seconds": 0.0,
+                       "batch_size": self.batch_size}
+        resume = checkpoint.start if checkpoint is not None else None
+        if resume:
+            saved = resume["stats"]
+            self.stats_.update(saved, skipped=Counter(saved["skipped"]), skipped_sources=list(saved["skipped_sources"]))
+            start -= saved["seconds"]
+        self._pass = _Pass(start, checkpoint, heap_trimmer() if self.device.type == "cpu" else None,
+                           tqdm(total=total_words(examples), unit="word", desc=self.desc, disable=not self.progress))
+        # the decoder reads the start token and the sentence: one piece more
+        limit = max_length(self.model, self.tokenizer) - (self.sites.encoder_decoder and self.stack != "encoder")
+        for number, chunk in enumerate(chunked(examples, CHUNK)):
+            if resume and number < resume["chunk"]:            # scored before the checkpoint
+                self._pass.bar.update(sum(len(ex.words) for ex in chunk))
+                continue
+            resumed = bool(resume) and number == resume["chunk"]   # its skips and sizes are in the stats
+            finished = set(resume["done_in_chunk"]) if resumed else set()
+            self._score_chunk(number, chunk, prepare(chunk, self.tokenizer, limit), finished, resumed)
+        self._pass.bar.close()
+        for scorer in self.scorers:
+            scorer.finish()
+        self.stats_.update(skipped=dict(self.stats_["skipped"]), seconds=time.perf_counter() - start,
+                           batch_size=self.batch_size_)
+        if self.notes:
+            self.stats_["notes"] = list(self.notes)
+        return self.stats_
+
+    def _score_chunk(self, number: int, chunk: list, prepared, finished: set[int], resumed: bool) -> None:
+        """Score one prepared chunk; `resumed`: the chunk a checkpoint stopped in (its skips and sizes
+        are in the restored stats already), `finished`: its examples scored before."""
+        bar = self._pass.bar
+        unscored = sum(len(ex.words) for ex in chunk)           # words never scored: skipped examples
+        if resumed:
+            unscored -= sum(prepared.alignments[i].n_words for i in range(len(prepared.examples)) if i not in finished)
+        else:
+            self.stats_["skipped"].update(prepared.skipped)
+            self.stats_["skipped_sources"] += prepared.skipped_sources
+            self.stats_["examples"] += len(prepared.examples)
+            self.stats_["words"] += sum(a.n_words for a in prepared.alignments)
+            unscored -= sum(a.n_words for a in prepared.alignments)
+        bar.update(unscored)
+        queue = bucket(prepared, self.batch_size)
+        if finished:
+            queue = [kept for kept in ([i for i in batch if i not in finished] for batch in queue) if kept]
+        while queue:
+            indices = queue.pop(0)
+            batch = self._batch(prepared, indices)
+            words = batch.n_real_words
+            try:
+                self._score(batch)
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not is_out_of_memory(exc) or len(indices) == 1:
+                    raise
+                del batch
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                half = len(indices) // 2
+                self.batch_size_ = max(1, half)
+                queue[:0] = [indices[:half], indices[half:]]
+                continue
+            for i in indices:                  # scored: this run needs its pieces no more
+                prepared.alignments[i] = None
+            finished.update(indices)
+            bar.update(words)
+            self._batch_done(number, finished)
+
+    def _batch_done(self, number: int, finished: set[int]) -> None:
+        """After each batch: the occasional heap trim and checkpoint, and the test pause point."""
+        run = self._pass
+        run.batches += 1
+        if run.trim is not None and run.batches % TRIM_EVERY == 0:
+            run.trim()
+        if run.checkpoint is not None and run.checkpoint.every and run.batches % run.checkpoint.every == 0:
+            run.checkpoint.save(self, self.state(number, finished, run.start))
+        test_pause("scoring")
+
+    def state(self, chunk: int, finished, start: float) -> dict:
+        """Where the run is (for a checkpoint): chunks before `chunk` done, `finished` of it."""
+        stats = dict(self.stats_, skipped=dict(self.stats_["skipped"]),
+                     skipped_sources=list(self.stats_["skipped_sources"]),
+                     seconds=time.perf_counter() - start, batch_size=self.batch_size_)
+        return {"chunk": chunk, "chunk_size": CHUNK, "done_in_chunk": sorted(finished), "stats": stats}
+
+    def _batch(self, prepared, indices) -> Batch:
+        alignments = [self.sites.scoring_alignment(prepared.alignments[i], self.stack) for i in indices]
+        return Batch([prepared.examples[i] for i in indices], alignments, self.pad_id, device=self.device,
+                     from_mode=self.from_mode, causal=self.causal)
+
+    def _score(self, batch: Batch) -> None:
+        for scorer in self.model_scorers:             # each in its own grad mode (importance differentiates)
+            scorer.model_pass(self.model, batch)
+        self._attention_pass(batch)
+
+    @torch.inference_mode()
+    def _attention_pass(self, batch: Batch) -> None:
+        for scorer in self.scorers:
+            scorer.begin_batch(batch)
+
+        offset = self.sites.query_offset(self.stack)            # cross-attention: the start token's row
+        pooling: dict[tuple, WordRows] = {}
+        readers = [s for s in self.scorers if s not in self.model_scorers]   # model scorers take no attention
+
+        def hand_on(layer: int, heads, block: QueryBlock | None = None) -> None:
+            if offset:
+                heads, block = without_rows(heads, block, offset)
+                if heads is None:
+                    return
+            for scorer, att in measured_attention(readers, layer, heads, batch, block, pooling):
+                scorer.update(layer, att, batch)
+
+        if len(self.model_scorers) < len(self.scorers):          # someone needs the attention
+            with AttentionCapture(self.model, self.layers, hand_on, query_block=self.query_block, stack=self.stack,
+                                  needs=self.needs):
+                self.model(**self.sites.model_inputs(batch, self.stack))
+        for scorer in self.scorers:
+            scorer.end_batch(batch)

@@ -1,0 +1,1 @@
+"""The statistics engine (selection, intervals, tests) and the role engine."""
