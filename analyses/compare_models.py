@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     if len(runs) < 2:
         print("note: comparing fewer than two models", file=sys.stderr)
 
-    from headprobe.results.comparison import Run, compare_runs, unique_names
     from headprobe.report.comparison_page import build_comparison
+    from headprobe.results.comparison import Run, compare_runs, unique_names
 
     colors, rules = {}, {}                       # every model's roles, in the order they are tried
     for _, results in runs:

@@ -78,13 +78,13 @@ def repeated_half(length: int):
 def ablate(net, tokenizer, name, args, induction, out) -> None:
     """Induction heads vs other heads vs intact, and every head of --ablate-layers alone, on the
     repeated half's loss (see the module docstring)."""
-    from headprobe.scorers import registry
-    from headprobe.model.capture import n_layers_heads, text_config
     from headprobe.checks import parse_layers
-    from headprobe.scoring.engine import Engine
     from headprobe.inputs.probes import make_probe
+    from headprobe.model.capture import n_layers_heads, text_config
     from headprobe.results.query import Results
+    from headprobe.scorers import registry
     from headprobe.scorers.ablation import GroupScorer, points_table
+    from headprobe.scoring.engine import Engine
 
     others = other_heads(induction, n_layers_heads(net)[1], args.seed)
     names = lambda heads: " ".join(f"{l}-{h}" for l, h in heads)

@@ -23,7 +23,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from headprobe.scoring.tally import Tally                                          # noqa: E402
+from headprobe.scoring.tally import Tally  # noqa: E402
 
 
 def compare_tables(a: Path, b: Path, tolerance: float) -> dict:

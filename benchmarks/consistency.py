@@ -24,11 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from headprobe.model import loading as models                                   # noqa: E402
-from headprobe.scorers import registry
-from headprobe.inputs.corpora.conllu import read_conllu                         # noqa: E402
-from headprobe.scoring.engine import Engine                                      # noqa: E402
-from headprobe.results.query import Results                                    # noqa: E402
+from headprobe.inputs.corpora.conllu import read_conllu  # noqa: E402
+from headprobe.model import loading as models  # noqa: E402
+from headprobe.results.query import Results  # noqa: E402
+from headprobe.scorers import registry  # noqa: E402
+from headprobe.scoring.engine import Engine  # noqa: E402
 
 EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
 ANALYSES = ("dependency", "positional", "surface")

@@ -36,16 +36,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from headprobe.model import loading as models                                             # noqa: E402
-from headprobe.inputs.align import align_words                                  # noqa: E402
-from headprobe.inputs.batching import iter_batches, prepare                      # noqa: E402
-from headprobe.inputs.corpora.base import Example                               # noqa: E402
-from headprobe.inputs.corpora.conllu import read_conllu                         # noqa: E402
-from headprobe.scoring.engine import Engine, max_length                          # noqa: E402
-from headprobe.results.query import Results                                    # noqa: E402
-from headprobe.scorers.dependency import DependencyScorer, scored_arcs   # noqa: E402
-from headprobe.scorers.positional import PositionalScorer                # noqa: E402
-from headprobe.scorers.surface import SurfaceScorer                      # noqa: E402
+from headprobe.inputs.align import align_words  # noqa: E402
+from headprobe.inputs.batching import iter_batches, prepare  # noqa: E402
+from headprobe.inputs.corpora.base import Example  # noqa: E402
+from headprobe.inputs.corpora.conllu import read_conllu  # noqa: E402
+from headprobe.model import loading as models  # noqa: E402
+from headprobe.results.query import Results  # noqa: E402
+from headprobe.scorers.dependency import DependencyScorer, scored_arcs  # noqa: E402
+from headprobe.scorers.positional import PositionalScorer  # noqa: E402
+from headprobe.scorers.surface import SurfaceScorer  # noqa: E402
+from headprobe.scoring.engine import Engine, max_length  # noqa: E402
 
 EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
 
@@ -129,7 +129,7 @@ def naive(eager_model, tokenizer, examples, device) -> tuple[float, dict]:
                     counts[12] += row[-1]
                 scored = words.copy()
                 np.fill_diagonal(scored, 0.0)
-                for i, h, rel in arcs:
+                for i, h, _rel in arcs:
                     counts[0] += int(scored[i].argmax() == h)
                     counts[1] += int(scored[:, i].argmax() == h)
     sync(device)

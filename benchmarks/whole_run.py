@@ -125,9 +125,9 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
     import torch
 
     import headprobe
-    from headprobe.model import loading as models
     from headprobe.inputs.batching import iter_batches, prepare
     from headprobe.inputs.corpora.conllu import read_conllu
+    from headprobe.model import loading as models
     from headprobe.scoring.engine import max_length
 
     torch.manual_seed(0)

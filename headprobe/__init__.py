@@ -7,9 +7,9 @@ links and positional proximity (conventions: docs/SPEC in the README).
 from headprobe.api import attention_for_sentence, run
 from headprobe.model.capture import AttentionCapture, capture_heads
 from headprobe.model.loading import load as load_model
+from headprobe.model.sites import AttentionSite, attention_sites
 from headprobe.results.query import Results, load_results
 from headprobe.scorers.token_patterns import PatternRule, pattern_analysis
-from headprobe.model.sites import AttentionSite, attention_sites
 
 __version__ = "0.1.0"
 __all__ = ["run", "load_results", "load_model", "attention_for_sentence", "AttentionCapture", "capture_heads",

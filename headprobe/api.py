@@ -18,32 +18,31 @@ import contextlib
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pandas as pd
 import torch
 
 from headprobe import checks
-from headprobe.results import atomic
-from headprobe.model import loading as models
-from headprobe.scorers import registry
-from headprobe.results import store
-from headprobe.inputs.align import apply_bos
-from headprobe.scoring import distributed
-from headprobe.model.capture import text_config
-from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.config import SAMPLE, SAMPLE_COREF, SENTENCE_SOURCES, RunConfig, flag
-from headprobe.model.control import CONTROL, TRAINED, tally_key
+from headprobe.inputs.align import apply_bos
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.corpora.base import Stream
+from headprobe.model import loading as models
+from headprobe.model.capture import text_config
+from headprobe.model.control import CONTROL, TRAINED, tally_key
+from headprobe.model.sites import Sites, attention_sites
+from headprobe.results import atomic, store
+from headprobe.results.examples import MentionPicker, SentencePicker
+from headprobe.results.query import Results, merge_unit_counts
+from headprobe.scorers import registry
+from headprobe.scorers.registry import ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
+from headprobe.scoring import distributed
+from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.scoring.engine import CHUNK, Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import needs_of
-from headprobe.results.examples import MentionPicker, SentencePicker
-from headprobe.scorers.registry import ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
-from headprobe.results.query import Results, merge_unit_counts
-from headprobe.model.sites import Sites, attention_sites
 
 __all__ = ["RunConfig", "run", "headline", "attention_for_sentence", "SAMPLE", "SAMPLE_COREF"]
 

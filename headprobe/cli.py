@@ -8,13 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from headprobe.scorers import registry
-from headprobe.results.atomic import OutInUse
-from headprobe.model.attention import CaptureError
 from headprobe.checks import UsageError
 from headprobe.config import cli_options, from_cli
 from headprobe.inputs.corpora.base import CorpusError
+from headprobe.model.attention import CaptureError
+from headprobe.results.atomic import OutInUse
 from headprobe.results.store import ResultsError
+from headprobe.scorers import registry
 
 # a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
 # (CaptureError: a model whose attention cannot be captured exactly, or a capture that delivered nothing)
@@ -39,7 +39,7 @@ def run_parser(sub):
     """`headprobe run`: one option per `RunConfig` field that has a flag (`config.cli_options`)."""
     p = sub.add_parser("run", help="score every attention head of a model on a corpus")
     groups = {}
-    for name, flag, kwargs, group in cli_options():
+    for _name, flag, kwargs, group in cli_options():
         target = p
         if group is not None:
             target = groups.get(group) or groups.setdefault(group, p.add_mutually_exclusive_group())
@@ -57,7 +57,7 @@ def best_table(best_heads, analyses=None, max_rows=12) -> str:
         return f"(no {' or '.join(analyses)} rows)"
     rows = rows.sort_values(["analysis", "n"], ascending=[True, False])
     keep = []
-    for analysis, group in rows.groupby("analysis", sort=False):
+    for _analysis, group in rows.groupby("analysis", sort=False):
         labels = list(dict.fromkeys(group["label"]))[: max_rows // 2]
         keep.append(group[group["label"].isin(labels)])
     table = pd.concat(keep)

@@ -21,17 +21,17 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from headprobe import checks
-from headprobe.model import loading as models
-from headprobe.scorers import registry
-from headprobe.results import store
 from headprobe.inputs.align import BOS_MODES
-from headprobe.scoring.checkpoint import DEFAULT_EVERY
-from headprobe.model.control import CONTROLS
 from headprobe.inputs.conventions import PRESETS
+from headprobe.inputs.probes import PROBES, SPECIALS
+from headprobe.model import loading as models
+from headprobe.model.control import CONTROLS
+from headprobe.model.sites import STACKS
+from headprobe.results import store
+from headprobe.scorers import registry
+from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
-from headprobe.inputs.probes import PROBES, SPECIALS
-from headprobe.model.sites import STACKS
 from headprobe.scoring.tally import N_BOOT, SEED
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
@@ -296,7 +296,7 @@ class RunConfig:
     loaded: tuple | None = option(None, "an already loaded (model, tokenizer, name) to reuse", repr=False)
 
     @classmethod
-    def of(cls, config=None, /, **options) -> "RunConfig":
+    def of(cls, config=None, /, **options) -> RunConfig:
         """`config` (a RunConfig, with `options` replaced), or a RunConfig of `options`, `config`
         being the model (`headprobe.run("smollm2", treebank=...)`)."""
         if isinstance(config, RunConfig):
@@ -313,7 +313,7 @@ class RunConfig:
         text = RunConfig.__dataclass_fields__[name].metadata["help"]
         return text() if callable(text) else text
 
-    def checked(self) -> "RunConfig":
+    def checked(self) -> RunConfig:
         """This config with every option checked and normalised (`checks.UsageError` names the option)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         given = [name for name in SENTENCE_SOURCES if values[name] is not None]

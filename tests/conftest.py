@@ -26,8 +26,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-from transformers import (AutoModel, BertConfig, GPT2Config, LlamaConfig, PreTrainedTokenizerFast,
-                          RobertaConfig)
+from transformers import (
+    AutoModel,
+    BertConfig,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    RobertaConfig,
+)
 
 # Whole words every tokenizer turns into exactly one piece (lower case: BERT lower-cases).
 WHOLE_WORDS = ["the", "a", "big", "red", "cat", "dog", "mat", "sat", "ran", "on", "and", "it", "was",

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headprobe.scorers import registry
 from headprobe.inputs.corpora.base import ALL
+from headprobe.scorers import registry
 from headprobe.scoring.tally import Tally, unit_fold
 
 DEP_LABELS = ("nsubj", "det", "obj")

@@ -13,23 +13,23 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import WHOLE_WORDS, get_family
+from test_gates import one_batch, with_lm_head
+from test_stats import VARIANTS, add_arcs
 
 import headprobe
-from conftest import WHOLE_WORDS, get_family
-from headprobe.scorers import registry
 from headprobe.checks import UsageError, parse_heads
-from headprobe.model.control import CONTROL
 from headprobe.inputs.corpora.conllu import read_conllu
-from headprobe.scoring.engine import Engine
+from headprobe.model.control import CONTROL
 from headprobe.model.gates import HeadGates
 from headprobe.model.loading import random_init
 from headprobe.model.objectives import IGNORE
 from headprobe.report import build_report
 from headprobe.report.effects import role_with_importance
 from headprobe.results.query import Results
+from headprobe.scorers import registry
+from headprobe.scoring.engine import Engine
 from headprobe.scoring.tally import Tally
-from test_gates import one_batch, with_lm_head
-from test_stats import VARIANTS, add_arcs
 
 PLAIN = dict(n_boot=20, pictures=False, progress=False)
 
@@ -129,7 +129,7 @@ def test_prune_curve_equals_heads_gated_by_hand(tmp_path):
     top = importance.idxmax()
     assert roles.loc[f"{top[0]}-{top[1]}", "importance_rank"] == 1 and set(roles["importance_of"]) == {8}
     text = build_report(results, tmp_path / "report")["markdown"].read_text()
-    assert "## Pruning curve" in text and f"none, importance rank 1 of 8" in text
+    assert "## Pruning curve" in text and "none, importance rank 1 of 8" in text
 
 
 def test_prune_curve_without_lm_head_orders_by_ablation(tmp_path):

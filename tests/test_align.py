@@ -9,9 +9,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import make_gpt2, make_llama3, make_roberta, make_sentencepiece, make_wordpiece
-from headprobe.inputs.align import CLS_LIKE, PAD, SEP_LIKE, WORD, align_words, load_tokenizer, prepare_tokenizer
+
+from headprobe.inputs.align import (
+    CLS_LIKE,
+    PAD,
+    SEP_LIKE,
+    WORD,
+    align_words,
+    load_tokenizer,
+    prepare_tokenizer,
+)
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.scoring.engine import LayerAttention
@@ -111,9 +119,8 @@ def test_prepare_tokenizer_twice_changes_nothing(make):
 
 def test_gpt2_tokenizer_class_load_from_disk(tmp_path):
     """A file saved by transformers' own GPT2Tokenizer class (tokenizer_class = GPT2Tokenizer)."""
-    from transformers import GPT2Tokenizer
-
     from conftest import byte_level_vocab
+    from transformers import GPT2Tokenizer
 
     vocab, merges = byte_level_vocab(["<|endoftext|>"])
     GPT2Tokenizer(vocab=vocab, merges=merges).save_pretrained(tmp_path)

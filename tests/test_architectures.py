@@ -33,19 +33,19 @@ import pandas as pd
 import pytest
 import torch
 import transformers as tf
+from conftest import make_gpt2, make_llama3, make_roberta, make_sentencepiece, make_wordpiece
+from test_capture import SENTENCES
+from test_cli import conllu_text
 from tokenizers import normalizers, processors
 from transformers import AutoModel
 
-from conftest import make_gpt2, make_llama3, make_roberta, make_sentencepiece, make_wordpiece
-from headprobe.inputs.align import align_words
-from headprobe.model.attention import CaptureError
-from headprobe.inputs.batching import Batch
-from headprobe.model.capture import AttentionCapture
 from headprobe.cli import main
+from headprobe.inputs.align import align_words
+from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
+from headprobe.model.attention import CaptureError
+from headprobe.model.capture import AttentionCapture
 from headprobe.model.sites import attention_sites
-from test_capture import SENTENCES
-from test_cli import conllu_text
 
 TOL = 1e-5
 GAIN = 2.5         # q/k weights ~ N(0, GAIN^2 / hidden): attention scores with a spread of ~GAIN^2
@@ -419,10 +419,10 @@ def test_layer_not_captured_is_an_error():
 
 # -- the engine on every stack ------------------------------------------------------------------
 def engine_counts(built: Built, examples, stack: str, query_block=None):
-    from headprobe.scoring.engine import Engine
     from headprobe.scorers.dependency import DependencyScorer
     from headprobe.scorers.positional import PositionalScorer
     from headprobe.scorers.surface import SurfaceScorer
+    from headprobe.scoring.engine import Engine
 
     scorers = [PositionalScorer(), SurfaceScorer()] + ([DependencyScorer()] if stack != "cross" else [])
     engine = Engine(built.model, built.tokenizer, scorers, batch_size=4, progress=False, keep_units=True,
@@ -457,8 +457,8 @@ def test_word_attention_per_stack(name):
     """Word-level attention of each stack (`pictures.word_attention`) is eager's, pooled to the
     stack's pieces: the decoder's start token is a CLS/BOS-like column; cross-attention's row
     for a word is the decoder position that reads its pieces."""
-    from headprobe.scoring.engine import pool_words
     from headprobe.results.examples import word_attention
+    from headprobe.scoring.engine import pool_words
 
     built = build(name)
     words = SENTENCES[0]

@@ -9,9 +9,9 @@ from transformers import AttentionInterface
 import headprobe.model.attention as attention_module
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
+from headprobe.inputs.corpora.base import Example
 from headprobe.model.capture import AttentionCapture
 from headprobe.model.sites import attention_sites
-from headprobe.inputs.corpora.base import Example
 
 TOL = 1e-5
 # three sentences of different lengths -> a right-padded batch

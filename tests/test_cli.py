@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headprobe.results import store
 from headprobe.cli import main, parse_layers
+from headprobe.results import store
 
 # Three sentences. Scored arcs (not root, not punct):
 #   s1  the big red cat sat on the mat .   det amod amod nsubj case det obl   -> 7

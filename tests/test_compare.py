@@ -14,16 +14,24 @@ import pandas as pd
 import pytest
 
 from headprobe.cli import main as cli_main
-from headprobe.results.comparison import Run, compare_runs, comparable, head_profiles, match_heads, match_profiles, role_agreement
+from headprobe.results.comparison import (
+    Run,
+    comparable,
+    compare_runs,
+    head_profiles,
+    match_heads,
+    match_profiles,
+    role_agreement,
+)
 from headprobe.results.query import Results
 from headprobe.stats.roles import NONE
 
 try:
     from tests.fixtures_results import make_results, make_results_dir
-    from tests.test_report import chromium_binary, check_page_in_chromium
+    from tests.test_report import check_page_in_chromium, chromium_binary
 except ImportError:            # tests/ itself on sys.path
     from fixtures_results import make_results, make_results_dir
-    from test_report import chromium_binary, check_page_in_chromium
+    from test_report import check_page_in_chromium, chromium_binary
 
 SHAPE = dict(n_layers=6, n_heads=12)          # all-MiniLM-L6-v2
 

@@ -11,10 +11,10 @@ from headprobe.inputs.corpora.base import CorpusError, Example
 from headprobe.inputs.corpora.corefud import (
     Mention,
     coref_examples,
-    read_coref_examples,
     corpus_summary,
     pack_windows,
     parse_corefud,
+    read_coref_examples,
     read_corefud,
     split_entity_chunks,
     stream_coref_examples,

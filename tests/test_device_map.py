@@ -13,11 +13,11 @@ import copy
 
 import pytest
 import torch
-
 from conftest import get_family
+from test_query_block import corpus, score
+
 from headprobe.model import loading as models
 from headprobe.model.capture import model_device
-from test_query_block import corpus, score
 
 accelerate = pytest.importorskip("accelerate")
 

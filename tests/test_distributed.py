@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 import torch
 
-from headprobe.scoring import distributed
 from headprobe.results import store
+from headprobe.scoring import distributed
 from headprobe.scoring.tally import Tally
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,14 +7,14 @@ import random
 import pandas as pd
 import pytest
 import torch
-
 from conftest import WORDS
+
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring import engine as engine_module
-from headprobe.scoring.engine import Engine
 from headprobe.scorers.dependency import DependencyScorer, scored_arcs
 from headprobe.scorers.positional import PositionalScorer
 from headprobe.scorers.surface import SurfaceScorer
+from headprobe.scoring import engine as engine_module
+from headprobe.scoring.engine import Engine
 
 KEY = ["analysis", "label", "unit", "layer", "head", "direction", "variant"]
 RELATIONS = ["det", "nsubj", "obj", "amod", "obl", "advmod", "punct"]

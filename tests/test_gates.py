@@ -15,14 +15,14 @@ from hashlib import blake2b
 
 import pytest
 import torch
+from conftest import WHOLE_WORDS, WORDS, get_family
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-from conftest import WHOLE_WORDS, WORDS, get_family
-from headprobe.model.head_effects import ablation_rows, head_importance, importance_rows
 from headprobe.inputs.align import WORD
 from headprobe.inputs.batching import Batch, iter_batches, prepare
 from headprobe.inputs.corpora.base import Example
 from headprobe.model.gates import HeadGates, head_means, output_projections
+from headprobe.model.head_effects import ablation_rows, head_importance, importance_rows
 from headprobe.model.objectives import IGNORE, Objective, lm_kind, mlm_positions
 
 FAMILIES = ["bert", "gpt2", "llama"]          # llama: 4 query heads over 2 key/value heads

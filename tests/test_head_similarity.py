@@ -18,9 +18,9 @@ import torch
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.engine import LayerAttention
 from headprobe.scorers import head_similarity as hs
 from headprobe.scorers.head_similarity import HeadSimilarityScorer, distance_frame, js_row_sums
+from headprobe.scoring.engine import LayerAttention
 from headprobe.scoring.tally import unit_fold
 
 WORDS = ["the", "cat", "sat"]

@@ -19,9 +19,9 @@ import pytest
 
 import headprobe
 from headprobe.model import loading as models
-from headprobe.stats import engine as stats
 from headprobe.results import store
 from headprobe.results.query import Results
+from headprobe.stats import engine as stats
 
 pytestmark = pytest.mark.slow
 

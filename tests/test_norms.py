@@ -19,19 +19,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import get_family
+from test_capture import SENTENCES, make_batch
 
 import headprobe
-from conftest import get_family
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
-from headprobe.model.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.engine import Engine, measured_attention
+from headprobe.model.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
 from headprobe.scorers.coreference import CoreferenceScorer
 from headprobe.scorers.dependency import DependencyScorer
 from headprobe.scorers.positional import PositionalScorer
 from headprobe.scorers.surface import SurfaceScorer
-from test_capture import SENTENCES, make_batch
+from headprobe.scoring.engine import Engine, measured_attention
 
 TOL = 1e-5
 
@@ -168,7 +168,7 @@ def test_named_capture_hands_on_what_is_asked_and_leaves_the_output():
     torch.testing.assert_close(blocked, reference, rtol=TOL, atol=TOL)
     t = inputs["input_ids"].shape[1]
     assert [block for _, _, block in seen] == [QueryBlock(s, min(s + 4, t), t) for s in range(0, t, 4)]
-    for layer, heads, block in seen:
+    for _layer, heads, block in seen:
         assert isinstance(heads, Heads) and set(heads) == {"probs", "value_norms"}
         assert heads.probs.shape[2] == block.stop - block.start
         assert heads.value_norms.shape[-1] == t                       # every key in every block
@@ -329,8 +329,8 @@ def test_special_share_and_the_report_section(bert_family, tmp_path):
     """special_share's point estimates are the surface masses to [CLS] + [SEP] per layer of each
     measure; its intervals (per-unit counts) bracket them; the report gets a measures section;
     with the random-init control, the control is scored on each measure too."""
-    from headprobe.results.measure_views import special_share, surface_side_by_side
     from headprobe.report import build_report
+    from headprobe.results.measure_views import special_share, surface_side_by_side
 
     results = headprobe.run(loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"), progress=False, n_boot=50,
                             pictures=False, analyses=["surface", "positional", "dependency"],

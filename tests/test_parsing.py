@@ -11,15 +11,21 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-
 from conftest import WHOLE_WORDS
+
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.engine import LayerAttention
 from headprobe.scorers.dependency import DependencyScorer
-from headprobe.scorers.parsing import (ParsingScorer, candidate_index, fit_probe, log_softmax_rows, pair_features,
-                                       parse_tables)
+from headprobe.scorers.parsing import (
+    ParsingScorer,
+    candidate_index,
+    fit_probe,
+    log_softmax_rows,
+    pair_features,
+    parse_tables,
+)
+from headprobe.scoring.engine import LayerAttention
 from headprobe.stats.trees import _cycle, max_arborescence, max_spanning_tree, undirected_hits
 
 # ---------------------------------------------------------------------------------------
@@ -249,8 +255,8 @@ def run_tiny(family, **options):
 
 
 def test_run_save_load_and_report(bert_family, tmp_path):
-    from headprobe.results import store
     from headprobe.report import build_report
+    from headprobe.results import store
     from headprobe.results.query import Results
 
     out = tmp_path / "results"

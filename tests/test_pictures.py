@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 import torch
 
 from headprobe.inputs.corpora.base import ALL, Example
 from headprobe.inputs.corpora.corefud import Mention
-from headprobe.results.examples import (MentionPicker, Reservoir, SentencePicker, example_pictures, gold_arcs,
-                                pick_mentions, pick_sentences)
+from headprobe.results.examples import (
+    MentionPicker,
+    Reservoir,
+    SentencePicker,
+    example_pictures,
+    gold_arcs,
+    pick_mentions,
+    pick_sentences,
+)
 
 WORDS = ["the", "big", "red", "cat", "sat", "on", "the", "mat", "and", "it", "ran", "down", "."]
 

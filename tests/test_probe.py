@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import headprobe
+from headprobe.cli import main
 from headprobe.inputs.align import CLS_LIKE, SEP_LIKE, WORD, align_examples, align_tokens
 from headprobe.inputs.batching import prepare
-from headprobe.cli import main
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.probes import make_probe, repeated_random, special_ids, wrap
 from headprobe.results.query import Results

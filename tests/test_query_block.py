@@ -15,19 +15,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from conftest import WORDS, get_family
-from headprobe.model.capture import AttentionCapture, QueryBlock
+from test_capture import SENTENCES, make_batch
+from test_engine import KEY, random_sentences
+
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.corpora.corefud import Mention
-from headprobe.scoring.engine import Engine
+from headprobe.model.capture import AttentionCapture, QueryBlock
 from headprobe.scorers.base import CountScorer, RowIndex
 from headprobe.scorers.coreference import CoreferenceScorer
 from headprobe.scorers.dependency import DependencyScorer
 from headprobe.scorers.positional import PositionalScorer
 from headprobe.scorers.surface import SurfaceScorer
-from test_capture import SENTENCES, make_batch
-from test_engine import KEY, random_sentences
+from headprobe.scoring.engine import Engine
 
 RELATIONS = ["det", "nsubj", "obj", "amod"]
 

@@ -23,13 +23,12 @@ import pytest
 import torch
 
 import headprobe
-from headprobe.results import atomic
-from headprobe.model import loading as models
-from headprobe.results import store
-from headprobe.scoring.checkpoint import STATE
 from headprobe.cli import main
+from headprobe.model import loading as models
+from headprobe.results import atomic, store
 from headprobe.results.query import Results
 from headprobe.results.store import ResultsError
+from headprobe.scoring.checkpoint import STATE
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["the", "a", "big", "red", "cat", "dog", "mat", "sat", "ran", "on", "and", "it", "was", "saw", "down"]
@@ -262,10 +261,10 @@ def test_lock_refuses_in_process(tmp_path):
     out = tmp_path / "results"
     holder = subprocess.Popen([sys.executable, "-c", (      # headprobe.results.atomic alone: no torch to import
         "import importlib.util, time\n"
-        "spec = importlib.util.spec_from_file_location('atomic', %r)\n"
+        "spec = importlib.util.spec_from_file_location('atomic', {!r})\n"
         "atomic = importlib.util.module_from_spec(spec); spec.loader.exec_module(atomic)\n"
-        "with atomic.OutLock(%r):\n    print('held', flush=True); time.sleep(60)\n")
-        % (str(ROOT / "headprobe" / "results" / "atomic.py"), str(out))], stdout=subprocess.PIPE, text=True)
+        "with atomic.OutLock({!r}):\n    print('held', flush=True); time.sleep(60)\n"
+    ).format(str(ROOT / "headprobe" / "results" / "atomic.py"), str(out))], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(atomic.OutInUse, match=f"pid {holder.pid}"):
@@ -450,7 +449,7 @@ def test_bad_model_paths(tmp_path, corpora, capsys, no_model_load):
              (str(a_file), "a file, not a model directory"),
              ("not a name!", "neither a local model directory nor a Hugging Face hub name")]
     for model, needle in cases:
-        fails_cleanly(capsys, quick(model, out, corpora), f"--model", needle)
+        fails_cleanly(capsys, quick(model, out, corpora), "--model", needle)
     assert not out.exists()
 
 

@@ -13,16 +13,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import make_gpt2
+
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.engine import LayerAttention
 from headprobe.scorers.base import masked_word_attention
 from headprobe.scorers.dependency import DependencyScorer
 from headprobe.scorers.positional import PositionalScorer
 from headprobe.scorers.surface import SurfaceScorer
+from headprobe.scoring.engine import LayerAttention
 
 S1 = Example(words=["the", "big", "cat", "sat"], unit="s1", source="t:1",
              heads=[2, 2, 3, -1], deprels=["det", "amod", "nsubj", "root"],

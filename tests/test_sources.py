@@ -5,13 +5,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from headprobe.inputs.corpora.base import CorpusError
 from headprobe.inputs.corpora.hf_datasets import parse_spec, read_hf_dataset
-
-
 
 # ----------------------------------------------------------------------------------------
 # raw text through the bundled spaCy parser

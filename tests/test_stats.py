@@ -7,16 +7,17 @@ worked out in the test or computed independently from its definition.
 
 from __future__ import annotations
 
+from hashlib import blake2b
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hashlib import blake2b
 from scipy.stats import binomtest
 
-from headprobe.stats import engine as stats
 from headprobe.results.query import Results
 from headprobe.scoring.tally import Tally, unit_fold, unit_weights
+from headprobe.stats import engine as stats
 
 D, H = "dep->head", "head<-dep"
 VARIANTS = ("offset=-1", "first")

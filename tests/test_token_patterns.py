@@ -14,17 +14,20 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.inputs.align import CLS_LIKE, SEP_LIKE, WORD, Alignment, align_words
+from headprobe.inputs.align import CLS_LIKE, WORD, Alignment, align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.engine import Engine
 from headprobe.results.query import Results
 from headprobe.scorers.duplicate_token import DuplicateTokenScorer
 from headprobe.scorers.induction import InductionScorer
 from headprobe.scorers.previous_token import PreviousTokenScorer
 from headprobe.scorers.sink import EPSILON, SinkScorer
-from headprobe.scorers.token_patterns import (duplicate_token_pattern, induction_pattern,
-                                              previous_token_pattern)
+from headprobe.scorers.token_patterns import (
+    duplicate_token_pattern,
+    induction_pattern,
+    previous_token_pattern,
+)
+from headprobe.scoring.engine import Engine
 
 PATTERN_SCORERS = (PreviousTokenScorer, DuplicateTokenScorer, InductionScorer)
 TOKEN_SCORERS = PATTERN_SCORERS + (SinkScorer,)

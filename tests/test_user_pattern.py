@@ -19,11 +19,11 @@ from conftest import make_wordpiece
 from transformers import AutoModel, BertConfig
 
 import headprobe
-from headprobe.scorers import registry
 from headprobe.inputs.align import CLS_LIKE, SEP_LIKE, WORD, Alignment
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.results.query import Results
+from headprobe.scorers import registry
 
 NAME = "last_comma"
 COMMA = 20                      # the comma's id in the hand-built fixture

@@ -114,7 +114,7 @@ JOANACERO = Conventions(
 PRESETS: dict[str, Conventions] = {c.name: c for c in (SPEC, CLARK2019_CODE, JOANACERO)}
 
 
-def get_conventions(conventions: "str | Conventions | None" = None) -> Conventions:
+def get_conventions(conventions: str | Conventions | None = None) -> Conventions:
     """A preset by name (None: `spec`), or a `Conventions` object as it is."""
     if conventions is None:
         return SPEC

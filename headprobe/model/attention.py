@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -68,15 +68,23 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from headprobe.model.attention import (CaptureError, attend, eager_probs, fallback, implementation_set, not_understood,
-                                 probs_and_output, routed)
+from headprobe.model.attention import (
+    CaptureError,
+    attend,
+    eager_probs,
+    fallback,
+    implementation_set,
+    not_understood,
+    probs_and_output,
+    routed,
+)
 from headprobe.model.sites import LEGACY_FIELDS, attention_sites, model_device, text_config  # noqa: F401 (re-exported)
 
 Callback = Callable[[int, torch.Tensor], None]
@@ -157,7 +165,7 @@ def projection_weight(module: nn.Module) -> torch.Tensor:
     return weight.T if isinstance(module, Conv1D) else weight
 
 
-_R_CACHE: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_R_CACHE: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 
 def head_factors(projection: nn.Module, n_heads: int, d_head: int) -> torch.Tensor:

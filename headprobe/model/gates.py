@@ -36,12 +36,17 @@ transformers' `Conv1D` do), and add the family to tests/test_gates.py.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
-from headprobe.model.capture import find_blocks, model_device, n_layers_heads, projection_in_features
+from headprobe.model.capture import (
+    find_blocks,
+    model_device,
+    n_layers_heads,
+    projection_in_features,
+)
 
 # The attention output projection, relative to one Transformer block (`capture.find_blocks`).
 OUTPUT_PROJECTIONS = (

@@ -29,7 +29,7 @@ per row (`gated_rows`), so its points stream per unit with intervals like any ma
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd

@@ -89,8 +89,10 @@ def lm_class(path: str, extra: dict):
     The checkpoint's `architectures` decide (`...Model` alone: a base model, no head saved);
     without them its model type: masked where transformers has a masked-LM class for it."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
     config = AutoConfig.from_pretrained(path, **extra)
     architectures = getattr(config, "architectures", None) or []

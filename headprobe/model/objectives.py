@@ -107,7 +107,7 @@ class Objective:
         self.kind, self.seed, self.mask_token_id, self.scored = kind, int(seed), mask_token_id, scored
 
     @classmethod
-    def for_model(cls, model, tokenizer=None, kind: str | None = None, seed: int = SEED, scored=None) -> "Objective":
+    def for_model(cls, model, tokenizer=None, kind: str | None = None, seed: int = SEED, scored=None) -> Objective:
         """The model's objective (`lm_kind`), or `kind` where given."""
         kind = kind or lm_kind(model)
         return cls(kind, seed, getattr(tokenizer, "mask_token_id", None), scored)

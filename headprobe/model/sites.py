@@ -41,7 +41,13 @@ import torch
 from torch import nn
 
 from headprobe.inputs.align import CLS_LIKE, Alignment
-from headprobe.model.attention import CaptureError, fallback, implementation_set, routed, visible_keys
+from headprobe.model.attention import (
+    CaptureError,
+    fallback,
+    implementation_set,
+    routed,
+    visible_keys,
+)
 
 STACKS = ("encoder", "decoder", "cross")
 ENCODER_LENGTH, DECODER_LENGTH = 6, 4          # the discovery pass's input lengths (they must differ)
@@ -169,7 +175,7 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-_CACHE: "weakref.WeakKeyDictionary[nn.Module, Sites]" = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[nn.Module, Sites] = weakref.WeakKeyDictionary()
 
 
 def attention_sites(model) -> Sites:

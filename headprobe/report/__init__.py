@@ -24,10 +24,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from headprobe.results import store
 from headprobe.report import html as _html
 from headprobe.report import markdown as _markdown
 from headprobe.report.build import compose
+from headprobe.results import store
 from headprobe.results.query import Results
 
 __all__ = ["build_report", "staged_report", "main_report", "compose", "read_results", "UnreadableResults"]

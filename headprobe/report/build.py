@@ -19,17 +19,49 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headprobe.scorers import registry
 from headprobe.inputs.corpora.base import ALL
 from headprobe.report import figures as F
-from headprobe.results.findings import (TOP_LABELS, caveats, data_sources, flat, key_findings, provenance,
-                                repeated_columns)
-from headprobe.report.document import (BulletList, Cell, Details, Document, Figure, Paragraph, Section, Table,
-                                       slug)
-from headprobe.report.tables import (BEST_HEADS_LEGEND, LEGEND, best_heads_table, decimals, fmt, fmt_est,
-                                     fmt_int, fmt_signed_est, head_name, to_matrix)
-from headprobe.stats.roles import NONE, NOT_PER_RELATION, POSITIONAL_SHARE, offset_shares, role_colors, role_summary
+from headprobe.report.document import (
+    BulletList,
+    Cell,
+    Details,
+    Document,
+    Figure,
+    Paragraph,
+    Section,
+    Table,
+    slug,
+)
+from headprobe.report.tables import (
+    BEST_HEADS_LEGEND,
+    LEGEND,
+    best_heads_table,
+    decimals,
+    fmt,
+    fmt_est,
+    fmt_int,
+    fmt_signed_est,
+    head_name,
+    to_matrix,
+)
+from headprobe.results.findings import (
+    TOP_LABELS,
+    caveats,
+    data_sources,
+    key_findings,
+    provenance,
+    repeated_columns,
+)
+from headprobe.scorers import registry
 from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
+from headprobe.stats.roles import (
+    NONE,
+    NOT_PER_RELATION,
+    POSITIONAL_SHARE,
+    offset_shares,
+    role_colors,
+    role_summary,
+)
 
 HEAD_LEGEND = ("Heads are named L-H = layer-head, both 0-based (Clark et al. 2019 print "
                "1-based indices, so their 8-10 is 7-9 here).")

@@ -16,14 +16,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headprobe.results.comparison import Run, compare_runs, unique_names
-from headprobe.results.findings import provenance
 from headprobe.report import figures as F
 from headprobe.report import html as _html
 from headprobe.report import markdown as _markdown
 from headprobe.report.build import HEAD_LEGEND, model_line
-from headprobe.report.document import BulletList, Cell, Details, Document, Figure, Paragraph, Section, Table, slug
+from headprobe.report.document import (
+    BulletList,
+    Cell,
+    Details,
+    Document,
+    Figure,
+    Paragraph,
+    Section,
+    Table,
+    slug,
+)
 from headprobe.report.tables import LEGEND, fmt, fmt_est, fmt_int, fmt_signed_est
+from headprobe.results.comparison import Run, compare_runs, unique_names
+from headprobe.results.findings import provenance
 from headprobe.stats.roles import NONE, role_colors
 
 

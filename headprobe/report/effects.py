@@ -11,13 +11,12 @@ Every number is a stored value of `importance_heads` / `ablation_heads`, `head_r
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from headprobe.scorers import registry
 from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, head_name, to_matrix
+from headprobe.scorers import registry
 from headprobe.stats.roles import NONE, importance_ranks, role_colors, role_summary
 
 TOP_HEADS = 10
@@ -44,7 +43,7 @@ def _described(analysis: str) -> str:
 
 # ---------------------------------------------------------------- figures
 
-def prune_figure(curve: pd.DataFrame, title: str) -> "F.Drawing":
+def prune_figure(curve: pd.DataFrame, title: str) -> F.Drawing:
     """The objective (with its 95% interval) against the share of heads removed."""
     fig = F.new_figure(5.2, 3.4)
     ax = fig.subplots()
@@ -61,7 +60,7 @@ def prune_figure(curve: pd.DataFrame, title: str) -> "F.Drawing":
     return F.drawing(fig)
 
 
-def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str) -> "F.Drawing":
+def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str) -> F.Drawing:
     """Each head with a role: the number that decided its role against its importance."""
     fig = F.new_figure(5.6, 3.8)
     ax = fig.subplots()

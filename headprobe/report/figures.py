@@ -19,10 +19,10 @@ import io
 import math
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 import seaborn as sns
-import matplotlib
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
@@ -30,8 +30,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from headprobe.report.tables import to_matrix
-from headprobe.stats.roles import NONE
 from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
+from headprobe.stats.roles import NONE
 
 DPI = 100
 ANNOTATE_MAX_CELLS = 160

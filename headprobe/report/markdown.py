@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from headprobe.results import store
 from headprobe.report.document import BulletList, Details, Document, Figure, Paragraph, Table
+from headprobe.results import store
 
 
 def esc(text: str) -> str:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from headprobe.results.measure_views import role_changes, special_share, surface_side_by_side
 from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table
 from headprobe.report.tables import LEGEND, fmt, fmt_ci
+from headprobe.results.measure_views import role_changes, special_share, surface_side_by_side
 from headprobe.stats.roles import role_colors
 
 SURFACE_NAMES = {"cls": "[CLS]/BOS", "sep": "[SEP]/EOS", "first": "first position", "punct": "punctuation",

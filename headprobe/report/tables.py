@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from headprobe.report.document import Cell, Table
-from headprobe.stats.roles import MIN_ARCS, MIN_MENTIONS
 from headprobe.stats.engine import MIN_N
+from headprobe.stats.roles import MIN_ARCS, MIN_MENTIONS
 
 LEGEND = "L-H = layer-head, both 0-based."
 

@@ -274,7 +274,7 @@ def describe_holder(info: dict) -> str:
             + (f": {argv}" if argv else ""))
 
 
-_HELD: dict[str, "OutLock"] = {}
+_HELD: dict[str, OutLock] = {}
 
 
 class OutLock:
@@ -291,7 +291,7 @@ class OutLock:
         self.depth = 0
         self.notes: list[str] = []
 
-    def __enter__(self) -> "OutLock":
+    def __enter__(self) -> OutLock:
         held = _HELD.get(str(self.path))
         if held is not None:
             held.depth += 1

@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linear_sum_assignment
 
-from headprobe.scorers import registry
 from headprobe.inputs.corpora.base import ALL
+from headprobe.scorers import registry
 from headprobe.stats.roles import NONE, role_summary
 
 MATCH_COLUMNS = ["run_a", "layer_a", "head_a", "name_a", "role_a", "run_b", "layer_b", "head_b", "name_b",
@@ -56,7 +56,7 @@ class Run:
             self.measure = measures[0]
 
     @classmethod
-    def load(cls, directory, name: str | None = None, measure: str | None = None) -> "Run":
+    def load(cls, directory, name: str | None = None, measure: str | None = None) -> Run:
         from headprobe.results.query import Results
 
         results = Results.load(directory)

@@ -17,19 +17,19 @@ scored mention (SPEC 3) with its nearest antecedent a few words before it.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import pandas as pd
 import torch
 
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
-from headprobe.model.capture import AttentionCapture
 from headprobe.inputs.corpora.base import ALL, Example
-from headprobe.scoring.engine import LayerAttention
-from headprobe.scorers.registry import ARCS, MENTIONS, pictured
+from headprobe.model.capture import AttentionCapture
 from headprobe.model.sites import attention_sites
+from headprobe.scorers.registry import ARCS, MENTIONS, pictured
+from headprobe.scoring.engine import LayerAttention
 
 SENTENCE_WORDS = (8, 25)          # moderate length: a picture a reader can take in
 FALLBACK_WORDS = 40               # when no sentence of moderate length holds the relation

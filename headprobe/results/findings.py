@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headprobe.scorers import registry
 from headprobe.inputs.corpora.base import ALL
+from headprobe.scorers import registry
 
 TOP_LABELS = 5                 # labels shown per analysis in the key findings, besides ALL
 RUNNERS_UP = 3

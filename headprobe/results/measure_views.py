@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from headprobe.scorers.surface import ANALYSIS as SURFACE_ANALYSIS
-from headprobe.stats.engine import interval
 from headprobe.scoring.tally import N_BOOT, SEED, unit_weights
+from headprobe.stats.engine import interval
 
 SURFACE = SURFACE_ANALYSIS.name         # the analysis whose masses these views read (its own module names it)
 SURFACE_SIDE = ("cls", "sep", "first", "punct", "self", "prev", "next", "entropy_ratio")

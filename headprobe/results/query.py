@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headprobe.scorers import registry
-from headprobe.stats import engine as stats
-from headprobe.results import store
 from headprobe.model.control import TABLE_PREFIX, by_model, control_tables, with_control
-from headprobe.scoring.measures import MEASURES, WEIGHTS, tally_key
+from headprobe.results import store
+from headprobe.scorers import registry
 from headprobe.scorers.base import compact, concat_compact, sum_duplicates
+from headprobe.scoring.measures import MEASURES, WEIGHTS, tally_key
 from headprobe.scoring.tally import Tally
+from headprobe.stats import engine as stats
 
 
 class Results:
@@ -126,7 +126,7 @@ class Results:
         raise AttributeError(name)
 
     @property
-    def control(self) -> "Results | None":
+    def control(self) -> Results | None:
         """The random-init control's results (`headprobe.model.control`), or None without one (of the
         first measure where there are several: `for_measure(m).control` for another)."""
         if len(self.measures) > 1:
@@ -146,7 +146,7 @@ class Results:
             found = set(self.counts["measure"])
         return sorted(found, key=measure_rank) or [WEIGHTS]
 
-    def for_measure(self, measure: str | None = None) -> "Results":
+    def for_measure(self, measure: str | None = None) -> Results:
         """The results of one measure (default: the first): its tallies keyed without the measure
         and every table cut to its rows (the `measure` column kept), for code that reads one measure."""
         measure = measure or self.measures[0]
@@ -307,7 +307,7 @@ class Results:
         return self.saved_paths
 
     @classmethod
-    def load(cls, directory: str | Path, *, verify: bool = True) -> "Results":
+    def load(cls, directory: str | Path, *, verify: bool = True) -> Results:
         """Results saved by `save` (`store.read`). With `verify` (default) every file must match
         manifest.json: a directory that does not is refused with `store.ResultsError` saying
         which file and why (FileNotFoundError: no results there at all)."""
@@ -317,7 +317,7 @@ class Results:
         return cls(**parts)
 
     @classmethod
-    def merge(cls, *parts: "Results") -> "Results":
+    def merge(cls, *parts: Results) -> Results:
         """Add the counts of several runs (shards of one corpus, or processes) together.
 
         Folds and weights are functions of unit ids, so the merged tables are identical

@@ -33,13 +33,13 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
-from headprobe.results import atomic
 from headprobe.checks import UsageError
+from headprobe.results import atomic
 from headprobe.scoring.tally import Tally
 
 MANIFEST = "manifest.json"

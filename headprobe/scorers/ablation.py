@@ -46,11 +46,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.model.head_effects import ablation_rows, gated_rows, importance_rows, prune_order, prune_steps
 from headprobe.checks import UsageError
+from headprobe.model.head_effects import (
+    ablation_rows,
+    gated_rows,
+    importance_rows,
+    prune_order,
+    prune_steps,
+)
 from headprobe.model.objectives import DESCRIPTIONS, Objective
-from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer
+from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scorers.token_patterns import head_table
 from headprobe.stats.engine import estimate, paired_gap, ratio
 

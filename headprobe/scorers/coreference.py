@@ -32,16 +32,16 @@ table of ARCHITECTURE.md (`analysis="coreference"`, `direction=""`, `mass=NaN`).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
 
-from headprobe.stats import roles
-from headprobe.scorers.registry import COREFERENCE, MENTIONS, Analysis, register
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
+from headprobe.scorers.registry import COREFERENCE, MENTIONS, Analysis, register
+from headprobe.stats import roles
 
 KINDS = ("pronoun", "proper", "nominal")
 LABELS = (ALL,) + KINDS

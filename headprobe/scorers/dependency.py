@@ -26,11 +26,17 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from headprobe.stats import roles
 from headprobe.inputs.conventions import SPEC, Conventions, get_conventions
-from headprobe.scorers.registry import ARCS, SENTENCES, Analysis, register
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, query_rows, word_fill
+from headprobe.scorers.base import (
+    CountScorer,
+    RowIndex,
+    masked_word_attention,
+    query_rows,
+    word_fill,
+)
+from headprobe.scorers.registry import ARCS, SENTENCES, Analysis, register
+from headprobe.stats import roles
 
 UNSCORED = SPEC.unscored                              # ("root", "punct")
 OFFSETS = sorted(SPEC.offsets)                        # -5..5 without 0

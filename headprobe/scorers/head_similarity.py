@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.scoring.measures import MASS
-from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex
+from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.scoring.measures import MASS
 
 PREFIX = "js:"
 CHUNK_BYTES = 64 * 2**20          # working memory of one block of pairwise mixtures

@@ -45,8 +45,8 @@ import torch
 
 from headprobe.inputs.conventions import Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, word_fill
+from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.stats.engine import estimate, paired_gap, selected
 from headprobe.stats.trees import max_arborescence, max_spanning_tree, undirected_hits
 

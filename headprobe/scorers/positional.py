@@ -12,9 +12,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from headprobe.stats import roles
-from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
+from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.stats import roles
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
 LABELS = OFFSET_LABELS + ["special", "other"]

@@ -26,8 +26,8 @@ modules (`headprobe/scorers/*.py`); other packages can add theirs through the
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import WEIGHTS

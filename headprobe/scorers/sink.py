@@ -34,10 +34,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from headprobe.scoring.measures import MASS
-from headprobe.scorers.registry import PROBE, Analysis, register
 from headprobe.scorers.base import CountScorer, RowIndex
+from headprobe.scorers.registry import PROBE, Analysis, register
 from headprobe.scorers.token_patterns import example_key, group_table, head_table, pattern_rule
+from headprobe.scoring.measures import MASS
 
 NAME = "sink"
 EPSILON = 0.3

@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.stats import roles
-from headprobe.scoring.measures import MASS
-from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.inputs.align import WORD
 from headprobe.scorers.base import CountScorer, query_rows
 from headprobe.scorers.positional import UnitLabelRows
+from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.scoring.measures import MASS
+from headprobe.stats import roles
 
 LABELS = ["self", "prev", "next", "cls", "sep", "punct", "first", "entropy", "entropy_uniform"]
 _PUNCT = re.compile(r"^[^\w\s]+$")

@@ -82,10 +82,10 @@ import pandas as pd
 import torch
 
 from headprobe.inputs.align import WORD
-from headprobe.scorers.registry import PROBE, Analysis, RoleRule, register
-from headprobe.stats.roles import MATCH_COLUMNS
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
+from headprobe.scorers.registry import PROBE, Analysis, RoleRule, register
 from headprobe.stats.engine import choose, estimate, paired_gap, ratio
+from headprobe.stats.roles import MATCH_COLUMNS
 
 MUL, ARGMAX = "mul", "argmax"
 LABELS = (MUL, ARGMAX)

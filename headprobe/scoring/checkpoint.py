@@ -23,8 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
-from headprobe.results import atomic
 from headprobe.checks import UsageError
+from headprobe.results import atomic
 from headprobe.scoring.tally import Tally
 
 DEFAULT_EVERY = 100          # batches between checkpoints

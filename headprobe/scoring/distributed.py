@@ -220,7 +220,7 @@ def all_reduce_tallies(tallies) -> None:
     groups: dict[tuple, list[torch.Tensor]] = {}
     for x in tensors:
         groups.setdefault((x.dtype, x.device), []).append(x)
-    for (dtype, device), group in sorted(groups.items(), key=lambda item: str(item[0][0])):   # same order on every rank
+    for (_dtype, _device), group in sorted(groups.items(), key=lambda item: str(item[0][0])):   # same order on every rank
         flat = torch.cat([x.reshape(-1) for x in group])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0

@@ -45,14 +45,20 @@ import torch
 from tqdm.auto import tqdm
 
 from headprobe.inputs.align import WORD
-from headprobe.results.atomic import test_pause
 from headprobe.inputs.batching import Batch, bucket, prepare
-from headprobe.model.capture import AttentionCapture, Heads, QueryBlock, check_capturable, model_device, text_config
-from headprobe.model.sites import attention_sites
 from headprobe.inputs.conventions import get_conventions
+from headprobe.model.capture import (
+    AttentionCapture,
+    Heads,
+    QueryBlock,
+    check_capturable,
+    model_device,
+    text_config,
+)
+from headprobe.model.sites import attention_sites
+from headprobe.results.atomic import test_pause
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
 from headprobe.scoring.tally import N_BOOT, SEED
-
 
 TRIM_EVERY = 64        # batches between heap trims on CPU
 # examples tokenized and bucketed together: the prepared chunk is the part of the corpus held
@@ -87,7 +93,7 @@ class WordMaps:
         self.piece_word = move(batch.piece_word)              # [batch, piece]
 
     @staticmethod
-    def of(batch: Batch, device: torch.device) -> "WordMaps":
+    def of(batch: Batch, device: torch.device) -> WordMaps:
         cache = batch.__dict__.setdefault("_headprobe_maps", {})
         maps = cache.get(device)
         if maps is None:

@@ -98,7 +98,7 @@ class LabelCounts:
         out.update({f"extra:{k}": v for k, v in self.extra.items()})
         return {k: v.cpu().numpy() for k, v in out.items()}
 
-    def add_(self, other: "LabelCounts") -> None:
+    def add_(self, other: LabelCounts) -> None:
         for name in ("hits", "n", "base", "both"):
             getattr(self, name).add_(getattr(other, name).to(getattr(self, name).device))
         for name, value in other.extra.items():
@@ -212,7 +212,7 @@ class Tally:
                 counts.extra[key][f] += torch.as_tensor(value[members].sum(0), device=self.device)
 
     @torch.inference_mode()
-    def merge(self, other: "Tally") -> "Tally":
+    def merge(self, other: Tally) -> Tally:
         """Add another tally of the same analysis (a shard, another process) into this one."""
         self.flush()
         for attr in ("analysis", "model", "measure", "directions", "variants", "layers", "n_heads", "value",
@@ -225,7 +225,7 @@ class Tally:
             self.label(name).add_(counts)
         return self
 
-    def copy(self) -> "Tally":
+    def copy(self) -> Tally:
         empty = Tally(self.analysis, directions=self.directions, variants=self.variants, layers=self.layers,
                       n_heads=self.n_heads, value=self.value, resamples=self.n_boot, bootstrap=self.n_boot > 0,
                       seed=self.seed, extras=self.extras, device=self.device, model=self.model,
@@ -248,7 +248,7 @@ class Tally:
         self.flush()
         return self.labels[name].arrays()
 
-    def to(self, device) -> "Tally":
+    def to(self, device) -> Tally:
         self.flush()
         self.device = torch.device(device)
         for counts in self.labels.values():
@@ -290,7 +290,7 @@ class Tally:
             np.savez(handle, **arrays)
 
     @classmethod
-    def load(cls, path) -> "Tally":
+    def load(cls, path) -> Tally:
         import json
 
         with np.load(path) as data:
@@ -340,7 +340,7 @@ class Tally:
             np.savez(handle, **arrays)
 
     @classmethod
-    def load_checkpoint(cls, path, device="cpu") -> "Tally":
+    def load_checkpoint(cls, path, device="cpu") -> Tally:
         """A tally written by `save_checkpoint`, buffered rows included, on `device`."""
         import json
 

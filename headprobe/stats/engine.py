@@ -418,7 +418,7 @@ def _best_frame(rows: list[dict]) -> pd.DataFrame:
 def tidy_counts(tally) -> pd.DataFrame:
     """SPEC 5 tidy table of one tally: whole data (fold "") and each half ("0", "1"),
     resample 0 (the data itself); baselines as rows with `variant` and layer = head = -1."""
-    n_layers, n_heads, n_dirs = len(tally.layers), tally.n_heads, len(tally.directions)
+    n_heads, n_dirs = tally.n_heads, len(tally.directions)
     layer, head, direction = (x.ravel() for x in np.meshgrid(np.asarray(tally.layers), np.arange(n_heads),
                                                              np.arange(n_dirs), indexing="ij"))
     n_cells, n_variants = layer.size, len(tally.variants)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headprobe.model.control import control_bar
 from headprobe.inputs.corpora.base import ALL
+from headprobe.model.control import control_bar
 from headprobe.scorers.registry import RoleRule, declaring, get, role_rules
 from headprobe.stats.engine import ALPHA
 
@@ -197,7 +197,7 @@ def head_roles(results) -> pd.DataFrame:
     decided its role: offset share, held-out gap, sink mass, entropy ratio, a pattern's score),
     all_roles, one `<role>_evidence` column per rule in use and, where the run ranks heads by
     importance (`head_ranks`), importance_score, importance_rank, importance_of, importance_by."""
-    n_layers, n_heads = results.n_layers, results.n_heads
+    n_heads = results.n_heads
     layers = results.layers
     grid = pd.DataFrame([(layer, head) for layer in layers for head in range(n_heads)], columns=["layer", "head"])
     matched = {}

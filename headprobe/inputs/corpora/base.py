@@ -21,9 +21,9 @@ from __future__ import annotations
 import codecs
 import warnings
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 ALL = "ALL"
 """The reserved label of the row that pools every relation (or coreference kind); no
@@ -136,7 +136,7 @@ class Stream(Accounting):
     will yield (a progress bar's total; None: unknown).
     """
 
-    def __init__(self, read: Callable[["Accounting"], Iterable], *, name: str | None = None,
+    def __init__(self, read: Callable[[Accounting], Iterable], *, name: str | None = None,
                  accounting: Accounting | None = None, total_words: Callable[[], int | None] | None = None):
         self.read = read
         self.name = name

@@ -32,12 +32,20 @@ line numbers this reader keeps, in one pass over the bytes.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
-from headprobe.inputs.corpora.base import (Corpus, CorpusError, Example, SentIds, Stream, check_tree, decode_lines,
-                                    file_lines, text_lines)
+from headprobe.inputs.corpora.base import (
+    Corpus,
+    CorpusError,
+    Example,
+    SentIds,
+    Stream,
+    check_tree,
+    decode_lines,
+    file_lines,
+)
 
 N_COLUMNS = 10
 WORD, RANGE, EMPTY = "word", "range", "empty"

