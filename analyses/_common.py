@@ -24,7 +24,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 EWT_DEV = SHARED_DATA / "en_ewt-ud-dev.conllu"
 GUM_DEV = SHARED_DATA / "en_gum-ud-dev.conllu"
 
-if str(REPO) not in sys.path:              # run from a checkout without installing
+if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 
@@ -39,37 +39,57 @@ def model_arg(value: str | None):
     return value
 
 
-def base_parser(description: str, *, treebank=True, coref=False, text=False) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None,
-                   help="model name or path; default: the bundled all-MiniLM-L6-v2; "
-                        "'smollm2' selects the bundled SmolLM2")
+def base_parser(
+    description: str, *, treebank=True, coref=False, text=False
+) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model name or path; default: the bundled all-MiniLM-L6-v2; "
+        "'smollm2' selects the bundled SmolLM2",
+    )
     if treebank:
-        p.add_argument("--treebank", default=default_path(EWT_DEV),
-                       help="CoNLL-U file with gold dependencies (default: UD English EWT dev "
-                            "from ../shared/data when present, else the API's default)")
+        p.add_argument(
+            "--treebank",
+            default=default_path(EWT_DEV),
+            help="CoNLL-U file with gold dependencies (default: UD English EWT dev "
+            "from ../shared/data when present, else the API's default)",
+        )
     if coref:
-        p.add_argument("--coref", default=default_path(GUM_DEV),
-                       help="CoNLL-U file with CorefUD Entity= annotation (default: UD English "
-                            "GUM dev from ../shared/data when present, else the API's default)")
+        p.add_argument(
+            "--coref",
+            default=default_path(GUM_DEV),
+            help="CoNLL-U file with CorefUD Entity= annotation (default: UD English "
+            "GUM dev from ../shared/data when present, else the API's default)",
+        )
     if text:
-        p.add_argument("--text", default=None,
-                       help="plain-text file to parse with spaCy instead of a treebank")
+        p.add_argument(
+            "--text", default=None, help="plain-text file to parse with spaCy instead of a treebank"
+        )
     add_run_args(p)
     return p
 
 
 def add_run_args(p: argparse.ArgumentParser):
-    p.add_argument("--results", default=None,
-                   help="reuse a results directory (headprobe.load_results) instead of running")
+    p.add_argument(
+        "--results",
+        default=None,
+        help="reuse a results directory (headprobe.load_results) instead of running",
+    )
     p.add_argument("--out", default=None, help="output directory (default: out/<script name>)")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: API's)")
-    p.add_argument("--layers", default=None,
-                   help="comma-separated 0-based layers to score (default: all)")
-    p.add_argument("--report", action="store_true",
-                   help="also build the full HTML/Markdown report of the results")
+    p.add_argument(
+        "--layers", default=None, help="comma-separated 0-based layers to score (default: all)"
+    )
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="also build the full HTML/Markdown report of the results",
+    )
 
 
 def out_dir(args, script: str) -> Path:
@@ -84,15 +104,19 @@ def parse_layers(value):
     return [int(x) for x in str(value).split(",") if x.strip()]
 
 
-def get_results(args, analyses: list[str], out: Path, *, model=None, name: str = "results", **options):
+def get_results(
+    args, analyses: list[str], out: Path, *, model=None, name: str = "results", **options
+):
     """Run the pipeline (or load `--results`); results are saved under out/<name>. `options` go to
     `headprobe.run` as they are (e.g. `measure="weights,norms"`)."""
     import headprobe
 
     if getattr(args, "results", None):
         return headprobe.load_results(args.results)
-    kwargs = {"model": model_arg(getattr(args, "model", None) if model is None else model),
-              "analyses": list(analyses)}
+    kwargs = {
+        "model": model_arg(getattr(args, "model", None) if model is None else model),
+        "analyses": list(analyses),
+    }
     for key in ("treebank", "coref", "text", "batch_size", "device"):
         value = getattr(args, key, None)
         if value is not None:
@@ -128,13 +152,18 @@ def write_table(df, out: Path, stem: str, title: str = "") -> None:
     csv = out / f"{stem}.csv"
     df.to_csv(csv, index=False)
     df = df.copy()
-    for column in df.columns:      # counts stored as floats print as whole numbers
+    for column in df.columns:  # counts stored as floats print as whole numbers
         values = df[column]
-        if values.dtype.kind == "f" and values.notna().any() and values.max() > 1 \
-                and (values.dropna() % 1 == 0).all():
+        if (
+            values.dtype.kind == "f"
+            and values.notna().any()
+            and values.max() > 1
+            and (values.dropna() % 1 == 0).all()
+        ):
             df[column] = values.astype("Int64")
-    with pd.option_context("display.width", 200, "display.max_columns", 50,
-                           "display.max_rows", 200):
+    with pd.option_context(
+        "display.width", 200, "display.max_columns", 50, "display.max_rows", 200
+    ):
         text = df.to_string(index=False, float_format=_number)
     md = out / f"{stem}.md"
     md.write_text((f"# {title}\n\n" if title else "") + _markdown(df) + "\n", encoding="utf-8")

@@ -32,7 +32,10 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "clark2019_clusters")
     results = C.get_results(args, ANALYSES, out)
     if "head_distances" not in results.tables or not len(results.table("head_distances")):
-        print("no head distances in the results (run with the `head_similarity` analysis)", file=sys.stderr)
+        print(
+            "no head distances in the results (run with the `head_similarity` analysis)",
+            file=sys.stderr,
+        )
         return 1
 
     import pandas as pd
@@ -46,20 +49,32 @@ def main(argv=None) -> int:
     print(f"wrote {out / 'head_distances.csv'}")
     roles = results.roles[["layer", "head", "role"]] if "roles" in results.tables else None
     table = clusters if roles is None else clusters.merge(roles, on=["layer", "head"], how="left")
-    C.write_table(table, out, "head_clusters", f"{C.model_name(results, args)}: heads, MDS position, "
-                  "cluster (average linkage, as many clusters as layers), nearest head")
+    C.write_table(
+        table,
+        out,
+        "head_clusters",
+        f"{C.model_name(results, args)}: heads, MDS position, "
+        "cluster (average linkage, as many clusters as layers), nearest head",
+    )
     cohesion = layer_cohesion(distances, clusters, seed=int(results.summary.get("seed", 0) or 0))
-    C.write_table(pd.DataFrame([cohesion]), out, "layer_cohesion", "Do heads of the same layer behave alike?")
+    C.write_table(
+        pd.DataFrame([cohesion]), out, "layer_cohesion", "Do heads of the same layer behave alike?"
+    )
     section = head_clusters_section(results, "head_similarity")
-    names = {"head_clusters_roles": "clusters_roles", "head_clusters_layers": "clusters_layers",
-             "head_clusters_dendrogram": "clusters_dendrogram"}
+    names = {
+        "head_clusters_roles": "clusters_roles",
+        "head_clusters_layers": "clusters_layers",
+        "head_clusters_dendrogram": "clusters_dendrogram",
+    }
     for block in section.blocks:
         if isinstance(block, Figure) and block.name in names:
             C.write_png(block.png, out, names[block.name])
     alike = cohesion.get("p_value", 1.0) < 0.05 and cohesion.get("gap", 0.0) > 0
-    print(f"\nClark et al. section 5 (heads of the same layer behave alike): {'yes' if alike else 'NO'} "
-          f"(within {cohesion.get('within_layer_js', float('nan')):.4f} vs between "
-          f"{cohesion.get('between_layer_js', float('nan')):.4f}, permutation p = {cohesion.get('p_value', 1):.3g})")
+    print(
+        f"\nClark et al. section 5 (heads of the same layer behave alike): {'yes' if alike else 'NO'} "
+        f"(within {cohesion.get('within_layer_js', float('nan')):.4f} vs between "
+        f"{cohesion.get('between_layer_js', float('nan')):.4f}, permutation p = {cohesion.get('p_value', 1):.3g})"
+    )
     C.maybe_report(args, results, out)
     return 0
 

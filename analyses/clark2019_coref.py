@@ -46,25 +46,58 @@ def main(argv=None) -> int:
     variants = list(dict.fromkeys(baselines["variant"]))
     wide = baselines.pivot(index="label", columns="variant", values="accuracy")[variants]
     table = table.merge(wide.add_suffix("_accuracy"), left_on="label", right_index=True, how="left")
-    cols = (["label", "n", "heads", "accuracy", "ci_low", "ci_high"] + [f"{v}_accuracy" for v in variants]
-            + ["baseline_variant", "gap", "gap_low", "gap_high", "p_value", "p_holm", "tied", "heldout_heads",
-               "heldout_accuracy", "heldout_ci_low", "heldout_ci_high", "heldout_gap", "heldout_folds_agree", "note"])
+    cols = (
+        ["label", "n", "heads", "accuracy", "ci_low", "ci_high"]
+        + [f"{v}_accuracy" for v in variants]
+        + [
+            "baseline_variant",
+            "gap",
+            "gap_low",
+            "gap_high",
+            "p_value",
+            "p_holm",
+            "tied",
+            "heldout_heads",
+            "heldout_accuracy",
+            "heldout_ci_low",
+            "heldout_ci_high",
+            "heldout_gap",
+            "heldout_folds_agree",
+            "note",
+        ]
+    )
     model = C.model_name(results, args)
-    C.write_table(table[cols].rename(columns={"label": "kind", "n": "mentions", "heads": "head",
-                                              "heldout_heads": "heldout_head"}), out,
-                  "coref_table", f"Best coreference head per mention kind ({model}; L-H 0-based)")
+    C.write_table(
+        table[cols].rename(
+            columns={
+                "label": "kind",
+                "n": "mentions",
+                "heads": "head",
+                "heldout_heads": "heldout_head",
+            }
+        ),
+        out,
+        "coref_table",
+        f"Best coreference head per mention kind ({model}; L-H 0-based)",
+    )
 
-    panels = [p for kind in table["label"] for p in accuracy_panels(results, "coreference", kind, [""])]
+    panels = [
+        p for kind in table["label"] for p in accuracy_panels(results, "coreference", kind, [""])
+    ]
     if panels:
-        C.write_png(F.accuracy_gap_figure(panels, f"{model}: coreference heads"), out, "coref_heads")
+        C.write_png(
+            F.accuracy_gap_figure(panels, f"{model}: coreference heads"), out, "coref_heads"
+        )
 
     row = table[table["label"] == ALL]
     if len(row) and row.iloc[0]["layer"] >= 0:
         r = row.iloc[0]
         beaten = [v for v in variants if r["accuracy"] > r[f"{v}_accuracy"]]
-        print(f"\nbest head for ALL mentions: {r['heads']} at {r['accuracy']:.4f} "
-              f"(held-out {r['heldout_accuracy']:.4f}; McNemar vs {r['baseline_variant']} p = {r['p_value']:.2g}, "
-              f"Holm {r['p_holm']:.2g}); above the baselines: {', '.join(beaten) or 'none'}")
+        print(
+            f"\nbest head for ALL mentions: {r['heads']} at {r['accuracy']:.4f} "
+            f"(held-out {r['heldout_accuracy']:.4f}; McNemar vs {r['baseline_variant']} p = {r['p_value']:.2g}, "
+            f"Holm {r['p_holm']:.2g}); above the baselines: {', '.join(beaten) or 'none'}"
+        )
     elif len(row):
         print(f"\nALL mentions: {row.iloc[0]['note']}")
     C.maybe_report(args, results, out)

@@ -27,7 +27,9 @@ import _common as C
 
 def main(argv=None) -> int:
     p = C.base_parser(__doc__)
-    p.add_argument("--conventions", default="spec", help="spec (default), clark2019-code or joanacero")
+    p.add_argument(
+        "--conventions", default="spec", help="spec (default), clark2019-code or joanacero"
+    )
     args = p.parse_args(argv)
     out = C.out_dir(args, "clark2019_probe")
     results = run_or_load(args, ["dependency", "parsing"], out)
@@ -37,23 +39,45 @@ def main(argv=None) -> int:
     model = C.model_name(results, args)
     conventions = (results.summary.get("conventions") or {}).get("name", "spec")
     scores = results.table("parse_scores")
-    C.write_table(scores, out, "parse_scores",
-                  f"{model}: attention-only probe, trees, best single head, baselines ({conventions} conventions)")
+    C.write_table(
+        scores,
+        out,
+        "parse_scores",
+        f"{model}: attention-only probe, trees, best single head, baselines ({conventions} conventions)",
+    )
     gaps = results.table("parse_gaps")
-    C.write_table(gaps, out, "parse_gaps", "Paired differences (95% Poisson bootstrap intervals over units)")
+    C.write_table(
+        gaps, out, "parse_gaps", "Paired differences (95% Poisson bootstrap intervals over units)"
+    )
     heads = results.table("parse_heads")
     mst = heads[heads["direction"] == "mst"].sort_values("accuracy", ascending=False, kind="stable")
-    C.write_table(mst.head(10).reset_index(drop=True), out, "parse_mst_heads",
-                  "Top 10 heads by MST UUAS (in-sample)")
+    C.write_table(
+        mst.head(10).reset_index(drop=True),
+        out,
+        "parse_mst_heads",
+        "Top 10 heads by MST UUAS (in-sample)",
+    )
     mst.to_csv(out / "parse_mst_heads.csv", index=False)
 
     from headprobe.report import figures as F
     from headprobe.report.tables import to_matrix
 
-    items = [(title, to_matrix(heads[heads["direction"] == d], "accuracy", results.n_layers, results.n_heads))
-             for d, title in (("dep->head", "argmax UAS dep->head"), ("head<-dep", "argmax UAS head<-dep"),
-                              ("mst", "MST UUAS"))]
-    C.write_png(F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1), out, "parsing_heads")
+    items = [
+        (
+            title,
+            to_matrix(
+                heads[heads["direction"] == d], "accuracy", results.n_layers, results.n_heads
+            ),
+        )
+        for d, title in (
+            ("dep->head", "argmax UAS dep->head"),
+            ("head<-dep", "argmax UAS head<-dep"),
+            ("mst", "MST UUAS"),
+        )
+    ]
+    C.write_png(
+        F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1), out, "parsing_heads"
+    )
 
     verdict = reproduced(gaps)
     print("\nClark et al. section 6 (the probe beats every single head and the offset baselines):")
@@ -66,16 +90,29 @@ def main(argv=None) -> int:
 def reproduced(gaps) -> list[tuple[str, bool]]:
     """One line per claim: its paired difference and whether the interval is above 0."""
     lines = []
-    for metric, predictor, versus in (("UAS", "probe", "best head"), ("UAS", "probe", "best baseline"),
-                                      ("UUAS", "probe MST", "best head MST"), ("UUAS", "probe MST", "chain")):
+    for metric, predictor, versus in (
+        ("UAS", "probe", "best head"),
+        ("UAS", "probe", "best baseline"),
+        ("UUAS", "probe MST", "best head MST"),
+        ("UUAS", "probe MST", "chain"),
+    ):
         for selection in ("held-out", "in-sample"):
-            row = gaps[(gaps["metric"] == metric) & (gaps["predictor"] == predictor) & (gaps["versus"] == versus)
-                       & (gaps["selection"] == selection)]
+            row = gaps[
+                (gaps["metric"] == metric)
+                & (gaps["predictor"] == predictor)
+                & (gaps["versus"] == versus)
+                & (gaps["selection"] == selection)
+            ]
             if not len(row):
                 continue
             r = row.iloc[0]
-            lines.append((f"{metric} {predictor} - {versus} ({selection}): {r.gap:+.4f} "
-                          f"[{r.gap_low:+.4f}, {r.gap_high:+.4f}]", bool(r.gap_low > 0)))
+            lines.append(
+                (
+                    f"{metric} {predictor} - {versus} ({selection}): {r.gap:+.4f} "
+                    f"[{r.gap_low:+.4f}, {r.gap_high:+.4f}]",
+                    bool(r.gap_low > 0),
+                )
+            )
     return lines
 
 
@@ -85,8 +122,12 @@ def run_or_load(args, analyses, out):
 
     if args.results:
         return headprobe.load_results(args.results)
-    kwargs = {"model": C.model_arg(args.model), "analyses": analyses, "conventions": args.conventions,
-              "out": str(out / "results")}
+    kwargs = {
+        "model": C.model_arg(args.model),
+        "analyses": analyses,
+        "conventions": args.conventions,
+        "out": str(out / "results"),
+    }
     for key in ("treebank", "batch_size", "device"):
         if getattr(args, key, None) is not None:
             kwargs[key] = getattr(args, key)

@@ -45,8 +45,12 @@ def main(argv=None) -> int:
         print("no surface statistics in the results", file=sys.stderr)
         return 1
     model = C.model_name(results, args)
-    C.write_table(per_layer, out, "surface_per_layer",
-                  f"Surface statistics per layer ({model}; layers 0-based)")
+    C.write_table(
+        per_layer,
+        out,
+        "surface_per_layer",
+        f"Surface statistics per layer ({model}; layers 0-based)",
+    )
     C.write_table(per_head, out, "surface_per_head", f"Surface statistics per head ({model})")
     if any(c in per_head.columns for c in F.SURFACE_TITLES):
         C.write_png(F.surface_figure(per_head, per_layer), out, "surface_mass")
@@ -54,16 +58,26 @@ def main(argv=None) -> int:
         C.write_png(F.entropy_figure(per_head, per_layer), out, "surface_entropy")
 
     print()
-    for label, what in (("sep", "[SEP]/EOS"), ("cls", "[CLS]/BOS"), ("first", "the first position"),
-                        ("prev", "the previous word"), ("next", "the next word"), ("punct", "punctuation")):
+    for label, what in (
+        ("sep", "[SEP]/EOS"),
+        ("cls", "[CLS]/BOS"),
+        ("first", "the first position"),
+        ("prev", "the previous word"),
+        ("next", "the next word"),
+        ("punct", "punctuation"),
+    ):
         if label in per_layer.columns and per_layer[label].notna().any():
             i = per_layer[label].idxmax()
-            print(f"most attention to {what}: layer {int(per_layer.loc[i, 'layer'])} "
-                  f"(mean {per_layer.loc[i, label]:.4f})")
+            print(
+                f"most attention to {what}: layer {int(per_layer.loc[i, 'layer'])} "
+                f"(mean {per_layer.loc[i, label]:.4f})"
+            )
     if "entropy_ratio" in per_layer.columns:
         first, last = per_layer.iloc[0], per_layer.iloc[-1]
-        print(f"entropy / uniform: first layer {first['entropy_ratio']:.4f}, "
-              f"last layer {last['entropy_ratio']:.4f}")
+        print(
+            f"entropy / uniform: first layer {first['entropy_ratio']:.4f}, "
+            f"last layer {last['entropy_ratio']:.4f}"
+        )
     C.maybe_report(args, results, out)
     return 0
 

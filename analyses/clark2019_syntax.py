@@ -43,8 +43,12 @@ REFERENCE_MINILM_EWT_DEV = {
 
 def main(argv=None) -> int:
     p = C.base_parser(__doc__)
-    p.add_argument("--min-arcs", type=int, default=100,
-                   help="leave out relations with fewer arcs (default 100; ALL always shown)")
+    p.add_argument(
+        "--min-arcs",
+        type=int,
+        default=100,
+        help="leave out relations with fewer arcs (default 100; ALL always shown)",
+    )
     args = p.parse_args(argv)
     out = C.out_dir(args, "clark2019_syntax")
     results = C.get_results(args, ["dependency"], out)
@@ -62,41 +66,82 @@ def main(argv=None) -> int:
     table = table[(table["label"] == ALL) | (table["n"] >= args.min_arcs)]
     table = table[~table["label"].isin(["root", "punct"])].reset_index(drop=True)
 
-    with_reference = (C.model_arg(args.model) is None and not args.results
-                      and getattr(args, "treebank", None) == C.default_path(C.EWT_DEV)
-                      and C.EWT_DEV.exists())
+    with_reference = (
+        C.model_arg(args.model) is None
+        and not args.results
+        and getattr(args, "treebank", None) == C.default_path(C.EWT_DEV)
+        and C.EWT_DEV.exists()
+    )
     if with_reference:
         ref = table["label"].map(REFERENCE_MINILM_EWT_DEV)
         table["ref_head"] = ref.map(lambda r: r[1] if isinstance(r, tuple) else "")
         table["ref_accuracy"] = ref.map(lambda r: r[3] if isinstance(r, tuple) else float("nan"))
         table["ref_baseline"] = ref.map(lambda r: r[4] if isinstance(r, tuple) else float("nan"))
 
-    cols = ["label", "n", "heads", "direction", "accuracy", "ci_low", "ci_high", "baseline_variant",
-            "baseline_accuracy", "gap", "gap_low", "gap_high", "p_value", "p_holm", "tied", "unreachable",
-            "heldout_heads", "heldout_accuracy", "heldout_ci_low", "heldout_ci_high", "heldout_gap",
-            "heldout_folds_agree", "note"] + [c for c in ("ref_head", "ref_accuracy", "ref_baseline")
-                                             if c in table.columns]
+    cols = [
+        "label",
+        "n",
+        "heads",
+        "direction",
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "baseline_variant",
+        "baseline_accuracy",
+        "gap",
+        "gap_low",
+        "gap_high",
+        "p_value",
+        "p_holm",
+        "tied",
+        "unreachable",
+        "heldout_heads",
+        "heldout_accuracy",
+        "heldout_ci_low",
+        "heldout_ci_high",
+        "heldout_gap",
+        "heldout_folds_agree",
+        "note",
+    ] + [c for c in ("ref_head", "ref_accuracy", "ref_baseline") if c in table.columns]
     model = C.model_name(results, args)
-    C.write_table(table[cols].rename(columns={"label": "relation", "n": "arcs", "heads": "head",
-                                              "heldout_heads": "heldout_head"}), out,
-                  "syntax_table", f"Best head per relation ({model}; heads L-H, 0-based)")
+    C.write_table(
+        table[cols].rename(
+            columns={
+                "label": "relation",
+                "n": "arcs",
+                "heads": "head",
+                "heldout_heads": "heldout_head",
+            }
+        ),
+        out,
+        "syntax_table",
+        f"Best head per relation ({model}; heads L-H, 0-based)",
+    )
 
     # per-relation gap heatmaps (better direction per head, minus the in-sample best baseline)
     relations = [x for x in table["label"] if x not in NOT_PER_RELATION][:12]
     items = gap_items(results, "dependency", relations)
     if items:
-        C.write_png(F.gap_grid_figure(items, f"{model}: accuracy minus the best baseline"), out, "syntax_gaps")
+        C.write_png(
+            F.gap_grid_figure(items, f"{model}: accuracy minus the best baseline"),
+            out,
+            "syntax_gaps",
+        )
 
     named = table[(table["label"] != ALL) & (table["layer"] >= 0)]
     beat = named[named["p_holm"] < ALPHA]
-    print(f"\n{len(beat)} of {len(named)} relations have a best head that beats the in-sample best baseline "
-          f"(one-sided McNemar, Holm-adjusted p < {ALPHA:g}).")
+    print(
+        f"\n{len(beat)} of {len(named)} relations have a best head that beats the in-sample best baseline "
+        f"(one-sided McNemar, Holm-adjusted p < {ALPHA:g})."
+    )
     if with_reference:
         diff = (table["accuracy"] - table["ref_accuracy"]).abs()
         ok = table["ref_accuracy"].notna()
-        print(f"reference check (SPEC section 2): max |accuracy - reference| = "
-              f"{diff[ok].max():.4f} over {int(ok.sum())} relations; heads agree: "
-              f"{bool((table.loc[ok, 'heads'] == table.loc[ok, 'ref_head']).all())}")
+        print(
+            f"reference check (SPEC section 2): max |accuracy - reference| = "
+            f"{diff[ok].max():.4f} over {int(ok.sum())} relations; heads agree: "
+            f"{bool((table.loc[ok, 'heads'] == table.loc[ok, 'ref_head']).all())}"
+        )
     C.maybe_report(args, results, out)
     return 0
 

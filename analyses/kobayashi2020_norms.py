@@ -38,25 +38,49 @@ def main(argv=None) -> int:
     from headprobe.stats.roles import role_colors
 
     if results.measures[:2] != ["weights", "norms"]:
-        print(f"the results have measures {results.measures}; this script needs weights and norms", file=sys.stderr)
+        print(
+            f"the results have measures {results.measures}; this script needs weights and norms",
+            file=sys.stderr,
+        )
         return 1
     model = C.model_name(results, args)
     share = special_share(results)
-    C.write_table(share, out, "special_share", f"Share of a word's attention on [CLS]/BOS + [SEP]/EOS per layer, "
-                  f"mean over heads, weights vs norms, 95% intervals ({model}; layers 0-based)")
-    C.write_table(surface_side_by_side(results), out, "surface_by_measure",
-                  f"Surface statistics per layer, weights vs norms ({model})")
+    C.write_table(
+        share,
+        out,
+        "special_share",
+        f"Share of a word's attention on [CLS]/BOS + [SEP]/EOS per layer, "
+        f"mean over heads, weights vs norms, 95% intervals ({model}; layers 0-based)",
+    )
+    C.write_table(
+        surface_side_by_side(results),
+        out,
+        "surface_by_measure",
+        f"Surface statistics per layer, weights vs norms ({model})",
+    )
     changed = role_changes(results)
-    C.write_table(changed[["name", "role_weights", "detail_weights", "role_norms", "detail_norms"]], out,
-                  "role_changes", f"Heads whose role differs between weights and norms ({model})")
+    C.write_table(
+        changed[["name", "role_weights", "detail_weights", "role_norms", "detail_norms"]],
+        out,
+        "role_changes",
+        f"Heads whose role differs between weights and norms ({model})",
+    )
     roles = results.roles
-    maps = [(m, roles[roles["measure"] == m], results.n_layers, results.n_heads) for m in ("weights", "norms")]
-    C.write_png(F.role_maps_figure(maps, role_colors(results), f"{model}: roles by weights and by norms"), out,
-                "role_maps")
+    maps = [
+        (m, roles[roles["measure"] == m], results.n_layers, results.n_heads)
+        for m in ("weights", "norms")
+    ]
+    C.write_png(
+        F.role_maps_figure(maps, role_colors(results), f"{model}: roles by weights and by norms"),
+        out,
+        "role_maps",
+    )
     print()
     if len(share):
-        print(f"share on [CLS]/[SEP] per layer: weights {share['weights'].min():.2f}-{share['weights'].max():.2f}, "
-              f"norms {share['norms'].min():.2f}-{share['norms'].max():.2f}")
+        print(
+            f"share on [CLS]/[SEP] per layer: weights {share['weights'].min():.2f}-{share['weights'].max():.2f}, "
+            f"norms {share['norms'].min():.2f}-{share['norms'].max():.2f}"
+        )
     print(f"heads whose role differs: {len(changed)} of {len(roles) // 2}")
     C.maybe_report(args, results, out)
     return 0

@@ -72,7 +72,7 @@ def repeated_half(length: int):
     index > length), the tokens an induction head can predict."""
     from headprobe.inputs.align import WORD
 
-    return lambda batch: (batch.piece_kind == WORD) & (batch.piece_word > length)       # [batch, piece]
+    return lambda batch: (batch.piece_kind == WORD) & (batch.piece_word > length)  # [batch, piece]
 
 
 def ablate(net, tokenizer, name, args, induction, out) -> None:
@@ -96,46 +96,97 @@ def ablate(net, tokenizer, name, args, induction, out) -> None:
     alone = registry.get("ablation").make_scorer()
     alone.scored = scored
     layers = parse_layers(args.ablate_layers)
-    examples = make_probe("repeated-random", tokenizer, length=args.length, n=args.n, seed=args.seed,
-                          vocab_size=getattr(text_config(net), "vocab_size", None))
-    Engine(net, tokenizer, [together, alone], layers=layers, batch_size=args.batch_size, seed=args.seed,
-           n_boot=args.bootstrap, progress=not args.quiet, desc="ablation").run(examples)
+    examples = make_probe(
+        "repeated-random",
+        tokenizer,
+        length=args.length,
+        n=args.n,
+        seed=args.seed,
+        vocab_size=getattr(text_config(net), "vocab_size", None),
+    )
+    Engine(
+        net,
+        tokenizer,
+        [together, alone],
+        layers=layers,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        n_boot=args.bootstrap,
+        progress=not args.quiet,
+        desc="ablation",
+    ).run(examples)
     labels = [label for label, _ in groups]
     table = points_table(together.tally_, labels, "intact")
     versus_other = points_table(together.tally_, labels, "other heads").set_index("label")
     table["heads"] = [names(heads) for _, heads in groups]
     table["vs_other"], table["vs_other_low"], table["vs_other_high"] = (
-        [versus_other.loc[label, column] for label in labels] for column in ("change", "change_low", "change_high"))
-    C.write_table(table, out, "induction_ablation",
-                  f"{name}: next-token loss on the repeated half (nats per piece), heads gated to 0 together; "
-                  f"change vs intact and vs the other heads, paired 95% intervals over {args.n} sequences")
+        [versus_other.loc[label, column] for label in labels]
+        for column in ("change", "change_low", "change_high")
+    )
+    C.write_table(
+        table,
+        out,
+        "induction_ablation",
+        f"{name}: next-token loss on the repeated half (nats per piece), heads gated to 0 together; "
+        f"change vs intact and vs the other heads, paired 95% intervals over {args.n} sequences",
+    )
     single = Results({"ablation": alone.tally_}).ablation_heads
     single.insert(0, "head_name", [f"{l}-{h}" for l, h in zip(single["layer"], single["head"])])
-    single["induction"] = [(l, h) in set(induction) for l, h in zip(single["layer"], single["head"])]
-    C.write_table(single[["head_name", "induction", "n", "score", "ci_low", "ci_high", "fold0", "fold1"]]
-                  .sort_values("score", ascending=False, kind="stable"), out, "single_head_ablation",
-                  f"{name}: one head gated to 0, change in the repeated half's loss (layers {args.ablate_layers})")
+    single["induction"] = [
+        (l, h) in set(induction) for l, h in zip(single["layer"], single["head"])
+    ]
+    C.write_table(
+        single[
+            ["head_name", "induction", "n", "score", "ci_low", "ci_high", "fold0", "fold1"]
+        ].sort_values("score", ascending=False, kind="stable"),
+        out,
+        "single_head_ablation",
+        f"{name}: one head gated to 0, change in the repeated half's loss (layers {args.ablate_layers})",
+    )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2", help="trained decoder (default: the bundled SmolLM2)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model", default="smollm2", help="trained decoder (default: the bundled SmolLM2)"
+    )
     p.add_argument("--length", type=int, default=50, help="random tokens per half (default 50)")
     p.add_argument("--n", type=int, default=500, help="sequences (default 500)")
-    p.add_argument("--seed", type=int, default=0, help="probe, folds, bootstrap and random weights (default 0)")
-    p.add_argument("--threshold", type=float, default=0.4, help="induction score of a trained head (default 0.4)")
-    p.add_argument("--control", type=float, default=0.1, help="no random-weight head above this (default 0.1)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="probe, folds, bootstrap and random weights (default 0)"
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.4,
+        help="induction score of a trained head (default 0.4)",
+    )
+    p.add_argument(
+        "--control", type=float, default=0.1, help="no random-weight head above this (default 0.1)"
+    )
     p.add_argument("--bootstrap", type=int, default=1000)
     p.add_argument("--out", default=None)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default=None)
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--induction-heads", default=None, metavar="HEADS",
-                   help="heads to ablate as induction heads, e.g. 18-6,17-3 (default: trained heads with "
-                        "score >= --threshold)")
-    p.add_argument("--ablate-layers", default="17-23", help="layers whose heads are ablated one at a time "
-                   "(default 17-23, SmolLM2's induction layers)")
-    p.add_argument("--no-ablation", action="store_true", help="skip the ablation of the induction heads")
+    p.add_argument(
+        "--induction-heads",
+        default=None,
+        metavar="HEADS",
+        help="heads to ablate as induction heads, e.g. 18-6,17-3 (default: trained heads with "
+        "score >= --threshold)",
+    )
+    p.add_argument(
+        "--ablate-layers",
+        default="17-23",
+        help="layers whose heads are ablated one at a time "
+        "(default 17-23, SmolLM2's induction layers)",
+    )
+    p.add_argument(
+        "--no-ablation", action="store_true", help="skip the ablation of the induction heads"
+    )
     args = p.parse_args(argv)
     out = C.out_dir(args, "olsson2022_induction")
 
@@ -145,43 +196,82 @@ def main(argv=None) -> int:
     from headprobe.model import loading as models
 
     net, tokenizer, name, kind = models.load_lm(C.model_arg(args.model), device=args.device)
-    runs = {"trained": (net, tokenizer, name),
-            "random": (models.random_init(net, args.seed), tokenizer, f"{name}, random weights (seed {args.seed})")}
+    runs = {
+        "trained": (net, tokenizer, name),
+        "random": (
+            models.random_init(net, args.seed),
+            tokenizer,
+            f"{name}, random weights (seed {args.seed})",
+        ),
+    }
     frames = []
     for kind, loaded in runs.items():
-        results = headprobe.run(loaded=loaded, probe="repeated-random", probe_length=args.length, probe_n=args.n,
-                                seed=args.seed, n_boot=args.bootstrap, batch_size=args.batch_size,
-                                analyses=["induction", "previous_token", "duplicate_token", "sink"],
-                                progress=not args.quiet, out=str(out / kind))
+        results = headprobe.run(
+            loaded=loaded,
+            probe="repeated-random",
+            probe_length=args.length,
+            probe_n=args.n,
+            seed=args.seed,
+            n_boot=args.bootstrap,
+            batch_size=args.batch_size,
+            analyses=["induction", "previous_token", "duplicate_token", "sink"],
+            progress=not args.quiet,
+            out=str(out / kind),
+        )
         heads = results.table("induction_heads")
         heads = heads[heads["label"] == "mul"].assign(model=kind)
         frames.append(heads)
-        print(f"\n{loaded[2]}: {results.summary['corpora']['probe']}, "
-              f"{results.summary['runs']['probe']['seconds']} s")
+        print(
+            f"\n{loaded[2]}: {results.summary['corpora']['probe']}, "
+            f"{results.summary['runs']['probe']['seconds']} s"
+        )
     table = pd.concat(frames, ignore_index=True)
     table.insert(0, "head_name", [f"{a}-{b}" for a, b in zip(table["layer"], table["head"])])
     table = table.sort_values(["model", "score"], ascending=[False, False], kind="stable")
-    cols = ["model", "head_name", "kv_group", "n", "score", "ci_low", "ci_high", "fold0", "fold1", "tl_mul",
-            "baseline_variant", "baseline_score"]
-    C.write_table(table[cols].groupby("model", sort=False).head(10), out, "induction_top",
-                  f"Top induction heads (mul score; L-H 0-based), {args.n} x {args.length} repeated random tokens")
+    cols = [
+        "model",
+        "head_name",
+        "kv_group",
+        "n",
+        "score",
+        "ci_low",
+        "ci_high",
+        "fold0",
+        "fold1",
+        "tl_mul",
+        "baseline_variant",
+        "baseline_score",
+    ]
+    C.write_table(
+        table[cols].groupby("model", sort=False).head(10),
+        out,
+        "induction_top",
+        f"Top induction heads (mul score; L-H 0-based), {args.n} x {args.length} repeated random tokens",
+    )
     table[cols].to_csv(out / "induction_heads.csv", index=False)
     trained = table[table["model"] == "trained"]
     control = table[table["model"] == "random"]
     strong = trained[trained["score"] >= args.threshold]
     above = control[control["score"] > args.control]
-    print(f"\ntrained: {len(strong)} of {len(trained)} heads with induction score >= {args.threshold:g}: "
-          + ", ".join(f"{h} {s:.3f}" for h, s in zip(strong["head_name"], strong["score"])))
-    print(f"random weights: max induction score {control['score'].max():.4f} "
-          f"(head {control.iloc[0]['head_name']}); {len(above)} heads above {args.control:g}")
+    print(
+        f"\ntrained: {len(strong)} of {len(trained)} heads with induction score >= {args.threshold:g}: "
+        + ", ".join(f"{h} {s:.3f}" for h, s in zip(strong["head_name"], strong["score"]))
+    )
+    print(
+        f"random weights: max induction score {control['score'].max():.4f} "
+        f"(head {control.iloc[0]['head_name']}); {len(above)} heads above {args.control:g}"
+    )
     ok = len(strong) > 0 and len(above) == 0
     print("finding reproduced" if ok else "finding NOT reproduced")
     induction = parse_heads(args.induction_heads) or [
-        tuple(int(x) for x in head.split("-")) for head in strong["head_name"]]
+        tuple(int(x) for x in head.split("-")) for head in strong["head_name"]
+    ]
     if args.no_ablation:
         pass
     elif kind == "representation" or not induction:
-        print(f"\nno ablation: {'the model has no language-model head' if induction else 'no induction heads'}")
+        print(
+            f"\nno ablation: {'the model has no language-model head' if induction else 'no induction heads'}"
+        )
     else:
         ablate(net, tokenizer, name, args, induction, out)
     return 0 if ok else 1

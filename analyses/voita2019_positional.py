@@ -28,11 +28,16 @@ import _common as C
 
 def main(argv=None) -> int:
     p = C.base_parser(__doc__, text=True)
-    p.add_argument("--threshold", type=float, default=None,
-                   help="share of argmaxes at one non-zero offset (default: the role rule's, 0.9 as in Voita et al.)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="share of argmaxes at one non-zero offset (default: the role rule's, 0.9 as in Voita et al.)",
+    )
     args = p.parse_args(argv)
     if args.threshold is None:
         from headprobe.stats.roles import POSITIONAL_SHARE
+
         args.threshold = POSITIONAL_SHARE
     if args.text:
         args.treebank = None
@@ -42,13 +47,19 @@ def main(argv=None) -> int:
     from headprobe.report import figures as F
     from headprobe.report.tables import head_name
 
-    shares = results.table("positional_heads").copy() if "positional_heads" in results.tables else None
+    shares = (
+        results.table("positional_heads").copy() if "positional_heads" in results.tables else None
+    )
     if shares is None or not len(shares):
         print("no positional counts in the results", file=sys.stderr)
         return 1
-    shares.insert(0, "head_name", [head_name(a, b) for a, b in zip(shares["layer"], shares["head"])])
+    shares.insert(
+        0, "head_name", [head_name(a, b) for a, b in zip(shares["layer"], shares["head"])]
+    )
     shares["positional"] = shares["share"] >= args.threshold
-    shares = shares.sort_values(["share", "layer", "head"], ascending=[False, True, True], kind="stable")
+    shares = shares.sort_values(
+        ["share", "layer", "head"], ascending=[False, True, True], kind="stable"
+    )
     model = C.model_name(results, args)
     C.write_table(shares, out, "positional_heads", f"Argmax shares per head ({model}; L-H 0-based)")
     C.write_png(F.positional_figure(shares, results.n_layers, results.n_heads), out, "positional")

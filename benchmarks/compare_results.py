@@ -39,7 +39,9 @@ def compare_tables(a: Path, b: Path, tolerance: float) -> dict:
             out[path.stem] = "identical"
         except AssertionError:
             try:
-                pd.testing.assert_frame_equal(x, y, check_exact=False, rtol=tolerance, atol=tolerance)
+                pd.testing.assert_frame_equal(
+                    x, y, check_exact=False, rtol=tolerance, atol=tolerance
+                )
                 out[path.stem] = f"equal within {tolerance:g} (float rounding)"
             except AssertionError as exc:
                 out[path.stem] = "DIFFERENT: " + " ".join(str(exc).split())[:300]
@@ -63,25 +65,43 @@ def compare_tallies(a: Path, b: Path, tolerance: float) -> dict:
                 else:
                     cells += values.size
                     differing += int((values != q[key]).sum())
-        verdict = "identical" if differing == 0 and mass == 0 else (
-            f"counts identical, mass within {mass:.3g}" if differing == 0 and mass <= tolerance else "DIFFERENT")
-        out[path.stem] = {"verdict": verdict, "count_cells": cells, "count_cells_differing": differing,
-                          "max_abs_mass_difference": mass}
+        verdict = (
+            "identical"
+            if differing == 0 and mass == 0
+            else (
+                f"counts identical, mass within {mass:.3g}"
+                if differing == 0 and mass <= tolerance
+                else "DIFFERENT"
+            )
+        )
+        out[path.stem] = {
+            "verdict": verdict,
+            "count_cells": cells,
+            "count_cells_differing": differing,
+            "max_abs_mass_difference": mass,
+        }
     return out
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("first")
     parser.add_argument("second")
     parser.add_argument("--mass-tolerance", type=float, default=1e-6)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     a, b = Path(args.first), Path(args.second)
-    report = {"first": str(a), "second": str(b), "tables": compare_tables(a, b, args.mass_tolerance),
-              "tallies": compare_tallies(a, b, args.mass_tolerance)}
-    verdicts = list(report["tables"].values()) + [t["verdict"] if isinstance(t, dict) else t
-                                                  for t in report["tallies"].values()]
+    report = {
+        "first": str(a),
+        "second": str(b),
+        "tables": compare_tables(a, b, args.mass_tolerance),
+        "tallies": compare_tallies(a, b, args.mass_tolerance),
+    }
+    verdicts = list(report["tables"].values()) + [
+        t["verdict"] if isinstance(t, dict) else t for t in report["tallies"].values()
+    ]
     report["agree"] = not any(str(v).startswith(("DIFFERENT", "missing")) for v in verdicts)
     print(json.dumps(report, indent=2))
     if args.json:

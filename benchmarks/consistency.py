@@ -57,24 +57,38 @@ def compare_counts(a: dict, b: dict) -> dict:
                 else:
                     cells += values.size
                     differing += int((values != y[key]).sum())
-    return {"count_cells": cells, "count_cells_differing": differing, "counts_equal": differing == 0,
-            "max_abs_mass_difference": mass_diff}
+    return {
+        "count_cells": cells,
+        "count_cells_differing": differing,
+        "counts_equal": differing == 0,
+        "max_abs_mass_difference": mass_diff,
+    }
 
 
 def accuracy_points(a: dict, b: dict, min_arcs: int = 100) -> dict:
     """Per (label, layer, head, direction) dependency accuracy, difference in points."""
+
     def acc(tallies):
         scores = Results({"dependency": tallies["dependency"]}).head_scores("dependency")
-        return scores[scores["n"] >= min_arcs].set_index(["label", "layer", "head", "direction"])["accuracy"]
+        return scores[scores["n"] >= min_arcs].set_index(["label", "layer", "head", "direction"])[
+            "accuracy"
+        ]
+
     x, y = acc(a), acc(b)
     diff = 100 * (x - y.reindex(x.index)).abs()
     best_diff = 100 * (x.groupby("label").max() - y.groupby("label").max()).abs()
-    return {"max_points_any_head": float(diff.max()), "mean_points": float(diff.mean()),
-            "max_points_best_head_per_label": float(best_diff.max()), "labels_with_min_arcs": int(len(best_diff))}
+    return {
+        "max_points_any_head": float(diff.max()),
+        "mean_points": float(diff.mean()),
+        "max_points_best_head_per_label": float(best_diff.max()),
+        "labels_with_min_arcs": int(len(best_diff)),
+    }
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None)
     parser.add_argument("--treebank", default=str(EWT))
     parser.add_argument("--sentences", type=int, default=None, help="only the first N sentences")

@@ -64,7 +64,9 @@ class RssSampler(threading.Thread):
     def __exit__(self, *exc):
         self.done.set()
         self.join()
-        self.peak = max(self.peak, current_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        self.peak = max(
+            self.peak, current_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        )
 
 
 def long_example(tokenizer, pieces: int):
@@ -84,7 +86,7 @@ def long_example(tokenizer, pieces: int):
         if len(words) > pieces:
             break
     lo, hi = 1, len(words)
-    while lo < hi:                                   # the most words that fit
+    while lo < hi:  # the most words that fit
         mid = (lo + hi + 1) // 2
         if len(align_words(tokenizer, [words[:mid]])[0]) <= pieces:
             lo = mid
@@ -109,14 +111,28 @@ def child(args) -> None:
     tokenizer.model_max_length = args.tokens
     example, n_pieces = long_example(tokenizer, args.tokens)
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=args.hidden, num_hidden_layers=1,
-                        num_attention_heads=args.heads, intermediate_size=4 * args.hidden,
-                        max_position_embeddings=args.tokens, attn_implementation="sdpa")
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=args.hidden,
+        num_hidden_layers=1,
+        num_attention_heads=args.heads,
+        intermediate_size=4 * args.hidden,
+        max_position_embeddings=args.tokens,
+        attn_implementation="sdpa",
+    )
     device = torch.device(args.device)
     model = BertModel(config).eval().to(device)
     scorers = [registry.get(name).make_scorer() for name in ("dependency", "positional", "surface")]
-    engine = Engine(model, tokenizer, scorers, batch_size=1, progress=False, n_boot=10, device=device,
-                    query_block=args.query_block or None)
+    engine = Engine(
+        model,
+        tokenizer,
+        scorers,
+        batch_size=1,
+        progress=False,
+        n_boot=10,
+        device=device,
+        query_block=args.query_block or None,
+    )
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -140,24 +156,40 @@ def child(args) -> None:
                 else:
                     h.update(np.ascontiguousarray(value).tobytes())
         digest[scorer.analysis] = h.hexdigest()
-    result = {"query_block": args.query_block, "pieces": n_pieces, "words": len(example.words),
-              "examples_scored": stats["examples"], "seconds": round(seconds, 2),
-              "rss_before_mb": round(before, 1), "peak_rss_mb": round(sampler.peak, 1),
-              "peak_above_before_mb": round(sampler.peak - before, 1), "count_digests": digest, "masses": masses}
+    result = {
+        "query_block": args.query_block,
+        "pieces": n_pieces,
+        "words": len(example.words),
+        "examples_scored": stats["examples"],
+        "seconds": round(seconds, 2),
+        "rss_before_mb": round(before, 1),
+        "peak_rss_mb": round(sampler.peak, 1),
+        "peak_above_before_mb": round(sampler.peak - before, 1),
+        "count_digests": digest,
+        "masses": masses,
+    }
     if device.type == "cuda":
-        result["cuda_peak_above_before_mb"] = round((torch.cuda.max_memory_allocated() - base_cuda) / 2**20, 1)
+        result["cuda_peak_above_before_mb"] = round(
+            (torch.cuda.max_memory_allocated() - base_cuda) / 2**20, 1
+        )
     print(json.dumps(result))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--blocks", default="0,1024,256", help="query blocks to compare (0: unblocked)")
-    parser.add_argument("--json", default=None, help="default: benchmarks/results/query_block_memory_<device>.json")
+    parser.add_argument(
+        "--blocks", default="0,1024,256", help="query blocks to compare (0: unblocked)"
+    )
+    parser.add_argument(
+        "--json", default=None, help="default: benchmarks/results/query_block_memory_<device>.json"
+    )
     parser.add_argument("--query-block", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -165,9 +197,23 @@ def main(argv=None):
         return child(args)
     runs = []
     for block in (int(x) for x in args.blocks.split(",")):
-        command = [sys.executable, __file__, "--child", "--query-block", str(block), "--tokens", str(args.tokens),
-                   "--heads", str(args.heads), "--hidden", str(args.hidden), "--device", args.device,
-                   "--threads", str(args.threads)]
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--query-block",
+            str(block),
+            "--tokens",
+            str(args.tokens),
+            "--heads",
+            str(args.heads),
+            "--hidden",
+            str(args.hidden),
+            "--device",
+            args.device,
+            "--threads",
+            str(args.threads),
+        ]
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(output.strip().splitlines()[-1]))
         shown = {k: v for k, v in runs[-1].items() if k not in ("masses", "count_digests")}
@@ -176,23 +222,37 @@ def main(argv=None):
     for run in runs:
         run["counts_equal_unblocked"] = run["count_digests"] == reference["count_digests"]
         run["max_abs_mass_difference"] = max(
-            (float(np.abs(np.array(v) - np.array(reference["masses"][k])).max(initial=0.0))
-             for k, v in run["masses"].items()), default=0.0)
+            (
+                float(np.abs(np.array(v) - np.array(reference["masses"][k])).max(initial=0.0))
+                for k, v in run["masses"].items()
+            ),
+            default=0.0,
+        )
     for run in runs:
         del run["masses"]
     key = "cuda_peak_above_before_mb" if args.device.startswith("cuda") else "peak_above_before_mb"
     report = {
         "what": "one layer's capture + word pooling + dependency/positional/surface scorers on one input",
         "model": f"random BERT-style encoder, 1 layer, hidden {args.hidden}, {args.heads} heads, "
-                 f"{args.tokens} positions; bundled MiniLM tokenizer",
-        "input": "UD English EWT dev words as one input", "device": args.device,
-        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else
-        platform.processor() or platform.machine(),
-        "threads": args.threads, "torch": torch.__version__, "memory_measure": key, "runs": runs,
-        "ratio_unblocked_to_blocked": {str(r["query_block"]): round(reference[key] / r[key], 2)
-                                       for r in runs[1:] if r[key] > 0},
+        f"{args.tokens} positions; bundled MiniLM tokenizer",
+        "input": "UD English EWT dev words as one input",
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "memory_measure": key,
+        "runs": runs,
+        "ratio_unblocked_to_blocked": {
+            str(r["query_block"]): round(reference[key] / r[key], 2) for r in runs[1:] if r[key] > 0
+        },
     }
-    path = Path(args.json) if args.json else RESULTS / f"query_block_memory_{args.device.split(':')[0]}.json"
+    path = (
+        Path(args.json)
+        if args.json
+        else RESULTS / f"query_block_memory_{args.device.split(':')[0]}.json"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))

@@ -51,14 +51,17 @@ EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
 
 
 def load(args):
-    if args.random_bert_base:       # 12 layers, 768 hidden, random weights, BERT vocabulary
+    if args.random_bert_base:  # 12 layers, 768 hidden, random weights, BERT vocabulary
         from transformers import BertConfig, BertModel
 
         _, tokenizer, _ = models.load(None, device="cpu")
         torch.manual_seed(0)
         dtype = models.DTYPES[args.dtype]
-        model = BertModel(BertConfig(vocab_size=tokenizer.vocab_size)).eval().to(models.pick_device(args.device),
-                                                                                   dtype)
+        model = (
+            BertModel(BertConfig(vocab_size=tokenizer.vocab_size))
+            .eval()
+            .to(models.pick_device(args.device), dtype)
+        )
         return model, tokenizer, "random BERT-base (12x768)"
     return models.load(args.model, device=args.device, dtype=args.dtype)
 
@@ -68,7 +71,17 @@ def corpus(args):
     out = []
     for copy in range(args.repeat):
         for ex in examples:
-            out.append(Example(ex.words, f"{ex.unit}#{copy}", ex.source, ex.heads, ex.deprels, ex.upos, ex.feats))
+            out.append(
+                Example(
+                    ex.words,
+                    f"{ex.unit}#{copy}",
+                    ex.source,
+                    ex.heads,
+                    ex.deprels,
+                    ex.upos,
+                    ex.feats,
+                )
+            )
     return out
 
 
@@ -90,7 +103,9 @@ def plain(model, tokenizer, examples, batch_size, device) -> float:
 def headprobe_run(model, tokenizer, examples, batch_size, device):
     scorers = [DependencyScorer(), PositionalScorer(), SurfaceScorer()]
     start = time.perf_counter()
-    Engine(model, tokenizer, scorers, batch_size=batch_size, device=device, progress=False).run(examples)
+    Engine(model, tokenizer, scorers, batch_size=batch_size, device=device, progress=False).run(
+        examples
+    )
     sync(device)
     return time.perf_counter() - start, scorers
 
@@ -105,20 +120,24 @@ def naive(eager_model, tokenizer, examples, device) -> tuple[float, dict]:
         alignment = align_words(tokenizer, [example.words])[0]
         ids = torch.tensor([alignment.input_ids], device=device)
         out = eager_model(input_ids=ids, output_attentions=True)
-        attentions = [a[0].float().cpu().numpy() for a in out.attentions]        # per layer [head, piece, piece]
+        attentions = [
+            a[0].float().cpu().numpy() for a in out.attentions
+        ]  # per layer [head, piece, piece]
         n = alignment.n_words
-        words_of = [[p for p, w in enumerate(alignment.piece_word) if w == word] for word in range(n)]
+        words_of = [
+            [p for p, w in enumerate(alignment.piece_word) if w == word] for word in range(n)
+        ]
         specials = [p for p, w in enumerate(alignment.piece_word) if w < 0]
         arcs = scored_arcs(example)
         for layer, att in enumerate(attentions):
             for head in range(att.shape[0]):
-                a = att[head]                                                     # [piece, piece]
+                a = att[head]  # [piece, piece]
                 to = np.stack([a[:, pieces].sum(1) for pieces in words_of], 1)  # [piece, word]
-                words = np.stack([to[pieces].mean(0) for pieces in words_of])   # [word, word]
+                words = np.stack([to[pieces].mean(0) for pieces in words_of])  # [word, word]
                 to_special = a[:, specials].sum(1) if specials else np.zeros(len(a))
                 key = (layer, head)
                 counts = hits.setdefault(key, np.zeros(2 + 7 + 4))
-                for i in range(n):                                                # positional, self included
+                for i in range(n):  # positional, self included
                     row = np.append(words[i], [to_special[words_of[i]].mean()])
                     j = int(row.argmax())
                     offset = j - i
@@ -138,8 +157,19 @@ def naive(eager_model, tokenizer, examples, device) -> tuple[float, dict]:
 
 def peak_memory(args, repeat: int) -> dict:
     """Run headprobe in a fresh process on the corpus x `repeat`; its peak memory."""
-    command = [sys.executable, __file__, "--child-memory", "--repeat", str(repeat), "--treebank", str(args.treebank),
-               "--batch-size", str(args.batch_size), "--dtype", args.dtype]
+    command = [
+        sys.executable,
+        __file__,
+        "--child-memory",
+        "--repeat",
+        str(repeat),
+        "--treebank",
+        str(args.treebank),
+        "--batch-size",
+        str(args.batch_size),
+        "--dtype",
+        args.dtype,
+    ]
     for flag, value in (("--model", args.model), ("--device", args.device)):
         if value:
             command += [flag, value]
@@ -187,9 +217,14 @@ def child_memory(args):
         seconds, scorers = headprobe_run(model, tokenizer, examples, args.batch_size, device)
     # the process's true peak so far (loading peaked lower than scoring); the sampler can miss spikes
     true_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result = {"repeat": args.repeat, "words": sum(len(e.words) for e in examples), "seconds": seconds,
-              "rss_before_run_mb": before, "peak_rss_mb": max(true_peak, scoring.peak),
-              "rss_after_run_mb": current_rss_mb()}
+    result = {
+        "repeat": args.repeat,
+        "words": sum(len(e.words) for e in examples),
+        "seconds": seconds,
+        "rss_before_run_mb": before,
+        "peak_rss_mb": max(true_peak, scoring.peak),
+        "rss_after_run_mb": current_rss_mb(),
+    }
     if device.type == "cuda":
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
     with RssSampler() as tables:
@@ -200,18 +235,34 @@ def child_memory(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="bundled alias, hub name or path (default: MiniLM)")
-    parser.add_argument("--random-bert-base", action="store_true", help="12-layer 768-hidden random BERT")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", default=None, help="bundled alias, hub name or path (default: MiniLM)"
+    )
+    parser.add_argument(
+        "--random-bert-base", action="store_true", help="12-layer 768-hidden random BERT"
+    )
     parser.add_argument("--treebank", default=str(EWT))
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES))
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=1, help="score the corpus this many times over")
-    parser.add_argument("--naive-sentences", type=int, default=500,
-                        help="sentences for the naive loop (words/s is measured on them; default 500)")
-    parser.add_argument("--trials", type=int, default=3, help="alternating timed runs of (a) and (b); best kept")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="score the corpus this many times over"
+    )
+    parser.add_argument(
+        "--naive-sentences",
+        type=int,
+        default=500,
+        help="sentences for the naive loop (words/s is measured on them; default 500)",
+    )
+    parser.add_argument(
+        "--trials", type=int, default=3, help="alternating timed runs of (a) and (b); best kept"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the 1x / 4x memory runs")
     parser.add_argument("--json", default=None, help="write the numbers here too")
     parser.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
@@ -226,13 +277,15 @@ def main(argv=None):
     examples = corpus(args)
     words = sum(len(e.words) for e in examples)
     warm = examples[: args.batch_size]
-    plain(model, tokenizer, warm, args.batch_size, device)                         # warm-up
+    plain(model, tokenizer, warm, args.batch_size, device)  # warm-up
     headprobe_run(model, tokenizer, warm, args.batch_size, device)
 
     t_plain = t_probe = float("inf")
-    for _ in range(args.trials):            # alternate, keep each one's best time
+    for _ in range(args.trials):  # alternate, keep each one's best time
         t_plain = min(t_plain, plain(model, tokenizer, examples, args.batch_size, device))
-        t_probe = min(t_probe, headprobe_run(model, tokenizer, examples, args.batch_size, device)[0])
+        t_probe = min(
+            t_probe, headprobe_run(model, tokenizer, examples, args.batch_size, device)[0]
+        )
     eager = model
     if getattr(model.config, "_attn_implementation", "eager") != "eager":
         model.set_attn_implementation("eager")
@@ -242,21 +295,38 @@ def main(argv=None):
     model.set_attn_implementation("sdpa")
 
     result = {
-        "model": name, "device": str(device), "device_name": torch.cuda.get_device_name() if device.type == "cuda"
-        else platform.processor() or platform.machine(), "threads": torch.get_num_threads(), "dtype": args.dtype,
-        "batch_size": args.batch_size, "trials": args.trials, "treebank": str(args.treebank), "repeat": args.repeat, "words": words,
-        "plain_words_per_s": words / t_plain, "headprobe_words_per_s": words / t_probe,
-        "naive_words_per_s": naive_words / t_naive, "naive_sentences": len(naive_examples),
+        "model": name,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name()
+        if device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "dtype": args.dtype,
+        "batch_size": args.batch_size,
+        "trials": args.trials,
+        "treebank": str(args.treebank),
+        "repeat": args.repeat,
+        "words": words,
+        "plain_words_per_s": words / t_plain,
+        "headprobe_words_per_s": words / t_probe,
+        "naive_words_per_s": naive_words / t_naive,
+        "naive_sentences": len(naive_examples),
     }
-    result["ratio_headprobe_to_plain"] = result["headprobe_words_per_s"] / result["plain_words_per_s"]
-    result["ratio_headprobe_to_naive"] = result["headprobe_words_per_s"] / result["naive_words_per_s"]
+    result["ratio_headprobe_to_plain"] = (
+        result["headprobe_words_per_s"] / result["plain_words_per_s"]
+    )
+    result["ratio_headprobe_to_naive"] = (
+        result["headprobe_words_per_s"] / result["naive_words_per_s"]
+    )
     if not args.no_memory:
         result["memory_1x"] = peak_memory(args, 1)
         result["memory_4x"] = peak_memory(args, 4)
         key = "cuda_peak_mb" if device.type == "cuda" else "peak_rss_mb"
         result["memory_ratio_4x_to_1x"] = result["memory_4x"][key] / result["memory_1x"][key]
         key = "peak_rss_with_tables_mb"
-        result["memory_ratio_4x_to_1x_with_tables"] = result["memory_4x"][key] / result["memory_1x"][key]
+        result["memory_ratio_4x_to_1x_with_tables"] = (
+            result["memory_4x"][key] / result["memory_1x"][key]
+        )
     for key, value in result.items():
         print(f"{key:>36}: {value:.3f}" if isinstance(value, float) else f"{key:>36}: {value}")
     if args.json:

@@ -47,8 +47,10 @@ def replicate(path: Path, copies: int, out: Path) -> Path:
     lines = path.read_text(encoding="utf-8").rstrip("\n").splitlines()
     with open(out, "w", encoding="utf-8") as handle:
         for k in range(copies):
-            renamed = (f"{line}-copy{k}" if line.startswith(("# sent_id =", "# newdoc id =")) else line
-                       for line in lines)
+            renamed = (
+                f"{line}-copy{k}" if line.startswith(("# sent_id =", "# newdoc id =")) else line
+                for line in lines
+            )
             handle.write("\n".join(renamed) + "\n\n")
     return out
 
@@ -61,9 +63,18 @@ def random_llama():
     from headprobe.inputs.align import prepare_tokenizer
     from headprobe.model.loading import SMOLLM2_GGUF, smollm2_dir
 
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF))
-    config = LlamaConfig(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=256,
-                         intermediate_size=512, vocab_size=len(tokenizer), max_position_embeddings=2048)
+    tokenizer = prepare_tokenizer(
+        AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+    )
+    config = LlamaConfig(
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_size=256,
+        intermediate_size=512,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=2048,
+    )
     torch.manual_seed(0)
     model = LlamaModel(config).eval()
     return model, tokenizer, "random Llama 32x32 (8 KV), hidden 256"
@@ -77,15 +88,23 @@ def child(case: str, treebank: str, out: str) -> dict:
     started = time.perf_counter()
     loaded = random_llama() if case == "llama" else models.load(None, device="cpu")
     loaded_at = time.perf_counter()
-    results = headprobe.run(treebank=treebank, out=out, progress=False, pictures=False, loaded=loaded)
+    results = headprobe.run(
+        treebank=treebank, out=out, progress=False, pictures=False, loaded=loaded
+    )
     done = time.perf_counter()
     scoring = results.summary["runs"]["sentences"]["seconds"]
     whole = done - loaded_at
-    return {"case": case, "treebank": treebank, "words": results.summary["runs"]["sentences"]["words"],
-            "load_seconds": round(loaded_at - started, 2), "scoring_seconds": round(scoring, 2),
-            "after_scoring_seconds": round(whole - scoring, 2), "whole_run_seconds": round(whole, 2),
-            "after_over_scoring": round((whole - scoring) / scoring, 3),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "case": case,
+        "treebank": treebank,
+        "words": results.summary["runs"]["sentences"]["words"],
+        "load_seconds": round(loaded_at - started, 2),
+        "scoring_seconds": round(scoring, 2),
+        "after_scoring_seconds": round(whole - scoring, 2),
+        "whole_run_seconds": round(whole, 2),
+        "after_over_scoring": round((whole - scoring) / scoring, 3),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
 
 
 def run_child(case: str, treebank: Path, out: Path) -> dict:
@@ -113,8 +132,11 @@ def memory(cases=tuple(CASES), keep: str | None = None) -> list[dict]:
             rows[name] = row
             if copies > 1:
                 treebank.unlink()
-    ratios = {f"{name}_over_x1_peak": round(rows[name]["peak_rss_mb"] / rows["x1"]["peak_rss_mb"], 3)
-              for name in ("x8", "x40") if name in rows and "x1" in rows}
+    ratios = {
+        f"{name}_over_x1_peak": round(rows[name]["peak_rss_mb"] / rows["x1"]["peak_rss_mb"], 3)
+        for name in ("x8", "x40")
+        if name in rows and "x1" in rows
+    }
     return list(rows.values()) + ([ratios] if ratios else [])
 
 
@@ -133,7 +155,9 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
     torch.manual_seed(0)
     model, tokenizer, name = models.load(None, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        treebank = EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
+        treebank = (
+            EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
+        )
         corpus = read_conllu(treebank)
         words = sum(len(ex.words) for ex in corpus)
         pad = tokenizer.pad_token_id or 0
@@ -146,11 +170,17 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
 
         def whole(out):
             extra = {} if measure == "weights" else {"measure": measure}
-            results = headprobe.run(treebank=treebank, out=out, progress=False, loaded=(model, tokenizer, name),
-                                    report=True, **extra)
+            results = headprobe.run(
+                treebank=treebank,
+                out=out,
+                progress=False,
+                loaded=(model, tokenizer, name),
+                report=True,
+                **extra,
+            )
             return results.summary["runs"]["sentences"]["seconds"]
 
-        plain()                                                     # warm-up
+        plain()  # warm-up
         times = {"plain": [], "whole": [], "scoring": []}
         for trial in range(repeat):
             start = time.perf_counter()
@@ -160,24 +190,33 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
             times["scoring"].append(whole(Path(tmp) / f"r{trial}"))
             times["whole"].append(time.perf_counter() - start)
     best = {k: min(v) for k, v in times.items()}
-    return {"model": name, "corpus": f"EWT dev x{copies}", "words": words, "trials": repeat, "measure": measure,
-            "plain_words_per_second": round(words / best["plain"], 1),
-            "whole_run_words_per_second": round(words / best["whole"], 1),
-            "whole_over_plain": round(best["plain"] / best["whole"], 3),
-            "scoring_over_plain": round(best["plain"] / best["scoring"], 3),
-            "seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
-            "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
+    return {
+        "model": name,
+        "corpus": f"EWT dev x{copies}",
+        "words": words,
+        "trials": repeat,
+        "measure": measure,
+        "plain_words_per_second": round(words / best["plain"], 1),
+        "whole_run_words_per_second": round(words / best["whole"], 1),
+        "whole_over_plain": round(best["plain"] / best["whole"], 3),
+        "scoring_over_plain": round(best["plain"] / best["scoring"], 3),
+        "seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+    }
 
 
 # where a whole run's time goes: cumulative seconds of these functions under cProfile
-STAGES = {"model forward (all)": ("torch/nn/modules/module.py", "_call_impl"),
-          "capture (probabilities)": ("headprobe/model/capture.py", None),
-          "word pooling": ("headprobe/scoring/engine.py", "pool_words"),
-          "scorers (update)": ("headprobe/scorers/", "update"),
-          "tally (streaming bootstrap)": ("headprobe/scoring/tally.py", "flush"),
-          "statistics and tables": ("headprobe/results/query.py", None),
-          "report": ("headprobe/report/", None),
-          "save": ("headprobe/results/store.py", "save")}
+STAGES = {
+    "model forward (all)": ("torch/nn/modules/module.py", "_call_impl"),
+    "capture (probabilities)": ("headprobe/model/capture.py", None),
+    "word pooling": ("headprobe/scoring/engine.py", "pool_words"),
+    "scorers (update)": ("headprobe/scorers/", "update"),
+    "tally (streaming bootstrap)": ("headprobe/scoring/tally.py", "flush"),
+    "statistics and tables": ("headprobe/results/query.py", None),
+    "report": ("headprobe/report/", None),
+    "save": ("headprobe/results/store.py", "save"),
+}
 
 
 def profile(copies: int = 4) -> dict:
@@ -192,20 +231,30 @@ def profile(copies: int = 4) -> dict:
 
     loaded = models.load(None, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        treebank = EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
+        treebank = (
+            EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
+        )
         profiler = cProfile.Profile()
         start = time.perf_counter()
         profiler.enable()
-        headprobe.run(treebank=treebank, out=Path(tmp) / "out", progress=False, loaded=loaded, report=True)
+        headprobe.run(
+            treebank=treebank, out=Path(tmp) / "out", progress=False, loaded=loaded, report=True
+        )
         profiler.disable()
         total = time.perf_counter() - start
-    stats = pstats.Stats(profiler).stats            # (file, line, name) -> (cc, nc, tt, ct, callers)
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
     stages = {}
     for stage, (where, function) in STAGES.items():
-        mine = {key for key in stats if where in key[0] and (function is None or key[2] == function)}
+        mine = {
+            key for key in stats if where in key[0] and (function is None or key[2] == function)
+        }
         # a stage's time: its entries called from outside the stage (nested calls count once)
-        stages[stage] = round(sum(stats[key][3] for key in mine
-                                  if not any(caller in mine for caller in stats[key][4])), 2)
+        stages[stage] = round(
+            sum(
+                stats[key][3] for key in mine if not any(caller in mine for caller in stats[key][4])
+            ),
+            2,
+        )
     return {"corpus": f"EWT dev x{copies}", "profiled_seconds": round(total, 2), "stages": stages}
 
 
@@ -216,10 +265,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["memory", "speed", "profile"])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES), help="memory: which runs")
-    parser.add_argument("--keep", default=None, help="memory: keep each case's results directory under this folder")
-    parser.add_argument("--copies", type=int, default=4, help="speed/profile: EWT dev repeated this many times")
-    parser.add_argument("--measure", default="weights", help="speed: the run's --measure (weights, weights,norms)")
+    parser.add_argument(
+        "--cases", nargs="+", choices=list(CASES), default=list(CASES), help="memory: which runs"
+    )
+    parser.add_argument(
+        "--keep", default=None, help="memory: keep each case's results directory under this folder"
+    )
+    parser.add_argument(
+        "--copies", type=int, default=4, help="speed/profile: EWT dev repeated this many times"
+    )
+    parser.add_argument(
+        "--measure", default="weights", help="speed: the run's --measure (weights, weights,norms)"
+    )
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args()
     if args.what == "memory":

@@ -44,7 +44,7 @@ TEXT = (
     "Tourists often ask whether the lamp is still lit by hand. "
     "It is not; an electric motor has turned the lens since 1964. "
     "Still, Maria cleans the glass herself and checks the motor twice a day. "
-    "\"A machine can fail,\" she explains, \"but a careful person rarely does.\" "
+    '"A machine can fail," she explains, "but a careful person rarely does." '
     "The council has twice proposed closing the lighthouse to save money. "
     "Both times, the fishermen signed a petition, and the plan was dropped. "
     "One of them, a quiet man named Ibrahim, collected 340 signatures in a "

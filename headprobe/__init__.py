@@ -12,5 +12,16 @@ from headprobe.results.query import Results, load_results
 from headprobe.scorers.token_patterns import PatternRule, pattern_analysis
 
 __version__ = "0.1.0"
-__all__ = ["run", "load_results", "load_model", "attention_for_sentence", "AttentionCapture", "capture_heads",
-           "Results", "pattern_analysis", "PatternRule", "attention_sites", "AttentionSite"]
+__all__ = [
+    "run",
+    "load_results",
+    "load_model",
+    "attention_for_sentence",
+    "AttentionCapture",
+    "capture_heads",
+    "Results",
+    "pattern_analysis",
+    "PatternRule",
+    "attention_sites",
+    "AttentionSite",
+]

@@ -1,6 +1,6 @@
 """`python -m headprobe ...` (the `headprobe` command), e.g. under torchrun:
 
-    torchrun --nproc_per_node 2 -m headprobe run --treebank en_ewt-ud-dev.conllu --out results/
+torchrun --nproc_per_node 2 -m headprobe run --treebank en_ewt-ud-dev.conllu --out results/
 """
 
 import sys

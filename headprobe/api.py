@@ -88,10 +88,17 @@ def validate(config: RunConfig) -> tuple[RunConfig, distributed.World]:
     writes and shows progress) and its place in the world."""
     config = config.checked()
     world, device, out, checkpoint_every, progress = distributed.for_run(
-        config.device, out=config.out, progress=config.progress, checkpoint_every=config.checkpoint_every,
-        resume=config.resume, keep_unit_counts=config.keep_unit_counts, device_map=config.device_map)
-    return dataclasses.replace(config, device=device, out=out, checkpoint_every=checkpoint_every,
-                               progress=progress), world
+        config.device,
+        out=config.out,
+        progress=config.progress,
+        checkpoint_every=config.checkpoint_every,
+        resume=config.resume,
+        keep_unit_counts=config.keep_unit_counts,
+        device_map=config.device_map,
+    )
+    return dataclasses.replace(
+        config, device=device, out=out, checkpoint_every=checkpoint_every, progress=progress
+    ), world
 
 
 @dataclass
@@ -104,7 +111,7 @@ class Session:
     name: str
     sites: Sites
     stack: str
-    analyses: list[str]              # the checked analyses and what they need first on this model
+    analyses: list[str]  # the checked analyses and what they need first on this model
     summary: dict
     checkpoint: Checkpoint | None
     world: distributed.World
@@ -118,50 +125,90 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
         for note in lock.notes + atomic.recover(config.out):
             _note(note)
     reference = checks.check_model(config.model) if config.loaded is None else None
-    if reference is not None:        # the config first: layers that do not exist fail before the weights load
+    if (
+        reference is not None
+    ):  # the config first: layers that do not exist fail before the weights load
         model_config = checks.read_config(*reference)
         checks.check_stack_in_config(config.stack, model_config, reference[2])
         n_config_layers, n_config_heads = checks.config_layers_heads(model_config, config.stack)
         if n_config_layers:
             checks.check_layers_exist(config.layers, n_config_layers, reference[2])
-            checks.check_heads_exist(config.heads, n_config_layers, n_config_heads, config.layers, reference[2])
-    inputs = {key: store.input_fingerprint(flag(key), getattr(config, key))
-              for key in (*SENTENCE_SOURCES, "coref") if getattr(config, key) is not None}
-    inputs["model"] = (store.model_fingerprint(reference[0], reference[2]) if reference is not None
-                       else {"name": config.loaded[2]})
-    device = (str(models.pick_device(config.device)) if config.loaded is None
-              else str(next(config.loaded[0].parameters()).device))
+            checks.check_heads_exist(
+                config.heads, n_config_layers, n_config_heads, config.layers, reference[2]
+            )
+    inputs = {
+        key: store.input_fingerprint(flag(key), getattr(config, key))
+        for key in (*SENTENCE_SOURCES, "coref")
+        if getattr(config, key) is not None
+    }
+    inputs["model"] = (
+        store.model_fingerprint(reference[0], reference[2])
+        if reference is not None
+        else {"name": config.loaded[2]}
+    )
+    device = (
+        str(models.pick_device(config.device))
+        if config.loaded is None
+        else str(next(config.loaded[0].parameters()).device)
+    )
     settings = config.options_record(device)
     checkpoint = None
     if config.out is not None and config.checkpoint_every and not config.keep_unit_counts:
-        fingerprint = {"inputs": inputs, "options": settings, "chunk": CHUNK, "version": store.version()}
+        fingerprint = {
+            "inputs": inputs,
+            "options": settings,
+            "chunk": CHUNK,
+            "version": store.version(),
+        }
         checkpoint = Checkpoint(config.out, fingerprint, config.checkpoint_every, config.resume)
         for note in checkpoint.notes:
             _note(note)
     loaded = config.loaded
     if loaded is None:
         # head ablation / importance (SPEC 8) score the language-model loss: the model under its head
-        lm_head = any(getattr(registry.get(name).scorer, "needs_lm_head", False) for name in config.analyses)
+        lm_head = any(
+            getattr(registry.get(name).scorer, "needs_lm_head", False) for name in config.analyses
+        )
         with _quiet_loading(not config.progress):
             loaded = (models.load_lm if lm_head else models.load)(
-                config.model, device=config.device, dtype=config.dtype, device_map=config.device_map,
-                max_memory=config.max_memory)[:3]
+                config.model,
+                device=config.device,
+                dtype=config.dtype,
+                device_map=config.device_map,
+                max_memory=config.max_memory,
+            )[:3]
     net, tokenizer, name = loaded
     sites = attention_sites(net)
     stack = sites.resolve(config.stack)
     checks.check_layers_exist(config.layers, sites.n_layers(stack), name)
-    checks.check_heads_exist(config.heads, sites.n_layers(stack), sites.n_heads(stack), config.layers, name)
+    checks.check_heads_exist(
+        config.heads, sites.n_layers(stack), sites.n_heads(stack), config.layers, name
+    )
     check_capturable_measures(net, config.measure)
     tokenizer, bos_used = apply_bos(tokenizer, config.bos, sites.causal(stack))
-    summary = {"model": name, "dtype": config.dtype, "device": str(next(net.parameters()).device),
-               "batch_size": config.batch_size, "from_mode": config.from_mode, "layers": config.layers,
-               "notes": [], "skipped": {}, "corpora": {}, "runs": {}, "seed": config.seed,
-               "bootstrap_resamples": config.n_boot,
-               "units": "documents where the corpus marks them (# newdoc id), else sentences",
-               "run_id": store.new_run_id(), "inputs": inputs, "options": settings,
-               "bos": {"asked": config.bos, "used": bos_used}, "stack": stack, **sites.describe(),
-               "conventions": dict(PRESETS[config.conventions].summary(), from_mode_used=config.from_mode),
-               "measures": list(config.measure)}
+    summary = {
+        "model": name,
+        "dtype": config.dtype,
+        "device": str(next(net.parameters()).device),
+        "batch_size": config.batch_size,
+        "from_mode": config.from_mode,
+        "layers": config.layers,
+        "notes": [],
+        "skipped": {},
+        "corpora": {},
+        "runs": {},
+        "seed": config.seed,
+        "bootstrap_resamples": config.n_boot,
+        "units": "documents where the corpus marks them (# newdoc id), else sentences",
+        "run_id": store.new_run_id(),
+        "inputs": inputs,
+        "options": settings,
+        "bos": {"asked": config.bos, "used": bos_used},
+        "stack": stack,
+        **sites.describe(),
+        "conventions": dict(PRESETS[config.conventions].summary(), from_mode_used=config.from_mode),
+        "measures": list(config.measure),
+    }
     analyses = _with_prerequisites(config.analyses, net, config.heads)
     return Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world)
 
@@ -209,8 +256,12 @@ def _make_scorers(analyses, heads=None, model: str = TRAINED, measures=DEFAULT_M
     (the first measure's scorers are exactly a one-measure run's); an analysis that takes no
     attention (it runs the model itself: ablation, importance) once, under the first measure; the
     ablation analysis's heads set (`use_heads`)."""
-    scorers = [a.make_scorer(model=model, measure=m) for i, m in enumerate(measures) for a in analyses
-               if i == 0 or not hasattr(a.scorer, "model_pass")]
+    scorers = [
+        a.make_scorer(model=model, measure=m)
+        for i, m in enumerate(measures)
+        for a in analyses
+        if i == 0 or not hasattr(a.scorer, "model_pass")
+    ]
     for scorer in scorers:
         if hasattr(scorer, "use_heads"):
             scorer.use_heads(heads)
@@ -237,46 +288,82 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
         passes.append(coref_pass(config, session.tokenizer, on_coref))
     if config.probe is not None and on_tokens:
         from headprobe.inputs.probes import make_probe
-        examples = make_probe(config.probe, session.tokenizer, length=config.probe_length, n=config.probe_n,
-                              seed=config.seed, specials=config.probe_specials,
-                              vocab_size=getattr(text_config(session.net), "vocab_size", None))
-        passes.append(Pass(PROBE, on_tokens, _make_scorers(on_tokens, config.heads, measures=config.measure),
-                           examples, examples.name, config.batch_size))
+
+        examples = make_probe(
+            config.probe,
+            session.tokenizer,
+            length=config.probe_length,
+            n=config.probe_n,
+            seed=config.seed,
+            specials=config.probe_specials,
+            vocab_size=getattr(text_config(session.net), "vocab_size", None),
+        )
+        passes.append(
+            Pass(
+                PROBE,
+                on_tokens,
+                _make_scorers(on_tokens, config.heads, measures=config.measure),
+                examples,
+                examples.name,
+                config.batch_size,
+            )
+        )
     if not passes:
-        raise ValueError("nothing to score: give a sentence corpus and/or coref for the analyses asked for")
+        raise ValueError(
+            "nothing to score: give a sentence corpus and/or coref for the analyses asked for"
+        )
     return passes
 
 
-def sentence_stream(treebank=None, text=None, hf_dataset=None, skip_bad=False, conventions=None) -> Stream:
+def sentence_stream(
+    treebank=None, text=None, hf_dataset=None, skip_bad=False, conventions=None
+) -> Stream:
     """Dependency examples of one source (`RunConfig.checked` allows one; default: the bundled
     sample), read lazily; a treebank's relation subtypes are cut or kept as `conventions` say."""
     if text is not None:
         from headprobe.inputs.corpora.spacy_text import stream_text
+
         return stream_text(text, skip_bad=skip_bad)
     if hf_dataset is not None:
         from headprobe.inputs.corpora.hf_datasets import stream_hf_dataset
+
         return stream_hf_dataset(hf_dataset, skip_bad=skip_bad)
     from headprobe.inputs.corpora.conllu import stream_conllu
-    return stream_conllu(treebank if treebank is not None else SAMPLE, skip_bad=skip_bad, conventions=conventions)
+
+    return stream_conllu(
+        treebank if treebank is not None else SAMPLE, skip_bad=skip_bad, conventions=conventions
+    )
 
 
 def sentence_pass(config: RunConfig, analyses) -> Pass:
-    stream = sentence_stream(config.treebank, config.text, config.hf_dataset, config.skip_bad, config.conventions)
+    stream = sentence_stream(
+        config.treebank, config.text, config.hf_dataset, config.skip_bad, config.conventions
+    )
 
     def record(summary: dict) -> None:
         summary["skipped"]["malformed_sentences"] = len(stream.skipped)
         summary["skipped"]["malformed_sources"] = list(stream.skipped)[:50]
 
     pictures = config.pictures and any(a.pictures == ARCS for a in analyses)
-    return Pass(SENTENCES, analyses, _make_scorers(analyses, config.heads, measures=config.measure), stream,
-                stream.name, config.batch_size, record, picker=SentencePicker(config.seed) if pictures else None)
+    return Pass(
+        SENTENCES,
+        analyses,
+        _make_scorers(analyses, config.heads, measures=config.measure),
+        stream,
+        stream.name,
+        config.batch_size,
+        record,
+        picker=SentencePicker(config.seed) if pictures else None,
+    )
 
 
 def second_pass(first: Pass, later) -> Pass:
     """The analyses that need the first pass's counts (`second_pass`: the pruning curve's order), on
     the same corpus. Under torchrun the counts they read are summed over the ranks first (copies:
     the run's own totals are summed once, at the end)."""
-    measure = first.scorers[0].measure if first.scorers else DEFAULT_MEASURES[0]   # the first measure's counts
+    measure = (
+        first.scorers[0].measure if first.scorers else DEFAULT_MEASURES[0]
+    )  # the first measure's counts
     scorers = _make_scorers(later, measures=(measure,))
 
     def before(summary: dict) -> None:
@@ -286,14 +373,21 @@ def second_pass(first: Pass, later) -> Pass:
             scorer.use_tallies(tallies)
             summary.update(scorer.describe())
 
-    return Pass(SECOND_PASS, later, scorers, first.examples, first.source, first.batch_size, before=before)
+    return Pass(
+        SECOND_PASS, later, scorers, first.examples, first.source, first.batch_size, before=before
+    )
 
 
 def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:
     from headprobe.inputs.corpora.corefud import stream_coref_examples, tokenizer_piece_counter
 
-    windows = stream_coref_examples(config.coref, tokenizer_piece_counter(tokenizer), window=config.window,
-                                    skip_bad=config.skip_bad, single_document=config.coref_single_document)
+    windows = stream_coref_examples(
+        config.coref,
+        tokenizer_piece_counter(tokenizer),
+        window=config.window,
+        skip_bad=config.skip_bad,
+        single_document=config.coref_single_document,
+    )
 
     def record(summary: dict) -> None:
         summary["skipped"]["coreference_sentences"] = len(windows.skipped)
@@ -301,9 +395,16 @@ def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:
         summary["coreference_corpus"] = dict(windows.counts)
 
     pictures = config.pictures and any(a.pictures == MENTIONS for a in analyses)
-    return Pass(COREFERENCE, analyses, _make_scorers(analyses, config.heads, measures=config.measure), windows,
-                str(config.coref),
-                max(1, config.batch_size // 4), record, picker=MentionPicker(config.seed) if pictures else None)
+    return Pass(
+        COREFERENCE,
+        analyses,
+        _make_scorers(analyses, config.heads, measures=config.measure),
+        windows,
+        str(config.coref),
+        max(1, config.batch_size // 4),
+        record,
+        picker=MentionPicker(config.seed) if pictures else None,
+    )
 
 
 def control_passes(config: RunConfig, session: Session, passes: list[Pass]) -> list[Pass]:
@@ -315,12 +416,24 @@ def control_passes(config: RunConfig, session: Session, passes: list[Pass]) -> l
     for one in passes:
         reading = [a for a in one.analyses if not hasattr(a.scorer, "model_pass")]
         if one.key != SECOND_PASS and reading:
-            control.append(Pass(tally_key(one.key, CONTROL), reading,
-                                _make_scorers(reading, model=CONTROL, measures=config.measure),
-                                one.examples, one.source, one.batch_size, net=twin, control=True))
-    session.summary["control"] = {"kind": config.control, "seed": config.seed,
-                                  "model": f"{session.name}, {config.control} (seed {config.seed})",
-                                  "analyses": list(dict.fromkeys(s.analysis for one in control for s in one.scorers))}
+            control.append(
+                Pass(
+                    tally_key(one.key, CONTROL),
+                    reading,
+                    _make_scorers(reading, model=CONTROL, measures=config.measure),
+                    one.examples,
+                    one.source,
+                    one.batch_size,
+                    net=twin,
+                    control=True,
+                )
+            )
+    session.summary["control"] = {
+        "kind": config.control,
+        "seed": config.seed,
+        "model": f"{session.name}, {config.control} (seed {config.seed})",
+        "analyses": list(dict.fromkeys(s.analysis for one in control for s in one.scorers)),
+    }
     return control
 
 
@@ -333,8 +446,10 @@ def score(config: RunConfig, session: Session, passes: list[Pass]) -> None:
         score_pass(config, session, one)
     if not any(r["examples"] for r in summary["runs"].values()):
         skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
-        raise checks.UsageError(f"nothing was scored: no example of the corpus could be scored "
-                                f"(skipped: {skipped or 'none; the corpus is empty'})")
+        raise checks.UsageError(
+            f"nothing was scored: no example of the corpus could be scored "
+            f"(skipped: {skipped or 'none; the corpus is empty'})"
+        )
     if config.control is not None:
         control = control_passes(config, session, passes)
         for one in control:
@@ -350,19 +465,41 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
     interrupted one continues where it stopped; a finished pass is saved."""
     net, checkpoint, summary = one.net or session.net, session.checkpoint, session.summary
     one.before(summary)
-    state = checkpoint.restore(one.key, one.scorers, next(net.parameters()).device) if checkpoint is not None else None
-    engine = Engine(net, session.tokenizer, one.scorers, desc=one.key, batch_size=one.batch_size,
-                    layers=config.layers, from_mode=config.from_mode, progress=config.progress, seed=config.seed,
-                    n_boot=config.n_boot, keep_units=config.keep_unit_counts, conventions=config.conventions,
-                    query_block=config.query_block, stack=session.stack)
+    state = (
+        checkpoint.restore(one.key, one.scorers, next(net.parameters()).device)
+        if checkpoint is not None
+        else None
+    )
+    engine = Engine(
+        net,
+        session.tokenizer,
+        one.scorers,
+        desc=one.key,
+        batch_size=one.batch_size,
+        layers=config.layers,
+        from_mode=config.from_mode,
+        progress=config.progress,
+        seed=config.seed,
+        n_boot=config.n_boot,
+        keep_units=config.keep_unit_counts,
+        conventions=config.conventions,
+        query_block=config.query_block,
+        stack=session.stack,
+    )
     examples = one.picker.watch(one.examples) if one.picker is not None else one.examples
     if state is not None and state.get("finished"):
         stats = state["stats"]
-        for _ in examples:                     # read, not scored: fills the skip accounting and pictures
+        for _ in examples:  # read, not scored: fills the skip accounting and pictures
             pass
     else:
-        hook = _CheckpointHook(checkpoint, one.key, one.scorers, state) if checkpoint is not None else None
-        stats = distributed.reduce_stats(engine.run(distributed.shard(examples, block=CHUNK), checkpoint=hook))
+        hook = (
+            _CheckpointHook(checkpoint, one.key, one.scorers, state)
+            if checkpoint is not None
+            else None
+        )
+        stats = distributed.reduce_stats(
+            engine.run(distributed.shard(examples, block=CHUNK), checkpoint=hook)
+        )
         if checkpoint is not None:
             checkpoint.save(one.key, one.scorers, {"finished": True, "stats": stats})
     summary["corpora"][one.key] = one.source
@@ -374,7 +511,9 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
 
 
 # ----------------------------------------------------------------------------------- results
-def finish(config: RunConfig, session: Session, passes: list[Pass], started: float) -> Results | None:
+def finish(
+    config: RunConfig, session: Session, passes: list[Pass], started: float
+) -> Results | None:
     """Sum the counts over the ranks; on rank 0: the results (tables, pictures), saved to `out`."""
     net, summary, world = session.net, session.summary, session.world
     trained = [scorer for one in passes if not one.control for scorer in one.scorers]
@@ -389,29 +528,44 @@ def finish(config: RunConfig, session: Session, passes: list[Pass], started: flo
     objectives = {s.analysis: s.objective.description for s in trained if hasattr(s, "objective")}
     if objectives:
         summary["objectives"] = objectives
-    distributed.all_reduce_tallies([s.tally_ for s in scorers])         # torchrun: summed over the ranks
+    distributed.all_reduce_tallies([s.tally_ for s in scorers])  # torchrun: summed over the ranks
     if not world.main:
-        return None                                                     # rank 0 writes
+        return None  # rank 0 writes
     if world.size > 1:
         summary["distributed"] = world.describe()
     if getattr(net, "hf_device_map", None):
         summary["device_map"] = {k: str(v) for k, v in net.hf_device_map.items()}
-    unit_counts = merge_unit_counts([s.unit_counts() for s in trained]) if config.keep_unit_counts else None
-    results = Results({s.key: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts)
+    unit_counts = (
+        merge_unit_counts([s.unit_counts() for s in trained]) if config.keep_unit_counts else None
+    )
+    results = Results(
+        {s.key: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts
+    )
     pickers = {one.key: one.picker for one in passes if one.picker is not None}
     drawn = lambda kind: any(name in results.tallies for name in registry.pictured(kind))
     sentences = pickers.get(SENTENCES) if drawn(ARCS) else None
     mentions = pickers.get(COREFERENCE) if drawn(MENTIONS) else None
     if sentences is not None or mentions is not None:
         from headprobe.results.examples import example_pictures
-        results.examples = example_pictures(net, session.tokenizer, results.for_measure().best_heads, sentences,
-                                            config.from_mode, seed=config.seed, coref=mentions, stack=stack)
+
+        results.examples = example_pictures(
+            net,
+            session.tokenizer,
+            results.for_measure().best_heads,
+            sentences,
+            config.from_mode,
+            seed=config.seed,
+            coref=mentions,
+            stack=stack,
+        )
     results.summary["seconds"] = round(time.perf_counter() - started, 2)
     results.summary["headline"] = headline(results.best_heads)
     out, report, checkpoint = config.out, config.report, session.checkpoint
     if out is not None:
         results.summary["out"] = str(out)
-        results.saved_paths = store.save(results, out, extra=_staged_report(results) if report else None)
+        results.saved_paths = store.save(
+            results, out, extra=_staged_report(results) if report else None
+        )
         if checkpoint is not None:
             checkpoint.remove()
     return results
@@ -435,12 +589,14 @@ def _quiet_loading(quiet: bool):
 def _staged_report(results):
     """report/ built inside the save, swapped in with the results (`report.staged_report`)."""
     from headprobe.report import staged_report
+
     return staged_report(results)
 
 
 def check_capturable_measures(net, measures) -> None:
     """A model on the legacy output_attentions path has no values: --measure norms is refused."""
     from headprobe.model.capture import CaptureUnavailable, check_capturable
+
     try:
         check_capturable(net, needs_of(measures))
     except CaptureUnavailable as err:
@@ -465,24 +621,50 @@ class _CheckpointHook:
 
 def _run_stats(stats: dict) -> dict:
     seconds = stats["seconds"]
-    return {"examples": stats["examples"], "words": stats["words"], "seconds": round(seconds, 2),
-            "words_per_second": round(stats["words"] / seconds, 1) if seconds else None,
-            "final_batch_size": stats["batch_size"]}
+    return {
+        "examples": stats["examples"],
+        "words": stats["words"],
+        "seconds": round(seconds, 2),
+        "words_per_second": round(stats["words"] / seconds, 1) if seconds else None,
+        "final_batch_size": stats["batch_size"],
+    }
 
 
-def headline(best_heads: pd.DataFrame, labels=("ALL", "nsubj", "det", "obj", "amod", "aux", "pronoun",
-                                                "proper", "nominal")) -> list[dict]:
+def headline(
+    best_heads: pd.DataFrame,
+    labels=("ALL", "nsubj", "det", "obj", "amod", "aux", "pronoun", "proper", "nominal"),
+) -> list[dict]:
     rows = best_heads[best_heads["label"].isin(labels) & (best_heads["fold"] == "")]
-    keep = ["analysis", "label", "selection", "heads", "direction", "n", "accuracy", "ci_low", "ci_high",
-            "baseline_variant", "baseline_accuracy", "gap"]
+    keep = [
+        "analysis",
+        "label",
+        "selection",
+        "heads",
+        "direction",
+        "n",
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "baseline_variant",
+        "baseline_accuracy",
+        "gap",
+    ]
     return rows[keep].round(4).to_dict(orient="records")
 
 
-def attention_for_sentence(model, words_or_text, layer: int, head: int, from_mode: str = "mean",
-                           tokenizer=None, stack: str | None = None) -> pd.DataFrame:
+def attention_for_sentence(
+    model,
+    words_or_text,
+    layer: int,
+    head: int,
+    from_mode: str = "mean",
+    tokenizer=None,
+    stack: str | None = None,
+) -> pd.DataFrame:
     """Word x word attention of one head (of `stack`: "encoder", "decoder", "cross"; None: the
     model's default); `model` is a name/alias or a loaded (model, tokenizer)."""
     from headprobe.results.examples import attention_for_sentence as picture
+
     if isinstance(model, (str, type(None))):
         net, tokenizer, _ = models.load(model)
     elif isinstance(model, tuple):

@@ -56,7 +56,9 @@ def parse_layers(text) -> list[int] | None:
         layers = list(text)
         for layer in layers:
             if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-                raise UsageError(f"--layers: {layer!r} is not a layer (layers are 0-based whole numbers)")
+                raise UsageError(
+                    f"--layers: {layer!r} is not a layer (layers are 0-based whole numbers)"
+                )
         if not layers:
             raise UsageError("--layers: the list of layers is empty")
         return sorted(set(layers))
@@ -70,12 +72,16 @@ def parse_layers(text) -> list[int] | None:
             else:
                 start = end = int(part)
         except ValueError:
-            raise UsageError(f"--layers {text!r}: {part!r} is not a layer or a range like 0-3 "
-                             "(layers are 0-based whole numbers)") from None
+            raise UsageError(
+                f"--layers {text!r}: {part!r} is not a layer or a range like 0-3 "
+                "(layers are 0-based whole numbers)"
+            ) from None
         if start < 0 or end < 0:
             raise UsageError(f"--layers {text!r}: layers are 0-based, {part!r} is negative")
         if end < start:
-            raise UsageError(f"--layers {text!r}: the range {part} runs backwards (did you mean {end}-{start}?)")
+            raise UsageError(
+                f"--layers {text!r}: the range {part} runs backwards (did you mean {end}-{start}?)"
+            )
         layers.update(range(start, end + 1))
     return sorted(layers)
 
@@ -86,8 +92,10 @@ def check_layers_exist(layers, n_layers: int, model: str) -> None:
         return
     beyond = [layer for layer in layers if layer >= n_layers]
     if beyond:
-        raise UsageError(f"--layers: {model} has {n_layers} layers (0-{n_layers - 1}); "
-                         f"layer {beyond[0]} does not exist")
+        raise UsageError(
+            f"--layers: {model} has {n_layers} layers (0-{n_layers - 1}); "
+            f"layer {beyond[0]} does not exist"
+        )
 
 
 def parse_heads(text) -> list[tuple[int, int]] | None:
@@ -104,8 +112,10 @@ def parse_heads(text) -> list[tuple[int, int]] | None:
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise UsageError(f"--heads {text!r}: {part!r} is not a head; give LAYER-HEAD pairs like 17-3,18-6 "
-                             "(0-based) or 'all'")
+            raise UsageError(
+                f"--heads {text!r}: {part!r} is not a head; give LAYER-HEAD pairs like 17-3,18-6 "
+                "(0-based) or 'all'"
+            )
         if (int(layer), int(head)) not in heads:
             heads.append((int(layer), int(head)))
     if not heads:
@@ -117,10 +127,14 @@ def check_heads_exist(heads, n_layers: int, n_heads: int, layers, model: str) ->
     """Heads asked for must exist in the model and lie in the layers scored (`--layers`)."""
     for layer, head in heads or ():
         if layer >= n_layers or head >= n_heads:
-            raise UsageError(f"--heads: {model} has {n_layers} layers x {n_heads} heads (0-based); "
-                             f"head {layer}-{head} does not exist")
+            raise UsageError(
+                f"--heads: {model} has {n_layers} layers x {n_heads} heads (0-based); "
+                f"head {layer}-{head} does not exist"
+            )
         if layers is not None and layer not in layers:
-            raise UsageError(f"--heads: head {layer}-{head} is in layer {layer}, which --layers leaves out")
+            raise UsageError(
+                f"--heads: head {layer}-{head} is in layer {layer}, which --layers leaves out"
+            )
 
 
 # ----------------------------------------------------------------------------------------
@@ -141,20 +155,28 @@ def check_device(device):
         return "cpu"
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError(f"--device {device}: no CUDA GPU is available here "
-                             "(torch.cuda.is_available() is False); use --device cpu")
+            raise UsageError(
+                f"--device {device}: no CUDA GPU is available here "
+                "(torch.cuda.is_available() is False); use --device cpu"
+            )
         if colon:
             count = torch.cuda.device_count()
             if not index.isdigit() or int(index) >= count:
-                raise UsageError(f"--device {device}: there {'is' if count == 1 else 'are'} {count} CUDA "
-                                 f"device{'s' if count != 1 else ''} (cuda:0-cuda:{count - 1})")
+                raise UsageError(
+                    f"--device {device}: there {'is' if count == 1 else 'are'} {count} CUDA "
+                    f"device{'s' if count != 1 else ''} (cuda:0-cuda:{count - 1})"
+                )
         return text
     if kind == "mps" and not colon:
         backend = getattr(torch.backends, "mps", None)
         if backend is None or not backend.is_available():
-            raise UsageError(f"--device {device}: the Apple MPS backend is not available here; use --device cpu")
+            raise UsageError(
+                f"--device {device}: the Apple MPS backend is not available here; use --device cpu"
+            )
         return "mps"
-    raise UsageError(f"--device {device!r}: not a device headprobe can use (cpu, cuda, cuda:N, mps)")
+    raise UsageError(
+        f"--device {device!r}: not a device headprobe can use (cpu, cuda, cuda:N, mps)"
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -173,8 +195,13 @@ def check_input_file(option: str, path) -> None:
 
 
 def looks_like_path(name: str) -> bool:
-    return (name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1
-            or name.endswith("/") or os.path.exists(os.path.expanduser(name)))
+    return (
+        name.startswith(("/", ".", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+        or name.endswith("/")
+        or os.path.exists(os.path.expanduser(name))
+    )
 
 
 def check_hf_dataset(spec) -> None:
@@ -200,26 +227,41 @@ def check_model(name):
         try:
             return models.resolve(name)
         except ImportError as err:
-            raise UsageError(f"--model {name or 'minilm'}: the bundled model is not installed ({err})") from None
+            raise UsageError(
+                f"--model {name or 'minilm'}: the bundled model is not installed ({err})"
+            ) from None
     name = str(name)
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise UsageError(f"--model {name}: a file, not a model directory (one with {CONFIG_NAME})")
+            raise UsageError(
+                f"--model {name}: a file, not a model directory (one with {CONFIG_NAME})"
+            )
         if not (path / CONFIG_NAME).is_file():
-            raise UsageError(f"--model {name}: no {CONFIG_NAME} in this directory, so it is not a "
-                             "Hugging Face model directory")
+            raise UsageError(
+                f"--model {name}: no {CONFIG_NAME} in this directory, so it is not a "
+                "Hugging Face model directory"
+            )
         return str(path), {}, name
     if looks_like_path(name):
         raise UsageError(f"--model {name}: no such model directory")
     if not HUB_NAME.match(name) or "--" in name or ".." in name:
-        raise UsageError(f"--model {name!r}: neither a local model directory nor a Hugging Face hub name "
-                         "(owner/name)")
+        raise UsageError(
+            f"--model {name!r}: neither a local model directory nor a Hugging Face hub name "
+            "(owner/name)"
+        )
     return name, {}, name
 
 
 def models_aliases() -> set[str]:
-    return {"minilm", "all-minilm-l6-v2", "bundled", "smollm2", "smollm2-135m", "smollm2-135m-instruct"}
+    return {
+        "minilm",
+        "all-minilm-l6-v2",
+        "bundled",
+        "smollm2",
+        "smollm2-135m",
+        "smollm2-135m-instruct",
+    }
 
 
 def read_config(path: str, extra: dict, display: str):
@@ -228,17 +270,21 @@ def read_config(path: str, extra: dict, display: str):
 
     try:
         return AutoConfig.from_pretrained(path, **extra)
-    except Exception as err:            # OSError, ValueError, EnvironmentError, HTTP errors...
-        raise UsageError(f"--model {display}: cannot read its config ({type(err).__name__}: "
-                         f"{_first_line(err)})") from None
+    except Exception as err:  # OSError, ValueError, EnvironmentError, HTTP errors...
+        raise UsageError(
+            f"--model {display}: cannot read its config ({type(err).__name__}: {_first_line(err)})"
+        ) from None
 
 
 def config_layers_heads(config, stack: str | None = None) -> tuple[int, int]:
     """(layers, heads) the config declares; an encoder-decoder's decoder layers for the
     decoder and cross stacks (0: not declared)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    decoder = (getattr(text, "num_decoder_layers", None) or getattr(text, "decoder_layers", None)
-               if stack in ("decoder", "cross") and getattr(text, "is_encoder_decoder", False) else None)
+    decoder = (
+        getattr(text, "num_decoder_layers", None) or getattr(text, "decoder_layers", None)
+        if stack in ("decoder", "cross") and getattr(text, "is_encoder_decoder", False)
+        else None
+    )
     n_layers = decoder or getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
     n_heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None)
     return int(n_layers or 0), int(n_heads or 0)

@@ -18,7 +18,15 @@ from headprobe.scorers import registry
 
 # a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
 # (CaptureError: a model whose attention cannot be captured exactly, or a capture that delivered nothing)
-USER_ERRORS = (UsageError, CorpusError, OutInUse, ResultsError, CaptureError, FileNotFoundError, ValueError)
+USER_ERRORS = (
+    UsageError,
+    CorpusError,
+    OutInUse,
+    ResultsError,
+    CaptureError,
+    FileNotFoundError,
+    ValueError,
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,6 +40,7 @@ def parse_layers(text: str | None):
     """'0,2,5' or '0-3' or '0-3,8' -> sorted list; None -> all layers (UsageError when malformed:
     '9-3', '-1', 'x')."""
     from headprobe.checks import parse_layers as parse
+
     return parse(text)
 
 
@@ -64,11 +73,23 @@ def best_table(best_heads, analyses=None, max_rows=12) -> str:
     table = table.assign(
         accuracy=table["accuracy"].map("{:.4f}".format),
         interval=[f"[{a:.3f}, {b:.3f}]" for a, b in zip(table["ci_low"], table["ci_high"])],
-        baseline=[f"{v:.4f} ({name})" if isinstance(name, str) else "" for v, name in
-                  zip(table["baseline_accuracy"], table["baseline_variant"])],
+        baseline=[
+            f"{v:.4f} ({name})" if isinstance(name, str) else ""
+            for v, name in zip(table["baseline_accuracy"], table["baseline_variant"])
+        ],
         n=table["n"].astype(int),
     )
-    cols = ["analysis", "label", "selection", "heads", "direction", "n", "accuracy", "interval", "baseline"]
+    cols = [
+        "analysis",
+        "label",
+        "selection",
+        "heads",
+        "direction",
+        "n",
+        "accuracy",
+        "interval",
+        "baseline",
+    ]
     return table[cols].to_string(index=False)
 
 
@@ -76,27 +97,36 @@ def cmd_run(args) -> int:
     import headprobe
 
     results = headprobe.run(from_cli(args))
-    if results is None:                     # torchrun: a rank other than 0 (rank 0 prints and writes)
+    if results is None:  # torchrun: a rank other than 0 (rank 0 prints and writes)
         return 0
     summary = results.summary
-    print(f"\nmodel: {summary['model']}  ({summary['n_layers']} layers x {summary['n_heads']} heads; "
-          f"layers and heads are 0-based, shown as layer-head)")
+    print(
+        f"\nmodel: {summary['model']}  ({summary['n_layers']} layers x {summary['n_heads']} heads; "
+        f"layers and heads are 0-based, shown as layer-head)"
+    )
     for note in summary["notes"]:
         print(f"note: {note}")
     skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
     if skipped:
         print(f"skipped: {skipped}")
-    print("\nbest heads (accuracy with 95% bootstrap interval; baseline = best fixed offset / best rule):")
+    print(
+        "\nbest heads (accuracy with 95% bootstrap interval; baseline = best fixed offset / best rule):"
+    )
     print(best_table(results.best_heads))
-    if any(registry.get(a).input == registry.PROBE for a in results.tallies if a in registry.names()):
+    if any(
+        registry.get(a).input == registry.PROBE for a in results.tallies if a in registry.names()
+    ):
         from headprobe.scorers.token_patterns import top_heads_text
+
         print(top_heads_text(results))
     out = Path(args.out)
     paths = getattr(results, "saved_paths", {})
-    if "report_html" in paths:              # built inside the atomic save (a failure was warned about)
+    if "report_html" in paths:  # built inside the atomic save (a failure was warned about)
         print(f"\nreport: {paths['report_html']}  {paths.get('report_markdown', '')}")
-    print(f"\nresults written to {out.resolve()}/ (counts, best_heads, baselines, positional_heads, surface "
-          f"as .parquet and .csv; summary.json)")
+    print(
+        f"\nresults written to {out.resolve()}/ (counts, best_heads, baselines, positional_heads, surface "
+        f"as .parquet and .csv; summary.json)"
+    )
     return 0
 
 
@@ -104,9 +134,10 @@ def cmd_report(args) -> int:
     from headprobe.report import UnreadableResults, build_report
 
     try:
-        paths = build_report(Path(args.results), Path(args.out) if args.out else None,
-                             figures_only=args.figures_only)
-    except (FileNotFoundError, UnreadableResults) as exc:     # empty, foreign or corrupt: one line
+        paths = build_report(
+            Path(args.results), Path(args.out) if args.out else None, figures_only=args.figures_only
+        )
+    except (FileNotFoundError, UnreadableResults) as exc:  # empty, foreign or corrupt: one line
         print(f"headprobe: error: {one_line(exc)}", file=sys.stderr)
         return 2
     _print_paths(paths)
@@ -126,8 +157,11 @@ def cmd_compare(args) -> int:
     from headprobe.report.comparison_page import build_comparison
 
     if len(args.runs) < 2:
-        print("headprobe: error: compare needs at least two results directories (the same one twice compares "
-              "a run with itself)", file=sys.stderr)
+        print(
+            "headprobe: error: compare needs at least two results directories (the same one twice compares "
+            "a run with itself)",
+            file=sys.stderr,
+        )
         return 2
     try:
         paths = build_comparison(args.runs, Path(args.out))
@@ -145,20 +179,34 @@ def one_line(exc: BaseException) -> str:
 
 def build_parser() -> Parser:
     """`headprobe run ...`, `headprobe report ...`, `headprobe compare ...`: `build_parser().parse_args(argv)`."""
-    parser = Parser(prog="headprobe", description="What do the attention heads of a Transformer do?")
+    parser = Parser(
+        prog="headprobe", description="What do the attention heads of a Transformer do?"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser(sub)
     rep = sub.add_parser("report", help="HTML + Markdown report of a results directory")
     rep.add_argument("results", help="results directory written by `headprobe run`")
     rep.add_argument("--out", default=None, help="report directory (default: RESULTS/report)")
-    rep.add_argument("--figures-only", action="store_true",
-                     help="write only the figures (PNG, SVG and PDF) under OUT/figures")
-    rep.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
-    cmp = sub.add_parser("compare", help="one HTML + Markdown page comparing runs: role maps, role counts, best "
-                                         "heads per label, heads matched across models")
-    cmp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="results directories written by `headprobe run`")
+    rep.add_argument(
+        "--figures-only",
+        action="store_true",
+        help="write only the figures (PNG, SVG and PDF) under OUT/figures",
+    )
+    rep.add_argument(
+        "--debug", action="store_true", help="show the traceback of an unexpected error"
+    )
+    cmp = sub.add_parser(
+        "compare",
+        help="one HTML + Markdown page comparing runs: role maps, role counts, best "
+        "heads per label, heads matched across models",
+    )
+    cmp.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="results directories written by `headprobe run`"
+    )
     cmp.add_argument("--out", default="compare", help="output directory (default: compare)")
-    cmp.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+    cmp.add_argument(
+        "--debug", action="store_true", help="show the traceback of an unexpected error"
+    )
     return parser
 
 
@@ -182,8 +230,11 @@ def main(argv=None) -> int:
     except Exception as exc:
         if debug:
             raise
-        print(f"headprobe: error: {type(exc).__name__}: {one_line(exc)} "
-              "(unexpected; --debug or HEADPROBE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"headprobe: error: {type(exc).__name__}: {one_line(exc)} "
+            "(unexpected; --debug or HEADPROBE_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

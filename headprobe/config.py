@@ -43,18 +43,43 @@ STAGES = ("option", "derived", "input", "model", "device", "out")
 input files, the model's name or path, the device, `--out`."""
 
 
-def option(default=None, help: str = "", *, flag: str | None = None, check=None, stage: str = "option",
-           choices=None, type=None, metavar: str | None = None, action: str | None = None,
-           cli_default=dataclasses.MISSING, group: str | None = None, repr: bool = True):
+def option(
+    default=None,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    check=None,
+    stage: str = "option",
+    choices=None,
+    type=None,
+    metavar: str | None = None,
+    action: str | None = None,
+    cli_default=dataclasses.MISSING,
+    group: str | None = None,
+    repr: bool = True,
+):
     """A `RunConfig` field. `flag`: its command-line option (None: Python only); `check(flag, value,
     values) -> value` raises `checks.UsageError` or returns the value normalised (`values`: the
     options checked so far, by name); `choices`: the values allowed (checked, and the CLI's choices);
     `type`, `metavar`, `action` ("store_true"/"store_false"), `cli_default` (where the command line's
     default differs) and `group` (mutually exclusive options) shape the argparse option."""
     assert stage in STAGES, stage
-    return field(default=default, repr=repr, metadata=dict(
-        help=help, flag=flag, check=check, stage=stage, choices=choices, type=type, metavar=metavar,
-        action=action, cli_default=cli_default, group=group))
+    return field(
+        default=default,
+        repr=repr,
+        metadata=dict(
+            help=help,
+            flag=flag,
+            check=check,
+            stage=stage,
+            choices=choices,
+            type=type,
+            metavar=metavar,
+            action=action,
+            cli_default=cli_default,
+            group=group,
+        ),
+    )
 
 
 # ------------------------------------------------------------------------------------- checks
@@ -63,7 +88,9 @@ def _at_least(low: int, what: str = ""):
 
 
 def _maybe_at_least(low: int, what: str = ""):
-    return lambda flag, value, values: None if value is None else checks.check_int(flag, value, low, what)
+    return lambda flag, value, values: (
+        None if value is None else checks.check_int(flag, value, low, what)
+    )
 
 
 def _layers(flag, value, values):
@@ -92,10 +119,14 @@ def _analyses(flag, value, values) -> list[str]:
             wanted += registry.names(registry.PROBE)
     else:
         for name in value:
-            registry.get(name)                 # raises with the list of known analyses
+            registry.get(name)  # raises with the list of known analyses
         wanted = list(dict.fromkeys(value))
     wanted = _on_stack(values["stack"], wanted, bool(value), values["probe"])
-    added = [a.name for a in registry.analyses() if a.added_by and values.get(a.added_by) and a.name not in wanted]
+    added = [
+        a.name
+        for a in registry.analyses()
+        if a.added_by and values.get(a.added_by) and a.name not in wanted
+    ]
     return wanted + added
 
 
@@ -111,7 +142,8 @@ def _on_stack(stack, wanted: list[str], named: bool, probe) -> list[str]:
         raise checks.UsageError(
             f"--stack cross: {', '.join(undefined)} {'is' if len(undefined) == 1 else 'are'} not defined on "
             f"cross-attention (decoder queries over encoder keys: rows and columns are two sequences, so there "
-            f"are no arcs or token patterns within one); on cross-attention: {', '.join(defined)}")
+            f"are no arcs or token patterns within one); on cross-attention: {', '.join(defined)}"
+        )
     return [name for name in wanted if name in defined]
 
 
@@ -142,15 +174,19 @@ def _heads(flag, value, values):
     heads = checks.parse_heads(value)
     readers = registry.reading("heads")
     if heads is not None and not set(readers) & set(values["analyses"]):
-        raise checks.UsageError(f"--heads selects the heads the {' or '.join(readers)} analysis ablates: "
-                                f"add --analyses {readers[0]}")
+        raise checks.UsageError(
+            f"--heads selects the heads the {' or '.join(readers)} analysis ablates: "
+            f"add --analyses {readers[0]}"
+        )
     return heads
 
 
 def _control(flag, value, values):
     if value is not None and values["device_map"] is not None:
-        raise checks.UsageError("--control cannot be combined with --device-map (the control is a second copy "
-                                "of the model, built on one device)")
+        raise checks.UsageError(
+            "--control cannot be combined with --device-map (the control is a second copy "
+            "of the model, built on one device)"
+        )
     return value
 
 
@@ -173,9 +209,12 @@ def _analyses_help() -> str:
 
 
 def _stack_help() -> str:
-    return ("attention stack of an encoder-decoder (T5, BART): encoder (default), decoder (its self-attention; "
-            "the decoder reads its start token, then the sentence), or cross (decoder queries over encoder keys: "
-            + ", ".join(a.name for a in registry.analyses() if a.cross) + " only)")
+    return (
+        "attention stack of an encoder-decoder (T5, BART): encoder (default), decoder (its self-attention; "
+        "the decoder reads its start token, then the sentence), or cross (decoder queries over encoder keys: "
+        + ", ".join(a.name for a in registry.analyses() if a.cross)
+        + " only)"
+    )
 
 
 # ------------------------------------------------------------------------------------- options
@@ -184,116 +223,269 @@ class RunConfig:
     """Every option of a run (`headprobe run` / `headprobe.run`); see each field's help (`help_text`)."""
 
     model: str | None = option(
-        None, "hub name or path; bundled aliases: minilm (default), smollm2", flag="--model", check=_model,
-        stage="model")
+        None,
+        "hub name or path; bundled aliases: minilm (default), smollm2",
+        flag="--model",
+        check=_model,
+        stage="model",
+    )
     treebank: str | Path | None = option(
-        None, "CoNLL-U file with gold dependencies (default: data/sample.conllu)", flag="--treebank",
-        check=_input_file, stage="input", group="source")
+        None,
+        "CoNLL-U file with gold dependencies (default: data/sample.conllu)",
+        flag="--treebank",
+        check=_input_file,
+        stage="input",
+        group="source",
+    )
     text: str | Path | None = option(
-        None, "raw text file, parsed with the bundled spaCy en_core_web_sm (silver arcs)", flag="--text",
-        check=_input_file, stage="input", group="source")
+        None,
+        "raw text file, parsed with the bundled spaCy en_core_web_sm (silver arcs)",
+        flag="--text",
+        check=_input_file,
+        stage="input",
+        group="source",
+    )
     hf_dataset: str | None = option(
-        None, "Hugging Face dataset NAME[:CONFIG[:SPLIT]] or a save_to_disk dir", flag="--hf-dataset",
-        check=_hf_dataset, stage="input", group="source")
+        None,
+        "Hugging Face dataset NAME[:CONFIG[:SPLIT]] or a save_to_disk dir",
+        flag="--hf-dataset",
+        check=_hf_dataset,
+        stage="input",
+        group="source",
+    )
     coref: str | Path | None = option(
-        None, "CorefUD CoNLL-U file (Entity= in MISC) for the coreference analysis", flag="--coref",
-        check=_input_file, stage="input")
+        None,
+        "CorefUD CoNLL-U file (Entity= in MISC) for the coreference analysis",
+        flag="--coref",
+        check=_input_file,
+        stage="input",
+    )
     probe: str | None = option(
-        None, "a synthetic probe for the token analyses (previous_token, duplicate_token, induction, sink): "
-              "repeated-random = random tokens repeated twice (Olsson et al. 2022); without --analyses every "
-              "token analysis runs on it. Without a probe, token analyses named in --analyses read the "
-              "sentence corpus at piece level", flag="--probe", choices=PROBES)
-    probe_length: int = option(50, "--probe: random tokens per half (default: 50)", flag="--length", type=int, metavar="LENGTH",
-                               check=_at_least(1, " (tokens per half of a probe sequence)"))
-    probe_n: int = option(500, "--probe: sequences (default: 500)", flag="--n", type=int, metavar="N",
-                          check=_at_least(1, " (probe sequences)"))
+        None,
+        "a synthetic probe for the token analyses (previous_token, duplicate_token, induction, sink): "
+        "repeated-random = random tokens repeated twice (Olsson et al. 2022); without --analyses every "
+        "token analysis runs on it. Without a probe, token analyses named in --analyses read the "
+        "sentence corpus at piece level",
+        flag="--probe",
+        choices=PROBES,
+    )
+    probe_length: int = option(
+        50,
+        "--probe: random tokens per half (default: 50)",
+        flag="--length",
+        type=int,
+        metavar="LENGTH",
+        check=_at_least(1, " (tokens per half of a probe sequence)"),
+    )
+    probe_n: int = option(
+        500,
+        "--probe: sequences (default: 500)",
+        flag="--n",
+        type=int,
+        metavar="N",
+        check=_at_least(1, " (probe sequences)"),
+    )
     probe_specials: str = option(
-        "auto", "--probe: special tokens around each sequence: auto (the tokenizer's own, as for text), bos "
-                "(BOS in front where the tokenizer has one), none (default: auto)", flag="--probe-specials",
-        choices=SPECIALS)
+        "auto",
+        "--probe: special tokens around each sequence: auto (the tokenizer's own, as for text), bos "
+        "(BOS in front where the tokenizer has one), none (default: auto)",
+        flag="--probe-specials",
+        choices=SPECIALS,
+    )
     out: str | Path | None = option(
-        None, "output directory (default: results; in Python: none, nothing is written). The run holds it "
-              "(a second run on it is refused) and writes it whole or not at all", flag="--out", check=_out,
-        stage="out", cli_default="results")
+        None,
+        "output directory (default: results; in Python: none, nothing is written). The run holds it "
+        "(a second run on it is refused) and writes it whole or not at all",
+        flag="--out",
+        check=_out,
+        stage="out",
+        cli_default="results",
+    )
     analyses: list[str] | str | None = option(
-        None, _analyses_help, flag="--analyses", check=_analyses, stage="derived")
-    device: str | None = option(None, "cuda, cpu (default: cuda when available)", flag="--device",
-                                check=_device, stage="device")
+        None, _analyses_help, flag="--analyses", check=_analyses, stage="derived"
+    )
+    device: str | None = option(
+        None,
+        "cuda, cpu (default: cuda when available)",
+        flag="--device",
+        check=_device,
+        stage="device",
+    )
     device_map: str | dict | None = option(
-        None, "load a big model over several devices with accelerate's dispatch: auto, balanced, "
-              "balanced_low_0, sequential, or a JSON map of module -> device; each layer is scored where it "
-              "runs (not with torchrun)", flag="--device-map", metavar="MAP")
+        None,
+        "load a big model over several devices with accelerate's dispatch: auto, balanced, "
+        "balanced_low_0, sequential, or a JSON map of module -> device; each layer is scored where it "
+        "runs (not with torchrun)",
+        flag="--device-map",
+        metavar="MAP",
+    )
     max_memory: str | dict | None = option(
-        None, "with --device-map: memory per device, e.g. 0=10GiB,cpu=30GiB", flag="--max-memory",
-        metavar="SIZES", check=_max_memory)
+        None,
+        "with --device-map: memory per device, e.g. 0=10GiB,cpu=30GiB",
+        flag="--max-memory",
+        metavar="SIZES",
+        check=_max_memory,
+    )
     query_block: int | None = option(
-        None, "capture attention N query pieces at a time: one layer needs O(N x keys) memory per head "
-              "instead of O(keys^2), for long inputs (e.g. --window 2048); same counts (default: whole "
-              "matrices)", flag="--query-block", type=int, metavar="N", check=_maybe_at_least(1, " query pieces"))
+        None,
+        "capture attention N query pieces at a time: one layer needs O(N x keys) memory per head "
+        "instead of O(keys^2), for long inputs (e.g. --window 2048); same counts (default: whole "
+        "matrices)",
+        flag="--query-block",
+        type=int,
+        metavar="N",
+        check=_maybe_at_least(1, " query pieces"),
+    )
     stack: str | None = option(None, _stack_help, flag="--stack", choices=STACKS)
     heads: str | list | None = option(
-        None, "the heads the ablation analysis ablates: LAYER-HEAD pairs like 17-3,18-6 (0-based; in Python also "
-              "[(17, 3), (18, 6)]), or all (default: all)", flag="--heads", metavar="HEADS", check=_heads,
-        stage="derived")
+        None,
+        "the heads the ablation analysis ablates: LAYER-HEAD pairs like 17-3,18-6 (0-based; in Python also "
+        "[(17, 3), (18, 6)]), or all (default: all)",
+        flag="--heads",
+        metavar="HEADS",
+        check=_heads,
+        stage="derived",
+    )
     control: str | None = option(
-        None, "random-init: also score the attention analyses on the same architecture re-initialised with "
-              "--seed (same tokenizer); best heads gain the control's best, and the syntactic role needs a head "
-              "above the control's held-out best", flag="--control", choices=CONTROLS, check=_control,
-        stage="derived")
+        None,
+        "random-init: also score the attention analyses on the same architecture re-initialised with "
+        "--seed (same tokenizer); best heads gain the control's best, and the syntactic role needs a head "
+        "above the control's held-out best",
+        flag="--control",
+        choices=CONTROLS,
+        check=_control,
+        stage="derived",
+    )
     prune_curve: bool = option(
-        False, "the objective as 0%, 10%, ... 100% of the heads are gated to 0, least important first (Michel "
-               "et al. 2019): by importance, else (no language-model head) by ablation effect",
-        flag="--prune-curve", action="store_true", check=_switch)
+        False,
+        "the objective as 0%, 10%, ... 100% of the heads are gated to 0, least important first (Michel "
+        "et al. 2019): by importance, else (no language-model head) by ablation effect",
+        flag="--prune-curve",
+        action="store_true",
+        check=_switch,
+    )
     measure: str | tuple = option(
-        ",".join(DEFAULT_MEASURES), "what each head is scored on (SPEC 7): weights (attention weights, the "
+        ",".join(DEFAULT_MEASURES),
+        "what each head is scored on (SPEC 7): weights (attention weights, the "
         "default), norms (weight x ||value x W_O||, Kobayashi et al. 2020), or weights,norms (both from one pass; "
-        "every table has a measure column)", flag="--measure", metavar="M[,M]", check=_measures)
-    dtype: str = option("float32", "model weights' dtype (default: float32)", flag="--dtype",
-                        choices=tuple(models.DTYPES))
-    batch_size: int = option(64, "sentences per batch (default: 64; coreference windows: a quarter)",
-                             flag="--batch-size", type=int, check=_at_least(1))
+        "every table has a measure column)",
+        flag="--measure",
+        metavar="M[,M]",
+        check=_measures,
+    )
+    dtype: str = option(
+        "float32",
+        "model weights' dtype (default: float32)",
+        flag="--dtype",
+        choices=tuple(models.DTYPES),
+    )
+    batch_size: int = option(
+        64,
+        "sentences per batch (default: 64; coreference windows: a quarter)",
+        flag="--batch-size",
+        type=int,
+        check=_at_least(1),
+    )
     layers: str | list[int] | None = option(
-        None, "layers to score, e.g. 0-3,8 (0-based; in Python also a list) (default: all)", flag="--layers",
-        check=_layers)
+        None,
+        "layers to score, e.g. 0-3,8 (0-based; in Python also a list) (default: all)",
+        flag="--layers",
+        check=_layers,
+    )
     from_mode: str | None = option(
-        None, "pooling of attention FROM a word over its pieces: mean, first or max (default: the "
-              "conventions'; spec: mean)", flag="--from-mode", choices=FROM_MODES, check=_from_mode,
-        stage="derived")
+        None,
+        "pooling of attention FROM a word over its pieces: mean, first or max (default: the "
+        "conventions'; spec: mean)",
+        flag="--from-mode",
+        choices=FROM_MODES,
+        check=_from_mode,
+        stage="derived",
+    )
     conventions: str = option(
-        "spec", "scoring conventions: spec (default), or those of the released code behind a published "
-                "number: clark2019-code (from = first piece, root and punct in ALL, offsets -3..2 clipped, "
-                "subtypes cut), joanacero (as clark2019-code with from = mean and UD subtypes kept); see "
-                "docs/CONVENTIONS.md", flag="--conventions", choices=tuple(PRESETS))
-    window: int = option(128, "coreference window in pieces (default: 128)", flag="--window", type=int,
-                         check=_at_least(checks.MIN_WINDOW, " pieces"))
+        "spec",
+        "scoring conventions: spec (default), or those of the released code behind a published "
+        "number: clark2019-code (from = first piece, root and punct in ALL, offsets -3..2 clipped, "
+        "subtypes cut), joanacero (as clark2019-code with from = mean and UD subtypes kept); see "
+        "docs/CONVENTIONS.md",
+        flag="--conventions",
+        choices=tuple(PRESETS),
+    )
+    window: int = option(
+        128,
+        "coreference window in pieces (default: 128)",
+        flag="--window",
+        type=int,
+        check=_at_least(checks.MIN_WINDOW, " pieces"),
+    )
     skip_bad: bool = option(
-        False, "skip malformed sentences, in --treebank/--text/--hf-dataset and --coref (warn and count)",
-        flag="--skip-bad", action="store_true")
+        False,
+        "skip malformed sentences, in --treebank/--text/--hf-dataset and --coref (warn and count)",
+        flag="--skip-bad",
+        action="store_true",
+    )
     coref_single_document: bool = option(
-        False, "read a --coref file without '# newdoc' lines as one document (refused otherwise)",
-        flag="--coref-single-document", action="store_true")
-    seed: int = option(SEED, f"seed of folds, bootstrap weights and probes (default: {SEED})", flag="--seed",
-                       type=int, check=_at_least(0))
-    n_boot: int = option(N_BOOT, f"bootstrap resamples (default: {N_BOOT})", flag="--bootstrap", type=int, metavar="N",
-                         check=_at_least(1, " (resamples for the intervals and held-out selection)"))
+        False,
+        "read a --coref file without '# newdoc' lines as one document (refused otherwise)",
+        flag="--coref-single-document",
+        action="store_true",
+    )
+    seed: int = option(
+        SEED,
+        f"seed of folds, bootstrap weights and probes (default: {SEED})",
+        flag="--seed",
+        type=int,
+        check=_at_least(0),
+    )
+    n_boot: int = option(
+        N_BOOT,
+        f"bootstrap resamples (default: {N_BOOT})",
+        flag="--bootstrap",
+        type=int,
+        metavar="N",
+        check=_at_least(1, " (resamples for the intervals and held-out selection)"),
+    )
     bos: str = option(
-        "none", "prepend the tokenizer's BOS token: none (inputs as the tokenizer makes them), add, or auto "
-                "(for a causal model whose tokenizer has one but does not add it) (default: none)",
-        flag="--bos", choices=BOS_MODES)
+        "none",
+        "prepend the tokenizer's BOS token: none (inputs as the tokenizer makes them), add, or auto "
+        "(for a causal model whose tokenizer has one but does not add it) (default: none)",
+        flag="--bos",
+        choices=BOS_MODES,
+    )
     keep_unit_counts: bool = option(
-        False, "also keep per-unit rows (unit_counts.parquet): small corpora and debugging",
-        flag="--keep-unit-counts", action="store_true")
-    report: bool = option(False, "do not write the HTML/Markdown report (in Python: report=True writes it)",
-                          flag="--no-report", action="store_false", cli_default=True)
+        False,
+        "also keep per-unit rows (unit_counts.parquet): small corpora and debugging",
+        flag="--keep-unit-counts",
+        action="store_true",
+    )
+    report: bool = option(
+        False,
+        "do not write the HTML/Markdown report (in Python: report=True writes it)",
+        flag="--no-report",
+        action="store_false",
+        cli_default=True,
+    )
     resume: bool = option(
-        False, "continue an interrupted run to --out from its checkpoint (same inputs and options; the "
-               "tables are identical to an uninterrupted run's)", flag="--resume", action="store_true")
+        False,
+        "continue an interrupted run to --out from its checkpoint (same inputs and options; the "
+        "tables are identical to an uninterrupted run's)",
+        flag="--resume",
+        action="store_true",
+    )
     checkpoint_every: int = option(
-        DEFAULT_EVERY, f"checkpoint the counts every N batches, for --resume (default: {DEFAULT_EVERY}; 0: never)",
-        flag="--checkpoint-every", type=int, metavar="N", check=_at_least(0, " (0: no checkpoints)"))
+        DEFAULT_EVERY,
+        f"checkpoint the counts every N batches, for --resume (default: {DEFAULT_EVERY}; 0: never)",
+        flag="--checkpoint-every",
+        type=int,
+        metavar="N",
+        check=_at_least(0, " (0: no checkpoints)"),
+    )
     progress: bool = option(True, "no progress bars", flag="--quiet", action="store_false")
-    pictures: bool = option(True, "attention pictures of the best dependency heads on short sentences")
-    loaded: tuple | None = option(None, "an already loaded (model, tokenizer, name) to reuse", repr=False)
+    pictures: bool = option(
+        True, "attention pictures of the best dependency heads on short sentences"
+    )
+    loaded: tuple | None = option(
+        None, "an already loaded (model, tokenizer, name) to reuse", repr=False
+    )
 
     @classmethod
     def of(cls, config=None, /, **options) -> RunConfig:
@@ -318,9 +510,12 @@ class RunConfig:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         given = [name for name in SENTENCE_SOURCES if values[name] is not None]
         if len(given) > 1:
-            raise checks.UsageError("give one of " + ", ".join(flag(name) for name in SENTENCE_SOURCES)
-                                    + f", not {' and '.join(flag(name) for name in given)}")
-        if not given and values["coref"] is None and values["probe"] is None:      # the bundled samples
+            raise checks.UsageError(
+                "give one of "
+                + ", ".join(flag(name) for name in SENTENCE_SOURCES)
+                + f", not {' and '.join(flag(name) for name in given)}"
+            )
+        if not given and values["coref"] is None and values["probe"] is None:  # the bundled samples
             values["treebank"] = SAMPLE
             values["coref"] = SAMPLE_COREF if SAMPLE_COREF.is_file() else None
         for stage in STAGES:
@@ -333,29 +528,56 @@ class RunConfig:
                 if spec["check"] is not None:
                     values[f.name] = spec["check"](flag(f.name), values[f.name], values)
         if values["resume"] and values["out"] is None:
-            raise checks.UsageError("--resume needs --out: the checkpoint lives beside the results directory")
+            raise checks.UsageError(
+                "--resume needs --out: the checkpoint lives beside the results directory"
+            )
         if values["resume"] and values["keep_unit_counts"]:
-            raise checks.UsageError("--resume cannot be combined with --keep-unit-counts "
-                                    "(per-unit rows are not checkpointed)")
+            raise checks.UsageError(
+                "--resume cannot be combined with --keep-unit-counts "
+                "(per-unit rows are not checkpointed)"
+            )
         return dataclasses.replace(self, **values)
 
     def options_record(self, device: str) -> dict:
         """The options as results record them (`summary["options"]`, and the checkpoint fingerprint
         that --resume compares): these keys and values, of a checked config, on `device`."""
-        settings = {"analyses": sorted(self.analyses), "layers": self.layers, "batch_size": self.batch_size,
-                    "from_mode": self.from_mode, "window": self.window, "seed": self.seed,
-                    "bootstrap_resamples": self.n_boot, "dtype": self.dtype, "device": device,
-                    "skip_bad": self.skip_bad, "keep_unit_counts": self.keep_unit_counts, "bos": self.bos,
-                    "coref_single_document": self.coref_single_document, "conventions": self.conventions}
+        settings = {
+            "analyses": sorted(self.analyses),
+            "layers": self.layers,
+            "batch_size": self.batch_size,
+            "from_mode": self.from_mode,
+            "window": self.window,
+            "seed": self.seed,
+            "bootstrap_resamples": self.n_boot,
+            "dtype": self.dtype,
+            "device": device,
+            "skip_bad": self.skip_bad,
+            "keep_unit_counts": self.keep_unit_counts,
+            "bos": self.bos,
+            "coref_single_document": self.coref_single_document,
+            "conventions": self.conventions,
+        }
         if self.probe is not None:
-            settings["probe"] = {"name": self.probe, "length": self.probe_length, "n": self.probe_n,
-                                 "specials": self.probe_specials}
+            settings["probe"] = {
+                "name": self.probe,
+                "length": self.probe_length,
+                "n": self.probe_n,
+                "specials": self.probe_specials,
+            }
         if self.stack is not None:
             settings["stack"] = self.stack
         if self.query_block or self.device_map is not None:
-            settings.update(query_block=self.query_block, device_map=self.device_map, max_memory=self.max_memory)
-        settings.update({key: value for key, value in (("heads", self.heads), ("control", self.control)) if value})
-        if tuple(self.measure) != DEFAULT_MEASURES:           # like stack and control: only when asked for
+            settings.update(
+                query_block=self.query_block, device_map=self.device_map, max_memory=self.max_memory
+            )
+        settings.update(
+            {
+                key: value
+                for key, value in (("heads", self.heads), ("control", self.control))
+                if value
+            }
+        )
+        if tuple(self.measure) != DEFAULT_MEASURES:  # like stack and control: only when asked for
             settings["measure"] = ",".join(self.measure)
         return settings
 
@@ -371,12 +593,19 @@ def cli_options():
         spec = f.metadata
         if spec["flag"] is None:
             continue
-        kwargs = {"dest": f.name, "help": RunConfig.help_text(f.name).replace("%", "%%"),     # argparse formats help
-                  "default": f.default if spec["cli_default"] is dataclasses.MISSING else spec["cli_default"]}
+        kwargs = {
+            "dest": f.name,
+            "help": RunConfig.help_text(f.name).replace("%", "%%"),  # argparse formats help
+            "default": f.default
+            if spec["cli_default"] is dataclasses.MISSING
+            else spec["cli_default"],
+        }
         if spec["action"]:
             kwargs["action"] = spec["action"]
         else:
-            kwargs.update({key: spec[key] for key in ("type", "choices", "metavar") if spec[key] is not None})
+            kwargs.update(
+                {key: spec[key] for key in ("type", "choices", "metavar") if spec[key] is not None}
+            )
         yield f.name, spec["flag"], kwargs, spec["group"]
 
 

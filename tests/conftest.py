@@ -36,8 +36,27 @@ from transformers import (
 )
 
 # Whole words every tokenizer turns into exactly one piece (lower case: BERT lower-cases).
-WHOLE_WORDS = ["the", "a", "big", "red", "cat", "dog", "mat", "sat", "ran", "on", "and", "it", "was",
-               "saw", "down", "$", ",", ".", "!"]
+WHOLE_WORDS = [
+    "the",
+    "a",
+    "big",
+    "red",
+    "cat",
+    "dog",
+    "mat",
+    "sat",
+    "ran",
+    "on",
+    "and",
+    "it",
+    "was",
+    "saw",
+    "down",
+    "$",
+    ",",
+    ".",
+    "!",
+]
 # Words with several pieces: unbelievable (3 pieces in every family), don't.
 SPLIT_WORDS = ["unbelievable", "don't"]
 WORDS = WHOLE_WORDS + SPLIT_WORDS
@@ -55,19 +74,29 @@ def make_wordpiece():
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
     tok.decoder = decoders.WordPiece()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+    )
 
 
 # --------------------------------------------------------------------------------------
 # byte-level BPE
 # --------------------------------------------------------------------------------------
-SPACE = "\u0120"      # "Ġ", the byte-level symbol for " "
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPACE = "\u0120"  # "Ġ", the byte-level symbol for " "
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def merge_chain(token: str) -> list[tuple[str, str]]:
@@ -80,7 +109,13 @@ def merge_chain(token: str) -> list[tuple[str, str]]:
 
 
 def byte_level_vocab(specials: list[str]):
-    targets = [SPACE + w for w in WHOLE_WORDS] + [SPACE + "un", SPACE + "don", "believ", "able", "'t"]
+    targets = [SPACE + w for w in WHOLE_WORDS] + [
+        SPACE + "un",
+        SPACE + "don",
+        "believ",
+        "able",
+        "'t",
+    ]
     merges: list[tuple[str, str]] = []
     for target in targets:
         for m in merge_chain(target):
@@ -102,8 +137,12 @@ def make_gpt2(add_prefix_space: bool = False):
     tok = Tokenizer(models.BPE(vocab, merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                                   unk_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
 
 
 def make_roberta(add_prefix_space: bool = False):
@@ -113,48 +152,75 @@ def make_roberta(add_prefix_space: bool = False):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
-        special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", cls_token="<s>",
-                                   sep_token="</s>", pad_token="<pad>", unk_token="<unk>")
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
 
 
 def make_llama3():
     """Llama-3 style: Split(regex) + ByteLevel(no prefix, no regex), BOS added, no pad token."""
     vocab, merges = byte_level_vocab(["<|begin_of_text|>", "<|end_of_text|>"])
     tok = Tokenizer(models.BPE(vocab, merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.TemplateProcessing(
-        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
-        special_tokens=[("<|begin_of_text|>", vocab["<|begin_of_text|>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
-                                   eos_token="<|end_of_text|>")
+        single="<|begin_of_text|> $A",
+        pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+        special_tokens=[("<|begin_of_text|>", vocab["<|begin_of_text|>"])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>"
+    )
 
 
 # --------------------------------------------------------------------------------------
 # SentencePiece style (Metaspace + Unigram), Llama-2 like: `<s>` added in front
 # --------------------------------------------------------------------------------------
-META = "\u2581"       # "▁"
+META = "\u2581"  # "▁"
 
 
 def make_sentencepiece():
     pieces = [("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("<pad>", 0.0)]
     pieces += [(META + w, -1.0) for w in WHOLE_WORDS]
-    pieces += [(META + "un", -2.0), ("believ", -2.0), ("able", -2.0), (META + "don", -2.0), ("'", -2.0),
-               ("t", -2.0), (META, -5.0)]
+    pieces += [
+        (META + "un", -2.0),
+        ("believ", -2.0),
+        ("able", -2.0),
+        (META + "don", -2.0),
+        ("'", -2.0),
+        ("t", -2.0),
+        (META, -5.0),
+    ]
     have = {p for p, _ in pieces}
     pieces += [(c, -10.0) for c in "abcdefghijklmnopqrstuvwxyz" if c not in have]
     tok = Tokenizer(models.Unigram(pieces, unk_id=0))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META, prepend_scheme="always")
     tok.decoder = decoders.Metaspace(replacement=META, prepend_scheme="always")
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>")
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -188,7 +254,7 @@ def sentencepiece_tokenizer():
 @dataclass
 class Family:
     name: str
-    tokenizer: object          # byte-level ones already given a prefix space
+    tokenizer: object  # byte-level ones already given a prefix space
     sdpa: torch.nn.Module
     eager: torch.nn.Module
     n_layers: int
@@ -221,32 +287,63 @@ INIT = 0.3
 def build_family(name: str) -> Family:
     if name == "bert":
         tok = make_wordpiece()
-        config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                            intermediate_size=64, max_position_embeddings=40, pad_token_id=tok.pad_token_id,
-                            initializer_range=INIT)
+        config = BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=40,
+            pad_token_id=tok.pad_token_id,
+            initializer_range=INIT,
+        )
         return Family(name, tok, *twins(config, 0), n_layers=3, causal=False)
     if name == "roberta":
         tok = make_roberta(add_prefix_space=True)
-        config = RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                               intermediate_size=64, max_position_embeddings=42, pad_token_id=tok.pad_token_id,
-                               bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                               initializer_range=INIT)
+        config = RobertaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=42,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            initializer_range=INIT,
+        )
         return Family(name, tok, *twins(config, 1), n_layers=2, causal=False)
     if name == "gpt2":
         tok = make_gpt2(add_prefix_space=True)
-        config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=3, n_head=4, n_positions=40,
-                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                            initializer_range=INIT)
+        config = GPT2Config(
+            vocab_size=len(tok),
+            n_embd=32,
+            n_layer=3,
+            n_head=4,
+            n_positions=40,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            initializer_range=INIT,
+        )
         return Family(name, tok, *twins(config, 2), n_layers=3, causal=True)
     if name == "llama":
         tok = make_llama3()
         # a space before every word, set by hand (what headprobe.inputs.align.prepare_tokenizer does for
         # Split + ByteLevel tokenizers), so the model fixtures do not depend on the code under test
         tok.backend_tokenizer.normalizer = normalizers.Prepend(" ")
-        config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                             max_position_embeddings=64, bos_token_id=tok.bos_token_id,
-                             eos_token_id=tok.eos_token_id, initializer_range=INIT)
+        config = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=64,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            initializer_range=INIT,
+        )
         return Family(name, tok, *twins(config, 3), n_layers=2, causal=True)
     raise ValueError(name)
 

@@ -43,33 +43,51 @@ COREF_KINDS = ("pronoun", "proper", "nominal")
 COREF_BASELINES = {"nearest": 0.3, "head_match": 0.45, "rules": 0.6}
 SURFACE_MASS = ("self", "prev", "next", "cls", "sep", "punct", "first")
 N_SENTENCES, N_DOCS = 60, 12
-UNREACHABLE_P = 0.08          # causal fixture: share of arcs with an empty row / column, per direction
+UNREACHABLE_P = 0.08  # causal fixture: share of arcs with an empty row / column, per direction
 
 
 def new_tally(name: str, n_layers: int, n_heads: int) -> Tally:
     """An empty tally shaped like the registered scorer of `name` (its real declarations)."""
     scorer = registry.get(name).make_scorer()
-    return Tally(name, directions=scorer.directions, variants=scorer.variants, layers=range(n_layers),
-                 n_heads=n_heads, value=scorer.value, bootstrap=scorer.bootstrap, extras=scorer.extras)
+    return Tally(
+        name,
+        directions=scorer.directions,
+        variants=scorer.variants,
+        layers=range(n_layers),
+        n_heads=n_heads,
+        value=scorer.value,
+        bootstrap=scorer.bootstrap,
+        extras=scorer.extras,
+    )
 
 
-def add_items(tally: Tally, unit: str, labels: list[str], hits: np.ndarray, base: np.ndarray | None = None,
-              extra: dict | None = None) -> None:
+def add_items(
+    tally: Tally,
+    unit: str,
+    labels: list[str],
+    hits: np.ndarray,
+    base: np.ndarray | None = None,
+    extra: dict | None = None,
+) -> None:
     """Add one unit's items to `tally`, each item counting for its own label and for ALL.
 
     hits [item, layer, head, direction] 0/1, base [item, variant] 0/1,
     extra {name: [item, direction]}."""
     rows = list(dict.fromkeys(labels)) + [ALL]
-    member = np.array([[lab == row or row == ALL for lab in labels] for row in rows], dtype=np.float64)
+    member = np.array(
+        [[lab == row or row == ALL for lab in labels] for row in rows], dtype=np.float64
+    )
     n_dirs = hits.shape[-1]
-    values = np.einsum("ri,ilhd->rlhd", member, hits)                          # [row, layer, head, dir]
-    n = np.repeat(member.sum(1)[:, None], n_dirs, axis=1)                      # [row, direction]
+    values = np.einsum("ri,ilhd->rlhd", member, hits)  # [row, layer, head, dir]
+    n = np.repeat(member.sum(1)[:, None], n_dirs, axis=1)  # [row, direction]
     both = None
     if base is not None:
         both = torch.from_numpy(np.einsum("ri,ilhd,iv->rlhdv", member, hits, base))
-        base = member @ base                                                   # [row, variant]
+        base = member @ base  # [row, variant]
     extra = {k: (member @ v).astype(np.int64) for k, v in (extra or {}).items()}  # [row, direction]
-    tally.add([unit] * len(rows), rows, values=torch.from_numpy(values), n=n, base=base, extra=extra)
+    tally.add(
+        [unit] * len(rows), rows, values=torch.from_numpy(values), n=n, base=base, extra=extra
+    )
     if both is not None:
         tally.add_both(rows, both)
 
@@ -84,7 +102,9 @@ def _baseline_p(label: str, variant: str) -> float:
 
 def dependency_tally(rng, n_layers, n_heads, causal=False) -> Tally:
     tally = new_tally("dependency", n_layers, n_heads)
-    p = rng.uniform(0.05, 0.3, size=(len(DEP_LABELS) + 1, n_layers, n_heads, 2))   # [label, layer, head, dir]
+    p = rng.uniform(
+        0.05, 0.3, size=(len(DEP_LABELS) + 1, n_layers, n_heads, 2)
+    )  # [label, layer, head, dir]
     p[DEP_LABELS.index("det"), 1, 0, 0] = 0.9
     p[DEP_LABELS.index("nsubj"), 1, 2, 0] = 0.8
     all_labels = DEP_LABELS + (RARE_LABEL,)
@@ -95,12 +115,14 @@ def dependency_tally(rng, n_layers, n_heads, causal=False) -> Tally:
             labels.append(RARE_LABEL)
         index = [all_labels.index(lab) for lab in labels]
         hits = (rng.random((len(labels), n_layers, n_heads, 2)) < p[index]).astype(np.float64)
-        base = np.array([[rng.random() < _baseline_p(lab, v) for v in tally.variants] for lab in labels],
-                        dtype=np.float64)                                      # [item, variant]
+        base = np.array(
+            [[rng.random() < _baseline_p(lab, v) for v in tally.variants] for lab in labels],
+            dtype=np.float64,
+        )  # [item, variant]
         unreachable = np.zeros((len(labels), 2))
         if causal:
             unreachable = (rng.random((len(labels), 2)) < UNREACHABLE_P).astype(np.float64)
-            hits *= 1 - unreachable[:, None, None, :]                         # predicts nothing: a miss
+            hits *= 1 - unreachable[:, None, None, :]  # predicts nothing: a miss
         add_items(tally, unit, labels, hits, base, {"unreachable": unreachable})
     return tally
 
@@ -113,7 +135,9 @@ def coreference_tally(rng, n_layers, n_heads) -> Tally:
     for unit in _units("d", N_DOCS):
         labels = [kind for kind in COREF_KINDS for _ in range(int(rng.integers(3, 11)))]
         index = [COREF_KINDS.index(kind) for kind in labels]
-        hits = (rng.random((len(labels), n_layers, n_heads)) < p[index]).astype(np.float64)[..., None]
+        hits = (rng.random((len(labels), n_layers, n_heads)) < p[index]).astype(np.float64)[
+            ..., None
+        ]
         base = (rng.random((len(labels), len(q))) < q).astype(np.float64)
         add_items(tally, unit, labels, hits, base)
     return tally
@@ -121,15 +145,29 @@ def coreference_tally(rng, n_layers, n_heads) -> Tally:
 
 def positional_tally(rng, n_layers, n_heads) -> Tally:
     tally = new_tally("positional", n_layers, n_heads)
-    labels = registry.get("positional").scorer.labels                       # -2, -1, 0, +1, +2, special, other
+    labels = registry.get("positional").scorer.labels  # -2, -1, 0, +1, +2, special, other
     shares = rng.dirichlet(np.ones(len(labels)), size=(n_layers, n_heads))  # [layer, head, label]
     shares[0, 0] = [0.01, 0.01, 0.01, 0.95, 0.01, 0.005, 0.005]
     for unit in _units("s", N_SENTENCES):
         words = int(rng.integers(6, 16))
-        counts = np.stack([[rng.multinomial(words, shares[layer, head] / shares[layer, head].sum())
-                            for head in range(n_heads)] for layer in range(n_layers)])   # [layer, head, label]
-        values = torch.from_numpy(counts.transpose(2, 0, 1)[..., None].astype(np.float64))  # [label, layer, head, 1]
-        tally.add([unit] * len(labels), list(labels), values=values, n=np.full((len(labels), 1), float(words)))
+        counts = np.stack(
+            [
+                [
+                    rng.multinomial(words, shares[layer, head] / shares[layer, head].sum())
+                    for head in range(n_heads)
+                ]
+                for layer in range(n_layers)
+            ]
+        )  # [layer, head, label]
+        values = torch.from_numpy(
+            counts.transpose(2, 0, 1)[..., None].astype(np.float64)
+        )  # [label, layer, head, 1]
+        tally.add(
+            [unit] * len(labels),
+            list(labels),
+            values=values,
+            n=np.full((len(labels), 1), float(words)),
+        )
     return tally
 
 
@@ -138,7 +176,7 @@ def surface_tally(rng, n_layers, n_heads, first_is_cls: bool = False) -> Tally:
     encoder): its mass is the cls mass, item for item."""
     tally = new_tally("surface", n_layers, n_heads)
     mean = rng.uniform(0.02, 0.2, size=(n_layers, n_heads, len(SURFACE_MASS)))
-    mean[1, 1] = [0.05, 0.05, 0.05, 0.3, 0.4, 0.05, 0.35]                  # sink: first 0.35 + sep 0.4
+    mean[1, 1] = [0.05, 0.05, 0.05, 0.3, 0.4, 0.05, 0.35]  # sink: first 0.35 + sep 0.4
     ratio = rng.uniform(0.3, 0.75, size=(n_layers, n_heads))
     ratio[0, 2] = 0.95
     for unit in _units("s", N_SENTENCES):
@@ -149,15 +187,21 @@ def surface_tally(rng, n_layers, n_heads, first_is_cls: bool = False) -> Tally:
         for k, label in enumerate(SURFACE_MASS):
             trials = words - 1 if label in ("prev", "next") else words
             noise = rng.normal(0, 0.02, size=(n_layers, n_heads))
-            labels.append(label), n.append(trials), values.append(np.clip(mean[..., k] + noise, 0, 1) * trials)
+            (
+                labels.append(label),
+                n.append(trials),
+                values.append(np.clip(mean[..., k] + noise, 0, 1) * trials),
+            )
         if first_is_cls:
             values[SURFACE_MASS.index("first")] = values[SURFACE_MASS.index("cls")]
         noise = rng.normal(0, 0.01, size=(n_layers, n_heads))
         labels += ["entropy", "entropy_uniform"]
         n += [pieces, pieces]
         values += [uniform * np.clip(ratio + noise, 0, 1), np.full((n_layers, n_heads), uniform)]
-        block = torch.from_numpy(np.stack(values)[..., None])                 # [label, layer, head, 1]
-        tally.add([unit] * len(labels), labels, values=block, n=np.asarray(n, dtype=np.float64)[:, None])
+        block = torch.from_numpy(np.stack(values)[..., None])  # [label, layer, head, 1]
+        tally.add(
+            [unit] * len(labels), labels, values=block, n=np.asarray(n, dtype=np.float64)[:, None]
+        )
     return tally
 
 
@@ -191,47 +235,85 @@ def make_examples(results, seed: int = 0) -> list[dict]:
     ex = EXAMPLE_DEP
     for label in (ALL, "nsubj", "det"):
         row = results.best_head("dependency", label)
-        gold = [[i, h] for i, (h, r) in enumerate(zip(ex["heads"], ex["deprels"]))
-                if h >= 0 and r != "punct" and (label == ALL or r == label)]
+        gold = [
+            [i, h]
+            for i, (h, r) in enumerate(zip(ex["heads"], ex["deprels"]))
+            if h >= 0 and r != "punct" and (label == ALL or r == label)
+        ]
         pairs = gold if row["direction"] == "dep->head" else [[h, d] for d, h in gold]
-        out.append({"analysis": "dependency", "label": label, "layer": int(row["layer"]),
-                    "head": int(row["head"]), "direction": row["direction"],
-                    "words": ex["words"], "attention": _attention(rng, len(ex["words"]), pairs),
-                    "gold": gold})
+        out.append(
+            {
+                "analysis": "dependency",
+                "label": label,
+                "layer": int(row["layer"]),
+                "head": int(row["head"]),
+                "direction": row["direction"],
+                "words": ex["words"],
+                "attention": _attention(rng, len(ex["words"]), pairs),
+                "gold": gold,
+            }
+        )
     row = results.best_head("coreference", ALL)
-    out.append({"analysis": "coreference", "label": ALL, "layer": int(row["layer"]),
-                "head": int(row["head"]), "direction": "", "words": EXAMPLE_COREF["words"],
-                "attention": _attention(rng, len(EXAMPLE_COREF["words"]), EXAMPLE_COREF["gold"]),
-                "gold": EXAMPLE_COREF["gold"]})
+    out.append(
+        {
+            "analysis": "coreference",
+            "label": ALL,
+            "layer": int(row["layer"]),
+            "head": int(row["head"]),
+            "direction": "",
+            "words": EXAMPLE_COREF["words"],
+            "attention": _attention(rng, len(EXAMPLE_COREF["words"]), EXAMPLE_COREF["gold"]),
+            "gold": EXAMPLE_COREF["gold"],
+        }
+    )
     return out
 
 
 PROVENANCE = {
     "run_id": "fixture-run-0001",
-    "inputs": {"treebank": {"option": "--treebank", "path": "fixture.conllu", "bytes": 4321,
-                            "sha256": "5e" * 32}},
+    "inputs": {
+        "treebank": {
+            "option": "--treebank",
+            "path": "fixture.conllu",
+            "bytes": 4321,
+            "sha256": "5e" * 32,
+        }
+    },
     "options": {"batch_size": 8, "from_mode": "mean", "window": 128},
     "conventions": {"name": "spec", "offsets": [-5, 5]},
 }
 
 
-def make_results(seed: int = 0, n_layers: int = 2, n_heads: int = 3, examples: bool = True,
-                 causal: bool = False, bos: str | None = None, first_is_cls: bool = False):
+def make_results(
+    seed: int = 0,
+    n_layers: int = 2,
+    n_heads: int = 3,
+    examples: bool = True,
+    causal: bool = False,
+    bos: str | None = None,
+    first_is_cls: bool = False,
+):
     """A `headprobe.results.query.Results` derived by the project's own stats from planted tallies
     (summary with a run id, an input and its SHA-256, options and conventions: PROVENANCE)."""
     from headprobe.results.query import Results
 
     rng = np.random.default_rng(seed)
-    tallies = {"dependency": dependency_tally(rng, n_layers, n_heads, causal),
-               "coreference": coreference_tally(rng, n_layers, n_heads),
-               "positional": positional_tally(rng, n_layers, n_heads),
-               "surface": surface_tally(rng, n_layers, n_heads, first_is_cls)}
+    tallies = {
+        "dependency": dependency_tally(rng, n_layers, n_heads, causal),
+        "coreference": coreference_tally(rng, n_layers, n_heads),
+        "positional": positional_tally(rng, n_layers, n_heads),
+        "surface": surface_tally(rng, n_layers, n_heads, first_is_cls),
+    }
     summary = {
-        "model": f"fixture/tiny-{n_layers}x{n_heads}", "n_layers": n_layers, "n_heads": n_heads,
-        "analyses": list(tallies), "causal": causal,
+        "model": f"fixture/tiny-{n_layers}x{n_heads}",
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "analyses": list(tallies),
+        "causal": causal,
         "skipped": {"sentences_too_long": 1, "sentences_no_pieces": 0, "coreference_sentences": 0},
         "notes": ["fabricated by tests/fixtures_results.py (planted probabilities, fixed seed)"],
-        "seed": seed, **PROVENANCE,
+        "seed": seed,
+        **PROVENANCE,
     }
     if bos is not None:
         summary["bos"] = bos
@@ -241,8 +323,17 @@ def make_results(seed: int = 0, n_layers: int = 2, n_heads: int = 3, examples: b
     return results
 
 
-def make_results_dir(path, *, seed: int = 0, n_layers: int = 2, n_heads: int = 3, examples: bool = True,
-                     causal: bool = False, bos: str | None = None, first_is_cls: bool = False) -> Path:
+def make_results_dir(
+    path,
+    *,
+    seed: int = 0,
+    n_layers: int = 2,
+    n_heads: int = 3,
+    examples: bool = True,
+    causal: bool = False,
+    bos: str | None = None,
+    first_is_cls: bool = False,
+) -> Path:
     """Save `make_results(...)` under `path` with `Results.save` (the pipeline's file layout;
     without `examples`, examples.json holds none). Returns the path."""
     path = Path(path)
@@ -250,6 +341,7 @@ def make_results_dir(path, *, seed: int = 0, n_layers: int = 2, n_heads: int = 3
     return path
 
 
-if __name__ == "__main__":      # python tests/fixtures_results.py OUT_DIR
+if __name__ == "__main__":  # python tests/fixtures_results.py OUT_DIR
     import sys
+
     print(make_results_dir(sys.argv[1] if len(sys.argv) > 1 else "results/fixture"))

@@ -63,19 +63,25 @@ def test_ablation_and_importance_merged_over_three_shards_equal_one_run(tmp_path
     family, model = with_lm_head("llama")
     examples = list(read_conllu(write_treebank(tmp_path / "t.conllu", n=18)))
     whole = score(model, family.tokenizer, examples, ["ablation", "importance"])
-    shards = [score(model, family.tokenizer, examples[k::3], ["ablation", "importance"]) for k in range(3)]
+    shards = [
+        score(model, family.tokenizer, examples[k::3], ["ablation", "importance"]) for k in range(3)
+    ]
     for name, tally in whole.items():
         merged = shards[0][name].copy().merge(shards[1][name]).merge(shards[2][name])
         assert merged.sorted_labels() == tally.sorted_labels() == ["causal_lm"]
         a, b = tally.arrays("causal_lm"), merged.arrays("causal_lm")
-        assert np.array_equal(a["n"], b["n"])                          # trials: exact
+        assert np.array_equal(a["n"], b["n"])  # trials: exact
         assert a["hits"].shape == (2, 51, 2, 4, 1)
-        np.testing.assert_allclose(b["hits"], a["hits"], rtol=1e-5, atol=1e-6)   # float sums: to rounding
-        assert np.abs(a["hits"][:, 0]).sum() > 1.0                      # the heads did matter
+        np.testing.assert_allclose(
+            b["hits"], a["hits"], rtol=1e-5, atol=1e-6
+        )  # float sums: to rounding
+        assert np.abs(a["hits"][:, 0]).sum() > 1.0  # the heads did matter
 
 
 # ----------------------------------------------------------------------------- the pruning curve
-def hand_loss_and_count(model, family, examples, heads_off, ignore_first: int = 0) -> tuple[float, int]:
+def hand_loss_and_count(
+    model, family, examples, heads_off, ignore_first: int = 0
+) -> tuple[float, int]:
     """Mean next-piece NLL over every example, one at a time, with `heads_off` zero-gated, and
     the number of targets; pieces `0 .. ignore_first - 1` are not targets."""
     gates = torch.ones(family.n_layers, 4)
@@ -84,11 +90,11 @@ def hand_loss_and_count(model, family, examples, heads_off, ignore_first: int = 
     total = count = 0.0
     with torch.no_grad(), HeadGates(model, gates):
         for example in examples:
-            ids = one_batch(family, [example]).input_ids                # [1, piece]
+            ids = one_batch(family, [example]).input_ids  # [1, piece]
             labels = ids.clone()
             labels[:, :ignore_first] = IGNORE
-            loss = model(input_ids=ids, labels=labels).loss             # transformers' own mean
-            targets = ids.shape[1] - 1 - max(ignore_first - 1, 0)       # labels shift by one
+            loss = model(input_ids=ids, labels=labels).loss  # transformers' own mean
+            targets = ids.shape[1] - 1 - max(ignore_first - 1, 0)  # labels shift by one
             total += float(loss) * targets
             count += targets
     return total / count, count
@@ -102,9 +108,16 @@ def hand_losses(model, family, examples, heads_off) -> float:
 def test_prune_curve_equals_heads_gated_by_hand(tmp_path):
     family, model = with_lm_head("llama")
     path = write_treebank(tmp_path / "t.conllu")
-    results = headprobe.run(loaded=(model, family.tokenizer, "tiny"), treebank=str(path),
-                            analyses=["prune_curve"], **PLAIN)
-    assert set(results.analyses) == {"importance", "prune_curve"}     # importance added to order the heads
+    results = headprobe.run(
+        loaded=(model, family.tokenizer, "tiny"),
+        treebank=str(path),
+        analyses=["prune_curve"],
+        **PLAIN,
+    )
+    assert set(results.analyses) == {
+        "importance",
+        "prune_curve",
+    }  # importance added to order the heads
     curve = results.prune_curve
     info = results.summary["prune_curve"]
     assert info["order_by"] == "importance" and set(curve["order_by"]) == {"importance"}
@@ -118,32 +131,43 @@ def test_prune_curve_equals_heads_gated_by_hand(tmp_path):
     assert curve["percent"].tolist() == [f"{p}%" for p in range(0, 101, 10)]
     examples = list(read_conllu(path))
     for row in curve.itertuples(index=False):
-        expected = hand_losses(model, family, examples, order[:int(row.heads_removed)])
+        expected = hand_losses(model, family, examples, order[: int(row.heads_removed)])
         assert row.value == pytest.approx(expected, rel=1e-5), row.percent
         assert row.ci_low <= row.value <= row.ci_high
     assert curve["change"].iloc[0] == 0.0
-    assert curve["value"].iloc[-1] != pytest.approx(curve["value"].iloc[0], rel=1e-3)   # all heads gone matters
-    assert " ".join(r for r in curve["removed"] if r) == " ".join(info["order"])      # each head once, in order
+    assert curve["value"].iloc[-1] != pytest.approx(
+        curve["value"].iloc[0], rel=1e-3
+    )  # all heads gone matters
+    assert " ".join(r for r in curve["removed"] if r) == " ".join(
+        info["order"]
+    )  # each head once, in order
     # the role map carries each head's rank; the report renders the curve and the ranks
     roles = results.roles.set_index("name")
     top = importance.idxmax()
-    assert roles.loc[f"{top[0]}-{top[1]}", "importance_rank"] == 1 and set(roles["importance_of"]) == {8}
+    assert roles.loc[f"{top[0]}-{top[1]}", "importance_rank"] == 1 and set(
+        roles["importance_of"]
+    ) == {8}
     text = build_report(results, tmp_path / "report")["markdown"].read_text()
     assert "## Pruning curve" in text and "none, importance rank 1 of 8" in text
 
 
 def test_prune_curve_without_lm_head_orders_by_ablation(tmp_path):
-    family = get_family("bert")                                          # base model: representation change
+    family = get_family("bert")  # base model: representation change
     path = write_treebank(tmp_path / "t.conllu", n=12)
-    results = headprobe.run(loaded=(family.sdpa, family.tokenizer, "tiny"), treebank=str(path),
-                            prune_curve=True, analyses=["positional"], **PLAIN)
+    results = headprobe.run(
+        loaded=(family.sdpa, family.tokenizer, "tiny"),
+        treebank=str(path),
+        prune_curve=True,
+        analyses=["positional"],
+        **PLAIN,
+    )
     info = results.summary["prune_curve"]
     assert info["order_by"] == "ablation" and "importance" not in results.analyses
     effect = results.ablation_heads.set_index(["layer", "head"])["score"]
     order = [tuple(int(x) for x in name.split("-")) for name in info["order"]]
     assert len(order) == 12 and list(effect.loc[order]) == sorted(effect)
     curve = results.prune_curve
-    assert curve["value"].iloc[0] == pytest.approx(0.0, abs=1e-6)      # nothing removed: no change
+    assert curve["value"].iloc[0] == pytest.approx(0.0, abs=1e-6)  # nothing removed: no change
     # everything removed: 1 - cos(h_L with every head zeroed, h_L intact), averaged over pieces by hand
     total = count = 0.0
     with torch.no_grad():
@@ -156,29 +180,48 @@ def test_prune_curve_without_lm_head_orders_by_ablation(tmp_path):
             count += intact.shape[0]
     assert curve["value"].iloc[-1] == pytest.approx(total / count, rel=1e-5)
     with pytest.raises(UsageError, match="needs every head ablated"):
-        headprobe.run(loaded=(family.sdpa, family.tokenizer, "tiny"), treebank=str(path), prune_curve=True,
-                      analyses=["ablation"], heads="0-1", **PLAIN)
+        headprobe.run(
+            loaded=(family.sdpa, family.tokenizer, "tiny"),
+            treebank=str(path),
+            prune_curve=True,
+            analyses=["ablation"],
+            heads="0-1",
+            **PLAIN,
+        )
 
 
 # ----------------------------------------------------------------------------- --heads
 def test_heads_option_ablates_only_those_heads(tmp_path):
     family, model = with_lm_head("llama")
     path = write_treebank(tmp_path / "t.conllu", n=9)
-    every = headprobe.run(loaded=(model, family.tokenizer, "tiny"), treebank=str(path), analyses=["ablation"],
-                          heads="all", **PLAIN).ablation_heads
-    some = headprobe.run(loaded=(model, family.tokenizer, "tiny"), treebank=str(path), analyses=["ablation"],
-                         heads="1-2,0-1", **PLAIN).ablation_heads
+    every = headprobe.run(
+        loaded=(model, family.tokenizer, "tiny"),
+        treebank=str(path),
+        analyses=["ablation"],
+        heads="all",
+        **PLAIN,
+    ).ablation_heads
+    some = headprobe.run(
+        loaded=(model, family.tokenizer, "tiny"),
+        treebank=str(path),
+        analyses=["ablation"],
+        heads="1-2,0-1",
+        **PLAIN,
+    ).ablation_heads
     assert list(zip(some["layer"], some["head"])) == [(0, 1), (1, 2)] and len(every) == 8
     mine = every.set_index(["layer", "head"]).loc[[(0, 1), (1, 2)]]
     np.testing.assert_allclose(some["score"], mine["score"], rtol=1e-5)
     assert parse_heads("17-3, 18-6,17-3") == [(17, 3), (18, 6)] and parse_heads("all") is None
 
 
-@pytest.mark.parametrize("heads,analyses,message", [
-    ("17_3", ["ablation"], r"--heads '17_3': '17_3' is not a head"),
-    ("1-2", ["dependency"], "add --analyses ablation"),
-    (",", ["ablation"], "is not a head"),
-])
+@pytest.mark.parametrize(
+    "heads,analyses,message",
+    [
+        ("17_3", ["ablation"], r"--heads '17_3': '17_3' is not a head"),
+        ("1-2", ["dependency"], "add --analyses ablation"),
+        (",", ["ablation"], "is not a head"),
+    ],
+)
 def test_bad_heads_refused_before_the_model_loads(heads, analyses, message):
     with pytest.raises(UsageError, match=message):
         headprobe.run("no/such-model", analyses=analyses, heads=heads, **PLAIN)
@@ -187,7 +230,9 @@ def test_bad_heads_refused_before_the_model_loads(heads, analyses, message):
 def test_heads_that_do_not_exist_are_refused():
     family, model = with_lm_head("llama")
     with pytest.raises(UsageError, match="head 2-0 does not exist"):
-        headprobe.run(loaded=(model, family.tokenizer, "tiny"), analyses=["ablation"], heads="2-0", **PLAIN)
+        headprobe.run(
+            loaded=(model, family.tokenizer, "tiny"), analyses=["ablation"], heads="2-0", **PLAIN
+        )
     with pytest.raises(UsageError, match="--control 'shuffled'"):
         headprobe.run("no/such-model", control="shuffled", **PLAIN)
 
@@ -196,40 +241,58 @@ def test_heads_that_do_not_exist_are_refused():
 def test_random_init_is_reproducible_and_new():
     family = get_family("gpt2")
     state = torch.get_rng_state()
-    one, two, other = random_init(family.sdpa, 0), random_init(family.sdpa, 0), random_init(family.sdpa, 1)
-    assert torch.equal(torch.get_rng_state(), state)                    # the caller's random state untouched
+    one, two, other = (
+        random_init(family.sdpa, 0),
+        random_init(family.sdpa, 0),
+        random_init(family.sdpa, 1),
+    )
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's random state untouched
     a, b, c, trained = (m.state_dict() for m in (one, two, other, family.sdpa))
     assert a.keys() == trained.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a)                      # same seed, same weights
+    assert all(torch.equal(a[k], b[k]) for k in a)  # same seed, same weights
     changed = [k for k in a if a[k].dtype.is_floating_point and not torch.equal(a[k], trained[k])]
     weights = [k for k in a if k.endswith("weight") and a[k].dim() == 2]
-    assert set(weights) <= set(changed)                                 # every matrix re-drawn
-    assert any(not torch.equal(a[k], c[k]) for k in weights)            # another seed, other weights
+    assert set(weights) <= set(changed)  # every matrix re-drawn
+    assert any(not torch.equal(a[k], c[k]) for k in weights)  # another seed, other weights
     assert type(one) is type(family.sdpa) and one.config._attn_implementation == "sdpa"
 
 
 def test_control_run_same_tokenizer_other_weights(tmp_path):
     family = get_family("llama")
     path = write_treebank(tmp_path / "t.conllu", n=15)
-    run = lambda: headprobe.run(loaded=(family.sdpa, family.tokenizer, "tiny"), treebank=str(path),
-                                analyses=["dependency", "surface"], control="random-init", **PLAIN)
+    run = lambda: headprobe.run(
+        loaded=(family.sdpa, family.tokenizer, "tiny"),
+        treebank=str(path),
+        analyses=["dependency", "surface"],
+        control="random-init",
+        **PLAIN,
+    )
     first, again = run(), run()
     assert set(first.tallies) == {"dependency", "surface", "dependency~control", "surface~control"}
     assert first.tallies["dependency~control"].model == CONTROL
-    for key in ("dependency~control", "surface~control"):               # reproducible with the seed
+    for key in ("dependency~control", "surface~control"):  # reproducible with the seed
         for label in first.tallies[key].sorted_labels():
             for name, value in first.tallies[key].arrays(label).items():
-                assert np.array_equal(value, again.tallies[key].arrays(label)[name]), (key, label, name)
+                assert np.array_equal(value, again.tallies[key].arrays(label)[name]), (
+                    key,
+                    label,
+                    name,
+                )
     # the same tokenizer: the same arcs (n) per label and head; other weights: other hits
     mine, theirs = first.counts, first.control.counts
     assert mine[["label", "layer", "head", "direction", "fold", "n"]].equals(
-        theirs[["label", "layer", "head", "direction", "fold", "n"]])
+        theirs[["label", "layer", "head", "direction", "fold", "n"]]
+    )
     assert not np.array_equal(mine["hits"].fillna(-1), theirs["hits"].fillna(-1))
     # best heads carry the control's best of the same label and selection
     best, control_best = first.best_heads, first.control.best_heads
     for row in best[best["fold"] == ""].itertuples(index=False):
-        theirs_row = control_best[(control_best["label"] == row.label) & (control_best["selection"] == row.selection)
-                                  & (control_best["fold"] == "") & (control_best["analysis"] == row.analysis)]
+        theirs_row = control_best[
+            (control_best["label"] == row.label)
+            & (control_best["selection"] == row.selection)
+            & (control_best["fold"] == "")
+            & (control_best["analysis"] == row.analysis)
+        ]
         assert row.control_accuracy == pytest.approx(theirs_row["accuracy"].iloc[0], nan_ok=True)
         assert row.control_heads == theirs_row["heads"].iloc[0]
     # saved and loaded: the control's tables come back, the analyses are the trained model's
@@ -238,19 +301,35 @@ def test_control_run_same_tokenizer_other_weights(tmp_path):
     assert sorted(loaded.analyses) == ["dependency", "surface"]
     assert loaded.control.best_heads.equals(first.control.best_heads)
     assert first.summary["control"]["analyses"] == ["dependency", "surface"]
-    assert "## Random-init control" in build_report(loaded, tmp_path / "report")["markdown"].read_text()
+    assert (
+        "## Random-init control"
+        in build_report(loaded, tmp_path / "report")["markdown"].read_text()
+    )
 
 
 def test_role_beside_its_importance_rank():
-    row = {"role": "syntactic", "detail": "nsubj", "importance_rank": 3, "importance_of": 72,
-           "importance_by": "importance"}
+    row = {
+        "role": "syntactic",
+        "detail": "nsubj",
+        "importance_rank": 3,
+        "importance_of": 72,
+        "importance_by": "importance",
+    }
     assert role_with_importance(row) == "syntactic (nsubj), importance rank 3 of 72"
     assert role_with_importance({"role": "none", "detail": ""}) == "none"
 
 
 def role_tally(model: str = "trained", n_heads: int = 2) -> Tally:
-    return Tally("dependency", directions=("dep->head", "head<-dep"), variants=VARIANTS, layers=[0],
-                 n_heads=n_heads, resamples=200, extras=("unreachable",), model=model)
+    return Tally(
+        "dependency",
+        directions=("dep->head", "head<-dep"),
+        variants=VARIANTS,
+        layers=[0],
+        n_heads=n_heads,
+        resamples=200,
+        extras=("unreachable",),
+        model=model,
+    )
 
 
 def add_units(tally, rates, base_rate, rng, n_units=60, arcs=4, label="nsubj"):
@@ -267,11 +346,15 @@ def add_units(tally, rates, base_rate, rng, n_units=60, arcs=4, label="nsubj"):
 @pytest.mark.parametrize("control_rate,syntactic", [(None, True), (0.5, True), (0.95, False)])
 def test_syntactic_role_needs_a_head_above_the_controls_heldout_best(control_rate, syntactic):
     trained = role_tally()
-    add_units(trained, (0.8, 0.0), 0.3, np.random.default_rng(0))      # head 0-0 passes SPEC 6 on its own
+    add_units(
+        trained, (0.8, 0.0), 0.3, np.random.default_rng(0)
+    )  # head 0-0 passes SPEC 6 on its own
     tallies = {"dependency": trained}
     if control_rate is not None:
         control = role_tally(CONTROL)
-        add_units(control, (0.0, control_rate), 0.3, np.random.default_rng(1))   # the control's best: 0-1
+        add_units(
+            control, (0.0, control_rate), 0.3, np.random.default_rng(1)
+        )  # the control's best: 0-1
         tallies["dependency~control"] = control
     results = Results(tallies)
     roles = results.roles.set_index("name")
@@ -279,8 +362,10 @@ def test_syntactic_role_needs_a_head_above_the_controls_heldout_best(control_rat
     assert roles.loc["0-1", "role"] == "none"
     if control_rate is not None:
         bar = results.best_head("dependency", "nsubj", "held-out")["control_accuracy"]
-        mine = results.head_tests.set_index(["label", "layer", "head"]).loc[("nsubj", 0, 0), "heldout_accuracy"]
-        assert bool(mine > bar) is syntactic                                 # the rule's reason, by the numbers
+        mine = results.head_tests.set_index(["label", "layer", "head"]).loc[
+            ("nsubj", 0, 0), "heldout_accuracy"
+        ]
+        assert bool(mine > bar) is syntactic  # the rule's reason, by the numbers
         assert abs(bar - control_rate) < 0.1
         if syntactic:
             assert f"random-init control's held-out best {bar:.4f}" in roles.loc["0-0", "evidence"]
@@ -297,12 +382,14 @@ def test_head_groups_on_a_restricted_loss_equal_gates_and_labels_by_hand(tmp_pat
     examples = list(read_conllu(write_treebank(tmp_path / "t.conllu", n=10)))
     groups = [("intact", []), ("pair", [(0, 1), (1, 2)]), ("layer 1", [(1, h) for h in range(4)])]
     scorer = GroupScorer()
-    scorer.scored = lambda batch: torch.arange(batch.input_ids.shape[1])[None, :] >= 3   # [1, piece]
+    scorer.scored = lambda batch: torch.arange(batch.input_ids.shape[1])[None, :] >= 3  # [1, piece]
     scorer.use_groups(groups)
     Engine(model, family.tokenizer, [scorer], progress=False, n_boot=30, batch_size=4).run(examples)
     table = points_table(scorer.tally_, [label for label, _ in groups], "intact").set_index("label")
     for label, heads in groups:
-        mean, count = hand_loss_and_count(model, family, examples, heads, ignore_first=3)   # pieces 0-2 not targets
+        mean, count = hand_loss_and_count(
+            model, family, examples, heads, ignore_first=3
+        )  # pieces 0-2 not targets
         assert table.loc[label, "value"] == pytest.approx(mean, rel=1e-5), label
         assert table.loc[label, "n"] == count
     assert table.loc["intact", "change"] == 0.0 and table.loc["layer 1", "change"] != 0.0

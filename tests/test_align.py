@@ -35,11 +35,36 @@ def pieces(tokenizer, alignment) -> list[str]:
 # -- WordPiece -------------------------------------------------------------------------
 def test_wordpiece_alignment(wordpiece_tokenizer):
     tok = wordpiece_tokenizer
-    (a,) = align_words(tok, [["The"] + SENTENCE[1:]])       # "The" is lower-cased by BertNormalizer
-    assert pieces(tok, a) == ["[CLS]", "the", "cat", "un", "##believ", "##able", "$", ",", "don", "'", "t",
-                              "[SEP]"]
+    (a,) = align_words(tok, [["The"] + SENTENCE[1:]])  # "The" is lower-cased by BertNormalizer
+    assert pieces(tok, a) == [
+        "[CLS]",
+        "the",
+        "cat",
+        "un",
+        "##believ",
+        "##able",
+        "$",
+        ",",
+        "don",
+        "'",
+        "t",
+        "[SEP]",
+    ]
     assert a.piece_word == [-1, 0, 1, 2, 2, 2, 3, 4, 5, 5, 5, -1]
-    assert a.piece_kind == [CLS_LIKE, WORD, WORD, WORD, WORD, WORD, WORD, WORD, WORD, WORD, WORD, SEP_LIKE]
+    assert a.piece_kind == [
+        CLS_LIKE,
+        WORD,
+        WORD,
+        WORD,
+        WORD,
+        WORD,
+        WORD,
+        WORD,
+        WORD,
+        WORD,
+        WORD,
+        SEP_LIKE,
+    ]
     assert a.n_words == 6 and len(a) == 12
     assert a.empty_words() == []
 
@@ -71,11 +96,14 @@ def test_fixture_without_prefix_space_splits_bare_bytes(gpt2_tokenizer):
     assert pieces(gpt2_tokenizer, a) == ["c", "a", "t"]
 
 
-@pytest.mark.parametrize("make, before, after", [
-    (make_gpt2, [], []),
-    (make_roberta, ["<s>"], ["</s>"]),
-    (make_llama3, ["<|begin_of_text|>"], []),
-])
+@pytest.mark.parametrize(
+    "make, before, after",
+    [
+        (make_gpt2, [], []),
+        (make_roberta, ["<s>"], ["</s>"]),
+        (make_llama3, ["<|begin_of_text|>"], []),
+    ],
+)
 def test_byte_level_prepare_tokenizer(make, before, after):
     tok = prepare_tokenizer(make())
     (a,) = align_words(tok, [SENTENCE])
@@ -84,11 +112,14 @@ def test_byte_level_prepare_tokenizer(make, before, after):
     assert a.piece_kind == [CLS_LIKE] * len(before) + [WORD] * 9 + [SEP_LIKE] * len(after)
 
 
-@pytest.mark.parametrize("make, before, after", [
-    (make_gpt2, [], []),
-    (make_roberta, ["<s>"], ["</s>"]),
-    (make_llama3, ["<|begin_of_text|>"], []),
-])
+@pytest.mark.parametrize(
+    "make, before, after",
+    [
+        (make_gpt2, [], []),
+        (make_roberta, ["<s>"], ["</s>"]),
+        (make_llama3, ["<|begin_of_text|>"], []),
+    ],
+)
 def test_byte_level_load_tokenizer_from_disk(tmp_path, make, before, after):
     make().save_pretrained(tmp_path)
     tok = load_tokenizer(str(tmp_path))
@@ -134,7 +165,9 @@ def test_prepare_tokenizer_leaves_other_families_alone():
     for make in (make_wordpiece, make_sentencepiece):
         raw = make()
         tok = prepare_tokenizer(make())
-        assert align_words(tok, [SENTENCE])[0].input_ids == align_words(raw, [SENTENCE])[0].input_ids
+        assert (
+            align_words(tok, [SENTENCE])[0].input_ids == align_words(raw, [SENTENCE])[0].input_ids
+        )
 
 
 def test_prepare_tokenizer_needs_fast():
@@ -148,7 +181,19 @@ def test_sentencepiece_alignment(sentencepiece_tokenizer):
     (a,) = align_words(tok, [SENTENCE])
     # "▁unbelievable": ▁un + believ + able = -6 beats anything using single letters (-10 each);
     # "▁don't": ▁don + ' + t (no "'t" piece)
-    assert pieces(tok, a) == ["<s>", "▁the", "▁cat", "▁un", "believ", "able", "▁$", "▁,", "▁don", "'", "t"]
+    assert pieces(tok, a) == [
+        "<s>",
+        "▁the",
+        "▁cat",
+        "▁un",
+        "believ",
+        "able",
+        "▁$",
+        "▁,",
+        "▁don",
+        "'",
+        "t",
+    ]
     assert a.piece_word == [-1, 0, 1, 2, 2, 2, 3, 4, 5, 5, 5]
     assert a.piece_kind == [CLS_LIKE] + [WORD] * 10
 
@@ -170,12 +215,12 @@ def pooling_attention() -> torch.Tensor:
     att = torch.zeros(2, 2, 7, 7)
     q = torch.arange(7.0)[:, None]
     k = torch.arange(7.0)[None, :]
-    att[0, 0] = 10 * q + k                       # A[q, k] = 10 q + k
-    att[0, 1, 2] = torch.tensor([0., 5, 1, 0, 0, 0, 0])
-    att[0, 1, 3] = torch.tensor([2., 0, 0, 0, 0, 0, 3])
-    att[0, 1, 4] = torch.tensor([0., 0, 0, 1, 1, 4, 0])
-    att[1, :, :4, :4] = 1.0                      # every real (query, key) = 1
-    att[1, :, 4:, :] = 100.0                     # padding rows and columns: must be ignored
+    att[0, 0] = 10 * q + k  # A[q, k] = 10 q + k
+    att[0, 1, 2] = torch.tensor([0.0, 5, 1, 0, 0, 0, 0])
+    att[0, 1, 3] = torch.tensor([2.0, 0, 0, 0, 0, 0, 3])
+    att[0, 1, 4] = torch.tensor([0.0, 0, 0, 1, 1, 4, 0])
+    att[1, :, :4, :4] = 1.0  # every real (query, key) = 1
+    att[1, :, 4:, :] = 100.0  # padding rows and columns: must be ignored
     att[1, :, :, 4:] = 100.0
     return att
 
@@ -196,22 +241,30 @@ def pooling_attention() -> torch.Tensor:
 #   rows of "the" and "$" are 0.
 # Example 1 (two words, no third word), both heads: every real entry 1, each word has one piece:
 #   word rows [1, 1, 0, 1, 1]; the padding word row is 0 in every mode.
-EX1 = [[1., 1, 0, 1, 1], [1., 1, 0, 1, 1], [0., 0, 0, 0, 0]]
+EX1 = [[1.0, 1, 0, 1, 1], [1.0, 1, 0, 1, 1], [0.0, 0, 0, 0, 0]]
 EXPECTED = {
-    "mean": ([[11., 39, 15, 10, 16], [31., 99, 35, 30, 36], [51., 159, 55, 50, 56]],
-             [[0., 0, 0, 0, 0], [5 / 3, 1, 4 / 3, 2 / 3, 1], [0., 0, 0, 0, 0]]),
-    "first": ([[11., 39, 15, 10, 16], [21., 69, 25, 20, 26], [51., 159, 55, 50, 56]],
-              [[0., 0, 0, 0, 0], [5., 1, 0, 0, 0], [0., 0, 0, 0, 0]]),
-    "max": ([[11., 39, 15, 10, 16], [41., 129, 45, 40, 46], [51., 159, 55, 50, 56]],
-            [[0., 0, 0, 0, 0], [5., 2, 4, 2, 3], [0., 0, 0, 0, 0]]),
+    "mean": (
+        [[11.0, 39, 15, 10, 16], [31.0, 99, 35, 30, 36], [51.0, 159, 55, 50, 56]],
+        [[0.0, 0, 0, 0, 0], [5 / 3, 1, 4 / 3, 2 / 3, 1], [0.0, 0, 0, 0, 0]],
+    ),
+    "first": (
+        [[11.0, 39, 15, 10, 16], [21.0, 69, 25, 20, 26], [51.0, 159, 55, 50, 56]],
+        [[0.0, 0, 0, 0, 0], [5.0, 1, 0, 0, 0], [0.0, 0, 0, 0, 0]],
+    ),
+    "max": (
+        [[11.0, 39, 15, 10, 16], [41.0, 129, 45, 40, 46], [51.0, 159, 55, 50, 56]],
+        [[0.0, 0, 0, 0, 0], [5.0, 2, 4, 2, 3], [0.0, 0, 0, 0, 0]],
+    ),
 }
 
 
 def test_pooling_batch_maps(wordpiece_tokenizer):
     batch = pooling_batch(wordpiece_tokenizer, "mean")
     assert batch.piece_word.tolist() == [[-1, 0, 1, 1, 1, 2, -1], [-1, 0, 1, -1, -2, -2, -2]]
-    assert batch.piece_kind.tolist() == [[CLS_LIKE, WORD, WORD, WORD, WORD, WORD, SEP_LIKE],
-                                         [CLS_LIKE, WORD, WORD, SEP_LIKE, PAD, PAD, PAD]]
+    assert batch.piece_kind.tolist() == [
+        [CLS_LIKE, WORD, WORD, WORD, WORD, WORD, SEP_LIKE],
+        [CLS_LIKE, WORD, WORD, SEP_LIKE, PAD, PAD, PAD],
+    ]
     assert batch.attention_mask.tolist() == [[1] * 7, [1, 1, 1, 1, 0, 0, 0]]
     assert batch.n_words.tolist() == [3, 2]
     assert batch.word_mask.tolist() == [[True, True, True], [True, True, False]]
@@ -226,13 +279,13 @@ def test_word_pooling(wordpiece_tokenizer, mode):
     batch = pooling_batch(wordpiece_tokenizer, mode)
     att = LayerAttention(5, pooling_attention(), batch)
     words = att.words
-    assert words.shape == (2, 2, 3, 5)                    # [batch, head, word, word + 2]
+    assert words.shape == (2, 2, 3, 5)  # [batch, head, word, word + 2]
     head0, head1 = EXPECTED[mode]
     assert torch.allclose(words[0, 0], torch.tensor(head0), atol=1e-4)
     assert torch.allclose(words[0, 1], torch.tensor(head1), atol=1e-6)
     for head in range(2):
         assert torch.allclose(words[1, head], torch.tensor(EX1), atol=1e-6)
-    assert att.words is words                             # computed once, shared
+    assert att.words is words  # computed once, shared
     assert att.pieces.shape == (2, 2, 7, 7) and att.layer == 5
 
 

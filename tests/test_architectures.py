@@ -48,14 +48,34 @@ from headprobe.model.capture import AttentionCapture
 from headprobe.model.sites import attention_sites
 
 TOL = 1e-5
-GAIN = 2.5         # q/k weights ~ N(0, GAIN^2 / hidden): attention scores with a spread of ~GAIN^2
+GAIN = 2.5  # q/k weights ~ N(0, GAIN^2 / hidden): attention scores with a spread of ~GAIN^2
 # T5 does not scale Q K^T by 1/sqrt(head_dim): a smaller gain gives it scores of the same spread (with
 # scores ~3x larger, float rounding between SDPA and eager in one layer grows past 1e-5 in the next)
 GAINS = {"t5": 1.5, "t5-encoder": 1.5}
-QK_NAMES = {"query", "key", "q_proj", "k_proj", "q", "k", "q_lin", "k_lin", "Wqkv", "c_attn", "query_key_value",
-            "qkv_proj", "query_proj", "key_proj", "pos_query_proj", "pos_key_proj"}
-QK_NORMS = {"q_norm", "k_norm"}          # per-head norms after the projection (Qwen3, Gemma3)
-FIELDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+QK_NAMES = {
+    "query",
+    "key",
+    "q_proj",
+    "k_proj",
+    "q",
+    "k",
+    "q_lin",
+    "k_lin",
+    "Wqkv",
+    "c_attn",
+    "query_key_value",
+    "qkv_proj",
+    "query_proj",
+    "key_proj",
+    "pos_query_proj",
+    "pos_key_proj",
+}
+QK_NORMS = {"q_norm", "k_norm"}  # per-head norms after the projection (Qwen3, Gemma3)
+FIELDS = {
+    "encoder": "encoder_attentions",
+    "decoder": "decoder_attentions",
+    "cross": "cross_attentions",
+}
 H = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
 
@@ -64,26 +84,39 @@ def make_t5_tokenizer():
     tok = make_sentencepiece()
     backend = tok.backend_tokenizer
     eos = tok.convert_tokens_to_ids("</s>")
-    backend.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                           special_tokens=[("</s>", eos)])
-    return tf.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>",
-                                      unk_token="<unk>")
+    backend.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos)]
+    )
+    return tf.PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
 
 
 def make_llama3_spaced():
     tok = make_llama3()
-    tok.backend_tokenizer.normalizer = normalizers.Prepend(" ")      # as headprobe.inputs.align does for it
+    tok.backend_tokenizer.normalizer = normalizers.Prepend(
+        " "
+    )  # as headprobe.inputs.align does for it
     return tok
 
 
-TOKENIZERS = {"wordpiece": make_wordpiece, "roberta": lambda: make_roberta(add_prefix_space=True),
-              "gpt2": lambda: make_gpt2(add_prefix_space=True), "llama3": make_llama3_spaced,
-              "sentencepiece": make_sentencepiece, "t5": make_t5_tokenizer}
+TOKENIZERS = {
+    "wordpiece": make_wordpiece,
+    "roberta": lambda: make_roberta(add_prefix_space=True),
+    "gpt2": lambda: make_gpt2(add_prefix_space=True),
+    "llama3": make_llama3_spaced,
+    "sentencepiece": make_sentencepiece,
+    "t5": make_t5_tokenizer,
+}
 
 
 def ids(tok) -> dict:
-    return dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
-                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    return dict(
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
 
 
 def decoder_only(config_class, tok, **extra):
@@ -92,73 +125,259 @@ def decoder_only(config_class, tok, **extra):
 
 # name -> (tokenizer, config from tokenizer, model class, stacks)
 FAMILIES = {
-    "bert": ("wordpiece", lambda t: tf.BertConfig(**H, **ids(t), max_position_embeddings=64), AutoModel,
-             ["encoder"]),
-    "roberta": ("roberta", lambda t: tf.RobertaConfig(**H, **ids(t), max_position_embeddings=66), AutoModel,
-                ["encoder"]),
-    "distilbert": ("wordpiece", lambda t: tf.DistilBertConfig(
-        vocab_size=len(t), dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64,
-        pad_token_id=t.pad_token_id), AutoModel, ["encoder"]),
+    "bert": (
+        "wordpiece",
+        lambda t: tf.BertConfig(**H, **ids(t), max_position_embeddings=64),
+        AutoModel,
+        ["encoder"],
+    ),
+    "roberta": (
+        "roberta",
+        lambda t: tf.RobertaConfig(**H, **ids(t), max_position_embeddings=66),
+        AutoModel,
+        ["encoder"],
+    ),
+    "distilbert": (
+        "wordpiece",
+        lambda t: tf.DistilBertConfig(
+            vocab_size=len(t),
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=t.pad_token_id,
+        ),
+        AutoModel,
+        ["encoder"],
+    ),
     # embeddings (16) projected to the hidden size (32) with no norm after: a larger init keeps
     # the hidden states, hence the scores, from being tiny
-    "albert": ("sentencepiece", lambda t: tf.AlbertConfig(**H, **ids(t), embedding_size=16, initializer_range=0.3,
-                                                          max_position_embeddings=64), AutoModel, ["encoder"]),
-    "electra": ("wordpiece", lambda t: tf.ElectraConfig(**H, **ids(t), embedding_size=16, initializer_range=0.3,
-                                                         max_position_embeddings=64), AutoModel, ["encoder"]),
-    "deberta-v2": ("sentencepiece", lambda t: tf.DebertaV2Config(
-        **H, **ids(t), max_position_embeddings=64, relative_attention=True, position_buckets=8,
-        max_relative_positions=16, pos_att_type=["p2c", "c2p"], position_biased_input=False), AutoModel,
-        ["encoder"]),
-    "modernbert": ("roberta", lambda t: tf.ModernBertConfig(
-        **H, **ids(t), cls_token_id=t.cls_token_id, sep_token_id=t.sep_token_id, max_position_embeddings=64,
-        local_attention=4, global_attn_every_n_layers=2), AutoModel, ["encoder"]),
-    "mpnet": ("wordpiece", lambda t: tf.MPNetConfig(**H, **ids(t), max_position_embeddings=64), AutoModel,
-              ["encoder"]),
-    "xlm-roberta": ("sentencepiece", lambda t: tf.XLMRobertaConfig(**H, **ids(t), max_position_embeddings=66),
-                    AutoModel, ["encoder"]),
-    "gpt2": ("gpt2", lambda t: tf.GPT2Config(vocab_size=len(t), n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                             bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id),
-             AutoModel, ["decoder"]),
-    "gpt-neox": ("gpt2", lambda t: tf.GPTNeoXConfig(**H, **ids(t), max_position_embeddings=64), AutoModel,
-                 ["decoder"]),
-    "opt": ("gpt2", lambda t: tf.OPTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                           ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=64,
-                                           **ids(t)), AutoModel, ["decoder"]),
+    "albert": (
+        "sentencepiece",
+        lambda t: tf.AlbertConfig(
+            **H, **ids(t), embedding_size=16, initializer_range=0.3, max_position_embeddings=64
+        ),
+        AutoModel,
+        ["encoder"],
+    ),
+    "electra": (
+        "wordpiece",
+        lambda t: tf.ElectraConfig(
+            **H, **ids(t), embedding_size=16, initializer_range=0.3, max_position_embeddings=64
+        ),
+        AutoModel,
+        ["encoder"],
+    ),
+    "deberta-v2": (
+        "sentencepiece",
+        lambda t: tf.DebertaV2Config(
+            **H,
+            **ids(t),
+            max_position_embeddings=64,
+            relative_attention=True,
+            position_buckets=8,
+            max_relative_positions=16,
+            pos_att_type=["p2c", "c2p"],
+            position_biased_input=False,
+        ),
+        AutoModel,
+        ["encoder"],
+    ),
+    "modernbert": (
+        "roberta",
+        lambda t: tf.ModernBertConfig(
+            **H,
+            **ids(t),
+            cls_token_id=t.cls_token_id,
+            sep_token_id=t.sep_token_id,
+            max_position_embeddings=64,
+            local_attention=4,
+            global_attn_every_n_layers=2,
+        ),
+        AutoModel,
+        ["encoder"],
+    ),
+    "mpnet": (
+        "wordpiece",
+        lambda t: tf.MPNetConfig(**H, **ids(t), max_position_embeddings=64),
+        AutoModel,
+        ["encoder"],
+    ),
+    "xlm-roberta": (
+        "sentencepiece",
+        lambda t: tf.XLMRobertaConfig(**H, **ids(t), max_position_embeddings=66),
+        AutoModel,
+        ["encoder"],
+    ),
+    "gpt2": (
+        "gpt2",
+        lambda t: tf.GPT2Config(
+            vocab_size=len(t),
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            bos_token_id=t.bos_token_id,
+            eos_token_id=t.eos_token_id,
+        ),
+        AutoModel,
+        ["decoder"],
+    ),
+    "gpt-neox": (
+        "gpt2",
+        lambda t: tf.GPTNeoXConfig(**H, **ids(t), max_position_embeddings=64),
+        AutoModel,
+        ["decoder"],
+    ),
+    "opt": (
+        "gpt2",
+        lambda t: tf.OPTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            ffn_dim=64,
+            word_embed_proj_dim=32,
+            max_position_embeddings=64,
+            **ids(t),
+        ),
+        AutoModel,
+        ["decoder"],
+    ),
     "llama-gqa": ("llama3", lambda t: decoder_only(tf.LlamaConfig, t), AutoModel, ["decoder"]),
-    "mistral-window": ("sentencepiece", lambda t: decoder_only(tf.MistralConfig, t, sliding_window=3),
-                       AutoModel, ["decoder"]),
+    "mistral-window": (
+        "sentencepiece",
+        lambda t: decoder_only(tf.MistralConfig, t, sliding_window=3),
+        AutoModel,
+        ["decoder"],
+    ),
     "qwen2": ("llama3", lambda t: decoder_only(tf.Qwen2Config, t), AutoModel, ["decoder"]),
-    "qwen3": ("llama3", lambda t: decoder_only(tf.Qwen3Config, t, head_dim=8), AutoModel, ["decoder"]),
-    "gemma2-softcap": ("sentencepiece", lambda t: decoder_only(
-        tf.Gemma2Config, t, head_dim=8, sliding_window=3, attn_logit_softcapping=5.0, query_pre_attn_scalar=8),
-        AutoModel, ["decoder"]),
-    "gemma3": ("sentencepiece", lambda t: decoder_only(
-        tf.Gemma3TextConfig, t, head_dim=8, sliding_window=3, query_pre_attn_scalar=8,
-        layer_types=["sliding_attention", "full_attention"]), AutoModel, ["decoder"]),
+    "qwen3": (
+        "llama3",
+        lambda t: decoder_only(tf.Qwen3Config, t, head_dim=8),
+        AutoModel,
+        ["decoder"],
+    ),
+    "gemma2-softcap": (
+        "sentencepiece",
+        lambda t: decoder_only(
+            tf.Gemma2Config,
+            t,
+            head_dim=8,
+            sliding_window=3,
+            attn_logit_softcapping=5.0,
+            query_pre_attn_scalar=8,
+        ),
+        AutoModel,
+        ["decoder"],
+    ),
+    "gemma3": (
+        "sentencepiece",
+        lambda t: decoder_only(
+            tf.Gemma3TextConfig,
+            t,
+            head_dim=8,
+            sliding_window=3,
+            query_pre_attn_scalar=8,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        AutoModel,
+        ["decoder"],
+    ),
     "phi3": ("llama3", lambda t: decoder_only(tf.Phi3Config, t), AutoModel, ["decoder"]),
-    "gpt-oss-sinks": ("llama3", lambda t: decoder_only(
-        tf.GptOssConfig, t, head_dim=8, num_local_experts=2, num_experts_per_tok=1, sliding_window=3,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), AutoModel, ["decoder"]),
-    "bloom-alibi": ("gpt2", lambda t: tf.BloomConfig(vocab_size=len(t), hidden_size=32, n_layer=2, n_head=4,
-                                                      bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id,
-                                                      pad_token_id=t.eos_token_id), AutoModel, ["decoder"]),
+    "gpt-oss-sinks": (
+        "llama3",
+        lambda t: decoder_only(
+            tf.GptOssConfig,
+            t,
+            head_dim=8,
+            num_local_experts=2,
+            num_experts_per_tok=1,
+            sliding_window=3,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        AutoModel,
+        ["decoder"],
+    ),
+    "bloom-alibi": (
+        "gpt2",
+        lambda t: tf.BloomConfig(
+            vocab_size=len(t),
+            hidden_size=32,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=t.bos_token_id,
+            eos_token_id=t.eos_token_id,
+            pad_token_id=t.eos_token_id,
+        ),
+        AutoModel,
+        ["decoder"],
+    ),
     # legacy code with an SDPA path: under SDPA its output_attentions are empty; capture runs it eager
-    "falcon-alibi": ("gpt2", lambda t: tf.FalconConfig(vocab_size=len(t), hidden_size=32, num_hidden_layers=2,
-                                                        num_attention_heads=4, alibi=True, bos_token_id=t.bos_token_id,
-                                                        eos_token_id=t.eos_token_id), AutoModel, ["decoder"]),
-    "t5": ("t5", lambda t: tf.T5Config(**ids(t), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                                       relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                                       decoder_start_token_id=t.pad_token_id), AutoModel,
-           ["encoder", "decoder", "cross"]),
-    "t5-encoder": ("t5", lambda t: tf.T5Config(**ids(t), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                                               relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                                               decoder_start_token_id=t.pad_token_id), tf.T5EncoderModel,
-                   ["encoder"]),
-    "bart": ("roberta", lambda t: tf.BartConfig(
-        **ids(t), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        decoder_start_token_id=t.eos_token_id, forced_eos_token_id=None), AutoModel,
-             ["encoder", "decoder", "cross"]),
+    "falcon-alibi": (
+        "gpt2",
+        lambda t: tf.FalconConfig(
+            vocab_size=len(t),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            alibi=True,
+            bos_token_id=t.bos_token_id,
+            eos_token_id=t.eos_token_id,
+        ),
+        AutoModel,
+        ["decoder"],
+    ),
+    "t5": (
+        "t5",
+        lambda t: tf.T5Config(
+            **ids(t),
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            decoder_start_token_id=t.pad_token_id,
+        ),
+        AutoModel,
+        ["encoder", "decoder", "cross"],
+    ),
+    "t5-encoder": (
+        "t5",
+        lambda t: tf.T5Config(
+            **ids(t),
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            decoder_start_token_id=t.pad_token_id,
+        ),
+        tf.T5EncoderModel,
+        ["encoder"],
+    ),
+    "bart": (
+        "roberta",
+        lambda t: tf.BartConfig(
+            **ids(t),
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            decoder_start_token_id=t.eos_token_id,
+            forced_eos_token_id=None,
+        ),
+        AutoModel,
+        ["encoder", "decoder", "cross"],
+    ),
 }
 CASES = [(name, stack) for name, (_, _, _, stacks) in FAMILIES.items() for stack in stacks]
 
@@ -167,8 +386,8 @@ CASES = [(name, stack) for name, (_, _, _, stacks) in FAMILIES.items() for stack
 class Built:
     name: str
     tokenizer: object
-    model: torch.nn.Module          # the implementation a user would get (SDPA where the family has it)
-    eager: torch.nn.Module          # the same weights under eager attention: the reference
+    model: torch.nn.Module  # the implementation a user would get (SDPA where the family has it)
+    eager: torch.nn.Module  # the same weights under eager attention: the reference
 
 
 def peaky(model, gain: float) -> None:
@@ -179,7 +398,7 @@ def peaky(model, gain: float) -> None:
             if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in QK_NAMES:
                 param.normal_(0.0, gain / math.sqrt(32))
             elif len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in QK_NORMS:
-                param.add_(gain - 1.0)          # RMSNorm weight w (scale w) or Gemma's (scale 1 + w)
+                param.add_(gain - 1.0)  # RMSNorm weight w (scale w) or Gemma's (scale 1 + w)
 
 
 def from_config(model_class, config, **kwargs):
@@ -203,8 +422,13 @@ def build(name: str) -> Built:
 def stack_batch(built: Built, sentences, stack: str) -> tuple[Batch, dict]:
     """The batch a stack is scored on and the model inputs for it, as the engine builds them."""
     sites = attention_sites(built.model)
-    examples = [Example(words=list(s), unit=f"s{i}", source=f"test:{i}") for i, s in enumerate(sentences)]
-    alignments = [sites.scoring_alignment(a, stack) for a in align_words(built.tokenizer, [e.words for e in examples])]
+    examples = [
+        Example(words=list(s), unit=f"s{i}", source=f"test:{i}") for i, s in enumerate(sentences)
+    ]
+    alignments = [
+        sites.scoring_alignment(a, stack)
+        for a in align_words(built.tokenizer, [e.words for e in examples])
+    ]
     pad = built.tokenizer.pad_token_id if built.tokenizer.pad_token_id is not None else 0
     batch = Batch(examples, alignments, pad)
     return batch, sites.model_inputs(batch, stack)
@@ -219,8 +443,12 @@ def reference(built: Built, inputs: dict, stack: str) -> tuple:
 
 def capture_all(built: Built, inputs: dict, stack: str) -> dict[int, torch.Tensor]:
     got = {}
-    with torch.no_grad(), AttentionCapture(built.model, None, lambda layer, p: got.__setitem__(layer, p.clone()),
-                                           stack=stack):
+    with (
+        torch.no_grad(),
+        AttentionCapture(
+            built.model, None, lambda layer, p: got.__setitem__(layer, p.clone()), stack=stack
+        ),
+    ):
         built.model(**inputs)
     return got
 
@@ -229,8 +457,11 @@ def real_lengths(inputs: dict, stack: str) -> tuple[list[int], list[int]]:
     """Real query and key positions per example."""
     encoder = inputs["attention_mask"].sum(1).tolist()
     decoder = inputs.get("decoder_attention_mask")
-    decoder = decoder.sum(1).tolist() if decoder is not None else [inputs.get("decoder_input_ids", inputs[
-        "input_ids"]).shape[1]] * len(encoder)
+    decoder = (
+        decoder.sum(1).tolist()
+        if decoder is not None
+        else [inputs.get("decoder_input_ids", inputs["input_ids"]).shape[1]] * len(encoder)
+    )
     if "decoder_input_ids" not in inputs or stack == "encoder":
         return encoder, encoder
     return decoder, (decoder if stack == "decoder" else encoder)
@@ -241,17 +472,27 @@ def test_capture_equals_eager(name, stack):
     built = build(name)
     sites = attention_sites(built.model)
     assert sites.stacks == FAMILIES[name][3]
-    for sentences in (SENTENCES, SENTENCES[:1]):             # padded batch; one sentence, no padding
+    for sentences in (SENTENCES, SENTENCES[:1]):  # padded batch; one sentence, no padding
         batch, inputs = stack_batch(built, sentences, stack)
         expected = reference(built, inputs, stack)
         got = capture_all(built, inputs, stack)
-        assert sorted(got) == list(range(len(expected))) == list(range(2)), (sites.path, sorted(got))
+        assert sorted(got) == list(range(len(expected))) == list(range(2)), (
+            sites.path,
+            sorted(got),
+        )
         queries, keys = real_lengths(inputs, stack)
         for layer, probs in got.items():
             assert probs.dtype == torch.float32 and probs.shape == expected[layer].shape
             for row, (n_q, n_k) in enumerate(zip(queries, keys)):
-                diff = (probs[row, :, :n_q, :n_k] - expected[layer][row, :, :n_q, :n_k].float()).abs().max().item()
-                assert diff <= TOL, f"{name} {stack} layer {layer} example {row}: max abs diff {diff}"
+                diff = (
+                    (probs[row, :, :n_q, :n_k] - expected[layer][row, :, :n_q, :n_k].float())
+                    .abs()
+                    .max()
+                    .item()
+                )
+                assert diff <= TOL, (
+                    f"{name} {stack} layer {layer} example {row}: max abs diff {diff}"
+                )
 
 
 @pytest.mark.parametrize("name,stack", CASES)
@@ -262,9 +503,9 @@ def test_attention_is_peaky(name, stack):
     built = build(name)
     _, inputs = stack_batch(built, SENTENCES[:1], stack)
     for probs in reference(built, inputs, stack):
-        probs = probs[0].float()                                        # [head, query, key]
-        n_visible = (probs > 0).sum(-1).float()                         # [head, query]
-        excess = probs.amax(-1) / probs.sum(-1) - 1.0 / n_visible       # [head, query]
+        probs = probs[0].float()  # [head, query, key]
+        n_visible = (probs > 0).sum(-1).float()  # [head, query]
+        excess = probs.amax(-1) / probs.sum(-1) - 1.0 / n_visible  # [head, query]
         assert excess[n_visible >= 3].mean().item() >= 0.3
 
 
@@ -275,7 +516,10 @@ def test_causality_per_stack():
         sites = attention_sites(build(name).model)
         for stack in stacks:
             assert sites.causal(stack) == (stack == "decoder"), (name, stack)
-            assert all(site.causal == (stack == "decoder") for site in sites.of(stack)), (name, stack)
+            assert all(site.causal == (stack == "decoder") for site in sites.of(stack)), (
+                name,
+                stack,
+            )
 
 
 def test_shared_layer_is_one_site_per_call():
@@ -286,9 +530,22 @@ def test_shared_layer_is_one_site_per_call():
 
 
 def test_output_projection_found():
-    for name in ("bert", "albert", "distilbert", "gpt2", "llama-gqa", "t5", "bart", "modernbert", "gpt-neox"):
+    for name in (
+        "bert",
+        "albert",
+        "distilbert",
+        "gpt2",
+        "llama-gqa",
+        "t5",
+        "bart",
+        "modernbert",
+        "gpt-neox",
+    ):
         sites = attention_sites(build(name).model)
-        assert all(site.output is not None and site.output.weight.shape[-1] in (32, 64) for site in sites.sites), name
+        assert all(
+            site.output is not None and site.output.weight.shape[-1] in (32, 64)
+            for site in sites.sites
+        ), name
 
 
 def run_cli(tmp_path, name, *options) -> tuple[int, dict, pd.DataFrame]:
@@ -300,11 +557,33 @@ def run_cli(tmp_path, name, *options) -> tuple[int, dict, pd.DataFrame]:
     treebank = tmp_path / "tiny.conllu"
     treebank.write_text(conllu_text())
     out = tmp_path / ("out" + "".join(options).replace("-", "_"))
-    rc = main(["run", "--model", str(model_dir), "--treebank", str(treebank), "--out", str(out), "--bootstrap",
-               "10", "--no-report", "--quiet", "--checkpoint-every", "0", "--device", "cpu", *options])
+    rc = main(
+        [
+            "run",
+            "--model",
+            str(model_dir),
+            "--treebank",
+            str(treebank),
+            "--out",
+            str(out),
+            "--bootstrap",
+            "10",
+            "--no-report",
+            "--quiet",
+            "--checkpoint-every",
+            "0",
+            "--device",
+            "cpu",
+            *options,
+        ]
+    )
     if rc != 0:
         return rc, {}, pd.DataFrame()
-    return rc, json.loads((out / "summary.json").read_text()), pd.read_parquet(out / "counts.parquet")
+    return (
+        rc,
+        json.loads((out / "summary.json").read_text()),
+        pd.read_parquet(out / "counts.parquet"),
+    )
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -315,17 +594,35 @@ def test_run_by_path(name, tmp_path):
         assert rc == 0, (name, stack)
         assert summary["stack"] == stack and summary["n_layers"] == 2
         heads = counts[counts["layer"] >= 0]
-        analyses = {"surface", "positional"} if stack == "cross" else {"dependency", "surface", "positional"}
+        analyses = (
+            {"surface", "positional"}
+            if stack == "cross"
+            else {"dependency", "surface", "positional"}
+        )
         assert set(heads["analysis"]) == analyses
-        assert heads["n"].sum() > 0 and heads["mass"].fillna(0).sum() + heads["hits"].fillna(0).sum() > 0
+        assert (
+            heads["n"].sum() > 0
+            and heads["mass"].fillna(0).sum() + heads["hits"].fillna(0).sum() > 0
+        )
         if stack != "cross":
             dependency = heads[(heads["analysis"] == "dependency") & (heads["fold"] == "")]
             assert dependency["hits"].sum() > 0, (name, stack)
 
 
 def test_cross_stack_refuses_dependency(tmp_path, capsys):
-    rc = main(["run", "--model", "unused", "--stack", "cross", "--analyses", "dependency", "--out",
-               str(tmp_path / "o")])
+    rc = main(
+        [
+            "run",
+            "--model",
+            "unused",
+            "--stack",
+            "cross",
+            "--analyses",
+            "dependency",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert "dependency is not defined on cross-attention" in err[0]
@@ -334,7 +631,9 @@ def test_cross_stack_refuses_dependency(tmp_path, capsys):
 def test_stack_the_model_lacks(tmp_path, capsys):
     rc, _, _ = run_cli(tmp_path, "bert", "--stack", "decoder")
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err[-1].startswith("headprobe: error: --stack decoder: BertModel has no decoder attention")
+    assert rc == 2 and err[-1].startswith(
+        "headprobe: error: --stack decoder: BertModel has no decoder attention"
+    )
 
 
 def test_legacy_path_runs_eager_and_is_undone():
@@ -344,17 +643,24 @@ def test_legacy_path_runs_eager_and_is_undone():
     assert attention_sites(model).path == "legacy" and model.config._attn_implementation == "sdpa"
     seen = []
     _, inputs = stack_batch(build("falcon-alibi"), SENTENCES[:1], "decoder")
-    with torch.no_grad(), AttentionCapture(model, [1], lambda layer, p: seen.append(model.config._attn_implementation)):
+    with (
+        torch.no_grad(),
+        AttentionCapture(
+            model, [1], lambda layer, p: seen.append(model.config._attn_implementation)
+        ),
+    ):
         out = model(**inputs)
     assert seen == ["eager"] and model.config._attn_implementation == "sdpa"
-    assert out.attentions is None                                   # not kept on the output
+    assert out.attentions is None  # not kept on the output
 
 
 # -- never a silent zero ------------------------------------------------------------------------
 class HiddenConfig(tf.PretrainedConfig):
     model_type = "headprobe-hidden-attention"
 
-    def __init__(self, vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, **kwargs):
+    def __init__(
+        self, vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, **kwargs
+    ):
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
         super().__init__(**kwargs)
@@ -371,8 +677,11 @@ class HiddenAttentionModel(tf.PreTrainedModel):
         super().__init__(config)
         self.embed = torch.nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = torch.nn.ModuleList(
-            torch.nn.MultiheadAttention(config.hidden_size, config.num_attention_heads, batch_first=True)
-            for _ in range(config.num_hidden_layers))
+            torch.nn.MultiheadAttention(
+                config.hidden_size, config.num_attention_heads, batch_first=True
+            )
+            for _ in range(config.num_hidden_layers)
+        )
         self.post_init()
 
     def forward(self, input_ids, attention_mask=None, **kwargs):
@@ -393,8 +702,21 @@ def test_model_that_hides_its_attention_fails_with_one_line(tmp_path, capsys):
     tok.save_pretrained(tmp_path / "model")
     (tmp_path / "tiny.conllu").write_text(conllu_text())
     capsys.readouterr()
-    rc = main(["run", "--model", str(tmp_path / "model"), "--treebank", str(tmp_path / "tiny.conllu"),
-               "--out", str(tmp_path / "out"), "--quiet", "--no-report", "--device", "cpu"])
+    rc = main(
+        [
+            "run",
+            "--model",
+            str(tmp_path / "model"),
+            "--treebank",
+            str(tmp_path / "tiny.conllu"),
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+            "--no-report",
+            "--device",
+            "cpu",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("headprobe: error: HiddenAttentionModel: no attention found")
@@ -407,13 +729,19 @@ def test_layer_not_captured_is_an_error():
     replaced by the identity) is an error naming the model, the stack, the path and the layer."""
     model = copy.deepcopy(build("bert").model)
     _, inputs = stack_batch(build("bert"), SENTENCES, "encoder")
-    assert attention_sites(model).n_layers() == 2                  # found with both layers
+    assert attention_sites(model).n_layers() == 2  # found with both layers
     model.encoder.layer[1].forward = lambda hidden_states, *args, **kwargs: hidden_states
-    with pytest.raises(CaptureError, match=r"BertModel: 1 of the 2 asked-for layers of its encoder attention "
-                                           r"were captured in a forward pass \(interface path\); missing layers \[1\]"):
+    with pytest.raises(
+        CaptureError,
+        match=r"BertModel: 1 of the 2 asked-for layers of its encoder attention "
+        r"were captured in a forward pass \(interface path\); missing layers \[1\]",
+    ):
         with torch.no_grad(), AttentionCapture(model, None, lambda layer, p: None):
             model(**inputs)
-    with torch.no_grad(), AttentionCapture(model, [0], lambda layer, p: None):   # layer 0 alone: fine
+    with (
+        torch.no_grad(),
+        AttentionCapture(model, [0], lambda layer, p: None),
+    ):  # layer 0 alone: fine
         model(**inputs)
 
 
@@ -424,15 +752,34 @@ def engine_counts(built: Built, examples, stack: str, query_block=None):
     from headprobe.scorers.surface import SurfaceScorer
     from headprobe.scoring.engine import Engine
 
-    scorers = [PositionalScorer(), SurfaceScorer()] + ([DependencyScorer()] if stack != "cross" else [])
-    engine = Engine(built.model, built.tokenizer, scorers, batch_size=4, progress=False, keep_units=True,
-                    n_boot=10, query_block=query_block, stack=stack)
+    scorers = [PositionalScorer(), SurfaceScorer()] + (
+        [DependencyScorer()] if stack != "cross" else []
+    )
+    engine = Engine(
+        built.model,
+        built.tokenizer,
+        scorers,
+        batch_size=4,
+        progress=False,
+        keep_units=True,
+        n_boot=10,
+        query_block=query_block,
+        stack=stack,
+    )
     engine.run(examples)
     return engine
 
 
-@pytest.mark.parametrize("name,stack", [("t5", "decoder"), ("t5", "cross"), ("bart", "cross"),
-                                        ("gpt-oss-sinks", "decoder"), ("deberta-v2", "encoder")])
+@pytest.mark.parametrize(
+    "name,stack",
+    [
+        ("t5", "decoder"),
+        ("t5", "cross"),
+        ("bart", "cross"),
+        ("gpt-oss-sinks", "decoder"),
+        ("deberta-v2", "encoder"),
+    ],
+)
 def test_query_blocks_same_counts(name, stack):
     """Query blocks of 2 pieces count exactly what whole matrices count: on an encoder-decoder's
     decoder (start token first) and cross-attention (the start token's row dropped), on a layer
@@ -441,13 +788,20 @@ def test_query_blocks_same_counts(name, stack):
     from test_query_block import KEY, assert_identical
 
     examples = random_sentences(12, seed=1)
-    engines = [engine_counts(build(name), examples, stack, query_block) for query_block in (None, 2)]
+    engines = [
+        engine_counts(build(name), examples, stack, query_block) for query_block in (None, 2)
+    ]
     tables = []
     for engine in engines:
         counts = pd.concat([s.unit_counts() for s in engine.scorers], ignore_index=True)
-        counts = counts.astype({c: str for c in ("analysis", "label", "unit", "direction", "variant")})
-        tables.append(counts.astype({"layer": int, "head": int, "n": float, "hits": float, "mass": float})
-                      .sort_values(KEY, ignore_index=True))
+        counts = counts.astype(
+            {c: str for c in ("analysis", "label", "unit", "direction", "variant")}
+        )
+        tables.append(
+            counts.astype(
+                {"layer": int, "head": int, "n": float, "hits": float, "mass": float}
+            ).sort_values(KEY, ignore_index=True)
+        )
     assert tables[0]["n"].sum() > 0
     assert_identical(tables[0], tables[1], *engines)
 
@@ -463,9 +817,11 @@ def test_word_attention_per_stack(name):
     built = build(name)
     words = SENTENCES[0]
     for stack in ("encoder", "decoder", "cross"):
-        got = word_attention(built.model, built.tokenizer, words, 1, stack=stack)          # [head, word, word + 2]
+        got = word_attention(
+            built.model, built.tokenizer, words, 1, stack=stack
+        )  # [head, word, word + 2]
         batch, inputs = stack_batch(built, [words], stack)
-        pieces = reference(built, inputs, stack)[1].float()                                # [1, head, query, key]
+        pieces = reference(built, inputs, stack)[1].float()  # [1, head, query, key]
         if stack == "cross":
             pieces = pieces[:, :, 1:]
         expected = pool_words(pieces, batch, "mean", batch.max_words)[0]

@@ -23,7 +23,9 @@ SENTENCES = [
 
 
 def make_batch(tokenizer, sentences, pad_id, causal=False) -> Batch:
-    examples = [Example(words=list(s), unit=f"s{i}", source=f"test:{i}") for i, s in enumerate(sentences)]
+    examples = [
+        Example(words=list(s), unit=f"s{i}", source=f"test:{i}") for i, s in enumerate(sentences)
+    ]
     alignments = align_words(tokenizer, [ex.words for ex in examples])
     return Batch(examples, alignments, pad_id, causal=causal)
 
@@ -66,20 +68,22 @@ def test_capture_equals_eager_output_attentions(family):
     with torch.no_grad():
         reference = family.eager(**inputs, output_attentions=True).attentions
     assert len(reference) == family.n_layers
-    assert order == list(range(family.n_layers))                # each layer once, in order
+    assert order == list(range(family.n_layers))  # each layer once, in order
     assert cap.calls_ == {layer: 1 for layer in range(family.n_layers)}
     for layer in range(family.n_layers):
         probs = got[layer]
         assert probs.dtype == torch.float32
-        assert probs.shape == (3, 4, batch.n_pieces, batch.n_pieces)      # [batch, head, query, key]
+        assert probs.shape == (3, 4, batch.n_pieces, batch.n_pieces)  # [batch, head, query, key]
         check_same_on_real(probs, reference[layer], batch)
         # rows of real queries sum to 1 over the real keys; padded keys get nothing
         for row, n in enumerate(lengths(batch)):
             assert torch.allclose(probs[row, :, :n, :n].sum(-1), torch.ones(4, n), atol=1e-5)
             if n < batch.n_pieces:
                 assert probs[row, :, :n, n:].abs().max().item() <= TOL
-        if family.causal:                                          # nothing above the diagonal
-            upper = torch.triu(torch.ones(batch.n_pieces, batch.n_pieces, dtype=torch.bool), diagonal=1)
+        if family.causal:  # nothing above the diagonal
+            upper = torch.triu(
+                torch.ones(batch.n_pieces, batch.n_pieces, dtype=torch.bool), diagonal=1
+            )
             assert probs[:, :, upper].abs().max().item() <= TOL
 
 
@@ -87,8 +91,10 @@ def test_capture_equals_eager_without_padding(family):
     """One sequence, no padding: SDPA may drop the mask (is_causal fast path); capture rebuilds it."""
     batch = make_batch(family.tokenizer, SENTENCES[:1], family.pad_id)
     assert batch.attention_mask.all()
-    for inputs in (dict(input_ids=batch.input_ids),
-                   dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)):
+    for inputs in (
+        dict(input_ids=batch.input_ids),
+        dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask),
+    ):
         got, _, _, _ = captured(family.sdpa, inputs)
         with torch.no_grad():
             reference = family.eager(**inputs, output_attentions=True).attentions
@@ -107,7 +113,7 @@ def test_capture_leaves_outputs_unchanged(family):
         for row, n in enumerate(lengths(batch)):
             diff = (out.last_hidden_state[row, :n] - plain[row, :n]).abs().max().item()
             assert diff <= TOL, f"layers {layers}, example {row}: max abs diff {diff}"
-    with torch.no_grad():                                          # and nothing stuck after exit
+    with torch.no_grad():  # and nothing stuck after exit
         again = family.sdpa(**inputs).last_hidden_state
     assert torch.equal(again, plain)
 
@@ -123,7 +129,9 @@ def test_capture_on_eager_model(bert_family):
     assert sorted(got) == [1]
     check_same_on_real(got[1], reference.attentions[1], batch)
     for row, n in enumerate(lengths(batch)):
-        assert (out.last_hidden_state[row, :n] - reference.last_hidden_state[row, :n]).abs().max() <= TOL
+        assert (
+            out.last_hidden_state[row, :n] - reference.last_hidden_state[row, :n]
+        ).abs().max() <= TOL
     assert fam.eager.config._attn_implementation == "eager"
 
 
@@ -131,9 +139,16 @@ def test_legacy_path_for_models_without_attention_interface(wordpiece_tokenizer)
     """MPNet does not route through AttentionInterface: capture falls back to output_attentions."""
     from transformers import AutoModel, MPNetConfig
 
-    config = MPNetConfig(vocab_size=len(wordpiece_tokenizer), hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=4, intermediate_size=64, max_position_embeddings=40,
-                         pad_token_id=wordpiece_tokenizer.pad_token_id, initializer_range=0.3)
+    config = MPNetConfig(
+        vocab_size=len(wordpiece_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        pad_token_id=wordpiece_tokenizer.pad_token_id,
+        initializer_range=0.3,
+    )
     torch.manual_seed(4)
     model = AutoModel.from_config(config).eval()
     batch = make_batch(wordpiece_tokenizer, SENTENCES, wordpiece_tokenizer.pad_token_id)
@@ -144,9 +159,9 @@ def test_legacy_path_for_models_without_attention_interface(wordpiece_tokenizer)
     assert not cap.interface
     assert order == [1] and cap.calls_ == {1: 1}
     check_same_on_real(got[1], reference.attentions[1], batch)
-    assert out.attentions is None                                 # not kept on the output
+    assert out.attentions is None  # not kept on the output
     assert torch.equal(out.last_hidden_state, reference.last_hidden_state)
-    with torch.no_grad():                                          # hooks removed on exit
+    with torch.no_grad():  # hooks removed on exit
         assert model(**inputs).attentions is None
 
 
@@ -178,7 +193,7 @@ def test_subset_of_layers(family, sdpa_calls):
 
     sdpa_calls.clear()
     got, order, cap, _ = captured(model, inputs, [last])
-    assert order == [last]                                         # callback only for the asked layer
+    assert order == [last]  # callback only for the asked layer
     assert cap.calls_ == {last: 1}
     check_same_on_real(got[last], reference[last], batch)
     where = layer_of(model)
@@ -191,13 +206,17 @@ def test_subset_of_layers(family, sdpa_calls):
     assert sorted(where[m] for m in sdpa_calls) == list(range(1, family.n_layers))
 
     sdpa_calls.clear()
-    with torch.no_grad():                                          # after exit: plain SDPA for all layers
+    with torch.no_grad():  # after exit: plain SDPA for all layers
         model(**inputs)
     assert sorted(where[m] for m in sdpa_calls) == list(range(family.n_layers))
 
 
 def config_impls(model) -> set:
-    return {m.config._attn_implementation for m in model.modules() if getattr(m, "config", None) is not None}
+    return {
+        m.config._attn_implementation
+        for m in model.modules()
+        if getattr(m, "config", None) is not None
+    }
 
 
 def test_config_restored_after_exit(family):
@@ -234,7 +253,7 @@ def test_config_restored_after_exception(family):
             model(**inputs)
     assert config_impls(model) == {"sdpa"}
     assert not any(m in attention_module._ROUTES for m in model.modules())
-    with torch.no_grad():                                          # and the model still runs as before
+    with torch.no_grad():  # and the model still runs as before
         out = model(**inputs).last_hidden_state
     assert torch.isfinite(out).all()
 
@@ -258,9 +277,11 @@ def test_real_minilm_capture_equals_eager():
     eager = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
     assert sdpa.config._attn_implementation == "sdpa"
     tokenizer = load_tokenizer(path)
-    sentences = [["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "."],
-                 ["Unbelievable", ",", "isn't", "it", "?"],
-                 ["Hello"]]
+    sentences = [
+        ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "."],
+        ["Unbelievable", ",", "isn't", "it", "?"],
+        ["Hello"],
+    ]
     batch = make_batch(tokenizer, sentences, tokenizer.pad_token_id)
     inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     got, order, _, out = captured(sdpa, inputs)

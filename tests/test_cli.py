@@ -23,18 +23,47 @@ from headprobe.results import store
 #   s2  the dog ran down .                 det nsubj compound(:prt)           -> 3
 #   s3  it saw a cat .                     nsubj det obj                      -> 3
 SENTENCES = [
-    ("s1", [("the", "DET", 4, "det"), ("big", "ADJ", 4, "amod"), ("red", "ADJ", 4, "amod"),
-            ("cat", "NOUN", 5, "nsubj"), ("sat", "VERB", 0, "root"), ("on", "ADP", 8, "case"),
-            ("the", "DET", 8, "det"), ("mat", "NOUN", 5, "obl:on"), (".", "PUNCT", 5, "punct")]),
-    ("s2", [("the", "DET", 2, "det"), ("dog", "NOUN", 3, "nsubj"), ("ran", "VERB", 0, "root"),
-            ("down", "ADP", 3, "compound:prt"), (".", "PUNCT", 3, "punct")]),
-    ("s3", [("it", "PRON", 2, "nsubj"), ("saw", "VERB", 0, "root"), ("a", "DET", 4, "det"),
-            ("cat", "NOUN", 2, "obj"), (".", "PUNCT", 2, "punct")]),
+    (
+        "s1",
+        [
+            ("the", "DET", 4, "det"),
+            ("big", "ADJ", 4, "amod"),
+            ("red", "ADJ", 4, "amod"),
+            ("cat", "NOUN", 5, "nsubj"),
+            ("sat", "VERB", 0, "root"),
+            ("on", "ADP", 8, "case"),
+            ("the", "DET", 8, "det"),
+            ("mat", "NOUN", 5, "obl:on"),
+            (".", "PUNCT", 5, "punct"),
+        ],
+    ),
+    (
+        "s2",
+        [
+            ("the", "DET", 2, "det"),
+            ("dog", "NOUN", 3, "nsubj"),
+            ("ran", "VERB", 0, "root"),
+            ("down", "ADP", 3, "compound:prt"),
+            (".", "PUNCT", 3, "punct"),
+        ],
+    ),
+    (
+        "s3",
+        [
+            ("it", "PRON", 2, "nsubj"),
+            ("saw", "VERB", 0, "root"),
+            ("a", "DET", 4, "det"),
+            ("cat", "NOUN", 2, "obj"),
+            (".", "PUNCT", 2, "punct"),
+        ],
+    ),
 ]
-ARCS = {"s1": {"det": 2, "amod": 2, "nsubj": 1, "case": 1, "obl": 1},
-        "s2": {"det": 1, "nsubj": 1, "compound": 1},
-        "s3": {"nsubj": 1, "det": 1, "obj": 1}}
-BAD_SENTENCE, BAD_WORD, BAD_HEAD = "s2", 4, 9          # "down" gets head 9 in a 5-word sentence
+ARCS = {
+    "s1": {"det": 2, "amod": 2, "nsubj": 1, "case": 1, "obl": 1},
+    "s2": {"det": 1, "nsubj": 1, "compound": 1},
+    "s3": {"nsubj": 1, "det": 1, "obj": 1},
+}
+BAD_SENTENCE, BAD_WORD, BAD_HEAD = "s2", 4, 9  # "down" gets head 9 in a 5-word sentence
 
 
 def conllu_text(bad: bool = False) -> str:
@@ -81,13 +110,28 @@ def bad_treebank(tmp_path_factory) -> Path:
 
 
 def run_cli(model, out, *source, extra=()):
-    return main(["run", "--model", model, *source, "--out", str(out), "--no-report", "--quiet",
-                 "--bootstrap", "50", *extra])
+    return main(
+        [
+            "run",
+            "--model",
+            model,
+            *source,
+            "--out",
+            str(out),
+            "--no-report",
+            "--quiet",
+            "--bootstrap",
+            "50",
+            *extra,
+        ]
+    )
 
 
 def whole_counts(out: Path) -> pd.DataFrame:
     counts = pd.read_parquet(out / store.table_file("counts"))
-    return counts[(counts["analysis"] == "dependency") & (counts["fold"] == "") & (counts["variant"] == "")]
+    return counts[
+        (counts["analysis"] == "dependency") & (counts["fold"] == "") & (counts["variant"] == "")
+    ]
 
 
 def assert_dependency_n(out: Path, expected: dict[str, int], n_layers=3, n_heads=4):
@@ -117,9 +161,10 @@ def test_run_treebank_writes_tables(tiny_model, treebank, tmp_path, capsys):
     for name in ("counts", "best_heads", "baselines", "positional_heads", "surface"):
         assert (out / store.table_file(name)).is_file(), name
         assert (out / store.table_file(name, ".csv")).is_file(), name
-    assert not (out / store.table_file(store.UNIT_COUNTS)).exists()          # per-unit rows only on request
+    assert not (out / store.table_file(store.UNIT_COUNTS)).exists()  # per-unit rows only on request
     assert {p.name for p in (out / store.TALLIES).iterdir()} == {
-        Path(store.tally_file(name)).name for name in ("dependency", "positional", "surface")}
+        Path(store.tally_file(name)).name for name in ("dependency", "positional", "surface")
+    }
     summary = json.loads((out / store.SUMMARY).read_text())
     assert summary["n_layers"] == 3 and summary["n_heads"] == 4
     assert summary["causal"] is False
@@ -129,17 +174,34 @@ def test_run_treebank_writes_tables(tiny_model, treebank, tmp_path, capsys):
 
     # SPEC section 5 columns in the CSV
     csv = pd.read_csv(out / "counts.csv", keep_default_na=False)
-    assert {"analysis", "label", "layer", "head", "direction", "fold", "n", "hits"} <= set(csv.columns)
+    assert {"analysis", "label", "layer", "head", "direction", "fold", "n", "hits"} <= set(
+        csv.columns
+    )
     assert {"dependency", "positional", "surface"} <= set(csv["analysis"])
     assert {"", "0", "1"} == set(csv["fold"].astype(str))
     assert {"dep->head", "head<-dep", ""} == set(csv["direction"])
     best_csv = pd.read_csv(out / "best_heads.csv")
-    assert {"analysis", "label", "selection", "layer", "head", "direction", "n", "hits", "accuracy",
-            "ci_low", "ci_high", "baseline_accuracy", "gap"} <= set(best_csv.columns)
+    assert {
+        "analysis",
+        "label",
+        "selection",
+        "layer",
+        "head",
+        "direction",
+        "n",
+        "hits",
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "baseline_accuracy",
+        "gap",
+    } <= set(best_csv.columns)
 
     assert_dependency_n(out, expected_n(["s1", "s2", "s3"]))
     # positional: every word of every sentence is a query (9 + 5 + 5 words)
-    positional = pd.read_parquet(out / store.table_file("counts")).query("analysis == 'positional' and fold == ''")
+    positional = pd.read_parquet(out / store.table_file("counts")).query(
+        "analysis == 'positional' and fold == ''"
+    )
     assert (positional["n"] == 19).all()
     assert positional.groupby(["layer", "head"])["hits"].sum().eq(19).all()
 
@@ -162,8 +224,16 @@ def test_malformed_treebank_fails_with_file_and_line(tiny_model, bad_treebank, t
 def test_malformed_treebank_skip_bad(tiny_model, bad_treebank, tmp_path, capsys):
     out = tmp_path / "results"
     with pytest.warns(UserWarning, match="skipping malformed sentence"):
-        assert run_cli(tiny_model, out, "--treebank", str(bad_treebank),
-                       extra=["--skip-bad", "--keep-unit-counts"]) == 0
+        assert (
+            run_cli(
+                tiny_model,
+                out,
+                "--treebank",
+                str(bad_treebank),
+                extra=["--skip-bad", "--keep-unit-counts"],
+            )
+            == 0
+        )
     printed = capsys.readouterr().out
     summary = json.loads((out / store.SUMMARY).read_text())
     assert summary["skipped"]["malformed_sentences"] == 1
@@ -181,7 +251,7 @@ def test_layers_option(tiny_model, treebank, tmp_path):
     counts = pd.read_parquet(out / store.table_file("counts"))
     heads = counts[counts["variant"] == ""]
     assert set(heads["layer"]) == {0}
-    assert set(counts.loc[counts["variant"] != "", "layer"]) == {-1}     # baselines
+    assert set(counts.loc[counts["variant"] != "", "layer"]) == {-1}  # baselines
     best = pd.read_parquet(out / store.table_file("best_heads"))
     assert set(best.loc[best["layer"] >= 0, "layer"]) == {0}
     assert_dependency_n(out, expected_n(["s1", "s2", "s3"]), n_layers=1)
@@ -191,14 +261,32 @@ def test_layers_option(tiny_model, treebank, tmp_path):
 # ----------------------------------------------------------------------------------------
 # --hf-dataset with a dataset written by save_to_disk
 # ----------------------------------------------------------------------------------------
-UPOS_NAMES = ["NOUN", "PUNCT", "ADP", "NUM", "SYM", "SCONJ", "ADJ", "PART", "DET", "CCONJ", "PROPN", "PRON",
-              "X", "_", "ADV", "INTJ", "VERB", "AUX"]          # the class order of the UD datasets on the hub
+UPOS_NAMES = [
+    "NOUN",
+    "PUNCT",
+    "ADP",
+    "NUM",
+    "SYM",
+    "SCONJ",
+    "ADJ",
+    "PART",
+    "DET",
+    "CCONJ",
+    "PROPN",
+    "PRON",
+    "X",
+    "_",
+    "ADV",
+    "INTJ",
+    "VERB",
+    "AUX",
+]  # the class order of the UD datasets on the hub
 
 
 def hf_rows(bad_row: int | None = None):
     rows = {"idx": [], "tokens": [], "head": [], "deprel": [], "upos": []}
     for number, (sent_id, words) in enumerate(SENTENCES):
-        heads = [str(w[2]) for w in words]                   # heads as strings, as in the hub datasets
+        heads = [str(w[2]) for w in words]  # heads as strings, as in the hub datasets
         if number == bad_row:
             heads[BAD_WORD - 1] = str(BAD_HEAD)
         rows["idx"].append(sent_id)
@@ -212,13 +300,15 @@ def hf_rows(bad_row: int | None = None):
 def save_hf_dataset(path: Path, bad_row: int | None = None) -> Path:
     import datasets
 
-    features = datasets.Features({
-        "idx": datasets.Value("string"),
-        "tokens": datasets.Sequence(datasets.Value("string")),
-        "head": datasets.Sequence(datasets.Value("string")),
-        "deprel": datasets.Sequence(datasets.Value("string")),
-        "upos": datasets.Sequence(datasets.ClassLabel(names=UPOS_NAMES)),
-    })
+    features = datasets.Features(
+        {
+            "idx": datasets.Value("string"),
+            "tokens": datasets.Sequence(datasets.Value("string")),
+            "head": datasets.Sequence(datasets.Value("string")),
+            "deprel": datasets.Sequence(datasets.Value("string")),
+            "upos": datasets.Sequence(datasets.ClassLabel(names=UPOS_NAMES)),
+        }
+    )
     ds = datasets.Dataset.from_dict(hf_rows(bad_row), features=features)
     datasets.DatasetDict({"validation": ds}).save_to_disk(str(path))
     return path
@@ -236,7 +326,7 @@ def test_hf_dataset(tiny_model, hf_dir, tmp_path, suffix):
     assert run_cli(tiny_model, out, "--hf-dataset", spec, extra=["--keep-unit-counts"]) == 0
     assert_dependency_n(out, expected_n(["s1", "s2", "s3"]))
     units = pd.read_parquet(out / store.table_file(store.UNIT_COUNTS))["unit"].astype(str)
-    assert set(units) == {"s1", "s2", "s3"}                   # the dataset's idx column
+    assert set(units) == {"s1", "s2", "s3"}  # the dataset's idx column
     assert json.loads((out / store.SUMMARY).read_text())["corpora"]["sentences"] == spec
 
 
@@ -262,13 +352,17 @@ def test_text_source(tiny_model, tmp_path, capsys):
     text.write_text("The big cat sat on the mat. The dog ran.\n\nIt saw a red dog!\n")
     out = tmp_path / "results"
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # spaCy / torch deprecation chatter
+        warnings.simplefilter("ignore")  # spaCy / torch deprecation chatter
         assert run_cli(tiny_model, out, "--text", str(text)) == 0
     summary = json.loads((out / store.SUMMARY).read_text())
     assert summary["corpora"]["sentences"] == str(text)
     assert summary["runs"]["sentences"]["examples"] == 3
     dep = whole_counts(out)
-    assert "ALL" in set(dep["label"]) and "root" not in set(dep["label"]) and "punct" not in set(dep["label"])
+    assert (
+        "ALL" in set(dep["label"])
+        and "root" not in set(dep["label"])
+        and "punct" not in set(dep["label"])
+    )
     # 3 sentences, 18 words, 3 roots, 3 punctuation marks -> 12 scored arcs
     assert (dep.loc[dep["label"] == "ALL", "n"] == 12).all()
     assert "best heads" in capsys.readouterr().out
@@ -287,30 +381,64 @@ def test_cli_options_are_the_run_config_fields():
     # the command line's defaults are RunConfig's but for --out (results) and the report (on)
     assert defaults == RunConfig(out="results", report=True)
     flags = {f.name: flag(f.name) for f in fields(RunConfig)}
-    assert {name for name, given in flags.items() if given == name} == {"pictures", "loaded"}   # Python only
-    args = build_parser().parse_args(["run", "--bootstrap", "7", "--no-report", "--quiet", "--length", "3",
-                                      "--n", "4", "--analyses", "dependency, positional", "--layers", "2,0-1",
-                                      "--conventions", "clark2019-code", "--treebank", "t.conllu"])
+    assert {name for name, given in flags.items() if given == name} == {
+        "pictures",
+        "loaded",
+    }  # Python only
+    args = build_parser().parse_args(
+        [
+            "run",
+            "--bootstrap",
+            "7",
+            "--no-report",
+            "--quiet",
+            "--length",
+            "3",
+            "--n",
+            "4",
+            "--analyses",
+            "dependency, positional",
+            "--layers",
+            "2,0-1",
+            "--conventions",
+            "clark2019-code",
+            "--treebank",
+            "t.conllu",
+        ]
+    )
     config = from_cli(args)
-    assert (config.n_boot, config.report, config.progress, config.probe_length, config.probe_n) == (7, False, False, 3, 4)
+    assert (config.n_boot, config.report, config.progress, config.probe_length, config.probe_n) == (
+        7,
+        False,
+        False,
+        3,
+        4,
+    )
     checked = dataclasses_replace(config, treebank=None, out=None).checked()
     assert checked.analyses == ["dependency", "positional"] and checked.layers == [0, 1, 2]
-    assert checked.from_mode == "first"                          # clark2019-code's pooling, when not given
-    assert checked.checked() == checked                          # checks are idempotent
+    assert checked.from_mode == "first"  # clark2019-code's pooling, when not given
+    assert checked.checked() == checked  # checks are idempotent
 
 
 def dataclasses_replace(config, **changes):
     import dataclasses
+
     return dataclasses.replace(config, **changes)
 
 
-@pytest.mark.parametrize("options, needle", [
-    (dict(treebank="a.conllu", text="b.txt"), "give one of --treebank, --text, --hf-dataset, not --treebank and --text"),
-    (dict(probe_length=0), "--length must be at least 1"),
-    (dict(dtype="float8"), "--dtype 'float8': must be one of float32, bfloat16, float16"),
-    (dict(from_mode="last"), "--from-mode 'last': must be one of mean, first, max"),
-    (dict(resume=True), "--resume needs --out"),
-])
+@pytest.mark.parametrize(
+    "options, needle",
+    [
+        (
+            dict(treebank="a.conllu", text="b.txt"),
+            "give one of --treebank, --text, --hf-dataset, not --treebank and --text",
+        ),
+        (dict(probe_length=0), "--length must be at least 1"),
+        (dict(dtype="float8"), "--dtype 'float8': must be one of float32, bfloat16, float16"),
+        (dict(from_mode="last"), "--from-mode 'last': must be one of mean, first, max"),
+        (dict(resume=True), "--resume needs --out"),
+    ],
+)
 def test_python_options_are_checked_like_the_command_line(options, needle):
     import headprobe
     from headprobe.checks import UsageError
@@ -325,21 +453,59 @@ def test_run_config_and_keywords_record_the_same_options(tiny_model, treebank, t
     import headprobe
     from headprobe.config import RunConfig
 
-    options = dict(treebank=str(treebank), layers="0-1", n_boot=20, progress=False, pictures=False,
-                   analyses=["dependency"], device="cpu")
-    assert run_cli(tiny_model, tmp_path / "cli", "--treebank", str(treebank),
-                   extra=["--layers", "0-1", "--bootstrap", "20", "--analyses", "dependency", "--device", "cpu"]) == 0
+    options = dict(
+        treebank=str(treebank),
+        layers="0-1",
+        n_boot=20,
+        progress=False,
+        pictures=False,
+        analyses=["dependency"],
+        device="cpu",
+    )
+    assert (
+        run_cli(
+            tiny_model,
+            tmp_path / "cli",
+            "--treebank",
+            str(treebank),
+            extra=[
+                "--layers",
+                "0-1",
+                "--bootstrap",
+                "20",
+                "--analyses",
+                "dependency",
+                "--device",
+                "cpu",
+            ],
+        )
+        == 0
+    )
     by_config = headprobe.run(RunConfig(model=tiny_model, **options))
     by_keywords = headprobe.run(tiny_model, **options)
     recorded = json.loads((tmp_path / "cli" / "summary.json").read_text())["options"]
     assert by_config.summary["options"] == by_keywords.summary["options"] == recorded
-    assert list(recorded) == ["analyses", "layers", "batch_size", "from_mode", "window", "seed",
-                              "bootstrap_resamples", "dtype", "device", "skip_bad", "keep_unit_counts", "bos",
-                              "coref_single_document", "conventions"]
+    assert list(recorded) == [
+        "analyses",
+        "layers",
+        "batch_size",
+        "from_mode",
+        "window",
+        "seed",
+        "bootstrap_resamples",
+        "dtype",
+        "device",
+        "skip_bad",
+        "keep_unit_counts",
+        "bos",
+        "coref_single_document",
+        "conventions",
+    ]
     assert recorded["layers"] == [0, 1] and recorded["bootstrap_resamples"] == 20
     counts = pd.read_parquet(tmp_path / "cli" / "counts.parquet")
-    pd.testing.assert_frame_equal(by_config.counts.reset_index(drop=True), counts, check_categorical=False,
-                                  check_dtype=False)
+    pd.testing.assert_frame_equal(
+        by_config.counts.reset_index(drop=True), counts, check_categorical=False, check_dtype=False
+    )
     pd.testing.assert_frame_equal(by_config.counts, by_keywords.counts)
 
 
@@ -356,9 +522,10 @@ def test_run_writes_pictures_of_the_best_heads(tiny_model, treebank, tmp_path):
     assert run_cli(tiny_model, out, "--treebank", str(treebank), extra=["--seed", "3"]) == 0
     pictures = json.loads((out / "examples.json").read_text())
     best = pd.read_parquet(out / "best_heads.parquet").query(
-        "analysis == 'dependency' and selection == 'in-sample' and fold == '' and layer >= 0")
+        "analysis == 'dependency' and selection == 'in-sample' and fold == '' and layer >= 0"
+    )
     labels = list(best.sort_values("n", ascending=False, kind="stable")["label"].head(8))
-    assert [p["label"] for p in pictures] == labels                  # every label occurs in a sentence
+    assert [p["label"] for p in pictures] == labels  # every label occurs in a sentence
     again = pick_sentences(read_conllu(treebank), labels, seed=3)
     assert [p["sentence"] for p in pictures] == [again[label][0].sent_id for label in labels]
     for picture in pictures:

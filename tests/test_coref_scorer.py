@@ -35,9 +35,14 @@ def tokenizer():
 
 def example(tokens, mentions, unit="doc"):
     """tokens: [(word, upos, feats)]; mentions: [(start, end, entity, head)] (end exclusive)."""
-    return Example(words=[t[0] for t in tokens], unit=unit, source=f"{unit}:1",
-                   upos=[t[1] for t in tokens], feats=[dict(t[2]) for t in tokens],
-                   mentions=[Mention(*m) for m in mentions])
+    return Example(
+        words=[t[0] for t in tokens],
+        unit=unit,
+        source=f"{unit}:1",
+        upos=[t[1] for t in tokens],
+        feats=[dict(t[2]) for t in tokens],
+        mentions=[Mention(*m) for m in mentions],
+    )
 
 
 def make_batch(examples, tokenizer):
@@ -50,7 +55,7 @@ def make_batch(examples, tokenizer):
 def run(scorer, batches_and_attention):
     """Feed (batch, words[layer] tensors) pairs through the Scorer contract."""
     for batch, per_layer in batches_and_attention:
-        if scorer.n_heads is None:                   # the engine calls bind(n_layers, n_heads, layers)
+        if scorer.n_heads is None:  # the engine calls bind(n_layers, n_heads, layers)
             scorer.bind(len(per_layer), per_layer[0].shape[1], keep_units=True)
         scorer.begin_batch(batch)
         for layer, words in enumerate(per_layer):
@@ -69,20 +74,48 @@ def pick(frame, unit, label, variant="", layer=None):
 # "John met Mary . He greeted her warmly and she thanked him ."
 #   0    1   2   3 4  5       6   7      8   9   10      11  12
 PRONOUNS = example(
-    [("John", "PROPN", SING), ("met", "VERB", {}), ("Mary", "PROPN", SING), (".", "PUNCT", {}),
-     ("He", "PRON", PRON_M), ("greeted", "VERB", {}), ("her", "PRON", PRON_F), ("warmly", "ADV", {}),
-     ("and", "CCONJ", {}), ("she", "PRON", PRON_F), ("thanked", "VERB", {}), ("him", "PRON", PRON_M),
-     (".", "PUNCT", {})],
-    [(0, 1, "e1", 0), (2, 3, "e2", 2), (4, 5, "e1", 4), (6, 7, "e2", 6), (9, 10, "e2", 9), (11, 12, "e1", 11)],
+    [
+        ("John", "PROPN", SING),
+        ("met", "VERB", {}),
+        ("Mary", "PROPN", SING),
+        (".", "PUNCT", {}),
+        ("He", "PRON", PRON_M),
+        ("greeted", "VERB", {}),
+        ("her", "PRON", PRON_F),
+        ("warmly", "ADV", {}),
+        ("and", "CCONJ", {}),
+        ("she", "PRON", PRON_F),
+        ("thanked", "VERB", {}),
+        ("him", "PRON", PRON_M),
+        (".", "PUNCT", {}),
+    ],
+    [
+        (0, 1, "e1", 0),
+        (2, 3, "e2", 2),
+        (4, 5, "e1", 4),
+        (6, 7, "e2", 6),
+        (9, 10, "e2", 9),
+        (11, 12, "e1", 11),
+    ],
     unit="docA",
 )
 
 # "The company hired Smith . The firm paid Smith well ."
 #   0   1       2     3     4 5   6    7    8     9    10
 NOMINALS = example(
-    [("The", "DET", {}), ("company", "NOUN", SING), ("hired", "VERB", {}), ("Smith", "PROPN", SING),
-     (".", "PUNCT", {}), ("The", "DET", {}), ("firm", "NOUN", SING), ("paid", "VERB", {}),
-     ("Smith", "PROPN", SING), ("well", "ADV", {}), (".", "PUNCT", {})],
+    [
+        ("The", "DET", {}),
+        ("company", "NOUN", SING),
+        ("hired", "VERB", {}),
+        ("Smith", "PROPN", SING),
+        (".", "PUNCT", {}),
+        ("The", "DET", {}),
+        ("firm", "NOUN", SING),
+        ("paid", "VERB", {}),
+        ("Smith", "PROPN", SING),
+        ("well", "ADV", {}),
+        (".", "PUNCT", {}),
+    ],
     [(0, 2, "c", 1), (3, 4, "s", 3), (5, 7, "c", 6), (8, 9, "s", 8)],
     unit="docB",
 )
@@ -103,9 +136,18 @@ def test_scored_mentions_candidates_and_gold():
 
 def test_own_head_is_never_a_candidate():
     # "A dog . The old dog barked": [The old dog] and [old dog] share the head 'dog' (5).
-    ex = example([("A", "DET", {}), ("dog", "NOUN", SING), (".", "PUNCT", {}), ("The", "DET", {}),
-                  ("old", "ADJ", {}), ("dog", "NOUN", SING), ("barked", "VERB", {})],
-                 [(0, 2, "d", 1), (3, 6, "d", 5), (4, 6, "d", 5)])
+    ex = example(
+        [
+            ("A", "DET", {}),
+            ("dog", "NOUN", SING),
+            (".", "PUNCT", {}),
+            ("The", "DET", {}),
+            ("old", "ADJ", {}),
+            ("dog", "NOUN", SING),
+            ("barked", "VERB", {}),
+        ],
+        [(0, 2, "d", 1), (3, 6, "d", 5), (4, 6, "d", 5)],
+    )
     got = [(sm.index, sm.candidates, sm.gold) for sm in scored_mentions(ex)]
     # [old dog] is scored thanks to [A dog]; its own head 5 (head of [The old dog]) is not a candidate
     assert got == [(1, [1], [1]), (2, [1], [1])]
@@ -118,33 +160,33 @@ def test_hits_misses_and_exclusions(tokenizer):
     batch = make_batch([PRONOUNS, NOMINALS], tokenizer)
     w = batch.max_words
     assert w == 13 and batch.word_mask[1].sum() == 11
-    att = torch.zeros(2, 3, w, w + 2)               # [batch, head, word, word + 2], one layer
+    att = torch.zeros(2, 3, w, w + 2)  # [batch, head, word, word + 2], one layer
     a = att[0]
     # head 0 -- every query hits:
-    a[0, 4, 0], a[0, 4, 2] = 0.5, 0.1                # He -> John (gold)
-    a[0, 6, 2], a[0, 6, 4] = 0.4, 0.2                # her -> Mary (gold)
-    a[0, 9, 6] = 0.3                                 # she -> her (gold)
-    a[0, 11, 4], a[0, 11, 9] = 0.3, 0.2              # him -> He (gold)
+    a[0, 4, 0], a[0, 4, 2] = 0.5, 0.1  # He -> John (gold)
+    a[0, 6, 2], a[0, 6, 4] = 0.4, 0.2  # her -> Mary (gold)
+    a[0, 9, 6] = 0.3  # she -> her (gold)
+    a[0, 11, 4], a[0, 11, 9] = 0.3, 0.2  # him -> He (gold)
     # head 1 -- every query misses:
-    a[1, 4, 2], a[1, 4, 0] = 0.5, 0.1                # He -> Mary
-    a[1, 6, 4] = 0.4                                 # her -> He
-    a[1, 9, 4] = 0.3                                 # she -> He
-    a[1, 11, 9] = 0.5                                # him -> she
+    a[1, 4, 2], a[1, 4, 0] = 0.5, 0.1  # He -> Mary
+    a[1, 6, 4] = 0.4  # her -> He
+    a[1, 9, 4] = 0.3  # she -> He
+    a[1, 11, 9] = 0.5  # him -> she
     # head 2 -- traps that must be ignored:
-    a[2, 4, 4] = 0.9                                 # self (set to 0)
-    a[2, 4, 5], a[2, 4, 1] = 0.8, 0.7                # a later word, an earlier non-mention word
-    a[2, 4, w], a[2, 4, w + 1] = 0.95, 0.9           # CLS-like and SEP-like columns
-    a[2, 4, 0], a[2, 4, 2] = 0.1, 0.05               # -> John: hit
-    a[2, 6, 9], a[2, 6, 11] = 0.9, 0.9               # heads of later mentions (she, him): excluded
-    a[2, 6, 2], a[2, 6, 4] = 0.2, 0.2                # tie Mary / He -> lowest index, Mary: hit
-    a[2, 9, 11] = 0.9                                # later mention only; candidates all 0 ->
+    a[2, 4, 4] = 0.9  # self (set to 0)
+    a[2, 4, 5], a[2, 4, 1] = 0.8, 0.7  # a later word, an earlier non-mention word
+    a[2, 4, w], a[2, 4, w + 1] = 0.95, 0.9  # CLS-like and SEP-like columns
+    a[2, 4, 0], a[2, 4, 2] = 0.1, 0.05  # -> John: hit
+    a[2, 6, 9], a[2, 6, 11] = 0.9, 0.9  # heads of later mentions (she, him): excluded
+    a[2, 6, 2], a[2, 6, 4] = 0.2, 0.2  # tie Mary / He -> lowest index, Mary: hit
+    a[2, 9, 11] = 0.9  # later mention only; candidates all 0 ->
     #                                                  tie -> lowest index 0 (John): miss
-    a[2, 11, 0], a[2, 11, 2] = 0.3, 0.3              # tie -> John: hit
+    a[2, 11, 0], a[2, 11, 2] = 0.3, 0.3  # tie -> John: hit
     b = att[1]
-    b[:, :, 11:] = 5.0                               # padding columns of the shorter example
-    b[0, 6, 1], b[0, 8, 3] = 0.6, 0.6                # firm -> company, Smith -> Smith: hits
-    b[1, 6, 3], b[1, 8, 6] = 0.6, 0.6                # firm -> Smith, Smith -> firm: misses
-    b[2, 6, 1], b[2, 6, 3], b[2, 8, 1] = 0.2, 0.1, 0.5   # hit, miss
+    b[:, :, 11:] = 5.0  # padding columns of the shorter example
+    b[0, 6, 1], b[0, 8, 3] = 0.6, 0.6  # firm -> company, Smith -> Smith: hits
+    b[1, 6, 3], b[1, 8, 6] = 0.6, 0.6  # firm -> Smith, Smith -> firm: misses
+    b[2, 6, 1], b[2, 6, 3], b[2, 8, 1] = 0.2, 0.1, 0.5  # hit, miss
 
     frame = run(CoreferenceScorer(), [(batch, [att])])
     heads = frame[frame.variant == ""]
@@ -180,14 +222,20 @@ def test_baselines_worked_by_hand(tokenizer):
     assert (base.layer == -1).all() and (base["head"] == -1).all()
     got = {(r.unit, r.label, r.variant): (r.n, r.hits) for r in base.itertuples()}
     assert got == {
-        ("docA", "pronoun", "nearest"): (4, 1), ("docA", "ALL", "nearest"): (4, 1),
-        ("docA", "pronoun", "head_match"): (4, 1), ("docA", "ALL", "head_match"): (4, 1),
-        ("docA", "pronoun", "rules"): (4, 3), ("docA", "ALL", "rules"): (4, 3),
-        ("docB", "nominal", "nearest"): (1, 0), ("docB", "proper", "nearest"): (1, 0),
+        ("docA", "pronoun", "nearest"): (4, 1),
+        ("docA", "ALL", "nearest"): (4, 1),
+        ("docA", "pronoun", "head_match"): (4, 1),
+        ("docA", "ALL", "head_match"): (4, 1),
+        ("docA", "pronoun", "rules"): (4, 3),
+        ("docA", "ALL", "rules"): (4, 3),
+        ("docB", "nominal", "nearest"): (1, 0),
+        ("docB", "proper", "nearest"): (1, 0),
         ("docB", "ALL", "nearest"): (2, 0),
-        ("docB", "nominal", "head_match"): (1, 0), ("docB", "proper", "head_match"): (1, 1),
+        ("docB", "nominal", "head_match"): (1, 0),
+        ("docB", "proper", "head_match"): (1, 1),
         ("docB", "ALL", "head_match"): (2, 1),
-        ("docB", "nominal", "rules"): (1, 0), ("docB", "proper", "rules"): (1, 1),
+        ("docB", "nominal", "rules"): (1, 0),
+        ("docB", "proper", "rules"): (1, 1),
         ("docB", "ALL", "rules"): (2, 1),
     }
 
@@ -195,9 +243,17 @@ def test_baselines_worked_by_hand(tokenizer):
 def test_nearest_tie_goes_to_the_later_word():
     # "Mary 's dog barked . It ...": [Mary 's dog] (head dog, 2) and [Mary] (0) both start at 0.
     # It (5): candidates 0 and 2 have the same latest start 0 -> the later word, dog (2): hit.
-    ex = example([("Mary", "PROPN", SING), ("'s", "PART", {}), ("dog", "NOUN", SING), ("barked", "VERB", {}),
-                  (".", "PUNCT", {}), ("It", "PRON", {"Gender": "Neut", "Number": "Sing", "Person": "3"})],
-                 [(0, 3, "dog", 2), (0, 1, "mary", 0), (5, 6, "dog", 5)])
+    ex = example(
+        [
+            ("Mary", "PROPN", SING),
+            ("'s", "PART", {}),
+            ("dog", "NOUN", SING),
+            ("barked", "VERB", {}),
+            (".", "PUNCT", {}),
+            ("It", "PRON", {"Gender": "Neut", "Number": "Sing", "Person": "3"}),
+        ],
+        [(0, 3, "dog", 2), (0, 1, "mary", 0), (5, 6, "dog", 5)],
+    )
     (sm,) = scored_mentions(ex)
     assert sm.candidates == [0, 2] and sm.gold == [2]
     assert sm.predictions == {"nearest": 2, "head_match": 2, "rules": 2}
@@ -207,9 +263,18 @@ def test_rules_agreement_beats_nearest():
     # "Mary saw the dogs . She smiled": She (5) -> cands Mary (0), dogs (3).
     # nearest: dogs (miss). head_match: no 'she' -> dogs (miss). rules: dogs is Plur, She Sing ->
     # only Mary agrees -> Mary (hit).
-    ex = example([("Mary", "PROPN", SING), ("saw", "VERB", {}), ("the", "DET", {}), ("dogs", "NOUN", PLUR),
-                  (".", "PUNCT", {}), ("She", "PRON", PRON_F), ("smiled", "VERB", {})],
-                 [(0, 1, "m", 0), (2, 4, "d", 3), (5, 6, "m", 5)])
+    ex = example(
+        [
+            ("Mary", "PROPN", SING),
+            ("saw", "VERB", {}),
+            ("the", "DET", {}),
+            ("dogs", "NOUN", PLUR),
+            (".", "PUNCT", {}),
+            ("She", "PRON", PRON_F),
+            ("smiled", "VERB", {}),
+        ],
+        [(0, 1, "m", 0), (2, 4, "d", 3), (5, 6, "m", 5)],
+    )
     (sm,) = scored_mentions(ex)
     assert sm.predictions == {"nearest": 3, "head_match": 3, "rules": 0}
     assert not sm.hit(3) and sm.hit(0)
@@ -220,10 +285,21 @@ def test_head_match_is_case_insensitive_and_latest():
     # [the cat 's dog] d (6), [Cat] c (8). Cat: cands 1, 4, 6; nearest = dog (6, start 3), miss;
     # head_match: 'cat' matches heads 1 and 4; the latest-starting matching mention is
     # [the cat] (start 3) -> 4: hit. rules: all Sing -> same as head_match.
-    ex = example([("The", "DET", {}), ("cat", "NOUN", SING), ("saw", "VERB", {}), ("the", "DET", {}),
-                  ("cat", "NOUN", SING), ("'s", "PART", {}), ("dog", "NOUN", SING), (".", "PUNCT", {}),
-                  ("Cat", "NOUN", SING), ("ran", "VERB", {})],
-                 [(0, 2, "c", 1), (3, 7, "d", 6), (3, 5, "c", 4), (8, 9, "c", 8)])
+    ex = example(
+        [
+            ("The", "DET", {}),
+            ("cat", "NOUN", SING),
+            ("saw", "VERB", {}),
+            ("the", "DET", {}),
+            ("cat", "NOUN", SING),
+            ("'s", "PART", {}),
+            ("dog", "NOUN", SING),
+            (".", "PUNCT", {}),
+            ("Cat", "NOUN", SING),
+            ("ran", "VERB", {}),
+        ],
+        [(0, 2, "c", 1), (3, 7, "d", 6), (3, 5, "c", 4), (8, 9, "c", 8)],
+    )
     scored = {sm.query: sm for sm in scored_mentions(ex)}
     # nearest for Cat: dog and cat(4) both have latest start 3 -> the later word, dog (6)
     assert scored[8].predictions == {"nearest": 6, "head_match": 4, "rules": 4}
@@ -233,7 +309,7 @@ def test_head_match_is_case_insensitive_and_latest():
 def test_agreement():
     assert agrees(PRON_M, "PRON", SING, "PROPN")
     assert not agrees(PRON_M, "PRON", PRON_F, "PRON")
-    assert not agrees({"Person": "1", "Number": "Sing"}, "PRON", SING, "NOUN")   # noun = 3rd person
+    assert not agrees({"Person": "1", "Number": "Sing"}, "PRON", SING, "NOUN")  # noun = 3rd person
     assert agrees({}, "PRON", PLUR, "NOUN")
 
 
@@ -241,22 +317,38 @@ def test_mentions_in_another_window_are_not_antecedents(tokenizer):
     # One document in two windows. Window 1: "John smiled ." Window 2: "He left . He returned ."
     # The first He's antecedent John is in window 1, so it is not scored; the second He is scored
     # with the only candidate He (0) of its own window.
-    w1 = example([("John", "PROPN", SING), ("smiled", "VERB", {}), (".", "PUNCT", {})], [(0, 1, "j", 0)],
-                 unit="docC")
-    w2 = example([("He", "PRON", PRON_M), ("left", "VERB", {}), (".", "PUNCT", {}), ("He", "PRON", PRON_M),
-                  ("returned", "VERB", {}), (".", "PUNCT", {})], [(0, 1, "j", 0), (3, 4, "j", 3)], unit="docC")
+    w1 = example(
+        [("John", "PROPN", SING), ("smiled", "VERB", {}), (".", "PUNCT", {})],
+        [(0, 1, "j", 0)],
+        unit="docC",
+    )
+    w2 = example(
+        [
+            ("He", "PRON", PRON_M),
+            ("left", "VERB", {}),
+            (".", "PUNCT", {}),
+            ("He", "PRON", PRON_M),
+            ("returned", "VERB", {}),
+            (".", "PUNCT", {}),
+        ],
+        [(0, 1, "j", 0), (3, 4, "j", 3)],
+        unit="docC",
+    )
     assert scored_mentions(w1) == []
     assert [(sm.query, sm.candidates) for sm in scored_mentions(w2)] == [(3, [0])]
     # in one batch, and in two batches: the document gets a single row per label and head
     batch = make_batch([w1, w2], tokenizer)
     att = torch.zeros(2, 2, batch.max_words, batch.max_words + 2)
-    att[0, :, :, 0] = 1.0                        # window 1 attends to John: must not leak
+    att[0, :, :, 0] = 1.0  # window 1 attends to John: must not leak
     one = run(CoreferenceScorer(), [(batch, [att])])
     b1, b2 = make_batch([w1], tokenizer), make_batch([w2], tokenizer)
-    two = run(CoreferenceScorer(), [
-        (b1, [torch.zeros(1, 2, b1.max_words, b1.max_words + 2)]),
-        (b2, [torch.zeros(1, 2, b2.max_words, b2.max_words + 2)]),
-    ])
+    two = run(
+        CoreferenceScorer(),
+        [
+            (b1, [torch.zeros(1, 2, b1.max_words, b1.max_words + 2)]),
+            (b2, [torch.zeros(1, 2, b2.max_words, b2.max_words + 2)]),
+        ],
+    )
     for frame in (one, two):
         heads = frame[frame.variant == ""]
         assert heads.n.tolist() == [1, 1, 1, 1] and heads.hits.tolist() == [1, 1, 1, 1]
@@ -317,7 +409,7 @@ def corpus_windows(path, window):
 @pytest.mark.parametrize("source", ["sample", "gum"])
 def test_matches_a_plain_loop_on_random_attention(tokenizer, source):
     if source == "sample":
-        windows = corpus_windows(SAMPLE, window=16)          # several windows per document
+        windows = corpus_windows(SAMPLE, window=16)  # several windows per document
     else:
         if not GUM_DEV.is_file():
             pytest.skip(f"{GUM_DEV} not present")
@@ -325,13 +417,15 @@ def test_matches_a_plain_loop_on_random_attention(tokenizer, source):
     generator = torch.Generator().manual_seed(0)
     expected: dict = {}
     batches = []
-    for start in range(0, len(windows), 8):                  # several batches, documents across them
-        chunk = windows[start:start + 8]
+    for start in range(0, len(windows), 8):  # several batches, documents across them
+        chunk = windows[start : start + 8]
         batch = make_batch(chunk, tokenizer)
         w = batch.max_words
         # coarse values make ties frequent, so the lowest-index rule is exercised too
-        per_layer = [torch.randint(0, 4, (len(chunk), 3, w, w + 2), generator=generator).float()
-                     for _ in range(2)]
+        per_layer = [
+            torch.randint(0, 4, (len(chunk), 3, w, w + 2), generator=generator).float()
+            for _ in range(2)
+        ]
         batches.append((batch, per_layer))
         for key, (n, hits) in reference_hits(chunk, per_layer).items():
             slot = expected.setdefault(key, [0, 0])
@@ -360,7 +454,7 @@ def test_engine_on_the_sample(tokenizer):
     Engine(model, tokenizer, [scorer], batch_size=2, progress=False, keep_units=True).run(examples)
     frame = scorer.unit_counts()
     heads = frame[frame.variant == ""]
-    assert len(heads[heads.label == "ALL"]) == 2 * 6 * 12           # 2 documents x 6 layers x 12 heads
+    assert len(heads[heads.label == "ALL"]) == 2 * 6 * 12  # 2 documents x 6 layers x 12 heads
     # scored mentions, by hand: cafe: She (Maria), it (cafe), her (Maria, She), The cafe (cafe, it);
     # river: its (The river), They (Farmers), the river (The river, its), the river (... , river)
     n = heads[heads.label == "ALL"].groupby("unit").n.first().to_dict()

@@ -35,7 +35,11 @@ def spans(document, sentence=None):
         return [(m.start, m.end, m.entity) for m in document.mentions]
     s = document.sentences[sentence]
     lo, hi = s.start, s.start + len(s)
-    return [(m.start - lo, m.end - lo, m.entity) for m in document.mentions if lo <= m.start and m.end <= hi]
+    return [
+        (m.start - lo, m.end - lo, m.entity)
+        for m in document.mentions
+        if lo <= m.start and m.end <= hi
+    ]
 
 
 def conllu_text(*sentences, header="# global.Entity = eid-etype-head-other", doc="d1"):
@@ -44,8 +48,22 @@ def conllu_text(*sentences, header="# global.Entity = eid-etype-head-other", doc
     for k, sentence in enumerate(sentences, start=1):
         lines.append(f"# sent_id = {doc}-{k}")
         for wid, form, upos, feats, head, misc in sentence:
-            lines.append("\t".join([str(wid), form, form.lower(), upos, "_", feats, str(head),
-                                    "dep" if head != "_" and head != 0 else "root", "_", misc]))
+            lines.append(
+                "\t".join(
+                    [
+                        str(wid),
+                        form,
+                        form.lower(),
+                        upos,
+                        "_",
+                        feats,
+                        str(head),
+                        "dep" if head != "_" and head != 0 else "root",
+                        "_",
+                        misc,
+                    ]
+                )
+            )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -57,7 +75,7 @@ def conllu_text(*sentences, header="# global.Entity = eid-etype-head-other", doc
 def test_gum_dev_has_30_documents():
     documents = read_corefud(GUM_DEV)
     assert len(documents) == 30
-    assert documents.skipped == [] and not documents.counts          # nothing skipped
+    assert documents.skipped == [] and not documents.counts  # nothing skipped
     ids = [d.doc_id for d in documents]
     assert len(set(ids)) == 30
     assert ids[0] == "GUM_academic_exposure"
@@ -96,27 +114,51 @@ def test_gum_passage_pinned_by_hand():
     first, second = document.sentences[0], document.sentences[1]
     assert first.words == ["Introduction"] and second.start == 1
     assert second.sent_id == "GUM_academic_exposure-2"
-    assert second.source.endswith("en_gum-ud-dev.conllu:26")     # its first comment line
+    assert second.source.endswith("en_gum-ud-dev.conllu:26")  # its first comment line
     assert spans(document, 0) == [(0, 1, "1")]
     # sentence-relative, 0-based, end exclusive, in SPEC order (start, longer first)
     assert spans(document, 1) == [
-        (0, 10, "2"),     # Research ... L2 )
-        (2, 7, "3"),      # adult - learned second language
-        (8, 9, "3"),      # L2
-        (12, 26, "4"),    # considerable insight ... L2 grammar
-        (15, 26, "5"),    # the neurocognitive mechanisms ... grammar
-        (19, 26, "6"),    # the learning and processing of L2 grammar
-        (24, 26, "7"),    # L2 grammar
-        (24, 25, "3"),    # L2 (nested in entity 7's mention)
-        (27, 28, "8"),    # 1
-        (31, 32, "9"),    # 11
+        (0, 10, "2"),  # Research ... L2 )
+        (2, 7, "3"),  # adult - learned second language
+        (8, 9, "3"),  # L2
+        (12, 26, "4"),  # considerable insight ... L2 grammar
+        (15, 26, "5"),  # the neurocognitive mechanisms ... grammar
+        (19, 26, "6"),  # the learning and processing of L2 grammar
+        (24, 26, "7"),  # L2 grammar
+        (24, 25, "3"),  # L2 (nested in entity 7's mention)
+        (27, 28, "8"),  # 1
+        (31, 32, "9"),  # 11
     ]
-    heads = {(m.start - 1, m.entity): m.head - 1 for m in document.mentions if 1 <= m.start and m.end <= 35}
-    assert heads == {(0, "2"): 0, (2, "3"): 6, (8, "3"): 8, (12, "4"): 13, (15, "5"): 17,
-                     (19, "6"): 20, (24, "7"): 25, (24, "3"): 24, (27, "8"): 27, (31, "9"): 31}
+    heads = {
+        (m.start - 1, m.entity): m.head - 1
+        for m in document.mentions
+        if 1 <= m.start and m.end <= 35
+    }
+    assert heads == {
+        (0, "2"): 0,
+        (2, "3"): 6,
+        (8, "3"): 8,
+        (12, "4"): 13,
+        (15, "5"): 17,
+        (19, "6"): 20,
+        (24, "7"): 25,
+        (24, "3"): 24,
+        (27, "8"): 27,
+        (31, "9"): 31,
+    }
     words = document.words
     assert [words[h + 1] for h in heads.values()] == [
-        "Research", "language", "L2", "insight", "mechanisms", "learning", "grammar", "L2", "1", "11"]
+        "Research",
+        "language",
+        "L2",
+        "insight",
+        "mechanisms",
+        "learning",
+        "grammar",
+        "L2",
+        "1",
+        "11",
+    ]
     clusters = document.clusters
     # entity 3 is mentioned three times in sentence 2 (and later again in the document)
     assert [(m.start - 1, m.end - 1) for m in clusters["3"][:3]] == [(2, 7), (8, 9), (24, 25)]
@@ -124,8 +166,14 @@ def test_gum_passage_pinned_by_hand():
     # the unknown GUM fields are kept, named by the global.Entity header
     intro = clusters["1"][0]
     # Entity=(1-abstract-new-nnnnn-cf1-1-sgl) under GRP-etype-infstat-salience-centering-minspan-link-identity
-    assert intro.attrs == {"etype": "abstract", "infstat": "new", "salience": "nnnnn", "centering": "cf1",
-                           "minspan": "1", "link": "sgl"}
+    assert intro.attrs == {
+        "etype": "abstract",
+        "infstat": "new",
+        "salience": "nnnnn",
+        "centering": "cf1",
+        "minspan": "1",
+        "link": "sgl",
+    }
     assert intro.source.endswith(":24")
 
 
@@ -203,21 +251,33 @@ def test_edge_cases_of_the_bracket_syntax():
     assert [d.doc_id for d in documents] == ["edge", "second"]
     edge, second = documents
     # words: range line 2-3 and empty nodes 3.1 / 2.1 are not words; ids 1..8 then 1..3
-    assert edge.words == ["John", "ca", "not", "see", "the", "man", "who", "left", "He", "waved", "."]
+    assert edge.words == [
+        "John",
+        "ca",
+        "not",
+        "see",
+        "the",
+        "man",
+        "who",
+        "left",
+        "He",
+        "waved",
+        ".",
+    ]
     assert [s.start for s in edge.sentences] == [0, 8]
     # the id is the field named 'eid' in global.Entity (here the second one)
     assert spans(edge) == [
-        (0, 1, "e1"),     # John
-        (3, 8, "e3"),     # see the man who left  (opened after 'e2[1/2])' on the same word)
-        (4, 8, "e4"),     # the man who left
-        (4, 6, "e5"),     # the man
-        (6, 7, "e6"),     # who
-        (8, 9, "e1"),     # He
-        (9, 10, "e7"),    # waved (closed on the empty node 2.1 -> ends at the previous word)
+        (0, 1, "e1"),  # John
+        (3, 8, "e3"),  # see the man who left  (opened after 'e2[1/2])' on the same word)
+        (4, 8, "e4"),  # the man who left
+        (4, 6, "e5"),  # the man
+        (6, 7, "e6"),  # who
+        (8, 9, "e1"),  # He
+        (9, 10, "e7"),  # waved (closed on the empty node 2.1 -> ends at the previous word)
     ]
     heads = {(m.start, m.entity): m.head for m in edge.mentions}
-    assert heads[(3, "e3")] == 3          # 'see' -> not (outside)
-    assert heads[(4, "e4")] == 5          # the -> man (inside), man -> see (outside)
+    assert heads[(3, "e3")] == 3  # 'see' -> not (outside)
+    assert heads[(4, "e4")] == 5  # the -> man (inside), man -> see (outside)
     assert heads[(4, "e5")] == 5
     # discontinuous e2[1/2] ... e2[2/2] is skipped and counted once; the one-word mention of
     # the empty node 3.1 is skipped and counted; the range line's Entity is not read.
@@ -241,12 +301,14 @@ def test_default_fields_without_header():
 
 def test_same_entity_nesting_closes_the_innermost():
     # <the man <who> ... > with the same entity: the first 'e1)' closes the innermost one.
-    text = conllu_text([
-        (1, "the", "DET", "_", 2, "Entity=(e1-person"),
-        (2, "man", "NOUN", "_", 0, "_"),
-        (3, "who", "PRON", "_", 4, "Entity=(e1-person"),
-        (4, "left", "VERB", "_", 2, "Entity=e1)e1)"),
-    ])
+    text = conllu_text(
+        [
+            (1, "the", "DET", "_", 2, "Entity=(e1-person"),
+            (2, "man", "NOUN", "_", 0, "_"),
+            (3, "who", "PRON", "_", 4, "Entity=(e1-person"),
+            (4, "left", "VERB", "_", 2, "Entity=e1)e1)"),
+        ]
+    )
     (doc,) = parse_corefud(text)
     assert spans(doc) == [(0, 4, "e1"), (2, 4, "e1")]
     assert [m.head for m in doc.mentions] == [1, 3]
@@ -274,7 +336,9 @@ def test_malformed_brackets_name_file_and_line(tmp_path, value, message):
     path = tmp_path / "bad.conllu"
     path.write_text(
         "# newdoc id = d\n# global.Entity = eid-etype\n# sent_id = d-1\n"
-        "1\tOne\tone\tNUM\t_\t_\t0\troot\t_\tEntity=" + value + "\n\n", encoding="utf-8")
+        "1\tOne\tone\tNUM\t_\t_\t0\troot\t_\tEntity=" + value + "\n\n",
+        encoding="utf-8",
+    )
     with pytest.raises(CorpusError, match=re.escape(f"{path}:4: ") + message):
         read_corefud(path)
 
@@ -285,18 +349,31 @@ def test_unclosed_mention_names_its_opening_line(tmp_path):
         "# newdoc id = d\n# sent_id = d-1\n"
         "1\tA\ta\tDET\t_\t_\t2\tdet\t_\tEntity=(e1-x\n"
         "2\tdog\tdog\tNOUN\t_\t_\t0\troot\t_\t_\n\n"
-        "# newdoc id = d2\n# sent_id = d2-1\n1\tB\tb\tNOUN\t_\t_\t0\troot\t_\t_\n", encoding="utf-8")
-    with pytest.raises(CorpusError, match=re.escape(f"{path}:3: ") + "mention of entity 'e1' .* not closed"):
+        "# newdoc id = d2\n# sent_id = d2-1\n1\tB\tb\tNOUN\t_\t_\t0\troot\t_\t_\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(
+        CorpusError, match=re.escape(f"{path}:3: ") + "mention of entity 'e1' .* not closed"
+    ):
         read_corefud(path)
 
 
-@pytest.mark.parametrize("line, message", [
-    ("1\tOne\tone\tNUM\t_\t_\t0\troot\t_", "expected 10 tab-separated columns, found 9"),
-    ("2\tOne\tone\tNUM\t_\t_\t0\troot\t_\t_", "word id '2' where 1 was expected"),
-    ("1\tOne\tone\tNUM\t_\t_\tx\troot\t_\t_", "head 'x' of word 1 \\('One'\\) is not a word index in 0..1"),
-    ("1\tOne\tone\tNUM\t_\t_\t5\troot\t_\t_", "head '5' of word 1 \\('One'\\) is not a word index in 0..1"),
-    ("1\tOne\tone\tNUM\t_\tBroken\t0\troot\t_\t_", "malformed FEATS item 'Broken'"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("1\tOne\tone\tNUM\t_\t_\t0\troot\t_", "expected 10 tab-separated columns, found 9"),
+        ("2\tOne\tone\tNUM\t_\t_\t0\troot\t_\t_", "word id '2' where 1 was expected"),
+        (
+            "1\tOne\tone\tNUM\t_\t_\tx\troot\t_\t_",
+            "head 'x' of word 1 \\('One'\\) is not a word index in 0..1",
+        ),
+        (
+            "1\tOne\tone\tNUM\t_\t_\t5\troot\t_\t_",
+            "head '5' of word 1 \\('One'\\) is not a word index in 0..1",
+        ),
+        ("1\tOne\tone\tNUM\t_\tBroken\t0\troot\t_\t_", "malformed FEATS item 'Broken'"),
+    ],
+)
 def test_bad_lines_name_file_and_line(line, message):
     with pytest.raises(CorpusError, match=re.escape("mem.conllu:3: ") + message):
         parse_corefud(f"# newdoc id = d\n# sent_id = d-1\n{line}\n\n", source="mem.conllu")
@@ -316,7 +393,16 @@ def plus_two(words):
 
 
 def test_pack_windows_greedy_with_skips():
-    sentences = [["a"] * 3, ["b"] * 4, ["c"] * 2, ["d"] * 9, ["e"] * 2, ["f", "ZZZ"], ["g"] * 8, ["h"]]
+    sentences = [
+        ["a"] * 3,
+        ["b"] * 4,
+        ["c"] * 2,
+        ["d"] * 9,
+        ["e"] * 2,
+        ["f", "ZZZ"],
+        ["g"] * 8,
+        ["h"],
+    ]
     # window 10: 3+4 = 7 words + 2 = 9 fits; adding 2 more -> 11 > 10, so c starts a new window;
     # d alone is 11 > 10: skipped, and it closes [c]; e opens a window, f has no piece: skipped,
     # closes [e]; g (10) fits alone; g + h = 11 does not.
@@ -328,8 +414,11 @@ def test_pack_windows_greedy_with_skips():
 def test_windows_are_examples_with_relative_mentions():
     text = conllu_text(
         [(1, "Ann", "PROPN", "Number=Sing", 2, "Entity=(e1-p)"), (2, "sang", "VERB", "_", 0, "_")],
-        [(1, "She", "PRON", "Number=Sing|Person=3", 2, "Entity=(e1-p)"), (2, "won", "VERB", "_", 0, "_"),
-         (3, "prizes", "NOUN", "Number=Plur", 2, "Entity=(e2-t)")],
+        [
+            (1, "She", "PRON", "Number=Sing|Person=3", 2, "Entity=(e1-p)"),
+            (2, "won", "VERB", "_", 0, "_"),
+            (3, "prizes", "NOUN", "Number=Plur", 2, "Entity=(e2-t)"),
+        ],
         [(1, "Really", "ADV", "_", 0, "_")] + [(k, "x", "X", "_", 1, "_") for k in range(2, 10)],
         [(1, "They", "PRON", "Number=Plur", 2, "Entity=(e2-t)"), (2, "shone", "VERB", "_", 0, "_")],
     )
@@ -345,10 +434,13 @@ def test_windows_are_examples_with_relative_mentions():
     assert first.heads == [1, -1, 3, -1, 3]
     assert first.upos[2] == "PRON" and first.feats[2] == {"Number": "Sing", "Person": "3"}
     assert [(m.start, m.end, m.entity, m.head) for m in first.mentions] == [
-        (0, 1, "e1", 0), (2, 3, "e1", 2), (4, 5, "e2", 4)]
+        (0, 1, "e1", 0),
+        (2, 3, "e1", 2),
+        (4, 5, "e2", 4),
+    ]
     # the second window starts at document word 2 + 3 + 9 = 14: its mention is window-relative
     assert [(m.start, m.end, m.entity, m.head) for m in second.mentions] == [(0, 1, "e2", 0)]
-    assert second.source == "w.conllu:23"      # its `# sent_id` line
+    assert second.source == "w.conllu:23"  # its `# sent_id` line
 
 
 def test_cross_sentence_mention_split_by_windows_is_counted():
@@ -358,7 +450,7 @@ def test_cross_sentence_mention_split_by_windows_is_counted():
     )
     (doc,) = parse_corefud(text)
     assert doc.cross_sentence == 1 and spans(doc) == [(0, 3, "e1")]
-    assert doc.mentions[0].head == 1          # b: its head (root) lies outside
+    assert doc.mentions[0].head == 1  # b: its head (root) lies outside
     together = coref_examples([doc], plus_two, window=10)
     assert len(together) == 1 and len(together[0].mentions) == 1
     apart = coref_examples([doc], plus_two, window=4)
@@ -371,8 +463,8 @@ def test_tokenizer_piece_counter():
     from headprobe.inputs.align import load_tokenizer
 
     count = tokenizer_piece_counter(load_tokenizer(g.get_model_path()))
-    assert count(["Hello", "world"]) == 4                 # [CLS] hello world [SEP]
-    assert count(["Hello", "\u200b", "world"]) is None    # a zero-width space gives no piece
+    assert count(["Hello", "world"]) == 4  # [CLS] hello world [SEP]
+    assert count(["Hello", "\u200b", "world"]) is None  # a zero-width space gives no piece
     windows, skipped = pack_windows([["Hi", "there"], ["\u200b"], ["Bye"]], count, window=128)
     assert windows == [[0], [2]] and skipped == [(1, "no_piece")]
 
@@ -387,54 +479,78 @@ def coref_file(tmp_path, text, name="c.conllu"):
 
 
 def word(wid, form, head, misc="_", deprel=None):
-    return "\t".join([str(wid), form, form.lower(), "X", "_", "_", str(head),
-                      deprel or ("root" if head == 0 else "dep"), "_", misc])
+    return "\t".join(
+        [
+            str(wid),
+            form,
+            form.lower(),
+            "X",
+            "_",
+            "_",
+            str(head),
+            deprel or ("root" if head == 0 else "dep"),
+            "_",
+            misc,
+        ]
+    )
 
 
 # Two documents. Line numbers on the right. In d1, entity e1 is opened in sentence 1 and
 # closed in sentence 3 (a mention across sentences); sentence 2 has a head out of range.
-TWO_DOCS = "\n".join([
-    "# newdoc id = d1",                           # 1
-    "# sent_id = d1-1",                           # 2
-    word(1, "Ann", 2, "Entity=(e1-p)"),           # 3
-    word(2, "and", 0, "Entity=(e2-p"),            # 4
-    "",                                           # 5
-    "# sent_id = d1-2",                           # 6
-    word(1, "Bob", 2, "Entity=(e3-p)"),           # 7
-    word(2, "met", 0, "_"),                       # 8
-    "",                                           # 9
-    "# sent_id = d1-3",                           # 10
-    word(1, "friends", 0, "Entity=e2)"),          # 11
-    word(2, "She", 1, "Entity=(e1-p)"),           # 12
-    "",                                           # 13
-    "# newdoc id = d2",                           # 14
-    "# sent_id = d2-1",                           # 15
-    word(1, "It", 2, "Entity=(e9-t)"),            # 16
-    word(2, "rained", 0, "_"),                    # 17
-    "", ""])
+TWO_DOCS = "\n".join(
+    [
+        "# newdoc id = d1",  # 1
+        "# sent_id = d1-1",  # 2
+        word(1, "Ann", 2, "Entity=(e1-p)"),  # 3
+        word(2, "and", 0, "Entity=(e2-p"),  # 4
+        "",  # 5
+        "# sent_id = d1-2",  # 6
+        word(1, "Bob", 2, "Entity=(e3-p)"),  # 7
+        word(2, "met", 0, "_"),  # 8
+        "",  # 9
+        "# sent_id = d1-3",  # 10
+        word(1, "friends", 0, "Entity=e2)"),  # 11
+        word(2, "She", 1, "Entity=(e1-p)"),  # 12
+        "",  # 13
+        "# newdoc id = d2",  # 14
+        "# sent_id = d2-1",  # 15
+        word(1, "It", 2, "Entity=(e9-t)"),  # 16
+        word(2, "rained", 0, "_"),  # 17
+        "",
+        "",
+    ]
+)
 
 
 def test_units_are_document_ids(tmp_path):
     windows = coref_examples(read_corefud(coref_file(tmp_path, TWO_DOCS)), plus_two, window=5)
     assert [(w.unit, w.meta["sent_ids"], w.sent_id) for w in windows] == [
-        ("d1", ["d1-1"], "d1-1"), ("d1", ["d1-2"], "d1-2"), ("d1", ["d1-3"], "d1-3"), ("d2", ["d2-1"], "d2-1")]
+        ("d1", ["d1-1"], "d1-1"),
+        ("d1", ["d1-2"], "d1-2"),
+        ("d1", ["d1-3"], "d1-3"),
+        ("d2", ["d2-1"], "d2-1"),
+    ]
 
 
 def test_malformed_sentence_inside_a_document_is_skipped(tmp_path):
-    bad_head = TWO_DOCS.replace(word(1, "Bob", 2, "Entity=(e3-p)"), word(1, "Bob", 7, "Entity=(e3-p)"))
+    bad_head = TWO_DOCS.replace(
+        word(1, "Bob", 2, "Entity=(e3-p)"), word(1, "Bob", 7, "Entity=(e3-p)")
+    )
     path = coref_file(tmp_path, bad_head)
     with pytest.raises(CorpusError, match=re.escape(f"{path}:7: head '7' of word 1 ('Bob')")):
         read_corefud(path)
     with pytest.warns(UserWarning, match="skipping malformed sentence"):
         documents = read_corefud(path, skip_bad=True)
     d1, d2 = documents
-    assert [s.sent_id for s in d1.sentences] == ["d1-1", "d1-3"]          # the rest of d1 is read
+    assert [s.sent_id for s in d1.sentences] == ["d1-1", "d1-3"]  # the rest of d1 is read
     # e2 was open when the skipped sentence came: its extent is unknown, so it is dropped (counted);
     # e3 stood in the skipped sentence; the other mentions stay, in the coordinates of what was read
     assert spans(d1) == [(0, 1, "e1"), (3, 4, "e1")]
     assert d1.skipped["mention_across_skipped_sentence"] == 1
     assert spans(d2) == [(0, 1, "e9")]
-    assert documents.counts == {"malformed_sentence": 1} and documents.skipped[0].startswith(f"{path}:7:")
+    assert documents.counts == {"malformed_sentence": 1} and documents.skipped[0].startswith(
+        f"{path}:7:"
+    )
     with pytest.warns(UserWarning):
         windows = read_coref_examples(path, plus_two, window=128, skip_bad=True)
     assert windows.counts["malformed_sentence"] == 1 and windows.counts["sentences"] == 3
@@ -443,9 +559,14 @@ def test_malformed_sentence_inside_a_document_is_skipped(tmp_path):
 
 
 def test_unclosed_mention_skips_the_mention_not_the_file(tmp_path):
-    path = coref_file(tmp_path, TWO_DOCS.replace("Entity=e2)", "_"))      # e2 (line 4) never closed
-    with pytest.raises(CorpusError, match=re.escape(f"{path}:4: mention of entity 'e2' opened here is not "
-                                                    f"closed before the end of document 'd1'")):
+    path = coref_file(tmp_path, TWO_DOCS.replace("Entity=e2)", "_"))  # e2 (line 4) never closed
+    with pytest.raises(
+        CorpusError,
+        match=re.escape(
+            f"{path}:4: mention of entity 'e2' opened here is not "
+            f"closed before the end of document 'd1'"
+        ),
+    ):
         read_corefud(path)
     with pytest.warns(UserWarning, match="skipping malformed mention"):
         documents = read_corefud(path, skip_bad=True)
@@ -455,8 +576,12 @@ def test_unclosed_mention_skips_the_mention_not_the_file(tmp_path):
 
 
 def test_unmatched_closing_bracket_skips_the_mention(tmp_path):
-    path = coref_file(tmp_path, TWO_DOCS.replace("Entity=(e2-p", "_"))    # e2) on line 11 closes nothing
-    with pytest.raises(CorpusError, match=re.escape(f"{path}:11: closing bracket 'e2)' but no mention")):
+    path = coref_file(
+        tmp_path, TWO_DOCS.replace("Entity=(e2-p", "_")
+    )  # e2) on line 11 closes nothing
+    with pytest.raises(
+        CorpusError, match=re.escape(f"{path}:11: closing bracket 'e2)' but no mention")
+    ):
         read_corefud(path)
     with pytest.warns(UserWarning, match="skipping malformed mention"):
         documents = read_corefud(path, skip_bad=True)
@@ -477,9 +602,11 @@ def test_file_without_newdoc_is_refused_unless_single_document(tmp_path):
 
 
 def test_sentence_before_the_first_newdoc(tmp_path):
-    text = "# sent_id = lead\n" + word(1, "Hi", 0) + "\n\n" + TWO_DOCS                  # lines 1-2, then +4
+    text = "# sent_id = lead\n" + word(1, "Hi", 0) + "\n\n" + TWO_DOCS  # lines 1-2, then +4
     path = coref_file(tmp_path, text)
-    with pytest.raises(CorpusError, match=re.escape(f"{path}:1: sentence before the file's first '# newdoc id'")):
+    with pytest.raises(
+        CorpusError, match=re.escape(f"{path}:1: sentence before the file's first '# newdoc id'")
+    ):
         read_corefud(path)
     with pytest.warns(UserWarning):
         documents = read_corefud(path, skip_bad=True)
@@ -489,12 +616,12 @@ def test_sentence_before_the_first_newdoc(tmp_path):
 def test_invalid_utf8_and_duplicate_sent_id_in_a_coref_file(tmp_path):
     path = tmp_path / "bytes.conllu"
     data = TWO_DOCS.replace("# sent_id = d2-1", "# sent_id = d1-1").encode("utf-8")
-    path.write_bytes(b"\xef\xbb\xbf" + data.replace(b"met", b"m\xc3t"))                  # BOM, and line 8
+    path.write_bytes(b"\xef\xbb\xbf" + data.replace(b"met", b"m\xc3t"))  # BOM, and line 8
     with pytest.raises(CorpusError, match=re.escape(f"{path}:8: invalid UTF-8 (byte 0xc3")):
         read_corefud(path)
     with pytest.warns(UserWarning):
         documents = read_corefud(path, skip_bad=True)
-    assert [d.doc_id for d in documents] == ["d1"]              # d2's only sentence repeats 'd1-1'
+    assert [d.doc_id for d in documents] == ["d1"]  # d2's only sentence repeats 'd1-1'
     assert documents.counts == {"malformed_sentence": 1, "duplicate_sent_id": 1}
     assert documents.skipped[1] == f"{path}:15: duplicate sent_id 'd1-1' (first used at line 2)"
 
@@ -504,15 +631,20 @@ def test_stream_yields_a_document_before_reading_the_next(tmp_path):
     the next one starts): d1's windows come before the reader meets a malformed sentence in d3 (d2
     ends there); under skip_bad the pass fills the same skips and counts as `read_coref_examples`,
     in one shared accounting, emptied per pass."""
-    d3 = "\n".join(["# newdoc id = d3", "# sent_id = d3-1", word(1, "Rain", 5), word(2, "fell", 0), "", ""])
-    assert TWO_DOCS.endswith("\n\n") and TWO_DOCS.count("\n") == 18                  # d3 starts on line 19
+    d3 = "\n".join(
+        ["# newdoc id = d3", "# sent_id = d3-1", word(1, "Rain", 5), word(2, "fell", 0), "", ""]
+    )
+    assert TWO_DOCS.endswith("\n\n") and TWO_DOCS.count("\n") == 18  # d3 starts on line 19
     path = coref_file(tmp_path, TWO_DOCS + d3)
     windows = stream_coref_examples(path, plus_two, window=5)
     taken = iter(windows)
     assert [next(taken).sent_id for _ in range(3)] == ["d1-1", "d1-2", "d1-3"]
     with pytest.raises(CorpusError, match=re.escape(f"{path}:21: head '5' of word 1 ('Rain')")):
         next(taken)
-    assert [d.doc_id for d in stream_corefud(coref_file(tmp_path, TWO_DOCS, "good.conllu"))] == ["d1", "d2"]
+    assert [d.doc_id for d in stream_corefud(coref_file(tmp_path, TWO_DOCS, "good.conllu"))] == [
+        "d1",
+        "d2",
+    ]
 
     windows = stream_coref_examples(path, plus_two, window=5, skip_bad=True)
     with pytest.warns(UserWarning, match="skipping malformed sentence"):
@@ -521,9 +653,13 @@ def test_stream_yields_a_document_before_reading_the_next(tmp_path):
     assert streamed == [(w.unit, w.words, w.mentions) for w in eager]
     assert windows.counts == eager.counts and windows.counts["malformed_sentence"] == 1
     assert windows.counts["documents"] == 2 and windows.counts["windows"] == 4
-    assert windows.skipped == eager.skipped and len(eager.skipped) == 1 and eager.skipped[0].startswith(f"{path}:21:")
+    assert (
+        windows.skipped == eager.skipped
+        and len(eager.skipped) == 1
+        and eager.skipped[0].startswith(f"{path}:21:")
+    )
     with pytest.warns(UserWarning):
-        assert len(list(windows)) == 4 and windows.counts == eager.counts     # a second pass: the same
+        assert len(list(windows)) == 4 and windows.counts == eager.counts  # a second pass: the same
 
 
 @needs_gum

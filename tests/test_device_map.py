@@ -23,22 +23,30 @@ accelerate = pytest.importorskip("accelerate")
 
 
 def dispatched(model, device_map, offload_dir=None):
-    return accelerate.dispatch_model(copy.deepcopy(model), device_map=device_map, offload_dir=offload_dir,
-                                     force_hooks=True)
+    return accelerate.dispatch_model(
+        copy.deepcopy(model), device_map=device_map, offload_dir=offload_dir, force_hooks=True
+    )
 
 
 def bert_map(layer_1="cpu"):
-    return {"embeddings": "cpu", "encoder.layer.0": "cpu", "encoder.layer.1": layer_1, "encoder.layer.2": "cpu",
-            "pooler": "cpu"}
+    return {
+        "embeddings": "cpu",
+        "encoder.layer.0": "cpu",
+        "encoder.layer.1": layer_1,
+        "encoder.layer.2": "cpu",
+        "pooler": "cpu",
+    }
 
 
 @pytest.mark.parametrize("offload", [False, True])
 def test_per_layer_dispatch_gives_the_plain_counts(bert_family, tmp_path, offload):
-    model = dispatched(bert_family.sdpa, bert_map("disk" if offload else "cpu"), tmp_path if offload else None)
+    model = dispatched(
+        bert_family.sdpa, bert_map("disk" if offload else "cpu"), tmp_path if offload else None
+    )
     layers = model.encoder.layer
-    assert all(hasattr(layer, "_hf_hook") for layer in layers)                # behind accelerate's hooks
+    assert all(hasattr(layer, "_hf_hook") for layer in layers)  # behind accelerate's hooks
     if offload:
-        assert next(layers[1].parameters()).device.type == "meta"           # loaded from disk per forward
+        assert next(layers[1].parameters()).device.type == "meta"  # loaded from disk per forward
     assert model_device(model) == torch.device("cpu")
     examples = corpus(seed=4)[:16]
     plain_engine, plain = score(bert_family, examples)
@@ -52,7 +60,13 @@ def test_per_layer_dispatch_gives_the_plain_counts(bert_family, tmp_path, offloa
 
 def test_dispatched_causal_gqa_with_query_blocks():
     llama = get_family("llama")
-    device_map = {"embed_tokens": "cpu", "layers.0": "cpu", "layers.1": "cpu", "norm": "cpu", "rotary_emb": "cpu"}
+    device_map = {
+        "embed_tokens": "cpu",
+        "layers.0": "cpu",
+        "layers.1": "cpu",
+        "norm": "cpu",
+        "rotary_emb": "cpu",
+    }
     family = copy.copy(llama)
     family.sdpa = dispatched(llama.sdpa, device_map)
     examples = corpus(seed=5)[:12]
@@ -69,8 +83,16 @@ def test_models_load_with_a_device_map(tmp_path):
     llama.tokenizer.save_pretrained(tmp_path / "model")
     model, _, _ = models.load(str(tmp_path / "model"), device_map="auto", max_memory="cpu=2GiB")
     assert next(model.parameters()).device.type == "cpu"
-    device_map = {"embed_tokens": "cpu", "layers.0": "cpu", "layers.1": "disk", "norm": "cpu", "rotary_emb": "cpu"}
-    model, _, _ = models.load(str(tmp_path / "model"), device_map=device_map, offload_folder=tmp_path / "offload")
+    device_map = {
+        "embed_tokens": "cpu",
+        "layers.0": "cpu",
+        "layers.1": "disk",
+        "norm": "cpu",
+        "rotary_emb": "cpu",
+    }
+    model, _, _ = models.load(
+        str(tmp_path / "model"), device_map=device_map, offload_folder=tmp_path / "offload"
+    )
     assert model.hf_device_map["layers.1"] == "disk" and hasattr(model.layers[1], "_hf_hook")
     assert model_device(model) == torch.device("cpu")
     family = copy.copy(llama)

@@ -33,11 +33,22 @@ def random_sentences(n: int = 20, seed: int = 0, same_length: bool = False) -> l
             words = [rng.choice(WORDS) for _ in range(rng.randint(1, 12))]
         length = len(words)
         root = rng.randrange(length)
-        heads = [-1 if i == root else rng.choice([j for j in range(length) if j != i]) for i in range(length)]
+        heads = [
+            -1 if i == root else rng.choice([j for j in range(length) if j != i])
+            for i in range(length)
+        ]
         deprels = ["root" if i == root else rng.choice(RELATIONS) for i in range(length)]
         upos = ["PUNCT" if w in {"$", ",", ".", "!"} else "X" for w in words]
-        examples.append(Example(words=words, unit=f"r{index:02d}", source=f"random:{index}",
-                                heads=heads, deprels=deprels, upos=upos))
+        examples.append(
+            Example(
+                words=words,
+                unit=f"r{index:02d}",
+                source=f"random:{index}",
+                heads=heads,
+                deprels=deprels,
+                upos=upos,
+            )
+        )
     return examples
 
 
@@ -46,7 +57,15 @@ def scorers():
 
 
 def run(model, tokenizer, examples, batch_size, **kwargs):
-    engine = Engine(model, tokenizer, scorers(), batch_size=batch_size, progress=False, keep_units=True, **kwargs)
+    engine = Engine(
+        model,
+        tokenizer,
+        scorers(),
+        batch_size=batch_size,
+        progress=False,
+        keep_units=True,
+        **kwargs,
+    )
     engine.run(examples)
     counts = pd.concat([s.unit_counts() for s in engine.scorers], ignore_index=True)
     # plain dtypes (keys may come back categorical, whose sort order follows first appearance)
@@ -123,8 +142,15 @@ def test_a_one_shot_iterable_is_read_one_chunk_ahead(bert_family, monkeypatch):
 def test_layer_subset(bert_family):
     """Layer subset: only asked-for layers appear in the counts."""
     examples = random_sentences(6, seed=3)
-    engine = Engine(bert_family.sdpa, bert_family.tokenizer, scorers(), layers=[2], batch_size=4, keep_units=True,
-                    progress=False)
+    engine = Engine(
+        bert_family.sdpa,
+        bert_family.tokenizer,
+        scorers(),
+        layers=[2],
+        batch_size=4,
+        keep_units=True,
+        progress=False,
+    )
     engine.run(examples)
     for scorer in engine.scorers:
         counts = scorer.unit_counts()
@@ -134,6 +160,7 @@ def test_layer_subset(bert_family):
 def test_buckets_hold_one_length(tiny):
     """No padding: every batch holds examples of exactly one piece count (batch-size invariance)."""
     from headprobe.inputs.batching import bucket, prepare
+
     prepared = prepare(random_sentences(40, seed=5), tiny.tokenizer, 512)
     batches = bucket(prepared, 4)
     assert sorted(i for batch in batches for i in batch) == list(range(40))
@@ -164,8 +191,17 @@ def test_oom_backoff(tiny, monkeypatch):
     engine, backed_off = run(model, tiny.tokenizer, examples, batch_size=7)
     assert_same_counts(reference, backed_off)
     # 20 examples in batches of 7, 7, 6: each too big, each retried in halves 3 + 4, 3 + 4, 3 + 3
-    assert sizes == [(7, False), (3, True), (4, True), (7, False), (3, True), (4, True),
-                     (6, False), (3, True), (3, True)]
+    assert sizes == [
+        (7, False),
+        (3, True),
+        (4, True),
+        (7, False),
+        (3, True),
+        (4, True),
+        (6, False),
+        (3, True),
+        (3, True),
+    ]
     assert sum(size for size, ok in sizes if ok) == 20
     assert engine.stats_["examples"] == 20
     assert engine.batch_size_ == 3
@@ -189,19 +225,39 @@ def test_other_errors_are_not_retried(bert_family, monkeypatch):
 
     monkeypatch.setattr(bert_family.sdpa, "forward", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        run(bert_family.sdpa, bert_family.tokenizer, random_sentences(8, same_length=True), batch_size=8)
+        run(
+            bert_family.sdpa,
+            bert_family.tokenizer,
+            random_sentences(8, same_length=True),
+            batch_size=8,
+        )
     assert calls == [8]
 
 
 def test_skipped_examples_are_counted(bert_family):
     """BERT fixture: max_position_embeddings 40. 38 words + [CLS] + [SEP] = 40 pieces fits;
     39 words = 41 pieces does not; "\\x00" is deleted by the normalizer: a word without pieces."""
-    fits = Example(words=["the"] * 38, unit="fits", source="x:1", heads=[-1] + [0] * 37,
-                   deprels=["root"] + ["det"] * 37)
-    too_long = Example(words=["the"] * 39, unit="long", source="x:2", heads=[-1] + [0] * 38,
-                       deprels=["root"] + ["det"] * 38)
-    empty = Example(words=["the", "\x00", "cat"], unit="empty", source="x:3", heads=[2, 2, -1],
-                    deprels=["det", "dep", "root"])
+    fits = Example(
+        words=["the"] * 38,
+        unit="fits",
+        source="x:1",
+        heads=[-1] + [0] * 37,
+        deprels=["root"] + ["det"] * 37,
+    )
+    too_long = Example(
+        words=["the"] * 39,
+        unit="long",
+        source="x:2",
+        heads=[-1] + [0] * 38,
+        deprels=["root"] + ["det"] * 38,
+    )
+    empty = Example(
+        words=["the", "\x00", "cat"],
+        unit="empty",
+        source="x:3",
+        heads=[2, 2, -1],
+        deprels=["det", "dep", "root"],
+    )
     examples = random_sentences(5) + [fits, too_long, empty]
     engine, counts = run(bert_family.sdpa, bert_family.tokenizer, examples, batch_size=4)
     assert engine.stats_["skipped"] == {"too_long": 1, "word_without_piece": 1}
@@ -212,16 +268,28 @@ def test_skipped_examples_are_counted(bert_family):
     assert any(s.startswith("x:2") for s in sources) and any(s.startswith("x:3") for s in sources)
     units = set(counts.unit)
     assert "fits" in units and "long" not in units and "empty" not in units
-    dep = counts[(counts.analysis == "dependency") & (counts.unit == "fits") & (counts.variant == "")]
-    assert set(dep.n) == {37}                                # 37 det arcs
+    dep = counts[
+        (counts.analysis == "dependency") & (counts.unit == "fits") & (counts.variant == "")
+    ]
+    assert set(dep.n) == {37}  # 37 det arcs
 
 
 def test_skipped_too_long_gpt2(gpt2_family):
     """GPT-2 fixture: n_positions 40, no special pieces: 40 words fit, 41 do not."""
-    fits = Example(words=["cat"] * 40, unit="fits", source="g:1", heads=[-1] + [0] * 39,
-                   deprels=["root"] + ["nmod"] * 39)
-    too_long = Example(words=["cat"] * 41, unit="long", source="g:2", heads=[-1] + [0] * 40,
-                       deprels=["root"] + ["nmod"] * 40)
+    fits = Example(
+        words=["cat"] * 40,
+        unit="fits",
+        source="g:1",
+        heads=[-1] + [0] * 39,
+        deprels=["root"] + ["nmod"] * 39,
+    )
+    too_long = Example(
+        words=["cat"] * 41,
+        unit="long",
+        source="g:2",
+        heads=[-1] + [0] * 40,
+        deprels=["root"] + ["nmod"] * 40,
+    )
     engine, counts = run(gpt2_family.sdpa, gpt2_family.tokenizer, [fits, too_long], batch_size=2)
     assert engine.stats_["skipped"] == {"too_long": 1}
     assert set(counts.unit) == {"fits"}
@@ -232,10 +300,20 @@ def test_roberta_position_offset_limits_length(roberta_family):
     leaves room for 40 pieces. A 42-piece sentence (40 words + <s> + </s>) must be skipped as
     too_long and counted (SPEC 1), not crash the run with an index error; 40 pieces fit."""
     fam = roberta_family
-    fits = Example(words=["cat"] * 38, unit="fits", source="r:1", heads=[-1] + [0] * 37,
-                   deprels=["root"] + ["nmod"] * 37)
-    too_long = Example(words=["cat"] * 40, unit="long", source="r:2", heads=[-1] + [0] * 39,
-                       deprels=["root"] + ["nmod"] * 39)
+    fits = Example(
+        words=["cat"] * 38,
+        unit="fits",
+        source="r:1",
+        heads=[-1] + [0] * 37,
+        deprels=["root"] + ["nmod"] * 37,
+    )
+    too_long = Example(
+        words=["cat"] * 40,
+        unit="long",
+        source="r:2",
+        heads=[-1] + [0] * 39,
+        deprels=["root"] + ["nmod"] * 39,
+    )
     engine, counts = run(fam.sdpa, fam.tokenizer, [fits, too_long], batch_size=1)
     assert engine.stats_["skipped"] == {"too_long": 1}
     assert set(counts.unit) == {"fits"}

@@ -25,14 +25,18 @@ from headprobe.model.gates import HeadGates, head_means, output_projections
 from headprobe.model.head_effects import ablation_rows, head_importance, importance_rows
 from headprobe.model.objectives import IGNORE, Objective, lm_kind, mlm_positions
 
-FAMILIES = ["bert", "gpt2", "llama"]          # llama: 4 query heads over 2 key/value heads
+FAMILIES = ["bert", "gpt2", "llama"]  # llama: 4 query heads over 2 key/value heads
 
 
 def sentences(n: int, words: int, seed: int = 0, vocab=WHOLE_WORDS) -> list[Example]:
     """`n` sentences of `words` words each (whole words: one piece each, so they share a bucket)."""
     rng = random.Random(seed)
-    return [Example(words=[rng.choice(vocab) for _ in range(words)], unit=f"u{seed}-{i}", source=f"t:{i}")
-            for i in range(n)]
+    return [
+        Example(
+            words=[rng.choice(vocab) for _ in range(words)], unit=f"u{seed}-{i}", source=f"t:{i}"
+        )
+        for i in range(n)
+    ]
 
 
 def one_batch(family, examples) -> Batch:
@@ -48,7 +52,9 @@ def with_lm_head(name: str):
     torch.manual_seed(10)
     auto = AutoModelForCausalLM if family.causal else AutoModelForMaskedLM
     model = auto.from_config(copy.deepcopy(family.sdpa.config)).eval()
-    missing, _ = model.base_model.load_state_dict(family.sdpa.state_dict(), strict=False)  # BERT's pooler is extra
+    missing, _ = model.base_model.load_state_dict(
+        family.sdpa.state_dict(), strict=False
+    )  # BERT's pooler is extra
     assert not missing
     return family, model
 
@@ -58,11 +64,13 @@ def zero_columns(model, heads, d_head: int, means=None):
     weight; with `means` [layer, head, d_head], the mean's contribution added to the bias."""
     twin = copy.deepcopy(model)
     for layer, h in heads:
-        proj = output_projections(twin)[layer]          # found by path; the weights are edited by hand
+        proj = output_projections(twin)[layer]  # found by path; the weights are edited by hand
         cut = slice(h * d_head, (h + 1) * d_head)
         conv1d = type(proj).__name__ == "Conv1D"
         with torch.no_grad():
-            w = proj.weight[cut, :] if conv1d else proj.weight[:, cut]          # [d_head, out] / [out, d_head]
+            w = (
+                proj.weight[cut, :] if conv1d else proj.weight[:, cut]
+            )  # [d_head, out] / [out, d_head]
             if means is not None:
                 shift = means[layer, h] @ w if conv1d else w @ means[layer, h]  # [out]
                 if proj.bias is None:
@@ -93,8 +101,16 @@ def test_all_ones_is_no_gate(name):
     torch.testing.assert_close(per_row, plain, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("name,heads", [("bert", [(1, 2)]), ("gpt2", [(0, 3)]), ("gpt2", [(2, 0), (2, 1)]),
-                                        ("llama", [(0, 1)]), ("llama", [(1, 2), (0, 0)])])
+@pytest.mark.parametrize(
+    "name,heads",
+    [
+        ("bert", [(1, 2)]),
+        ("gpt2", [(0, 3)]),
+        ("gpt2", [(2, 0), (2, 1)]),
+        ("llama", [(0, 1)]),
+        ("llama", [(1, 2), (0, 0)]),
+    ],
+)
 def test_zero_gate_equals_zeroed_weights(name, heads):
     family = get_family(name)
     batch = one_batch(family, sentences(3, 7, seed=1))
@@ -109,15 +125,15 @@ def test_zero_gate_equals_zeroed_weights(name, heads):
         expected = hidden(zero_columns(model, heads, d_head), batch)
         intact = hidden(model, batch)
     torch.testing.assert_close(gated, expected, atol=1e-5, rtol=0)
-    assert (gated - intact).abs().max() > 1e-2          # the head did matter
+    assert (gated - intact).abs().max() > 1e-2  # the head did matter
 
 
 def test_gate_per_row_ablates_only_its_row():
     family = get_family("llama")
     batch = one_batch(family, sentences(3, 5, seed=2))
     model = family.sdpa
-    gates = torch.ones(3, family.n_layers, 4)            # [batch, layer, head]
-    gates[1, 0, 3] = 0.0                                 # row 1 only: layer 0, head 3
+    gates = torch.ones(3, family.n_layers, 4)  # [batch, layer, head]
+    gates[1, 0, 3] = 0.0  # row 1 only: layer 0, head 3
     with torch.no_grad():
         with HeadGates(model, gates):
             gated = hidden(model, batch)
@@ -137,7 +153,9 @@ def test_gates_undo_on_exception():
             raise RuntimeError("boom")
     assert all(len(p._forward_pre_hooks) == 0 for p in output_projections(model))
     with torch.no_grad():
-        torch.testing.assert_close(hidden(model, batch), hidden(family.eager, batch), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            hidden(model, batch), hidden(family.eager, batch), atol=1e-5, rtol=0
+        )
 
 
 def test_bad_gate_shape_is_one_clear_error():
@@ -158,20 +176,42 @@ def test_mean_ablation_equals_hand_computed_mean(name):
         rng = random.Random(seed)
         rows = [[rng.randrange(5, len(family.tokenizer)) for _ in range(n)] for n in lengths]
         width = max(lengths)
-        corpus.append({"input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
-                       "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])})
+        corpus.append(
+            {
+                "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
+                "attention_mask": torch.tensor(
+                    [[1] * len(r) + [0] * (width - len(r)) for r in rows]
+                ),
+            }
+        )
     # by hand: the raw inputs of every output projection, kept, then averaged over real pieces
     seen = {layer: [] for layer in range(family.n_layers)}
-    handles = [p.register_forward_pre_hook(lambda m, args, layer=layer: seen[layer].append(args[0].detach()))
-               for layer, p in enumerate(output_projections(model))]
+    handles = [
+        p.register_forward_pre_hook(
+            lambda m, args, layer=layer: seen[layer].append(args[0].detach())
+        )
+        for layer, p in enumerate(output_projections(model))
+    ]
     with torch.no_grad():
         for inputs in corpus:
             model(**inputs)
     for handle in handles:
         handle.remove()
-    hand = torch.stack([torch.cat([x[inputs["attention_mask"].bool()] for x, inputs in zip(seen[layer], corpus)])
-                        .double().mean(0) for layer in range(family.n_layers)]).float().view(family.n_layers, 4, 8)
-    means = head_means(model, corpus)                                   # [layer, head, d_head]
+    hand = (
+        torch.stack(
+            [
+                torch.cat(
+                    [x[inputs["attention_mask"].bool()] for x, inputs in zip(seen[layer], corpus)]
+                )
+                .double()
+                .mean(0)
+                for layer in range(family.n_layers)
+            ]
+        )
+        .float()
+        .view(family.n_layers, 4, 8)
+    )
+    means = head_means(model, corpus)  # [layer, head, d_head]
     torch.testing.assert_close(means, hand, atol=1e-6, rtol=1e-6)
 
     gates = torch.ones(family.n_layers, 4)
@@ -182,13 +222,13 @@ def test_mean_ablation_equals_hand_computed_mean(name):
         expected = zero_columns(model, [(1, 2)], 8, means=hand)(**corpus[1]).last_hidden_state
         zeroed = zero_columns(model, [(1, 2)], 8)(**corpus[1]).last_hidden_state
     torch.testing.assert_close(gated, expected, atol=1e-5, rtol=0)
-    assert (gated - zeroed).abs().max() > 1e-3          # mean ablation is not zero ablation
+    assert (gated - zeroed).abs().max() > 1e-3  # mean ablation is not zero ablation
 
 
 # ----------------------------------------------------------------------------- objectives
 def test_mlm_positions_deterministic_fifteen_percent_never_special():
     family = get_family("bert")
-    examples = sentences(60, 10, seed=5, vocab=WORDS)              # split words too: several pieces
+    examples = sentences(60, 10, seed=5, vocab=WORDS)  # split words too: several pieces
     prepared = prepare(examples, family.tokenizer, 512)
     batches = list(iter_batches(prepared, 64, family.pad_id))
     chosen_total = words_total = 0
@@ -196,12 +236,16 @@ def test_mlm_positions_deterministic_fifteen_percent_never_special():
         keys = [ex.sent_id for ex in batch.examples]
         chosen = mlm_positions(keys, batch.piece_kind, seed=0)
         assert torch.equal(chosen, mlm_positions(keys, batch.piece_kind, seed=0))
-        assert not chosen[batch.piece_kind != WORD].any()            # never CLS, SEP or padding
+        assert not chosen[batch.piece_kind != WORD].any()  # never CLS, SEP or padding
         # the formula by hand, independent of headprobe.scoring.tally
         for row, key in enumerate(keys[:3]):
             for p in range(batch.n_pieces):
-                h = int.from_bytes(blake2b(f"0:mask:{key}:{p}".encode(), digest_size=8).digest(), "little")
-                assert bool(chosen[row, p]) == (h / 2 ** 64 < 0.15 and int(batch.piece_kind[row, p]) == WORD)
+                h = int.from_bytes(
+                    blake2b(f"0:mask:{key}:{p}".encode(), digest_size=8).digest(), "little"
+                )
+                assert bool(chosen[row, p]) == (
+                    h / 2**64 < 0.15 and int(batch.piece_kind[row, p]) == WORD
+                )
         chosen_total += int(chosen.sum())
         words_total += int((batch.piece_kind == WORD).sum())
     assert words_total > 600
@@ -219,8 +263,8 @@ def test_causal_objective_is_the_models_own_loss(name):
     with torch.no_grad():
         values, tokens = objective.per_row(model, objective.targets(model, batch))
         for row in range(2):
-            ids = batch.input_ids[row:row + 1]
-            loss = model(input_ids=ids, labels=ids).loss                   # mean NLL of pieces 1..
+            ids = batch.input_ids[row : row + 1]
+            loss = model(input_ids=ids, labels=ids).loss  # mean NLL of pieces 1..
             assert tokens[row] == ids.shape[1] - 1
             torch.testing.assert_close(values[row] / tokens[row], loss, atol=1e-5, rtol=1e-5)
 
@@ -231,14 +275,16 @@ def test_masked_objective_is_the_models_own_loss():
     assert objective.kind == "masked_lm"
     batch = one_batch(family, sentences(3, 14, seed=7))
     targets = objective.targets(model, batch)
-    chosen = targets.labels != IGNORE                                       # [batch, piece]
+    chosen = targets.labels != IGNORE  # [batch, piece]
     assert torch.equal(chosen, mlm_positions([e.sent_id for e in batch.examples], batch.piece_kind))
-    assert torch.equal(targets.inputs["input_ids"][chosen], torch.full((int(chosen.sum()),), 4))  # [MASK]
+    assert torch.equal(
+        targets.inputs["input_ids"][chosen], torch.full((int(chosen.sum()),), 4)
+    )  # [MASK]
     with torch.no_grad():
         values, tokens = objective.per_row(model, targets)
         for row in range(3):
-            labels = batch.input_ids[row:row + 1].masked_fill(~chosen[row:row + 1], IGNORE)
-            loss = model(input_ids=targets.inputs["input_ids"][row:row + 1], labels=labels).loss
+            labels = batch.input_ids[row : row + 1].masked_fill(~chosen[row : row + 1], IGNORE)
+            loss = model(input_ids=targets.inputs["input_ids"][row : row + 1], labels=labels).loss
             assert tokens[row] == chosen[row].sum() > 0
             torch.testing.assert_close(values[row] / tokens[row], loss, atol=1e-5, rtol=1e-5)
 
@@ -254,11 +300,11 @@ def test_representation_objective():
         intact, tokens = objective.per_row(model, targets)
         with HeadGates(model, torch.zeros(family.n_layers, 4)):
             ablated, _ = objective.per_row(model, targets)
-        ref = targets.reference                                          # [batch, piece, hidden]
+        ref = targets.reference  # [batch, piece, hidden]
         with HeadGates(model, torch.zeros(family.n_layers, 4)):
             h = hidden(model, batch)
         by_hand = (1 - (h * ref).sum(-1) / (h.norm(dim=-1) * ref.norm(dim=-1))).sum(-1)
-    assert tokens.tolist() == [7.0, 7.0]                                 # CLS + 5 words + SEP
+    assert tokens.tolist() == [7.0, 7.0]  # CLS + 5 words + SEP
     torch.testing.assert_close(intact, torch.zeros(2), atol=1e-5, rtol=0)
     torch.testing.assert_close(ablated, by_hand, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="importance needs a language-model loss"):
@@ -272,25 +318,31 @@ def test_gradient_per_row_equals_one_example_at_a_time(name):
     objective = Objective.for_model(model, family.tokenizer)
     examples = sentences(3, 30, seed=9)
     batch = one_batch(family, examples)
-    score, tokens = importance_rows(model, batch, objective)           # [batch, layer, head]
+    score, tokens = importance_rows(model, batch, objective)  # [batch, layer, head]
     assert score.shape == (3, family.n_layers, 4)
     for row, example in enumerate(examples):
         alone = one_batch(family, [example])
         targets = objective.targets(model, alone)
-        gate = torch.ones(family.n_layers, 4, requires_grad=True)     # one gate per head: this example only
+        gate = torch.ones(
+            family.n_layers, 4, requires_grad=True
+        )  # one gate per head: this example only
         with HeadGates(model, gate):
             value, n = objective.per_row(model, targets)
-        grad, = torch.autograd.grad(value.sum(), gate)
+        (grad,) = torch.autograd.grad(value.sum(), gate)
         assert n[0] == tokens[row] > 0
         torch.testing.assert_close(score[row], grad.abs(), atol=1e-5, rtol=1e-4)
     assert (score > 0).float().mean() > 0.9
-    assert all(p.grad is None for p in model.parameters())            # nothing accumulated in the model
+    assert all(p.grad is None for p in model.parameters())  # nothing accumulated in the model
 
     frame = head_importance(model, [batch, one_batch(family, sentences(2, 9, seed=10))], objective)
     second, more = importance_rows(model, one_batch(family, sentences(2, 9, seed=10)), objective)
     expected = (score.sum(0) + second.sum(0)) / (tokens.sum() + more.sum())
-    torch.testing.assert_close(torch.tensor(frame["importance"].to_numpy(), dtype=torch.float32),
-                               expected.flatten(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(frame["importance"].to_numpy(), dtype=torch.float32),
+        expected.flatten(),
+        atol=1e-6,
+        rtol=1e-5,
+    )
     assert set(frame["objective"]) == {objective.description}
 
 
@@ -301,7 +353,9 @@ def test_ablation_rows_equal_zeroed_weights(name):
     batch = one_batch(family, sentences(2, 30, seed=11))
     heads = [(0, 1), (1, 3), (0, 2)]
     delta, tokens = ablation_rows(model, batch, objective, heads)
-    together, _ = ablation_rows(model, batch, objective, heads, copies=2)    # 2 heads per pass, then 1
+    together, _ = ablation_rows(
+        model, batch, objective, heads, copies=2
+    )  # 2 heads per pass, then 1
     targets = objective.targets(model, batch)
     with torch.no_grad():
         intact, _ = objective.per_row(model, targets)
@@ -325,7 +379,7 @@ def test_load_lm_picks_the_head_and_its_objective(tmp_path):
         saved[name] = tmp_path / name
         model.save_pretrained(saved[name])
         family.tokenizer.save_pretrained(saved[name])
-    base = tmp_path / "base"                    # a base checkpoint that claims an MLM head it lacks
+    base = tmp_path / "base"  # a base checkpoint that claims an MLM head it lacks
     get_family("bert").sdpa.save_pretrained(base)
     get_family("bert").tokenizer.save_pretrained(base)
     config = json.loads((base / "config.json").read_text())
@@ -349,7 +403,9 @@ def write_treebank(path, n: int, words: int, seed: int):
             lines.append(f"# newdoc id = d{i}")
         lines.append(f"# sent_id = s{i}")
         for j, word in enumerate(example.words):
-            lines.append(f"{j + 1}\t{word}\t{word}\tX\t_\t_\t{j}\t{'root' if j == 0 else 'dep'}\t_\t_")
+            lines.append(
+                f"{j + 1}\t{word}\t{word}\tX\t_\t_\t{j}\t{'root' if j == 0 else 'dep'}\t_\t_"
+            )
         lines.append("")
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -363,29 +419,56 @@ def test_ablation_and_importance_analyses_stream_into_tables(tmp_path, name):
 
     family, model = with_lm_head(name)
     treebank = write_treebank(tmp_path / "t.conllu", 8, 20, seed=12)
-    results = headprobe.run(loaded=(model, family.tokenizer, "tiny"), treebank=treebank,
-                            analyses=["ablation", "importance", "dependency"], n_boot=50, pictures=False,
-                            progress=False)
-    assert results.head_scores("dependency", "ALL")["n"].max() > 0    # attention analyses run beside them
+    results = headprobe.run(
+        loaded=(model, family.tokenizer, "tiny"),
+        treebank=treebank,
+        analyses=["ablation", "importance", "dependency"],
+        n_boot=50,
+        pictures=False,
+        progress=False,
+    )
+    assert (
+        results.head_scores("dependency", "ALL")["n"].max() > 0
+    )  # attention analyses run beside them
     objective = Objective.for_model(model, family.tokenizer)
-    assert results.summary["objectives"] == {"ablation": objective.description, "importance": objective.description}
+    assert results.summary["objectives"] == {
+        "ablation": objective.description,
+        "importance": objective.description,
+    }
     # the same sums, computed directly batch by batch
     prepared = prepare(read_conllu(treebank), family.tokenizer, max_length(model, family.tokenizer))
     assert len(prepared.examples) == 8
     delta = importance = 0
     tokens = 0.0
     for batch in iter_batches(prepared, 64, family.pad_id, causal=family.causal):
-        d, n = ablation_rows(model, batch, objective)                   # [row, layer * head]
-        i, _ = importance_rows(model, batch, objective)                 # [row, layer, head]
-        delta, importance, tokens = delta + d.sum(0), importance + i.sum(0).flatten(), tokens + float(n.sum())
-    for table, expected in ((results.ablation_heads, delta / tokens), (results.importance_heads, importance / tokens)):
-        assert set(table["objective"]) == {objective.description} and set(table["label"]) == {objective.kind}
+        d, n = ablation_rows(model, batch, objective)  # [row, layer * head]
+        i, _ = importance_rows(model, batch, objective)  # [row, layer, head]
+        delta, importance, tokens = (
+            delta + d.sum(0),
+            importance + i.sum(0).flatten(),
+            tokens + float(n.sum()),
+        )
+    for table, expected in (
+        (results.ablation_heads, delta / tokens),
+        (results.importance_heads, importance / tokens),
+    ):
+        assert set(table["objective"]) == {objective.description} and set(table["label"]) == {
+            objective.kind
+        }
         assert (table["layer"].tolist(), table["head"].tolist()) == (
-            [l for l in range(family.n_layers) for _ in range(4)], list(range(4)) * family.n_layers)
-        torch.testing.assert_close(torch.tensor(table["score"].to_numpy(), dtype=torch.float32), expected,
-                                   atol=1e-5, rtol=1e-4)
+            [l for l in range(family.n_layers) for _ in range(4)],
+            list(range(4)) * family.n_layers,
+        )
+        torch.testing.assert_close(
+            torch.tensor(table["score"].to_numpy(), dtype=torch.float32),
+            expected,
+            atol=1e-5,
+            rtol=1e-4,
+        )
         assert (table["n"] == tokens).all()
-        assert ((table["ci_low"] <= table["score"] + 1e-9) & (table["score"] <= table["ci_high"] + 1e-9)).all()
+        assert (
+            (table["ci_low"] <= table["score"] + 1e-9) & (table["score"] <= table["ci_high"] + 1e-9)
+        ).all()
 
 
 def test_importance_analysis_refuses_a_model_without_lm_head():
@@ -393,5 +476,10 @@ def test_importance_analysis_refuses_a_model_without_lm_head():
 
     family = get_family("bert")
     with pytest.raises(ValueError, match="importance analysis needs a language-model loss"):
-        headprobe.run(loaded=(family.sdpa, family.tokenizer, "tiny"), analyses=["importance"], n_boot=10,
-                      pictures=False, progress=False)
+        headprobe.run(
+            loaded=(family.sdpa, family.tokenizer, "tiny"),
+            analyses=["importance"],
+            n_boot=10,
+            pictures=False,
+            progress=False,
+        )

@@ -25,12 +25,8 @@ from headprobe.scoring.tally import unit_fold
 
 WORDS = ["the", "cat", "sat"]
 # head 0 (P) and head 1 (Q), rows = words as queries, no mass on the specials
-P = [[1.0, 0.0, 0.0, 0.0, 0.0],
-     [0.5, 0.5, 0.0, 0.0, 0.0],
-     [0.0, 0.0, 1.0, 0.0, 0.0]]
-Q = [[0.0, 1.0, 0.0, 0.0, 0.0],
-     [0.5, 0.5, 0.0, 0.0, 0.0],
-     [0.0, 0.5, 0.5, 0.0, 0.0]]
+P = [[1.0, 0.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0]]
+Q = [[0.0, 1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.5, 0.5, 0.0, 0.0]]
 # by hand, JS(P, Q) = H(M) - (H(P) + H(Q)) / 2 with M = (P + Q) / 2, natural logs:
 #   row 0: M = [.5, .5, 0]: H(M) = ln 2, H(P) = H(Q) = 0               -> ln 2
 #   row 1: P = Q                                                        -> 0
@@ -51,8 +47,11 @@ def pieces_of(word_rows) -> torch.Tensor:
 
 
 def run_scorer(wordpiece_tokenizer, examples, maps, n_heads=2):
-    batch = Batch(examples, align_words(wordpiece_tokenizer, [ex.words for ex in examples]),
-                  pad_id=wordpiece_tokenizer.pad_token_id)
+    batch = Batch(
+        examples,
+        align_words(wordpiece_tokenizer, [ex.words for ex in examples]),
+        pad_id=wordpiece_tokenizer.pad_token_id,
+    )
     pieces = torch.stack([torch.stack([pieces_of(m) for m in per_example]) for per_example in maps])
     scorer = HeadSimilarityScorer()
     scorer.bind(1, n_heads, [0], n_boot=1)
@@ -69,7 +68,7 @@ def test_js_of_two_3x3_maps_by_hand(wordpiece_tokenizer):
     tally = scorer.tally_
     assert tally.sorted_labels() == ["js:0-0", "js:0-1"]
     a = tally.arrays("js:0-0")
-    assert a["n"][:, 0, 0].sum() == 3                                   # three word rows
+    assert a["n"][:, 0, 0].sum() == 3  # three word rows
     assert a["hits"][:, 0, 0, :, 0].sum(0) == pytest.approx([0.0, JS_SUM], abs=1e-6)
     b = tally.arrays("js:0-1")
     assert b["hits"][:, 0, 0, :, 0].sum(0) == pytest.approx([JS_SUM, 0.0], abs=1e-6)
@@ -78,7 +77,7 @@ def test_js_of_two_3x3_maps_by_hand(wordpiece_tokenizer):
     assert table.loc[(0, 1, 0, 0), "js"] == pytest.approx(JS_SUM / 3, abs=1e-6)
     assert table.loc[(0, 0, 0, 0), "js"] == 0.0
     halves = table.loc[(0, 0, 0, 1), ["js_fold0", "js_fold1"]].to_numpy(np.float64)
-    fold = unit_fold("u1")                                              # one unit: the other half has no rows
+    fold = unit_fold("u1")  # one unit: the other half has no rows
     assert halves[fold] == pytest.approx(JS_SUM / 3, abs=1e-6) and np.isnan(halves[1 - fold])
 
 
@@ -89,7 +88,7 @@ def test_rows_are_renormalised_and_specials_are_keys(wordpiece_tokenizer):
     example = Example(words=WORDS, unit="u1", source="t:1")
     scorer = run_scorer(wordpiece_tokenizer, [example], [[sep, P]])
     a = scorer.tally_.arrays("js:0-0")["hits"][:, 0, 0, :, 0].sum(0)
-    assert a[1] == pytest.approx(3 * math.log(2), abs=1e-6)            # disjoint supports: ln 2 per row
+    assert a[1] == pytest.approx(3 * math.log(2), abs=1e-6)  # disjoint supports: ln 2 per row
 
 
 def test_units_add_up_and_pairs_match_a_direct_computation(monkeypatch):
@@ -98,7 +97,7 @@ def test_units_add_up_and_pairs_match_a_direct_computation(monkeypatch):
     rng = np.random.default_rng(0)
     k, rows, keys = 5, 7, 4
     p = rng.dirichlet(np.ones(keys), size=(k, rows))
-    p[0, 0] = [1.0, 0.0, 0.0, 0.0]                                      # a zero: 0 log 0 = 0
+    p[0, 0] = [1.0, 0.0, 0.0, 0.0]  # a zero: 0 log 0 = 0
     group = np.array([0, 0, 1, 1, 1, 2, 2])
     got = js_row_sums(torch.tensor(p, dtype=torch.float32), torch.tensor(group), 3).numpy()
 
@@ -124,8 +123,18 @@ def test_clusters_and_layer_cohesion():
     for a in heads:
         for b in heads:
             js = 0.0 if a == b else (0.05 if frozenset([a, b]) in close else 0.5)
-            rows.append(dict(layer_a=a[0], head_a=a[1], layer_b=b[0], head_b=b[1], n=10.0, js=js,
-                             js_fold0=js, js_fold1=js))
+            rows.append(
+                dict(
+                    layer_a=a[0],
+                    head_a=a[1],
+                    layer_b=b[0],
+                    head_b=b[1],
+                    n=10.0,
+                    js=js,
+                    js_fold0=js,
+                    js_fold1=js,
+                )
+            )
     distances = pd.DataFrame(rows)
     clusters = hs.head_clusters(distances)
     assert list(clusters["nearest_same_layer"]) == [True] * 4
@@ -147,9 +156,18 @@ def test_report_section_renders(wordpiece_tokenizer):
     scorer = run_scorer(wordpiece_tokenizer, [example], [[P, Q, P, Q]], n_heads=4)
     distances = distance_frame(scorer.tally_)
     tables = {"head_distances": distances, "head_clusters": hs.head_clusters(distances)}
-    results = SimpleNamespace(tables=tables, table=tables.__getitem__, summary={"seed": 0},
-                              analyses=["head_similarity"], roles=pd.DataFrame(columns=["layer", "head", "role"]))
+    results = SimpleNamespace(
+        tables=tables,
+        table=tables.__getitem__,
+        summary={"seed": 0},
+        analyses=["head_similarity"],
+        roles=pd.DataFrame(columns=["layer", "head", "role"]),
+    )
     section = head_clusters_section(results, "head_similarity")
     figures = [b for b in section.blocks if isinstance(b, Figure)]
-    assert [f.name for f in figures] == ["head_clusters_roles", "head_clusters_layers", "head_clusters_dendrogram"]
+    assert [f.name for f in figures] == [
+        "head_clusters_roles",
+        "head_clusters_layers",
+        "head_clusters_dendrogram",
+    ]
     assert all(f.png.startswith(b"\x89PNG") for f in figures)

@@ -15,17 +15,24 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 def run(family, **sources):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return headprobe.run(loaded=(family.sdpa, family.tokenizer, "tiny"), n_boot=50, pictures=False,
-                             progress=False, **sources)
+        return headprobe.run(
+            loaded=(family.sdpa, family.tokenizer, "tiny"),
+            n_boot=50,
+            pictures=False,
+            progress=False,
+            **sources,
+        )
 
 
 def assert_no_held_out_selection(best, analysis):
     held = best[(best["analysis"] == analysis) & (best["selection"] == "held-out")]
     assert len(held) and held["note"].str.startswith(NO_SELECTION).all()
-    assert (held["layer"] == -1).all() and (held["head"] == -1).all() and held["accuracy"].isna().all()
+    assert (
+        (held["layer"] == -1).all() and (held["head"] == -1).all() and held["accuracy"].isna().all()
+    )
     assert (held["heads"] == "").all()
     ins = best[(best["analysis"] == analysis) & (best["selection"] == "in-sample")]
-    assert ins["n"].gt(0).all()                      # in-sample rows keep their counts
+    assert ins["n"].gt(0).all()  # in-sample rows keep their counts
 
 
 def test_one_sentence_treebank(bert_family, tmp_path):

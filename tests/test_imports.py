@@ -38,7 +38,7 @@ def imported(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set
                 found.add(_known_prefix(alias.name, known))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1])
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
                 base = f"{base}.{node.module}" if node.module else base
             else:
                 base = node.module or ""
@@ -70,15 +70,24 @@ def import_graph() -> nx.DiGraph:
 
 
 def test_the_graph_sees_every_kind_of_import():
-    known = {"headprobe", "headprobe.a", "headprobe.b", "headprobe.pkg", "headprobe.pkg.c", "headprobe.pkg.d"}
-    source = ("import os\nimport headprobe.a\nfrom headprobe import b\nfrom headprobe.pkg import c, CONST\n"
-              "def f():\n    from .d import thing\n    from .. import a\n    from . import c\n")
+    known = {
+        "headprobe",
+        "headprobe.a",
+        "headprobe.b",
+        "headprobe.pkg",
+        "headprobe.pkg.c",
+        "headprobe.pkg.d",
+    }
+    source = (
+        "import os\nimport headprobe.a\nfrom headprobe import b\nfrom headprobe.pkg import c, CONST\n"
+        "def f():\n    from .d import thing\n    from .. import a\n    from . import c\n"
+    )
     got = imported(ast.parse(source), "headprobe.pkg.d", False, known)
     assert got == {"headprobe.a", "headprobe.b", "headprobe.pkg", "headprobe.pkg.c"}
     got = imported(ast.parse("from . import d\nfrom .c import x\n"), "headprobe.pkg", True, known)
     assert got == {"headprobe.pkg.d", "headprobe.pkg.c"}
     graph = import_graph()
-    assert graph.has_edge("headprobe", "headprobe.api")           # headprobe/__init__.py
+    assert graph.has_edge("headprobe", "headprobe.api")  # headprobe/__init__.py
     assert graph.has_edge("headprobe.report", "headprobe.report.build")
 
 
@@ -87,4 +96,6 @@ def test_no_import_cycle():
     cycles = sorted(nx.simple_cycles(graph), key=len)
     if cycles:
         shown = "\n".join(" -> ".join(cycle + [cycle[0]]) for cycle in cycles[:20])
-        pytest.fail(f"{len(cycles)} import cycle(s) among headprobe modules, shortest first:\n{shown}")
+        pytest.fail(
+            f"{len(cycles)} import cycle(s) among headprobe modules, shortest first:\n{shown}"
+        )

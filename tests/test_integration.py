@@ -53,15 +53,21 @@ def minilm():
 
 @pytest.fixture(scope="module")
 def ewt_results(minilm):
-    return headprobe.run(treebank=need(EWT_DEV), pictures=False, progress=False, keep_unit_counts=True,
-                         loaded=minilm)
+    return headprobe.run(
+        treebank=need(EWT_DEV), pictures=False, progress=False, keep_unit_counts=True, loaded=minilm
+    )
 
 
-@pytest.mark.parametrize("label, arcs, heads, direction, accuracy, baseline", REFERENCE,
-                         ids=[r[0] for r in REFERENCE])
+@pytest.mark.parametrize(
+    "label, arcs, heads, direction, accuracy, baseline", REFERENCE, ids=[r[0] for r in REFERENCE]
+)
 def test_ewt_reference_table(ewt_results, label, arcs, heads, direction, accuracy, baseline):
     best = ewt_results.best_heads
-    rows = best[(best["analysis"] == "dependency") & (best["label"] == label) & (best["selection"] == "in-sample")]
+    rows = best[
+        (best["analysis"] == "dependency")
+        & (best["label"] == label)
+        & (best["selection"] == "in-sample")
+    ]
     assert len(rows) == 1
     row = rows.iloc[0]
     assert int(row["n"]) == arcs
@@ -79,10 +85,16 @@ def test_ewt_corpus_summary(ewt_results):
     assert summary["skipped"]["malformed_sentences"] == 0
     assert summary["causal"] is False
     assert (summary["n_layers"], summary["n_heads"]) == (6, 12)
-    held = ewt_results.best_heads.query("label == 'ALL' and selection == 'held-out' and fold == ''").iloc[0]
+    held = ewt_results.best_heads.query(
+        "label == 'ALL' and selection == 'held-out' and fold == ''"
+    ).iloc[0]
     assert int(held["n"]) == 20085
-    assert held["accuracy"] <= ewt_results.best_heads.query("label == 'ALL' and selection == 'in-sample'")[
-        "accuracy"].iloc[0]
+    assert (
+        held["accuracy"]
+        <= ewt_results.best_heads.query("label == 'ALL' and selection == 'in-sample'")[
+            "accuracy"
+        ].iloc[0]
+    )
 
 
 @pytest.mark.parametrize("label", [r[0] for r in REFERENCE])
@@ -91,8 +103,14 @@ def test_streaming_intervals_match_the_multinomial_bootstrap(ewt_results, label)
     resamples over EWT's 318 documents): every endpoint agrees within 0.01."""
     row = ewt_results.best_head("dependency", label)
     (low, high), (gap_low, gap_high) = stats.multinomial_intervals(
-        ewt_results.unit_counts, "dependency", label, int(row["layer"]), int(row["head"]), row["direction"],
-        row["baseline_variant"])
+        ewt_results.unit_counts,
+        "dependency",
+        label,
+        int(row["layer"]),
+        int(row["head"]),
+        row["direction"],
+        row["baseline_variant"],
+    )
     assert abs(row["ci_low"] - low) < 0.01 and abs(row["ci_high"] - high) < 0.01
     assert abs(row["gap_low"] - gap_low) < 0.01 and abs(row["gap_high"] - gap_high) < 0.01
 
@@ -132,8 +150,9 @@ def write_blocks(path: Path, blocks) -> Path:
 
 def assert_same_tables(a, b):
     for name in ("best_heads", "baselines", "head_tests", "roles", "positional_heads"):
-        pd.testing.assert_frame_equal(a.table(name).reset_index(drop=True), b.table(name).reset_index(drop=True),
-                                      obj=name)
+        pd.testing.assert_frame_equal(
+            a.table(name).reset_index(drop=True), b.table(name).reset_index(drop=True), obj=name
+        )
     ca, cb = a.counts, b.counts
     pd.testing.assert_frame_equal(ca.drop(columns="mass"), cb.drop(columns="mass"), obj="counts")
     # summed attention (surface) is float32 attention summed per batch, and a sentence's batch
@@ -144,9 +163,16 @@ def assert_same_tables(a, b):
 
 def test_shards_merged_and_shuffled_order_give_identical_tables(ewt_results, minilm, tmp_path):
     blocks = ewt_blocks()
-    options = dict(analyses=["dependency", "positional", "surface"], pictures=False, progress=False, loaded=minilm)
+    options = dict(
+        analyses=["dependency", "positional", "surface"],
+        pictures=False,
+        progress=False,
+        loaded=minilm,
+    )
     parts = []
-    for i, cut in enumerate(np.array_split(np.arange(len(blocks)), 3)):      # cuts fall inside documents
+    for i, cut in enumerate(
+        np.array_split(np.arange(len(blocks)), 3)
+    ):  # cuts fall inside documents
         path = write_blocks(tmp_path / f"shard{i}.conllu", [blocks[j] for j in cut])
         parts.append(headprobe.run(treebank=path, **options))
     assert_same_tables(Results.merge(*parts), ewt_results)
@@ -167,42 +193,76 @@ def test_smollm2_end_to_end(tmp_path):
     out = tmp_path / "results"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = headprobe.run("smollm2", treebank=treebank, out=out, pictures=False, progress=False,
-                                n_boot=200, device="cpu")
+        results = headprobe.run(
+            "smollm2",
+            treebank=treebank,
+            out=out,
+            pictures=False,
+            progress=False,
+            n_boot=200,
+            device="cpu",
+        )
     summary = results.summary
     assert summary["causal"] is True
     assert any("causal" in note for note in summary["notes"])
     assert (summary["n_layers"], summary["n_heads"]) == (30, 9)
-    assert summary["runs"]["sentences"]["examples"] + summary["skipped"].get("sentences_too_long", 0) == 100
+    assert (
+        summary["runs"]["sentences"]["examples"] + summary["skipped"].get("sentences_too_long", 0)
+        == 100
+    )
     for name in ("counts", "best_heads", "baselines", "positional_heads", "surface"):
-        assert (out / store.table_file(name)).is_file() and (out / store.table_file(name, ".csv")).is_file()
+        assert (out / store.table_file(name)).is_file() and (
+            out / store.table_file(name, ".csv")
+        ).is_file()
     saved = json.loads((out / store.SUMMARY).read_text())
     assert saved["causal"] is True and saved["notes"] == summary["notes"]
     best = results.best_heads
-    all_row = best.query("analysis == 'dependency' and label == 'ALL' and selection == 'in-sample'").iloc[0]
+    all_row = best.query(
+        "analysis == 'dependency' and label == 'ALL' and selection == 'in-sample'"
+    ).iloc[0]
     assert all_row["n"] > 1000 and 0 < all_row["accuracy"] <= 1
     assert set(results.counts["analysis"]) == {"dependency", "positional", "surface"}
     assert len(results.positional_heads) == 30 * 9
 
 
 def test_coreference_gum(minilm):
-    results = headprobe.run(coref=need(GUM_DEV), analyses=["coreference"], pictures=False, progress=False,
-                            n_boot=200, loaded=minilm, keep_unit_counts=True)
+    results = headprobe.run(
+        coref=need(GUM_DEV),
+        analyses=["coreference"],
+        pictures=False,
+        progress=False,
+        n_boot=200,
+        loaded=minilm,
+        keep_unit_counts=True,
+    )
     best = results.best_heads
     assert set(best["analysis"]) == {"coreference"}
     for kind in ("ALL", "pronoun", "proper", "nominal"):
         rows = best[best["label"] == kind]
         assert sorted(zip(rows["selection"], rows["fold"])) == [
-            ("held-out", ""), ("held-out", "0"), ("held-out", "1"), ("in-sample", "")], kind
-        assert rows["ci_low"].le(rows["accuracy"]).all() and rows["accuracy"].le(rows["ci_high"]).all()
+            ("held-out", ""),
+            ("held-out", "0"),
+            ("held-out", "1"),
+            ("in-sample", ""),
+        ], kind
+        assert (
+            rows["ci_low"].le(rows["accuracy"]).all() and rows["accuracy"].le(rows["ci_high"]).all()
+        )
     all_in = best.query("label == 'ALL' and selection == 'in-sample'").iloc[0]
     assert int(all_in["n"]) == 2763
-    assert int(best.query("label == 'ALL' and selection == 'held-out' and fold == ''").iloc[0]["n"]) == 2763
+    assert (
+        int(best.query("label == 'ALL' and selection == 'held-out' and fold == ''").iloc[0]["n"])
+        == 2763
+    )
     kinds = best.query("label != 'ALL' and selection == 'in-sample'")
-    assert int(kinds["n"].sum()) == 2763                     # pronoun + proper + nominal
+    assert int(kinds["n"].sum()) == 2763  # pronoun + proper + nominal
     baselines = results.baselines
     for kind in ("ALL", "pronoun", "proper", "nominal"):
-        assert set(baselines.loc[baselines["label"] == kind, "variant"]) >= {"nearest", "head_match", "rules"}
+        assert set(baselines.loc[baselines["label"] == kind, "variant"]) >= {
+            "nearest",
+            "head_match",
+            "rules",
+        }
     assert results.summary["coreference_corpus"]["documents"] == 30
     units = results.unit_counts.loc[results.unit_counts["analysis"] == "coreference", "unit"]
-    assert units.nunique() == 30                               # documents are the bootstrap / fold units
+    assert units.nunique() == 30  # documents are the bootstrap / fold units

@@ -24,16 +24,19 @@ def test_explore_notebook_runs(tmp_path):
     # like papermill: a cell after the one tagged "parameters" overrides the report folder
     index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     nb.cells.insert(index + 1, nbformat.v4.new_code_cell(f"REPORT_DIR = {str(tmp_path)!r}"))
-    client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
-                                     resources={"metadata": {"path": str(REPO)}})
-    client.execute()          # raises CellExecutionError on the first failing cell
+    client = nbclient.NotebookClient(
+        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
+    )
+    client.execute()  # raises CellExecutionError on the first failing cell
 
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) >= 3        # accuracy heatmap, role map, the sentence's attention
+    assert len(images) >= 3  # accuracy heatmap, role map, the sentence's attention
     text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
-    assert "p_holm" in text and "folds_agree" in text        # the best-heads table of Results
-    assert "1. positional: a single non-zero offset" in text   # the role rules, from results.role_rules()
+    assert "p_holm" in text and "folds_agree" in text  # the best-heads table of Results
+    assert (
+        "1. positional: a single non-zero offset" in text
+    )  # the role rules, from results.role_rules()
     assert (tmp_path / store.REPORT_HTML).is_file() and (tmp_path / store.REPORT_MARKDOWN).is_file()
     assert list((tmp_path / store.REPORT_FIGURES).glob("*.png"))

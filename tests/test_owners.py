@@ -30,15 +30,21 @@ def test_no_function_longer_than_80_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_LINES:
-                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)")
+                    long.append(
+                        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)"
+                    )
     assert not long, "functions longer than 80 lines:\n" + "\n".join(long)
 
 
 def test_percentiles_only_in_stats():
     pattern = re.compile(r"np\.(nan)?(percentile|quantile)")
-    found = [f"{path.relative_to(PACKAGE.parent)}:{i}" for path, text in sources().items()
-             if path != PACKAGE / "stats" / "engine.py"
-             for i, line in enumerate(text.splitlines(), 1) if pattern.search(line)]
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{i}"
+        for path, text in sources().items()
+        if path != PACKAGE / "stats" / "engine.py"
+        for i, line in enumerate(text.splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not found, "percentiles computed outside headprobe/stats/engine.py: " + ", ".join(found)
 
 
@@ -51,8 +57,13 @@ def string_constants(text: str) -> set[str]:
             body = getattr(node, "body", [])
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 docstrings.add(id(body[0].value))
-    return {node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings}
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    }
 
 
 def homes(analysis) -> set[Path]:
@@ -69,30 +80,43 @@ def roles_made(text: str) -> set[str]:
     `RoleRule(...)` call in it."""
     made = set()
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "RoleRule":
-            role = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "role"), None)
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "RoleRule"
+        ):
+            role = (
+                node.args[0]
+                if node.args
+                else next((k.value for k in node.keywords if k.arg == "role"), None)
+            )
             if isinstance(role, ast.Constant) and isinstance(role.value, str):
                 made.add(role.value)
     return made
 
 
 def test_roles_made_reads_rule_calls():
-    source = ('R = RoleRule("sink", 4, "#888", "d", f)\nS = registry.RoleRule(role="broad", order=5)\n'
-              'T = RoleRule(name, 1, "#000", "d", f)\nU = Other("coreference")\n')
+    source = (
+        'R = RoleRule("sink", 4, "#888", "d", f)\nS = registry.RoleRule(role="broad", order=5)\n'
+        'T = RoleRule(name, 1, "#000", "d", f)\nU = Other("coreference")\n'
+    )
     assert roles_made(source) == {"sink", "broad"}
 
 
 def test_analysis_names_only_in_their_own_modules():
-    owned = {a.name: homes(a) for a in registry.analyses() if a.scorer.__module__.startswith("headprobe.")}
+    owned = {
+        a.name: homes(a)
+        for a in registry.analyses()
+        if a.scorer.__module__.startswith("headprobe.")
+    }
     assert {"dependency", "coreference", "positional", "surface"} <= set(owned)
     registry_path = Path(registry.__file__).resolve()
     role_names = {rule.role for _, rule in registry.role_rules()}
     spelled = []
     for path, text in sources().items():
         constants = string_constants(text)
-        if path.resolve() == registry_path:          # the registry's input kinds are its own fact
+        if path.resolve() == registry_path:  # the registry's input kinds are its own fact
             constants -= set(registry.INPUTS)
-        constants -= roles_made(text) & role_names   # a role's name where its rule is made
+        constants -= roles_made(text) & role_names  # a role's name where its rule is made
         for name, home in owned.items():
             if path.resolve() not in home and name in constants:
                 spelled.append(f"{path.relative_to(PACKAGE.parent)} spells {name!r}")

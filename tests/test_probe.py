@@ -24,7 +24,9 @@ def test_sequences_repeat_and_are_reproducible(gpt2_tokenizer):
         assert ex.unit == f"repeated-random:{k}" and len(ex.words) == 14
         assert not set(ids) & special_ids(gpt2_tokenizer)
     again = repeated_random(gpt2_tokenizer, length=7, n=8, seed=3, specials="none")
-    assert [e.meta["input_ids"] for e in again[:5]] == [e.meta["input_ids"] for e in probe]   # keyed by (seed, k)
+    assert [e.meta["input_ids"] for e in again[:5]] == [
+        e.meta["input_ids"] for e in probe
+    ]  # keyed by (seed, k)
     other = repeated_random(gpt2_tokenizer, length=7, n=5, seed=4, specials="none")
     assert [e.meta["input_ids"] for e in other] != [e.meta["input_ids"] for e in probe]
 
@@ -33,7 +35,7 @@ def test_specials_around_the_tokens(wordpiece_tokenizer, llama3_tokenizer, gpt2_
     wp = wordpiece_tokenizer
     assert wrap(wp, "auto") == ([wp.cls_token_id], [wp.sep_token_id])
     assert wrap(llama3_tokenizer, "auto") == ([llama3_tokenizer.bos_token_id], [])
-    assert wrap(gpt2_tokenizer, "auto") == ([], [])                      # GPT-2 adds nothing to text
+    assert wrap(gpt2_tokenizer, "auto") == ([], [])  # GPT-2 adds nothing to text
     assert wrap(gpt2_tokenizer, "bos") == ([gpt2_tokenizer.bos_token_id], [])
     assert wrap(wp, "none") == ([], [])
     with pytest.raises(ValueError):
@@ -53,7 +55,9 @@ def test_probe_and_word_examples_share_a_corpus(llama3_tokenizer):
     assert aligned[1].n_words == 2 and aligned[1].piece_kind[0] == CLS_LIKE
     assert aligned[2].input_ids == probe[1].meta["input_ids"]
     assert len(aligned[1]) < 11
-    prepared = prepare(mixed, llama3_tokenizer, max_length=len(aligned[1]))   # probe: 1 + 2 * 5 = 11 pieces
+    prepared = prepare(
+        mixed, llama3_tokenizer, max_length=len(aligned[1])
+    )  # probe: 1 + 2 * 5 = 11 pieces
     assert prepared.skipped["too_long"] == 2 and len(prepared.examples) == 1
 
 
@@ -66,24 +70,43 @@ def test_unknown_probe(gpt2_tokenizer):
 
 def test_run_with_a_probe(gpt2_family, tmp_path):
     loaded = (gpt2_family.sdpa, gpt2_family.tokenizer, "tiny-gpt2")
-    results = headprobe.run(loaded=loaded, probe="repeated-random", probe_length=8, probe_n=40, n_boot=50,
-                            progress=False, out=tmp_path / "out")
-    assert sorted(results.summary["analyses"]) == ["duplicate_token", "induction", "previous_token", "sink"]
+    results = headprobe.run(
+        loaded=loaded,
+        probe="repeated-random",
+        probe_length=8,
+        probe_n=40,
+        n_boot=50,
+        progress=False,
+        out=tmp_path / "out",
+    )
+    assert sorted(results.summary["analyses"]) == [
+        "duplicate_token",
+        "induction",
+        "previous_token",
+        "sink",
+    ]
     assert "probe" in results.summary["corpora"] and "sentences" not in results.summary["corpora"]
     assert results.summary["n_kv_heads"] == 4
     for name in ("previous_token", "duplicate_token", "induction", "sink"):
         assert len(results.table(f"{name}_heads")) and len(results.table(f"{name}_kv_groups"))
     induction = results.table("induction_heads")
     assert (induction["label"] == "mul").sum() == 3 * 4
-    assert induction["n"].min() >= 40 * 8                              # every second-half row, at least
+    assert induction["n"].min() >= 40 * 8  # every second-half row, at least
     loaded_back = Results.load(tmp_path / "out")
-    assert list(loaded_back.table("induction_heads")["score"]) == pytest.approx(list(induction["score"]))
+    assert list(loaded_back.table("induction_heads")["score"]) == pytest.approx(
+        list(induction["score"])
+    )
 
 
 def test_token_analyses_read_the_sentence_corpus_without_a_probe(gpt2_family):
     loaded = (gpt2_family.sdpa, gpt2_family.tokenizer, "tiny-gpt2")
-    results = headprobe.run(loaded=loaded, analyses=["positional", "duplicate_token"], n_boot=20,
-                            progress=False, pictures=False)
+    results = headprobe.run(
+        loaded=loaded,
+        analyses=["positional", "duplicate_token"],
+        n_boot=20,
+        progress=False,
+        pictures=False,
+    )
     assert set(results.summary["analyses"]) == {"positional", "duplicate_token"}
     assert "probe" not in results.summary["corpora"]
     assert results.table("duplicate_token_heads")["n"].max() > 0
@@ -94,8 +117,27 @@ def test_cli_probe(gpt2_family, tmp_path, capsys):
     gpt2_family.sdpa.save_pretrained(model)
     gpt2_family.tokenizer.save_pretrained(model)
     out = tmp_path / "out"
-    code = main(["run", "--model", str(model), "--probe", "repeated-random", "--length", "6", "--n", "30",
-                 "--seed", "1", "--bootstrap", "20", "--out", str(out), "--no-report", "--quiet"])
+    code = main(
+        [
+            "run",
+            "--model",
+            str(model),
+            "--probe",
+            "repeated-random",
+            "--length",
+            "6",
+            "--n",
+            "30",
+            "--seed",
+            "1",
+            "--bootstrap",
+            "20",
+            "--out",
+            str(out),
+            "--no-report",
+            "--quiet",
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "induction (mul; top 5 of 12 heads" in text

@@ -44,8 +44,18 @@ def with_mentions(examples, seed=0):
             end = rng.randint(start + 1, min(n, start + 3))
             mentions.append(Mention(start, end, rng.choice("AB"), rng.randrange(start, end)))
         upos = [rng.choice(["PRON", "PROPN", "NOUN"]) for _ in range(n)]
-        out.append(Example(ex.words, ex.unit, ex.source, ex.heads, ex.deprels, upos, [{} for _ in range(n)],
-                           mentions))
+        out.append(
+            Example(
+                ex.words,
+                ex.unit,
+                ex.source,
+                ex.heads,
+                ex.deprels,
+                upos,
+                [{} for _ in range(n)],
+                mentions,
+            )
+        )
     return out
 
 
@@ -54,14 +64,23 @@ def corpus(seed=0):
     boundaries differ (one bucket: the rows of one example wait for another's), with mentions."""
     rng = random.Random(seed)
     sentences = random_sentences(24, seed=seed)
-    long = []                                    # ~20-30 pieces, same piece count, different words
+    long = []  # ~20-30 pieces, same piece count, different words
     for index in range(6):
-        words = ["unbelievable"] * (index % 3) + [rng.choice(WORDS[:19]) for _ in range(18 - 2 * (index % 3))]
+        words = ["unbelievable"] * (index % 3) + [
+            rng.choice(WORDS[:19]) for _ in range(18 - 2 * (index % 3))
+        ]
         n = len(words)
         heads = [-1] + [rng.randrange(n) for _ in range(n - 1)]
         heads = [h if h != i else (i + 1) % n for i, h in enumerate(heads)]
-        long.append(Example(words, f"long{index}", f"long:{index}", heads,
-                            ["root"] + [rng.choice(RELATIONS) for _ in range(n - 1)]))
+        long.append(
+            Example(
+                words,
+                f"long{index}",
+                f"long:{index}",
+                heads,
+                ["root"] + [rng.choice(RELATIONS) for _ in range(n - 1)],
+            )
+        )
     return with_mentions(sentences + long, seed)
 
 
@@ -70,8 +89,17 @@ def scorers(extra=()):
 
 
 def score(family, examples, query_block=None, from_mode="mean", batch_size=4):
-    engine = Engine(family.sdpa, family.tokenizer, scorers(), batch_size=batch_size, progress=False,
-                    keep_units=True, n_boot=20, query_block=query_block, from_mode=from_mode)
+    engine = Engine(
+        family.sdpa,
+        family.tokenizer,
+        scorers(),
+        batch_size=batch_size,
+        progress=False,
+        keep_units=True,
+        n_boot=20,
+        query_block=query_block,
+        from_mode=from_mode,
+    )
     engine.run(examples)
     counts = pd.concat([s.unit_counts() for s in engine.scorers], ignore_index=True)
     counts = counts.astype({c: str for c in ("analysis", "label", "unit", "direction", "variant")})
@@ -99,6 +127,7 @@ def assert_identical(a: pd.DataFrame, b: pd.DataFrame, engine_a, engine_b):
 
 # ---------------------------------------------------------------------------------- capture
 
+
 @pytest.mark.parametrize("name", ["bert", "llama", "gpt2"])
 def test_capture_blocks_are_the_rows_of_the_whole(name):
     """Blocks of 3 query rows, in order, are the rows of the unblocked probabilities, and the
@@ -108,15 +137,22 @@ def test_capture_blocks_are_the_rows_of_the_whole(name):
     inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     whole, blocks = {}, []
     with torch.no_grad():
-        with AttentionCapture(family.sdpa, None, lambda layer, probs: whole.__setitem__(layer, probs.clone())):
+        with AttentionCapture(
+            family.sdpa, None, lambda layer, probs: whole.__setitem__(layer, probs.clone())
+        ):
             reference = family.sdpa(**inputs).last_hidden_state
-        with AttentionCapture(family.sdpa, None, lambda layer, probs, block: blocks.append(
-                (layer, probs.clone(), block)), query_block=3) as cap:
+        with AttentionCapture(
+            family.sdpa,
+            None,
+            lambda layer, probs, block: blocks.append((layer, probs.clone(), block)),
+            query_block=3,
+        ) as cap:
             blocked = family.sdpa(**inputs).last_hidden_state
     t = batch.n_pieces
     starts = list(range(0, t, 3))
     assert [(layer, block) for layer, _, block in blocks] == [
-        (layer, QueryBlock(s, min(s + 3, t), t)) for layer in range(family.n_layers) for s in starts]
+        (layer, QueryBlock(s, min(s + 3, t), t)) for layer in range(family.n_layers) for s in starts
+    ]
     assert cap.calls_ == {layer: 1 for layer in range(family.n_layers)}
     for layer in range(family.n_layers):
         rows = torch.cat([p for l, p, _ in blocks if l == layer], dim=2)
@@ -132,13 +168,14 @@ def test_query_block_must_be_positive(bert_family):
 
 # ---------------------------------------------------------------------------------- counts
 
+
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_query_block_8_counts_identical(name):
     """--query-block 8: every count equal to the unblocked run (encoder; causal GQA)."""
     family = get_family(name)
     if name == "llama":
         config = family.sdpa.config
-        assert config.num_key_value_heads < config.num_attention_heads        # grouped-query attention
+        assert config.num_key_value_heads < config.num_attention_heads  # grouped-query attention
     examples = corpus()
     plain_engine, plain = score(family, examples)
     blocked_engine, blocked = score(family, examples, query_block=8)
@@ -163,7 +200,7 @@ def test_block_larger_than_input_is_the_unblocked_path(bert_family):
     plain_engine, plain = score(bert_family, examples)
     blocked_engine, blocked = score(bert_family, examples, query_block=512)
     assert_identical(plain, blocked, plain_engine, blocked_engine)
-    assert (plain.mass.fillna(-1).values == blocked.mass.fillna(-1).values).all()   # bit for bit
+    assert (plain.mass.fillna(-1).values == blocked.mass.fillna(-1).values).all()  # bit for bit
 
 
 class WholeMatrixScorer(CountScorer):
@@ -178,14 +215,21 @@ class WholeMatrixScorer(CountScorer):
         return rows.keys, rows.n
 
     def update(self, layer, att, batch):
-        assert att.pieces.shape[-2] == att.pieces.shape[-1] == batch.n_pieces     # every query row
+        assert att.pieces.shape[-2] == att.pieces.shape[-1] == batch.n_pieces  # every query row
         assert att.words.shape[-2] == batch.max_words
 
 
 def test_scorer_without_block_support_gets_whole_matrices(bert_family):
     examples = corpus(seed=3)[:6]
-    engine = Engine(bert_family.sdpa, bert_family.tokenizer, scorers([WholeMatrixScorer()]), batch_size=4,
-                    progress=False, n_boot=5, query_block=4)
+    engine = Engine(
+        bert_family.sdpa,
+        bert_family.tokenizer,
+        scorers([WholeMatrixScorer()]),
+        batch_size=4,
+        progress=False,
+        n_boot=5,
+        query_block=4,
+    )
     stats = engine.run(examples)
     assert engine.query_block is None
     assert "WholeMatrixScorer" in " ".join(stats["notes"])

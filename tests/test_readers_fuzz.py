@@ -32,8 +32,13 @@ N_EWT_SENTENCES = 40
 N_GUM_DOCUMENTS = 2
 BOM = b"\xef\xbb\xbf"
 
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def first_blocks(path: Path, keep) -> list[bytes]:
@@ -67,6 +72,7 @@ def gum_lines() -> list[bytes]:
     def keep(index, block):
         seen.extend(line for line in block if line.startswith(b"# newdoc"))
         return len(seen) <= N_GUM_DOCUMENTS
+
     return first_blocks(GUM_DEV, keep)
 
 
@@ -80,7 +86,9 @@ def workdir():
 
 
 def token_lines(lines):
-    return [k for k, line in enumerate(lines) if line.count(b"\t") == 9 and not line.startswith(b"#")]
+    return [
+        k for k, line in enumerate(lines) if line.count(b"\t") == 9 and not line.startswith(b"#")
+    ]
 
 
 def set_column(lines, a, b, column, values):
@@ -106,9 +114,13 @@ def change_bracket(lines, a, b, duplicate):
     if not chunks:
         return
     i = b % len(chunks)
-    chunks[i:i + 1] = [chunks[i]] * (2 if duplicate else 0)
+    chunks[i : i + 1] = [chunks[i]] * (2 if duplicate else 0)
     value = b"".join(chunks)
-    lines[k] = lines[k][:match.start()] + (b"Entity=" + value if value else b"_") + lines[k][match.end():]
+    lines[k] = (
+        lines[k][: match.start()]
+        + (b"Entity=" + value if value else b"_")
+        + lines[k][match.end() :]
+    )
 
 
 def blocks_of(lines):
@@ -139,11 +151,19 @@ def mutate(lines: list[bytes], kind: str, a: int, b: int) -> None:
         tabs = [m.start() for m in re.finditer(b"\t", lines[k])]
         if tabs:
             t = tabs[b % len(tabs)]
-            lines[k] = lines[k][:t] + lines[k][t + 1:]
+            lines[k] = lines[k][:t] + lines[k][t + 1 :]
     elif kind == "head":
-        set_column(lines, a, b, 6, [b"0", b"-1", b"999", b"x", b"_", b"", b"1", b"2", b"3", b"5", b"8"])
+        set_column(
+            lines, a, b, 6, [b"0", b"-1", b"999", b"x", b"_", b"", b"1", b"2", b"3", b"5", b"8"]
+        )
     elif kind == "id":
-        set_column(lines, a, b, 0, [b"0", b"x", b"1.", b"2-", b"99", b"1-2", b"3.1", b"1", b"4", b"\xd9\xa3"])
+        set_column(
+            lines,
+            a,
+            b,
+            0,
+            [b"0", b"x", b"1.", b"2-", b"99", b"1-2", b"3.1", b"1", b"4", b"\xd9\xa3"],
+        )
     elif kind == "deprel":
         set_column(lines, a, b, 7, [b"", b"_", ALL.encode(), ALL.encode() + b":x", b"root", b" "])
     elif kind == "feats":
@@ -158,7 +178,7 @@ def mutate(lines: list[bytes], kind: str, a: int, b: int) -> None:
         change_bracket(lines, a, b, duplicate=True)
     elif kind == "remove_newdoc":
         docs = [j for j, line in enumerate(lines) if line.startswith(b"# newdoc")]
-        for j in (docs if b % 2 else docs[a % len(docs):a % len(docs) + 1] if docs else []):
+        for j in docs if b % 2 else docs[a % len(docs) : a % len(docs) + 1] if docs else []:
             lines[j] = b"# removed"
     elif kind == "bom":
         j = 0 if b % 2 else k
@@ -170,8 +190,16 @@ def mutate(lines: list[bytes], kind: str, a: int, b: int) -> None:
         if blanks:
             del lines[blanks[a % len(blanks)]]
     elif kind == "insert_comment":
-        lines.insert(k, [b"# note = x", b"# sent_id = dup", b"# newdoc id = extra", b"#", b"# global.Entity = "]
-                     [b % 5])
+        lines.insert(
+            k,
+            [
+                b"# note = x",
+                b"# sent_id = dup",
+                b"# newdoc id = extra",
+                b"#",
+                b"# global.Entity = ",
+            ][b % 5],
+        )
     elif kind == "duplicate_block":
         spans = blocks_of(lines)
         if spans:
@@ -181,14 +209,35 @@ def mutate(lines: list[bytes], kind: str, a: int, b: int) -> None:
         lines[k] = lines[k] + b"\r"
     elif kind == "truncate":
         lines[k] = lines[k][: b % (len(lines[k]) + 1)]
-        del lines[k + 1:]
+        del lines[k + 1 :]
 
 
-MUTATIONS = ["delete_line", "duplicate_line", "swap_lines", "drop_tab", "head", "id", "deprel", "feats",
-             "invalid_bytes", "drop_bracket", "duplicate_bracket", "remove_newdoc", "bom", "insert_blank",
-             "delete_blank", "insert_comment", "duplicate_block", "crlf", "truncate"]
-mutation_lists = st.lists(st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 10_000), st.integers(0, 10_000)),
-                          min_size=1, max_size=4)
+MUTATIONS = [
+    "delete_line",
+    "duplicate_line",
+    "swap_lines",
+    "drop_tab",
+    "head",
+    "id",
+    "deprel",
+    "feats",
+    "invalid_bytes",
+    "drop_bracket",
+    "duplicate_bracket",
+    "remove_newdoc",
+    "bom",
+    "insert_blank",
+    "delete_blank",
+    "insert_comment",
+    "duplicate_block",
+    "crlf",
+    "truncate",
+]
+mutation_lists = st.lists(
+    st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 10_000), st.integers(0, 10_000)),
+    min_size=1,
+    max_size=4,
+)
 
 
 def mutated_file(workdir: Path, lines: list[bytes], mutations, name: str) -> tuple[Path, bytes]:
@@ -205,7 +254,7 @@ def count_blocks(data: bytes) -> int:
     """Sentence blocks as the readers define them: runs of lines that are not whitespace only
     (an undecodable line is not blank); a BOM at the start of the file is dropped."""
     if data.startswith(BOM):
-        data = data[len(BOM):]
+        data = data[len(BOM) :]
     n, inside = 0, False
     for raw in data.split(b"\n"):
         try:
@@ -231,7 +280,12 @@ def read_quietly(reader, path, **options):
 
 def check_example_tree(heads, deprels, n):
     assert len(heads) == len(deprels) == n and heads.count(-1) == 1
-    assert all(-1 <= h < n for h in heads) and ALL not in deprels and "_" not in deprels and "" not in deprels
+    assert (
+        all(-1 <= h < n for h in heads)
+        and ALL not in deprels
+        and "_" not in deprels
+        and "" not in deprels
+    )
 
 
 # ------------------------------------------------------------------------------ properties
@@ -258,7 +312,9 @@ def test_treebank_reader_accounts_for_every_block(ewt_lines, workdir, mutations)
         strict = read_conllu(path)
     except CorpusError as error:
         assert_located(error, path)
-        assert corpus.skipped and str(error) == corpus.skipped[0]     # the first problem, the same words
+        assert (
+            corpus.skipped and str(error) == corpus.skipped[0]
+        )  # the first problem, the same words
     else:
         assert not corpus.skipped and [e.words for e in strict] == [e.words for e in corpus]
 
@@ -271,7 +327,7 @@ def test_corefud_reader_accounts_for_every_block(gum_lines, workdir, mutations):
         documents = read_quietly(read_corefud, path, skip_bad=True)
     except CorpusError as error:
         assert_located(error, path)
-        assert "no '# newdoc id' line" in str(error)                 # the one refusal of a whole file
+        assert "no '# newdoc id' line" in str(error)  # the one refusal of a whole file
         documents = read_quietly(read_corefud, path, skip_bad=True, single_document=True)
     n_sentences = sum(len(d.sentences) for d in documents)
     assert n_sentences + documents.rejected_sentences == count_blocks(data)

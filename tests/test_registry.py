@@ -17,6 +17,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
 @pytest.fixture
 def toy():
     import toy_analysis
+
     registry.register(toy_analysis.ANALYSIS)
     yield toy_analysis
     registry.unregister("self_attention")
@@ -27,7 +28,7 @@ def test_builtin_analyses_are_registered():
     assert registry.names("coreference") == ["coreference"]
     assert registry.get("dependency").baselines[-1] == "first"
     order = [rule.role for _, rule in registry.role_rules()]
-    spec6 = ["positional", "syntactic", "coreference", "sink", "broad"]           # SPEC 6 order
+    spec6 = ["positional", "syntactic", "coreference", "sink", "broad"]  # SPEC 6 order
     assert [role for role in order if role in spec6] == spec6
     with pytest.raises(ValueError, match="unknown analysis 'nope'; choose from dependency"):
         registry.get("nope")
@@ -39,24 +40,49 @@ def test_a_toy_analysis_appears_everywhere(toy, bert_family, tmp_path):
     assert "self_attention" in registry.names()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = headprobe.run(treebank=SAMPLE, analyses=["self_attention", "positional"], n_boot=50,
-                                loaded=(bert_family.sdpa, bert_family.tokenizer, "tiny"), pictures=False,
-                                progress=False, out=tmp_path / "r")
+        results = headprobe.run(
+            treebank=SAMPLE,
+            analyses=["self_attention", "positional"],
+            n_boot=50,
+            loaded=(bert_family.sdpa, bert_family.tokenizer, "tiny"),
+            pictures=False,
+            progress=False,
+            out=tmp_path / "r",
+        )
     counts = results.counts
     toy_rows = counts[counts["analysis"] == "self_attention"]
     assert set(toy_rows["label"]) == {"self"}
-    n_words = sum(int(line.split("\t")[0].isdigit()) for line in SAMPLE.read_text().splitlines()
-                  if line and not line.startswith("#"))
-    assert (toy_rows.loc[(toy_rows["fold"] == "") & (toy_rows["variant"] == ""), "n"] == n_words).all()
+    n_words = sum(
+        int(line.split("\t")[0].isdigit())
+        for line in SAMPLE.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert (
+        toy_rows.loc[(toy_rows["fold"] == "") & (toy_rows["variant"] == ""), "n"] == n_words
+    ).all()
     assert set(toy_rows.loc[toy_rows["variant"] != "", "variant"]) == {"next"}
     best = results.best_heads
-    assert set(best.loc[best["analysis"] == "self_attention", "selection"]) == {"in-sample", "held-out"}
+    assert set(best.loc[best["analysis"] == "self_attention", "selection"]) == {
+        "in-sample",
+        "held-out",
+    }
     # the role rule is in use: its evidence column exists, and heads that meet it say so
     roles = results.roles
     assert "selfish_evidence" in roles.columns
-    expected = set(map(tuple, results.head_scores("self_attention", "self")
-                       .query("accuracy >= 0.5")[["layer", "head"]].to_numpy()))
-    got = set(map(tuple, roles.loc[roles["all_roles"].str.contains("selfish"), ["layer", "head"]].to_numpy()))
+    expected = set(
+        map(
+            tuple,
+            results.head_scores("self_attention", "self")
+            .query("accuracy >= 0.5")[["layer", "head"]]
+            .to_numpy(),
+        )
+    )
+    got = set(
+        map(
+            tuple,
+            roles.loc[roles["all_roles"].str.contains("selfish"), ["layer", "head"]].to_numpy(),
+        )
+    )
     assert got == expected
     # the report has a section for it, and prints its rule
     paths = build_report(tmp_path / "r")
@@ -64,7 +90,12 @@ def test_a_toy_analysis_appears_everywhere(toy, bert_family, tmp_path):
     assert "self_attention" in text and "selfish: a word's argmax is itself" in text
 
 
-GENERIC = ["headprobe/results/query.py", "headprobe/stats/roles.py", "headprobe/results/store.py", "headprobe/report"]
+GENERIC = [
+    "headprobe/results/query.py",
+    "headprobe/stats/roles.py",
+    "headprobe/results/store.py",
+    "headprobe/report",
+]
 
 
 def named_analyses(path: Path, names: set[str]) -> list[str]:
@@ -76,14 +107,26 @@ def named_analyses(path: Path, names: set[str]) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skipped = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "RoleRule" and node.args:
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "RoleRule"
+            and node.args
+        ):
             skipped.add(id(node.args[0]))
         if isinstance(node, ast.Dict):
-            skipped.update(id(v) for k, v in zip(node.keys, node.values)
-                           if isinstance(k, ast.Constant) and k.value == "short")
-    return [f"{path}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
-            and id(node) not in skipped]
+            skipped.update(
+                id(v)
+                for k, v in zip(node.keys, node.values)
+                if isinstance(k, ast.Constant) and k.value == "short"
+            )
+    return [
+        f"{path}:{node.lineno} {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value in names
+        and id(node) not in skipped
+    ]
 
 
 def test_generic_modules_name_no_analysis():
@@ -91,10 +134,13 @@ def test_generic_modules_name_no_analysis():
     root = Path(__file__).resolve().parents[1]
     names = set(registry.names())
     assert {"dependency", "coreference", "surface", "positional"} <= names
-    files = [p for entry in GENERIC for p in sorted((root / entry).rglob("*.py") if (root / entry).is_dir()
-                                                    else [root / entry])]
+    files = [
+        p
+        for entry in GENERIC
+        for p in sorted((root / entry).rglob("*.py") if (root / entry).is_dir() else [root / entry])
+    ]
     assert len(files) > 4
     found = [hit for path in files for hit in named_analyses(path, names)]
     assert not found, "analysis names spelled out in generic modules:\n" + "\n".join(found)
-    probe = root / "tests" / "toy_analysis.py"                # the check itself sees a name where one is
+    probe = root / "tests" / "toy_analysis.py"  # the check itself sees a name where one is
     assert any("'self_attention'" in hit for hit in named_analyses(probe, {"self_attention"}))

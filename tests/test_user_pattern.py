@@ -26,7 +26,7 @@ from headprobe.results.query import Results
 from headprobe.scorers import registry
 
 NAME = "last_comma"
-COMMA = 20                      # the comma's id in the hand-built fixture
+COMMA = 20  # the comma's id in the hand-built fixture
 
 
 def last_comma_pattern(comma: int):
@@ -47,8 +47,13 @@ def last_comma_pattern(comma: int):
 
 def declare(comma: int):
     return headprobe.pattern_analysis(
-        NAME, last_comma_pattern(comma), baselines=("random", "first", "offset=-1"),
-        rule=headprobe.PatternRule("comma", threshold=0.5, lower=0.4, what="attends to the most recent comma"))
+        NAME,
+        last_comma_pattern(comma),
+        baselines=("random", "first", "offset=-1"),
+        rule=headprobe.PatternRule(
+            "comma", threshold=0.5, lower=0.4, what="attends to the most recent comma"
+        ),
+    )
 
 
 @pytest.fixture
@@ -59,9 +64,10 @@ def unregister():
 
 # ------------------------------------------------------------------------------ hand-built attention
 
+
 class Att:
     def __init__(self, pieces):
-        self.pieces = pieces                                   # [batch, head, query, key]
+        self.pieces = pieces  # [batch, head, query, key]
 
 
 def test_comma_pattern_scores_on_hand_built_attention(unregister):
@@ -73,16 +79,18 @@ def test_comma_pattern_scores_on_hand_built_attention(unregister):
     kinds = [CLS_LIKE] + [WORD] * 6 + [SEP_LIKE]
     a = Alignment(ids, [-1, 0, 1, 2, 3, 4, 5, -1], kinds, 6)
     probs = np.zeros((2, 8, 8))
-    probs[0, :, 0] = 1                                         # rows without a pattern: on [CLS]
-    probs[0, 3] = [0.4, 0, 0.6, 0, 0, 0, 0, 0]                 # share 0.6, argmax 2: hit
-    probs[0, 4] = [0, 0, 0.3, 0.7, 0, 0, 0, 0]                 # share 0.3, argmax 3: miss
-    probs[0, 5] = [0.5, 0, 0.5, 0, 0, 0, 0, 0]                 # share 0.5, tie -> 0: miss
-    probs[0, 6] = [0, 0, 0, 0, 0, 1.0, 0, 0]                   # share 1, hit
-    probs[1] = 1 / 8                                           # uniform: share 1/8, argmax 0: miss
+    probs[0, :, 0] = 1  # rows without a pattern: on [CLS]
+    probs[0, 3] = [0.4, 0, 0.6, 0, 0, 0, 0, 0]  # share 0.6, argmax 2: hit
+    probs[0, 4] = [0, 0, 0.3, 0.7, 0, 0, 0, 0]  # share 0.3, argmax 3: miss
+    probs[0, 5] = [0.5, 0, 0.5, 0, 0, 0, 0, 0]  # share 0.5, tie -> 0: miss
+    probs[0, 6] = [0, 0, 0, 0, 0, 1.0, 0, 0]  # share 1, hit
+    probs[1] = 1 / 8  # uniform: share 1/8, argmax 0: miss
     scorer = analysis.make_scorer()
     scorer.bind(1, 2, [0], n_boot=50)
     with torch.inference_mode():
-        batch = Batch([Example(words=list("abcdef"), unit="u", source="u:1")], [a], pad_id=0, causal=False)
+        batch = Batch(
+            [Example(words=list("abcdef"), unit="u", source="u:1")], [a], pad_id=0, causal=False
+        )
         scorer.begin_batch(batch)
         scorer.update(0, Att(torch.as_tensor(probs, dtype=torch.float32)[None]), batch)
         scorer.end_batch(batch)
@@ -94,7 +102,9 @@ def test_comma_pattern_scores_on_hand_built_attention(unregister):
     assert table.loc[("mul", 1), "score"] == pytest.approx(1 / 8, abs=1e-6)
     assert table.loc[("argmax", 0), "score"] == pytest.approx(2 / 4)
     assert table.loc[("argmax", 1), "score"] == 0
-    assert table.loc[("mul", 0), "tl_mul"] == pytest.approx(2.4 / 8, abs=1e-6)      # every position counts
+    assert table.loc[("mul", 0), "tl_mul"] == pytest.approx(
+        2.4 / 8, abs=1e-6
+    )  # every position counts
     # one unit: every resample that keeps it gives the same ratio, so the interval is the point
     assert table.loc[("mul", 0), "ci_low"] == pytest.approx(0.6, abs=1e-6)
     assert table.loc[("mul", 0), "ci_high"] == pytest.approx(0.6, abs=1e-6)
@@ -113,14 +123,32 @@ def test_bad_declarations_say_what_is_wrong(unregister):
         headprobe.pattern_analysis("last comma", last_comma_pattern(COMMA))
     analysis = headprobe.pattern_analysis(NAME, lambda ids, token: np.zeros((2, 2), dtype=bool))
     scorer = analysis.make_scorer()
-    with pytest.raises(ValueError, match=r"last_comma: the pattern function gave shape \(2, 2\) for 3 tokens"):
+    with pytest.raises(
+        ValueError, match=r"last_comma: the pattern function gave shape \(2, 2\) for 3 tokens"
+    ):
         scorer.pattern_of(np.arange(3), np.ones(3, dtype=bool))
 
 
 # ------------------------------------------------------------------------------ end to end
 
-WORDS = ["the", "a", "big", "red", "cat", "dog", "mat", "sat", "ran", "on", "and", "it", "was", "saw", "down"]
-SLOT = 31                       # the hidden dimension that marks a comma
+WORDS = [
+    "the",
+    "a",
+    "big",
+    "red",
+    "cat",
+    "dog",
+    "mat",
+    "sat",
+    "ran",
+    "on",
+    "and",
+    "it",
+    "was",
+    "saw",
+    "down",
+]
+SLOT = 31  # the hidden dimension that marks a comma
 
 
 def comma_corpus(path, n=60, seed=0):
@@ -145,9 +173,16 @@ def comma_bert(tokenizer):
     """A 2-layer random BERT whose layer 0 head 0 puts nearly all its attention on commas: the
     comma's embedding is large in hidden dimension SLOT (zero there for every other token,
     position and segment), the head's keys read SLOT and its queries are a constant."""
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=40, pad_token_id=tokenizer.pad_token_id,
-                        initializer_range=0.3)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.3,
+    )
     torch.manual_seed(5)
     model = AutoModel.from_config(config, attn_implementation="eager").eval()
     comma = tokenizer.convert_tokens_to_ids(",")
@@ -176,8 +211,16 @@ def test_user_pattern_through_run_and_report(unregister, tmp_path):
     model = comma_bert(tokenizer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = headprobe.run(treebank=corpus, analyses=[NAME], n_boot=200, pictures=False, progress=False,
-                                loaded=(model, tokenizer, "comma-bert"), out=tmp_path / "r", report=True)
+        results = headprobe.run(
+            treebank=corpus,
+            analyses=[NAME],
+            n_boot=200,
+            pictures=False,
+            progress=False,
+            loaded=(model, tokenizer, "comma-bert"),
+            out=tmp_path / "r",
+            report=True,
+        )
     # counts: the rows with a pattern are the words after each sentence's comma
     counts = results.counts
     rows = counts[(counts["analysis"] == NAME) & (counts["fold"] == "") & (counts["variant"] == "")]
@@ -188,12 +231,12 @@ def test_user_pattern_through_run_and_report(unregister, tmp_path):
         words = [line.split("\t")[1] for line in block.splitlines() if not line.startswith("#")]
         enc = tokenizer(" ".join(words), return_tensors="pt")
         with torch.no_grad():
-            a = model(**enc, output_attentions=True).attentions[0][0, 0]            # [query, key]
-        at = 1 + words.index(",")                                                  # after [CLS]
+            a = model(**enc, output_attentions=True).attentions[0][0, 0]  # [query, key]
+        at = 1 + words.index(",")  # after [CLS]
         shares += [float(a[i, at] / a[i].sum()) for i in range(at + 1, len(words) + 1)]
     heads = results.table(f"{NAME}_heads").set_index(["label", "layer", "head"])
     assert heads.loc[("mul", 0, 0), "score"] == pytest.approx(np.mean(shares), abs=1e-5)
-    assert np.mean(shares) > 0.9                                 # the head was built to do this
+    assert np.mean(shares) > 0.9  # the head was built to do this
     assert heads.loc[("mul", 0, 0), "ci_low"] > 0.9 and heads.loc[("mul", 0, 0), "gap_low"] > 0
     # best heads, in-sample and held-out, name it
     best = results.best_heads
@@ -208,7 +251,7 @@ def test_user_pattern_through_run_and_report(unregister, tmp_path):
     assert f"## {NAME}" in text and "comma: attends to the most recent comma" in text
     html = (tmp_path / "r" / "report" / "report.html").read_text()
     assert '<section id="last-comma">' in html and f'<table id="table-{NAME}-top-heads"' in html
-    table = html[html.index(f'<table id="table-{NAME}-top-heads"'):]
-    table = table[:table.index("</table>")]
+    table = html[html.index(f'<table id="table-{NAME}-top-heads"') :]
+    table = table[: table.index("</table>")]
     assert table.count('data-col="head" data-head="0-0"') == 2
     assert table.count('data-col="heldout_head" data-head="0-0"') == 2

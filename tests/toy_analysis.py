@@ -22,17 +22,19 @@ class SelfScorer(CountScorer):
 
     def rows(self, batch):
         rows = RowIndex()
-        self._row = [rows.count(example.unit, "self", len(example.words)) for example in batch.examples]
+        self._row = [
+            rows.count(example.unit, "self", len(example.words)) for example in batch.examples
+        ]
         return rows.keys, rows.n
 
     def prepare(self, batch):
-        self._q_b, self._q_i = batch.word_mask.nonzero(as_tuple=True)            # [query]
-        self._rows = torch.tensor(self._row, device=batch.device)[self._q_b]       # [query]
+        self._q_b, self._q_i = batch.word_mask.nonzero(as_tuple=True)  # [query]
+        self._rows = torch.tensor(self._row, device=batch.device)[self._q_b]  # [query]
 
     def update(self, layer, att, batch):
-        scores = masked_word_attention(att, batch, drop_self=False)               # [batch, head, word, word]
-        top = scores.max(dim=-1).indices.permute(0, 2, 1)[self._q_b, self._q_i]    # [query, head]
-        hits = (top == self._q_i[:, None]).float()                                # [query, head]
+        scores = masked_word_attention(att, batch, drop_self=False)  # [batch, head, word, word]
+        top = scores.max(dim=-1).indices.permute(0, 2, 1)[self._q_b, self._q_i]  # [query, head]
+        hits = (top == self._q_i[:, None]).float()  # [query, head]
         self.add(layer, 0, self._rows, hits)
         self.add_both(layer, 0, self._rows, hits, torch.zeros(len(hits), 1, device=hits.device))
 
@@ -42,13 +44,33 @@ def selfish(results):
 
     scores = results.head_scores("self_attention", "self")
     hit = scores[scores["accuracy"] >= SHARE]
-    return pd.DataFrame({"layer": hit["layer"], "head": hit["head"], "detail": "attends to itself",
-                         "short": "self", "evidence": [f"self argmax share {a:.4f}" for a in hit["accuracy"]]})
+    return pd.DataFrame(
+        {
+            "layer": hit["layer"],
+            "head": hit["head"],
+            "detail": "attends to itself",
+            "short": "self",
+            "evidence": [f"self argmax share {a:.4f}" for a in hit["accuracy"]],
+        }
+    )
 
 
-ANALYSIS = register(Analysis(
-    name="self_attention", scorer=SelfScorer, input="sentences", selection=True,
-    description="how often a word attends most to itself (a toy analysis)",
-    roles=(RoleRule("selfish", 1.5, "#9467bd", f"selfish: a word's argmax is itself in at least {SHARE:g} of "
-                    "its rows.", selfish),),
-    default=False))
+ANALYSIS = register(
+    Analysis(
+        name="self_attention",
+        scorer=SelfScorer,
+        input="sentences",
+        selection=True,
+        description="how often a word attends most to itself (a toy analysis)",
+        roles=(
+            RoleRule(
+                "selfish",
+                1.5,
+                "#9467bd",
+                f"selfish: a word's argmax is itself in at least {SHARE:g} of its rows.",
+                selfish,
+            ),
+        ),
+        default=False,
+    )
+)

@@ -37,13 +37,15 @@ def load_tokenizer(name_or_path: str, **kwargs):
     return prepare_tokenizer(AutoTokenizer.from_pretrained(name_or_path, **kwargs))
 
 
-SPACE_SYMBOL = "\u0120"       # "Ġ", the byte-level symbol for " "
+SPACE_SYMBOL = "\u0120"  # "Ġ", the byte-level symbol for " "
 
 
 def _adds_prefix_space(backend) -> bool:
     """True if a pre-split word comes out of normalizer + pre-tokenizer with "Ġ" in front."""
     text = backend.normalizer.normalize_str("a") if backend.normalizer is not None else "a"
-    splits = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer is not None else []
+    splits = (
+        backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer is not None else []
+    )
     return bool(splits) and splits[0][0].startswith(SPACE_SYMBOL)
 
 
@@ -60,7 +62,9 @@ def prepare_tokenizer(tokenizer):
     Calling it twice changes nothing more.
     """
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"{tokenizer.name_or_path}: headprobe needs a fast tokenizer (for word_ids())")
+        raise ValueError(
+            f"{tokenizer.name_or_path}: headprobe needs a fast tokenizer (for word_ids())"
+        )
     if is_byte_level(tokenizer) and not _adds_prefix_space(tokenizer.backend_tokenizer):
         state = json.loads(tokenizer.backend_tokenizer.to_str())
         if state["pre_tokenizer"].get("type") == "ByteLevel":
@@ -68,8 +72,11 @@ def prepare_tokenizer(tokenizer):
         else:
             prepend = {"type": "Prepend", "prepend": " "}
             normalizer = state.get("normalizer")
-            state["normalizer"] = (prepend if normalizer is None
-                                   else {"type": "Sequence", "normalizers": [normalizer, prepend]})
+            state["normalizer"] = (
+                prepend
+                if normalizer is None
+                else {"type": "Sequence", "normalizers": [normalizer, prepend]}
+            )
         tokenizer._tokenizer = Tokenizer.from_str(json.dumps(state))
     if is_byte_level(tokenizer):
         tokenizer.add_prefix_space = True
@@ -81,8 +88,8 @@ class Alignment:
     """One example's pieces and where each belongs."""
 
     input_ids: list[int]
-    piece_word: list[int]      # word index of each piece, -1 for special pieces
-    piece_kind: list[int]      # WORD, CLS_LIKE, SEP_LIKE, OTHER_SPECIAL
+    piece_word: list[int]  # word index of each piece, -1 for special pieces
+    piece_kind: list[int]  # WORD, CLS_LIKE, SEP_LIKE, OTHER_SPECIAL
     n_words: int
 
     def __len__(self) -> int:
@@ -128,22 +135,27 @@ def apply_bos(tokenizer, mode: str, causal: bool):
 
     tokenizer = copy.deepcopy(tokenizer)
     backend = tokenizer.backend_tokenizer
-    template = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B:1",
-                                             special_tokens=[(bos, bos_id)])
+    template = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B:1", special_tokens=[(bos, bos_id)]
+    )
     current = backend.post_processor
     if current is None or isinstance(current, processors.TemplateProcessing):
         backend.post_processor = template
     else:
         backend.post_processor = processors.Sequence([current, template])
-    if not adds_bos(tokenizer):             # pragma: no cover - a tokenizer that ignores its post-processor
+    if not adds_bos(tokenizer):  # pragma: no cover - a tokenizer that ignores its post-processor
         raise ValueError("could not make the tokenizer add its BOS token")
     return tokenizer, "add"
 
 
 def special_kinds(tokenizer) -> dict[int, int]:
     kinds = {}
-    for attr, kind in (("sep_token_id", SEP_LIKE), ("eos_token_id", SEP_LIKE),
-                       ("cls_token_id", CLS_LIKE), ("bos_token_id", CLS_LIKE)):
+    for attr, kind in (
+        ("sep_token_id", SEP_LIKE),
+        ("eos_token_id", SEP_LIKE),
+        ("cls_token_id", CLS_LIKE),
+        ("bos_token_id", CLS_LIKE),
+    ):
         token_id = getattr(tokenizer, attr, None)
         if isinstance(token_id, int):
             kinds[token_id] = kind
@@ -155,8 +167,13 @@ def align_words(tokenizer, sentences: list[list[str]]) -> list[Alignment]:
     if not sentences:
         return []
     encoded = tokenizer(
-        sentences, is_split_into_words=True, add_special_tokens=True, truncation=False,
-        return_attention_mask=False, return_token_type_ids=False, verbose=False,
+        sentences,
+        is_split_into_words=True,
+        add_special_tokens=True,
+        truncation=False,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+        verbose=False,
     )
     kinds = special_kinds(tokenizer)
     alignments = []
@@ -164,7 +181,9 @@ def align_words(tokenizer, sentences: list[list[str]]) -> list[Alignment]:
         ids = encoded["input_ids"][index]
         word_ids = encoded.word_ids(index)
         piece_word = [-1 if w is None else w for w in word_ids]
-        piece_kind = [WORD if w is not None else kinds.get(t, OTHER_SPECIAL) for t, w in zip(ids, word_ids)]
+        piece_kind = [
+            WORD if w is not None else kinds.get(t, OTHER_SPECIAL) for t, w in zip(ids, word_ids)
+        ]
         alignments.append(Alignment(list(ids), piece_word, piece_kind, len(words)))
     return alignments
 
@@ -190,5 +209,7 @@ def align_examples(tokenizer, examples) -> list[Alignment]:
     """Alignments of examples, in order: words tokenized together (`align_words`), except an
     example that carries its own token ids in `meta["input_ids"]` (a probe): `align_tokens`."""
     given = [(getattr(ex, "meta", None) or {}).get("input_ids") for ex in examples]
-    worded = iter(align_words(tokenizer, [ex.words for ex, ids in zip(examples, given) if ids is None]))
+    worded = iter(
+        align_words(tokenizer, [ex.words for ex, ids in zip(examples, given) if ids is None])
+    )
     return [next(worded) if ids is None else align_tokens(tokenizer, ids) for ids in given]

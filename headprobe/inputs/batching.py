@@ -29,7 +29,7 @@ class Prepared:
 
 def prepare(examples: list[Example], tokenizer, max_length: int) -> Prepared:
     kept, aligned, skipped, sources = [], [], Counter(), []
-    alignments = align_examples(tokenizer, examples)     # words, or a probe's own token ids
+    alignments = align_examples(tokenizer, examples)  # words, or a probe's own token ids
     for example, alignment in zip(examples, alignments):
         if len(alignment) > max_length:
             skipped["too_long"] += 1
@@ -56,15 +56,22 @@ def bucket(prepared: Prepared, batch_size: int) -> list[list[int]]:
     batches = []
     for length in sorted(by_length, reverse=True):
         same = by_length[length]
-        batches += [same[start:start + batch_size] for start in range(0, len(same), batch_size)]
+        batches += [same[start : start + batch_size] for start in range(0, len(same), batch_size)]
     return batches
 
 
 class Batch:
     """Padded model inputs and word maps for a list of examples (tensors on `device`)."""
 
-    def __init__(self, examples: list[Example], alignments: list[Alignment], pad_id: int,
-                 device="cpu", from_mode: str = "mean", causal: bool = False):
+    def __init__(
+        self,
+        examples: list[Example],
+        alignments: list[Alignment],
+        pad_id: int,
+        device="cpu",
+        from_mode: str = "mean",
+        causal: bool = False,
+    ):
         self.examples = examples
         self.alignments = alignments
         self.device = torch.device(device)
@@ -84,24 +91,32 @@ class Batch:
             piece_word[row, :t] = a.piece_word
             piece_kind[row, :t] = a.piece_kind
         # sum pooling: a word piece -> its word's column; CLS-like -> column W; SEP-like -> W + 1
-        column = np.where(piece_kind == WORD, piece_word,
-                          np.where(piece_kind == CLS_LIKE, n_words,
-                                   np.where(piece_kind == SEP_LIKE, n_words + 1, -1)))
+        column = np.where(
+            piece_kind == WORD,
+            piece_word,
+            np.where(
+                piece_kind == CLS_LIKE, n_words, np.where(piece_kind == SEP_LIKE, n_words + 1, -1)
+            ),
+        )
         to_words = np.zeros((b, n_pieces, n_words + 2), dtype=np.float32)
         rows, pieces = np.nonzero(column >= 0)
         to_words[rows, pieces, column[rows, pieces]] = 1.0
 
         put = lambda array: torch.from_numpy(array).to(self.device)
-        self.input_ids = put(input_ids)                                  # [batch, piece]
-        self.attention_mask = put((piece_kind != PAD).astype(np.int64))   # [batch, piece]
-        self.piece_word = put(piece_word)                                # [batch, piece]
-        self.piece_kind = put(piece_kind)                                # [batch, piece]
-        self.n_words = put(np.array([a.n_words for a in alignments]))    # [batch]
-        self.word_mask = torch.arange(n_words, device=self.device)[None, :] < self.n_words[:, None]  # [batch, word]
-        self.to_words = put(to_words)                                    # [batch, piece, word + 2]
+        self.input_ids = put(input_ids)  # [batch, piece]
+        self.attention_mask = put((piece_kind != PAD).astype(np.int64))  # [batch, piece]
+        self.piece_word = put(piece_word)  # [batch, piece]
+        self.piece_kind = put(piece_kind)  # [batch, piece]
+        self.n_words = put(np.array([a.n_words for a in alignments]))  # [batch]
+        self.word_mask = (
+            torch.arange(n_words, device=self.device)[None, :] < self.n_words[:, None]
+        )  # [batch, word]
+        self.to_words = put(to_words)  # [batch, piece, word + 2]
         # which of the two special key columns (CLS-like, SEP-like) exist in each example
-        self.special_present = self.to_words[:, :, n_words:].amax(dim=1) > 0   # [batch, 2]
-        self.from_words = self._from_weights(piece_word, piece_kind, n_words)  # [batch, word, piece]
+        self.special_present = self.to_words[:, :, n_words:].amax(dim=1) > 0  # [batch, 2]
+        self.from_words = self._from_weights(
+            piece_word, piece_kind, n_words
+        )  # [batch, word, piece]
 
     def _from_weights(self, piece_word, piece_kind, n_words):
         b, t = piece_word.shape
@@ -112,7 +127,7 @@ class Batch:
             counts = np.zeros((b, n_words), dtype=np.float32)
             np.add.at(counts, (rows, words), 1.0)
             weights[rows, words, pieces] = 1.0 / counts[rows, words]
-        else:                                   # "first" (and the index map used by "max")
+        else:  # "first" (and the index map used by "max")
             first = {}
             for r, p, w in zip(rows, pieces, words):
                 first.setdefault((r, w), p)
@@ -128,8 +143,15 @@ class Batch:
         return int(sum(a.n_words for a in self.alignments))
 
 
-def iter_batches(prepared: Prepared, batch_size: int, pad_id: int, device="cpu",
-                 from_mode="mean", causal=False):
+def iter_batches(
+    prepared: Prepared, batch_size: int, pad_id: int, device="cpu", from_mode="mean", causal=False
+):
     for indices in bucket(prepared, batch_size):
-        yield Batch([prepared.examples[i] for i in indices], [prepared.alignments[i] for i in indices],
-                    pad_id, device=device, from_mode=from_mode, causal=causal)
+        yield Batch(
+            [prepared.examples[i] for i in indices],
+            [prepared.alignments[i] for i in indices],
+            pad_id,
+            device=device,
+            from_mode=from_mode,
+            causal=causal,
+        )

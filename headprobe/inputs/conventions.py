@@ -36,7 +36,7 @@ from headprobe.inputs.corpora.base import base_relation
 
 FIRST = "first"
 SPEC_OFFSETS = tuple(k for k in range(-5, 6) if k != 0)
-CLARK_OFFSETS = tuple(range(-3, 3))          # Clark et al.'s `range(-3, 3)`: -3..2, 0 included
+CLARK_OFFSETS = tuple(range(-3, 3))  # Clark et al.'s `range(-3, 3)`: -3..2, 0 included
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,12 @@ class Conventions:
     """What a dependency number depends on besides the model and the data."""
 
     name: str
-    from_mode: str = "mean"                              # pooling of attention FROM a word's pieces
-    unscored: tuple[str, ...] = ("root", "punct")        # relations left out, per relation and of ALL
-    offsets: tuple[int, ...] = SPEC_OFFSETS              # fixed-offset baselines
-    clip_offsets: bool = False                           # offset predictions clipped into [ROOT, last word]
-    first_baseline: bool = True                          # the `first` baseline (word 1)
-    cut_subtypes: bool = True                            # obl:tmod -> obl
+    from_mode: str = "mean"  # pooling of attention FROM a word's pieces
+    unscored: tuple[str, ...] = ("root", "punct")  # relations left out, per relation and of ALL
+    offsets: tuple[int, ...] = SPEC_OFFSETS  # fixed-offset baselines
+    clip_offsets: bool = False  # offset predictions clipped into [ROOT, last word]
+    first_baseline: bool = True  # the `first` baseline (word 1)
+    cut_subtypes: bool = True  # obl:tmod -> obl
     description: str = ""
 
     @property
@@ -71,7 +71,9 @@ class Conventions:
         """Is an arc of `relation` scored (its own label and ALL)?"""
         return relation not in self.unscored
 
-    def baseline_hits(self, dependent: np.ndarray, head: np.ndarray, n_words: np.ndarray) -> np.ndarray:
+    def baseline_hits(
+        self, dependent: np.ndarray, head: np.ndarray, n_words: np.ndarray
+    ) -> np.ndarray:
         """[arc, variant] 0/1 (order of `variants`): does each baseline predict each arc's head?
 
         `head` is 0-based, -1 for ROOT. Offset k predicts word i + k; out of range it is
@@ -79,12 +81,12 @@ class Conventions:
         last word beyond it (Clark et al.'s code). `first` predicts word 0."""
         dependent, head = np.asarray(dependent, dtype=np.int64), np.asarray(head, dtype=np.int64)
         offsets = np.asarray(self.tie_order, dtype=np.int64)
-        predicted = dependent[:, None] + offsets[None, :]                        # [arc, offset]
+        predicted = dependent[:, None] + offsets[None, :]  # [arc, offset]
         if self.clip_offsets:
             last = np.asarray(n_words, dtype=np.int64)[:, None] - 1
-            predicted = np.clip(predicted, -1, last)                             # -1 = ROOT
+            predicted = np.clip(predicted, -1, last)  # -1 = ROOT
         else:
-            predicted = np.where(predicted >= 0, predicted, -2)                  # never equals a head
+            predicted = np.where(predicted >= 0, predicted, -2)  # never equals a head
         hits = predicted == head[:, None]
         if self.first_baseline:
             hits = np.concatenate([hits, (head == 0)[:, None]], axis=1)
@@ -92,25 +94,45 @@ class Conventions:
 
     def summary(self) -> dict:
         """What the run records (`summary["conventions"]`)."""
-        return {"name": self.name, "from_mode": self.from_mode, "unscored": list(self.unscored),
-                "offsets": list(self.offsets), "clip_offsets": self.clip_offsets,
-                "first_baseline": self.first_baseline, "cut_subtypes": self.cut_subtypes,
-                "description": self.description}
+        return {
+            "name": self.name,
+            "from_mode": self.from_mode,
+            "unscored": list(self.unscored),
+            "offsets": list(self.offsets),
+            "clip_offsets": self.clip_offsets,
+            "first_baseline": self.first_baseline,
+            "cut_subtypes": self.cut_subtypes,
+            "description": self.description,
+        }
 
 
 SPEC = Conventions(
-    "spec", description="SPEC sections 1-2: from = mean of the pieces; root and punct not scored; offsets "
-                        "-5..5 without 0 (out of range: wrong) and `first`; subtypes cut")
+    "spec",
+    description="SPEC sections 1-2: from = mean of the pieces; root and punct not scored; offsets "
+    "-5..5 without 0 (out of range: wrong) and `first`; subtypes cut",
+)
 CLARK2019_CODE = Conventions(
-    "clark2019-code", from_mode="first", unscored=(), offsets=CLARK_OFFSETS, clip_offsets=True,
-    first_baseline=False, cut_subtypes=True,
+    "clark2019-code",
+    from_mode="first",
+    unscored=(),
+    offsets=CLARK_OFFSETS,
+    clip_offsets=True,
+    first_baseline=False,
+    cut_subtypes=True,
     description="Clark et al. 2019's released code: from = first piece; every arc scored (root and punct in "
-                "ALL); offsets -3..2 with 0, clipped to [ROOT, last word]; no `first`; subtypes cut")
+    "ALL); offsets -3..2 with 0, clipped to [ROOT, last word]; no `first`; subtypes cut",
+)
 JOANACERO = Conventions(
-    "joanacero", from_mode="mean", unscored=(), offsets=CLARK_OFFSETS, clip_offsets=True,
-    first_baseline=False, cut_subtypes=False,
+    "joanacero",
+    from_mode="mean",
+    unscored=(),
+    offsets=CLARK_OFFSETS,
+    clip_offsets=True,
+    first_baseline=False,
+    cut_subtypes=False,
     description="joanAcero/clark-attention-analysis on UD: from = mean; every arc scored (root and punct in "
-                "ALL); offsets -3..2 with 0, clipped; no `first`; UD subtypes kept")
+    "ALL); offsets -3..2 with 0, clipped; no `first`; UD subtypes kept",
+)
 PRESETS: dict[str, Conventions] = {c.name: c for c in (SPEC, CLARK2019_CODE, JOANACERO)}
 
 

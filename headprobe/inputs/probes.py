@@ -65,19 +65,31 @@ def wrap(tokenizer, specials: str = "auto") -> tuple[list[int], list[int]]:
     plain = tokenizer("a", add_special_tokens=False)["input_ids"]
     full = tokenizer("a", add_special_tokens=True)["input_ids"]
     for start in range(len(full) - len(plain) + 1):
-        if full[start:start + len(plain)] == plain:
-            return list(full[:start]), list(full[start + len(plain):])
+        if full[start : start + len(plain)] == plain:
+            return list(full[:start]), list(full[start + len(plain) :])
     return [], []
 
 
-def repeated_random(tokenizer, length: int = 50, n: int = 500, seed: int = 0, specials: str = "auto",
-                    vocab_size: int | None = None) -> Corpus:
+def repeated_random(
+    tokenizer,
+    length: int = 50,
+    n: int = 500,
+    seed: int = 0,
+    specials: str = "auto",
+    vocab_size: int | None = None,
+) -> Corpus:
     """`n` sequences of `length` random tokens repeated twice (Olsson et al. 2022), in a `Corpus`."""
     return repeated_random_stream(tokenizer, length, n, seed, specials, vocab_size).collect()
 
 
-def repeated_random_stream(tokenizer, length: int = 50, n: int = 500, seed: int = 0, specials: str = "auto",
-                           vocab_size: int | None = None) -> Stream:
+def repeated_random_stream(
+    tokenizer,
+    length: int = 50,
+    n: int = 500,
+    seed: int = 0,
+    specials: str = "auto",
+    vocab_size: int | None = None,
+) -> Stream:
     """`repeated_random` as a lazy `Stream`: each sequence is drawn when it is taken."""
     if length < 1 or n < 1:
         raise ValueError(f"a probe needs length >= 1 and n >= 1 (got length {length}, n {n})")
@@ -93,8 +105,12 @@ def repeated_random_stream(tokenizer, length: int = 50, n: int = 500, seed: int 
             tokens = vocab[rng.integers(0, len(vocab), length)].tolist()
             ids = before + tokens + tokens + after
             words = tokenizer.convert_ids_to_tokens(tokens + tokens)
-            yield Example(words=list(words), unit=f"repeated-random:{k}", source=f"{name}#{k}",
-                          meta={"input_ids": ids, "probe": "repeated-random"})
+            yield Example(
+                words=list(words),
+                unit=f"repeated-random:{k}",
+                source=f"{name}#{k}",
+                meta={"input_ids": ids, "probe": "repeated-random"},
+            )
 
     return Stream(read, name=name, total_words=lambda: 2 * length * n)
 

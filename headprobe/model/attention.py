@@ -37,16 +37,32 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 EXTRA_TERMS = ("position_bias", "softcap", "is_causal", "sliding_window")
 # keyword arguments that do not change eager attention's numbers (positions are already in q/k;
 # caches, flash-attention varlen bookkeeping and output flags do not enter the softmax)
-HARMLESS = frozenset({
-    "position_ids", "use_cache", "cache_position", "past_key_values", "past_key_value", "layer_idx",
-    "encoder_hidden_states", "deterministic", "output_attentions", "output_hidden_states", "return_dict",
-    "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "token_type_ids", "attention_type",
-})
+HARMLESS = frozenset(
+    {
+        "position_ids",
+        "use_cache",
+        "cache_position",
+        "past_key_values",
+        "past_key_value",
+        "layer_idx",
+        "encoder_hidden_states",
+        "deterministic",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+        "token_type_ids",
+        "attention_type",
+    }
+)
 
 # attention module -> handler(module, query, key, value, mask, scaling, dropout, kwargs) -> (output, weights)
 _ROUTES: dict[nn.Module, Callable] = {}
-_EVERY: list[Callable] = []                 # handlers for every module (discovery), innermost last
-_FALLBACK: dict[nn.Module, Callable] = {}   # module -> the function the model would have used
+_EVERY: list[Callable] = []  # handlers for every module (discovery), innermost last
+_FALLBACK: dict[nn.Module, Callable] = {}  # module -> the function the model would have used
 
 
 class CaptureError(ValueError):
@@ -56,8 +72,9 @@ class CaptureError(ValueError):
 
 def not_understood(kwargs: dict) -> list[str]:
     """Keyword arguments with a value that `eager_probs` does not compute with."""
-    return sorted(k for k, v in kwargs.items()
-                  if v is not None and k not in EXTRA_TERMS and k not in HARMLESS)
+    return sorted(
+        k for k, v in kwargs.items() if v is not None and k not in EXTRA_TERMS and k not in HARMLESS
+    )
 
 
 def family_eager(module) -> Callable | None:
@@ -72,11 +89,15 @@ def _rebuild_causal(scores, module, kwargs, start: int, n_total: int) -> None:
     causal = getattr(module, "is_causal", False) if causal is None else causal
     n_rows, n_key = scores.shape[-2], scores.shape[-1]
     if causal and n_total > 1:
-        keep = torch.ones(n_rows, n_key, dtype=torch.bool, device=scores.device).tril(start + n_key - n_total)
+        keep = torch.ones(n_rows, n_key, dtype=torch.bool, device=scores.device).tril(
+            start + n_key - n_total
+        )
         scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)
 
 
-def eager_probs(module, query, key, attention_mask, scaling, kwargs, rows: slice | None = None) -> torch.Tensor:
+def eager_probs(
+    module, query, key, attention_mask, scaling, kwargs, rows: slice | None = None
+) -> torch.Tensor:
     """softmax(Q K^T * scale [softcapped] + position_bias + mask) as eager attention computes
     it, in float32: `[batch, head, query, key]`.
 
@@ -84,8 +105,8 @@ def eager_probs(module, query, key, attention_mask, scaling, kwargs, rows: slice
     are cut to them and a rebuilt causal mask is shifted by `start`. None: every row."""
     # query: [batch, head, query, dim]; key: [batch, kv_head, key, dim]
     groups = query.shape[1] // key.shape[1]
-    if groups > 1:                                                   # grouped-query attention
-        key = key.repeat_interleave(groups, dim=1)                   # [batch, head, key, dim]
+    if groups > 1:  # grouped-query attention
+        key = key.repeat_interleave(groups, dim=1)  # [batch, head, key, dim]
     n_total = query.shape[-2]
     start, stop = (0, n_total) if rows is None else (rows.start, rows.stop)
     if scaling is None:
@@ -93,23 +114,32 @@ def eager_probs(module, query, key, attention_mask, scaling, kwargs, rows: slice
     # scores in float32 even when the model runs in bfloat16/float16: the probabilities we hand on
     # are as exact as the inputs allow (eager attention in fp32 is matched to <= 1e-5)
     query, key = query[:, :, start:stop].float(), key.float()
-    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)   # [batch, head, rows, key]
+    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)  # [batch, head, rows, key]
     softcap = kwargs.get("softcap")
     if softcap is not None:
         scores = torch.tanh(scores / softcap).mul_(softcap)
     n_key = scores.shape[-1]
-    bias = kwargs.get("position_bias")                               # [batch or 1, head, query, key]
+    bias = kwargs.get("position_bias")  # [batch or 1, head, query, key]
     if bias is not None:
-        scores.add_(bias[..., start:stop, :n_key].float() if bias.shape[-2] == n_total else bias[..., :n_key].float())
-    if attention_mask is not None and attention_mask.shape[-2] == n_total and n_total > 1 and rows is not None:
-        attention_mask = attention_mask[..., start:stop, :]           # the block's rows of the mask
+        scores.add_(
+            bias[..., start:stop, :n_key].float()
+            if bias.shape[-2] == n_total
+            else bias[..., :n_key].float()
+        )
+    if (
+        attention_mask is not None
+        and attention_mask.shape[-2] == n_total
+        and n_total > 1
+        and rows is not None
+    ):
+        attention_mask = attention_mask[..., start:stop, :]  # the block's rows of the mask
     if attention_mask is None:
         _rebuild_causal(scores, module, kwargs, start, n_total)
-    elif attention_mask.dtype == torch.bool:                         # [batch, 1, query, key], True = attend
+    elif attention_mask.dtype == torch.bool:  # [batch, 1, query, key], True = attend
         scores.masked_fill_(~attention_mask[..., :n_key], torch.finfo(scores.dtype).min)
-    else:                                                            # additive float mask
+    else:  # additive float mask
         scores.add_(attention_mask[..., :n_key].float().clamp_min(torch.finfo(scores.dtype).min))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32)        # [batch, head, rows, key]
+    return torch.softmax(scores, dim=-1, dtype=torch.float32)  # [batch, head, rows, key]
 
 
 def visible_keys(module, attention_mask, kwargs, n_query: int, n_key: int) -> torch.Tensor:
@@ -119,7 +149,7 @@ def visible_keys(module, attention_mask, kwargs, n_query: int, n_key: int) -> to
     zeros_k = torch.zeros(1, 1, n_key, 1)
     mask = None if attention_mask is None else attention_mask[:1, :1].cpu()
     probs = eager_probs(module, zeros_q, zeros_k, mask, 1.0, {"is_causal": kwargs.get("is_causal")})
-    return probs[0, 0] > 0                                            # [query, key]
+    return probs[0, 0] > 0  # [query, key]
 
 
 def attend(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -127,8 +157,8 @@ def attend(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     # probs: [batch, head, query, key]; value: [batch, kv_head, key, dim]
     groups = probs.shape[1] // value.shape[1]
     if groups > 1:
-        value = value.repeat_interleave(groups, dim=1)                # [batch, head, key, dim]
-    output = torch.matmul(probs.to(value.dtype), value)               # [batch, head, query, dim]
+        value = value.repeat_interleave(groups, dim=1)  # [batch, head, key, dim]
+    output = torch.matmul(probs.to(value.dtype), value)  # [batch, head, query, dim]
     return output.transpose(1, 2).contiguous()
 
 
@@ -141,9 +171,13 @@ def probs_and_output(module, query, key, value, attention_mask, scaling, dropout
         return probs, attend(probs, value)
     eager = family_eager(module)
     if eager is None:
-        raise CaptureError(f"{type(module).__name__}: attention keyword {', '.join(strange)} is not understood "
-                           f"and {type(module).__module__} has no eager_attention_forward to compute it")
-    output, weights = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        raise CaptureError(
+            f"{type(module).__name__}: attention keyword {', '.join(strange)} is not understood "
+            f"and {type(module).__module__} has no eager_attention_forward to compute it"
+        )
+    output, weights = eager(
+        module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+    )
     if weights is None:
         raise CaptureError(f"{type(module).__name__}: its eager attention returned no weights")
     return weights.float(), output
@@ -154,12 +188,15 @@ def fallback(module) -> Callable:
     return _FALLBACK.get(module, sdpa_attention_forward)
 
 
-def headprobe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def headprobe_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
     """Attention function registered with transformers while a model is `routed`."""
     handler = _ROUTES.get(module) or (_EVERY[-1] if _EVERY else None)
     if handler is None:
-        return fallback(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                **kwargs)
+        return fallback(module)(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     return handler(module, query, key, value, attention_mask, scaling, dropout, kwargs)
 
 
@@ -167,8 +204,12 @@ def _eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
     """A model's eager attention: its family's function, else `probs_and_output`'s."""
     eager = family_eager(module)
     if eager is not None:
-        return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    probs, output = probs_and_output(module, query, key, value, attention_mask, scaling, dropout, kwargs)
+        return eager(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    probs, output = probs_and_output(
+        module, query, key, value, attention_mask, scaling, dropout, kwargs
+    )
     return output, probs
 
 
@@ -190,7 +231,9 @@ def configs(model) -> list:
 def implementation(model) -> str:
     """The model's attention implementation as headprobe runs it: "eager" or "sdpa"
     (flash and flex attention run as SDPA while captured)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = (
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    )
     name = (config._attn_implementation or "eager").removeprefix("headprobe_")
     return "eager" if name == "eager" else "sdpa"
 
@@ -216,7 +259,7 @@ def routed(model, routes: dict[nn.Module, Callable] | None = None, every: Callab
     impl = implementation(model)
     routes = routes or {}
     added = [m for m in routes if m not in _ROUTES]
-    own = _eager if impl == "eager" else AttentionInterface()["sdpa"]     # as registered now
+    own = _eager if impl == "eager" else AttentionInterface()["sdpa"]  # as registered now
     fallbacks = {m: own for m in model.modules() if m not in _FALLBACK}
     try:
         _ROUTES.update({m: routes[m] for m in added})

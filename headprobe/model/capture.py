@@ -93,9 +93,11 @@ Callback = Callable[[int, torch.Tensor], None]
 QUANTITIES = {
     "probs": "[batch, head, query, key] float32: softmax(Q K^T * scale + mask), the attention weights",
     "value_norms": "[batch, head, key] float32: ||v_j^h W_O^h||, what head h passes on of key j per unit "
-                   "of weight (SPEC 7)",
+    "of weight (SPEC 7)",
 }
-RESERVED = {"head_output": "[batch, head, query, hidden]: z, each head's share of the attention output"}
+RESERVED = {
+    "head_output": "[batch, head, query, hidden]: z, each head's share of the attention output"
+}
 
 
 class CaptureUnavailable(CaptureError):
@@ -109,9 +111,13 @@ def check_needs(needs) -> frozenset[str] | None:
     needs = frozenset([needs] if isinstance(needs, str) else needs)
     for name in sorted(needs):
         if name in RESERVED:
-            raise NotImplementedError(f"capture quantity {name!r} ({RESERVED[name]}) is reserved, not built yet")
+            raise NotImplementedError(
+                f"capture quantity {name!r} ({RESERVED[name]}) is reserved, not built yet"
+            )
         if name not in QUANTITIES:
-            raise ValueError(f"unknown capture quantity {name!r}; choose from {', '.join(QUANTITIES)}")
+            raise ValueError(
+                f"unknown capture quantity {name!r}; choose from {', '.join(QUANTITIES)}"
+            )
     if not needs:
         raise ValueError("needs names no quantity")
     return needs
@@ -125,7 +131,8 @@ def check_capturable(model, needs) -> None:
         raise CaptureUnavailable(
             f"{type(model).__name__} does not route attention through transformers' attention interface; "
             f"its attention is read from output_attentions, which has no value vectors, so "
-            f"{', '.join(beyond)} (the norms measure) cannot be captured for it")
+            f"{', '.join(beyond)} (the norms measure) cannot be captured for it"
+        )
 
 
 class Heads(dict):
@@ -140,6 +147,7 @@ class Heads(dict):
 
 
 # ------------------------------------------------------------------------- value norms
+
 
 def projection_in_features(module: nn.Module) -> int | None:
     """Input features of a linear map (nn.Linear, GPT-2's Conv1D), else None."""
@@ -159,8 +167,10 @@ def projection_weight(module: nn.Module) -> torch.Tensor:
         hook = getattr(module, "_hf_hook", None)
         weights_map = getattr(hook, "weights_map", None)
         if weights_map is None or "weight" not in weights_map:
-            raise CaptureUnavailable(f"the weight of {type(module).__name__} is offloaded (meta device) and "
-                                     "cannot be read for value_norms; place that layer on a device")
+            raise CaptureUnavailable(
+                f"the weight of {type(module).__name__} is offloaded (meta device) and "
+                "cannot be read for value_norms; place that layer on a device"
+            )
         weight = weights_map["weight"]
     return weight.T if isinstance(module, Conv1D) else weight
 
@@ -173,13 +183,15 @@ def head_factors(projection: nn.Module, n_heads: int, d_head: int) -> torch.Tens
     W_O^h = W[:, h*d_head:(h+1)*d_head] ([hidden, d_head]), so that ||W_O^h v|| = ||R_h v||
     without forming v W_O^h ([hidden] per key). Kept per projection while its weight is
     unchanged (same storage and version)."""
-    weight = projection_weight(projection)                                   # [hidden, heads * d_head]
+    weight = projection_weight(projection)  # [hidden, heads * d_head]
     stamp = (weight.data_ptr(), weight._version, str(weight.device), weight.dtype, n_heads, d_head)
     kept = _R_CACHE.get(projection)
     if kept is not None and kept[0] == stamp:
         return kept[1]
-    blocks = weight.detach().double().reshape(weight.shape[0], n_heads, d_head).transpose(0, 1)  # [head, hidden, d]
-    factor = torch.linalg.qr(blocks, mode="r").R.float()                     # [head, d_head, d_head]
+    blocks = (
+        weight.detach().double().reshape(weight.shape[0], n_heads, d_head).transpose(0, 1)
+    )  # [head, hidden, d]
+    factor = torch.linalg.qr(blocks, mode="r").R.float()  # [head, d_head, d_head]
     _R_CACHE[projection] = (stamp, factor)
     return factor
 
@@ -191,16 +203,23 @@ def value_norms(site, value: torch.Tensor, n_heads: int) -> torch.Tensor:
     projection = site.output
     in_features = n_heads * value.shape[-1]
     if projection is None or projection_in_features(projection) != in_features:
-        found = ("none" if projection is None else
-                 f"{type(projection).__name__} with {projection_in_features(projection)}")
-        raise CaptureUnavailable(f"value_norms: {type(site.module).__name__} ({site.name}) has no output projection "
-                                 f"with {in_features} input features (heads x d_head; found: {found})")
-    factor = head_factors(projection, n_heads, value.shape[-1]).to(value.device)   # [head, d, d]
+        found = (
+            "none"
+            if projection is None
+            else f"{type(projection).__name__} with {projection_in_features(projection)}"
+        )
+        raise CaptureUnavailable(
+            f"value_norms: {type(site.module).__name__} ({site.name}) has no output projection "
+            f"with {in_features} input features (heads x d_head; found: {found})"
+        )
+    factor = head_factors(projection, n_heads, value.shape[-1]).to(value.device)  # [head, d, d]
     groups = n_heads // value.shape[1]
-    v = value.float()                                                        # [batch, kv_head, key, d]
+    v = value.float()  # [batch, kv_head, key, d]
     if groups > 1:
-        v = v.repeat_interleave(groups, dim=1)                               # [batch, head, key, d]
-    return torch.linalg.vector_norm(torch.einsum("bhkd,hed->bhke", v, factor), dim=-1)   # [batch, head, key]
+        v = v.repeat_interleave(groups, dim=1)  # [batch, head, key, d]
+    return torch.linalg.vector_norm(
+        torch.einsum("bhkd,hed->bhke", v, factor), dim=-1
+    )  # [batch, head, key]
 
 
 def n_layers_heads(model, stack: str | None = None) -> tuple[int, int]:
@@ -256,27 +275,39 @@ class AttentionCapture:
     After use, `calls_` counts the captured calls per layer.
     """
 
-    def __init__(self, model, layers: Iterable[int] | None = None, callback: Callback | None = None,
-                 query_block: int | None = None, stack: str | None = None, needs=None):
+    def __init__(
+        self,
+        model,
+        layers: Iterable[int] | None = None,
+        callback: Callback | None = None,
+        query_block: int | None = None,
+        stack: str | None = None,
+        needs=None,
+    ):
         self.model = model
         self.needs = check_needs(needs)
         self.wanted = self.needs if self.needs is not None else frozenset({"probs"})
         check_capturable(model, self.wanted)
         self.sites = attention_sites(model)
         self.stack = self.sites.resolve(stack)
-        self.n_layers, self.n_heads = self.sites.n_layers(self.stack), self.sites.n_heads(self.stack)
+        self.n_layers, self.n_heads = (
+            self.sites.n_layers(self.stack),
+            self.sites.n_heads(self.stack),
+        )
         self.layers = set(range(self.n_layers)) if layers is None else {int(x) for x in layers}
         bad = sorted(x for x in self.layers if not 0 <= x < self.n_layers)
         if bad:
-            raise ValueError(f"layers {bad} out of range: the model has layers 0..{self.n_layers - 1}")
+            raise ValueError(
+                f"layers {bad} out of range: the model has layers 0..{self.n_layers - 1}"
+            )
         self.callback = callback or (lambda layer, probs, block=None: None)
         if query_block is not None and int(query_block) < 1:
             raise ValueError(f"query_block must be at least 1, not {query_block}")
         self.query_block = int(query_block) if query_block else None
         self.calls_: dict[int, int] = {}
         self.interface = self.sites.path == "interface"
-        self._seen: dict = {}                   # this forward pass: module -> calls so far
-        self._got: set[int] = set()             # this forward pass: layers captured
+        self._seen: dict = {}  # this forward pass: module -> calls so far
+        self._got: set[int] = set()  # this forward pass: layers captured
         self._exit = contextlib.ExitStack()
 
     # -- interface path -------------------------------------------------------------
@@ -285,33 +316,45 @@ class AttentionCapture:
         sites = self._calls[module]
         n = self._seen[module] = self._seen.get(module, 0) + 1
         if n > len(sites):
-            raise CaptureError(f"{self.sites.model_class}: {type(module).__name__} ran {n} times in one forward "
-                               f"pass, {len(sites)} when its attention was found (interface path)")
+            raise CaptureError(
+                f"{self.sites.model_class}: {type(module).__name__} ran {n} times in one forward "
+                f"pass, {len(sites)} when its attention was found (interface path)"
+            )
         site = sites[n - 1]
         if site.stack != self.stack or site.layer not in self.layers:
-            return fallback(module)(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+            return fallback(module)(
+                module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs
+            )
         layer = site.layer
         self.calls_[layer] = self.calls_.get(layer, 0) + 1
         self._got.add(layer)
         extra = {}
         if "value_norms" in self.wanted:
-            extra["value_norms"] = value_norms(site, value, query.shape[1])   # [batch, head, key]
-        if "probs" not in self.wanted:                                   # nothing else to compute
+            extra["value_norms"] = value_norms(site, value, query.shape[1])  # [batch, head, key]
+        if "probs" not in self.wanted:  # nothing else to compute
             n = query.shape[-2]
             self._give(layer, None, extra, QueryBlock(0, n, n) if self.query_block else None)
-            return fallback(module)(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
-        if not_understood(kwargs):                                    # the family's eager attention
-            probs, output = probs_and_output(module, query, key, value, mask, scaling, dropout, kwargs)
+            return fallback(module)(
+                module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs
+            )
+        if not_understood(kwargs):  # the family's eager attention
+            probs, output = probs_and_output(
+                module, query, key, value, mask, scaling, dropout, kwargs
+            )
             self._hand_on(layer, probs, extra)
             return output, None
         if self.query_block:
-            return self._attend_in_blocks(layer, module, query, key, value, mask, scaling, kwargs, extra), None
-        probs = eager_probs(module, query, key, mask, scaling, kwargs)   # [batch, head, query, key]
+            return self._attend_in_blocks(
+                layer, module, query, key, value, mask, scaling, kwargs, extra
+            ), None
+        probs = eager_probs(module, query, key, mask, scaling, kwargs)  # [batch, head, query, key]
         output = attend(probs, value)
         self._give(layer, probs, extra)
         return output, None
 
-    def _give(self, layer: int, probs: torch.Tensor | None, extra: dict, block: QueryBlock | None = None):
+    def _give(
+        self, layer: int, probs: torch.Tensor | None, extra: dict, block: QueryBlock | None = None
+    ):
         """Call the callback with the probabilities (no `needs`) or a `Heads` of what was asked."""
         if self.needs is None:
             payload = probs
@@ -323,19 +366,23 @@ class AttentionCapture:
         else:
             self.callback(layer, payload, block)
 
-    def _attend_in_blocks(self, layer, module, query, key, value, attention_mask, scaling, kwargs, extra):
+    def _attend_in_blocks(
+        self, layer, module, query, key, value, attention_mask, scaling, kwargs, extra
+    ):
         """One captured layer, `query_block` query rows at a time: each block's probabilities
         are handed on and dropped before the next is computed."""
         groups = query.shape[1] // key.shape[1]
-        if groups > 1:                                               # repeated once, not per block
+        if groups > 1:  # repeated once, not per block
             key = key.repeat_interleave(groups, dim=1)
             value = value.repeat_interleave(groups, dim=1)
         n_query = query.shape[-2]
         outputs = []
         for start in range(0, n_query, self.query_block):
             stop = min(start + self.query_block, n_query)
-            probs = eager_probs(module, query, key, attention_mask, scaling, kwargs, rows=slice(start, stop))
-            outputs.append(attend(probs, value))                      # [batch, rows, head, dim]
+            probs = eager_probs(
+                module, query, key, attention_mask, scaling, kwargs, rows=slice(start, stop)
+            )
+            outputs.append(attend(probs, value))  # [batch, rows, head, dim]
             self._give(layer, probs, extra, QueryBlock(start, stop, n_query))
             del probs
         return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
@@ -348,17 +395,21 @@ class AttentionCapture:
         n_query = probs.shape[-2]
         for start in range(0, n_query, self.query_block):
             stop = min(start + self.query_block, n_query)
-            self._give(layer, probs[:, :, start:stop], extra or {}, QueryBlock(start, stop, n_query))
+            self._give(
+                layer, probs[:, :, start:stop], extra or {}, QueryBlock(start, stop, n_query)
+            )
 
     # -- legacy path: output_attentions under eager ---------------------------------
     def _take_legacy(self, output) -> None:
-        attentions = getattr(output, self.sites.fields[self.stack], None) or ()   # per layer [b, h, q, k]
+        attentions = (
+            getattr(output, self.sites.fields[self.stack], None) or ()
+        )  # per layer [b, h, q, k]
         for layer, probs in enumerate(attentions):
             if layer in self.layers and probs is not None:
                 self.calls_[layer] = self.calls_.get(layer, 0) + 1
                 self._got.add(layer)
                 self._hand_on(layer, probs.float())
-        for name in ("attentions", *LEGACY_FIELDS.values()):         # not kept on the output
+        for name in ("attentions", *LEGACY_FIELDS.values()):  # not kept on the output
             if getattr(output, name, None) is not None:
                 setattr(output, name, None)
 
@@ -376,9 +427,11 @@ class AttentionCapture:
         missing = sorted(self.layers - self._got)
         if missing:
             path = "interface" if self.interface else "legacy (output_attentions under eager)"
-            raise CaptureError(f"{self.sites.model_class}: {len(self._got)} of the {len(self.layers)} asked-for "
-                               f"layers of its {self.stack} attention were captured in a forward pass ({path} "
-                               f"path); missing layers {missing[:10]}")
+            raise CaptureError(
+                f"{self.sites.model_class}: {len(self._got)} of the {len(self.layers)} asked-for "
+                f"layers of its {self.stack} attention were captured in a forward pass ({path} "
+                f"path); missing layers {missing[:10]}"
+            )
         return output
 
     def __enter__(self):
@@ -388,8 +441,10 @@ class AttentionCapture:
                 self._exit.enter_context(routed(self.model, {m: self._handle for m in self._calls}))
             else:
                 self._exit.enter_context(implementation_set(self.model, "eager"))
-            for handle in (self.model.register_forward_pre_hook(self._begin, with_kwargs=True),
-                           self.model.register_forward_hook(self._end, with_kwargs=True)):
+            for handle in (
+                self.model.register_forward_pre_hook(self._begin, with_kwargs=True),
+                self.model.register_forward_hook(self._end, with_kwargs=True),
+            ):
                 self._exit.callback(handle.remove)
         except BaseException:
             self._exit.close()
@@ -432,11 +487,14 @@ class Captured:
     def norms(self, layer: int, rows: bool = False) -> torch.Tensor:
         """[batch, head, query, key]: N = a * ||v W_O|| of one layer (needs probs and value_norms)."""
         from headprobe.scoring.measures import norm_attention
+
         return norm_attention(self["probs"][layer], self["value_norms"][layer], rows=rows)
 
 
 @contextlib.contextmanager
-def capture_heads(model, needs=("probs",), layers: Iterable[int] | None = None, to=None, stack: str | None = None):
+def capture_heads(
+    model, needs=("probs",), layers: Iterable[int] | None = None, to=None, stack: str | None = None
+):
     """Keep named per-head quantities (`QUANTITIES`) of every asked-for layer for your own inputs.
 
         with headprobe.capture_heads(model, needs={"probs", "value_norms"}) as heads:
@@ -451,6 +509,7 @@ def capture_heads(model, needs=("probs",), layers: Iterable[int] | None = None, 
     move the tensors to (default: where each layer ran, copied). The model runs unchanged (same
     outputs); wrap it in `torch.inference_mode()` yourself if you like."""
     kept = Captured(check_needs(needs), to)
-    with AttentionCapture(model, layers, lambda layer, heads: kept.keep(layer, heads), needs=kept.needs,
-                          stack=stack):
+    with AttentionCapture(
+        model, layers, lambda layer, heads: kept.keep(layer, heads), needs=kept.needs, stack=stack
+    ):
         yield kept

@@ -50,14 +50,19 @@ def by_model(tallies: dict) -> tuple[dict, dict]:
 
 def control_tables(tables: dict) -> dict:
     """The control's tables among saved ones (`control_<name>`), by their own names."""
-    return {name[len(TABLE_PREFIX):]: table for name, table in tables.items() if name.startswith(TABLE_PREFIX)}
+    return {
+        name[len(TABLE_PREFIX) :]: table
+        for name, table in tables.items()
+        if name.startswith(TABLE_PREFIX)
+    }
 
 
 def with_control(best: pd.DataFrame, control_best: pd.DataFrame) -> pd.DataFrame:
     """Best-heads rows with the control's best head of the same analysis, label, selection and fold
     beside them (`CONTROL_COLUMNS`; NaN where the control has no such row)."""
     theirs = control_best[MATCH_ON + ["heads", "accuracy", "ci_low", "ci_high"]].rename(
-        columns=dict(zip(["heads", "accuracy", "ci_low", "ci_high"], CONTROL_COLUMNS)))
+        columns=dict(zip(["heads", "accuracy", "ci_low", "ci_high"], CONTROL_COLUMNS))
+    )
     merged = best.merge(theirs.drop_duplicates(MATCH_ON), on=MATCH_ON, how="left")
     merged["control_heads"] = merged["control_heads"].fillna("").astype(str)
     return merged
@@ -68,5 +73,12 @@ def control_bar(best: pd.DataFrame, analyses) -> dict:
     without a control (best heads without `control_accuracy`)."""
     if "control_accuracy" not in best:
         return {}
-    rows = best[best["analysis"].isin(list(analyses)) & (best["selection"] == "held-out") & (best["fold"] == "")]
-    return {(a, l): float(v) for a, l, v in zip(rows["analysis"], rows["label"], rows["control_accuracy"])}
+    rows = best[
+        best["analysis"].isin(list(analyses))
+        & (best["selection"] == "held-out")
+        & (best["fold"] == "")
+    ]
+    return {
+        (a, l): float(v)
+        for a, l, v in zip(rows["analysis"], rows["label"], rows["control_accuracy"])
+    }

@@ -50,17 +50,17 @@ from headprobe.model.capture import (
 
 # The attention output projection, relative to one Transformer block (`capture.find_blocks`).
 OUTPUT_PROJECTIONS = (
-    "attention.output.dense",    # BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa-v2 (the SelfOutput's dense)
-    "attn.c_proj",               # GPT-2 (Conv1D: weight [in, out])
-    "self_attn.o_proj",          # Llama, Mistral, Qwen2, Gemma, SmolLM2 (grouped-query too)
-    "self_attn.out_proj",        # OPT
-    "self_attn.dense",           # Phi
-    "attention.dense",           # GPT-NeoX, Pythia
-    "self_attention.dense",      # Falcon, BLOOM
-    "attn.out_proj",             # GPT-J
-    "attn.attention.out_proj",   # GPT-Neo
-    "attention.out_lin",         # DistilBERT
-    "attention.attn.o",          # MPNet
+    "attention.output.dense",  # BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa-v2 (the SelfOutput's dense)
+    "attn.c_proj",  # GPT-2 (Conv1D: weight [in, out])
+    "self_attn.o_proj",  # Llama, Mistral, Qwen2, Gemma, SmolLM2 (grouped-query too)
+    "self_attn.out_proj",  # OPT
+    "self_attn.dense",  # Phi
+    "attention.dense",  # GPT-NeoX, Pythia
+    "self_attention.dense",  # Falcon, BLOOM
+    "attn.out_proj",  # GPT-J
+    "attn.attention.out_proj",  # GPT-Neo
+    "attention.out_lin",  # DistilBERT
+    "attention.attn.o",  # MPNet
 )
 
 
@@ -84,12 +84,16 @@ def output_projections(model) -> list[nn.Module]:
                 continue
             break
         else:
-            raise ValueError(f"{type(model).__name__}: no attention output projection in layer {layer} "
-                             f"(looked for {', '.join(OUTPUT_PROJECTIONS)}); add its path to "
-                             "headprobe.model.gates.OUTPUT_PROJECTIONS")
+            raise ValueError(
+                f"{type(model).__name__}: no attention output projection in layer {layer} "
+                f"(looked for {', '.join(OUTPUT_PROJECTIONS)}); add its path to "
+                "headprobe.model.gates.OUTPUT_PROJECTIONS"
+            )
         if in_features(module) % n_heads:
-            raise ValueError(f"{type(model).__name__} layer {layer}: output projection input "
-                             f"{in_features(module)} is not {n_heads} heads wide")
+            raise ValueError(
+                f"{type(model).__name__} layer {layer}: output projection input "
+                f"{in_features(module)} is not {n_heads} heads wide"
+            )
         found.append(module)
     return found
 
@@ -101,12 +105,12 @@ def head_dim(model) -> int:
 
 def _gate_view(gates: torch.Tensor, layer: int, x: torch.Tensor) -> torch.Tensor:
     """The gates of `layer`, shaped to broadcast over x viewed as [batch, ..., head, d_head]."""
-    g = gates[layer] if gates.dim() == 2 else gates[:, layer]          # [head] or [batch, head]
+    g = gates[layer] if gates.dim() == 2 else gates[:, layer]  # [head] or [batch, head]
     if gates.dim() == 3 and g.shape[0] != x.shape[0]:
         raise ValueError(f"per-row gates for {g.shape[0]} rows, but the batch has {x.shape[0]}")
     g = g.to(device=x.device, dtype=x.dtype)
     if g.dim() == 1:
-        return g[:, None]                                              # [head, 1]
+        return g[:, None]  # [head, 1]
     return g.reshape(g.shape[0], *([1] * (x.dim() - 2)), g.shape[1], 1)  # [batch, 1.., head, 1]
 
 
@@ -123,28 +127,33 @@ class HeadGates:
         self.model = model
         self.n_layers, self.n_heads = n_layers_heads(model)
         if gates.dim() not in (2, 3) or tuple(gates.shape[-2:]) != (self.n_layers, self.n_heads):
-            raise ValueError(f"gates must be [layer, head] = [{self.n_layers}, {self.n_heads}] or "
-                             f"[batch, {self.n_layers}, {self.n_heads}], not {list(gates.shape)}")
+            raise ValueError(
+                f"gates must be [layer, head] = [{self.n_layers}, {self.n_heads}] or "
+                f"[batch, {self.n_layers}, {self.n_heads}], not {list(gates.shape)}"
+            )
         self.gates = gates
         self.projections = output_projections(model)
         self.d_head = in_features(self.projections[0]) // self.n_heads
         if means is not None and tuple(means.shape) != (self.n_layers, self.n_heads, self.d_head):
-            raise ValueError(f"means must be [layer, head, d_head] = [{self.n_layers}, {self.n_heads}, "
-                             f"{self.d_head}], not {list(means.shape)}")
+            raise ValueError(
+                f"means must be [layer, head, d_head] = [{self.n_layers}, {self.n_heads}, "
+                f"{self.d_head}], not {list(means.shape)}"
+            )
         self.means = means
         self._handles: list = []
 
     def _hook(self, layer: int):
         def gate(module, args):
-            x = args[0]                                                # [batch, piece, head * d_head]
-            heads = x.unflatten(-1, (self.n_heads, self.d_head))       # [batch, piece, head, d_head]
+            x = args[0]  # [batch, piece, head * d_head]
+            heads = x.unflatten(-1, (self.n_heads, self.d_head))  # [batch, piece, head, d_head]
             g = _gate_view(self.gates, layer, x)
             if self.means is None:
                 heads = heads * g
             else:
-                mean = self.means[layer].to(device=x.device, dtype=x.dtype)   # [head, d_head]
+                mean = self.means[layer].to(device=x.device, dtype=x.dtype)  # [head, d_head]
                 heads = mean + g * (heads - mean)
             return (heads.flatten(-2), *args[1:])
+
         return gate
 
     def __enter__(self):
@@ -165,8 +174,8 @@ class HeadGates:
 def model_inputs(batch, device=None) -> dict[str, torch.Tensor]:
     """`input_ids` and `attention_mask` of a headprobe `Batch` or a mapping, on `device`."""
     get = batch.get if isinstance(batch, dict) else (lambda key: getattr(batch, key, None))
-    ids = get("input_ids")                                             # [batch, piece]
-    mask = get("attention_mask")                                       # [batch, piece]
+    ids = get("input_ids")  # [batch, piece]
+    mask = get("attention_mask")  # [batch, piece]
     mask = torch.ones_like(ids) if mask is None else mask
     if device is not None:
         ids, mask = ids.to(device), mask.to(device)
@@ -179,13 +188,14 @@ class _MeanPass:
     def __init__(self, n_layers: int, width: int):
         self.sums = torch.zeros(n_layers, width, dtype=torch.float64)  # [layer, head * d_head]
         self.count = 0
-        self.mask = None                                               # [batch, piece], per batch
+        self.mask = None  # [batch, piece], per batch
 
     def hook(self, layer: int):
         def add(module, args):
-            x = args[0]                                                # [batch, piece, head * d_head]
-            keep = self.mask.to(x.device).bool()                       # [batch, piece]
+            x = args[0]  # [batch, piece, head * d_head]
+            keep = self.mask.to(x.device).bool()  # [batch, piece]
             self.sums[layer] += x[keep].double().sum(0).cpu()
+
         return add
 
 
@@ -199,7 +209,9 @@ def head_means(model, batches: Iterable, progress: bool = False) -> torch.Tensor
     n_layers, n_heads = n_layers_heads(model)
     projections = output_projections(model)
     state = _MeanPass(n_layers, in_features(projections[0]))
-    handles = [m.register_forward_pre_hook(state.hook(layer)) for layer, m in enumerate(projections)]
+    handles = [
+        m.register_forward_pre_hook(state.hook(layer)) for layer, m in enumerate(projections)
+    ]
     try:
         for batch in tqdm(batches, desc="head means", unit="batch", disable=not progress):
             inputs = model_inputs(batch, model_device(model))
@@ -211,5 +223,5 @@ def head_means(model, batches: Iterable, progress: bool = False) -> torch.Tensor
             handle.remove()
     if state.count == 0:
         raise ValueError("head_means: no pieces in the batches")
-    means = (state.sums / state.count).float()                         # [layer, head * d_head]
+    means = (state.sums / state.count).float()  # [layer, head * d_head]
     return means.unflatten(-1, (n_heads, means.shape[-1] // n_heads))  # [layer, head, d_head]

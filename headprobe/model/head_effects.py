@@ -40,80 +40,113 @@ from headprobe.model.gates import HeadGates
 from headprobe.model.objectives import Objective, Targets
 
 
-def importance_rows(model, batch, objective: Objective, means: torch.Tensor | None = None,
-                    targets: Targets | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def importance_rows(
+    model,
+    batch,
+    objective: Objective,
+    means: torch.Tensor | None = None,
+    targets: Targets | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """([batch, layer, head] |dL_row/dg| at g = 1, [batch] pieces scored): one backward pass.
     `means`: differentiate the mean-ablation gate instead (slice = mean + g (slice - mean))."""
     if objective.kind == "representation":
-        raise ValueError("importance needs a language-model loss: the representation change "
-                         "1 - cos has zero gradient at g = 1 (load the model with its LM head)")
+        raise ValueError(
+            "importance needs a language-model loss: the representation change "
+            "1 - cos has zero gradient at g = 1 (load the model with its LM head)"
+        )
     targets = targets if targets is not None else objective.targets(model, batch)
     n_layers, n_heads = n_layers_heads(model)
     rows = targets.inputs["input_ids"].shape[0]
-    gates = torch.ones(rows, n_layers, n_heads, device=targets.inputs["input_ids"].device,
-                       requires_grad=True)                                  # [batch, layer, head]
+    gates = torch.ones(
+        rows, n_layers, n_heads, device=targets.inputs["input_ids"].device, requires_grad=True
+    )  # [batch, layer, head]
     with torch.enable_grad(), HeadGates(model, gates, means):
-        values, tokens = objective.per_row(model, targets)                  # [batch], [batch]
-        grad, = torch.autograd.grad(values.sum(), gates)                    # [batch, layer, head]
+        values, tokens = objective.per_row(model, targets)  # [batch], [batch]
+        (grad,) = torch.autograd.grad(values.sum(), gates)  # [batch, layer, head]
     return grad.abs().detach(), tokens.detach()
 
 
 def _tile(targets: Targets, copies: int) -> Targets:
     """The batch `copies` times over (copy-major: rows c * batch .. (c + 1) * batch)."""
     rep = lambda t: None if t is None else t.repeat(copies, *([1] * (t.dim() - 1)))
-    return Targets({k: rep(v) for k, v in targets.inputs.items()}, rep(targets.labels), rep(targets.reference))
+    return Targets(
+        {k: rep(v) for k, v in targets.inputs.items()}, rep(targets.labels), rep(targets.reference)
+    )
 
 
 @torch.no_grad()
-def gated_rows(model, targets: Targets, objective: Objective, ablated: list, means: torch.Tensor | None = None,
-               copies: int = 1) -> torch.Tensor:
+def gated_rows(
+    model,
+    targets: Targets,
+    objective: Objective,
+    ablated: list,
+    means: torch.Tensor | None = None,
+    copies: int = 1,
+) -> torch.Tensor:
     """[batch, set] the objective summed over each row with the heads of `ablated[k]` (a list of
     (layer, head)) ablated together, for each set k; `copies` sets run in one forward pass on
     the batch repeated that many times (a gate per row). An empty set is the intact model."""
     n_layers, n_heads = n_layers_heads(model)
-    ids = targets.inputs["input_ids"]                                       # [batch, piece]
+    ids = targets.inputs["input_ids"]  # [batch, piece]
     rows = ids.shape[0]
-    out = torch.empty(rows, len(ablated), dtype=torch.float32, device=ids.device)   # [batch, set]
+    out = torch.empty(rows, len(ablated), dtype=torch.float32, device=ids.device)  # [batch, set]
     step = max(1, copies)
     for start in range(0, len(ablated), step):
-        group = ablated[start:start + step]
-        gates = torch.ones(len(group), rows, n_layers, n_heads, device=ids.device)  # [copy, batch, layer, head]
+        group = ablated[start : start + step]
+        gates = torch.ones(
+            len(group), rows, n_layers, n_heads, device=ids.device
+        )  # [copy, batch, layer, head]
         for copy, heads in enumerate(group):
             for layer, head in heads:
                 gates[copy, :, layer, head] = 0.0
         tiled = _tile(targets, len(group)) if len(group) > 1 else targets
         with HeadGates(model, gates.flatten(0, 1), means):
-            values, _ = objective.per_row(model, tiled)                     # [copy * batch]
-        out[:, start:start + len(group)] = values.view(len(group), rows).T.to(out.dtype)
+            values, _ = objective.per_row(model, tiled)  # [copy * batch]
+        out[:, start : start + len(group)] = values.view(len(group), rows).T.to(out.dtype)
     return out
 
 
 @torch.no_grad()
-def ablation_rows(model, batch, objective: Objective, heads: Iterable[tuple[int, int]] | None = None,
-                  means: torch.Tensor | None = None, copies: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def ablation_rows(
+    model,
+    batch,
+    objective: Objective,
+    heads: Iterable[tuple[int, int]] | None = None,
+    means: torch.Tensor | None = None,
+    copies: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """([batch, ablated head] objective(ablated) - objective(intact), summed over each row;
     [batch] pieces scored). Each head in `heads` (default: every (layer, head), layer-major)
     is ablated alone: zeroed, or replaced by its mean where `means` ([layer, head, d_head],
     `gates.head_means`) is given. `copies` heads run in one forward pass on a batch repeated
     that many times (a gate per row)."""
     n_layers, n_heads = n_layers_heads(model)
-    heads = [(l, h) for l in range(n_layers) for h in range(n_heads)] if heads is None else list(heads)
+    heads = (
+        [(l, h) for l in range(n_layers) for h in range(n_heads)] if heads is None else list(heads)
+    )
     targets = objective.targets(model, batch)
-    intact, tokens = objective.per_row(model, targets)                      # [batch], [batch]
-    ablated = gated_rows(model, targets, objective, [[head] for head in heads], means, copies)   # [batch, head]
+    intact, tokens = objective.per_row(model, targets)  # [batch], [batch]
+    ablated = gated_rows(
+        model, targets, objective, [[head] for head in heads], means, copies
+    )  # [batch, head]
     return ablated - intact[:, None], tokens
 
 
 # ----------------------------------------------------------------------------- pruning
-PRUNE_PERCENTS = tuple(range(0, 101, 10))       # share of heads removed at each point of the curve
+PRUNE_PERCENTS = tuple(range(0, 101, 10))  # share of heads removed at each point of the curve
 
 
 def prune_order(scores) -> list[tuple[int, int]]:
     """Heads least important first (Michel et al. 2019): `scores` has columns layer, head, score;
     ties (and NaN, last) keep layer-major order."""
     frame = scores[["layer", "head", "score"]].reset_index(drop=True)
-    order = np.lexsort((frame["head"].to_numpy(), frame["layer"].to_numpy(),
-                        np.nan_to_num(frame["score"].to_numpy(np.float64), nan=np.inf)))
+    order = np.lexsort(
+        (
+            frame["head"].to_numpy(),
+            frame["layer"].to_numpy(),
+            np.nan_to_num(frame["score"].to_numpy(np.float64), nan=np.inf),
+        )
+    )
     return [(int(frame["layer"][i]), int(frame["head"][i])) for i in order]
 
 
@@ -125,17 +158,22 @@ def removed_at(percent: int, total: int) -> int:
 def prune_steps(order: list[tuple[int, int]], percents=PRUNE_PERCENTS) -> list[tuple[str, list]]:
     """[(label "10%", the first heads of `order` removed there)], cumulative: each point removes
     `removed_at(percent, len(order))` heads, the least important first."""
-    return [(f"{p}%", list(order[:removed_at(p, len(order))])) for p in percents]
+    return [(f"{p}%", list(order[: removed_at(p, len(order))])) for p in percents]
 
 
-def head_importance(model, batches: Iterable, objective: Objective, means: torch.Tensor | None = None,
-                    progress: bool = False) -> pd.DataFrame:
+def head_importance(
+    model,
+    batches: Iterable,
+    objective: Objective,
+    means: torch.Tensor | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Per head: importance = sum over rows of |dL_row/dg_h| / sum of pieces scored (whole
     data, no intervals; `tokens`, `total` keep the sums), with the objective named."""
     from tqdm.auto import tqdm
 
     n_layers, n_heads = n_layers_heads(model)
-    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)             # [layer, head]
+    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
     pieces = 0.0
     for batch in tqdm(batches, desc="importance", unit="batch", disable=not progress):
         score, tokens = importance_rows(model, batch, objective, means)
@@ -143,5 +181,13 @@ def head_importance(model, batches: Iterable, objective: Objective, means: torch
         pieces += float(tokens.sum())
     layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
     summed = total.numpy().ravel()
-    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "total": summed, "tokens": pieces,
-                         "importance": summed / pieces if pieces else np.nan, "objective": objective.description})
+    return pd.DataFrame(
+        {
+            "layer": layer.ravel(),
+            "head": head.ravel(),
+            "total": summed,
+            "tokens": pieces,
+            "importance": summed / pieces if pieces else np.nan,
+            "objective": objective.description,
+        }
+    )

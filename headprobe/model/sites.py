@@ -50,25 +50,29 @@ from headprobe.model.attention import (
 )
 
 STACKS = ("encoder", "decoder", "cross")
-ENCODER_LENGTH, DECODER_LENGTH = 6, 4          # the discovery pass's input lengths (they must differ)
+ENCODER_LENGTH, DECODER_LENGTH = 6, 4  # the discovery pass's input lengths (they must differ)
 # names of an attention module's output projection (Llama, BART/OPT, T5, GPT-2, DistilBERT,
 # ModernBERT, GPT-NeoX/ALBERT); BERT-style models keep it beside the module (`output.dense`)
 OUTPUT_NAMES = ("o_proj", "out_proj", "o", "c_proj", "out_lin", "Wo", "dense")
-LEGACY_FIELDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+LEGACY_FIELDS = {
+    "encoder": "encoder_attentions",
+    "decoder": "decoder_attentions",
+    "cross": "cross_attentions",
+}
 
 
 @dataclass(frozen=True, eq=False)
 class AttentionSite:
     """One attention call of a forward pass: layer `layer` of stack `stack`."""
 
-    stack: str                     # "encoder", "decoder" or "cross"
-    layer: int                     # 0-based, in call order within the stack
-    module: nn.Module | None       # the attention module (None on the legacy path)
-    causal: bool                   # no key after the query is visible (this call's own mask)
-    heads: int                     # query heads
-    kv_heads: int                  # key/value heads (fewer under grouped-query attention)
-    name: str = ""                 # the module's name in the model, or the output field (legacy)
-    output: nn.Module | None = None   # its output projection, where one is found
+    stack: str  # "encoder", "decoder" or "cross"
+    layer: int  # 0-based, in call order within the stack
+    module: nn.Module | None  # the attention module (None on the legacy path)
+    causal: bool  # no key after the query is visible (this call's own mask)
+    heads: int  # query heads
+    kv_heads: int  # key/value heads (fewer under grouped-query attention)
+    name: str = ""  # the module's name in the model, or the output field (legacy)
+    output: nn.Module | None = None  # its output projection, where one is found
 
 
 @dataclass(eq=False)
@@ -76,11 +80,11 @@ class Sites:
     """Every attention site of one model, and how to feed the model for a stack."""
 
     model_class: str
-    path: str                                  # "interface" or "legacy"
+    path: str  # "interface" or "legacy"
     sites: tuple[AttentionSite, ...]
     encoder_decoder: bool = False
     decoder_start: int | None = None
-    fields: dict = field(default_factory=dict)   # legacy: stack -> output field
+    fields: dict = field(default_factory=dict)  # legacy: stack -> output field
 
     @property
     def stacks(self) -> list[str]:
@@ -94,8 +98,10 @@ class Sites:
     def resolve(self, stack: str | None) -> str:
         stack = stack or self.default_stack
         if stack not in self.stacks:
-            raise CaptureError(f"--stack {stack}: {self.model_class} has no {stack} attention "
-                               f"(its attention stacks: {', '.join(self.stacks)})")
+            raise CaptureError(
+                f"--stack {stack}: {self.model_class} has no {stack} attention "
+                f"(its attention stacks: {', '.join(self.stacks)})"
+            )
         return stack
 
     def of(self, stack: str | None = None) -> list[AttentionSite]:
@@ -124,8 +130,15 @@ class Sites:
 
     def describe(self) -> dict:
         """{stack: {layers, heads, kv_heads, causal}} and the capture path, for the summary."""
-        stacks = {s: {"layers": self.n_layers(s), "heads": self.n_heads(s), "kv_heads": self.n_kv_heads(s),
-                      "causal": self.causal(s)} for s in self.stacks}
+        stacks = {
+            s: {
+                "layers": self.n_layers(s),
+                "heads": self.n_heads(s),
+                "kv_heads": self.n_kv_heads(s),
+                "causal": self.causal(s),
+            }
+            for s in self.stacks
+        }
         return {"stacks": stacks, "capture_path": self.path}
 
     # -- feeding the model ---------------------------------------------------------------
@@ -138,22 +151,34 @@ class Sites:
         token first, CLS/BOS-like) for an encoder-decoder's decoder, else the sentence's."""
         if not (self.encoder_decoder and stack == "decoder"):
             return alignment
-        return Alignment([self.decoder_start] + list(alignment.input_ids), [-1] + list(alignment.piece_word),
-                         [CLS_LIKE] + list(alignment.piece_kind), alignment.n_words)
+        return Alignment(
+            [self.decoder_start] + list(alignment.input_ids),
+            [-1] + list(alignment.piece_word),
+            [CLS_LIKE] + list(alignment.piece_kind),
+            alignment.n_words,
+        )
 
     def model_inputs(self, batch, stack: str) -> dict:
         """The forward pass's keyword arguments for `batch` (built on `scoring_alignment`)."""
-        ids, mask = batch.input_ids, batch.attention_mask                  # [batch, piece]
+        ids, mask = batch.input_ids, batch.attention_mask  # [batch, piece]
         if not self.encoder_decoder:
             return dict(input_ids=ids, attention_mask=mask)
-        if stack == "decoder":                                             # ids: start + sentence
-            return dict(input_ids=ids[:, 1:], attention_mask=mask[:, 1:], decoder_input_ids=ids,
-                        decoder_attention_mask=mask)
-        start = ids.new_full((ids.shape[0], 1), self.decoder_start)       # [batch, 1]
+        if stack == "decoder":  # ids: start + sentence
+            return dict(
+                input_ids=ids[:, 1:],
+                attention_mask=mask[:, 1:],
+                decoder_input_ids=ids,
+                decoder_attention_mask=mask,
+            )
+        start = ids.new_full((ids.shape[0], 1), self.decoder_start)  # [batch, 1]
         if stack == "encoder":
             return dict(input_ids=ids, attention_mask=mask, decoder_input_ids=start)
-        return dict(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.cat([start, ids], dim=1),
-                    decoder_attention_mask=torch.cat([torch.ones_like(start), mask], dim=1))
+        return dict(
+            input_ids=ids,
+            attention_mask=mask,
+            decoder_input_ids=torch.cat([start, ids], dim=1),
+            decoder_attention_mask=torch.cat([torch.ones_like(start), mask], dim=1),
+        )
 
 
 def text_config(model):
@@ -203,15 +228,26 @@ def probe_inputs(model, encoder_decoder: bool, start: int | None) -> dict:
     """A short input of ordinary (not special) token ids from the middle of the vocabulary."""
     config = text_config(model)
     vocab = int(getattr(config, "vocab_size", 0) or 0) or 1000
-    special = {getattr(config, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id",
-                                                        "decoder_start_token_id", "sep_token_id", "cls_token_id")}
+    special = {
+        getattr(config, name, None)
+        for name in (
+            "pad_token_id",
+            "bos_token_id",
+            "eos_token_id",
+            "decoder_start_token_id",
+            "sep_token_id",
+            "cls_token_id",
+        )
+    }
     ids = [i for i in range(vocab // 2, vocab) if i not in special][:ENCODER_LENGTH]
     if len(ids) < ENCODER_LENGTH:
         ids = [i % vocab for i in range(vocab // 2, vocab // 2 + ENCODER_LENGTH)]
     device = model_device(model)
     inputs = {"input_ids": torch.tensor([ids], device=device)}
     if encoder_decoder:
-        inputs["decoder_input_ids"] = torch.tensor([[start] + ids[:DECODER_LENGTH - 1]], device=device)
+        inputs["decoder_input_ids"] = torch.tensor(
+            [[start] + ids[: DECODER_LENGTH - 1]], device=device
+        )
     return inputs
 
 
@@ -221,32 +257,48 @@ def discover(model) -> Sites:
     encoder_decoder = is_encoder_decoder(model)
     start = decoder_start_id(model) if encoder_decoder else None
     if encoder_decoder and start is None:
-        raise CaptureError(f"{name}: an encoder-decoder without decoder_start_token_id in its config: "
-                           "headprobe cannot form the decoder's input")
+        raise CaptureError(
+            f"{name}: an encoder-decoder without decoder_start_token_id in its config: "
+            "headprobe cannot form the decoder's input"
+        )
     inputs = probe_inputs(model, encoder_decoder, start)
     calls = []
 
     def record(module, query, key, value, mask, scaling, dropout, kwargs):
-        visible = visible_keys(module, mask, kwargs, query.shape[-2], key.shape[-2])     # [query, key]
-        calls.append((module, query.shape[1], key.shape[1], query.shape[-2], key.shape[-2], visible))
-        return fallback(module)(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+        visible = visible_keys(module, mask, kwargs, query.shape[-2], key.shape[-2])  # [query, key]
+        calls.append(
+            (module, query.shape[1], key.shape[1], query.shape[-2], key.shape[-2], visible)
+        )
+        return fallback(module)(
+            module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs
+        )
 
     try:
         with torch.no_grad(), routed(model, every=record):
             model(**inputs)
         if calls:
-            return Sites(name, "interface", _interface_sites(model, calls, encoder_decoder), encoder_decoder, start)
+            return Sites(
+                name,
+                "interface",
+                _interface_sites(model, calls, encoder_decoder),
+                encoder_decoder,
+                start,
+            )
         with torch.no_grad(), implementation_set(model, "eager"):
             output = model(**inputs, output_attentions=True)
     except CaptureError:
         raise
     except Exception as exc:
-        raise CaptureError(f"{name}: cannot run it on a token sequence to find its attention "
-                           f"({type(exc).__name__}: {exc})") from exc
+        raise CaptureError(
+            f"{name}: cannot run it on a token sequence to find its attention "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     sites, fields = _legacy_sites(output, encoder_decoder)
     if not sites:
-        raise CaptureError(f"{name}: no attention found: it calls none of transformers' attention functions "
-                           "(interface path) and returns no attention with output_attentions=True (legacy path)")
+        raise CaptureError(
+            f"{name}: no attention found: it calls none of transformers' attention functions "
+            "(interface path) and returns no attention with output_attentions=True (legacy path)"
+        )
     return Sites(name, "legacy", sites, encoder_decoder, start, fields)
 
 
@@ -273,8 +325,18 @@ def _interface_sites(model, calls, encoder_decoder: bool) -> tuple[AttentionSite
         stack = _stack_of(n_query, n_key) if encoder_decoder else single
         layer = layers[stack] = layers.get(stack, -1) + 1
         name = names.get(module, "")
-        sites.append(AttentionSite(stack, layer, module, is_causal, int(heads), int(kv_heads), name,
-                                   _output_projection(model, name, module)))
+        sites.append(
+            AttentionSite(
+                stack,
+                layer,
+                module,
+                is_causal,
+                int(heads),
+                int(kv_heads),
+                name,
+                _output_projection(model, name, module),
+            )
+        )
     return tuple(sites)
 
 
@@ -293,13 +355,15 @@ def _legacy_sites(output, encoder_decoder: bool):
     wanted = LEGACY_FIELDS if encoder_decoder else {None: "attentions"}
     sites, fields = [], {}
     for stack, name in wanted.items():
-        layers = getattr(output, name, None) or ()                     # per layer [batch, head, query, key]
+        layers = getattr(output, name, None) or ()  # per layer [batch, head, query, key]
         layers = [probs for probs in layers if probs is not None]
         if not layers:
             continue
         causal = [_is_causal(probs[0, 0] > 0) for probs in layers]
         stack = stack or ("decoder" if any(causal) else "encoder")
         fields[stack] = name
-        sites += [AttentionSite(stack, layer, None, c, int(p.shape[1]), int(p.shape[1]), name)
-                  for layer, (p, c) in enumerate(zip(layers, causal))]
+        sites += [
+            AttentionSite(stack, layer, None, c, int(p.shape[1]), int(p.shape[1]), name)
+            for layer, (p, c) in enumerate(zip(layers, causal))
+        ]
     return tuple(sites), fields

@@ -30,7 +30,14 @@ from headprobe.report.build import compose
 from headprobe.results import store
 from headprobe.results.query import Results
 
-__all__ = ["build_report", "staged_report", "main_report", "compose", "read_results", "UnreadableResults"]
+__all__ = [
+    "build_report",
+    "staged_report",
+    "main_report",
+    "compose",
+    "read_results",
+    "UnreadableResults",
+]
 
 
 class UnreadableResults(ValueError):
@@ -51,10 +58,13 @@ def read_results(source) -> tuple[Results, str]:
         return Results.load(directory), str(directory)
     except FileNotFoundError:
         raise
-    except Exception as err:          # refused, or corrupt JSON / Parquet / npz: many error types
+    except Exception as err:  # refused, or corrupt JSON / Parquet / npz: many error types
         said = str(err)
-        message = said if said.startswith(str(directory)) else \
-            f"{directory}: cannot read the results ({type(err).__name__}: {said})"
+        message = (
+            said
+            if said.startswith(str(directory))
+            else f"{directory}: cannot read the results ({type(err).__name__}: {said})"
+        )
         raise UnreadableResults(message) from err
 
 
@@ -88,7 +98,9 @@ def build_report(results_or_dir, out_dir=None, figures_only: bool = False) -> di
     paths["markdown"].write_text(_markdown.render(doc, store.REPORT_FIGURES), encoding="utf-8")
     paths["roles"] = out / store.REPORT_ROLES
     results.roles.to_csv(paths["roles"], index=False)
-    paths["tables"] = write_tables(results.for_measure(), out / store.REPORT_TABLES)   # several measures: the first
+    paths["tables"] = write_tables(
+        results.for_measure(), out / store.REPORT_TABLES
+    )  # several measures: the first
     return paths
 
 
@@ -104,14 +116,14 @@ def write_figures(doc, fig_dir: Path) -> tuple[list[Path], list[Path]]:
     pngs, vectors = [], []
     for fig in doc.figures():
         stem = fig_dir / fig.name
-        if isinstance(fig.image, bytes):            # a section that drew PNG bytes itself
+        if isinstance(fig.image, bytes):  # a section that drew PNG bytes itself
             (fig_dir / fig.filename).write_bytes(fig.image)
             pngs.append(fig_dir / fig.filename)
             continue
         written = fig.image.save(stem)
         pngs += [p for p in written if p.suffix == ".png"]
         vectors += [p for p in written if p.suffix != ".png"]
-        fig.image.figure.clear()                   # free the drawing: its files are written
+        fig.image.figure.clear()  # free the drawing: its files are written
     return pngs, vectors
 
 
@@ -136,14 +148,19 @@ def staged_report(results):
     report/ inside the save's staging directory, so the report is swapped in with the results
     it shows. If building it fails, the results are still saved, without a report: a warning
     on stderr, and no partial report/ left. Returns {"report_html", "report_markdown"} paths."""
+
     def build(stage: Path) -> dict:
         try:
             built = build_report(results, stage / store.REPORT_DIR)
-        except Exception as exc:         # the tables matter more than their rendering
+        except Exception as exc:  # the tables matter more than their rendering
             shutil.rmtree(stage / store.REPORT_DIR, ignore_errors=True)
-            print(f"headprobe: warning: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(
+                f"headprobe: warning: report not written: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
             return {}
         return {f"report_{key}": built[key] for key in ("html", "markdown")}
+
     return build
 
 
@@ -153,10 +170,15 @@ def main_report(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="headprobe report",
         description="Build report.html, report.md, tables/*.csv and figures/* (PNG, SVG, PDF) from a results "
-                    "directory.")
+        "directory.",
+    )
     parser.add_argument("results_dir", help="directory written by `headprobe run`")
-    parser.add_argument("--out", default=None, help="output directory (default: RESULTS_DIR/report)")
-    parser.add_argument("--figures-only", action="store_true", help="write only figures/ (PNG, SVG, PDF)")
+    parser.add_argument(
+        "--out", default=None, help="output directory (default: RESULTS_DIR/report)"
+    )
+    parser.add_argument(
+        "--figures-only", action="store_true", help="write only figures/ (PNG, SVG, PDF)"
+    )
     args = parser.parse_args(argv)
     try:
         paths = build_report(args.results_dir, args.out, figures_only=args.figures_only)

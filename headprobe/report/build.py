@@ -63,8 +63,10 @@ from headprobe.stats.roles import (
     role_summary,
 )
 
-HEAD_LEGEND = ("Heads are named L-H = layer-head, both 0-based (Clark et al. 2019 print "
-               "1-based indices, so their 8-10 is 7-9 here).")
+HEAD_LEGEND = (
+    "Heads are named L-H = layer-head, both 0-based (Clark et al. 2019 print "
+    "1-based indices, so their 8-10 is 7-9 here)."
+)
 MAX_PANELS = 12
 MAX_EXAMPLES = 30
 
@@ -75,18 +77,24 @@ def compose(results, source: str = "") -> Document:
     order), example pictures, how to read the tables, and the provenance, collapsed, last."""
     model = results.summary.get("model", "unknown model")
     doc = Document(title=f"headprobe report: {model}")
-    shown = results.for_measure()            # several measures (SPEC 7): the sections show the first
+    shown = results.for_measure()  # several measures (SPEC 7): the sections show the first
     doc.sections += [summary_section(shown), roles_section(shown)]
     for name in sorted(results.analyses, key=_builtin_rank):
         render = _section_of(name)
         doc.sections.append((render or default_section)(shown, name))
-    if shown.control is not None:            # the random-init control (headprobe.model.control)
+    if shown.control is not None:  # the random-init control (headprobe.model.control)
         from headprobe.report.effects import control_section
+
         doc.sections.append(control_section(shown))
     if len(results.measures) > 1:
         from headprobe.report.measures import measures_section
+
         doc.sections.append(measures_section(results))
-    doc.sections += [examples_section(results), reading_section(), provenance_section(results, source)]
+    doc.sections += [
+        examples_section(results),
+        reading_section(),
+        provenance_section(results, source),
+    ]
     return doc
 
 
@@ -101,33 +109,40 @@ def _builtin_rank(name: str) -> int:
 def _section_of(name: str):
     try:
         return registry.get(name).report_section()
-    except ValueError:               # an analysis whose plugin is not installed here: the default view
+    except ValueError:  # an analysis whose plugin is not installed here: the default view
         return None
 
 
 # ---------------------------------------------------------------- summary (findings first)
+
 
 def model_line(results, with_model: bool = True) -> str:
     """Model and data in one line: 'M: encoder, 6 layers x 12 heads; data: a.conllu (2,001
     sentences, 25,147 words), ...' (the BOS mode where a BOS token is, or could be, used)."""
     summary = results.summary
     kind = {True: "decoder (causal attention)", False: "encoder"}.get(summary.get("causal"))
-    shape = ", ".join(x for x in (kind, f"{results.n_layers} layers x {results.n_heads} heads") if x)
+    shape = ", ".join(
+        x for x in (kind, f"{results.n_layers} layers x {results.n_heads} heads") if x
+    )
     parts = [f"{summary.get('model', 'unknown model')}: {shape}" if with_model else shape]
     bos = summary.get("bos")
     if isinstance(bos, dict):
         used, asked = bos.get("used"), bos.get("asked")
         if summary.get("causal") or used not in (None, "none"):
-            parts.append(f"BOS mode: {used}" + (f" (asked: {asked})" if asked not in (None, used) else ""))
+            parts.append(
+                f"BOS mode: {used}" + (f" (asked: {asked})" if asked not in (None, used) else "")
+            )
     elif bos is not None:
         parts.append(f"BOS mode: {bos}")
     data = []
     for r in data_sources(results).itertuples(index=False):
         name = Path(r.path).name or r.input
-        counts = [f"{int(r.examples):,} {r.unit}" if pd.notna(r.examples) else "",
-                  f"{int(r.words):,} words" if pd.notna(r.words) else "",
-                  f"{int(r.documents):,} documents" if pd.notna(r.documents) else "",
-                  f"{int(r.mentions):,} mentions" if pd.notna(r.mentions) else ""]
+        counts = [
+            f"{int(r.examples):,} {r.unit}" if pd.notna(r.examples) else "",
+            f"{int(r.words):,} words" if pd.notna(r.words) else "",
+            f"{int(r.documents):,} documents" if pd.notna(r.documents) else "",
+            f"{int(r.mentions):,} mentions" if pd.notna(r.mentions) else "",
+        ]
         data.append(f"{name} ({', '.join(c for c in counts if c)})" if any(counts) else name)
     if data:
         parts.append("data: " + "; ".join(data))
@@ -140,12 +155,22 @@ def summary_section(results) -> Section:
     roles = results.roles
     if len(roles):
         counts = role_summary(roles, order=list(role_colors(results)))
-        held = [f"{r.heads} {r.role}" for r in counts.itertuples(index=False) if r.heads and r.role != NONE]
+        held = [
+            f"{r.heads} {r.role}"
+            for r in counts.itertuples(index=False)
+            if r.heads and r.role != NONE
+        ]
         empty = [r.role for r in counts.itertuples(index=False) if not r.heads and r.role != NONE]
         none = int(counts.loc[counts["role"] == NONE, "heads"].sum())
-        s.add(Paragraph(f"Head roles (first matching rule, of {len(roles)} heads): "
-                        + (", ".join(held) or "no head meets a rule") + f"; {none} none"
-                        + (f"; no {' or '.join(empty)} head" if empty else "") + "."))
+        s.add(
+            Paragraph(
+                f"Head roles (first matching rule, of {len(roles)} heads): "
+                + (", ".join(held) or "no head meets a rule")
+                + f"; {none} none"
+                + (f"; no {' or '.join(empty)} head" if empty else "")
+                + "."
+            )
+        )
     found = key_findings(results)
     if len(found):
         s.add(_findings_table(found))
@@ -160,32 +185,62 @@ def _findings_table(found: pd.DataFrame) -> Table:
     for r in found.to_dict("records"):
         head = " ".join(x for x in (str(r["heads"]), str(r["direction"] or "")) if x and x != "nan")
         nd = decimals(r["ci_low"], r["ci_high"])
-        rows.append([Cell(r["analysis"]), Cell(r["label"], {"col": "label"}), Cell(fmt_int(r["n"]), {"col": "n"}, True),
-                     Cell(head, {"col": "head"}, keep=True),
-                     Cell(fmt_est(r["accuracy"], r["ci_low"], r["ci_high"]),
-                          {"col": "accuracy", "value": repr(float(r["accuracy"]))}, True),
-                     Cell(f"{r['baseline_variant']} {fmt(r['baseline_accuracy'], nd)}", {"col": "baseline"}),
-                     Cell(fmt_signed_est(r["gap"], r["gap_low"], r["gap_high"]),
-                          {"col": "gap", "value": repr(float(r["gap"]))}, True)])
+        rows.append(
+            [
+                Cell(r["analysis"]),
+                Cell(r["label"], {"col": "label"}),
+                Cell(fmt_int(r["n"]), {"col": "n"}, True),
+                Cell(head, {"col": "head"}, keep=True),
+                Cell(
+                    fmt_est(r["accuracy"], r["ci_low"], r["ci_high"]),
+                    {"col": "accuracy", "value": repr(float(r["accuracy"]))},
+                    True,
+                ),
+                Cell(
+                    f"{r['baseline_variant']} {fmt(r['baseline_accuracy'], nd)}",
+                    {"col": "baseline"},
+                ),
+                Cell(
+                    fmt_signed_est(r["gap"], r["gap_low"], r["gap_high"]),
+                    {"col": "gap", "value": repr(float(r["gap"]))},
+                    True,
+                ),
+            ]
+        )
         attrs.append({"analysis": r["analysis"], "label": r["label"]})
-    return Table("key-findings", f"Key findings, held-out (head and direction chosen on one half of the units, "
-                 f"scored on the other, both ways, pooled): per analysis, {ALL} and the {TOP_LABELS} labels with "
-                 "the largest gap over their baseline. " + LEGEND,
-                 ["Analysis", "Label", "n", "Held-out head", "Accuracy [95% CI]", "Baseline", "Gap [95% CI]"],
-                 rows, attrs)
+    return Table(
+        "key-findings",
+        f"Key findings, held-out (head and direction chosen on one half of the units, "
+        f"scored on the other, both ways, pooled): per analysis, {ALL} and the {TOP_LABELS} labels with "
+        "the largest gap over their baseline. " + LEGEND,
+        [
+            "Analysis",
+            "Label",
+            "n",
+            "Held-out head",
+            "Accuracy [95% CI]",
+            "Baseline",
+            "Gap [95% CI]",
+        ],
+        rows,
+        attrs,
+    )
 
 
 def reading_section() -> Section:
     s = Section("reading", "How to read the tables")
     s.add(Paragraph(HEAD_LEGEND))
-    s.add(Paragraph(
-        "Accuracy is hits / n (arcs for dependency, mentions for coreference). In-sample: the best head "
-        "is chosen and scored on the same data, as the papers did; held-out: chosen on one half of the "
-        "units (documents where the corpus marks them, else sentences), scored on the other half, and "
-        "swapped (2-fold, folds by a hash of the unit id). Every number is read from the results' "
-        "tables (counts, best_heads, head_tests, roles and the derived tables), as a stored value or a "
-        "ratio of stored sums; only the example pictures draw attention values (examples.json). "
-        "Figures are in figures/ as PNG, SVG and PDF; every table's full columns are in tables/ as CSV."))
+    s.add(
+        Paragraph(
+            "Accuracy is hits / n (arcs for dependency, mentions for coreference). In-sample: the best head "
+            "is chosen and scored on the same data, as the papers did; held-out: chosen on one half of the "
+            "units (documents where the corpus marks them, else sentences), scored on the other half, and "
+            "swapped (2-fold, folds by a hash of the unit id). Every number is read from the results' "
+            "tables (counts, best_heads, head_tests, roles and the derived tables), as a stored value or a "
+            "ratio of stored sums; only the example pictures draw attention values (examples.json). "
+            "Figures are in figures/ as PNG, SVG and PDF; every table's full columns are in tables/ as CSV."
+        )
+    )
     s.add(Paragraph("Reading the best-heads tables (column names as in best_heads.csv):"))
     s.add(BulletList(BEST_HEADS_LEGEND))
     return s
@@ -194,45 +249,95 @@ def reading_section() -> Section:
 def provenance_section(results, source: str = "") -> Section:
     """Inputs, hashes, options and conventions: collapsed, at the end."""
     s = Section("provenance", "Provenance")
-    items = ([f"results directory: {source}"] if source else []) + [f"{k}: {v}" for k, v in provenance(results)]
-    s.add(Details("Inputs with their SHA-256, options, conventions, corpora and run id "
-                  f"({len(items)} entries)", [BulletList(items)]))
+    items = ([f"results directory: {source}"] if source else []) + [
+        f"{k}: {v}" for k, v in provenance(results)
+    ]
+    s.add(
+        Details(
+            "Inputs with their SHA-256, options, conventions, corpora and run id "
+            f"({len(items)} entries)",
+            [BulletList(items)],
+        )
+    )
     return s
 
 
 # ---------------------------------------------------------------- roles
 
+
 def roles_section(results) -> Section:
     s = Section("roles", "Head-role map")
-    s.add(Paragraph("Each head gets the role of the first rule it meets, in this order (SPEC section 6); "
-                    "a head that meets none is 'none':"))
+    s.add(
+        Paragraph(
+            "Each head gets the role of the first rule it meets, in this order (SPEC section 6); "
+            "a head that meets none is 'none':"
+        )
+    )
     s.add(BulletList([rule.description for rule in results.role_rules()], ordered=True))
-    s.add(Paragraph("A rule whose analysis is absent from the results cannot be met. Every rule a head "
-                    "meets is listed in the per-head table, with the numbers that decided its role."))
+    s.add(
+        Paragraph(
+            "A rule whose analysis is absent from the results cannot be met. Every rule a head "
+            "meets is listed in the per-head table, with the numbers that decided its role."
+        )
+    )
     roles = results.roles
     if not len(roles):
         s.add(Paragraph("No heads in the results.", note=True))
         return s
     colors = role_colors(results)
-    s.add(Figure("roles", F.role_map_figure(roles, results.n_layers, results.n_heads, colors),
-                 "Head-role map. Cell text: positional offset, relation with the largest held-out gap ('+' when "
-                 "more relations qualify), coref, sink or broad. " + LEGEND, alt="head-role map"))
+    s.add(
+        Figure(
+            "roles",
+            F.role_map_figure(roles, results.n_layers, results.n_heads, colors),
+            "Head-role map. Cell text: positional offset, relation with the largest held-out gap ('+' when "
+            "more relations qualify), coref, sink or broad. " + LEGEND,
+            alt="head-role map",
+        )
+    )
     counts = role_summary(roles, order=list(colors))
-    s.add(Table("roles-summary", "Heads per role", ["Role", "Heads", "Share", "Layers"],
-                [[Cell(r.role), Cell(str(r.heads), numeric=True), Cell(fmt(r.share, 3), numeric=True),
-                  Cell(r.layers or "—")] for r in counts.itertuples(index=False)]))
+    s.add(
+        Table(
+            "roles-summary",
+            "Heads per role",
+            ["Role", "Heads", "Share", "Layers"],
+            [
+                [
+                    Cell(r.role),
+                    Cell(str(r.heads), numeric=True),
+                    Cell(fmt(r.share, 3), numeric=True),
+                    Cell(r.layers or "—"),
+                ]
+                for r in counts.itertuples(index=False)
+            ],
+        )
+    )
     rows, attrs = [], []
     for r in roles.itertuples(index=False):
-        rows.append([Cell(r.name), Cell(r.role, {"col": "role"}), Cell(r.detail or "—", wrap=True),
-                     Cell(r.evidence or "—", {"col": "evidence"}, wrap=True),
-                     Cell(r.all_roles or "—", {"col": "all_roles"})])
+        rows.append(
+            [
+                Cell(r.name),
+                Cell(r.role, {"col": "role"}),
+                Cell(r.detail or "—", wrap=True),
+                Cell(r.evidence or "—", {"col": "evidence"}, wrap=True),
+                Cell(r.all_roles or "—", {"col": "all_roles"}),
+            ]
+        )
         attrs.append({"layer": r.layer, "head": r.head, "role": r.role})
-    s.add(Table("roles-per-head", "Role of every head. " + LEGEND,
-                ["Head", "Role", "Detail", "Evidence", "All rules met"], rows, attrs, collapsed=len(rows) > 40))
+    s.add(
+        Table(
+            "roles-per-head",
+            "Role of every head. " + LEGEND,
+            ["Head", "Role", "Detail", "Evidence", "All rules met"],
+            rows,
+            attrs,
+            collapsed=len(rows) > 40,
+        )
+    )
     return s
 
 
 # ---------------------------------------------------------------- dependency / coreference
+
 
 def accuracy_panels(results, analysis: str, label: str, directions) -> list:
     """(title, accuracy [layer, head], accuracy - in-sample best baseline or None, baseline text)."""
@@ -261,8 +366,12 @@ def gap_items(results, analysis: str, labels: list[str]) -> list:
     for label in labels:
         t = tests[(tests["analysis"] == analysis) & (tests["label"] == label)]
         if len(t):
-            items.append((f"{label} (vs {t['baseline_variant'].iloc[0]})",
-                          to_matrix(t, "gap", results.n_layers, results.n_heads)))
+            items.append(
+                (
+                    f"{label} (vs {t['baseline_variant'].iloc[0]})",
+                    to_matrix(t, "gap", results.n_layers, results.n_heads),
+                )
+            )
     return items
 
 
@@ -279,8 +388,10 @@ def _best_tables(s: Section, results, analysis: str, labels: list[str]) -> None:
     s.add(best_heads_table(results, analysis, big))
     if small:
         table = best_heads_table(results, analysis, small, name=f"{analysis}-top-heads-small")
-        table.caption = (f"Labels with fewer than {registry.min_n(analysis)} trials (same columns): shown with their "
-                         f"counts, never named a best head")
+        table.caption = (
+            f"Labels with fewer than {registry.min_n(analysis)} trials (same columns): shown with their "
+            f"counts, never named a best head"
+        )
         table.collapsed = True
         s.add(table)
 
@@ -289,33 +400,48 @@ def dependency_section(results, analysis: str) -> Section:
     """Dependency arcs: accuracy and gap heatmaps, per-relation gaps, unreachable arcs, best heads."""
     key = slug(analysis)
     s = Section(key, "Dependency arcs (Clark et al. 2019, section 4)")
-    s.add(Paragraph(
-        "dep->head: the dependent's attention argmax (self excluded) is its head; head<-dep: of all words, "
-        "the head is the one attending most to the dependent. The baseline is the best of the fixed offsets "
-        "(-5..5) and the first word, per relation. root and punct arcs are not scored per relation; ALL is "
-        "every other arc."))
+    s.add(
+        Paragraph(
+            "dep->head: the dependent's attention argmax (self excluded) is its head; head<-dep: of all words, "
+            "the head is the one attending most to the dependent. The baseline is the best of the fixed offsets "
+            "(-5..5) and the first word, per relation. root and punct arcs are not scored per relation; ALL is "
+            "every other arc."
+        )
+    )
     labels = results.labels(analysis)
     if not labels:
         s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
         return s
     unreachable = results.unreachable_arcs(analysis)
-    if results.summary.get("causal") or (len(unreachable) and unreachable["unreachable"].gt(0).any()):
+    if results.summary.get("causal") or (
+        len(unreachable) and unreachable["unreachable"].gt(0).any()
+    ):
         s.add(_unreachable_table(unreachable, key))
     main = ALL if ALL in labels else labels[0]
     panels = accuracy_panels(results, analysis, main, registry.get(analysis).directions)
     if panels:
-        s.add(Figure(f"{key}_all", F.accuracy_gap_figure(panels),
-                     f"Dependency accuracy per head for {main} arcs, each direction (left), and accuracy minus "
-                     f"the in-sample best baseline (right; named in the panel title). " + LEGEND,
-                     alt=f"{analysis} heatmaps {main}"))
+        s.add(
+            Figure(
+                f"{key}_all",
+                F.accuracy_gap_figure(panels),
+                f"Dependency accuracy per head for {main} arcs, each direction (left), and accuracy minus "
+                f"the in-sample best baseline (right; named in the panel title). " + LEGEND,
+                alt=f"{analysis} heatmaps {main}",
+            )
+        )
     big, _ = _split_by_size(results, analysis, labels)
     items = gap_items(results, analysis, [x for x in big if x not in NOT_PER_RELATION][:MAX_PANELS])
     if items:
-        s.add(Figure(f"{key}_relations", F.gap_grid_figure(items),
-                     f"Per relation with at least {registry.min_n(analysis)} arcs (largest first): accuracy in the "
-                     "head's better direction minus the relation's in-sample best baseline. Blue: below the "
-                     "baseline, red: above. " + LEGEND,
-                     alt="per-relation gap heatmaps"))
+        s.add(
+            Figure(
+                f"{key}_relations",
+                F.gap_grid_figure(items),
+                f"Per relation with at least {registry.min_n(analysis)} arcs (largest first): accuracy in the "
+                "head's better direction minus the relation's in-sample best baseline. Blue: below the "
+                "baseline, red: above. " + LEGEND,
+                alt="per-relation gap heatmaps",
+            )
+        )
     _best_tables(s, results, analysis, labels)
     return s
 
@@ -327,31 +453,46 @@ def _unreachable_table(unreachable: pd.DataFrame, key: str) -> Table:
         by_direction = group.set_index("direction")
         row = [Cell(label), Cell(fmt_int(group["n"].iloc[0]), {"col": "n"}, True)]
         for d in directions:
-            row += [Cell(fmt_int(by_direction.at[d, "unreachable"]), {"col": f"unreachable:{d}"}, True),
-                    Cell(fmt(by_direction.at[d, "share"]), {"col": f"share:{d}"}, True)]
+            row += [
+                Cell(fmt_int(by_direction.at[d, "unreachable"]), {"col": f"unreachable:{d}"}, True),
+                Cell(fmt(by_direction.at[d, "share"]), {"col": f"share:{d}"}, True),
+            ]
         rows.append(row)
         attrs.append({"label": label})
     columns = ["Relation", "Arcs"] + [x for d in directions for x in (f"unreachable {d}", "share")]
-    return Table(f"{key}-unreachable",
-                 "Arcs no head can predict, per relation and direction: their row (dep->head) or column "
-                 "(head<-dep) holds no attention once specials and self are removed (in a decoder, the first "
-                 "word's row and the last word's column). They count as misses, never as hits.",
-                 columns, rows, attrs)
+    return Table(
+        f"{key}-unreachable",
+        "Arcs no head can predict, per relation and direction: their row (dep->head) or column "
+        "(head<-dep) holds no attention once specials and self are removed (in a decoder, the first "
+        "word's row and the last word's column). They count as misses, never as hits.",
+        columns,
+        rows,
+        attrs,
+    )
 
 
 def coreference_section(results, analysis: str) -> Section:
     """Coreference: accuracy and gap heatmaps per mention kind, best heads."""
     s = Section(slug(analysis), "Coreference (Clark et al. 2019, section 5)")
-    s.add(Paragraph(
-        "A mention's head word scores a hit when the candidate it attends to most is the head of a mention "
-        "of its own cluster. Baselines: nearest (latest-starting candidate), head_match (same head word, "
-        "else nearest) and, where present, a rule-based baseline."))
+    s.add(
+        Paragraph(
+            "A mention's head word scores a hit when the candidate it attends to most is the head of a mention "
+            "of its own cluster. Baselines: nearest (latest-starting candidate), head_match (same head word, "
+            "else nearest) and, where present, a rule-based baseline."
+        )
+    )
     kinds = results.labels(analysis)
     panels = [p for kind in kinds for p in accuracy_panels(results, analysis, kind, [""])]
     if panels:
-        s.add(Figure(slug(analysis), F.accuracy_gap_figure(panels),
-                     "Coreference accuracy per head for each mention kind (left) and accuracy minus the in-sample "
-                     "best baseline (right). " + LEGEND, alt=f"{analysis} heatmaps"))
+        s.add(
+            Figure(
+                slug(analysis),
+                F.accuracy_gap_figure(panels),
+                "Coreference accuracy per head for each mention kind (left) and accuracy minus the in-sample "
+                "best baseline (right). " + LEGEND,
+                alt=f"{analysis} heatmaps",
+            )
+        )
     else:
         s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
     _best_tables(s, results, analysis, kinds)
@@ -360,99 +501,174 @@ def coreference_section(results, analysis: str) -> Section:
 
 # ---------------------------------------------------------------- positional
 
+
 def positional_section(results, analysis: str) -> Section:
     """Argmax offsets: share heatmaps and the heads by their dominant offset (`roles.offset_shares`)."""
     key = slug(analysis)
     s = Section(key, "Positional heads (Voita et al. 2019)")
-    s.add(Paragraph(
-        "For every word (specials excluded as queries), where its attention argmax sits (self and special "
-        "tokens included): relative offset -2..+2, a special token, or elsewhere. A head is positional when "
-        f"one non-zero offset takes at least {POSITIONAL_SHARE:g} of the argmaxes."))
+    s.add(
+        Paragraph(
+            "For every word (specials excluded as queries), where its attention argmax sits (self and special "
+            "tokens included): relative offset -2..+2, a special token, or elsewhere. A head is positional when "
+            f"one non-zero offset takes at least {POSITIONAL_SHARE:g} of the argmaxes."
+        )
+    )
     shares = offset_shares(results, analysis)
     if not len(shares):
         s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
         return s
-    s.add(Figure(key, F.positional_figure(shares, results.n_layers, results.n_heads),
-                 "Share of words whose argmax is at each relative position, per head. " + LEGEND,
-                 alt=f"{analysis} heatmaps"))
+    s.add(
+        Figure(
+            key,
+            F.positional_figure(shares, results.n_layers, results.n_heads),
+            "Share of words whose argmax is at each relative position, per head. " + LEGEND,
+            alt=f"{analysis} heatmaps",
+        )
+    )
     met = _rule_met(results, [rule.role for rule in registry.get(analysis).roles])
-    top = shares.sort_values(["share", "layer", "head"], ascending=[False, True, True], kind="stable")
-    n_positional = sum(met.get((int(r.layer), int(r.head)), False) for r in shares.itertuples(index=False))
+    top = shares.sort_values(
+        ["share", "layer", "head"], ascending=[False, True, True], kind="stable"
+    )
+    n_positional = sum(
+        met.get((int(r.layer), int(r.head)), False) for r in shares.itertuples(index=False)
+    )
     top = top.head(max(10, n_positional))
     labels = [c for c in POSITIONAL_LABELS if c in shares.columns]
     rows, attrs = [], []
     for r in top.to_dict("records"):
         head = (int(r["layer"]), int(r["head"]))
-        rows.append([Cell(head_name(*head)), Cell(str(r["offset"])),
-                     Cell(fmt(r["share"]), {"col": "dominant_share"}, True),
-                     Cell("yes" if met.get(head) else "no", {"col": key})]
-                    + [Cell(fmt(r[c]), {"col": f"share:{c}"}, True) for c in labels]
-                    + [Cell(fmt_int(r["n"]), {"col": "n"}, True)])
+        rows.append(
+            [
+                Cell(head_name(*head)),
+                Cell(str(r["offset"])),
+                Cell(fmt(r["share"]), {"col": "dominant_share"}, True),
+                Cell("yes" if met.get(head) else "no", {"col": key}),
+            ]
+            + [Cell(fmt(r[c]), {"col": f"share:{c}"}, True) for c in labels]
+            + [Cell(fmt_int(r["n"]), {"col": "n"}, True)]
+        )
         attrs.append({"layer": head[0], "head": head[1]})
-    s.add(Table(f"{key}-top", f"Heads by the share of their dominant non-zero offset ({n_positional} "
-                f"positional heads). " + LEGEND,
-                ["Head", "Offset", "Share", "Positional"] + [f"share {c}" for c in labels] + ["Words"],
-                rows, attrs))
+    s.add(
+        Table(
+            f"{key}-top",
+            f"Heads by the share of their dominant non-zero offset ({n_positional} "
+            f"positional heads). " + LEGEND,
+            ["Head", "Offset", "Share", "Positional"] + [f"share {c}" for c in labels] + ["Words"],
+            rows,
+            attrs,
+        )
+    )
     return s
 
 
 def _rule_met(results, roles: list[str]) -> dict:
     """{(layer, head): whether the head meets one of the `roles`' rules} from the roles table."""
     table = results.roles
-    return {(int(l), int(h)): bool(set(roles) & set(str(met).split(", ")))
-            for l, h, met in zip(table["layer"], table["head"], table["all_roles"])}
+    return {
+        (int(l), int(h)): bool(set(roles) & set(str(met).split(", ")))
+        for l, h, met in zip(table["layer"], table["head"], table["all_roles"])
+    }
 
 
 # ---------------------------------------------------------------- surface
 
-SURFACE_COLUMNS = [("cls", "CLS/BOS"), ("sep", "SEP/EOS"), ("first", "first position"),
-                   ("sink_mass", "first + SEP/EOS"), ("punct", "punct"), ("self", "self"), ("prev", "prev"),
-                   ("next", "next"), ("entropy", "entropy"), ("entropy_uniform", "uniform entropy"),
-                   ("entropy_ratio", "entropy / uniform")]
+SURFACE_COLUMNS = [
+    ("cls", "CLS/BOS"),
+    ("sep", "SEP/EOS"),
+    ("first", "first position"),
+    ("sink_mass", "first + SEP/EOS"),
+    ("punct", "punct"),
+    ("self", "self"),
+    ("prev", "prev"),
+    ("next", "next"),
+    ("entropy", "entropy"),
+    ("entropy_uniform", "uniform entropy"),
+    ("entropy_ratio", "entropy / uniform"),
+]
 
 
 def surface_section(results, analysis: str) -> Section:
     """Attention mass per label and entropy, per head and per layer (`Results.mass_per_head`)."""
     key = slug(analysis)
     s = Section(key, "Surface statistics (Clark et al. 2019, section 3)")
-    s.add(Paragraph(
-        "Mean attention mass a word pays to [CLS]/BOS, [SEP]/EOS, the first position of the input, "
-        "punctuation words, itself, the previous and the next word (Clark et al. Figure 2), and the mean "
-        "entropy of the attention rows in nats over pieces, beside the entropy of uniform attention (their "
-        "Figure 4). Per-layer values are the layer's summed mass over its summed counts."))
+    s.add(
+        Paragraph(
+            "Mean attention mass a word pays to [CLS]/BOS, [SEP]/EOS, the first position of the input, "
+            "punctuation words, itself, the previous and the next word (Clark et al. Figure 2), and the mean "
+            "entropy of the attention rows in nats over pieces, beside the entropy of uniform attention (their "
+            "Figure 4). Per-layer values are the layer's summed mass over its summed counts."
+        )
+    )
     per_head, per_layer = results.mass_per_head(analysis), results.mass_per_layer(analysis)
     if not len(per_head):
         s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
         return s
-    same = repeated_columns(per_head, [k for k, _ in SURFACE_COLUMNS])       # an encoder: first = [CLS]
+    same = repeated_columns(per_head, [k for k, _ in SURFACE_COLUMNS])  # an encoder: first = [CLS]
     if same:
-        s.add(Paragraph("Measures holding the same numbers on every head are shown once: " + "; ".join(
-            f"{_surface_name(k)} = {_surface_name(v)}" for k, v in same.items())
-            + " (every input starts with that special token)."))
+        s.add(
+            Paragraph(
+                "Measures holding the same numbers on every head are shown once: "
+                + "; ".join(f"{_surface_name(k)} = {_surface_name(v)}" for k, v in same.items())
+                + " (every input starts with that special token)."
+            )
+        )
     if any(c in per_head.columns for c in F.SURFACE_TITLES):
-        s.add(Figure(f"{key}_mass", F.surface_figure(per_head.drop(columns=list(same)), per_layer),
-                     "Mean attention mass per head (dots) and per layer (line), by layer (0-based).",
-                     alt="surface statistics"))
+        s.add(
+            Figure(
+                f"{key}_mass",
+                F.surface_figure(per_head.drop(columns=list(same)), per_layer),
+                "Mean attention mass per head (dots) and per layer (line), by layer (0-based).",
+                alt="surface statistics",
+            )
+        )
     if "entropy" in per_head.columns:
-        s.add(Figure(f"{key}_entropy", F.entropy_figure(per_head, per_layer),
-                     "Mean entropy of the attention rows per head (dots) and per layer (line), with the entropy "
-                     "of uniform attention (dashed).", alt="entropy"))
+        s.add(
+            Figure(
+                f"{key}_entropy",
+                F.entropy_figure(per_head, per_layer),
+                "Mean entropy of the attention rows per head (dots) and per layer (line), with the entropy "
+                "of uniform attention (dashed).",
+                alt="entropy",
+            )
+        )
     names = {k: name for k, name in SURFACE_COLUMNS}
     for dropped, kept in same.items():
         names[kept] = f"{names[kept]} = {names[dropped]}"
     keys = [k for k, _ in SURFACE_COLUMNS if k not in same]
     cols = [(k, names[k]) for k in keys if k in per_layer.columns]
-    rows = [[Cell(str(int(r["layer"])))] + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
-            for r in per_layer.to_dict("records")]
-    s.add(Table(f"{key}-per-layer", "Surface statistics per layer (summed over the layer's heads; mass in "
-                "[0, 1], entropy in nats)", ["Layer"] + [n for _, n in cols], rows,
-                [{"layer": int(x)} for x in per_layer["layer"]]))
+    rows = [
+        [Cell(str(int(r["layer"])))] + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
+        for r in per_layer.to_dict("records")
+    ]
+    s.add(
+        Table(
+            f"{key}-per-layer",
+            "Surface statistics per layer (summed over the layer's heads; mass in "
+            "[0, 1], entropy in nats)",
+            ["Layer"] + [n for _, n in cols],
+            rows,
+            [{"layer": int(x)} for x in per_layer["layer"]],
+        )
+    )
     cols = [(k, names[k]) for k in keys if k in per_head.columns]
-    rows = [[Cell(head_name(r["layer"], r["head"]))] + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
-            for r in per_head.to_dict("records")]
-    s.add(Table(f"{key}-per-head", "Surface statistics per head. " + LEGEND, ["Head"] + [n for _, n in cols],
-                rows, [{"layer": int(l), "head": int(h)} for l, h in zip(per_head["layer"], per_head["head"])],
-                collapsed=True))
+    rows = [
+        [Cell(head_name(r["layer"], r["head"]))]
+        + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
+        for r in per_head.to_dict("records")
+    ]
+    s.add(
+        Table(
+            f"{key}-per-head",
+            "Surface statistics per head. " + LEGEND,
+            ["Head"] + [n for _, n in cols],
+            rows,
+            [
+                {"layer": int(l), "head": int(h)}
+                for l, h in zip(per_head["layer"], per_head["head"])
+            ],
+            collapsed=True,
+        )
+    )
     return s
 
 
@@ -461,6 +677,7 @@ def _surface_name(key: str) -> str:
 
 
 # ---------------------------------------------------------------- any other analysis
+
 
 def default_section(results, analysis: str) -> Section:
     """The view of an analysis that declares no report section: per label (largest first, at most
@@ -475,25 +692,50 @@ def default_section(results, analysis: str) -> Section:
         s.add(Paragraph(entry.description[0].upper() + entry.description[1:] + "."))
     scores = results.head_scores(analysis)
     is_mass = bool(len(scores)) and scores["hits"].isna().all()
-    what = ("mass / n (its summed value per trial, such as the mean attention mass)" if is_mass
-            else "accuracy (hits / n)")
-    s.add(Paragraph(f"This analysis declares no report section of its own; shown here: each head's {what} per "
-                    f"label, largest labels first (at most {MAX_PANELS} panels)."))
+    what = (
+        "mass / n (its summed value per trial, such as the mean attention mass)"
+        if is_mass
+        else "accuracy (hits / n)"
+    )
+    s.add(
+        Paragraph(
+            f"This analysis declares no report section of its own; shown here: each head's {what} per "
+            f"label, largest labels first (at most {MAX_PANELS} panels)."
+        )
+    )
     items = []
     for label in results.labels(analysis):
         values = results.head_values(analysis, label)
         for direction in dict.fromkeys(values["direction"]):
             one = values[values["direction"] == direction]
-            items.append((f"{label}, {direction}" if direction else label,
-                          to_matrix(one, "value", results.n_layers, results.n_heads)))
+            items.append(
+                (
+                    f"{label}, {direction}" if direction else label,
+                    to_matrix(one, "value", results.n_layers, results.n_heads),
+                )
+            )
     items = items[:MAX_PANELS]
     if items:
-        s.add(Figure(f"{slug(analysis)}_heads", F.heatmap_grid_figure(
-            items, cbar_label="mass / n" if is_mass else "accuracy", vmin=0, vmax=None if is_mass else 1),
-            f"{analysis}: {what} per head and label. " + LEGEND, alt=f"{analysis} heatmaps"))
+        s.add(
+            Figure(
+                f"{slug(analysis)}_heads",
+                F.heatmap_grid_figure(
+                    items,
+                    cbar_label="mass / n" if is_mass else "accuracy",
+                    vmin=0,
+                    vmax=None if is_mass else 1,
+                ),
+                f"{analysis}: {what} per head and label. " + LEGEND,
+                alt=f"{analysis} heatmaps",
+            )
+        )
     else:
         s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
-    selection = entry.selection if entry is not None else bool((results.best_heads["analysis"] == analysis).any())
+    selection = (
+        entry.selection
+        if entry is not None
+        else bool((results.best_heads["analysis"] == analysis).any())
+    )
     if selection:
         _best_tables(s, results, analysis, results.labels(analysis))
     return s
@@ -501,21 +743,29 @@ def default_section(results, analysis: str) -> Section:
 
 # ---------------------------------------------------------------- examples
 
+
 def examples_section(results) -> Section:
     s = Section("examples", "Example attention")
     examples = results.examples
     if not examples:
-        s.add(Paragraph("No examples in the results (examples.json absent or empty), so there are no example "
-                        "pictures. `headprobe run` draws one per top dependency head unless told not to.",
-                        note=True))
+        s.add(
+            Paragraph(
+                "No examples in the results (examples.json absent or empty), so there are no example "
+                "pictures. `headprobe run` draws one per top dependency head unless told not to.",
+                note=True,
+            )
+        )
         return s
-    s.add(Paragraph(
-        "Word-level attention of a top head on one example from the corpus per label (rows attend to columns), "
-        "a sentence of moderate length holding the relation, drawn at random with the run's seed. Red "
-        "boxes: gold arcs of that relation (dependent row, head column for dep->head; head row, dependent "
-        "column for head<-dep); for coreference, the mention's head row and the heads of its antecedents "
-        "(earlier mentions of its cluster). Orange dots: each row's argmax, self excluded. These pictures "
-        "are the only part of the report drawn from attention values."))
+    s.add(
+        Paragraph(
+            "Word-level attention of a top head on one example from the corpus per label (rows attend to columns), "
+            "a sentence of moderate length holding the relation, drawn at random with the run's seed. Red "
+            "boxes: gold arcs of that relation (dependent row, head column for dep->head; head row, dependent "
+            "column for head<-dep); for coreference, the mention's head row and the heads of its antecedents "
+            "(earlier mentions of its cluster). Orange dots: each row's argmax, self excluded. These pictures "
+            "are the only part of the report drawn from attention values."
+        )
+    )
     for k, ex in enumerate(examples[:MAX_EXAMPLES]):
         try:
             words = [str(w) for w in ex["words"]]
@@ -533,9 +783,14 @@ def examples_section(results) -> Section:
         is_best = best is not None and (int(best["layer"]), int(best["head"])) == (layer, head)
         name = head_name(layer, head)
         title = f"{analysis} {label}: head {name}" + (f" ({direction})" if direction else "")
-        s.add(Figure(f"example_{k:02d}_{slug(analysis)}_{slug(label)}_{name}",
-                     F.example_figure(words, att, gold, title, direction),
-                     _example_caption(ex, words, title, is_best), alt=f"attention of head {name}"))
+        s.add(
+            Figure(
+                f"example_{k:02d}_{slug(analysis)}_{slug(label)}_{name}",
+                F.example_figure(words, att, gold, title, direction),
+                _example_caption(ex, words, title, is_best),
+                alt=f"attention of head {name}",
+            )
+        )
     if len(examples) > MAX_EXAMPLES:
         s.add(Paragraph(f"{len(examples) - MAX_EXAMPLES} further examples not drawn.", note=True))
     return s
@@ -546,7 +801,7 @@ def _example_caption(ex: dict, words: list[str], title: str, is_best: bool) -> s
     where = f" ({'window from ' if mention else ''}{ex['sentence']})" if ex.get("sentence") else ""
     text = f"{title}{' — best head for this label' if is_best else ''}. "
     if mention and antecedent:
-        span = lambda m: " ".join(words[int(m[0]):int(m[1])])
+        span = lambda m: " ".join(words[int(m[0]) : int(m[1])])
         text += f"Mention “{span(mention)}”, antecedent “{span(antecedent)}”. "
     shown = " ".join(words[:60]) + (" …" if len(words) > 60 else "")
     return text + f"{'Words' if mention else 'Sentence'}{where}: {shown}"

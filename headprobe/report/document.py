@@ -13,26 +13,26 @@ from dataclasses import dataclass, field
 @dataclass
 class Cell:
     text: str
-    attrs: dict = field(default_factory=dict)     # becomes data-* attributes in HTML
+    attrs: dict = field(default_factory=dict)  # becomes data-* attributes in HTML
     numeric: bool = False
-    wrap: bool = False                            # long text: may wrap (HTML)
-    keep: bool = False                            # lines break at spaces only (HTML): "2-8 dep->head"
+    wrap: bool = False  # long text: may wrap (HTML)
+    keep: bool = False  # lines break at spaces only (HTML): "2-8 dep->head"
 
 
 @dataclass
 class Table:
-    name: str                                     # id / file-safe name
+    name: str  # id / file-safe name
     caption: str
     columns: list[str]
     rows: list[list[Cell]]
     row_attrs: list[dict] = field(default_factory=list)
-    collapsed: bool = False                       # long tables: folded in HTML (<details>)
+    collapsed: bool = False  # long tables: folded in HTML (<details>)
 
 
 @dataclass
 class Figure:
-    name: str                                     # file stem under figures/
-    image: object                                 # a figures.Drawing (PNG, SVG, PDF), or PNG bytes
+    name: str  # file stem under figures/
+    image: object  # a figures.Drawing (PNG, SVG, PDF), or PNG bytes
     caption: str
     alt: str = ""
 
@@ -48,7 +48,7 @@ class Figure:
 @dataclass
 class Paragraph:
     text: str
-    note: bool = False                            # an aside / warning
+    note: bool = False  # an aside / warning
 
 
 @dataclass
@@ -60,6 +60,7 @@ class BulletList:
 @dataclass
 class Details:
     """A collapsed block (HTML <details>): `summary` is shown, `blocks` on request."""
+
     summary: str
     blocks: list = field(default_factory=list)
 

@@ -24,6 +24,7 @@ TOP_HEADS = 10
 
 # ---------------------------------------------------------------- text
 
+
 def role_with_importance(row) -> str:
     """'syntactic (nsubj), importance rank 3 of 72' of a `roles` row (role alone without ranks)."""
     role = row["role"] if not row.get("detail") else f"{row['role']} ({row['detail']})"
@@ -43,13 +44,21 @@ def _described(analysis: str) -> str:
 
 # ---------------------------------------------------------------- figures
 
+
 def prune_figure(curve: pd.DataFrame, title: str) -> F.Drawing:
     """The objective (with its 95% interval) against the share of heads removed."""
     fig = F.new_figure(5.2, 3.4)
     ax = fig.subplots()
     x = curve["fraction"].to_numpy(float) * 100
-    ax.fill_between(x, curve["ci_low"].to_numpy(float), curve["ci_high"].to_numpy(float), alpha=0.25,
-                    color="#4c72b0", linewidth=0, label="95% interval")
+    ax.fill_between(
+        x,
+        curve["ci_low"].to_numpy(float),
+        curve["ci_high"].to_numpy(float),
+        alpha=0.25,
+        color="#4c72b0",
+        linewidth=0,
+        label="95% interval",
+    )
     ax.plot(x, curve["value"].to_numpy(float), marker="o", color="#4c72b0", label="objective")
     ax.set_xlabel("heads removed (%), least important first", fontsize=8)
     ax.set_ylabel("objective", fontsize=8)
@@ -64,12 +73,27 @@ def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str)
     """Each head with a role: the number that decided its role against its importance."""
     fig = F.new_figure(5.6, 3.8)
     ax = fig.subplots()
-    shown = roles[(roles["role"] != NONE) & roles["score"].notna() & roles["importance_score"].notna()]
+    shown = roles[
+        (roles["role"] != NONE) & roles["score"].notna() & roles["importance_score"].notna()
+    ]
     for role, group in shown.groupby("role", sort=False):
-        ax.scatter(group["importance_score"], group["score"], s=22, color=colors.get(role, "#333333"), label=role,
-                   edgecolor="white", linewidth=0.4)
+        ax.scatter(
+            group["importance_score"],
+            group["score"],
+            s=22,
+            color=colors.get(role, "#333333"),
+            label=role,
+            edgecolor="white",
+            linewidth=0.4,
+        )
         for r in group.itertuples(index=False):
-            ax.annotate(r.name, (r.importance_score, r.score), fontsize=6, xytext=(2, 2), textcoords="offset points")
+            ax.annotate(
+                r.name,
+                (r.importance_score, r.score),
+                fontsize=6,
+                xytext=(2, 2),
+                textcoords="offset points",
+            )
     ax.set_xlabel(f"{by} (per piece)", fontsize=8)
     ax.set_ylabel("role score (the number that decided the role)", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -83,28 +107,55 @@ def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str)
 
 # ---------------------------------------------------------------- sections
 
+
 def importance_section(results, analysis: str) -> Section:
     """One head-importance analysis (`importance`, `ablation`): per-head heatmap, the top heads with
     intervals, and, for the analysis the run ranks heads by, every role beside its rank."""
     s = Section(slug(analysis), f"Does the head matter? {analysis}")
     s.add(Paragraph(_described(analysis)))
-    table = next((results.tables[name] for name in _declared_tables(analysis)
-                  if name in results.tables and {"score", "ci_low"} <= set(results.tables[name])), None)
+    table = next(
+        (
+            results.tables[name]
+            for name in _declared_tables(analysis)
+            if name in results.tables and {"score", "ci_low"} <= set(results.tables[name])
+        ),
+        None,
+    )
     if table is None or not len(table):
         s.add(Paragraph(f"No {analysis} rows.", note=True))
         return s
     s.add(Paragraph(f"Objective: {table['objective'].iloc[0]}."))
-    s.add(Figure(f"{slug(analysis)}_heads", F.heatmap_grid_figure(
-        [(analysis, to_matrix(table, "score", results.n_layers, results.n_heads))], cbar_label="per piece"),
-        f"{analysis} per head (sum over units / pieces scored). " + LEGEND, alt=f"{analysis} heatmap"))
+    s.add(
+        Figure(
+            f"{slug(analysis)}_heads",
+            F.heatmap_grid_figure(
+                [(analysis, to_matrix(table, "score", results.n_layers, results.n_heads))],
+                cbar_label="per piece",
+            ),
+            f"{analysis} per head (sum over units / pieces scored). " + LEGEND,
+            alt=f"{analysis} heatmap",
+        )
+    )
     top = table.sort_values("score", ascending=False, kind="stable").head(TOP_HEADS)
-    s.add(Table(f"{slug(analysis)}-top", f"The {len(top)} heads with the largest {analysis} (95% interval over "
-                "units; fold 0 / fold 1: each half of the units). " + LEGEND,
-                ["Head", analysis, "95% CI", "fold 0", "fold 1", "pieces"],
-                [[Cell(head_name(r.layer, r.head)), Cell(fmt(r.score, 5), numeric=True),
-                  Cell(fmt_ci(r.ci_low, r.ci_high, 5), numeric=True), Cell(fmt(r.fold0, 5), numeric=True),
-                  Cell(fmt(r.fold1, 5), numeric=True), Cell(f"{int(r.n):,}", numeric=True)]
-                 for r in top.itertuples(index=False)]))
+    s.add(
+        Table(
+            f"{slug(analysis)}-top",
+            f"The {len(top)} heads with the largest {analysis} (95% interval over "
+            "units; fold 0 / fold 1: each half of the units). " + LEGEND,
+            ["Head", analysis, "95% CI", "fold 0", "fold 1", "pieces"],
+            [
+                [
+                    Cell(head_name(r.layer, r.head)),
+                    Cell(fmt(r.score, 5), numeric=True),
+                    Cell(fmt_ci(r.ci_low, r.ci_high, 5), numeric=True),
+                    Cell(fmt(r.fold0, 5), numeric=True),
+                    Cell(fmt(r.fold1, 5), numeric=True),
+                    Cell(f"{int(r.n):,}", numeric=True),
+                ]
+                for r in top.itertuples(index=False)
+            ],
+        )
+    )
     ranks = importance_ranks(results)
     if ranks is not None and len(ranks) and ranks["by"].iloc[0] == analysis:
         _roles_by_importance(s, results, analysis)
@@ -116,40 +167,90 @@ def _roles_by_importance(s: Section, results, by: str) -> None:
     if "importance_rank" not in roles:
         return
     ordered = roles.sort_values(["importance_rank", "layer", "head"], kind="stable")
-    s.add(Table(f"{slug(by)}-roles", f"Every head's role beside its rank by {by} (1 = most important). " + LEGEND,
-                ["Head", "Role and importance", f"{by}", "Role score"],
-                [[Cell(r["name"]), Cell(role_with_importance(r), wrap=True), Cell(fmt(r["importance_score"], 5), numeric=True),
-                  Cell(fmt(r["score"]), numeric=True)] for _, r in ordered.iterrows()],
-                collapsed=len(ordered) > 40))
-    s.add(Figure(f"{slug(by)}_roles", role_importance_figure(roles, role_colors(results), by),
-                 f"Role score (the number that decided each head's role: offset share, held-out gap, sink mass, "
-                 f"entropy ratio, a pattern's score) against {by}; heads without a role are left out.",
-                 alt=f"role score against {by}"))
+    s.add(
+        Table(
+            f"{slug(by)}-roles",
+            f"Every head's role beside its rank by {by} (1 = most important). " + LEGEND,
+            ["Head", "Role and importance", f"{by}", "Role score"],
+            [
+                [
+                    Cell(r["name"]),
+                    Cell(role_with_importance(r), wrap=True),
+                    Cell(fmt(r["importance_score"], 5), numeric=True),
+                    Cell(fmt(r["score"]), numeric=True),
+                ]
+                for _, r in ordered.iterrows()
+            ],
+            collapsed=len(ordered) > 40,
+        )
+    )
+    s.add(
+        Figure(
+            f"{slug(by)}_roles",
+            role_importance_figure(roles, role_colors(results), by),
+            f"Role score (the number that decided each head's role: offset share, held-out gap, sink mass, "
+            f"entropy ratio, a pattern's score) against {by}; heads without a role are left out.",
+            alt=f"role score against {by}",
+        )
+    )
 
 
 def prune_section(results, analysis: str) -> Section:
     """The pruning curve (`analysis`'s declared table): figure, order used, and every point."""
     s = Section(slug(analysis), "Pruning curve")
     s.add(Paragraph(_described(analysis)))
-    curve = next((results.tables.get(name) for name in _declared_tables(analysis)
-                  if name in results.tables), None)
+    curve = next(
+        (results.tables.get(name) for name in _declared_tables(analysis) if name in results.tables),
+        None,
+    )
     if curve is None or not len(curve):
         s.add(Paragraph("No pruning curve in these results.", note=True))
         return s
     by = curve["order_by"].iloc[0]
-    s.add(Paragraph(f"Heads removed in order of their {by} score, least important first ({by}: "
-                    f"{_described(by) or 'see its section'}); each point gates that share of all "
-                    f"{fmt_int(curve['heads_total'].iloc[0])} heads to 0 together. Objective: "
-                    f"{curve['objective'].iloc[0]}. The change from 0% is paired (same bootstrap weights)."))
-    s.add(Figure(slug(analysis), prune_figure(curve, f"pruning curve (order: {by})"),
-                 "The objective as heads are removed, with its 95% interval over units.", alt="pruning curve"))
-    s.add(Table(f"{slug(analysis)}-points", "Pruning curve: heads removed at each point (beyond the previous "
-                "one), the objective and its change from 0% with 95% intervals. " + LEGEND,
-                ["Removed", "Heads", "New heads removed", "Objective", "95% CI", "Change", "95% CI (change)"],
-                [[Cell(r.percent), Cell(fmt_int(r.heads_removed), numeric=True), Cell(r.removed or "—", wrap=True),
-                  Cell(fmt(r.value, 5), numeric=True), Cell(fmt_ci(r.ci_low, r.ci_high, 5), numeric=True),
-                  Cell(fmt(r.change, 5), numeric=True), Cell(fmt_ci(r.change_low, r.change_high, 5), numeric=True)]
-                 for r in curve.itertuples(index=False)]))
+    s.add(
+        Paragraph(
+            f"Heads removed in order of their {by} score, least important first ({by}: "
+            f"{_described(by) or 'see its section'}); each point gates that share of all "
+            f"{fmt_int(curve['heads_total'].iloc[0])} heads to 0 together. Objective: "
+            f"{curve['objective'].iloc[0]}. The change from 0% is paired (same bootstrap weights)."
+        )
+    )
+    s.add(
+        Figure(
+            slug(analysis),
+            prune_figure(curve, f"pruning curve (order: {by})"),
+            "The objective as heads are removed, with its 95% interval over units.",
+            alt="pruning curve",
+        )
+    )
+    s.add(
+        Table(
+            f"{slug(analysis)}-points",
+            "Pruning curve: heads removed at each point (beyond the previous "
+            "one), the objective and its change from 0% with 95% intervals. " + LEGEND,
+            [
+                "Removed",
+                "Heads",
+                "New heads removed",
+                "Objective",
+                "95% CI",
+                "Change",
+                "95% CI (change)",
+            ],
+            [
+                [
+                    Cell(r.percent),
+                    Cell(fmt_int(r.heads_removed), numeric=True),
+                    Cell(r.removed or "—", wrap=True),
+                    Cell(fmt(r.value, 5), numeric=True),
+                    Cell(fmt_ci(r.ci_low, r.ci_high, 5), numeric=True),
+                    Cell(fmt(r.change, 5), numeric=True),
+                    Cell(fmt_ci(r.change_low, r.change_high, 5), numeric=True),
+                ]
+                for r in curve.itertuples(index=False)
+            ],
+        )
+    )
     return s
 
 
@@ -164,30 +265,67 @@ def control_section(results) -> Section:
     """The trained model's held-out best heads beside the random-init control's, and both role counts."""
     s = Section("control", "Random-init control")
     info = results.summary.get("control") or {}
-    s.add(Paragraph(f"Control: {info.get('model', 'the same architecture re-initialised')}; the same tokenizer "
-                    "and corpora. What the trained model learned is what it does beyond this control; the "
-                    "syntactic role also requires a head's held-out accuracy above the control's held-out best."))
+    s.add(
+        Paragraph(
+            f"Control: {info.get('model', 'the same architecture re-initialised')}; the same tokenizer "
+            "and corpora. What the trained model learned is what it does beyond this control; the "
+            "syntactic role also requires a head's held-out accuracy above the control's held-out best."
+        )
+    )
     best = results.best_heads
     if "control_accuracy" not in best:
         s.add(Paragraph("These results have no control.", note=True))
         return s
     held = best[(best["selection"] == "held-out") & (best["fold"] == "") & ~best["small_sample"]]
-    s.add(Table("control-best", "Held-out best head per label: trained vs the random-init control (95% "
-                "intervals over units). " + LEGEND,
-                ["Analysis", "Label", "Trained head", "Accuracy", "95% CI", "Control head", "Control accuracy",
-                 "95% CI (control)"],
-                [[Cell(r.analysis), Cell(r.label), Cell(r.heads or "—"), Cell(fmt(r.accuracy), numeric=True),
-                  Cell(fmt_ci(r.ci_low, r.ci_high), numeric=True), Cell(r.control_heads or "—"),
-                  Cell(fmt(r.control_accuracy), numeric=True),
-                  Cell(fmt_ci(r.control_ci_low, r.control_ci_high), numeric=True)]
-                 for r in held.itertuples(index=False)], collapsed=len(held) > 40))
+    s.add(
+        Table(
+            "control-best",
+            "Held-out best head per label: trained vs the random-init control (95% "
+            "intervals over units). " + LEGEND,
+            [
+                "Analysis",
+                "Label",
+                "Trained head",
+                "Accuracy",
+                "95% CI",
+                "Control head",
+                "Control accuracy",
+                "95% CI (control)",
+            ],
+            [
+                [
+                    Cell(r.analysis),
+                    Cell(r.label),
+                    Cell(r.heads or "—"),
+                    Cell(fmt(r.accuracy), numeric=True),
+                    Cell(fmt_ci(r.ci_low, r.ci_high), numeric=True),
+                    Cell(r.control_heads or "—"),
+                    Cell(fmt(r.control_accuracy), numeric=True),
+                    Cell(fmt_ci(r.control_ci_low, r.control_ci_high), numeric=True),
+                ]
+                for r in held.itertuples(index=False)
+            ],
+            collapsed=len(held) > 40,
+        )
+    )
     control = results.control
     if control is not None and len(control.roles):
         order = list(role_colors(results))
         mine = role_summary(results.roles, order).set_index("role")["heads"]
         theirs = role_summary(control.roles, order).set_index("role")["heads"]
-        s.add(Table("control-roles", "Heads per role: trained vs the random-init control",
-                    ["Role", "Trained", "Control"],
-                    [[Cell(role), Cell(str(int(mine.get(role, 0))), numeric=True),
-                      Cell(str(int(theirs.get(role, 0))), numeric=True)] for role in order]))
+        s.add(
+            Table(
+                "control-roles",
+                "Heads per role: trained vs the random-init control",
+                ["Role", "Trained", "Control"],
+                [
+                    [
+                        Cell(role),
+                        Cell(str(int(mine.get(role, 0))), numeric=True),
+                        Cell(str(int(theirs.get(role, 0))), numeric=True),
+                    ]
+                    for role in order
+                ],
+            )
+        )
     return s

@@ -36,9 +36,12 @@ from headprobe.stats.roles import NONE
 DPI = 100
 ANNOTATE_MAX_CELLS = 160
 EXAMPLE_MAX_WORDS = 40
-FORMATS = ("png", "svg", "pdf")           # every figure is written in each, side by side
-_METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None},
-             "pdf": {"CreationDate": None, "ModDate": None, "Creator": None, "Producer": None}}
+FORMATS = ("png", "svg", "pdf")  # every figure is written in each, side by side
+_METADATA = {
+    "png": {"Software": None},
+    "svg": {"Date": None, "Creator": None},
+    "pdf": {"CreationDate": None, "ModDate": None, "Creator": None, "Producer": None},
+}
 _RC = {"svg.hashsalt": "headprobe", "pdf.fonttype": 42}
 
 
@@ -75,8 +78,8 @@ def to_png(fig: Figure) -> bytes:
 class Drawing:
     """One finished figure: `png` is rendered at once; `svg` and `pdf` on first use.
 
-        drawing.save("figures/roles")         # -> [roles.png, roles.svg, roles.pdf]
-        display(drawing)                      # in a notebook: the PNG
+    drawing.save("figures/roles")         # -> [roles.png, roles.svg, roles.pdf]
+    display(drawing)                      # in a notebook: the PNG
     """
 
     def __init__(self, fig: Figure):
@@ -92,7 +95,7 @@ class Drawing:
     svg = property(lambda self: self.data("svg"))
     pdf = property(lambda self: self.data("pdf"))
 
-    def _repr_png_(self) -> bytes:          # a notebook cell shows it: `display(drawing)`
+    def _repr_png_(self) -> bytes:  # a notebook cell shows it: `display(drawing)`
         return self.png
 
     def save(self, stem, formats=FORMATS) -> list[Path]:
@@ -124,9 +127,20 @@ def _panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
     return max(3.2, 0.42 * n_heads + 1.6), max(2.4, 0.3 * n_layers + 1.2)
 
 
-def draw_heatmap(ax, mat: np.ndarray, *, cmap="viridis", vmin=None, vmax=None,
-                 annot_text: np.ndarray | None = None, cbar_label: str | None = "",
-                 xticklabels=None, yticklabels=None, fontsize: float = 7, lines: bool = True):
+def draw_heatmap(
+    ax,
+    mat: np.ndarray,
+    *,
+    cmap="viridis",
+    vmin=None,
+    vmax=None,
+    annot_text: np.ndarray | None = None,
+    cbar_label: str | None = "",
+    xticklabels=None,
+    yticklabels=None,
+    fontsize: float = 7,
+    lines: bool = True,
+):
     """A seaborn-style heatmap drawn with plain matplotlib (row 0 at the top).
 
     seaborn.heatmap redraws the whole figure to test tick-label overlap, which makes
@@ -141,9 +155,16 @@ def draw_heatmap(ax, mat: np.ndarray, *, cmap="viridis", vmin=None, vmax=None,
         vmax = float(finite.max()) if finite.size else 1.0
     if vmax <= vmin:
         vmax = vmin + 1e-9
-    mesh = ax.pcolormesh(np.arange(n_cols + 1), np.arange(n_rows + 1), np.ma.masked_invalid(mat),
-                         cmap=cm, vmin=vmin, vmax=vmax,
-                         edgecolors="white" if lines else "face", linewidth=0.5 if lines else 0)
+    mesh = ax.pcolormesh(
+        np.arange(n_cols + 1),
+        np.arange(n_rows + 1),
+        np.ma.masked_invalid(mat),
+        cmap=cm,
+        vmin=vmin,
+        vmax=vmax,
+        edgecolors="white" if lines else "face",
+        linewidth=0.5 if lines else 0,
+    )
     ax.set_xlim(0, n_cols)
     ax.set_ylim(n_rows, 0)
     for side in ("top", "right", "left", "bottom"):
@@ -162,8 +183,15 @@ def draw_heatmap(ax, mat: np.ndarray, *, cmap="viridis", vmin=None, vmax=None,
                 v = mat[i, j]
                 rgba = cm((v - vmin) / (vmax - vmin)) if np.isfinite(v) else (0.9, 0.9, 0.9, 1)
                 lum = 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2]
-                ax.text(j + 0.5, i + 0.5, str(text), ha="center", va="center", fontsize=fontsize,
-                        color="white" if lum < 0.45 else "black")
+                ax.text(
+                    j + 0.5,
+                    i + 0.5,
+                    str(text),
+                    ha="center",
+                    va="center",
+                    fontsize=fontsize,
+                    color="white" if lum < 0.45 else "black",
+                )
     if xticklabels is not None:
         ax.set_xticks([k + 0.5 for k in range(n_cols)])
         ax.set_xticklabels(xticklabels, rotation=90, fontsize=fontsize)
@@ -174,9 +202,19 @@ def draw_heatmap(ax, mat: np.ndarray, *, cmap="viridis", vmin=None, vmax=None,
     return mesh
 
 
-def layer_head_heatmap(ax, mat: np.ndarray, title: str, cmap="viridis", center=None,
-                       vmin=None, vmax=None, annot: bool | None = None, fmt=".2f",
-                       cbar_label: str = "", annot_text: np.ndarray | None = None):
+def layer_head_heatmap(
+    ax,
+    mat: np.ndarray,
+    title: str,
+    cmap="viridis",
+    center=None,
+    vmin=None,
+    vmax=None,
+    annot: bool | None = None,
+    fmt=".2f",
+    cbar_label: str = "",
+    annot_text: np.ndarray | None = None,
+):
     """Draw one layer (rows) x head (columns) heatmap on `ax`."""
     n_layers, n_heads = mat.shape
     if annot is None:
@@ -191,10 +229,14 @@ def layer_head_heatmap(ax, mat: np.ndarray, title: str, cmap="viridis", center=N
         vmin, vmax = center - lim, center + lim
     text = None
     if annot:
-        text = annot_text if annot_text is not None else np.vectorize(
-            lambda v: "" if not np.isfinite(v) else format(v, fmt), otypes=[object])(mat)
-    draw_heatmap(ax, mat, cmap=cmap, vmin=vmin, vmax=vmax, annot_text=text,
-                 cbar_label=cbar_label)
+        text = (
+            annot_text
+            if annot_text is not None
+            else np.vectorize(
+                lambda v: "" if not np.isfinite(v) else format(v, fmt), otypes=[object]
+            )(mat)
+        )
+    draw_heatmap(ax, mat, cmap=cmap, vmin=vmin, vmax=vmax, annot_text=text, cbar_label=cbar_label)
     ax.set_xlabel("head (0-based)", fontsize=8)
     ax.set_ylabel("layer (0-based)", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -216,8 +258,9 @@ def _sym(*mats) -> float:
     return float(max(0.05, np.nanmax(vals)))
 
 
-def accuracy_gap_figure(panels: list[tuple[str, np.ndarray, np.ndarray | None, str]],
-                        suptitle: str = "") -> Drawing:
+def accuracy_gap_figure(
+    panels: list[tuple[str, np.ndarray, np.ndarray | None, str]], suptitle: str = ""
+) -> Drawing:
     """Rows of (accuracy heatmap, accuracy - baseline heatmap).
 
     `panels`: list of (row title, accuracy matrix, gap matrix or None, baseline text).
@@ -230,16 +273,36 @@ def accuracy_gap_figure(panels: list[tuple[str, np.ndarray, np.ndarray | None, s
     gaps = [p[2] for p in panels if p[2] is not None]
     lim = _sym(*gaps) if gaps else 0.1
     for i, (title, acc, gap, base_text) in enumerate(panels):
-        layer_head_heatmap(axes[i, 0], acc, f"{title}: accuracy", cmap="viridis",
-                           vmin=0, vmax=1, cbar_label="accuracy")
+        layer_head_heatmap(
+            axes[i, 0],
+            acc,
+            f"{title}: accuracy",
+            cmap="viridis",
+            vmin=0,
+            vmax=1,
+            cbar_label="accuracy",
+        )
         if gap is None:
-            axes[i, 1].text(0.5, 0.5, "no baseline in counts", ha="center", va="center",
-                            transform=axes[i, 1].transAxes)
+            axes[i, 1].text(
+                0.5,
+                0.5,
+                "no baseline in counts",
+                ha="center",
+                va="center",
+                transform=axes[i, 1].transAxes,
+            )
             axes[i, 1].set_axis_off()
         else:
-            layer_head_heatmap(axes[i, 1], gap, f"{title}: accuracy − baseline ({base_text})",
-                               cmap="RdBu_r", center=0, vmin=-lim, vmax=lim,
-                               cbar_label="gap")
+            layer_head_heatmap(
+                axes[i, 1],
+                gap,
+                f"{title}: accuracy − baseline ({base_text})",
+                cmap="RdBu_r",
+                center=0,
+                vmin=-lim,
+                vmax=lim,
+                cbar_label="gap",
+            )
     _finish(fig, suptitle)
     return drawing(fig)
 
@@ -248,15 +311,29 @@ def _small_panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
     return max(2.8, 0.22 * n_heads + 1.9), max(2.1, 0.17 * n_layers + 1.1)
 
 
-def gap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "",
-                    cbar_label: str = "accuracy − baseline", ncols: int | None = None) -> Drawing:
+def gap_grid_figure(
+    items: list[tuple[str, np.ndarray]],
+    title: str = "",
+    cbar_label: str = "accuracy − baseline",
+    ncols: int | None = None,
+) -> Drawing:
     """Small multiples: one gap heatmap per label (shared symmetric colour scale)."""
     lim = _sym(*[m for _, m in items])
-    return heatmap_grid_figure(items, title, cbar_label, ncols, cmap="RdBu_r", center=0, vmin=-lim, vmax=lim)
+    return heatmap_grid_figure(
+        items, title, cbar_label, ncols, cmap="RdBu_r", center=0, vmin=-lim, vmax=lim
+    )
 
 
-def heatmap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "", cbar_label: str = "",
-                        ncols: int | None = None, cmap="viridis", center=None, vmin=None, vmax=None) -> Drawing:
+def heatmap_grid_figure(
+    items: list[tuple[str, np.ndarray]],
+    title: str = "",
+    cbar_label: str = "",
+    ncols: int | None = None,
+    cmap="viridis",
+    center=None,
+    vmin=None,
+    vmax=None,
+) -> Drawing:
     """Small multiples: one layer x head heatmap per (title, [layer, head] matrix), one colour scale."""
     n = len(items)
     n_layers, n_heads = items[0][1].shape
@@ -274,8 +351,17 @@ def heatmap_grid_figure(items: list[tuple[str, np.ndarray]], title: str = "", cb
         vmax = float(finite.max()) if finite.size else 1.0
     for k, (label, mat) in enumerate(items):
         ax = axes[k // ncols, k % ncols]
-        layer_head_heatmap(ax, mat, label, cmap=cmap, center=center, vmin=vmin, vmax=vmax,
-                           annot=False, cbar_label=cbar_label)
+        layer_head_heatmap(
+            ax,
+            mat,
+            label,
+            cmap=cmap,
+            center=center,
+            vmin=vmin,
+            vmax=vmax,
+            annot=False,
+            cbar_label=cbar_label,
+        )
     for k in range(n, nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
     _finish(fig, title)
@@ -294,8 +380,15 @@ def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> Draw
     for k, lab in enumerate(labels):
         mat = to_matrix(shares, lab, n_layers, n_heads)
         name = {"0": "0 (self)", "special": "special token", "other": "other offset"}.get(lab, lab)
-        layer_head_heatmap(axes[k // ncols, k % ncols], mat, f"argmax at {name}",
-                           cmap="mako_r", vmin=0, vmax=1, cbar_label="share of words")
+        layer_head_heatmap(
+            axes[k // ncols, k % ncols],
+            mat,
+            f"argmax at {name}",
+            cmap="mako_r",
+            vmin=0,
+            vmax=1,
+            cbar_label="share of words",
+        )
     for k in range(len(labels), nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
     _finish(fig, "Share of words whose attention argmax sits at each relative position")
@@ -303,8 +396,12 @@ def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> Draw
 
 
 SURFACE_TITLES = {
-    "cls": "[CLS] / BOS", "sep": "[SEP] / EOS", "punct": "punctuation",
-    "self": "self (same word)", "prev": "previous word", "next": "next word",
+    "cls": "[CLS] / BOS",
+    "sep": "[SEP] / EOS",
+    "punct": "punctuation",
+    "self": "self (same word)",
+    "prev": "previous word",
+    "next": "next word",
     "first": "the first position",
 }
 
@@ -321,10 +418,18 @@ def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     for k, lab in enumerate(labels):
         ax = axes[k // ncols, k % ncols]
         with seeded_jitter():
-            sns.stripplot(data=per_head, x="layer", y=lab, ax=ax, size=3.5, alpha=0.7,
-                          color="#4c72b0", jitter=0.2, native_scale=True)
-        ax.plot(per_layer["layer"], per_layer[lab], color="#c44e52", lw=1.5,
-                label="layer mean")
+            sns.stripplot(
+                data=per_head,
+                x="layer",
+                y=lab,
+                ax=ax,
+                size=3.5,
+                alpha=0.7,
+                color="#4c72b0",
+                jitter=0.2,
+                native_scale=True,
+            )
+        ax.plot(per_layer["layer"], per_layer[lab], color="#c44e52", lw=1.5, label="layer mean")
         ax.set_title(f"attention to {SURFACE_TITLES.get(lab, lab)}", fontsize=9)
         ax.set_ylabel("mean mass", fontsize=8)
         ax.set_xlabel("layer (0-based)", fontsize=8)
@@ -352,13 +457,27 @@ def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     fig = new_figure(max(4.5, 0.25 * n_layers + 2.5), 3.2)
     ax = fig.subplots()
     with seeded_jitter():
-        sns.stripplot(data=per_head, x="layer", y="entropy", ax=ax, size=4, alpha=0.75,
-                      color="#4c72b0", jitter=0.2, native_scale=True)
+        sns.stripplot(
+            data=per_head,
+            x="layer",
+            y="entropy",
+            ax=ax,
+            size=4,
+            alpha=0.75,
+            color="#4c72b0",
+            jitter=0.2,
+            native_scale=True,
+        )
     if "entropy_uniform" in per_layer.columns:
-        ax.plot(per_layer["layer"], per_layer["entropy_uniform"], ls="--", color="black",
-                lw=1.2, label="uniform attention")
-    ax.plot(per_layer["layer"], per_layer["entropy"], color="#c44e52", lw=1.5,
-            label="layer mean")
+        ax.plot(
+            per_layer["layer"],
+            per_layer["entropy_uniform"],
+            ls="--",
+            color="black",
+            lw=1.2,
+            label="uniform attention",
+        )
+    ax.plot(per_layer["layer"], per_layer["entropy"], color="#c44e52", lw=1.5, label="layer mean")
     ax.set_xlabel("layer (0-based)", fontsize=8)
     ax.set_ylabel("mean entropy (nats)", fontsize=8)
     ax.set_title("Entropy of attention rows (over pieces)", fontsize=9)
@@ -369,8 +488,9 @@ def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     return drawing(fig)
 
 
-def role_map_figure(roles: pd.DataFrame, n_layers: int, n_heads: int, colors: dict[str, str],
-                    title: str = "") -> Drawing:
+def role_map_figure(
+    roles: pd.DataFrame, n_layers: int, n_heads: int, colors: dict[str, str], title: str = ""
+) -> Drawing:
     """Layer x head grid coloured by role (`colors`: role -> colour, in the order roles are
     tried, `none` last), each cell labelled with the role's short detail."""
     fig = new_figure(max(4.0, 0.55 * n_heads + 1.2) + 1.8, max(2.6, 0.26 * n_layers + 1.1))
@@ -382,18 +502,21 @@ def role_map_figure(roles: pd.DataFrame, n_layers: int, n_heads: int, colors: di
     return drawing(fig)
 
 
-def role_maps_figure(maps: list[tuple[str, pd.DataFrame, int, int]], colors: dict[str, str],
-                     title: str = "") -> Drawing:
+def role_maps_figure(
+    maps: list[tuple[str, pd.DataFrame, int, int]], colors: dict[str, str], title: str = ""
+) -> Drawing:
     """Several role maps side by side, one per (title, roles, n_layers, n_heads), one legend."""
     most_layers = max(n_layers for _, _, n_layers, _ in maps)
-    cell = min(0.5, 7.5 / most_layers, 10.0 / sum(n_heads for *_, n_heads in maps))   # inches, square
+    cell = min(
+        0.5, 7.5 / most_layers, 10.0 / sum(n_heads for *_, n_heads in maps)
+    )  # inches, square
     widths = [n_heads * cell + 0.9 for *_, n_heads in maps]
     height = most_layers * cell + 1.5
     fig = new_figure(sum(widths) + 1.5, height)
     axes = fig.subplots(1, len(maps), squeeze=False, gridspec_kw={"width_ratios": widths})[0]
     for ax, (name, roles, n_layers, n_heads) in zip(axes, maps):
         _draw_role_map(ax, roles, n_layers, n_heads, colors)
-        ax.set_aspect("equal", anchor="N")          # square cells: a model's shape shows as it is
+        ax.set_aspect("equal", anchor="N")  # square cells: a model's shape shows as it is
         ax.set_title(name, fontsize=9)
     _role_legend(axes[-1], pd.concat([m[1] for m in maps]), colors)
     _finish(fig, title)
@@ -410,8 +533,16 @@ def _draw_role_map(ax, roles: pd.DataFrame, n_layers: int, n_heads: int, colors:
             mat[r.layer, r.head] = index[r.role]
             text[r.layer, r.head] = _short(r.short)
     annot = n_layers * n_heads <= 400
-    draw_heatmap(ax, mat, cmap=ListedColormap([colors[r] for r in order]), vmin=-0.5, vmax=len(order) - 0.5,
-                 annot_text=text if annot else None, cbar_label=None, fontsize=7 if n_heads <= 12 else 5.5)
+    draw_heatmap(
+        ax,
+        mat,
+        cmap=ListedColormap([colors[r] for r in order]),
+        vmin=-0.5,
+        vmax=len(order) - 0.5,
+        annot_text=text if annot else None,
+        cbar_label=None,
+        fontsize=7 if n_heads <= 12 else 5.5,
+    )
     ax.set_xlabel("head (0-based)", fontsize=8)
     ax.set_ylabel("layer (0-based)", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -420,9 +551,15 @@ def _draw_role_map(ax, roles: pd.DataFrame, n_layers: int, n_heads: int, colors:
 
 def _role_legend(ax, roles: pd.DataFrame, colors: dict[str, str]):
     present = [r for r in colors if (roles["role"] == r).any()] or [NONE]
-    ax.legend(handles=[Patch(facecolor=colors[r], edgecolor="#999999", label=r) for r in present],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
-              title="role", title_fontsize=8)
+    ax.legend(
+        handles=[Patch(facecolor=colors[r], edgecolor="#999999", label=r) for r in present],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        frameon=False,
+        title="role",
+        title_fontsize=8,
+    )
 
 
 def _short(text: str, limit: int = 7) -> str:
@@ -430,8 +567,9 @@ def _short(text: str, limit: int = 7) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def example_figure(words: list[str], attention, gold: list, title: str,
-                   direction: str = "dep->head") -> Drawing:
+def example_figure(
+    words: list[str], attention, gold: list, title: str, direction: str = "dep->head"
+) -> Drawing:
     """Word x word attention heatmap (rows attend to columns) of one head on one example.
 
     Gold pairs `[dep, head]` are outlined at (row dep, column head) for `dep->head`
@@ -441,7 +579,7 @@ def example_figure(words: list[str], attention, gold: list, title: str,
     att = np.asarray(attention, dtype=float)
     n = len(words)
     lo, hi = 0, n
-    if n > EXAMPLE_MAX_WORDS:     # crop to the gold arcs, padded
+    if n > EXAMPLE_MAX_WORDS:  # crop to the gold arcs, padded
         idx = [int(i) for pair in gold for i in pair] or [0]
         centre = (min(idx) + max(idx)) // 2
         lo = max(0, min(centre - EXAMPLE_MAX_WORDS // 2, n - EXAMPLE_MAX_WORDS))
@@ -452,18 +590,26 @@ def example_figure(words: list[str], attention, gold: list, title: str,
     size = max(3.5, 0.28 * m + 1.8)
     fig = new_figure(size + 0.8, size)
     ax = fig.subplots()
-    draw_heatmap(ax, sub, cmap="Blues", vmin=0,
-                 vmax=max(float(np.nanmax(sub)) if sub.size else 1.0, 1e-6),
-                 cbar_label="attention", xticklabels=labels, yticklabels=labels, lines=False)
+    draw_heatmap(
+        ax,
+        sub,
+        cmap="Blues",
+        vmin=0,
+        vmax=max(float(np.nanmax(sub)) if sub.size else 1.0, 1e-6),
+        cbar_label="attention",
+        xticklabels=labels,
+        yticklabels=labels,
+        lines=False,
+    )
     ax.set_aspect("equal")
     ax.set_xlabel("attends to (key word)", fontsize=8)
     ax.set_ylabel("attending word (query)", fontsize=8)
     noself = sub.copy()
     if m > 1:
         np.fill_diagonal(noself, -np.inf)
-        if direction == "head<-dep":      # the word attending most to each column
+        if direction == "head<-dep":  # the word attending most to each column
             points = [(int(np.argmax(noself[:, j])), j) for j in range(m)]
-        else:                             # each row's most attended word
+        else:  # each row's most attended word
             points = [(i, int(np.argmax(noself[i]))) for i in range(m)]
         for i, j in points:
             ax.plot(j + 0.5, i + 0.5, "o", color="#ff7f0e", ms=3)
@@ -471,12 +617,19 @@ def example_figure(words: list[str], attention, gold: list, title: str,
         a, b = int(pair[0]), int(pair[1])
         row, col = (b, a) if direction == "head<-dep" else (a, b)
         if lo <= row < hi and lo <= col < hi:
-            ax.add_patch(Rectangle((col - lo, row - lo), 1, 1, fill=False,
-                                   edgecolor="#d62728", lw=1.8))
+            ax.add_patch(
+                Rectangle((col - lo, row - lo), 1, 1, fill=False, edgecolor="#d62728", lw=1.8)
+            )
     ax.set_title(title, fontsize=9)
     if lo or hi < n:
-        ax.text(0, -0.02, f"words {lo}–{hi - 1} of {n} shown", transform=ax.transAxes,
-                fontsize=7, va="top")
+        ax.text(
+            0,
+            -0.02,
+            f"words {lo}–{hi - 1} of {n} shown",
+            transform=ax.transAxes,
+            fontsize=7,
+            va="top",
+        )
     fig.tight_layout()
     return drawing(fig)
 
@@ -497,8 +650,18 @@ def _role_depths(ax, heads: pd.DataFrame, order):
         ax.text(0.5, 0.5, "no heads", ha="center", va="center", transform=ax.transAxes)
         return
     with seeded_jitter():
-        sns.stripplot(data=sub, x="role", y="relative_depth", hue="model", dodge=True, ax=ax,
-                      size=4, alpha=0.7, order=order, jitter=0.25)
+        sns.stripplot(
+            data=sub,
+            x="role",
+            y="relative_depth",
+            hue="model",
+            dodge=True,
+            ax=ax,
+            size=4,
+            alpha=0.7,
+            order=order,
+            jitter=0.25,
+        )
     ax.set_ylabel("relative depth (0 = first layer, 1 = last)", fontsize=8)
     ax.set_xlabel("")
     ax.set_ylim(-0.05, 1.05)
@@ -507,8 +670,9 @@ def _role_depths(ax, heads: pd.DataFrame, order):
     ax.set_title("Where each role's heads sit", fontsize=9)
 
 
-def compare_roles_figure(shares: pd.DataFrame, heads: pd.DataFrame, colors: dict[str, str],
-                         title: str = "") -> Drawing:
+def compare_roles_figure(
+    shares: pd.DataFrame, heads: pd.DataFrame, colors: dict[str, str], title: str = ""
+) -> Drawing:
     """Two panels for several models: share of heads per role (bars; columns `model`, `role`,
     `share`) and the relative depth of each role's heads (dots; columns `model`, `role`,
     `relative_depth`, one row per head; the 'none' role is left out). `colors` gives the roles'
@@ -531,7 +695,15 @@ def matched_heads_figure(similarity: np.ndarray, names: np.ndarray, title: str) 
     w, h = _panel_size(n_layers, n_heads)
     fig = new_figure(w + 0.4, h + 0.3)
     ax = fig.subplots()
-    layer_head_heatmap(ax, similarity, title, cmap="viridis", vmin=-1 if np.nanmin(similarity) < 0 else 0,
-                       vmax=1, cbar_label="similarity", annot_text=names)
+    layer_head_heatmap(
+        ax,
+        similarity,
+        title,
+        cmap="viridis",
+        vmin=-1 if np.nanmin(similarity) < 0 else 0,
+        vmax=1,
+        cbar_label="similarity",
+        annot_text=names,
+    )
     fig.tight_layout()
     return drawing(fig)

@@ -50,10 +50,19 @@ details.provenance ul { font-size: .82rem; color: #333; }
 
 
 def render(doc: Document) -> str:
-    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             f"<title>{escape(doc.title)}</title>", f"<style>{CSS}</style>", "</head>",
-             "<body>", "<main>", f"<h1>{escape(doc.title)}</h1>"]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{escape(doc.title)}</title>",
+        f"<style>{CSS}</style>",
+        "</head>",
+        "<body>",
+        "<main>",
+        f"<h1>{escape(doc.title)}</h1>",
+    ]
     if doc.subtitle:
         parts.append(f'<p class="subtitle">{escape(doc.subtitle)}</p>')
     parts.append('<nav class="toc"><strong>Contents</strong><ul>')
@@ -81,9 +90,11 @@ def _block(block) -> str:
         return f"<{tag}>{items}</{tag}>"
     if isinstance(block, Figure):
         data = base64.b64encode(block.png).decode("ascii")
-        return (f'<figure id="fig-{escape(block.name)}">'
-                f'<img src="data:image/png;base64,{data}" alt="{escape(block.alt or block.caption)}">'
-                f"<figcaption>{escape(block.caption)}</figcaption></figure>")
+        return (
+            f'<figure id="fig-{escape(block.name)}">'
+            f'<img src="data:image/png;base64,{data}" alt="{escape(block.alt or block.caption)}">'
+            f"<figcaption>{escape(block.caption)}</figcaption></figure>"
+        )
     if isinstance(block, Table):
         return _table(block)
     if isinstance(block, Details):
@@ -97,23 +108,36 @@ def _attrs(attrs: dict) -> str:
 
 
 def _table(t: Table) -> str:
-    out = [f'<p class="tablecap">{escape(t.caption)}</p>' if not t.collapsed else "",
-           f'<table id="table-{escape(t.name)}" data-table="{escape(t.name)}">', "<thead><tr>"]
+    out = [
+        f'<p class="tablecap">{escape(t.caption)}</p>' if not t.collapsed else "",
+        f'<table id="table-{escape(t.name)}" data-table="{escape(t.name)}">',
+        "<thead><tr>",
+    ]
     out += [f"<th>{escape(c)}</th>" for c in t.columns]
     out.append("</tr></thead><tbody>")
     for i, row in enumerate(t.rows):
         ra = t.row_attrs[i] if i < len(t.row_attrs) else {}
         out.append(f"<tr{_attrs(ra)}>")
         for cell in row:
-            cls = next((f' class="{c}"' for c, on in (("num", cell.numeric), ("wrap", cell.wrap), ("keep", cell.keep))
-                        if on), "")
-            text = (" ".join(f"<span>{escape(w)}</span>" for w in cell.text.split(" ")) if cell.keep
-                    else escape(cell.text))          # keep: lines break at spaces only ("dep->head" whole)
+            cls = next(
+                (
+                    f' class="{c}"'
+                    for c, on in (("num", cell.numeric), ("wrap", cell.wrap), ("keep", cell.keep))
+                    if on
+                ),
+                "",
+            )
+            text = (
+                " ".join(f"<span>{escape(w)}</span>" for w in cell.text.split(" "))
+                if cell.keep
+                else escape(cell.text)
+            )  # keep: lines break at spaces only ("dep->head" whole)
             out.append(f"<td{cls}{_attrs(cell.attrs)}>{text}</td>")
         out.append("</tr>")
     out.append("</tbody></table>")
     html = "".join(out)
     if t.collapsed:
-        html = (f"<details><summary>{escape(t.caption)} ({len(t.rows)} rows)</summary>"
-                f"{html}</details>")
+        html = (
+            f"<details><summary>{escape(t.caption)} ({len(t.rows)} rows)</summary>{html}</details>"
+        )
     return html

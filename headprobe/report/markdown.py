@@ -14,7 +14,7 @@ def esc(text: str) -> str:
     best_heads), code, table pipes, tags, links and block markers at the start of a line."""
     text = str(text).replace("\\", "\\\\")
     text = re.sub(r"([`*|])", r"\\\1", text)
-    text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)   # intraword _ is no emphasis
+    text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)  # intraword _ is no emphasis
     text = re.sub(r"<(?=[A-Za-z/!?])", r"\\<", text)
     text = re.sub(r"\[(?=[^\]]*\]\()", r"\\[", text)
     text = re.sub(r"^([#>])", r"\\\1", text)
@@ -43,14 +43,19 @@ def _block(block, figures_dir: str) -> list[str]:
     if isinstance(block, Paragraph):
         return [f"> {esc(block.text)}" if block.note else esc(block.text)]
     if isinstance(block, BulletList):
-        return [f"{k + 1}. {esc(i)}" if block.ordered else f"- {esc(i)}"
-                for k, i in enumerate(block.items)]
+        return [
+            f"{k + 1}. {esc(i)}" if block.ordered else f"- {esc(i)}"
+            for k, i in enumerate(block.items)
+        ]
     if isinstance(block, Figure):
-        return [f"![{esc(block.alt or block.caption)}]({figures_dir}/{block.filename})", "",
-                f"*{esc(block.caption)}*"]
+        return [
+            f"![{esc(block.alt or block.caption)}]({figures_dir}/{block.filename})",
+            "",
+            f"*{esc(block.caption)}*",
+        ]
     if isinstance(block, Table):
         return _table(block)
-    if isinstance(block, Details):           # GitHub and most renderers fold it, as the HTML does
+    if isinstance(block, Details):  # GitHub and most renderers fold it, as the HTML does
         out = ["<details>", f"<summary>{esc(block.summary)}</summary>", ""]
         for b in block.blocks:
             out += _block(b, figures_dir) + [""]
@@ -61,8 +66,9 @@ def _block(block, figures_dir: str) -> list[str]:
 def _table(t: Table) -> list[str]:
     out = [f"**{esc(t.caption)}**", ""]
     out.append("| " + " | ".join(esc(c) for c in t.columns) + " |")
-    out.append("|" + "|".join("---:" if _numeric_col(t, i) else "---"
-                              for i in range(len(t.columns))) + "|")
+    out.append(
+        "|" + "|".join("---:" if _numeric_col(t, i) else "---" for i in range(len(t.columns))) + "|"
+    )
     for row in t.rows:
         out.append("| " + " | ".join(esc(c.text) for c in row) + " |")
     return out

@@ -52,6 +52,7 @@ BEST_HEADS_LEGEND = [
 
 # ---------------------------------------------------------------- cell text
 
+
 def head_name(layer, head) -> str:
     """Paper-style head name `L-H`, 0-based; '—' for no head (layer -1 or missing)."""
     if _missing(layer) or _missing(head) or int(layer) < 0:
@@ -140,6 +141,7 @@ def to_matrix(df: pd.DataFrame, value: str, n_layers: int, n_heads: int) -> np.n
 
 # ---------------------------------------------------------------- rounding
 
+
 def decimals(low, high, lo: int = 2, hi: int = 4) -> int:
     """Decimals a value with 95% interval [low, high] supports: one digit past the first
     significant digit of the interval's width (width 0.042 -> 3; 0.3 -> 2; 0.004 -> 4),
@@ -172,8 +174,19 @@ def fmt_signed_est(value, low, high) -> str:
 
 # ---------------------------------------------------------------- best heads
 
-BEST_HEADS_COLUMNS = ["Label", "n", "Head", "Accuracy [95% CI]", "Baseline", "Gap [95% CI]", "p / Holm",
-                      "Held-out head", "Held-out acc. [95% CI]", "Held-out gap [95% CI]", "Flags"]
+BEST_HEADS_COLUMNS = [
+    "Label",
+    "n",
+    "Head",
+    "Accuracy [95% CI]",
+    "Baseline",
+    "Gap [95% CI]",
+    "p / Holm",
+    "Held-out head",
+    "Held-out acc. [95% CI]",
+    "Held-out gap [95% CI]",
+    "Flags",
+]
 
 
 def best_heads_table(results, analysis: str, labels: list[str], name: str | None = None) -> Table:
@@ -192,15 +205,27 @@ def best_heads_table(results, analysis: str, labels: list[str], name: str | None
             continue
         row = [Cell(label), Cell(fmt_int(get(ins, "n")), {"col": "n"}, True)]
         row += _noted(_in_sample_cells(ins), note_of(ins))
-        row += _noted(_held_out_cells(held), note_of(held) if held is not None else "no held-out row")
+        row += _noted(
+            _held_out_cells(held), note_of(held) if held is not None else "no held-out row"
+        )
         row.append(Cell(", ".join(_flags(ins, held)) or "—", {"col": "flags"}))
         rows.append(row)
-        attrs.append({"analysis": analysis, "label": label, "layer": int(get(ins, "layer")),
-                      "head": int(get(ins, "head")), "direction": str(get(ins, "direction") or ""),
-                      "note": note_of(ins), "heldout-note": note_of(held)})
-    caption = ("Best head per label: in-sample (selected and scored on all the data, as the papers did) and "
-               "held-out (selected on one half of the units, scored on the other, and swapped; pooled). "
-               f"Every column, each baseline and the next best heads: {analysis}_best_heads.csv. " + LEGEND)
+        attrs.append(
+            {
+                "analysis": analysis,
+                "label": label,
+                "layer": int(get(ins, "layer")),
+                "head": int(get(ins, "head")),
+                "direction": str(get(ins, "direction") or ""),
+                "note": note_of(ins),
+                "heldout-note": note_of(held),
+            }
+        )
+    caption = (
+        "Best head per label: in-sample (selected and scored on all the data, as the papers did) and "
+        "held-out (selected on one half of the units, scored on the other, and swapped; pooled). "
+        f"Every column, each baseline and the next best heads: {analysis}_best_heads.csv. " + LEGEND
+    )
     return Table(name or f"{analysis}-top-heads", caption, list(BEST_HEADS_COLUMNS), rows, attrs)
 
 
@@ -208,24 +233,54 @@ def _in_sample_cells(ins: pd.Series) -> list[Cell]:
     nd = decimals(get(ins, "ci_low"), get(ins, "ci_high"))
     direction = text_of(ins, "direction", "")
     head = head_name(get(ins, "layer"), get(ins, "head"))
-    return [Cell(f"{head} {direction}".strip(), {"col": "head", "head": head, "direction": direction}, keep=True),
-            Cell(fmt_est(get(ins, "accuracy"), get(ins, "ci_low"), get(ins, "ci_high")),
-                 _values(ins, col="accuracy", value="accuracy", low="ci_low", high="ci_high"), True),
-            Cell(f"{text_of(ins, 'baseline_variant')} {fmt(get(ins, 'baseline_accuracy'), nd)}",
-                 _values(ins, col="baseline", variant="baseline_variant", value="baseline_accuracy")),
-            Cell(fmt_signed_est(get(ins, "gap"), get(ins, "gap_low"), get(ins, "gap_high")),
-                 _values(ins, col="gap", value="gap", low="gap_low", high="gap_high"), True),
-            Cell(f"{fmt_p(get(ins, 'p_value'))} / {fmt_p(get(ins, 'p_holm'))}",
-                 _values(ins, col="p", p_value="p_value", p_holm="p_holm"), True)]
+    return [
+        Cell(
+            f"{head} {direction}".strip(),
+            {"col": "head", "head": head, "direction": direction},
+            keep=True,
+        ),
+        Cell(
+            fmt_est(get(ins, "accuracy"), get(ins, "ci_low"), get(ins, "ci_high")),
+            _values(ins, col="accuracy", value="accuracy", low="ci_low", high="ci_high"),
+            True,
+        ),
+        Cell(
+            f"{text_of(ins, 'baseline_variant')} {fmt(get(ins, 'baseline_accuracy'), nd)}",
+            _values(ins, col="baseline", variant="baseline_variant", value="baseline_accuracy"),
+        ),
+        Cell(
+            fmt_signed_est(get(ins, "gap"), get(ins, "gap_low"), get(ins, "gap_high")),
+            _values(ins, col="gap", value="gap", low="gap_low", high="gap_high"),
+            True,
+        ),
+        Cell(
+            f"{fmt_p(get(ins, 'p_value'))} / {fmt_p(get(ins, 'p_holm'))}",
+            _values(ins, col="p", p_value="p_value", p_holm="p_holm"),
+            True,
+        ),
+    ]
 
 
 def _held_out_cells(held: pd.Series | None) -> list[Cell]:
-    return [Cell(f"{row_head_name(held)} {get(held, 'direction') or ''}".strip() if held is not None else "—",
-                 {"col": "heldout_head", "head": row_head_name(held)}, keep=True),
-            Cell(fmt_est(get(held, "accuracy"), get(held, "ci_low"), get(held, "ci_high")),
-                 _values(held, col="heldout_accuracy", value="accuracy", low="ci_low", high="ci_high"), True),
-            Cell(fmt_signed_est(get(held, "gap"), get(held, "gap_low"), get(held, "gap_high")),
-                 _values(held, col="heldout_gap", value="gap", low="gap_low", high="gap_high"), True)]
+    return [
+        Cell(
+            f"{row_head_name(held)} {get(held, 'direction') or ''}".strip()
+            if held is not None
+            else "—",
+            {"col": "heldout_head", "head": row_head_name(held)},
+            keep=True,
+        ),
+        Cell(
+            fmt_est(get(held, "accuracy"), get(held, "ci_low"), get(held, "ci_high")),
+            _values(held, col="heldout_accuracy", value="accuracy", low="ci_low", high="ci_high"),
+            True,
+        ),
+        Cell(
+            fmt_signed_est(get(held, "gap"), get(held, "gap_low"), get(held, "gap_high")),
+            _values(held, col="heldout_gap", value="gap", low="gap_low", high="gap_high"),
+            True,
+        ),
+    ]
 
 
 def _values(row: pd.Series | None, col: str, **fields) -> dict:

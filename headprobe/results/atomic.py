@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-LOCK = "lock"                  # the lock area's names (see above)
+LOCK = "lock"  # the lock area's names (see above)
 CHECKPOINT = "checkpoint"
 
 
@@ -139,7 +139,13 @@ def _exchange(a: Path, b: Path) -> bool:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             _renameat2 = libc.renameat2
-            _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _renameat2.argtypes = [
+                ctypes.c_int,
+                ctypes.c_char_p,
+                ctypes.c_int,
+                ctypes.c_char_p,
+                ctypes.c_uint,
+            ]
         except (OSError, AttributeError):
             _renameat2 = False
     if not _renameat2:
@@ -162,7 +168,7 @@ def replace_dir(staged: Path, target: Path) -> None:
     if not target.exists():
         os.rename(staged, target)
     elif _exchange(staged, target):
-        shutil.rmtree(staged, ignore_errors=True)          # now holds the old directory
+        shutil.rmtree(staged, ignore_errors=True)  # now holds the old directory
     else:
         old = aside(staged)
         os.rename(target, old)
@@ -198,8 +204,11 @@ def new_stage(out: str | Path, of: str | None = None) -> Path:
 def aside(stage: Path) -> Path:
     """Where the directory that `stage` replaces waits while it is swapped (no atomic exchange)."""
     name = stage.name
-    return stage.with_name("old-" + name[len("stage-"):] if name.startswith("stage-")
-                           else name.replace(".new-", ".old-", 1))
+    return stage.with_name(
+        "old-" + name[len("stage-") :]
+        if name.startswith("stage-")
+        else name.replace(".new-", ".old-", 1)
+    )
 
 
 @contextlib.contextmanager
@@ -270,8 +279,9 @@ def describe_holder(info: dict) -> str:
     if not info:
         return "another run (it is starting up)"
     argv = " ".join(info.get("argv") or [])
-    return (f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}"
-            + (f": {argv}" if argv else ""))
+    return f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}" + (
+        f": {argv}" if argv else ""
+    )
 
 
 _HELD: dict[str, OutLock] = {}
@@ -317,37 +327,49 @@ class OutLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except FileNotFoundError:           # the area was just removed by a finishing run
+            except FileNotFoundError:  # the area was just removed by a finishing run
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 info = _read_info(fd)
                 os.close(fd)
-                if (info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int)
-                        and not pid_alive(info["pid"])):
+                if (
+                    info.get("host") == socket.gethostname()
+                    and isinstance(info.get("pid"), int)
+                    and not pid_alive(info["pid"])
+                ):
                     # the holder died, but a process it forked still has the file open
-                    self.notes.append(f"took over the lock of {describe_holder(info)} (no longer running)")
+                    self.notes.append(
+                        f"took over the lock of {describe_holder(info)} (no longer running)"
+                    )
                     try:
                         os.unlink(self.path)
                     except FileNotFoundError:
                         pass
                     continue
-                raise OutInUse(f"{self.out} is in use by {describe_holder(info)}; wait for it to finish, "
-                               f"or choose another --out (lock: {self.path})") from None
+                raise OutInUse(
+                    f"{self.out} is in use by {describe_holder(info)}; wait for it to finish, "
+                    f"or choose another --out (lock: {self.path})"
+                ) from None
             try:
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
-            if not same:                        # released and unlinked under us: try again
+            if not same:  # released and unlinked under us: try again
                 os.close(fd)
                 continue
             previous = _read_info(fd)
             if previous:
-                self.notes.append(f"took over the stale lock of {describe_holder(previous)} "
-                                  "(no longer running)")
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now(),
-                    "argv": list(sys.argv)}
+                self.notes.append(
+                    f"took over the stale lock of {describe_holder(previous)} (no longer running)"
+                )
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": now(),
+                "argv": list(sys.argv),
+            }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
             os.fsync(fd)
@@ -360,7 +382,7 @@ class OutLock:
         if self.fd is None:
             return
         try:
-            os.unlink(self.path)                # unlinked while still held: no one can take a dead file
+            os.unlink(self.path)  # unlinked while still held: no one can take a dead file
         except FileNotFoundError:
             pass
         os.close(self.fd)

@@ -32,10 +32,39 @@ from headprobe.inputs.corpora.base import ALL
 from headprobe.scorers import registry
 from headprobe.stats.roles import NONE, role_summary
 
-MATCH_COLUMNS = ["run_a", "layer_a", "head_a", "name_a", "role_a", "run_b", "layer_b", "head_b", "name_b",
-                 "role_b", "similarity", "same_role", "depth_a", "depth_b"]
-BEST_COLUMNS = ["run", "analysis", "label", "n", "heads", "direction", "accuracy", "ci_low", "ci_high",
-                "baseline_variant", "baseline_accuracy", "gap", "gap_low", "gap_high", "in_sample_heads"]
+MATCH_COLUMNS = [
+    "run_a",
+    "layer_a",
+    "head_a",
+    "name_a",
+    "role_a",
+    "run_b",
+    "layer_b",
+    "head_b",
+    "name_b",
+    "role_b",
+    "similarity",
+    "same_role",
+    "depth_a",
+    "depth_b",
+]
+BEST_COLUMNS = [
+    "run",
+    "analysis",
+    "label",
+    "n",
+    "heads",
+    "direction",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "baseline_variant",
+    "baseline_accuracy",
+    "gap",
+    "gap_low",
+    "gap_high",
+    "in_sample_heads",
+]
 
 
 @dataclass
@@ -60,8 +89,12 @@ class Run:
         from headprobe.results.query import Results
 
         results = Results.load(directory)
-        return cls(name or str(results.summary.get("model") or Path(directory).name), results, measure,
-                   str(directory))
+        return cls(
+            name or str(results.summary.get("model") or Path(directory).name),
+            results,
+            measure,
+            str(directory),
+        )
 
 
 def unique_names(runs: list[Run]) -> list[Run]:
@@ -78,6 +111,7 @@ def unique_names(runs: list[Run]) -> list[Run]:
 
 
 # ---------------------------------------------------------------- profiles
+
 
 def _of_measure(frame: pd.DataFrame, measure: str | None) -> pd.DataFrame:
     if measure is not None and "measure" in frame.columns:
@@ -117,7 +151,7 @@ def comparable(a: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray
     shared = [f for f in a.columns if f in b.columns and a[f].notna().any() and b[f].notna().any()]
     out = []
     for p in (a, b):
-        x = p[shared].to_numpy(dtype=float)                       # [head, feature]
+        x = p[shared].to_numpy(dtype=float)  # [head, feature]
         x = np.where(np.isnan(x), np.nanmean(x, axis=0, keepdims=True), x)
         x = x - x.mean(axis=0, keepdims=True)
         blocks = np.array([f.split("|", 1)[0] for f in shared])
@@ -136,6 +170,7 @@ def cosine(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- matching
 
+
 def _roles(run: Run) -> pd.DataFrame:
     roles = _of_measure(run.results.roles, run.measure)
     return roles.set_index(["layer", "head"])["role"]
@@ -148,7 +183,7 @@ def match_profiles(pa: pd.DataFrame, pb: pd.DataFrame) -> pd.DataFrame:
     xa, xb, shared = comparable(pa, pb)
     if not shared:
         raise ValueError("the runs share no scored label: nothing to match heads on")
-    sim = cosine(xa, xb)                                          # [head_a, head_b]
+    sim = cosine(xa, xb)  # [head_a, head_b]
     rows, cols = linear_sum_assignment(sim, maximize=True)
     out = pd.DataFrame({"a": rows, "b": cols, "similarity": sim[rows, cols]})
     out.attrs.update(features=len(shared), mean_all_pairs=float(sim.mean()))
@@ -171,9 +206,27 @@ def match_heads(a: Run, b: Run) -> pd.DataFrame:
     for i, j, similarity in zip(pairs["a"], pairs["b"], pairs["similarity"]):
         (la, ha), (lb, hb) = pa.index[i], pb.index[j]
         ra, rb = roles_a.get((la, ha), NONE), roles_b.get((lb, hb), NONE)
-        out.append([a.name, la, ha, f"{la}-{ha}", ra, b.name, lb, hb, f"{lb}-{hb}", rb, float(similarity),
-                    ra == rb, depth(a, la), depth(b, lb)])
-    matches = pd.DataFrame(out, columns=MATCH_COLUMNS).sort_values(["layer_a", "head_a"], kind="stable")
+        out.append(
+            [
+                a.name,
+                la,
+                ha,
+                f"{la}-{ha}",
+                ra,
+                b.name,
+                lb,
+                hb,
+                f"{lb}-{hb}",
+                rb,
+                float(similarity),
+                ra == rb,
+                depth(a, la),
+                depth(b, lb),
+            ]
+        )
+    matches = pd.DataFrame(out, columns=MATCH_COLUMNS).sort_values(
+        ["layer_a", "head_a"], kind="stable"
+    )
     matches = matches.reset_index(drop=True)
     matches.attrs.update(pairs.attrs, mean_similarity=float(matches["similarity"].mean()))
     return matches
@@ -186,14 +239,21 @@ def role_agreement(matches: pd.DataFrame) -> pd.DataFrame:
     for role, g in matches.groupby("role_a", sort=False):
         rows.append({"role": role, "heads": len(g), "kept": int(g["same_role"].sum())})
     with_role = matches[matches["role_a"] != NONE]
-    rows += [{"role": "all heads", "heads": len(matches), "kept": int(matches["same_role"].sum())},
-             {"role": "heads with a role", "heads": len(with_role), "kept": int(with_role["same_role"].sum())}]
+    rows += [
+        {"role": "all heads", "heads": len(matches), "kept": int(matches["same_role"].sum())},
+        {
+            "role": "heads with a role",
+            "heads": len(with_role),
+            "kept": int(with_role["same_role"].sum()),
+        },
+    ]
     out = pd.DataFrame(rows, columns=["role", "heads", "kept"])
     out["share_kept"] = out["kept"] / out["heads"].where(out["heads"] > 0)
     return out
 
 
 # ---------------------------------------------------------------- side by side
+
 
 def role_counts(runs: list[Run], order: list[str] | None = None) -> pd.DataFrame:
     """Long table: run, role, heads, share, layers (every role of any run, in `order`)."""
@@ -216,10 +276,21 @@ def best_heads_side_by_side(runs: list[Run], analysis: str) -> pd.DataFrame:
         if analysis not in run.results.analyses:
             continue
         wide = _of_measure(run.results.best_heads_wide(analysis), run.measure)
-        frames.append(pd.DataFrame({
-            "run": run.name, "analysis": analysis, "label": wide["label"], "n": wide["n"],
-            **{c: wide[f"heldout_{c}"] for c in BEST_COLUMNS[4:-1]}, "in_sample_heads": wide["heads"],
-            "note": wide["note"].fillna("").where(wide["note"].fillna("") != "", wide["heldout_note"].fillna(""))}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "run": run.name,
+                    "analysis": analysis,
+                    "label": wide["label"],
+                    "n": wide["n"],
+                    **{c: wide[f"heldout_{c}"] for c in BEST_COLUMNS[4:-1]},
+                    "in_sample_heads": wide["heads"],
+                    "note": wide["note"]
+                    .fillna("")
+                    .where(wide["note"].fillna("") != "", wide["heldout_note"].fillna("")),
+                }
+            )
+        )
     if not frames:
         return pd.DataFrame(columns=BEST_COLUMNS + ["note"])
     out = pd.concat(frames, ignore_index=True)
@@ -237,18 +308,32 @@ def compare_runs(runs: list[Run]) -> dict[str, pd.DataFrame]:
     best = [best_heads_side_by_side(runs, a) for a in analyses]
     matches, agreement, pairs = [], [], []
     for i, a in enumerate(runs):
-        for b in runs[i + 1:]:
+        for b in runs[i + 1 :]:
             m = match_heads(a, b)
             agree = role_agreement(m).assign(run_a=a.name, run_b=b.name)
             kept = agree.set_index("role")
-            pairs.append({"run_a": a.name, "run_b": b.name, "pairs": len(m), "features": m.attrs["features"],
-                          "mean_similarity": m.attrs["mean_similarity"], "mean_all_pairs": m.attrs["mean_all_pairs"],
-                          "roles_kept": kept.at["all heads", "share_kept"],
-                          "roles_kept_with_role": kept.at["heads with a role", "share_kept"]})
+            pairs.append(
+                {
+                    "run_a": a.name,
+                    "run_b": b.name,
+                    "pairs": len(m),
+                    "features": m.attrs["features"],
+                    "mean_similarity": m.attrs["mean_similarity"],
+                    "mean_all_pairs": m.attrs["mean_all_pairs"],
+                    "roles_kept": kept.at["all heads", "share_kept"],
+                    "roles_kept_with_role": kept.at["heads with a role", "share_kept"],
+                }
+            )
             matches.append(m)
             agreement.append(agree)
-    return {"role_counts": role_counts(runs),
-            "best_heads": pd.concat(best, ignore_index=True) if best else pd.DataFrame(columns=BEST_COLUMNS),
-            "matches": pd.concat(matches, ignore_index=True) if matches else pd.DataFrame(columns=MATCH_COLUMNS),
-            "agreement": pd.concat(agreement, ignore_index=True) if agreement else pd.DataFrame(),
-            "pairs": pd.DataFrame(pairs)}
+    return {
+        "role_counts": role_counts(runs),
+        "best_heads": pd.concat(best, ignore_index=True)
+        if best
+        else pd.DataFrame(columns=BEST_COLUMNS),
+        "matches": pd.concat(matches, ignore_index=True)
+        if matches
+        else pd.DataFrame(columns=MATCH_COLUMNS),
+        "agreement": pd.concat(agreement, ignore_index=True) if agreement else pd.DataFrame(),
+        "pairs": pd.DataFrame(pairs),
+    }

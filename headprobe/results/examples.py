@@ -31,36 +31,57 @@ from headprobe.model.sites import attention_sites
 from headprobe.scorers.registry import ARCS, MENTIONS, pictured
 from headprobe.scoring.engine import LayerAttention
 
-SENTENCE_WORDS = (8, 25)          # moderate length: a picture a reader can take in
-FALLBACK_WORDS = 40               # when no sentence of moderate length holds the relation
-MENTION_SPAN = (2, 25)            # words from the antecedent's head to the mention's head
-CONTEXT = 3                       # words shown before the antecedent and after the mention
+SENTENCE_WORDS = (8, 25)  # moderate length: a picture a reader can take in
+FALLBACK_WORDS = 40  # when no sentence of moderate length holds the relation
+MENTION_SPAN = (2, 25)  # words from the antecedent's head to the mention's head
+CONTEXT = 3  # words shown before the antecedent and after the mention
 NOT_IN_ALL = ("root", "punct")
 
 
 @torch.inference_mode()
-def word_attention(model, tokenizer, words: list[str], layer: int, from_mode: str = "mean",
-                   stack: str | None = None) -> torch.Tensor:
+def word_attention(
+    model,
+    tokenizer,
+    words: list[str],
+    layer: int,
+    from_mode: str = "mean",
+    stack: str | None = None,
+) -> torch.Tensor:
     """[head, word, word + 2] word-level attention of one layer of `stack` (last columns: CLS-, SEP-like)."""
     sites = attention_sites(model)
     stack = sites.resolve(stack)
     alignment = sites.scoring_alignment(align_words(tokenizer, [list(words)])[0], stack)
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batch = Batch([Example(list(words), unit="sentence", source="<input>")], [alignment], pad, device=device, from_mode=from_mode)
+    batch = Batch(
+        [Example(list(words), unit="sentence", source="<input>")],
+        [alignment],
+        pad,
+        device=device,
+        from_mode=from_mode,
+    )
     offset = sites.query_offset(stack)
     kept = {}
 
     def keep(layer_index, probs):
-        kept["words"] = LayerAttention(layer_index, probs[:, :, offset:], batch).words[0].float().cpu()
+        kept["words"] = (
+            LayerAttention(layer_index, probs[:, :, offset:], batch).words[0].float().cpu()
+        )
 
     with AttentionCapture(model, [layer], keep, stack=stack):
         model(**sites.model_inputs(batch, stack))
     return kept["words"]
 
 
-def attention_for_sentence(model, tokenizer, words_or_text, layer: int, head: int,
-                           from_mode: str = "mean", stack: str | None = None) -> pd.DataFrame:
+def attention_for_sentence(
+    model,
+    tokenizer,
+    words_or_text,
+    layer: int,
+    head: int,
+    from_mode: str = "mean",
+    stack: str | None = None,
+) -> pd.DataFrame:
     """Word x word attention of (layer, head): rows attend (from), columns are attended (to)."""
     words = words_or_text.split() if isinstance(words_or_text, str) else list(words_or_text)
     matrix = word_attention(model, tokenizer, words, layer, from_mode, stack)[head]
@@ -68,8 +89,8 @@ def attention_for_sentence(model, tokenizer, words_or_text, layer: int, head: in
     return pd.DataFrame(matrix.numpy(), index=words, columns=columns)
 
 
-
 # ---------------------------------------------------------------- choosing examples
+
 
 class Reservoir:
     """`k` items drawn uniformly at random per label from a stream (Algorithm R), each label with
@@ -105,8 +126,11 @@ def gold_arcs(example: Example, label: str) -> list[list[int]]:
     """[[dependent, head], ...] of `label` in `example` (ALL: every arc but root and punct)."""
     if example.heads is None or example.deprels is None:
         return []
-    return [[i, h] for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
-            if h >= 0 and (rel == label if label != ALL else rel not in NOT_IN_ALL)]
+    return [
+        [i, h]
+        for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
+        if h >= 0 and (rel == label if label != ALL else rel not in NOT_IN_ALL)
+    ]
 
 
 class SentencePicker:
@@ -121,11 +145,20 @@ class SentencePicker:
 
     What is kept is bounded by the number of relations (`ALL` included) times 2 * `per_label`."""
 
-    def __init__(self, seed: int = 0, per_label: int = 1, words: tuple[int, int] = SENTENCE_WORDS,
-                 fallback: int = FALLBACK_WORDS, labels: Iterable[str] | None = None):
+    def __init__(
+        self,
+        seed: int = 0,
+        per_label: int = 1,
+        words: tuple[int, int] = SENTENCE_WORDS,
+        fallback: int = FALLBACK_WORDS,
+        labels: Iterable[str] | None = None,
+    ):
         self.seed, self.per_label, self.words, self.fallback = seed, per_label, words, fallback
         self.labels = None if labels is None else set(labels)
-        self.moderate, self.longer = Reservoir(seed, per_label), Reservoir(seed, per_label, salt="longer")
+        self.moderate, self.longer = (
+            Reservoir(seed, per_label),
+            Reservoir(seed, per_label, salt="longer"),
+        )
 
     def offer(self, example: Example) -> None:
         if example.heads is None or example.deprels is None or len(example.words) > self.fallback:
@@ -133,7 +166,9 @@ class SentencePicker:
         present = {rel for h, rel in zip(example.heads, example.deprels) if h >= 0}
         if present - set(NOT_IN_ALL):
             present.add(ALL)
-        pool = self.moderate if self.words[0] <= len(example.words) <= self.words[1] else self.longer
+        pool = (
+            self.moderate if self.words[0] <= len(example.words) <= self.words[1] else self.longer
+        )
         for label in present if self.labels is None else present & self.labels:
             pool.offer(label, example)
 
@@ -147,8 +182,14 @@ class SentencePicker:
         return {label: self.moderate.picks(label) or self.longer.picks(label) for label in labels}
 
 
-def pick_sentences(examples: Iterable[Example], labels: list[str], seed: int = 0, per_label: int = 1,
-                   words: tuple[int, int] = SENTENCE_WORDS, fallback: int = FALLBACK_WORDS) -> dict[str, list[Example]]:
+def pick_sentences(
+    examples: Iterable[Example],
+    labels: list[str],
+    seed: int = 0,
+    per_label: int = 1,
+    words: tuple[int, int] = SENTENCE_WORDS,
+    fallback: int = FALLBACK_WORDS,
+) -> dict[str, list[Example]]:
     """Per label, `per_label` sentences holding that relation, drawn at random with `seed`
     among those of `words[0]..words[1]` words (else, for a relation found in none, among
     those of at most `fallback` words). One pass over `examples` (any iterable)."""
@@ -164,22 +205,27 @@ class MentionPick:
 
     window: Example
     kind: str
-    query: int                       # the mention's head word
-    mention: tuple[int, int]         # [start, end) of the mention
-    antecedent: int                  # head word of the nearest earlier mention of its cluster
+    query: int  # the mention's head word
+    mention: tuple[int, int]  # [start, end) of the mention
+    antecedent: int  # head word of the nearest earlier mention of its cluster
     antecedent_span: tuple[int, int]
-    gold: list[int]                  # every candidate heading a mention of its cluster
+    gold: list[int]  # every candidate heading a mention of its cluster
 
 
 class MentionPicker:
     """`pick_mentions` one window at a time (as `SentencePicker`: every kind kept, picked later).
 
-        picker = MentionPicker(seed=0)
-        for window in picker.watch(windows): ...          # the scoring pass
-        picker.chosen(["ALL", "pronoun"])                 # {kind: [MentionPick]}"""
+    picker = MentionPicker(seed=0)
+    for window in picker.watch(windows): ...          # the scoring pass
+    picker.chosen(["ALL", "pronoun"])                 # {kind: [MentionPick]}"""
 
-    def __init__(self, seed: int = 0, per_label: int = 1, span: tuple[int, int] = MENTION_SPAN,
-                 kinds: Iterable[str] | None = None):
+    def __init__(
+        self,
+        seed: int = 0,
+        per_label: int = 1,
+        span: tuple[int, int] = MENTION_SPAN,
+        kinds: Iterable[str] | None = None,
+    ):
         self.span = span
         self.kinds = None if kinds is None else set(kinds)
         self.pool = Reservoir(seed, per_label, salt="mention")
@@ -195,12 +241,29 @@ class MentionPicker:
                 continue
             m = mentions[sm.index]
             ante = max(before)
-            ante_m = max((x for x in mentions if x.head == ante and x.entity == m.entity and x.start < m.start),
-                         key=lambda x: x.start, default=None)
-            if ante_m is None or max(m.end, sm.query + 1) - min(ante_m.start, ante) > FALLBACK_WORDS - 2 * CONTEXT:
-                continue                                    # a long antecedent: no picture a reader takes in
-            pick = MentionPick(window, sm.kind, sm.query, (m.start, m.end), ante, (ante_m.start, ante_m.end),
-                               list(sm.gold))
+            ante_m = max(
+                (
+                    x
+                    for x in mentions
+                    if x.head == ante and x.entity == m.entity and x.start < m.start
+                ),
+                key=lambda x: x.start,
+                default=None,
+            )
+            if (
+                ante_m is None
+                or max(m.end, sm.query + 1) - min(ante_m.start, ante) > FALLBACK_WORDS - 2 * CONTEXT
+            ):
+                continue  # a long antecedent: no picture a reader takes in
+            pick = MentionPick(
+                window,
+                sm.kind,
+                sm.query,
+                (m.start, m.end),
+                ante,
+                (ante_m.start, ante_m.end),
+                list(sm.gold),
+            )
             for label in {ALL, sm.kind} if self.kinds is None else {ALL, sm.kind} & self.kinds:
                 self.pool.offer(label, pick)
 
@@ -214,8 +277,13 @@ class MentionPicker:
         return {kind: self.pool.picks(kind) for kind in kinds}
 
 
-def pick_mentions(windows: Iterable[Example], kinds: list[str], seed: int = 0, per_label: int = 1,
-                  span: tuple[int, int] = MENTION_SPAN) -> dict[str, list[MentionPick]]:
+def pick_mentions(
+    windows: Iterable[Example],
+    kinds: list[str],
+    seed: int = 0,
+    per_label: int = 1,
+    span: tuple[int, int] = MENTION_SPAN,
+) -> dict[str, list[MentionPick]]:
     """Per mention kind (ALL, pronoun, proper, nominal), `per_label` scored mentions (SPEC 3)
     whose nearest antecedent's head lies `span[0]..span[1]` words before the mention's head,
     drawn at random with `seed`. One pass over `windows` (any iterable)."""
@@ -227,17 +295,33 @@ def pick_mentions(windows: Iterable[Example], kinds: list[str], seed: int = 0, p
 
 # ---------------------------------------------------------------- pictures
 
+
 def _best_rows(best_heads: pd.DataFrame, kind: str, max_labels: int) -> pd.DataFrame:
     """In-sample best heads that name a head, of the analyses pictured as `kind` (`registry.PICTURES`),
     most trials first."""
-    rows = best_heads[best_heads["analysis"].isin(pictured(kind)) & (best_heads["selection"] == "in-sample")
-                      & (best_heads["fold"] == "") & (best_heads["layer"] >= 0)]   # small samples name no head
+    rows = best_heads[
+        best_heads["analysis"].isin(pictured(kind))
+        & (best_heads["selection"] == "in-sample")
+        & (best_heads["fold"] == "")
+        & (best_heads["layer"] >= 0)
+    ]  # small samples name no head
     return rows.sort_values("n", ascending=False, kind="stable").head(max_labels)
 
 
-def example_pictures(model, tokenizer, best_heads: pd.DataFrame, examples, from_mode="mean",
-                     max_words: int = SENTENCE_WORDS[1], per_label: int = 1, max_labels: int = 8, seed: int = 0,
-                     coref=None, min_words: int = SENTENCE_WORDS[0], stack: str | None = None) -> list[dict]:
+def example_pictures(
+    model,
+    tokenizer,
+    best_heads: pd.DataFrame,
+    examples,
+    from_mode="mean",
+    max_words: int = SENTENCE_WORDS[1],
+    per_label: int = 1,
+    max_labels: int = 8,
+    seed: int = 0,
+    coref=None,
+    min_words: int = SENTENCE_WORDS[0],
+    stack: str | None = None,
+) -> list[dict]:
     """For the in-sample best dependency heads (most arcs first, at most `max_labels`): each one's
     attention on a sentence holding its relation (`pick_sentences`, seeded); with `coref` windows,
     for the best coreference head of each kind, its attention around a mention and its nearest
@@ -247,28 +331,55 @@ def example_pictures(model, tokenizer, best_heads: pd.DataFrame, examples, from_
     examples.json."""
     pictures = []
     rows = _best_rows(best_heads, ARCS, max_labels) if examples is not None else best_heads.iloc[:0]
-    if isinstance(examples, SentencePicker):             # filled during the scoring pass
+    if isinstance(examples, SentencePicker):  # filled during the scoring pass
         chosen = examples.chosen(list(rows["label"]))
     else:
-        chosen = pick_sentences(examples, list(rows["label"]), seed, per_label, (min_words, max_words)) if len(rows) else {}
+        chosen = (
+            pick_sentences(examples, list(rows["label"]), seed, per_label, (min_words, max_words))
+            if len(rows)
+            else {}
+        )
     for row in rows.itertuples():
         for example in chosen.get(row.label, []):
-            matrix = word_attention(model, tokenizer, example.words, int(row.layer), from_mode, stack)[int(row.head)]
-            pictures.append(dict(analysis=row.analysis, label=row.label, layer=int(row.layer), head=int(row.head),
-                                 direction=row.direction, unit=example.unit, sentence=example.sent_id,
-                                 words=list(example.words), attention=matrix[:, :len(example.words)].tolist(),
-                                 gold=gold_arcs(example, row.label), seed=seed))
+            matrix = word_attention(
+                model, tokenizer, example.words, int(row.layer), from_mode, stack
+            )[int(row.head)]
+            pictures.append(
+                dict(
+                    analysis=row.analysis,
+                    label=row.label,
+                    layer=int(row.layer),
+                    head=int(row.head),
+                    direction=row.direction,
+                    unit=example.unit,
+                    sentence=example.sent_id,
+                    words=list(example.words),
+                    attention=matrix[:, : len(example.words)].tolist(),
+                    gold=gold_arcs(example, row.label),
+                    seed=seed,
+                )
+            )
     if coref is not None:
-        pictures += coref_pictures(model, tokenizer, best_heads, coref, from_mode, per_label, seed, stack)
+        pictures += coref_pictures(
+            model, tokenizer, best_heads, coref, from_mode, per_label, seed, stack
+        )
     return pictures
 
 
-def coref_pictures(model, tokenizer, best_heads: pd.DataFrame, windows, from_mode="mean", per_label: int = 1,
-                   seed: int = 0, stack: str | None = None) -> list[dict]:
+def coref_pictures(
+    model,
+    tokenizer,
+    best_heads: pd.DataFrame,
+    windows,
+    from_mode="mean",
+    per_label: int = 1,
+    seed: int = 0,
+    stack: str | None = None,
+) -> list[dict]:
     """The best coreference head of each kind on a mention and its antecedent: attention over the
     whole window, cropped to the words from just before the antecedent to just after the mention."""
     rows = _best_rows(best_heads, MENTIONS, 8)
-    if isinstance(windows, MentionPicker):               # filled during the scoring pass
+    if isinstance(windows, MentionPicker):  # filled during the scoring pass
         chosen = windows.chosen(list(rows["label"]))
     else:
         chosen = pick_mentions(windows, list(rows["label"]), seed, per_label) if len(rows) else {}
@@ -278,12 +389,25 @@ def coref_pictures(model, tokenizer, best_heads: pd.DataFrame, windows, from_mod
             words = pick.window.words
             lo = max(0, min(pick.antecedent_span[0], pick.antecedent) - CONTEXT)
             hi = min(len(words), max(pick.mention[1], pick.query + 1) + CONTEXT)
-            matrix = word_attention(model, tokenizer, words, int(row.layer), from_mode, stack)[int(row.head)]
-            pictures.append(dict(
-                analysis=row.analysis, label=row.label, layer=int(row.layer), head=int(row.head), direction="",
-                unit=pick.window.unit, sentence=pick.window.sent_id, words=list(words[lo:hi]),
-                attention=matrix[lo:hi, lo:hi].tolist(), offset=lo,
-                gold=[[pick.query - lo, g - lo] for g in pick.gold if lo <= g < hi],
-                mention=[pick.mention[0] - lo, pick.mention[1] - lo],
-                antecedent=[pick.antecedent_span[0] - lo, pick.antecedent_span[1] - lo], seed=seed))
+            matrix = word_attention(model, tokenizer, words, int(row.layer), from_mode, stack)[
+                int(row.head)
+            ]
+            pictures.append(
+                dict(
+                    analysis=row.analysis,
+                    label=row.label,
+                    layer=int(row.layer),
+                    head=int(row.head),
+                    direction="",
+                    unit=pick.window.unit,
+                    sentence=pick.window.sent_id,
+                    words=list(words[lo:hi]),
+                    attention=matrix[lo:hi, lo:hi].tolist(),
+                    offset=lo,
+                    gold=[[pick.query - lo, g - lo] for g in pick.gold if lo <= g < hi],
+                    mention=[pick.mention[0] - lo, pick.mention[1] - lo],
+                    antecedent=[pick.antecedent_span[0] - lo, pick.antecedent_span[1] - lo],
+                    seed=seed,
+                )
+            )
     return pictures

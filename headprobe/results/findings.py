@@ -19,13 +19,37 @@ import pandas as pd
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scorers import registry
 
-TOP_LABELS = 5                 # labels shown per analysis in the key findings, besides ALL
+TOP_LABELS = 5  # labels shown per analysis in the key findings, besides ALL
 RUNNERS_UP = 3
-FINDING_COLUMNS = ["analysis", "label", "n", "heads", "direction", "accuracy", "ci_low", "ci_high",
-                   "baseline_variant", "baseline_accuracy", "gap", "gap_low", "gap_high", "folds_agree"]
+FINDING_COLUMNS = [
+    "analysis",
+    "label",
+    "n",
+    "heads",
+    "direction",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "baseline_variant",
+    "baseline_accuracy",
+    "gap",
+    "gap_low",
+    "gap_high",
+    "folds_agree",
+]
 # summary keys that are shown as findings or data, not as provenance
-NOT_PROVENANCE = ("model", "n_layers", "n_heads", "analyses", "notes", "headline", "tables", "skipped",
-                  "causal", "n_kv_heads")
+NOT_PROVENANCE = (
+    "model",
+    "n_layers",
+    "n_heads",
+    "analyses",
+    "notes",
+    "headline",
+    "tables",
+    "skipped",
+    "causal",
+    "n_kv_heads",
+)
 
 
 def selection_analyses(results) -> list[str]:
@@ -43,13 +67,25 @@ def key_findings(results, top: int = TOP_LABELS) -> pd.DataFrame:
     rows = []
     for analysis in selection_analyses(results):
         wide = results.best_heads_wide(analysis)
-        ok = wide[~wide["small_sample"].astype(bool) & (wide["note"].fillna("") == "")
-                  & (wide["heldout_note"].fillna("") == "") & wide["heldout_accuracy"].notna()]
+        ok = wide[
+            ~wide["small_sample"].astype(bool)
+            & (wide["note"].fillna("") == "")
+            & (wide["heldout_note"].fillna("") == "")
+            & wide["heldout_accuracy"].notna()
+        ]
         first = ok[ok["label"] == ALL]
-        rest = ok[ok["label"] != ALL].sort_values(["heldout_gap", "n"], ascending=False, kind="stable")
+        rest = ok[ok["label"] != ALL].sort_values(
+            ["heldout_gap", "n"], ascending=False, kind="stable"
+        )
         for r in pd.concat([first, rest.head(top)]).to_dict("records"):
-            rows.append({"analysis": analysis, "label": r["label"], "n": r["n"],
-                         **{c: r[f"heldout_{c}"] for c in FINDING_COLUMNS[3:]}})
+            rows.append(
+                {
+                    "analysis": analysis,
+                    "label": r["label"],
+                    "n": r["n"],
+                    **{c: r[f"heldout_{c}"] for c in FINDING_COLUMNS[3:]},
+                }
+            )
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
 
@@ -62,29 +98,56 @@ def caveats(results) -> list[tuple[str, str]]:
         wide = results.best_heads_wide(analysis)
         small = wide[wide["small_sample"].astype(bool)]
         if len(small):
-            out.append(("small samples", f"{analysis}: {len(small)} label(s) with fewer than {registry.min_n(analysis)} "
-                        f"trials, shown with their counts but never named a best head or a role: "
-                        f"{_listing(small['label'], small['n'])}."))
-        tied = wide[~wide["small_sample"].astype(bool) & (pd.to_numeric(wide["tied"], errors="coerce") > 1)]
+            out.append(
+                (
+                    "small samples",
+                    f"{analysis}: {len(small)} label(s) with fewer than {registry.min_n(analysis)} "
+                    f"trials, shown with their counts but never named a best head or a role: "
+                    f"{_listing(small['label'], small['n'])}.",
+                )
+            )
+        tied = wide[
+            ~wide["small_sample"].astype(bool) & (pd.to_numeric(wide["tied"], errors="coerce") > 1)
+        ]
         if len(tied):
-            out.append(("ties", f"{analysis}: exact ties for the best head (candidates sharing the best "
-                        f"accuracy; the lowest layer, head, direction is shown): {_listing(tied['label'], tied['tied'])}."))
+            out.append(
+                (
+                    "ties",
+                    f"{analysis}: exact ties for the best head (candidates sharing the best "
+                    f"accuracy; the lowest layer, head, direction is shown): {_listing(tied['label'], tied['tied'])}.",
+                )
+            )
         split = wide[~wide["small_sample"].astype(bool) & (wide["heldout_folds_agree"] == False)]  # noqa: E712
         if len(split):
-            out.append(("folds disagree", f"{analysis}: the two held-out folds chose different heads for "
-                        f"{', '.join(split['label'])}."))
+            out.append(
+                (
+                    "folds disagree",
+                    f"{analysis}: the two held-out folds chose different heads for "
+                    f"{', '.join(split['label'])}.",
+                )
+            )
         below = wide[(wide["label"] == ALL) & (wide["heldout_gap_high"] < 0)]
         for r in below.itertuples(index=False):
-            out.append(("below baseline", f"{analysis}: held-out, the best head of {ALL} is below the "
-                        f"{r.baseline_variant} baseline (gap {r.heldout_gap:+.3f}, 95% CI "
-                        f"[{r.heldout_gap_low:+.3f}, {r.heldout_gap_high:+.3f}])."))
+            out.append(
+                (
+                    "below baseline",
+                    f"{analysis}: held-out, the best head of {ALL} is below the "
+                    f"{r.baseline_variant} baseline (gap {r.heldout_gap:+.3f}, 95% CI "
+                    f"[{r.heldout_gap_low:+.3f}, {r.heldout_gap_high:+.3f}]).",
+                )
+            )
     for analysis in selection_analyses(results):
         unreachable = results.unreachable_arcs(analysis)
         everything = unreachable[(unreachable["label"] == ALL) & (unreachable["unreachable"] > 0)]
         for r in everything.itertuples(index=False):
-            out.append(("unreachable", f"{analysis}, {r.direction}: {int(r.unreachable):,} of {int(r.n):,} "
-                        f"{ALL} items ({r.share:.1%}) hold no attention in their row or column; they count as "
-                        "misses."))
+            out.append(
+                (
+                    "unreachable",
+                    f"{analysis}, {r.direction}: {int(r.unreachable):,} of {int(r.n):,} "
+                    f"{ALL} items ({r.share:.1%}) hold no attention in their row or column; they count as "
+                    "misses.",
+                )
+            )
     out.append(("skipped input", skipped_text(results.summary.get("skipped") or {})))
     out += [("note", str(note)) for note in results.summary.get("notes") or []]
     return out
@@ -108,10 +171,18 @@ def skipped_text(skipped: dict) -> str:
     counts = {k: v for k, v in skipped.items() if isinstance(v, (int, float, np.integer)) and v}
     if not counts:
         return "No input was skipped."
-    return "Skipped (never silently): " + ", ".join(f"{k.replace('_', ' ')} {_int(v)}" for k, v in counts.items()) + "."
+    return (
+        "Skipped (never silently): "
+        + ", ".join(f"{k.replace('_', ' ')} {_int(v)}" for k, v in counts.items())
+        + "."
+    )
 
 
-UNITS = {registry.SENTENCES: "sentences", registry.COREFERENCE: "windows", registry.PROBE: "sequences"}   # an input's examples
+UNITS = {
+    registry.SENTENCES: "sentences",
+    registry.COREFERENCE: "windows",
+    registry.PROBE: "sequences",
+}  # an input's examples
 
 
 def data_sources(results) -> pd.DataFrame:
@@ -124,13 +195,23 @@ def data_sources(results) -> pd.DataFrame:
     rows = []
     for key in list(dict.fromkeys(list(corpora) + list(runs))):
         run = runs.get(key) or {}
-        row = {"input": key, "path": str(corpora.get(key, "")), "unit": UNITS.get(key, "examples"),
-               "examples": run.get("examples", np.nan),
-               "words": run.get("words", np.nan), "documents": np.nan, "mentions": np.nan}
+        row = {
+            "input": key,
+            "path": str(corpora.get(key, "")),
+            "unit": UNITS.get(key, "examples"),
+            "examples": run.get("examples", np.nan),
+            "words": run.get("words", np.nan),
+            "documents": np.nan,
+            "mentions": np.nan,
+        }
         if key == registry.COREFERENCE:
-            row.update(documents=coref.get("documents", np.nan), mentions=coref.get("mentions", np.nan))
+            row.update(
+                documents=coref.get("documents", np.nan), mentions=coref.get("mentions", np.nan)
+            )
         rows.append(row)
-    return pd.DataFrame(rows, columns=["input", "path", "unit", "examples", "words", "documents", "mentions"])
+    return pd.DataFrame(
+        rows, columns=["input", "path", "unit", "examples", "words", "documents", "mentions"]
+    )
 
 
 def provenance(results) -> list[tuple[str, str]]:
@@ -144,12 +225,19 @@ def provenance(results) -> list[tuple[str, str]]:
             continue
         if key == "inputs" and isinstance(value, dict):
             out += [(f"input {name}", flat(spec)) for name, spec in value.items()]
-        elif isinstance(value, dict) and key in ("options", "conventions", "runs", "coreference_corpus"):
+        elif isinstance(value, dict) and key in (
+            "options",
+            "conventions",
+            "runs",
+            "coreference_corpus",
+        ):
             out += [(f"{key}: {k}", flat(v)) for k, v in value.items()]
         else:
             out.append((key, flat(value)))
-    sources = (summary.get("skipped") or {})
-    out += [(f"skipped: {k}", flat(v)) for k, v in sources.items() if not isinstance(v, (int, float))]
+    sources = summary.get("skipped") or {}
+    out += [
+        (f"skipped: {k}", flat(v)) for k, v in sources.items() if not isinstance(v, (int, float))
+    ]
     return out
 
 
@@ -173,8 +261,11 @@ def repeated_columns(frame: pd.DataFrame, columns: list[str], atol: float = 1e-9
             if earlier in same:
                 continue
             a, b = frame[col].to_numpy(dtype=float), frame[earlier].to_numpy(dtype=float)
-            if len(a) and np.array_equal(np.isnan(a), np.isnan(b)) and np.allclose(a, b, rtol=0, atol=atol,
-                                                                                    equal_nan=True):
+            if (
+                len(a)
+                and np.array_equal(np.isnan(a), np.isnan(b))
+                and np.allclose(a, b, rtol=0, atol=atol, equal_nan=True)
+            ):
                 same[col] = earlier
                 break
     return same
@@ -191,8 +282,10 @@ def best_heads_export(results, analysis: str) -> pd.DataFrame:
         acc = base[base["variant"] == variant].set_index("label")["accuracy"]
         wide[f"baseline:{variant}"] = wide["label"].map(acc)
     scores = results.head_scores(analysis)
-    wide["next_best"] = [next_best(scores[scores["label"] == r["label"]], r["layer"], r["head"])
-                         for r in wide.to_dict("records")]
+    wide["next_best"] = [
+        next_best(scores[scores["label"] == r["label"]], r["layer"], r["head"])
+        for r in wide.to_dict("records")
+    ]
     return wide
 
 
@@ -200,9 +293,14 @@ def next_best(scores: pd.DataFrame, layer, head, k: int = RUNNERS_UP) -> str:
     """The next `k` heads by in-sample accuracy (each in its better direction), as text."""
     if not len(scores):
         return ""
-    ranked = scores.sort_values(["accuracy", "layer", "head", "direction"], ascending=[False, True, True, True],
-                                kind="stable").drop_duplicates(["layer", "head"])
+    ranked = scores.sort_values(
+        ["accuracy", "layer", "head", "direction"],
+        ascending=[False, True, True, True],
+        kind="stable",
+    ).drop_duplicates(["layer", "head"])
     if layer is not None and not pd.isna(layer) and int(layer) >= 0:
         ranked = ranked[~((ranked["layer"] == int(layer)) & (ranked["head"] == int(head)))]
-    return "; ".join(f"{int(r.layer)}-{int(r.head)}{' ' + r.direction if r.direction else ''} {r.accuracy:.4f}"
-                     for r in ranked.head(k).itertuples(index=False))
+    return "; ".join(
+        f"{int(r.layer)}-{int(r.head)}{' ' + r.direction if r.direction else ''} {r.accuracy:.4f}"
+        for r in ranked.head(k).itertuples(index=False)
+    )

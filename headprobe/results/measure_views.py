@@ -17,7 +17,9 @@ from headprobe.scorers.surface import ANALYSIS as SURFACE_ANALYSIS
 from headprobe.scoring.tally import N_BOOT, SEED, unit_weights
 from headprobe.stats.engine import interval
 
-SURFACE = SURFACE_ANALYSIS.name         # the analysis whose masses these views read (its own module names it)
+SURFACE = (
+    SURFACE_ANALYSIS.name
+)  # the analysis whose masses these views read (its own module names it)
 SURFACE_SIDE = ("cls", "sep", "first", "punct", "self", "prev", "next", "entropy_ratio")
 
 
@@ -30,12 +32,16 @@ def surface_side_by_side(results, labels=SURFACE_SIDE):
         present = [label for label in labels if label in per_layer]
         if not len(per_layer) or not present:
             continue
-        long = per_layer.melt(id_vars="layer", value_vars=present, var_name="label", value_name=measure)
+        long = per_layer.melt(
+            id_vars="layer", value_vars=present, var_name="label", value_name=measure
+        )
         frames.append(long.set_index(["layer", "label"]))
     if not frames:
         return pd.DataFrame(columns=["layer", "label", *results.measures])
     wide = pd.concat(frames, axis=1).reset_index()
-    wide["label"] = pd.Categorical(wide["label"], [x for x in labels if x in set(wide["label"])], ordered=True)
+    wide["label"] = pd.Categorical(
+        wide["label"], [x for x in labels if x in set(wide["label"])], ordered=True
+    )
     wide = wide.sort_values(["label", "layer"], kind="stable").reset_index(drop=True)
     wide["label"] = wide["label"].astype(str)
     if len(results.measures) > 1:
@@ -48,19 +54,30 @@ def role_changes(results):
     """Heads whose role differs between the first two measures: layer, head, name, and per
     measure its role, detail and evidence (`roles` table)."""
     measures = results.measures[:2]
-    columns = ["layer", "head", "name"] + [f"{c}_{m}" for m in measures for c in ("role", "detail", "evidence")]
+    columns = ["layer", "head", "name"] + [
+        f"{c}_{m}" for m in measures for c in ("role", "detail", "evidence")
+    ]
     roles = results.roles
     if len(measures) < 2 or not len(roles):
         return pd.DataFrame(columns=columns)
     keep = ["layer", "head", "name", "role", "detail", "evidence"]
-    first, second = (roles[roles["measure"] == m][keep].set_index(["layer", "head", "name"]) for m in measures)
-    both = first.merge(second, left_index=True, right_index=True, how="outer",
-                       suffixes=(f"_{measures[0]}", f"_{measures[1]}")).reset_index()
+    first, second = (
+        roles[roles["measure"] == m][keep].set_index(["layer", "head", "name"]) for m in measures
+    )
+    both = first.merge(
+        second,
+        left_index=True,
+        right_index=True,
+        how="outer",
+        suffixes=(f"_{measures[0]}", f"_{measures[1]}"),
+    ).reset_index()
     changed = both[both[f"role_{measures[0]}"] != both[f"role_{measures[1]}"]]
     return changed[columns].sort_values(["layer", "head"]).reset_index(drop=True)
 
 
-def special_share(results, labels=("cls", "sep"), n_boot: int | None = None, seed: int | None = None):
+def special_share(
+    results, labels=("cls", "sep"), n_boot: int | None = None, seed: int | None = None
+):
     """Per layer: the mean share of a word's attention on the `labels` specials ([CLS]/BOS-like +
     [SEP]/EOS-like, surface masses summed over the layer's heads / trials) under each measure,
     and the change between the first two. With per-unit counts (`keep_unit_counts`), 95%
@@ -71,19 +88,37 @@ def special_share(results, labels=("cls", "sep"), n_boot: int | None = None, see
     measures = results.measures
     units = results.unit_counts
     if units is not None and len(units):
-        u = units[(units["analysis"].astype(str) == SURFACE) & units["label"].astype(str).isin(labels)]
-        u = u.assign(measure=u["measure"].astype(str), unit=u["unit"].astype(str), label=u["label"].astype(str))
-        mass = u.pivot_table(index=["unit"], columns=["measure", "layer"], values="mass", aggfunc="sum")
-        trials = u[u["label"] == labels[0]].pivot_table(index=["unit"], columns=["measure", "layer"], values="n",
-                                                         aggfunc="sum")
+        u = units[
+            (units["analysis"].astype(str) == SURFACE) & units["label"].astype(str).isin(labels)
+        ]
+        u = u.assign(
+            measure=u["measure"].astype(str),
+            unit=u["unit"].astype(str),
+            label=u["label"].astype(str),
+        )
+        mass = u.pivot_table(
+            index=["unit"], columns=["measure", "layer"], values="mass", aggfunc="sum"
+        )
+        trials = u[u["label"] == labels[0]].pivot_table(
+            index=["unit"], columns=["measure", "layer"], values="n", aggfunc="sum"
+        )
         names = list(mass.index)
-        weights = np.stack([np.concatenate([[1.0], unit_weights(name, seed, n_boot)]) for name in names])
+        weights = np.stack(
+            [np.concatenate([[1.0], unit_weights(name, seed, n_boot)]) for name in names]
+        )
         trials = trials.reindex(index=mass.index, columns=mass.columns).fillna(0)
-        share = (weights.T @ mass.fillna(0).to_numpy()) / (weights.T @ trials.to_numpy())   # [resample, column]
-        share = pd.DataFrame(share, columns=mass.columns)                   # [resample, (measure, layer)]
+        share = (weights.T @ mass.fillna(0).to_numpy()) / (
+            weights.T @ trials.to_numpy()
+        )  # [resample, column]
+        share = pd.DataFrame(share, columns=mass.columns)  # [resample, (measure, layer)]
     else:
         c = results.counts
-        c = c[(c["analysis"] == SURFACE) & (c["fold"] == "") & (c["layer"] >= 0) & c["label"].isin(labels)]
+        c = c[
+            (c["analysis"] == SURFACE)
+            & (c["fold"] == "")
+            & (c["layer"] >= 0)
+            & c["label"].isin(labels)
+        ]
         mass = c.groupby(["measure", "layer"])["mass"].sum()
         trials = c[c["label"] == labels[0]].groupby(["measure", "layer"])["n"].sum()
         share = pd.DataFrame([(mass / trials).to_numpy()], columns=mass.index)

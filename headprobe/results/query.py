@@ -47,8 +47,14 @@ class Results:
     `tallies` ({tally key: Tally}: the analysis, `@norms` for the norms measure, `~control` for the
     random-init control's) and, when kept, `unit_counts`."""
 
-    def __init__(self, tallies: dict[str, Tally], summary: dict | None = None, examples: list | None = None,
-                 unit_counts: pd.DataFrame | None = None, tables: dict[str, pd.DataFrame] | None = None):
+    def __init__(
+        self,
+        tallies: dict[str, Tally],
+        summary: dict | None = None,
+        examples: list | None = None,
+        unit_counts: pd.DataFrame | None = None,
+        tables: dict[str, pd.DataFrame] | None = None,
+    ):
         self.tallies = dict(tallies)
         self.summary = dict(summary or {})
         self.examples = examples or []
@@ -67,16 +73,24 @@ class Results:
         the same tables as a run of that measure alone; each gets a `measure` column."""
         groups: dict[str, dict[str, Tally]] = {}
         for tally in self.tallies.values():
-            groups.setdefault(tally.measure, {})[tally_key(tally.analysis, model=tally.model)] = tally
+            groups.setdefault(tally.measure, {})[tally_key(tally.analysis, model=tally.model)] = (
+                tally
+            )
         order = sorted(groups, key=measure_rank) or [WEIGHTS]
-        if len(order) == 1 and all(key == tally_key(t.analysis, model=t.model) for key, t in self.tallies.items()):
+        if len(order) == 1 and all(
+            key == tally_key(t.analysis, model=t.model) for key, t in self.tallies.items()
+        ):
             self._compute_tables()
-            self._tables = {name: with_measure(table, order[0]) for name, table in self._tables.items()}
+            self._tables = {
+                name: with_measure(table, order[0]) for name, table in self._tables.items()
+            }
             return
         parts = [Results(groups[m], dict(self.summary), self.examples).tables for m in order]
         for name in dict.fromkeys(name for part in parts for name in part):
-            self._tables[name] = _concat([part[name] for part in parts if name in part],
-                                         list(next(part[name] for part in parts if name in part).columns))
+            self._tables[name] = _concat(
+                [part[name] for part in parts if name in part],
+                list(next(part[name] for part in parts if name in part).columns),
+            )
 
     def _compute_tables(self) -> None:
         """The tables of tallies of one measure, keyed by analysis name (`~control` for the control's)."""
@@ -92,15 +106,18 @@ class Results:
         self._tables["best_heads"] = _concat(best, stats.BEST_COLUMNS)
         self._tables["baselines"] = _concat(base, stats.BASELINE_COLUMNS)
         self._tables["head_tests"] = _concat(tests, stats.TEST_COLUMNS)
-        if control:                        # the random-init control: its own tables, its best beside ours
+        if control:  # the random-init control: its own tables, its best beside ours
             self._control = Results(control, dict(self.summary), self.examples)
             self._tables["best_heads"] = with_control(self.best_heads, self._control.best_heads)
-            self._tables.update({TABLE_PREFIX + name: t for name, t in self._control.tables.items()})
+            self._tables.update(
+                {TABLE_PREFIX + name: t for name, t in self._control.tables.items()}
+            )
         for name in trained:
             analysis = _registered(name)
-            for table, make in (analysis.tables.items() if analysis is not None else ()):
+            for table, make in analysis.tables.items() if analysis is not None else ():
                 self._tables[table] = make(self)
         from headprobe.stats.roles import head_roles
+
         self._tables["roles"] = head_roles(self)
 
     # -- the tables -----------------------------------------------------------------------
@@ -119,7 +136,7 @@ class Results:
     head_tests = property(lambda self: self.table("head_tests"))
     roles = property(lambda self: self.table("roles"))
 
-    def __getattr__(self, name):            # derived tables by name: results.positional_heads
+    def __getattr__(self, name):  # derived tables by name: results.positional_heads
         tables = self.__dict__.get("_tables", {})
         if name in tables:
             return tables[name]
@@ -134,7 +151,9 @@ class Results:
         if self._control is None:
             tables = control_tables(self._tables)
             if tables:
-                self._control = Results(by_model(self.tallies)[1], dict(self.summary), self.examples, tables=tables)
+                self._control = Results(
+                    by_model(self.tallies)[1], dict(self.summary), self.examples, tables=tables
+                )
         return self._control
 
     # -- measures (SPEC 7) ------------------------------------------------------------------
@@ -151,16 +170,30 @@ class Results:
         and every table cut to its rows (the `measure` column kept), for code that reads one measure."""
         measure = measure or self.measures[0]
         if measure not in self.measures:
-            raise KeyError(f"no measure {measure!r} in these results; measures: {', '.join(self.measures)}")
-        if self.measures == [measure] and all(k == tally_key(t.analysis, model=t.model)
-                                              for k, t in self.tallies.items()):
+            raise KeyError(
+                f"no measure {measure!r} in these results; measures: {', '.join(self.measures)}"
+            )
+        if self.measures == [measure] and all(
+            k == tally_key(t.analysis, model=t.model) for k, t in self.tallies.items()
+        ):
             return self
-        tallies = {tally_key(t.analysis, model=t.model): t for t in self.tallies.values() if t.measure == measure}
+        tallies = {
+            tally_key(t.analysis, model=t.model): t
+            for t in self.tallies.values()
+            if t.measure == measure
+        }
         unit_counts = self.unit_counts
         if unit_counts is not None and "measure" in unit_counts:
-            unit_counts = unit_counts[unit_counts["measure"].astype(str) == measure].reset_index(drop=True)
-        return Results(tallies, dict(self.summary), self.examples, unit_counts,
-                       {name: _rows_of(table, measure) for name, table in self._tables.items()})
+            unit_counts = unit_counts[unit_counts["measure"].astype(str) == measure].reset_index(
+                drop=True
+            )
+        return Results(
+            tallies,
+            dict(self.summary),
+            self.examples,
+            unit_counts,
+            {name: _rows_of(table, measure) for name, table in self._tables.items()},
+        )
 
     def _one(self, table: pd.DataFrame, measure: str | None) -> pd.DataFrame:
         """A table's rows of one measure (default: the first)."""
@@ -174,7 +207,10 @@ class Results:
 
     @property
     def n_heads(self) -> int:
-        return int(self.summary.get("n_heads") or max((t.n_heads for t in self.tallies.values()), default=0))
+        return int(
+            self.summary.get("n_heads")
+            or max((t.n_heads for t in self.tallies.values()), default=0)
+        )
 
     @property
     def n_layers(self) -> int:
@@ -188,11 +224,22 @@ class Results:
         return found
 
     # -- views (ratios of stored sums) ------------------------------------------------------
-    def head_scores(self, analysis: str, label: str | None = None, direction: str | None = None,
-                    fold: str = "", measure: str | None = None) -> pd.DataFrame:
+    def head_scores(
+        self,
+        analysis: str,
+        label: str | None = None,
+        direction: str | None = None,
+        fold: str = "",
+        measure: str | None = None,
+    ) -> pd.DataFrame:
         """Per head: label, layer, head, direction, n, hits, mass, accuracy (hits / n)."""
         c = self._one(self.counts, measure)
-        c = c[(c["analysis"] == analysis) & (c["variant"] == "") & (c["fold"] == fold) & (c["layer"] >= 0)]
+        c = c[
+            (c["analysis"] == analysis)
+            & (c["variant"] == "")
+            & (c["fold"] == fold)
+            & (c["layer"] >= 0)
+        ]
         if label is not None:
             c = c[c["label"] == label]
         if direction is not None:
@@ -200,26 +247,43 @@ class Results:
         out = c[["label", "layer", "head", "direction", "n", "hits", "mass"]].reset_index(drop=True)
         return out.assign(accuracy=stats.ratio(out["hits"], out["n"]))
 
-    def baseline_scores(self, analysis: str, label: str, fold: str = "", measure: str | None = None) -> pd.DataFrame:
+    def baseline_scores(
+        self, analysis: str, label: str, fold: str = "", measure: str | None = None
+    ) -> pd.DataFrame:
         """Baselines of one label: variant, n, hits, accuracy; best first (declared order on ties)."""
         c = self._one(self.counts, measure)
-        c = c[(c["analysis"] == analysis) & (c["variant"] != "") & (c["fold"] == fold) & (c["label"] == label)]
+        c = c[
+            (c["analysis"] == analysis)
+            & (c["variant"] != "")
+            & (c["fold"] == fold)
+            & (c["label"] == label)
+        ]
         out = c[["variant", "n", "hits"]].reset_index(drop=True)
         out = out.assign(accuracy=stats.ratio(out["hits"], out["n"]))
         return out.sort_values("accuracy", ascending=False, kind="stable").reset_index(drop=True)
 
-    def best_head(self, analysis: str, label: str, selection: str = "in-sample",
-                  measure: str | None = None) -> pd.Series | None:
+    def best_head(
+        self, analysis: str, label: str, selection: str = "in-sample", measure: str | None = None
+    ) -> pd.Series | None:
         """The best-heads row of one label (held-out: the pooled row)."""
         b = self._one(self.best_heads, measure)
-        rows = b[(b["analysis"] == analysis) & (b["label"] == label) & (b["selection"] == selection)
-                 & (b["fold"] == "")]
+        rows = b[
+            (b["analysis"] == analysis)
+            & (b["label"] == label)
+            & (b["selection"] == selection)
+            & (b["fold"] == "")
+        ]
         return rows.iloc[0] if len(rows) else None
 
     def labels(self, analysis: str, measure: str | None = None) -> list[str]:
         """Labels of an analysis, most trials first, ALL first."""
         c = self._one(self.counts, measure)
-        c = c[(c["analysis"] == analysis) & (c["fold"] == "") & (c["variant"] == "") & (c["layer"] >= 0)]
+        c = c[
+            (c["analysis"] == analysis)
+            & (c["fold"] == "")
+            & (c["variant"] == "")
+            & (c["layer"] >= 0)
+        ]
         sizes = c.groupby("label")["n"].max().sort_values(ascending=False, kind="stable")
         labels = list(sizes.index)
         return (["ALL"] if "ALL" in labels else []) + [x for x in labels if x != "ALL"]
@@ -233,8 +297,9 @@ class Results:
         if not len(c):
             return pd.DataFrame(columns=["layer", "head"])
         c = c.assign(mean=c["mass"] / c["n"])
-        wide = c.pivot_table(index=["layer", "head"], columns="label", values="mean",
-                             aggfunc="first").reset_index()
+        wide = c.pivot_table(
+            index=["layer", "head"], columns="label", values="mean", aggfunc="first"
+        ).reset_index()
         wide.columns.name = None
         if {"entropy", "entropy_uniform"} <= set(wide.columns):
             wide["entropy_ratio"] = wide["entropy"] / wide["entropy_uniform"]
@@ -251,7 +316,9 @@ class Results:
             return pd.DataFrame(columns=["layer"])
         g = c.groupby(["layer", "label"], as_index=False)[["n", "mass"]].sum()
         g["mean"] = stats.ratio(g["mass"], g["n"])
-        wide = g.pivot_table(index="layer", columns="label", values="mean", aggfunc="first").reset_index()
+        wide = g.pivot_table(
+            index="layer", columns="label", values="mean", aggfunc="first"
+        ).reset_index()
         wide.columns.name = None
         if {"entropy", "entropy_uniform"} <= set(wide.columns):
             wide["entropy_ratio"] = wide["entropy"] / wide["entropy_uniform"]
@@ -259,10 +326,17 @@ class Results:
 
     def role_rules(self):
         from headprobe.stats.roles import rules_in_use
+
         return rules_in_use(self)
 
-    def head_values(self, analysis: str, label: str | None = None, direction: str | None = None,
-                    fold: str = "", measure: str | None = None) -> pd.DataFrame:
+    def head_values(
+        self,
+        analysis: str,
+        label: str | None = None,
+        direction: str | None = None,
+        fold: str = "",
+        measure: str | None = None,
+    ) -> pd.DataFrame:
         """Per head: label, layer, head, direction, n and `value`: hits / n for a counting
         analysis, mass / n (mean attention mass) for a mass analysis."""
         scores = self.head_scores(analysis, label, direction, fold, measure)
@@ -277,12 +351,24 @@ class Results:
         c = self._one(self.counts, measure)
         if "unreachable" not in c:
             return pd.DataFrame(columns=columns)
-        c = c[(c["analysis"] == analysis) & (c["variant"] == "") & (c["fold"] == "") & (c["layer"] >= 0)
-              & c["unreachable"].notna()]
-        per = c.groupby(["label", "direction"], sort=False)[["n", "unreachable"]].first().reset_index()
+        c = c[
+            (c["analysis"] == analysis)
+            & (c["variant"] == "")
+            & (c["fold"] == "")
+            & (c["layer"] >= 0)
+            & c["unreachable"].notna()
+        ]
+        per = (
+            c.groupby(["label", "direction"], sort=False)[["n", "unreachable"]]
+            .first()
+            .reset_index()
+        )
         rank = {label: i for i, label in enumerate(self.labels(analysis, measure))}
-        per = per.sort_values(["label", "direction"], key=lambda s: s.map(rank) if s.name == "label" else s,
-                              kind="stable").reset_index(drop=True)
+        per = per.sort_values(
+            ["label", "direction"],
+            key=lambda s: s.map(rank) if s.name == "label" else s,
+            kind="stable",
+        ).reset_index(drop=True)
         return per.assign(share=stats.ratio(per["unreachable"], per["n"]))[columns]
 
     def best_heads_wide(self, analysis: str, measure: str | None = None) -> pd.DataFrame:
@@ -291,9 +377,12 @@ class Results:
         b = self._one(self.best_heads, measure)
         b = b[(b["analysis"] == analysis) & (b["fold"] == "")]
         ins = b[b["selection"] == "in-sample"].drop(columns=["selection", "fold"])
-        held = (b[b["selection"] == "held-out"].drop(columns=["analysis", "measure", "selection", "fold"],
-                                                     errors="ignore")
-                .add_prefix("heldout_").rename(columns={"heldout_label": "label"}))
+        held = (
+            b[b["selection"] == "held-out"]
+            .drop(columns=["analysis", "measure", "selection", "fold"], errors="ignore")
+            .add_prefix("heldout_")
+            .rename(columns={"heldout_label": "label"})
+        )
         wide = ins.merge(held, on="label", how="left")
         rank = {label: i for i, label in enumerate(self.labels(analysis, measure))}
         order = wide["label"].map(lambda label: rank.get(label, len(rank)))
@@ -312,8 +401,10 @@ class Results:
         manifest.json: a directory that does not is refused with `store.ResultsError` saying
         which file and why (FileNotFoundError: no results there at all)."""
         parts = store.read(directory, check=verify)
-        if parts.get("tables") is not None:           # saved before measures: every row is weights
-            parts["tables"] = {name: with_measure(table, WEIGHTS) for name, table in parts["tables"].items()}
+        if parts.get("tables") is not None:  # saved before measures: every row is weights
+            parts["tables"] = {
+                name: with_measure(table, WEIGHTS) for name, table in parts["tables"].items()
+            }
         return cls(**parts)
 
     @classmethod
@@ -333,7 +424,7 @@ class Results:
         if all(p.unit_counts is not None for p in parts):
             unit_counts = merge_unit_counts([p.unit_counts for p in parts])
         summary = dict(parts[0].summary, merged_from=len(parts))
-        summary.pop("run_id", None)               # a new run id when saved; each part's inputs kept
+        summary.pop("run_id", None)  # a new run id when saved; each part's inputs kept
         if any("inputs" in p.summary for p in parts):
             summary["inputs"] = {"parts": [p.summary.get("inputs", {}) for p in parts]}
         return cls(tallies, summary, parts[0].examples, unit_counts)

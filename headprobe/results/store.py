@@ -45,13 +45,18 @@ from headprobe.scoring.tally import Tally
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
 EXAMPLES = "examples.json"
-TALLIES = "tallies"                      # tallies/<analysis>.npz
+TALLIES = "tallies"  # tallies/<analysis>.npz
 TALLY_SUFFIX = ".npz"
-TABLE_SUFFIXES = (".parquet", ".csv")    # every table in both; read back from the first
-UNIT_COUNTS = "unit_counts"              # unit_counts.parquet
+TABLE_SUFFIXES = (".parquet", ".csv")  # every table in both; read back from the first
+UNIT_COUNTS = "unit_counts"  # unit_counts.parquet
 REPORT_DIR = "report"
-REPORT_HTML, REPORT_MARKDOWN, REPORT_ROLES, REPORT_FIGURES = "report.html", "report.md", "roles.csv", "figures"
-REPORT_TABLES = "tables"                    # report/tables/*.csv: the columns the report's narrow tables leave out
+REPORT_HTML, REPORT_MARKDOWN, REPORT_ROLES, REPORT_FIGURES = (
+    "report.html",
+    "report.md",
+    "roles.csv",
+    "figures",
+)
+REPORT_TABLES = "tables"  # report/tables/*.csv: the columns the report's narrow tables leave out
 RESULT_SUFFIXES = (".parquet", ".csv", ".json", ".npz")
 FORMAT = "headprobe-results"
 FORMAT_VERSION = 1
@@ -86,8 +91,9 @@ def version() -> str:
     """The installed headprobe's version ('unknown' in a source checkout)."""
     try:
         from importlib.metadata import version as installed
+
         return installed("headprobe")
-    except Exception:                 # not installed (a source checkout)
+    except Exception:  # not installed (a source checkout)
         return "unknown"
 
 
@@ -101,8 +107,11 @@ def model_fingerprint(path: str, display: str) -> dict:
     if root.is_dir():
         if (root / CONFIG_NAME).is_file():
             info["config_sha256"] = atomic.sha256_file(root / CONFIG_NAME)
-        info["weights"] = {p.name: p.stat().st_size for p in sorted(root.iterdir())
-                           if p.suffix in (".safetensors", ".bin", ".gguf", ".pt", ".pth")}
+        info["weights"] = {
+            p.name: p.stat().st_size
+            for p in sorted(root.iterdir())
+            if p.suffix in (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+        }
     return info
 
 
@@ -112,10 +121,20 @@ def input_fingerprint(option: str, path) -> dict | None:
         return None
     p = Path(str(path).split("::", 1)[0]).expanduser()
     if p.is_file():
-        return {"option": option, "path": str(path), "bytes": p.stat().st_size, "sha256": atomic.sha256_file(p)}
+        return {
+            "option": option,
+            "path": str(path),
+            "bytes": p.stat().st_size,
+            "sha256": atomic.sha256_file(p),
+        }
     if p.is_dir():
         return {"option": option, "path": str(path), "sha256": atomic.sha256_tree(p)}
-    return {"option": option, "path": str(path), "sha256": None, "note": "not a local file: not hashed"}
+    return {
+        "option": option,
+        "path": str(path),
+        "sha256": None,
+        "note": "not a local file: not hashed",
+    }
 
 
 # ----------------------------------------------------------------------------------------
@@ -144,8 +163,10 @@ def check_out(out) -> Path:
     path = path.resolve()
     if path.is_dir():
         if any(path.iterdir()) and not looks_like_results(path):
-            raise UsageError(f"--out {out}: a non-empty directory that does not hold headprobe results; "
-                             "it would be replaced whole, so choose a new or empty directory")
+            raise UsageError(
+                f"--out {out}: a non-empty directory that does not hold headprobe results; "
+                "it would be replaced whole, so choose a new or empty directory"
+            )
         why = _probe_writable(path)
         if why:
             raise UsageError(f"--out {out}: cannot write in this directory ({why})")
@@ -174,8 +195,13 @@ def result_files(directory: Path) -> list[str]:
 
 
 def write_manifest(directory: Path, info: dict) -> dict:
-    files = {name: {"bytes": (directory / name).stat().st_size, "sha256": atomic.sha256_file(directory / name)}
-             for name in result_files(directory)}
+    files = {
+        name: {
+            "bytes": (directory / name).stat().st_size,
+            "sha256": atomic.sha256_file(directory / name),
+        }
+        for name in result_files(directory)
+    }
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **info, "files": files}
     atomic.write_json(directory / MANIFEST, manifest)
     return manifest
@@ -194,13 +220,22 @@ def verify(directory: str | Path) -> dict:
         file = directory / name
         if not file.is_file():
             raise ResultsError(f"{directory}: {name} listed in {MANIFEST} is missing")
-        if file.stat().st_size != entry.get("bytes") or atomic.sha256_file(file) != entry.get("sha256"):
-            raise ResultsError(f"{directory}: {name} does not match {MANIFEST} "
-                               "(changed or damaged after the run wrote it)")
-    extra = [name for name in result_files(directory)
-             if name not in files and name.endswith(RESULT_SUFFIXES)]
+        if file.stat().st_size != entry.get("bytes") or atomic.sha256_file(file) != entry.get(
+            "sha256"
+        ):
+            raise ResultsError(
+                f"{directory}: {name} does not match {MANIFEST} "
+                "(changed or damaged after the run wrote it)"
+            )
+    extra = [
+        name
+        for name in result_files(directory)
+        if name not in files and name.endswith(RESULT_SUFFIXES)
+    ]
     if extra:
-        raise ResultsError(f"{directory}: {extra[0]} is not in {MANIFEST} (left by another program or run)")
+        raise ResultsError(
+            f"{directory}: {extra[0]} is not in {MANIFEST} (left by another program or run)"
+        )
     return manifest
 
 
@@ -208,8 +243,10 @@ def _read_manifest(directory: Path) -> dict:
     path = directory / MANIFEST
     if not path.is_file():
         if (directory / SUMMARY).is_file():
-            raise ResultsError(f"{directory}: no {MANIFEST}: not a complete headprobe results directory "
-                               "(an interrupted save, or written by an older headprobe); run again")
+            raise ResultsError(
+                f"{directory}: no {MANIFEST}: not a complete headprobe results directory "
+                "(an interrupted save, or written by an older headprobe); run again"
+            )
         raise FileNotFoundError(f"{directory} is not a headprobe results directory (no {MANIFEST})")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -224,16 +261,23 @@ def _read_manifest(directory: Path) -> dict:
 
 def _manifest_info(results) -> dict:
     summary = results.summary
-    return {"run_id": summary.get("run_id") or new_run_id(), "created": atomic.now(),
-            "headprobe_version": version(), "model": summary.get("model"),
-            "inputs": summary.get("inputs", {}), "options": summary.get("options", {}),
-            "tables": list(results.tables)}
+    return {
+        "run_id": summary.get("run_id") or new_run_id(),
+        "created": atomic.now(),
+        "headprobe_version": version(),
+        "model": summary.get("model"),
+        "inputs": summary.get("inputs", {}),
+        "options": summary.get("options", {}),
+        "tables": list(results.tables),
+    }
 
 
 # ----------------------------------------------------------------------------------------
 # save and read
 # ----------------------------------------------------------------------------------------
-def save(results, out: str | Path, *, extra: Callable[[Path], dict] | None = None) -> dict[str, Path]:
+def save(
+    results, out: str | Path, *, extra: Callable[[Path], dict] | None = None
+) -> dict[str, Path]:
     """Write the tallies, every table (.parquet and .csv), summary.json, examples.json and
     manifest.json of `results` to `out`; returns {name: path} (paths under `out`).
 
@@ -246,7 +290,7 @@ def save(results, out: str | Path, *, extra: Callable[[Path], dict] | None = Non
     non-empty directory without results, and (`atomic.OutInUse`) one that another live run holds."""
     out = check_out(out)
     with atomic.OutLock(out):
-        atomic.recover(out)                   # leftovers of a save that was killed
+        atomic.recover(out)  # leftovers of a save that was killed
         with atomic.staging(out) as stage:
             paths = write(results, stage)
             if extra is not None:
@@ -265,7 +309,7 @@ def write(results, directory: Path) -> dict[str, Path]:
     for name, tally in results.tallies.items():
         paths[f"tally:{name}"] = directory / tally_file(name)
         tally.save(paths[f"tally:{name}"])
-    atomic.test_pause("saving")               # tests kill the process here: half written
+    atomic.test_pause("saving")  # tests kill the process here: half written
     for name, table in results.tables.items():
         table.to_parquet(directory / table_file(name, ".parquet"), index=False)
         table.to_csv(directory / table_file(name, ".csv"), index=False)
@@ -292,10 +336,14 @@ def read(directory: str | Path, *, check: bool = True) -> dict:
     if not summary_path.is_file():
         raise FileNotFoundError(f"{directory} is not a headprobe results directory (no {SUMMARY})")
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    tallies = {p.stem: Tally.load(p) for p in sorted((directory / TALLIES).glob(f"*{TALLY_SUFFIX}"))}
+    tallies = {
+        p.stem: Tally.load(p) for p in sorted((directory / TALLIES).glob(f"*{TALLY_SUFFIX}"))
+    }
     names = summary.get("tables")
-    if names is None:                         # not listed: every table file there
-        names = [p.stem for p in sorted(directory.glob(f"*{TABLE_SUFFIXES[0]}")) if p.stem != UNIT_COUNTS]
+    if names is None:  # not listed: every table file there
+        names = [
+            p.stem for p in sorted(directory.glob(f"*{TABLE_SUFFIXES[0]}")) if p.stem != UNIT_COUNTS
+        ]
     tables = {}
     for name in names:
         path = directory / table_file(name)
@@ -303,8 +351,15 @@ def read(directory: str | Path, *, check: bool = True) -> dict:
             raise FileNotFoundError(f"{directory}: table {path.name} named in {SUMMARY} is missing")
         tables[name] = pd.read_parquet(path)
     examples_path = directory / EXAMPLES
-    examples = json.loads(examples_path.read_text(encoding="utf-8")) if examples_path.is_file() else []
+    examples = (
+        json.loads(examples_path.read_text(encoding="utf-8")) if examples_path.is_file() else []
+    )
     unit_path = directory / table_file(UNIT_COUNTS)
     unit_counts = pd.read_parquet(unit_path) if unit_path.is_file() else None
-    return {"tallies": tallies, "summary": summary, "examples": examples, "unit_counts": unit_counts,
-            "tables": tables}
+    return {
+        "tallies": tallies,
+        "summary": summary,
+        "examples": examples,
+        "unit_counts": unit_counts,
+        "tables": tables,
+    }

@@ -60,22 +60,23 @@ from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scorers.token_patterns import head_table
 from headprobe.stats.engine import estimate, paired_gap, ratio
 
-ROWS_PER_PASS = 64      # ablation: heads side by side in one forward pass, up to this many rows
-MODEL_LEVEL = -1        # the layer of a whole-model cell (the pruning curve), never a head
+ROWS_PER_PASS = 64  # ablation: heads side by side in one forward pass, up to this many rows
+MODEL_LEVEL = -1  # the layer of a whole-model cell (the pruning curve), never a head
 
 
 class ModelScorer(CountScorer):
     """A scorer that runs the model itself (`model_pass`) and ignores the attention."""
 
     value = "mass"
-    blocks = True                       # takes no attention, so never stops query blocks
+    blocks = True  # takes no attention, so never stops query blocks
     needs_lm_head = True
-    scored = None                       # `objectives.Objective`'s restriction to some pieces (None: all)
+    scored = None  # `objectives.Objective`'s restriction to some pieces (None: all)
 
     def use_model(self, model, tokenizer) -> None:
         """Called by the engine before the run: the objective, from the model as loaded."""
-        self.objective = Objective.for_model(model, tokenizer, seed=self.tally_.seed if self.tally_ else 0,
-                                             scored=self.scored)
+        self.objective = Objective.for_model(
+            model, tokenizer, seed=self.tally_.seed if self.tally_ else 0, scored=self.scored
+        )
 
     def model_pass(self, model, batch) -> None:
         """Per example [row, layer, head] values and [row] pieces, kept for this batch's rows."""
@@ -90,8 +91,10 @@ class ModelScorer(CountScorer):
         return [(example.unit, self.objective.kind) for example in batch.examples], tokens.tolist()
 
     def prepare(self, batch):
-        values, _ = self._pass                                       # [row, layer, head]
-        self._values[:, 0] = values[:, self.layers].permute(1, 0, 2).to(self._values)   # [layer, row, head]
+        values, _ = self._pass  # [row, layer, head]
+        self._values[:, 0] = (
+            values[:, self.layers].permute(1, 0, 2).to(self._values)
+        )  # [layer, row, head]
 
     def update(self, layer, att, batch) -> None:
         """Attention is not needed."""
@@ -103,7 +106,7 @@ class ModelScorer(CountScorer):
 
 class AblationScorer(ModelScorer):
     analysis = "ablation"
-    heads = None                        # None: every head of the scored layers; else [(layer, head)]
+    heads = None  # None: every head of the scored layers; else [(layer, head)]
 
     def use_heads(self, heads) -> None:
         """Ablate only `heads` ([(layer, head)]; None: all); the others hold NaN."""
@@ -115,12 +118,17 @@ class AblationScorer(ModelScorer):
 
     def compute(self, model, batch):
         heads = self.ablated()
-        delta, tokens = ablation_rows(model, batch, self.objective, heads,
-                                      copies=max(1, ROWS_PER_PASS // len(batch)))
-        values = torch.full((len(batch), self.n_layers, self.n_heads), float("nan"), dtype=delta.dtype,
-                            device=delta.device)                                 # [row, layer, head]
+        delta, tokens = ablation_rows(
+            model, batch, self.objective, heads, copies=max(1, ROWS_PER_PASS // len(batch))
+        )
+        values = torch.full(
+            (len(batch), self.n_layers, self.n_heads),
+            float("nan"),
+            dtype=delta.dtype,
+            device=delta.device,
+        )  # [row, layer, head]
         layer, head = (torch.tensor(x, dtype=torch.long) for x in zip(*heads))
-        values[:, layer, head] = delta                                          # [row, ablated]
+        values[:, layer, head] = delta  # [row, ablated]
         return values, tokens
 
 
@@ -130,11 +138,13 @@ class ImportanceScorer(ModelScorer):
     def use_model(self, model, tokenizer) -> None:
         super().use_model(model, tokenizer)
         if self.objective.kind == "representation":
-            raise ValueError("the importance analysis needs a language-model loss, and the model has no "
-                             "trained language-model head (its representation change has zero gradient at g = 1)")
+            raise ValueError(
+                "the importance analysis needs a language-model loss, and the model has no "
+                "trained language-model head (its representation change has zero gradient at g = 1)"
+            )
 
     def compute(self, model, batch):
-        return importance_rows(model, batch, self.objective)          # [row, layer, head], [row]
+        return importance_rows(model, batch, self.objective)  # [row, layer, head], [row]
 
 
 class GroupScorer(ModelScorer):
@@ -152,16 +162,23 @@ class GroupScorer(ModelScorer):
 
     def use_groups(self, groups) -> None:
         """groups: [(label, [(layer, head), ...])]; an empty list of heads is the intact model."""
-        self.groups = [(str(label), [(int(l), int(h)) for l, h in heads]) for label, heads in groups]
+        self.groups = [
+            (str(label), [(int(l), int(h)) for l, h in heads]) for label, heads in groups
+        ]
 
     def bind(self, n_layers, n_heads, layers=None, **options) -> None:
-        super().bind(1, 1, [MODEL_LEVEL], **options)                 # one cell: the whole model
+        super().bind(1, 1, [MODEL_LEVEL], **options)  # one cell: the whole model
 
     def compute(self, model, batch):
         targets = self.objective.targets(model, batch)
-        values = gated_rows(model, targets, self.objective, [heads for _, heads in self.groups],
-                            copies=max(1, ROWS_PER_PASS // len(batch)))    # [row, group]
-        return values, self.objective.pieces(targets)                     # [row]
+        values = gated_rows(
+            model,
+            targets,
+            self.objective,
+            [heads for _, heads in self.groups],
+            copies=max(1, ROWS_PER_PASS // len(batch)),
+        )  # [row, group]
+        return values, self.objective.pieces(targets)  # [row]
 
     def rows(self, batch):
         _, tokens = self._pass
@@ -169,15 +186,15 @@ class GroupScorer(ModelScorer):
         return keys, np.repeat(tokens.cpu().numpy(), len(self.groups)).tolist()
 
     def prepare(self, batch):
-        values, _ = self._pass                                        # [row, group]
-        self._values[0, 0] = values.reshape(-1, 1).to(self._values)   # [row x group, 1]
+        values, _ = self._pass  # [row, group]
+        self._values[0, 0] = values.reshape(-1, 1).to(self._values)  # [row x group, 1]
 
 
 class PruneScorer(GroupScorer):
     """The pruning curve: the groups are 0%, 10%, ... 100% of the heads, least important first."""
 
     analysis = "prune_curve"
-    second_pass = True                  # scored after the first pass, whose tallies give the order
+    second_pass = True  # scored after the first pass, whose tallies give the order
 
     def __init__(self):
         super().__init__()
@@ -190,8 +207,10 @@ class PruneScorer(GroupScorer):
         if kind != "representation":
             return ["importance"]
         if heads is not None:
-            raise UsageError("--prune-curve: without a language-model head the heads are ordered by their "
-                             "ablation effect, which needs every head ablated (--heads all)")
+            raise UsageError(
+                "--prune-curve: without a language-model head the heads are ordered by their "
+                "ablation effect, which needs every head ablated (--heads all)"
+            )
         return ["ablation"]
 
     def use_tallies(self, tallies: dict) -> None:
@@ -202,8 +221,13 @@ class PruneScorer(GroupScorer):
 
     def describe(self) -> dict:
         """What the summary keeps of this pass (`prune_table` reads it)."""
-        return {"prune_curve": {"order_by": self.order_by, "order": [f"{l}-{h}" for l, h in self.order],
-                                "points": {label: len(heads) for label, heads in self.groups}}}
+        return {
+            "prune_curve": {
+                "order_by": self.order_by,
+                "order": [f"{l}-{h}" for l, h in self.order],
+                "points": {label: len(heads) for label, heads in self.groups},
+            }
+        }
 
 
 POINT_COLUMNS = ["label", "n", "value", "ci_low", "ci_high", "change", "change_low", "change_high"]
@@ -213,32 +237,54 @@ def points_table(tally, labels: list[str], reference: str) -> pd.DataFrame:
     """Per label of a whole-model tally (`GroupScorer`), in `labels` order: the objective (mass / n)
     with its 95% interval, and its change from `reference`'s with a paired interval (same
     bootstrap weights: the same units)."""
-    mass = {label: tally.arrays(label)["hits"][..., 0, 0, 0].sum(0) for label in labels}   # [resample]
-    n = tally.arrays(labels[0])["n"][..., 0].sum(0)                                         # [resample]
+    mass = {
+        label: tally.arrays(label)["hits"][..., 0, 0, 0].sum(0) for label in labels
+    }  # [resample]
+    n = tally.arrays(labels[0])["n"][..., 0].sum(0)  # [resample]
     rows = []
     for label in labels:
         value, low, high = estimate(mass[label], n)
         change, c_low, c_high = paired_gap(mass[label], mass[reference], n)
-        rows.append({"label": label, "n": float(n[0]), "value": float(value), "ci_low": float(low),
-                     "ci_high": float(high), "change": float(change), "change_low": float(c_low),
-                     "change_high": float(c_high)})
+        rows.append(
+            {
+                "label": label,
+                "n": float(n[0]),
+                "value": float(value),
+                "ci_low": float(low),
+                "ci_high": float(high),
+                "change": float(change),
+                "change_low": float(c_low),
+                "change_high": float(c_high),
+            }
+        )
     return pd.DataFrame(rows, columns=POINT_COLUMNS)
 
 
 def tally_scores(tally) -> pd.DataFrame:
     """Per head of a one-label mass tally (importance, ablation): layer, head, score = mass / n."""
     a = tally.arrays(tally.sorted_labels()[0])
-    mass = a["hits"][:, 0, ..., 0].sum(0)                             # [layer, head]
+    mass = a["hits"][:, 0, ..., 0].sum(0)  # [layer, head]
     n = a["n"][:, 0, 0].sum()
     layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(mass.shape[1]), indexing="ij")
-    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "score": ratio(mass, n).ravel()})
+    return pd.DataFrame(
+        {"layer": layer.ravel(), "head": head.ravel(), "score": ratio(mass, n).ravel()}
+    )
 
 
 def objective_table(results, analysis: str):
     """`token_patterns.head_table` (score = sum / n per head, folds, 95% interval) with the
     objective named in full; heads not scored (NaN: not ablated) left out."""
-    table = head_table(results, analysis).drop(columns=["baseline_variant", "baseline_score", "gap", "gap_low",
-                                                        "gap_high", "queries", "tl_mul"])
+    table = head_table(results, analysis).drop(
+        columns=[
+            "baseline_variant",
+            "baseline_score",
+            "gap",
+            "gap_low",
+            "gap_high",
+            "queries",
+            "tl_mul",
+        ]
+    )
     table.insert(1, "objective", table["label"].map(DESCRIPTIONS))
     return table[table["score"].notna()].reset_index(drop=True)
 
@@ -254,12 +300,35 @@ def head_ranks(results) -> pd.DataFrame:
     if not len(table):
         return pd.DataFrame(columns=RANK_COLUMNS)
     rank = table["score"].rank(method="min", ascending=False).astype(int)
-    return pd.DataFrame({"layer": table["layer"], "head": table["head"], "by": by, "score": table["score"],
-                         "rank": rank, "of": len(table), "objective": table["objective"]})[RANK_COLUMNS]
+    return pd.DataFrame(
+        {
+            "layer": table["layer"],
+            "head": table["head"],
+            "by": by,
+            "score": table["score"],
+            "rank": rank,
+            "of": len(table),
+            "objective": table["objective"],
+        }
+    )[RANK_COLUMNS]
 
 
-PRUNE_COLUMNS = ["percent", "fraction", "heads_removed", "heads_total", "removed", "objective", "n", "value",
-                 "ci_low", "ci_high", "change", "change_low", "change_high", "order_by"]
+PRUNE_COLUMNS = [
+    "percent",
+    "fraction",
+    "heads_removed",
+    "heads_total",
+    "removed",
+    "objective",
+    "n",
+    "value",
+    "ci_low",
+    "ci_high",
+    "change",
+    "change_low",
+    "change_high",
+    "order_by",
+]
 
 
 def prune_table(results) -> pd.DataFrame:
@@ -277,7 +346,9 @@ def prune_table(results) -> pd.DataFrame:
     removed = [points.get(label) for label in labels]
     table["heads_removed"] = [np.nan if k is None else k for k in removed]
     before = [0] + [k or 0 for k in removed[:-1]]
-    table["removed"] = [" ".join(order[b:k]) if k is not None else "" for b, k in zip(before, removed)]
+    table["removed"] = [
+        " ".join(order[b:k]) if k is not None else "" for b, k in zip(before, removed)
+    ]
     table["heads_total"] = len(order) or np.nan
     table["objective"] = (results.summary.get("objectives") or {}).get("prune_curve", "")
     table["order_by"] = info.get("order_by", "")
@@ -289,24 +360,55 @@ def prune_table(results) -> pd.DataFrame:
 # (a public table users and tests read), so it spells their names as its own
 HOMES = ("headprobe.model.head_effects",)
 
-ABLATION = register(Analysis(
-    name="ablation", scorer=AblationScorer, input=SENTENCES, selection=False, default=False,
-    options=("heads",), homes=HOMES,
-    description="per head: objective(head zeroed) - objective(intact) per piece (SPEC 8): the LM loss where "
-                "the model has a language-model head, else the last hidden state's 1 - cos",
-    tables={"ablation_heads": lambda results: objective_table(results, "ablation"), "head_ranks": head_ranks},
-    report="headprobe.report.effects:importance_section"))
+ABLATION = register(
+    Analysis(
+        name="ablation",
+        scorer=AblationScorer,
+        input=SENTENCES,
+        selection=False,
+        default=False,
+        options=("heads",),
+        homes=HOMES,
+        description="per head: objective(head zeroed) - objective(intact) per piece (SPEC 8): the LM loss where "
+        "the model has a language-model head, else the last hidden state's 1 - cos",
+        tables={
+            "ablation_heads": lambda results: objective_table(results, "ablation"),
+            "head_ranks": head_ranks,
+        },
+        report="headprobe.report.effects:importance_section",
+    )
+)
 
-IMPORTANCE = register(Analysis(
-    name="importance", scorer=ImportanceScorer, input=SENTENCES, selection=False, default=False, homes=HOMES,
-    description="per head: |dL/dg| at g = 1 per piece, a gate per example and head, one backward pass "
-                "(Michel et al. 2019; SPEC 8); needs a language-model head",
-    tables={"importance_heads": lambda results: objective_table(results, "importance"), "head_ranks": head_ranks},
-    report="headprobe.report.effects:importance_section"))
+IMPORTANCE = register(
+    Analysis(
+        name="importance",
+        scorer=ImportanceScorer,
+        input=SENTENCES,
+        selection=False,
+        default=False,
+        homes=HOMES,
+        description="per head: |dL/dg| at g = 1 per piece, a gate per example and head, one backward pass "
+        "(Michel et al. 2019; SPEC 8); needs a language-model head",
+        tables={
+            "importance_heads": lambda results: objective_table(results, "importance"),
+            "head_ranks": head_ranks,
+        },
+        report="headprobe.report.effects:importance_section",
+    )
+)
 
-PRUNE_CURVE = register(Analysis(
-    name="prune_curve", scorer=PruneScorer, input=SENTENCES, selection=False, default=False,
-    added_by="prune_curve", homes=HOMES,
-    description="the objective as 0%, 10%, ... 100% of the heads are gated to 0, cumulatively, least important "
-                "first (Michel et al. 2019): ordered by importance, else by single-head ablation effect",
-    tables={"prune_curve": prune_table}, report="headprobe.report.effects:prune_section"))
+PRUNE_CURVE = register(
+    Analysis(
+        name="prune_curve",
+        scorer=PruneScorer,
+        input=SENTENCES,
+        selection=False,
+        default=False,
+        added_by="prune_curve",
+        homes=HOMES,
+        description="the objective as 0%, 10%, ... 100% of the heads are gated to 0, cumulatively, least important "
+        "first (Michel et al. 2019): ordered by importance, else by single-head ablation effect",
+        tables={"prune_curve": prune_table},
+        report="headprobe.report.effects:prune_section",
+    )
+)

@@ -24,9 +24,20 @@ from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, tally_key
 from headprobe.scoring.tally import N_BOOT, SEED, Tally
 
-UNIT_COLUMNS = ["analysis", "measure", "label", "unit", "layer", "head", "direction", "variant", "n", "hits",
-                "mass"]
-UNIT_KEYS = UNIT_COLUMNS[:8]            # one row per key (duplicates are summed)
+UNIT_COLUMNS = [
+    "analysis",
+    "measure",
+    "label",
+    "unit",
+    "layer",
+    "head",
+    "direction",
+    "variant",
+    "n",
+    "hits",
+    "mass",
+]
+UNIT_KEYS = UNIT_COLUMNS[:8]  # one row per key (duplicates are summed)
 
 
 def smallest_dtype(values: np.ndarray, whole: bool):
@@ -67,10 +78,10 @@ class CountScorer:
 
     analysis = ""
     directions: tuple[str, ...] = ("",)
-    value = "hits"                      # "hits" (counts) or "mass" (summed attention)
-    variants: tuple[str, ...] = ()      # baseline names (rows with layer = head = -1)
-    extras: tuple[str, ...] = ()        # per-label counts without a head, [row, direction]
-    bootstrap = True                    # resampled totals (for selection and intervals)
+    value = "hits"  # "hits" (counts) or "mass" (summed attention)
+    variants: tuple[str, ...] = ()  # baseline names (rows with layer = head = -1)
+    extras: tuple[str, ...] = ()  # per-label counts without a head, [row, direction]
+    bootstrap = True  # resampled totals (for selection and intervals)
     # Query blocks (`headprobe run --query-block N`): True when `update` accepts a layer in
     # blocks of query rows (see `query_rows`): `att.words` holds only the word rows
     # `att.query_words`, `att.pieces` only the piece rows `att.query_pieces`, `att.first` /
@@ -87,23 +98,43 @@ class CountScorer:
     reads = ARGMAX
 
     def __init__(self):
-        self.chunks_: list[tuple] = []                    # per-unit rows, only with keep_units
+        self.chunks_: list[tuple] = []  # per-unit rows, only with keep_units
         self.baseline_chunks_: list[tuple] = []
         self.n_layers = self.n_heads = None
         self.tally_ = None
 
     # -- the engine calls these -------------------------------------------------------
-    def bind(self, n_layers: int, n_heads: int, layers=None, *, seed: int = SEED, n_boot: int = N_BOOT,
-             keep_units: bool = False, device="cpu") -> None:
+    def bind(
+        self,
+        n_layers: int,
+        n_heads: int,
+        layers=None,
+        *,
+        seed: int = SEED,
+        n_boot: int = N_BOOT,
+        keep_units: bool = False,
+        device="cpu",
+    ) -> None:
         self.n_layers, self.n_heads = n_layers, n_heads
         self.layers = list(range(n_layers)) if layers is None else sorted(int(x) for x in layers)
         self.layer_slot = {layer: slot for slot, layer in enumerate(self.layers)}
         self.keep_units = keep_units
         if self.tally_ is None:
-            self.tally_ = Tally(self.analysis, directions=self.directions, variants=self.variants,
-                                layers=self.layers, n_heads=n_heads, value=self.value, resamples=n_boot,
-                                bootstrap=self.bootstrap, seed=seed, extras=self.extras, device=device,
-                                model=self.model, measure=self.measure)
+            self.tally_ = Tally(
+                self.analysis,
+                directions=self.directions,
+                variants=self.variants,
+                layers=self.layers,
+                n_heads=n_heads,
+                value=self.value,
+                resamples=n_boot,
+                bootstrap=self.bootstrap,
+                seed=seed,
+                extras=self.extras,
+                device=device,
+                model=self.model,
+                measure=self.measure,
+            )
 
     @property
     def key(self) -> str:
@@ -112,22 +143,33 @@ class CountScorer:
         return tally_key(self.analysis, self.measure, self.model)
 
     def begin_batch(self, batch) -> None:
-        keys, n = self.rows(batch)                       # [(unit, label)], trials per row
+        keys, n = self.rows(batch)  # [(unit, label)], trials per row
         self._keys = keys
-        self._n = np.asarray(n, dtype=np.float64)        # [row] or [row, direction]
+        self._n = np.asarray(n, dtype=np.float64)  # [row] or [row, direction]
         if self._n.ndim == 1:
             self._n = np.repeat(self._n[:, None], len(self.directions), axis=1)
-        self._values = torch.zeros(len(self.layers), len(self.directions), len(keys), self.n_heads,
-                                   dtype=torch.float64 if self.value == "mass" else torch.float32,
-                                   device=batch.device)  # [layer, direction, row, head]
-        self.baseline_hits = np.zeros((len(keys), len(self.variants)), dtype=np.float32)  # [row, variant]
-        self._both = None                                # [layer, direction, label * variant, head]
+        self._values = torch.zeros(
+            len(self.layers),
+            len(self.directions),
+            len(keys),
+            self.n_heads,
+            dtype=torch.float64 if self.value == "mass" else torch.float32,
+            device=batch.device,
+        )  # [layer, direction, row, head]
+        self.baseline_hits = np.zeros(
+            (len(keys), len(self.variants)), dtype=np.float32
+        )  # [row, variant]
+        self._both = None  # [layer, direction, label * variant, head]
         names = [k[1] for k in keys]
-        self._labels = list(dict.fromkeys(names))        # this batch's labels, in order of first use
+        self._labels = list(dict.fromkeys(names))  # this batch's labels, in order of first use
         slot = {name: i for i, name in enumerate(self._labels)}
-        self._label_of_row = torch.tensor([slot[name] for name in names], dtype=torch.long,
-                                          device=batch.device)   # [row]
-        self._extra = {name: np.zeros((len(keys), len(self.directions)), dtype=np.int64) for name in self.extras}
+        self._label_of_row = torch.tensor(
+            [slot[name] for name in names], dtype=torch.long, device=batch.device
+        )  # [row]
+        self._extra = {
+            name: np.zeros((len(keys), len(self.directions)), dtype=np.int64)
+            for name in self.extras
+        }
         self.prepare(batch)
 
     def update(self, layer: int, att, batch) -> None:
@@ -135,20 +177,32 @@ class CountScorer:
 
     def end_batch(self, batch) -> None:
         if self._keys:
-            values = self._values.permute(2, 0, 3, 1)    # [row, layer, head, direction]
-            self.tally_.add([k[0] for k in self._keys], [k[1] for k in self._keys], values, self._n,
-                            self.baseline_hits, self._extra)
-            if self._both is not None:                   # -> [label, layer, head, direction, variant]
-                both = self._both.reshape(len(self.layers), len(self.directions), len(self._labels),
-                                          len(self.variants), self.n_heads)
+            values = self._values.permute(2, 0, 3, 1)  # [row, layer, head, direction]
+            self.tally_.add(
+                [k[0] for k in self._keys],
+                [k[1] for k in self._keys],
+                values,
+                self._n,
+                self.baseline_hits,
+                self._extra,
+            )
+            if self._both is not None:  # -> [label, layer, head, direction, variant]
+                both = self._both.reshape(
+                    len(self.layers),
+                    len(self.directions),
+                    len(self._labels),
+                    len(self.variants),
+                    self.n_heads,
+                )
                 self.tally_.add_both(self._labels, both.permute(2, 0, 4, 1, 3))
             if self.keep_units:
-                kept = self._values.cpu().numpy()        # [layer, direction, row, head]
+                kept = self._values.cpu().numpy()  # [layer, direction, row, head]
                 kept = np.ascontiguousarray(kept.astype(smallest_dtype(kept, self.value == "hits")))
                 self.chunks_.append((self._keys, kept, self._n.astype(np.float32)))
-                if self.variants:       # (keys, trials [row], hits [row, variant])
-                    self.baseline_chunks_.append((self._keys, self._n[:, 0].astype(np.float32),
-                                                  self.baseline_hits))
+                if self.variants:  # (keys, trials [row], hits [row, variant])
+                    self.baseline_chunks_.append(
+                        (self._keys, self._n[:, 0].astype(np.float32), self.baseline_hits)
+                    )
         del self._values, self._both
 
     def finish(self) -> None:
@@ -165,11 +219,12 @@ class CountScorer:
     # -- helpers for subclasses -------------------------------------------------------
     def add(self, layer: int, direction: int, row: torch.Tensor, values: torch.Tensor) -> None:
         """Add `values` [item, head] to rows `row` [item] of this layer and direction."""
-        target = self._values[self.layer_slot[layer], direction]                  # [row, head]
+        target = self._values[self.layer_slot[layer], direction]  # [row, head]
         target.index_add_(0, row, values.to(target.dtype))
 
-    def add_both(self, layer: int, direction: int, row: torch.Tensor, hits: torch.Tensor,
-                 base: torch.Tensor) -> None:
+    def add_both(
+        self, layer: int, direction: int, row: torch.Tensor, hits: torch.Tensor, base: torch.Tensor
+    ) -> None:
         """Count items hit by a head and by a baseline: `hits` [item, head] (0/1), `base`
         [item, variant] (0/1), for the labels of rows `row` [item]; McNemar's discordant
         counts follow (head only = hits - both, baseline only = baseline hits - both).
@@ -177,11 +232,19 @@ class CountScorer:
         (item, variant) pairs that hit are added."""
         n_variants = len(self.variants)
         if self._both is None:
-            self._both = torch.zeros(len(self.layers), len(self.directions), len(self._labels) * n_variants,
-                                     self.n_heads, dtype=torch.float32, device=hits.device)
-        item, variant = base.nonzero(as_tuple=True)                               # [pair]
-        target = self._both[self.layer_slot[layer], direction]                    # [label * variant, head]
-        target.index_add_(0, self._label_of_row[row[item]] * n_variants + variant, hits[item].float())
+            self._both = torch.zeros(
+                len(self.layers),
+                len(self.directions),
+                len(self._labels) * n_variants,
+                self.n_heads,
+                dtype=torch.float32,
+                device=hits.device,
+            )
+        item, variant = base.nonzero(as_tuple=True)  # [pair]
+        target = self._both[self.layer_slot[layer], direction]  # [label * variant, head]
+        target.index_add_(
+            0, self._label_of_row[row[item]] * n_variants + variant, hits[item].float()
+        )
 
     # -- results ----------------------------------------------------------------------
     def unit_counts(self) -> pd.DataFrame:
@@ -195,49 +258,67 @@ class CountScorer:
 
     def _baseline_frame(self) -> pd.DataFrame:
         keys = [key for chunk in self.baseline_chunks_ for key in chunk[0]]
-        n = np.concatenate([chunk[1] for chunk in self.baseline_chunks_])                # [row]
-        hits = np.concatenate([chunk[2] for chunk in self.baseline_chunks_])             # [row, variant]
+        n = np.concatenate([chunk[1] for chunk in self.baseline_chunks_])  # [row]
+        hits = np.concatenate([chunk[2] for chunk in self.baseline_chunks_])  # [row, variant]
         n_variants = len(self.variants)
         row = np.repeat(np.arange(len(keys)), n_variants)
         size = row.size
-        return pd.DataFrame({
-            "analysis": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [self.analysis]),
-            "measure": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [self.measure]),
-            "label": pd.Categorical([k[1] for k in keys])[row],
-            "unit": pd.Categorical([k[0] for k in keys])[row],
-            "layer": np.full(size, -1, dtype=np.int16),
-            "head": np.full(size, -1, dtype=np.int16),
-            "direction": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [""]),
-            "variant": pd.Categorical.from_codes(np.tile(np.arange(n_variants), len(keys)), list(self.variants)),
-            "n": n[row],
-            "hits": hits.ravel(),
-            "mass": np.full(size, np.nan, dtype=np.float32),
-        })
+        return pd.DataFrame(
+            {
+                "analysis": pd.Categorical.from_codes(
+                    np.zeros(size, dtype=np.int8), [self.analysis]
+                ),
+                "measure": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [self.measure]),
+                "label": pd.Categorical([k[1] for k in keys])[row],
+                "unit": pd.Categorical([k[0] for k in keys])[row],
+                "layer": np.full(size, -1, dtype=np.int16),
+                "head": np.full(size, -1, dtype=np.int16),
+                "direction": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [""]),
+                "variant": pd.Categorical.from_codes(
+                    np.tile(np.arange(n_variants), len(keys)), list(self.variants)
+                ),
+                "n": n[row],
+                "hits": hits.ravel(),
+                "mass": np.full(size, np.nan, dtype=np.float32),
+            }
+        )
 
     def _frame(self, keys, values: np.ndarray, n: np.ndarray) -> pd.DataFrame:
-        shape = values.shape                                          # [layer, direction, row, head]
+        shape = values.shape  # [layer, direction, row, head]
         n_layers, n_dirs, n_rows, n_heads = shape
-        layer = np.broadcast_to(np.asarray(self.layers, dtype=np.int16)[:, None, None, None], shape).ravel()
-        direction = np.broadcast_to(np.arange(n_dirs, dtype=np.int8)[None, :, None, None], shape).ravel()
+        layer = np.broadcast_to(
+            np.asarray(self.layers, dtype=np.int16)[:, None, None, None], shape
+        ).ravel()
+        direction = np.broadcast_to(
+            np.arange(n_dirs, dtype=np.int8)[None, :, None, None], shape
+        ).ravel()
         row = np.broadcast_to(np.arange(n_rows)[None, None, :, None], shape).ravel()
-        head = np.broadcast_to(np.arange(n_heads, dtype=np.int16)[None, None, None, :], shape).ravel()
+        head = np.broadcast_to(
+            np.arange(n_heads, dtype=np.int16)[None, None, None, :], shape
+        ).ravel()
         units = pd.Categorical([k[0] for k in keys])
         labels = pd.Categorical([k[1] for k in keys])
         flat = values.ravel().astype(np.float32)
         nan = np.full(flat.shape, np.nan, dtype=np.float32)
-        return pd.DataFrame({
-            "analysis": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [self.analysis]),
-            "measure": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [self.measure]),
-            "label": labels[row],
-            "unit": units[row],
-            "layer": layer,
-            "head": head,
-            "direction": pd.Categorical.from_codes(direction, list(self.directions)),
-            "variant": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [""]),
-            "n": n[row, direction],
-            "hits": flat if self.value == "hits" else nan,
-            "mass": flat if self.value == "mass" else nan,
-        })
+        return pd.DataFrame(
+            {
+                "analysis": pd.Categorical.from_codes(
+                    np.zeros(flat.size, dtype=np.int8), [self.analysis]
+                ),
+                "measure": pd.Categorical.from_codes(
+                    np.zeros(flat.size, dtype=np.int8), [self.measure]
+                ),
+                "label": labels[row],
+                "unit": units[row],
+                "layer": layer,
+                "head": head,
+                "direction": pd.Categorical.from_codes(direction, list(self.directions)),
+                "variant": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [""]),
+                "n": n[row, direction],
+                "hits": flat if self.value == "hits" else nan,
+                "mass": flat if self.value == "mass" else nan,
+            }
+        )
 
 
 CATEGORICAL = ["analysis", "measure", "label", "unit", "direction", "variant"]
@@ -306,7 +387,9 @@ def word_fill(batch, drop_self: bool = True) -> tuple[torch.Tensor, torch.Tensor
     """(keep, fill), each [batch, 1, word, word], built once per batch: where `keep` is False
     the attention is replaced by `fill` before an argmax over words: 0 for self-attention
     (SPEC 1, with `drop_self`), -1 for padding (never chosen)."""
-    valid = batch.word_mask[:, None, :, None] & batch.word_mask[:, None, None, :]   # [batch, 1, word, word]
+    valid = (
+        batch.word_mask[:, None, :, None] & batch.word_mask[:, None, None, :]
+    )  # [batch, 1, word, word]
     keep = valid.clone()
     if drop_self:
         keep &= ~torch.eye(batch.max_words, dtype=torch.bool, device=batch.device)
@@ -319,4 +402,4 @@ def masked_word_attention(att, batch, drop_self: bool = True, prepared=None) -> 
     and with `drop_self` the attention a word pays to itself set to 0. Rows are not
     renormalised. `prepared` is `word_fill(batch, drop_self)`, to build it once per batch."""
     keep, fill = prepared if prepared is not None else word_fill(batch, drop_self)
-    return torch.where(keep, att.words[..., :batch.max_words], fill)
+    return torch.where(keep, att.words[..., : batch.max_words], fill)

@@ -61,12 +61,12 @@ def mention_kind(upos: str | None) -> str:
 class ScoredMention:
     """One scored mention of a window (all indices are window word indices)."""
 
-    index: int                      # position of the mention in `example.mentions`
-    query: int                      # the mention's head word (query row)
+    index: int  # position of the mention in `example.mentions`
+    query: int  # the mention's head word (query row)
     kind: str
-    candidates: list[int]           # sorted distinct candidate words
-    gold: list[int]                 # candidates that head a mention of m's cluster
-    predictions: dict[str, int] = field(default_factory=dict)   # baseline -> predicted word
+    candidates: list[int]  # sorted distinct candidate words
+    gold: list[int]  # candidates that head a mention of m's cluster
+    predictions: dict[str, int] = field(default_factory=dict)  # baseline -> predicted word
 
     def hit(self, word: int) -> bool:
         return word in self.gold
@@ -113,7 +113,10 @@ def scored_mentions(example, baselines: Sequence[str] = BASELINES) -> list[Score
     words = example.words
     upos = example.upos or [None] * len(words)
     feats = example.feats or [{} for _ in words]
-    order = sorted(range(len(mentions)), key=lambda i: (mentions[i].start, -(mentions[i].end - mentions[i].start)))
+    order = sorted(
+        range(len(mentions)),
+        key=lambda i: (mentions[i].start, -(mentions[i].end - mentions[i].start)),
+    )
     cluster_heads: dict[str, set[int]] = defaultdict(set)
     for m in mentions:
         cluster_heads[m.entity].add(m.head)
@@ -138,15 +141,18 @@ def scored_mentions(example, baselines: Sequence[str] = BASELINES) -> list[Score
                 match = _head_match(earlier, words, m.head, set(candidates))
                 sm.predictions[name] = nearest if match is None else match
             elif name == "rules":
-                agreeing = [c for c in candidates
-                            if agrees(feats[c], upos[c], feats[m.head], upos[m.head])]
+                agreeing = [
+                    c for c in candidates if agrees(feats[c], upos[c], feats[m.head], upos[m.head])
+                ]
                 if not agreeing:
                     sm.predictions[name] = nearest
                 else:
                     match = _head_match(earlier, words, m.head, set(agreeing))
                     sm.predictions[name] = _nearest(latest, agreeing) if match is None else match
             else:
-                raise ValueError(f"unknown coreference baseline {name!r}; known: {', '.join(BASELINES)}")
+                raise ValueError(
+                    f"unknown coreference baseline {name!r}; known: {', '.join(BASELINES)}"
+                )
         out.append(sm)
     return out
 
@@ -162,20 +168,22 @@ class CoreferenceScorer(CountScorer):
 
     analysis = "coreference"
     directions = ("",)
-    variants = BASELINES                  # the default; an instance may take fewer
-    blocks = True                       # row by row: a mention's row is its head word's
+    variants = BASELINES  # the default; an instance may take fewer
+    blocks = True  # row by row: a mention's row is its head word's
 
     def __init__(self, baselines: Sequence[str] = BASELINES):
         super().__init__()
         unknown = set(baselines) - set(BASELINES)
         if unknown:
-            raise ValueError(f"unknown coreference baseline(s) {sorted(unknown)}; known: {', '.join(BASELINES)}")
+            raise ValueError(
+                f"unknown coreference baseline(s) {sorted(unknown)}; known: {', '.join(BASELINES)}"
+            )
         self.variants = tuple(baselines)
 
     def rows(self, batch):
         rows = RowIndex()
-        items = []          # (batch row, query word, kind row, ALL row, candidates, gold)
-        baseline = []       # per mention: [variant] 0/1
+        items = []  # (batch row, query word, kind row, ALL row, candidates, gold)
+        baseline = []  # per mention: [variant] 0/1
         for b, example in enumerate(batch.examples):
             for sm in scored_mentions(example, self.variants):
                 slots = [rows.count(example.unit, label) for label in (sm.kind, ALL)]
@@ -190,22 +198,30 @@ class CoreferenceScorer(CountScorer):
         head), candidate mask and gold mask over the batch's words, and its two rows."""
         device = batch.device
         items = self._items
-        base = torch.tensor(self._baseline, dtype=torch.float32).reshape(len(items), len(self.variants))
-        for column in (2, 3):                                  # the mention's kind row, its ALL row
+        base = torch.tensor(self._baseline, dtype=torch.float32).reshape(
+            len(items), len(self.variants)
+        )
+        for column in (2, 3):  # the mention's kind row, its ALL row
             np.add.at(self.baseline_hits, [it[column] for it in items], base.numpy())
-        self._base = torch.cat([base, base]).to(device)        # [2 * mention, variant]
+        self._base = torch.cat([base, base]).to(device)  # [2 * mention, variant]
         width = int(batch.max_words)
         long = dict(dtype=torch.long, device=device)
         self._width = width
-        self._b = torch.tensor([it[0] for it in items], **long)                  # [mention]
-        self._q = torch.tensor([it[1] for it in items], **long)                  # [mention]
-        self._rows = torch.tensor([it[2] for it in items] + [it[3] for it in items], **long)  # [2 * mention]
+        self._b = torch.tensor([it[0] for it in items], **long)  # [mention]
+        self._q = torch.tensor([it[1] for it in items], **long)  # [mention]
+        self._rows = torch.tensor(
+            [it[2] for it in items] + [it[3] for it in items], **long
+        )  # [2 * mention]
         cand_r = [r for r, it in enumerate(items) for _ in it[4]]
         cand_c = [c for it in items for c in it[4]]
         gold_r = [r for r, it in enumerate(items) for _ in it[5]]
         gold_c = [c for it in items for c in it[5]]
-        self._cand = torch.zeros((len(items), width), dtype=torch.bool, device=device)   # [mention, word]
-        self._gold = torch.zeros((len(items), width), dtype=torch.bool, device=device)   # [mention, word]
+        self._cand = torch.zeros(
+            (len(items), width), dtype=torch.bool, device=device
+        )  # [mention, word]
+        self._gold = torch.zeros(
+            (len(items), width), dtype=torch.bool, device=device
+        )  # [mention, word]
         self._cand[torch.tensor(cand_r, **long), torch.tensor(cand_c, **long)] = True
         self._gold[torch.tensor(gold_r, **long), torch.tensor(gold_c, **long)] = True
 
@@ -213,32 +229,57 @@ class CoreferenceScorer(CountScorer):
         if self._b.numel() == 0:
             return
         width = self._width
-        words = att.words                                     # [batch, head, word, word + 2]
+        words = att.words  # [batch, head, word, word + 2]
         if words.shape[-1] - 2 < width:
-            raise ValueError(f"att.words has {words.shape[-1] - 2} word columns; the batch has {width} words")
+            raise ValueError(
+                f"att.words has {words.shape[-1] - 2} word columns; the batch has {width} words"
+            )
         w0, w1, *_ = query_rows(att, batch)
-        b, q, cand, gold, rows_of, base = self._b, self._q, self._cand, self._gold, self._rows, self._base
-        if (w0, w1) != (0, width):                            # a query block: the mentions whose head row is here
+        b, q, cand, gold, rows_of, base = (
+            self._b,
+            self._q,
+            self._cand,
+            self._gold,
+            self._rows,
+            self._base,
+        )
+        if (w0, w1) != (0, width):  # a query block: the mentions whose head row is here
             here = ((q >= w0) & (q < w1)).nonzero().squeeze(1)
             if not here.numel():
                 return
             both = torch.cat([here, here + len(self._b)])
-            b, q, cand, gold, rows_of, base = b[here], q[here], cand[here], gold[here], rows_of[both], base[both]
-        rows = words[b, :, q - w0, :width].float()           # [mention, head, word] (a copy)
+            b, q, cand, gold, rows_of, base = (
+                b[here],
+                q[here],
+                cand[here],
+                gold[here],
+                rows_of[both],
+                base[both],
+            )
+        rows = words[b, :, q - w0, :width].float()  # [mention, head, word] (a copy)
         n_heads = rows.shape[1]
         # SPEC: the attention a word pays to itself is 0 before any argmax ...
         rows.scatter_(2, q.view(-1, 1, 1).expand(-1, n_heads, 1), 0.0)
         # ... and only candidate words compete (ties -> the lowest index).
         rows.masked_fill_(~cand[:, None, :], float("-inf"))
-        pred = first_argmax(rows, -1)                            # [mention, head]
-        hit = gold.gather(1, pred)                            # [mention, head] bool
-        hits = torch.cat([hit, hit])                          # [2 * mention, head]
+        pred = first_argmax(rows, -1)  # [mention, head]
+        hit = gold.gather(1, pred)  # [mention, head] bool
+        hits = torch.cat([hit, hit])  # [2 * mention, head]
         self.add(layer, 0, rows_of, hits)
         self.add_both(layer, 0, rows_of, hits, base)
 
 
-ANALYSIS = register(Analysis(
-    name="coreference", scorer=CoreferenceScorer, input=COREFERENCE, selection=True,
-    description="coreferent antecedents from a mention's head (SPEC 3; Clark et al. 2019 section 4.3)",
-    family=roles.coreference_family, roles=(roles.COREFERENCE,), headline=True, pictures=MENTIONS,
-    report="headprobe.report.build:coreference_section"))
+ANALYSIS = register(
+    Analysis(
+        name="coreference",
+        scorer=CoreferenceScorer,
+        input=COREFERENCE,
+        selection=True,
+        description="coreferent antecedents from a mention's head (SPEC 3; Clark et al. 2019 section 4.3)",
+        family=roles.coreference_family,
+        roles=(roles.COREFERENCE,),
+        headline=True,
+        pictures=MENTIONS,
+        report="headprobe.report.build:coreference_section",
+    )
+)

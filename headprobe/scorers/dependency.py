@@ -38,9 +38,9 @@ from headprobe.scorers.base import (
 from headprobe.scorers.registry import ARCS, SENTENCES, Analysis, register
 from headprobe.stats import roles
 
-UNSCORED = SPEC.unscored                              # ("root", "punct")
-OFFSETS = sorted(SPEC.offsets)                        # -5..5 without 0
-TIE_ORDER = list(SPEC.tie_order)                      # -1, +1, -2, +2, ...
+UNSCORED = SPEC.unscored  # ("root", "punct")
+OFFSETS = sorted(SPEC.offsets)  # -5..5 without 0
+TIE_ORDER = list(SPEC.tie_order)  # -1, +1, -2, +2, ...
 FIRST = "first"
 VARIANTS = SPEC.variants
 
@@ -51,8 +51,11 @@ def scored_arcs(example, conventions: Conventions | None = None):
     if example.heads is None:
         return []
     conventions = get_conventions(conventions)
-    return [(i, h, rel) for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
-            if conventions.scores(rel) and (h >= 0 or conventions.scores("root"))]
+    return [
+        (i, h, rel)
+        for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
+        if conventions.scores(rel) and (h >= 0 or conventions.scores("root"))
+    ]
 
 
 class DependencyScorer(CountScorer):
@@ -60,7 +63,7 @@ class DependencyScorer(CountScorer):
     directions = ("dep->head", "head<-dep")
     variants = VARIANTS
     extras = ("unreachable",)
-    blocks = True          # query blocks: dep->head row by row; head<-dep by a running column maximum
+    blocks = True  # query blocks: dep->head row by row; head<-dep by a running column maximum
 
     def __init__(self, conventions: Conventions | str | None = None):
         super().__init__()
@@ -76,7 +79,7 @@ class DependencyScorer(CountScorer):
 
     def rows(self, batch):
         rows = RowIndex()
-        arcs = []                                   # (batch row, dependent, head, row of rel, row of ALL)
+        arcs = []  # (batch row, dependent, head, row of rel, row of ALL)
         for b, example in enumerate(batch.examples):
             scored = scored_arcs(example, self.conventions)
             if not scored:
@@ -93,17 +96,23 @@ class DependencyScorer(CountScorer):
 
     def prepare(self, batch):
         self._fill = word_fill(batch)
-        table = np.array(self._arcs, dtype=np.int64).reshape(-1, 5)       # [arc, (b, dep, head, row, ALL row)]
+        table = np.array(self._arcs, dtype=np.int64).reshape(
+            -1, 5
+        )  # [arc, (b, dep, head, row, ALL row)]
         n_words = np.array([len(ex.words) for ex in batch.examples], dtype=np.int64)[table[:, 0]]
-        base = self.conventions.baseline_hits(table[:, 1], table[:, 2], n_words)   # [arc, variant]: no attention
-        unreachable = self.unreachable(batch, table)                       # [arc, direction]
-        for column in (3, 4):                                              # the arc's relation row, its ALL row
+        base = self.conventions.baseline_hits(
+            table[:, 1], table[:, 2], n_words
+        )  # [arc, variant]: no attention
+        unreachable = self.unreachable(batch, table)  # [arc, direction]
+        for column in (3, 4):  # the arc's relation row, its ALL row
             np.add.at(self.baseline_hits, table[:, column], base)
             np.add.at(self._extra["unreachable"], table[:, column], unreachable)
         arcs = torch.from_numpy(table).to(batch.device)
-        self._arc_b, self._arc_dep, self._arc_head = arcs[:, 0], arcs[:, 1], arcs[:, 2]   # [arc]
-        self._arc_rows = torch.cat([arcs[:, 3], arcs[:, 4]])                               # [2 * arc]
-        self._arc_base = torch.from_numpy(np.concatenate([base, base])).to(batch.device)  # [2 * arc, variant]
+        self._arc_b, self._arc_dep, self._arc_head = arcs[:, 0], arcs[:, 1], arcs[:, 2]  # [arc]
+        self._arc_rows = torch.cat([arcs[:, 3], arcs[:, 4]])  # [2 * arc]
+        self._arc_base = torch.from_numpy(np.concatenate([base, base])).to(
+            batch.device
+        )  # [2 * arc, variant]
 
     @staticmethod
     def unreachable(batch, table) -> np.ndarray:
@@ -121,18 +130,18 @@ class DependencyScorer(CountScorer):
         if self._arc_b.numel() == 0:
             return
         w0, w1, _, _, first, last = query_rows(att, batch)
-        if (w0, w1) != (0, batch.max_words):                                  # one query block of the layer
+        if (w0, w1) != (0, batch.max_words):  # one query block of the layer
             return self._update_block(layer, att, batch, w0, w1, first, last)
-        scores = masked_word_attention(att, batch, prepared=self._fill)      # [batch, head, word, word]
+        scores = masked_word_attention(att, batch, prepared=self._fill)  # [batch, head, word, word]
         # the first maximum (ties -> lowest index); a row or column whose maximum is 0 has no
         # attention left after specials and self are removed: it predicts nothing
-        to_top = scores.max(dim=-1)                                          # [batch, head, query]
-        from_top = scores.max(dim=-2)                                        # [batch, head, key]
+        to_top = scores.max(dim=-1)  # [batch, head, query]
+        from_top = scores.max(dim=-2)  # [batch, head, key]
         for direction, top in enumerate((to_top, from_top)):
-            chosen = top.indices.permute(0, 2, 1)[self._arc_b, self._arc_dep]          # [arc, head]
-            alive = top.values.permute(0, 2, 1)[self._arc_b, self._arc_dep] > 0       # [arc, head]
-            hits = ((chosen == self._arc_head[:, None]) & alive).float()             # [arc, head]
-            hits = torch.cat([hits, hits])                                            # [2 * arc, head]
+            chosen = top.indices.permute(0, 2, 1)[self._arc_b, self._arc_dep]  # [arc, head]
+            alive = top.values.permute(0, 2, 1)[self._arc_b, self._arc_dep] > 0  # [arc, head]
+            hits = ((chosen == self._arc_head[:, None]) & alive).float()  # [arc, head]
+            hits = torch.cat([hits, hits])  # [2 * arc, head]
             self.add(layer, direction, self._arc_rows, hits)
             self.add_both(layer, direction, self._arc_rows, hits, self._arc_base)
 
@@ -144,19 +153,26 @@ class DependencyScorer(CountScorer):
         if first:
             self._column = None
         if w1 > w0:
-            keep, fill = self._fill                                           # [batch, 1, word, word]
-            scores = torch.where(keep[:, :, w0:w1], att.words[..., :batch.max_words], fill[:, :, w0:w1])
-            to_top = scores.max(dim=-1)                                       # [batch, head, block row]
-            arcs = ((self._arc_dep >= w0) & (self._arc_dep < w1)).nonzero().squeeze(1)   # [arc here]
+            keep, fill = self._fill  # [batch, 1, word, word]
+            scores = torch.where(
+                keep[:, :, w0:w1], att.words[..., : batch.max_words], fill[:, :, w0:w1]
+            )
+            to_top = scores.max(dim=-1)  # [batch, head, block row]
+            arcs = ((self._arc_dep >= w0) & (self._arc_dep < w1)).nonzero().squeeze(1)  # [arc here]
             if arcs.numel():
-                self._add_hits(layer, 0, to_top.values, to_top.indices, arcs, self._arc_dep[arcs] - w0)
-            top = scores.max(dim=-2)                                          # [batch, head, key]
+                self._add_hits(
+                    layer, 0, to_top.values, to_top.indices, arcs, self._arc_dep[arcs] - w0
+                )
+            top = scores.max(dim=-2)  # [batch, head, key]
             if self._column is None:
                 self._column = (top.values, top.indices + w0)
             else:
                 values, indices = self._column
                 better = top.values > values
-                self._column = (torch.where(better, top.values, values), torch.where(better, top.indices + w0, indices))
+                self._column = (
+                    torch.where(better, top.values, values),
+                    torch.where(better, top.indices + w0, indices),
+                )
         if last and self._column is not None:
             values, indices = self._column
             self._column = None
@@ -167,11 +183,11 @@ class DependencyScorer(CountScorer):
         """Hits of arcs `arcs` [item] whose row (or column) sits at `position` [item] of the
         [batch, head, position] maxima `values` / `indices`."""
         b = self._arc_b[arcs]
-        chosen = indices.permute(0, 2, 1)[b, position]                        # [item, head]
-        alive = values.permute(0, 2, 1)[b, position] > 0                      # [item, head]
-        hits = ((chosen == self._arc_head[arcs][:, None]) & alive).float()    # [item, head]
-        both = torch.cat([arcs, arcs + len(self._arc_b)])                     # its relation row, its ALL row
-        hits = torch.cat([hits, hits])                                        # [2 * item, head]
+        chosen = indices.permute(0, 2, 1)[b, position]  # [item, head]
+        alive = values.permute(0, 2, 1)[b, position] > 0  # [item, head]
+        hits = ((chosen == self._arc_head[arcs][:, None]) & alive).float()  # [item, head]
+        both = torch.cat([arcs, arcs + len(self._arc_b)])  # its relation row, its ALL row
+        hits = torch.cat([hits, hits])  # [2 * item, head]
         self.add(layer, direction, self._arc_rows[both], hits)
         self.add_both(layer, direction, self._arc_rows[both], hits, self._arc_base[both])
 
@@ -184,8 +200,17 @@ def baseline_hits(dependent: np.ndarray, head: np.ndarray) -> np.ndarray:
     return SPEC.baseline_hits(dependent, head, np.full(dependent.shape, np.iinfo(np.int32).max))
 
 
-ANALYSIS = register(Analysis(
-    name="dependency", scorer=DependencyScorer, input=SENTENCES, selection=True,
-    description="dependency arcs per relation, both directions (SPEC 2; Clark et al. 2019 section 4.2)",
-    family=roles.dependency_family, roles=(roles.SYNTACTIC,), headline=True, pictures=ARCS,
-    report="headprobe.report.build:dependency_section"))
+ANALYSIS = register(
+    Analysis(
+        name="dependency",
+        scorer=DependencyScorer,
+        input=SENTENCES,
+        selection=True,
+        description="dependency arcs per relation, both directions (SPEC 2; Clark et al. 2019 section 4.2)",
+        family=roles.dependency_family,
+        roles=(roles.SYNTACTIC,),
+        headline=True,
+        pictures=ARCS,
+        report="headprobe.report.build:dependency_section",
+    )
+)

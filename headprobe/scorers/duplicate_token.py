@@ -19,11 +19,21 @@ NAME = "duplicate_token"
 THRESHOLD, LOWER = 0.4, 0.3
 
 ANALYSIS = pattern_analysis(
-    NAME, duplicate_token_pattern, baselines=("random", "first", "offset=-1", "offset=-2"),
-    rule=PatternRule("duplicate-token", THRESHOLD, LOWER, "attends to earlier occurrences of its own token",
-                     order=0.6, color="#937860", short="dup"),
+    NAME,
+    duplicate_token_pattern,
+    baselines=("random", "first", "offset=-1", "offset=-2"),
+    rule=PatternRule(
+        "duplicate-token",
+        THRESHOLD,
+        LOWER,
+        "attends to earlier occurrences of its own token",
+        order=0.6,
+        color="#937860",
+        short="dup",
+    ),
     description="share of attention on earlier occurrences of the same token, and argmax hits on them, per head, "
-                "at piece level (TransformerLens duplicate-token pattern; looks backwards, so causal models can "
-                "express it); rows of first occurrences are empty and not scored")
+    "at piece level (TransformerLens duplicate-token pattern; looks backwards, so causal models can "
+    "express it); rows of first occurrences are empty and not scored",
+)
 ROLE = ANALYSIS.roles[0]
 DuplicateTokenScorer = ANALYSIS.scorer

@@ -33,7 +33,7 @@ from headprobe.scorers.registry import SENTENCES, Analysis, register
 from headprobe.scoring.measures import MASS
 
 PREFIX = "js:"
-CHUNK_BYTES = 64 * 2**20          # working memory of one block of pairwise mixtures
+CHUNK_BYTES = 64 * 2**20  # working memory of one block of pairwise mixtures
 DISTANCE_COLUMNS = ["layer_a", "head_a", "layer_b", "head_b", "n", "js", "js_fold0", "js_fold1"]
 
 
@@ -42,7 +42,7 @@ def head_label(layer: int, head: int) -> str:
 
 
 def parse_label(label: str) -> tuple[int, int]:
-    layer, head = label[len(PREFIX):].split("-")
+    layer, head = label[len(PREFIX) :].split("-")
     return int(layer), int(head)
 
 
@@ -52,21 +52,26 @@ def js_row_sums(p: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Te
     p: [head, row, key] distributions (rows sum to 1); group: [row] group index.
     Returns [group, head, head] (symmetric, zero diagonal), float64."""
     k, r, c = p.shape
-    entropy = torch.special.entr(p).sum(-1)                                  # [head, row]
+    entropy = torch.special.entr(p).sum(-1)  # [head, row]
     out = torch.zeros(n_groups, k, k, dtype=torch.float64, device=p.device)
     per_pair = max(1, r * c * p.element_size())
     start = 0
-    while start < k:                                 # first heads [start, stop) against heads b >= start
+    while start < k:  # first heads [start, stop) against heads b >= start
         stop = min(k, start + max(1, CHUNK_BYTES // (per_pair * (k - start))))
-        mix = (p[start:stop, None] + p[None, start:]) / 2                    # [a, b, row, key]
-        js = torch.special.entr(mix).sum(-1) - (entropy[start:stop, None] + entropy[None, start:]) / 2
-        js = js.clamp_min(0).double()                                        # [a, b, row]
-        summed = torch.zeros(n_groups, stop - start, k - start, dtype=torch.float64, device=p.device)
+        mix = (p[start:stop, None] + p[None, start:]) / 2  # [a, b, row, key]
+        js = (
+            torch.special.entr(mix).sum(-1)
+            - (entropy[start:stop, None] + entropy[None, start:]) / 2
+        )
+        js = js.clamp_min(0).double()  # [a, b, row]
+        summed = torch.zeros(
+            n_groups, stop - start, k - start, dtype=torch.float64, device=p.device
+        )
         summed.index_add_(0, group, js.permute(2, 0, 1))
         out[:, start:stop, start:] = summed
         start = stop
     upper = torch.triu(torch.ones(k, k, dtype=torch.bool, device=p.device), 1)
-    out = torch.where(upper, out, out.transpose(1, 2))                       # mirror the upper triangle
+    out = torch.where(upper, out, out.transpose(1, 2))  # mirror the upper triangle
     out[:, torch.arange(k), torch.arange(k)] = 0.0
     return out
 
@@ -74,7 +79,7 @@ def js_row_sums(p: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Te
 class HeadSimilarityScorer(CountScorer):
     analysis = "head_similarity"
     value = "mass"
-    reads = MASS                        # norms: row-normalised N (SPEC 7)
+    reads = MASS  # norms: row-normalised N (SPEC 7)
     bootstrap = False
 
     def rows(self, batch):
@@ -84,7 +89,7 @@ class HeadSimilarityScorer(CountScorer):
         for example in batch.examples:
             if example.unit not in units:
                 units[example.unit] = len(units)
-            for layer, head in heads:                          # rows: unit-major, then first head
+            for layer, head in heads:  # rows: unit-major, then first head
                 rows.count(example.unit, head_label(layer, head), len(example.words))
         self._unit_slot = units
         return rows.keys, rows.n
@@ -93,20 +98,24 @@ class HeadSimilarityScorer(CountScorer):
         self._rows: list[torch.Tensor] = []
 
     def update(self, layer, att, batch):
-        words = att.words                                                    # [batch, head, word, word + 2]
+        words = att.words  # [batch, head, word, word + 2]
         total = words.sum(-1, keepdim=True)
         self._rows.append(words / total.clamp_min(torch.finfo(words.dtype).tiny))
 
     def end_batch(self, batch):
         if self._keys and self._rows:
-            p = torch.cat(self._rows, dim=1)                                  # [batch, K, word, key]
+            p = torch.cat(self._rows, dim=1)  # [batch, K, word, key]
             b, k, w, c = p.shape
-            mask = batch.word_mask                                           # [batch, word]
-            example, word = mask.nonzero(as_tuple=True)                      # real word rows
-            rows = p.permute(1, 0, 2, 3)[:, example, word]                   # [K, row, key]
-            slot = torch.tensor([self._unit_slot[ex.unit] for ex in batch.examples], device=p.device)
-            sums = js_row_sums(rows, slot[example], len(self._unit_slot))    # [unit, K, K]
-            values = sums.reshape(len(self._unit_slot) * k, len(self.layers), self.n_heads)   # [row, layer, head]
+            mask = batch.word_mask  # [batch, word]
+            example, word = mask.nonzero(as_tuple=True)  # real word rows
+            rows = p.permute(1, 0, 2, 3)[:, example, word]  # [K, row, key]
+            slot = torch.tensor(
+                [self._unit_slot[ex.unit] for ex in batch.examples], device=p.device
+            )
+            sums = js_row_sums(rows, slot[example], len(self._unit_slot))  # [unit, K, K]
+            values = sums.reshape(
+                len(self._unit_slot) * k, len(self.layers), self.n_heads
+            )  # [row, layer, head]
             self._values[:, 0] = values.permute(1, 0, 2).to(self._values.dtype)
         self._rows = []
         super().end_batch(batch)
@@ -120,37 +129,66 @@ def distance_frame(tally) -> pd.DataFrame:
     for label in tally.sorted_labels():
         layer_a, head_a = parse_label(label)
         arrays = tally.arrays(label)
-        mass = arrays["hits"][:, 0, :, :, 0]                                  # [fold, layer, head]
-        n = arrays["n"][:, 0, 0]                                              # [fold]
+        mass = arrays["hits"][:, 0, :, :, 0]  # [fold, layer, head]
+        n = arrays["n"][:, 0, 0]  # [fold]
         layers = np.repeat(np.asarray(tally.layers), tally.n_heads)
         heads = np.tile(np.arange(tally.n_heads), len(tally.layers))
         with np.errstate(invalid="ignore", divide="ignore"):
-            frames.append(pd.DataFrame({
-                "layer_a": layer_a, "head_a": head_a, "layer_b": layers, "head_b": heads,
-                "n": float(n.sum()), "js": mass.sum(0).ravel() / n.sum(),
-                "js_fold0": mass[0].ravel() / n[0], "js_fold1": mass[1].ravel() / n[1]}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "layer_a": layer_a,
+                        "head_a": head_a,
+                        "layer_b": layers,
+                        "head_b": heads,
+                        "n": float(n.sum()),
+                        "js": mass.sum(0).ravel() / n.sum(),
+                        "js_fold0": mass[0].ravel() / n[0],
+                        "js_fold1": mass[1].ravel() / n[1],
+                    }
+                )
+            )
     frame = pd.concat(frames, ignore_index=True)
-    return frame.sort_values(["layer_a", "head_a", "layer_b", "head_b"], kind="stable").reset_index(drop=True)
+    return frame.sort_values(["layer_a", "head_a", "layer_b", "head_b"], kind="stable").reset_index(
+        drop=True
+    )
 
 
-def distance_matrix(distances: pd.DataFrame, column: str = "js") -> tuple[np.ndarray, list[tuple[int, int]]]:
+def distance_matrix(
+    distances: pd.DataFrame, column: str = "js"
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """(square matrix, heads in its order) from a `head_distances` table."""
     heads = sorted(set(zip(distances["layer_a"].astype(int), distances["head_a"].astype(int))))
     index = {h: i for i, h in enumerate(heads)}
     matrix = np.full((len(heads), len(heads)), np.nan)
-    rows = [index[(a, b)] for a, b in zip(distances["layer_a"].astype(int), distances["head_a"].astype(int))]
-    cols = [index.get((a, b), -1) for a, b in zip(distances["layer_b"].astype(int), distances["head_b"].astype(int))]
+    rows = [
+        index[(a, b)]
+        for a, b in zip(distances["layer_a"].astype(int), distances["head_a"].astype(int))
+    ]
+    cols = [
+        index.get((a, b), -1)
+        for a, b in zip(distances["layer_b"].astype(int), distances["head_b"].astype(int))
+    ]
     keep = np.asarray(cols) >= 0
-    matrix[np.asarray(rows)[keep], np.asarray(cols)[keep]] = distances[column].to_numpy(np.float64)[keep]
+    matrix[np.asarray(rows)[keep], np.asarray(cols)[keep]] = distances[column].to_numpy(np.float64)[
+        keep
+    ]
     return matrix, heads
-
-
 
 
 # ---------------------------------------------------------------- clusters (Clark et al. Figure 6)
 
-CLUSTER_COLUMNS = ["layer", "head", "name", "mds_x", "mds_y", "cluster", "nearest", "nearest_js",
-                   "nearest_same_layer"]
+CLUSTER_COLUMNS = [
+    "layer",
+    "head",
+    "name",
+    "mds_x",
+    "mds_y",
+    "cluster",
+    "nearest",
+    "nearest_js",
+    "nearest_same_layer",
+]
 
 
 def embed(matrix: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -160,8 +198,14 @@ def embed(matrix: np.ndarray, seed: int = 0) -> np.ndarray:
 
     if len(matrix) < 3:
         return np.zeros((len(matrix), 2))
-    mds = MDS(n_components=2, metric="precomputed", n_init=4, init="random", random_state=seed,
-              normalized_stress="auto")
+    mds = MDS(
+        n_components=2,
+        metric="precomputed",
+        n_init=4,
+        init="random",
+        random_state=seed,
+        normalized_stress="auto",
+    )
     return mds.fit_transform(np.nan_to_num((matrix + matrix.T) / 2))
 
 
@@ -185,21 +229,32 @@ def head_clusters(distances: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     matrix, heads = distance_matrix(distances)
     xy = embed(matrix, seed)
     n_layers = len({layer for layer, _ in heads})
-    cluster = (fcluster(linkage(matrix), t=n_layers, criterion="maxclust") if len(heads) > 1
-               else np.ones(len(heads), dtype=int))
+    cluster = (
+        fcluster(linkage(matrix), t=n_layers, criterion="maxclust")
+        if len(heads) > 1
+        else np.ones(len(heads), dtype=int)
+    )
     off = matrix + np.diag(np.full(len(heads), np.inf))
     nearest = np.nanargmin(off, axis=1) if len(heads) > 1 else np.zeros(len(heads), dtype=int)
-    return pd.DataFrame({
-        "layer": [h[0] for h in heads], "head": [h[1] for h in heads], "name": [f"{a}-{b}" for a, b in heads],
-        "mds_x": xy[:, 0], "mds_y": xy[:, 1], "cluster": cluster.astype(int),
-        "nearest": [f"{heads[j][0]}-{heads[j][1]}" for j in nearest],
-        "nearest_js": off[np.arange(len(heads)), nearest] if len(heads) > 1 else np.nan,
-        "nearest_same_layer": [heads[i][0] == heads[j][0] for i, j in enumerate(nearest)]},
-        columns=CLUSTER_COLUMNS)
+    return pd.DataFrame(
+        {
+            "layer": [h[0] for h in heads],
+            "head": [h[1] for h in heads],
+            "name": [f"{a}-{b}" for a, b in heads],
+            "mds_x": xy[:, 0],
+            "mds_y": xy[:, 1],
+            "cluster": cluster.astype(int),
+            "nearest": [f"{heads[j][0]}-{heads[j][1]}" for j in nearest],
+            "nearest_js": off[np.arange(len(heads)), nearest] if len(heads) > 1 else np.nan,
+            "nearest_same_layer": [heads[i][0] == heads[j][0] for i, j in enumerate(nearest)],
+        },
+        columns=CLUSTER_COLUMNS,
+    )
 
 
-def layer_cohesion(distances: pd.DataFrame, clusters: pd.DataFrame | None = None, n_perm: int = 999,
-                   seed: int = 0) -> dict:
+def layer_cohesion(
+    distances: pd.DataFrame, clusters: pd.DataFrame | None = None, n_perm: int = 999, seed: int = 0
+) -> dict:
     """Do heads of the same layer behave alike? Mean JS within a layer and between layers, a
     permutation test of the difference (layer labels shuffled among heads, `n_perm` times,
     one-sided: between - within at least as large), the share of heads whose nearest head is
@@ -223,18 +278,27 @@ def layer_cohesion(distances: pd.DataFrame, clusters: pd.DataFrame | None = None
     at_least = sum(gap(rng.permutation(layers)) >= observed for _ in range(n_perm))
     same = layers[:, None] == layers[None, :]
     sizes = np.bincount(np.unique(layers, return_inverse=True)[1])
-    out = {"heads": k, "within_layer_js": float(square[upper & same].mean()),
-           "between_layer_js": float(square[upper & ~same].mean()), "gap": float(observed),
-           "permutations": n_perm, "p_value": float((1 + at_least) / (1 + n_perm)),
-           "chance_nearest_same_layer": float(((sizes - 1) * sizes).sum() / (k * (k - 1)))}
+    out = {
+        "heads": k,
+        "within_layer_js": float(square[upper & same].mean()),
+        "between_layer_js": float(square[upper & ~same].mean()),
+        "gap": float(observed),
+        "permutations": n_perm,
+        "p_value": float((1 + at_least) / (1 + n_perm)),
+        "chance_nearest_same_layer": float(((sizes - 1) * sizes).sum() / (k * (k - 1))),
+    }
     if clusters is None:
         clusters = head_clusters(distances, seed)
     if len(clusters):
         out["nearest_same_layer"] = float(clusters["nearest_same_layer"].mean())
-        out["adjusted_rand_clusters_layers"] = float(adjusted_rand_score(clusters["layer"], clusters["cluster"]))
+        out["adjusted_rand_clusters_layers"] = float(
+            adjusted_rand_score(clusters["layer"], clusters["cluster"])
+        )
     fold = distances[["js_fold0", "js_fold1"]].to_numpy(np.float64)
-    pairs = (distances["layer_a"].to_numpy() * 10**6 + distances["head_a"].to_numpy()
-             < distances["layer_b"].to_numpy() * 10**6 + distances["head_b"].to_numpy())
+    pairs = (
+        distances["layer_a"].to_numpy() * 10**6 + distances["head_a"].to_numpy()
+        < distances["layer_b"].to_numpy() * 10**6 + distances["head_b"].to_numpy()
+    )
     ok = pairs & np.isfinite(fold).all(axis=1)
     if ok.sum() > 2:
         out["fold_correlation"] = float(np.corrcoef(fold[ok, 0], fold[ok, 1])[0, 1])
@@ -243,17 +307,27 @@ def layer_cohesion(distances: pd.DataFrame, clusters: pd.DataFrame | None = None
 
 # ---------------------------------------------------------------- registry
 
+
 def head_distances(results) -> pd.DataFrame:
     return distance_frame(results.tallies.get("head_similarity"))
 
 
 def head_clusters_table(results) -> pd.DataFrame:
-    return head_clusters(results.table("head_distances"), seed=int(results.summary.get("seed", 0) or 0))
+    return head_clusters(
+        results.table("head_distances"), seed=int(results.summary.get("seed", 0) or 0)
+    )
 
 
-ANALYSIS = register(Analysis(
-    name="head_similarity", scorer=HeadSimilarityScorer, input=SENTENCES, selection=False, default=False,
-    description="mean Jensen-Shannon divergence between every two heads' word attention; heads clustered "
-                "(Clark et al. 2019 section 5, Figure 6)",
-    tables={"head_distances": head_distances, "head_clusters": head_clusters_table},
-    report="headprobe.report.clusters:head_clusters_section"))
+ANALYSIS = register(
+    Analysis(
+        name="head_similarity",
+        scorer=HeadSimilarityScorer,
+        input=SENTENCES,
+        selection=False,
+        default=False,
+        description="mean Jensen-Shannon divergence between every two heads' word attention; heads clustered "
+        "(Clark et al. 2019 section 5, Figure 6)",
+        tables={"head_distances": head_distances, "head_clusters": head_clusters_table},
+        report="headprobe.report.clusters:head_clusters_section",
+    )
+)

@@ -25,12 +25,21 @@ NAME = "induction"
 THRESHOLD, LOWER = 0.4, 0.3
 
 ANALYSIS = pattern_analysis(
-    NAME, induction_pattern, baselines=("random", "first", "offset=-1", "offset=-2"),
-    rule=PatternRule("induction", THRESHOLD, LOWER,
-                     "attends to the token after an earlier occurrence of its own token (Olsson et al. 2022)",
-                     order=0.5, color="#8172b3", short="ind"),
+    NAME,
+    induction_pattern,
+    baselines=("random", "first", "offset=-1", "offset=-2"),
+    rule=PatternRule(
+        "induction",
+        THRESHOLD,
+        LOWER,
+        "attends to the token after an earlier occurrence of its own token (Olsson et al. 2022)",
+        order=0.5,
+        color="#8172b3",
+        short="ind",
+    ),
     description="share of attention on the token after an earlier occurrence of the same token, and argmax hits "
-                "on it, per head, at piece level (TransformerLens induction pattern; Olsson et al. 2022; looks "
-                "backwards, so causal models can express it); rows without an earlier occurrence are not scored")
+    "on it, per head, at piece level (TransformerLens induction pattern; Olsson et al. 2022; looks "
+    "backwards, so causal models can express it); rows without an earlier occurrence are not scored",
+)
 ROLE = ANALYSIS.roles[0]
 InductionScorer = ANALYSIS.scorer

@@ -55,26 +55,30 @@ PROBE, PROBE_MST, CHAIN = "probe", "probe_mst", "chain"
 DIRECTIONS = ("dep->head", "head<-dep", "mst")
 L2 = 1e-6
 MAX_ITER = 200
-CHUNK_ROWS = 1 << 16                     # feature rows read back at a time
-CACHE_BYTES = 256 * 2**20                # training features kept in memory up to this size, else re-read
+CHUNK_ROWS = 1 << 16  # feature rows read back at a time
+CACHE_BYTES = 256 * 2**20  # training features kept in memory up to this size, else re-read
 
 
 def parse_arcs(example) -> list[tuple[int, int, str]]:
     """(dependent, head, relation) of every arc the parsing analysis scores."""
     if example.heads is None:
         return []
-    return [(i, h, rel) for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
-            if h >= 0 and rel not in UNSCORED]
+    return [
+        (i, h, rel)
+        for i, (h, rel) in enumerate(zip(example.heads, example.deprels))
+        if h >= 0 and rel not in UNSCORED
+    ]
 
 
 # ---------------------------------------------------------------- features on disk
 
+
 @dataclass
 class SentenceRecord:
     unit: str
-    n: int                               # words
-    offset: int                          # first feature row (pair (0, 1)) in its fold's file
-    dependents: np.ndarray               # scored arcs
+    n: int  # words
+    offset: int  # first feature row (pair (0, 1)) in its fold's file
+    dependents: np.ndarray  # scored arcs
     heads: np.ndarray
 
 
@@ -108,11 +112,11 @@ def pair_features(attention: torch.Tensor, n: int) -> torch.Tensor:
     """[n (n - 1), 2K]: for each pair (i, j), i != j (i-major), every head's A[i, j] then A[j, i].
     attention: [K, n, n] word-level attention of one sentence."""
     a = attention[:, :n, :n]
-    forward = a.permute(1, 2, 0)                              # [i, j, K]: A[i, j]
-    backward = a.transpose(1, 2).permute(1, 2, 0)             # [i, j, K]: A[j, i]
-    both = torch.cat([forward, backward], dim=-1)             # [i, j, 2K]
+    forward = a.permute(1, 2, 0)  # [i, j, K]: A[i, j]
+    backward = a.transpose(1, 2).permute(1, 2, 0)  # [i, j, K]: A[j, i]
+    both = torch.cat([forward, backward], dim=-1)  # [i, j, 2K]
     off = ~torch.eye(n, dtype=torch.bool, device=a.device)
-    return both[off]                                          # row-major: (0,1), (0,2), ..., (1,0), ...
+    return both[off]  # row-major: (0,1), (0,2), ..., (1,0), ...
 
 
 def candidate_index(n: int, dependent: int) -> np.ndarray:
@@ -122,25 +126,36 @@ def candidate_index(n: int, dependent: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- the probe
 
-def fit_probe(chunks, n_features: int, n_items: int, l2: float = L2, max_iter: int = MAX_ITER,
-              device="cpu") -> np.ndarray:
+
+def fit_probe(
+    chunks, n_features: int, n_items: int, l2: float = L2, max_iter: int = MAX_ITER, device="cpu"
+) -> np.ndarray:
     """Weights [n_features] minimising mean_i -log softmax_j(w . phi_ij)[gold] + l2 |w|^2 / 2.
 
     chunks(): an iterable of (features [row, feature] float tensor, group [row] (item index
     within the chunk), n_groups, gold [group] (the gold candidate's row)), covering
     `n_items` items in all; read again for every evaluation of the loss (L-BFGS)."""
     w = torch.zeros(n_features, dtype=torch.float64, device=device, requires_grad=True)
-    optimizer = torch.optim.LBFGS([w], lr=1.0, max_iter=max_iter, history_size=20,
-                                  line_search_fn="strong_wolfe", tolerance_grad=1e-9, tolerance_change=1e-12)
+    optimizer = torch.optim.LBFGS(
+        [w],
+        lr=1.0,
+        max_iter=max_iter,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+    )
 
     def closure():
         optimizer.zero_grad()
         total = 0.0
         for x, group, n_groups, gold in chunks():
-            s = x.to(device, torch.float64) @ w                                       # [row]
+            s = x.to(device, torch.float64) @ w  # [row]
             top = torch.full((n_groups,), float("-inf"), dtype=s.dtype, device=device)
             top = top.scatter_reduce(0, group, s.detach(), reduce="amax")
-            summed = torch.zeros(n_groups, dtype=s.dtype, device=device).index_add(0, group, (s - top[group]).exp())
+            summed = torch.zeros(n_groups, dtype=s.dtype, device=device).index_add(
+                0, group, (s - top[group]).exp()
+            )
             loss = (summed.log() + top - s[gold]).sum() / max(n_items, 1)
             loss.backward()
             total += loss.detach().item()
@@ -152,15 +167,17 @@ def fit_probe(chunks, n_features: int, n_items: int, l2: float = L2, max_iter: i
     return w.detach().cpu().numpy()
 
 
-def training_chunks(fold: FoldFeatures, rows_per_chunk: int = CHUNK_ROWS, cache_bytes: int = CACHE_BYTES):
+def training_chunks(
+    fold: FoldFeatures, rows_per_chunk: int = CHUNK_ROWS, cache_bytes: int = CACHE_BYTES
+):
     """A `fit_probe` chunk source over a fold's scored dependents (their candidate rows), and the
     number of dependents. Chunks are read from the fold's file; when all of them fit in
     `cache_bytes` (as float64) they are read once and kept, else read again on every pass."""
-    spans = []                                    # (first row, candidates, gold position) per item
+    spans = []  # (first row, candidates, gold position) per item
     for s in fold.sentences:
         for d, h in zip(s.dependents, s.heads):
             spans.append((s.offset + d * (s.n - 1), s.n - 1, h if h < d else h - 1))
-    plan = []                                     # (row index, group, n_groups, gold) per chunk
+    plan = []  # (row index, group, n_groups, gold) per chunk
     start = 0
     while start < len(spans):
         stop, rows = start, 0
@@ -170,9 +187,14 @@ def training_chunks(fold: FoldFeatures, rows_per_chunk: int = CHUNK_ROWS, cache_
         part = spans[start:stop]
         sizes = np.array([size for _, size, _ in part])
         firsts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        plan.append((np.concatenate([np.arange(first, first + size) for first, size, _ in part]),
-                     torch.from_numpy(np.repeat(np.arange(len(part)), sizes)), len(part),
-                     torch.from_numpy(firsts + np.array([g for _, _, g in part]))))
+        plan.append(
+            (
+                np.concatenate([np.arange(first, first + size) for first, size, _ in part]),
+                torch.from_numpy(np.repeat(np.arange(len(part)), sizes)),
+                len(part),
+                torch.from_numpy(firsts + np.array([g for _, _, g in part])),
+            )
+        )
         start = stop
     total = sum(len(index) for index, *_ in plan) * fold.n_features * 8
     kept = []
@@ -183,7 +205,12 @@ def training_chunks(fold: FoldFeatures, rows_per_chunk: int = CHUNK_ROWS, cache_
             return
         matrix, loaded = fold.matrix(), []
         for index, group, n_groups, gold in plan:
-            item = (torch.from_numpy(np.asarray(matrix[index], dtype=np.float64)), group, n_groups, gold)
+            item = (
+                torch.from_numpy(np.asarray(matrix[index], dtype=np.float64)),
+                group,
+                n_groups,
+                gold,
+            )
             if total <= cache_bytes:
                 loaded.append(item)
             yield item
@@ -200,16 +227,19 @@ def sentence_scores(fold: FoldFeatures, weights: np.ndarray, rows_per_chunk: int
     start = 0
     while start < len(sentences):
         stop, rows = start, 0
-        while stop < len(sentences) and (rows == 0 or rows + sentences[stop].n * (sentences[stop].n - 1)
-                                          <= rows_per_chunk):
+        while stop < len(sentences) and (
+            rows == 0 or rows + sentences[stop].n * (sentences[stop].n - 1) <= rows_per_chunk
+        ):
             rows += sentences[stop].n * (sentences[stop].n - 1)
             stop += 1
         first = sentences[start].offset
-        block = np.asarray(matrix[first:first + rows], dtype=np.float64) @ w
+        block = np.asarray(matrix[first : first + rows], dtype=np.float64) @ w
         for record in sentences[start:stop]:
             n = record.n
             scores = np.full((n, n), -np.inf)
-            scores[~np.eye(n, dtype=bool)] = block[record.offset - first:record.offset - first + n * (n - 1)]
+            scores[~np.eye(n, dtype=bool)] = block[
+                record.offset - first : record.offset - first + n * (n - 1)
+            ]
             yield record, scores
         start = stop
 
@@ -222,18 +252,24 @@ def log_softmax_rows(scores: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- the scorer
 
+
 class ParsingScorer(CountScorer):
     analysis = "parsing"
     directions = DIRECTIONS
     variants = (PROBE, PROBE_MST)
 
-    def __init__(self, conventions: Conventions | str | None = None, work_dir: str | None = None,
-                 l2: float = L2, max_iter: int = MAX_ITER):
+    def __init__(
+        self,
+        conventions: Conventions | str | None = None,
+        work_dir: str | None = None,
+        l2: float = L2,
+        max_iter: int = MAX_ITER,
+    ):
         super().__init__()
         self.work_dir, self.l2, self.max_iter = work_dir, l2, max_iter
         self.use_conventions(conventions)
         self._store = None
-        self.probe_weights_: dict[int, np.ndarray] = {}    # weights trained on fold k
+        self.probe_weights_: dict[int, np.ndarray] = {}  # weights trained on fold k
         self.notes_: list[str] = []
 
     def use_conventions(self, conventions) -> None:
@@ -250,13 +286,15 @@ class ParsingScorer(CountScorer):
         if self._store is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="headprobe-parsing-", dir=self.work_dir)
             n_features = 2 * len(self.layers) * self.n_heads
-            self._store = {f: FoldFeatures(os.path.join(self._tmp.name, f"fold{f}.f16"), n_features)
-                           for f in (0, 1)}
+            self._store = {
+                f: FoldFeatures(os.path.join(self._tmp.name, f"fold{f}.f16"), n_features)
+                for f in (0, 1)
+            }
         return self._store
 
     def rows(self, batch):
         rows = RowIndex()
-        arcs = []                                  # (batch row, dependent, head, row)
+        arcs = []  # (batch row, dependent, head, row)
         for b, example in enumerate(batch.examples):
             scored = parse_arcs(example)
             if scored:
@@ -272,7 +310,7 @@ class ParsingScorer(CountScorer):
         base = self.conventions.baseline_hits(table[:, 1], table[:, 2], n_words[table[:, 0]])
         chain = (np.abs(table[:, 1] - table[:, 2]) == 1).astype(np.float32)[:, None]
         hits = np.zeros((len(table), len(self.variants)), dtype=np.float32)
-        hits[:, 2:2 + base.shape[1]] = base
+        hits[:, 2 : 2 + base.shape[1]] = base
         hits[:, -1:] = chain
         np.add.at(self.baseline_hits, table[:, 3], hits)
         arcs = torch.from_numpy(table).to(batch.device)
@@ -282,31 +320,38 @@ class ParsingScorer(CountScorer):
 
     def update(self, layer, att, batch):
         w = batch.max_words
-        words = att.words[..., :w]                                           # [batch, head, word, word]
+        words = att.words[..., :w]  # [batch, head, word, word]
         self._attention.append(words)
         if self._arc_b.numel() == 0:
             return
         scores = masked_word_attention(att, batch, prepared=self._fill)
         for direction, top in enumerate((scores.max(dim=-1), scores.max(dim=-2))):
-            chosen = top.indices.permute(0, 2, 1)[self._arc_b, self._arc_dep]         # [arc, head]
+            chosen = top.indices.permute(0, 2, 1)[self._arc_b, self._arc_dep]  # [arc, head]
             alive = top.values.permute(0, 2, 1)[self._arc_b, self._arc_dep] > 0
-            self.add(layer, direction, self._arc_row, ((chosen == self._arc_head[:, None]) & alive).float())
+            self.add(
+                layer,
+                direction,
+                self._arc_row,
+                ((chosen == self._arc_head[:, None]) & alive).float(),
+            )
 
     def _trees(self, attention: torch.Tensor) -> None:
         """`mst` hits: every head's maximum spanning tree over A[d, h] + A[h, d], all layers at once."""
         b, k, w, _ = attention.shape
         symmetric = (attention + attention.transpose(-1, -2)).reshape(b * k, w, w)
         parent = max_spanning_tree(symmetric, self._n_words.repeat_interleave(k)).reshape(b, k, w)
-        at_dep = parent[self._arc_b, :, self._arc_dep]                                 # [arc, K]
+        at_dep = parent[self._arc_b, :, self._arc_dep]  # [arc, K]
         at_head = parent[self._arc_b, :, self._arc_head]
         edge = ((at_dep == self._arc_head[:, None]) | (at_head == self._arc_dep[:, None])).float()
         for slot, layer in enumerate(self.layers):
-            self.add(layer, 2, self._arc_row, edge[:, slot * self.n_heads:(slot + 1) * self.n_heads])
+            self.add(
+                layer, 2, self._arc_row, edge[:, slot * self.n_heads : (slot + 1) * self.n_heads]
+            )
 
     def end_batch(self, batch):
         if self._attention:
             store = self._open_store()
-            attention = torch.cat(self._attention, dim=1)                    # [batch, K, word, word]
+            attention = torch.cat(self._attention, dim=1)  # [batch, K, word, word]
             if self._arc_b.numel():
                 self._trees(attention)
             by_example: dict[int, list] = {}
@@ -317,8 +362,13 @@ class ParsingScorer(CountScorer):
                 if n < 2:
                     continue
                 pairs = by_example.get(b, [])
-                record = SentenceRecord(example.unit, n, 0, np.array([p[0] for p in pairs], dtype=np.int64),
-                                        np.array([p[1] for p in pairs], dtype=np.int64))
+                record = SentenceRecord(
+                    example.unit,
+                    n,
+                    0,
+                    np.array([p[0] for p in pairs], dtype=np.int64),
+                    np.array([p[1] for p in pairs], dtype=np.int64),
+                )
                 fold = self.tally_.draws(example.unit)[0]
                 store[fold].append(record, pair_features(attention[b], n).cpu().numpy())
         self._attention = []
@@ -342,11 +392,15 @@ class ParsingScorer(CountScorer):
         streamed = 0 if seen is None else int(seen.n[:, 0, 0].sum())
         stored = store[0].arcs + store[1].arcs
         if streamed != stored:
-            raise RuntimeError(f"parsing: the probe's features cover {stored} arcs, the counts {streamed}: a run "
-                               "resumed from a checkpoint cannot train the probe (its features were not "
-                               "checkpointed); run again without --resume")
+            raise RuntimeError(
+                f"parsing: the probe's features cover {stored} arcs, the counts {streamed}: a run "
+                "resumed from a checkpoint cannot train the probe (its features were not "
+                "checkpointed); run again without --resume"
+            )
         if not store[0].arcs or not store[1].arcs:
-            self.notes_.append("parsing: one fold has no arcs, so the probe has no held-out evaluation")
+            self.notes_.append(
+                "parsing: one fold has no arcs, so the probe has no held-out evaluation"
+            )
             return
         units, base = [], []
         for fold in (0, 1):
@@ -357,28 +411,49 @@ class ParsingScorer(CountScorer):
             for record, scores in sentence_scores(store[fold], weights):
                 if not len(record.dependents):
                     continue
-                predicted = scores.argmax(axis=1)                                # ties: lowest index
+                predicted = scores.argmax(axis=1)  # ties: lowest index
                 probe = predicted[record.dependents] == record.heads
-                tree = max_arborescence(log_softmax_rows(scores))              # arcs h -> d: log p(h | d)
+                tree = max_arborescence(log_softmax_rows(scores))  # arcs h -> d: log p(h | d)
                 mst = undirected_hits(tree, record.dependents, record.heads)
                 hits = np.zeros(len(self.variants), dtype=np.float32)
                 hits[0], hits[1] = probe.sum(), mst.sum()
                 units.append(record.unit)
                 base.append(hits)
         if units:
-            self.tally_.add(units, [ALL] * len(units), None, np.zeros((len(units), len(self.directions))),
-                            np.stack(base))
+            self.tally_.add(
+                units,
+                [ALL] * len(units),
+                None,
+                np.zeros((len(units), len(self.directions))),
+                np.stack(base),
+            )
             self.tally_.flush()
 
 
 # ---------------------------------------------------------------- derived tables
 
-SCORE_COLUMNS = ["metric", "predictor", "selection", "heads", "variant", "n", "hits", "accuracy", "ci_low",
-                 "ci_high", "note"]
+SCORE_COLUMNS = [
+    "metric",
+    "predictor",
+    "selection",
+    "heads",
+    "variant",
+    "n",
+    "hits",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "note",
+]
 GAP_COLUMNS = ["metric", "predictor", "versus", "selection", "gap", "gap_low", "gap_high"]
-COMPARISONS = (("UAS", "probe", "best head"), ("UAS", "probe", "best baseline"),
-               ("UUAS", "probe MST", "best head MST"), ("UUAS", "probe MST", "chain"),
-               ("UAS", "best head", "best baseline"), ("UUAS", "best head MST", "chain"))
+COMPARISONS = (
+    ("UAS", "probe", "best head"),
+    ("UAS", "probe", "best baseline"),
+    ("UUAS", "probe MST", "best head MST"),
+    ("UUAS", "probe MST", "chain"),
+    ("UAS", "best head", "best baseline"),
+    ("UUAS", "best head MST", "chain"),
+)
 HEAD_COLUMNS = ["layer", "head", "direction", "n", "hits", "accuracy", "ci_low", "ci_high"]
 
 
@@ -388,9 +463,9 @@ class ParseTotals:
     def __init__(self, tally):
         a = tally.arrays(ALL)
         self.tally = tally
-        self.hits = a["hits"].astype(np.float64)                 # [fold, resample, layer, head, direction]
-        self.n = a["n"][..., 0]                                   # [fold, resample]
-        self.base = a["base"].astype(np.float64)                 # [fold, resample, variant]
+        self.hits = a["hits"].astype(np.float64)  # [fold, resample, layer, head, direction]
+        self.n = a["n"][..., 0]  # [fold, resample]
+        self.base = a["base"].astype(np.float64)  # [fold, resample, variant]
         self.variants = list(tally.variants)
 
     def cells(self, directions) -> list[tuple[int, int, int]]:
@@ -399,7 +474,7 @@ class ParseTotals:
         return [(l, h, d) for l in range(n_layers) for h in range(n_heads) for d in directions]
 
     def head(self, cell) -> np.ndarray:
-        return self.hits[:, :, cell[0], cell[1], cell[2]]         # [fold, resample]
+        return self.hits[:, :, cell[0], cell[1], cell[2]]  # [fold, resample]
 
     def name(self, cell) -> str:
         return f"{self.tally.layers[cell[0]]}-{cell[1]} {DIRECTIONS[cell[2]]}"
@@ -418,12 +493,26 @@ def _score_rows(t: ParseTotals, n: np.ndarray):
 
     def add(metric, predictor, selection, name, variant, hits, note=""):
         acc, low, high = estimate(hits, n)
-        scores.append(dict(metric=metric, predictor=predictor, selection=selection, heads=name, variant=variant,
-                           n=float(n[0]), hits=float(hits[0]), accuracy=float(acc), ci_low=float(low),
-                           ci_high=float(high), note=note))
+        scores.append(
+            dict(
+                metric=metric,
+                predictor=predictor,
+                selection=selection,
+                heads=name,
+                variant=variant,
+                n=float(n[0]),
+                hits=float(hits[0]),
+                accuracy=float(acc),
+                ci_low=float(low),
+                ci_high=float(high),
+                note=note,
+            )
+        )
         hits_of[(metric, predictor, selection)] = hits
 
-    probe_note = "" if t.base[:, 0, 0].sum() or not n[0] else "no held-out evaluation (a fold has no arcs)"
+    probe_note = (
+        "" if t.base[:, 0, 0].sum() or not n[0] else "no held-out evaluation (a fold has no arcs)"
+    )
     add("UAS", "probe", "held-out", "", PROBE, t.base[:, :, 0].sum(0), probe_note)
     add("UUAS", "probe MST", "held-out", "", PROBE_MST, t.base[:, :, 1].sum(0), probe_note)
     offsets = [v for v in t.variants if v not in (PROBE, PROBE_MST, CHAIN)]
@@ -432,7 +521,9 @@ def _score_rows(t: ParseTotals, n: np.ndarray):
         hits, name = t.predictor([t.head(c) for c in cells], [t.name(c) for c in cells], selection)
         add("UAS", "best head", selection, name, "", hits)
         mst = t.cells((2,))
-        hits, name = t.predictor([t.head(c) for c in mst], [t.name(c).replace(" mst", "") for c in mst], selection)
+        hits, name = t.predictor(
+            [t.head(c) for c in mst], [t.name(c).replace(" mst", "") for c in mst], selection
+        )
         add("UUAS", "best head MST", selection, name, "", hits)
         options = [t.base[:, :, t.variants.index(v)] for v in offsets]
         if options:
@@ -449,47 +540,80 @@ def _gap_rows(hits_of, n: np.ndarray) -> list[dict]:
     for metric, predictor, versus in COMPARISONS:
         for selection in ("held-out", "in-sample"):
             probe, fixed = predictor.startswith("probe"), versus == "chain"
-            if probe and fixed and selection == "in-sample":         # nothing selected on either side
+            if probe and fixed and selection == "in-sample":  # nothing selected on either side
                 continue
             a = hits_of.get((metric, predictor, "held-out" if probe else selection))
             b = hits_of.get((metric, versus, "fixed" if fixed else selection))
             if a is None or b is None:
                 continue
             gap, low, high = paired_gap(a, b, n)
-            gaps.append(dict(metric=metric, predictor=predictor, versus=versus, selection=selection,
-                             gap=float(gap), gap_low=float(low), gap_high=float(high)))
+            gaps.append(
+                dict(
+                    metric=metric,
+                    predictor=predictor,
+                    versus=versus,
+                    selection=selection,
+                    gap=float(gap),
+                    gap_low=float(low),
+                    gap_high=float(high),
+                )
+            )
     return gaps
 
 
 def parse_tables(results) -> dict[str, pd.DataFrame]:
     tally = results.tallies.get("parsing")
     if tally is None or ALL not in tally.labels:
-        return {"parse_scores": pd.DataFrame(columns=SCORE_COLUMNS), "parse_gaps": pd.DataFrame(columns=GAP_COLUMNS),
-                "parse_heads": pd.DataFrame(columns=HEAD_COLUMNS)}
+        return {
+            "parse_scores": pd.DataFrame(columns=SCORE_COLUMNS),
+            "parse_gaps": pd.DataFrame(columns=GAP_COLUMNS),
+            "parse_heads": pd.DataFrame(columns=HEAD_COLUMNS),
+        }
     t = ParseTotals(tally)
-    n = t.n.sum(0)                                                # [resample]
+    n = t.n.sum(0)  # [resample]
     scores, hits_of = _score_rows(t, n)
-    whole = t.hits.sum(0)                                          # [resample, layer, head, direction]
-    acc, low, high = estimate(whole, n[:, None, None, None])      # [layer, head, direction]
+    whole = t.hits.sum(0)  # [resample, layer, head, direction]
+    acc, low, high = estimate(whole, n[:, None, None, None])  # [layer, head, direction]
     cells = t.cells((0, 1, 2))
-    heads = pd.DataFrame({"layer": [tally.layers[l] for l, _, _ in cells], "head": [h for _, h, _ in cells],
-                          "direction": [DIRECTIONS[d] for _, _, d in cells], "n": float(n[0]),
-                          "hits": whole[0].ravel(), "accuracy": acc.ravel(), "ci_low": low.ravel(),
-                          "ci_high": high.ravel()}, columns=HEAD_COLUMNS)
-    return {"parse_scores": pd.DataFrame(scores, columns=SCORE_COLUMNS),
-            "parse_gaps": pd.DataFrame(_gap_rows(hits_of, n), columns=GAP_COLUMNS),
-            "parse_heads": heads}
+    heads = pd.DataFrame(
+        {
+            "layer": [tally.layers[l] for l, _, _ in cells],
+            "head": [h for _, h, _ in cells],
+            "direction": [DIRECTIONS[d] for _, _, d in cells],
+            "n": float(n[0]),
+            "hits": whole[0].ravel(),
+            "accuracy": acc.ravel(),
+            "ci_low": low.ravel(),
+            "ci_high": high.ravel(),
+        },
+        columns=HEAD_COLUMNS,
+    )
+    return {
+        "parse_scores": pd.DataFrame(scores, columns=SCORE_COLUMNS),
+        "parse_gaps": pd.DataFrame(_gap_rows(hits_of, n), columns=GAP_COLUMNS),
+        "parse_heads": heads,
+    }
 
 
 def _table(name):
     return lambda results: parse_tables(results)[name]
 
 
-ANALYSIS = register(Analysis(
-    name="parsing", scorer=ParsingScorer, input=SENTENCES, selection=False, default=False,
-    description="all heads together: an attention-only probe (Clark et al. 2019 section 6) and maximum "
-                "spanning trees per head and over the probe (Htut et al. 2019), against the best single head "
-                "and the offset baselines",
-    tables={"parse_scores": _table("parse_scores"), "parse_gaps": _table("parse_gaps"),
-            "parse_heads": _table("parse_heads")},
-    report="headprobe.report.parsing:parsing_section"))
+ANALYSIS = register(
+    Analysis(
+        name="parsing",
+        scorer=ParsingScorer,
+        input=SENTENCES,
+        selection=False,
+        default=False,
+        description="all heads together: an attention-only probe (Clark et al. 2019 section 6) and maximum "
+        "spanning trees per head and over the probe (Htut et al. 2019), against the best single head "
+        "and the offset baselines",
+        tables={
+            "parse_scores": _table("parse_scores"),
+            "parse_gaps": _table("parse_gaps"),
+            "parse_heads": _table("parse_heads"),
+        },
+        report="headprobe.report.parsing:parsing_section",
+    )
+)

@@ -33,10 +33,12 @@ class UnitLabelRows:
         """
         rows, first_row = RowIndex(), []
         for example in batch.examples:
-            first_row.append(rows.count(example.unit, self.labels[0], n_for(example, self.labels[0])))
+            first_row.append(
+                rows.count(example.unit, self.labels[0], n_for(example, self.labels[0]))
+            )
             for label in self.labels[1:]:
                 rows.count(example.unit, label, n_for(example, label))
-        self._first_row = torch.tensor(first_row, dtype=torch.long, device=batch.device)   # [batch]
+        self._first_row = torch.tensor(first_row, dtype=torch.long, device=batch.device)  # [batch]
         return rows.keys, rows.n
 
 
@@ -44,45 +46,50 @@ class PositionalScorer(UnitLabelRows, CountScorer):
     analysis = "positional"
     labels = LABELS
     bootstrap = False
-    blocks = True                       # row by row: each query's argmax is in its own row
+    blocks = True  # row by row: each query's argmax is in its own row
 
     def rows(self, batch):
         return self.unit_rows(batch, lambda example, label: len(example.words))
 
     def prepare(self, batch):
-        self._q_b, self._q_i = batch.word_mask.nonzero(as_tuple=True)      # [query]
+        self._q_b, self._q_i = batch.word_mask.nonzero(as_tuple=True)  # [query]
         w = batch.max_words
         keys_ok = torch.cat([batch.word_mask, batch.special_present], dim=1)  # [batch, word + 2]
-        self._key_ok = keys_ok[:, None, None, :]                            # [batch, 1, 1, word + 2]
+        self._key_ok = keys_ok[:, None, None, :]  # [batch, 1, 1, word + 2]
         self._w = w
 
     def update(self, layer, att, batch):
         w0, w1, *_ = query_rows(att, batch)
-        q_b, q_i = self._q_b, self._q_i                                     # [query]
-        if (w0, w1) != (0, batch.max_words):                                # a query block: its word rows
+        q_b, q_i = self._q_b, self._q_i  # [query]
+        if (w0, w1) != (0, batch.max_words):  # a query block: its word rows
             here = (q_i >= w0) & (q_i < w1)
             q_b, q_i = q_b[here], q_i[here]
             if not q_b.numel():
                 return
-        scores = torch.where(self._key_ok, att.words, -1.0)                 # [batch, head, word, word + 2]
-        target = first_argmax(scores, -1)                                      # [batch, head, word]
-        target = target.permute(0, 2, 1)[q_b, q_i - w0]                     # [query, head]
-        offset = target - q_i[:, None]                                      # [query, head]
+        scores = torch.where(self._key_ok, att.words, -1.0)  # [batch, head, word, word + 2]
+        target = first_argmax(scores, -1)  # [batch, head, word]
+        target = target.permute(0, 2, 1)[q_b, q_i - w0]  # [query, head]
+        offset = target - q_i[:, None]  # [query, head]
         bucket = torch.where(offset.abs() <= 2, offset + 2, torch.full_like(offset, OTHER))
         bucket = torch.where(target >= self._w, torch.full_like(offset, SPECIAL), bucket)
-        rows = self._first_row[q_b][:, None] + bucket                       # [query, head]
+        rows = self._first_row[q_b][:, None] + bucket  # [query, head]
         counts = torch.zeros(len(self._keys), self.n_heads, device=scores.device)
         counts.scatter_add_(0, rows, torch.ones_like(rows, dtype=counts.dtype))
         self.add(layer, 0, torch.arange(len(self._keys), device=scores.device), counts)
 
 
-def positional_heads(counts: pd.DataFrame, threshold: float = roles.POSITIONAL_SHARE) -> pd.DataFrame:
+def positional_heads(
+    counts: pd.DataFrame, threshold: float = roles.POSITIONAL_SHARE
+) -> pd.DataFrame:
     """Per head: the share of argmaxes at each offset; positional if one non-zero offset >= threshold."""
     rows = counts[(counts["analysis"] == "positional") & (counts["fold"] == "")]
     if rows.empty:
         return pd.DataFrame(columns=["layer", "head", "n", "offset", "share", "positional"])
-    share = rows.assign(share=rows["hits"] / rows["n"]).pivot_table(
-        index=["layer", "head"], columns="label", values="share", aggfunc="sum").fillna(0.0)
+    share = (
+        rows.assign(share=rows["hits"] / rows["n"])
+        .pivot_table(index=["layer", "head"], columns="label", values="share", aggfunc="sum")
+        .fillna(0.0)
+    )
     nonzero = [c for c in OFFSET_LABELS if c != "0" and c in share.columns]
     top = share[nonzero].idxmax(axis=1)
     out = share.reset_index()
@@ -94,8 +101,16 @@ def positional_heads(counts: pd.DataFrame, threshold: float = roles.POSITIONAL_S
     return out
 
 
-ANALYSIS = register(Analysis(
-    name="positional", scorer=PositionalScorer, input=SENTENCES, selection=False, cross=True,
-    description="argmax offsets per head (SPEC 4; Voita et al. 2019)",
-    roles=(roles.POSITIONAL,), tables={"positional_heads": lambda results: positional_heads(results.counts)},
-    report="headprobe.report.build:positional_section"))
+ANALYSIS = register(
+    Analysis(
+        name="positional",
+        scorer=PositionalScorer,
+        input=SENTENCES,
+        selection=False,
+        cross=True,
+        description="argmax offsets per head (SPEC 4; Voita et al. 2019)",
+        roles=(roles.POSITIONAL,),
+        tables={"positional_heads": lambda results: positional_heads(results.counts)},
+        report="headprobe.report.build:positional_section",
+    )
+)

@@ -18,11 +18,21 @@ NAME = "previous_token"
 THRESHOLD, LOWER = 0.5, 0.4
 
 ANALYSIS = pattern_analysis(
-    NAME, previous_token_pattern, baselines=("random", "first"),
-    rule=PatternRule("previous-token", THRESHOLD, LOWER, "attends to the previous token (D[i, i-1])",
-                     order=1.5, color="#64b5cd", short="prev"),
+    NAME,
+    previous_token_pattern,
+    baselines=("random", "first"),
+    rule=PatternRule(
+        "previous-token",
+        THRESHOLD,
+        LOWER,
+        "attends to the previous token (D[i, i-1])",
+        order=1.5,
+        color="#64b5cd",
+        short="prev",
+    ),
     description="share of attention on the previous token, and argmax hits on it, per head, at piece level "
-                "(TransformerLens previous-token pattern; looks backwards, so causal models can express it); "
-                "baselines: a random visible key, the first position")
+    "(TransformerLens previous-token pattern; looks backwards, so causal models can express it); "
+    "baselines: a random visible key, the first position",
+)
 ROLE = ANALYSIS.roles[0]
 PreviousTokenScorer = ANALYSIS.scorer

@@ -32,12 +32,19 @@ from dataclasses import dataclass, field
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import WEIGHTS
 
-BUILTIN_MODULES = ("headprobe.scorers.dependency", "headprobe.scorers.coreference",
-                   "headprobe.scorers.positional", "headprobe.scorers.surface",
-                   "headprobe.scorers.previous_token", "headprobe.scorers.duplicate_token",
-                   "headprobe.scorers.induction", "headprobe.scorers.sink",
-                   "headprobe.scorers.head_similarity", "headprobe.scorers.parsing",
-                   "headprobe.scorers.ablation")
+BUILTIN_MODULES = (
+    "headprobe.scorers.dependency",
+    "headprobe.scorers.coreference",
+    "headprobe.scorers.positional",
+    "headprobe.scorers.surface",
+    "headprobe.scorers.previous_token",
+    "headprobe.scorers.duplicate_token",
+    "headprobe.scorers.induction",
+    "headprobe.scorers.sink",
+    "headprobe.scorers.head_similarity",
+    "headprobe.scorers.parsing",
+    "headprobe.scorers.ablation",
+)
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.inputs.probes`,
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level
 SENTENCES, COREFERENCE, PROBE = INPUTS = ("sentences", "coreference", "probe")
@@ -71,13 +78,13 @@ class Analysis:
     roles: tuple = ()
     tables: dict = field(default_factory=dict)
     report: str | Callable | None = None
-    default: bool = True                  # run when no analyses are named
-    cross: bool = False                   # defined on cross-attention (decoder queries, encoder keys)
-    headline: bool = False                # the CLI prints its best heads after a run
-    pictures: str | None = None           # one of PICTURES: example pictures of its best heads
-    options: tuple = ()                   # RunConfig fields only it reads: given without it, a usage error
-    added_by: str | None = None           # a RunConfig switch that adds it to the analyses run
-    homes: tuple = ()                     # other modules of its own (beside its scorer's and report's)
+    default: bool = True  # run when no analyses are named
+    cross: bool = False  # defined on cross-attention (decoder queries, encoder keys)
+    headline: bool = False  # the CLI prints its best heads after a run
+    pictures: str | None = None  # one of PICTURES: example pictures of its best heads
+    options: tuple = ()  # RunConfig fields only it reads: given without it, a usage error
+    added_by: str | None = None  # a RunConfig switch that adds it to the analyses run
+    homes: tuple = ()  # other modules of its own (beside its scorer's and report's)
 
     @property
     def directions(self) -> tuple[str, ...]:
@@ -111,11 +118,17 @@ _loaded = False
 def register(analysis: Analysis) -> Analysis:
     """Add (or replace) an analysis; returns it, so a module can keep it as a constant."""
     if analysis.pictures is not None and analysis.pictures not in PICTURES:
-        raise ValueError(f"analysis {analysis.name!r}: pictures must be one of {PICTURES}, not {analysis.pictures!r}")
+        raise ValueError(
+            f"analysis {analysis.name!r}: pictures must be one of {PICTURES}, not {analysis.pictures!r}"
+        )
     if analysis.input not in INPUTS:
-        raise ValueError(f"analysis {analysis.name!r}: input must be one of {INPUTS}, not {analysis.input!r}")
+        raise ValueError(
+            f"analysis {analysis.name!r}: input must be one of {INPUTS}, not {analysis.input!r}"
+        )
     if analysis.scorer.analysis != analysis.name:
-        raise ValueError(f"analysis {analysis.name!r}: its scorer says analysis = {analysis.scorer.analysis!r}")
+        raise ValueError(
+            f"analysis {analysis.name!r}: its scorer says analysis = {analysis.scorer.analysis!r}"
+        )
     _REGISTRY[analysis.name] = analysis
     return analysis
 
@@ -133,6 +146,7 @@ def _load() -> None:
         importlib.import_module(module)
     try:
         from importlib.metadata import entry_points
+
         for entry in entry_points(group="headprobe.analyses"):
             entry.load()
     except Exception:  # a broken plugin must not break the built-ins   # pragma: no cover

@@ -48,7 +48,7 @@ THRESHOLD, LOWER, MIN_INPUTS = 0.5, 0.4, 30
 class SinkScorer(CountScorer):
     analysis = NAME
     value = "mass"
-    reads = MASS                        # norms: row-normalised N (SPEC 7)
+    reads = MASS  # norms: row-normalised N (SPEC 7)
     variants = ("uniform",)
 
     def rows(self, batch):
@@ -63,49 +63,84 @@ class SinkScorer(CountScorer):
             first_rows.append(rows.count(example.unit, FIRST, t - 1))
             rate_rows.append(rows.count(example.unit, RATE, 1))
             lengths.append(t)
-            visible = np.arange(2, t + 1) if batch.causal else np.full(t - 1, t)      # queries 1..T-1
-            drawn = np.random.Generator(np.random.PCG64(example_key(seed, example))).integers(0, visible)
+            visible = np.arange(2, t + 1) if batch.causal else np.full(t - 1, t)  # queries 1..T-1
+            drawn = np.random.Generator(np.random.PCG64(example_key(seed, example))).integers(
+                0, visible
+            )
             base.append((int(np.sum(drawn == 0)), float(np.mean(1.0 / visible) >= EPSILON)))
         self._base = base
         self._scored = np.array(scored, dtype=np.int64)
-        self._first_rows, self._rate_rows = np.array(first_rows, dtype=np.int64), np.array(rate_rows, dtype=np.int64)
+        self._first_rows, self._rate_rows = (
+            np.array(first_rows, dtype=np.int64),
+            np.array(rate_rows, dtype=np.int64),
+        )
         self._lengths = np.array(lengths, dtype=np.float64)
         return rows.keys, rows.n
 
     def prepare(self, batch):
-        for first_row, rate_row, (first_hits, rate_hit) in zip(self._first_rows, self._rate_rows, self._base):
+        for first_row, rate_row, (first_hits, rate_hit) in zip(
+            self._first_rows, self._rate_rows, self._base
+        ):
             self.baseline_hits[first_row, 0] = first_hits
             self.baseline_hits[rate_row, 0] = rate_hit
         put = lambda a: torch.from_numpy(a).to(batch.device)
-        self._b, self._first_row, self._rate_row = put(self._scored), put(self._first_rows), put(self._rate_rows)
-        self._after_first = batch.attention_mask[:, 1:].float()[self._b][:, None, :]   # [scored, 1, query - 1]
-        self._queries = put(self._lengths - 1)[:, None]                                 # [scored, 1]
-        self._rate_base = put(np.array([[r] for _, r in self._base], dtype=np.float32).reshape(-1, 1))  # [scored, 1]
+        self._b, self._first_row, self._rate_row = (
+            put(self._scored),
+            put(self._first_rows),
+            put(self._rate_rows),
+        )
+        self._after_first = batch.attention_mask[:, 1:].float()[self._b][
+            :, None, :
+        ]  # [scored, 1, query - 1]
+        self._queries = put(self._lengths - 1)[:, None]  # [scored, 1]
+        self._rate_base = put(
+            np.array([[r] for _, r in self._base], dtype=np.float32).reshape(-1, 1)
+        )  # [scored, 1]
 
     def update(self, layer, att, batch):
         if self._b.numel() == 0:
             return
-        to_first = att.pieces[self._b, :, 1:, 0]                                        # [scored, head, query - 1]
-        mass = (to_first.double() * self._after_first).sum(-1)                          # [scored, head]
+        to_first = att.pieces[self._b, :, 1:, 0]  # [scored, head, query - 1]
+        mass = (to_first.double() * self._after_first).sum(-1)  # [scored, head]
         self.add(layer, 0, self._first_row, mass)
-        sink = (mass / self._queries >= EPSILON).float()                               # [scored, head]
+        sink = (mass / self._queries >= EPSILON).float()  # [scored, head]
         self.add(layer, 0, self._rate_row, sink)
-        self.add_both(layer, 0, self._rate_row, sink, self._rate_base)                  # McNemar vs uniform
+        self.add_both(layer, 0, self._rate_row, sink, self._rate_base)  # McNemar vs uniform
 
     def end_batch(self, batch):
         super().end_batch(batch)
-        self._b = self._first_row = self._rate_row = self._after_first = self._queries = self._base = None
+        self._b = self._first_row = self._rate_row = self._after_first = self._queries = (
+            self._base
+        ) = None
         self._rate_base = None
 
 
-ROLE = pattern_rule("sink (Gu)", NAME, 4.5, "#4d4d4d", "sink@0", THRESHOLD, LOWER,
-                    f"mean attention to position 0 is at least {EPSILON:g} on most inputs (Gu et al. 2024 sink rate)",
-                    label=RATE, min_n=MIN_INPUTS)
+ROLE = pattern_rule(
+    "sink (Gu)",
+    NAME,
+    4.5,
+    "#4d4d4d",
+    "sink@0",
+    THRESHOLD,
+    LOWER,
+    f"mean attention to position 0 is at least {EPSILON:g} on most inputs (Gu et al. 2024 sink rate)",
+    label=RATE,
+    min_n=MIN_INPUTS,
+)
 
-ANALYSIS = register(Analysis(
-    name=NAME, scorer=SinkScorer, input=PROBE, selection=True, default=False,
-    description=f"attention to position 0 per head, at piece level (Xiao et al. 2023), and the share of inputs where "
-                f"its mean over the queries after the first is at least {EPSILON:g} (Gu et al. 2024 sink rate)",
-    roles=(ROLE,),
-    tables={f"{NAME}_heads": lambda results: head_table(results, NAME),
-            f"{NAME}_kv_groups": lambda results: group_table(results, NAME)}))
+ANALYSIS = register(
+    Analysis(
+        name=NAME,
+        scorer=SinkScorer,
+        input=PROBE,
+        selection=True,
+        default=False,
+        description=f"attention to position 0 per head, at piece level (Xiao et al. 2023), and the share of inputs where "
+        f"its mean over the queries after the first is at least {EPSILON:g} (Gu et al. 2024 sink rate)",
+        roles=(ROLE,),
+        tables={
+            f"{NAME}_heads": lambda results: head_table(results, NAME),
+            f"{NAME}_kv_groups": lambda results: group_table(results, NAME),
+        },
+    )
+)

@@ -46,9 +46,9 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
     analysis = "surface"
     labels = LABELS
     value = "mass"
-    reads = MASS                        # norms: row-normalised N (SPEC 7)
+    reads = MASS  # norms: row-normalised N (SPEC 7)
     bootstrap = False
-    blocks = True                       # row by row (word rows; piece rows for the entropy)
+    blocks = True  # row by row (word rows; piece rows for the entropy)
 
     def rows(self, batch):
         pieces = {id(ex): n_pieces(ex, a) for ex, a in zip(batch.examples, batch.alignments)}
@@ -63,6 +63,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
             if label == "first":
                 return words - (0 if special_first(alignment[id(example)]) else 1)
             return words
+
         return self.unit_rows(batch, n_for)
 
     def prepare(self, batch):
@@ -71,23 +72,29 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         punct = np.zeros((len(batch), w), dtype=np.float32)
         for b, example in enumerate(batch.examples):
             upos = example.upos or [None] * len(example.words)
-            punct[b, :len(example.words)] = [is_punct(word, tag) for word, tag in zip(example.words, upos)]
-        self._punct = torch.from_numpy(punct).to(device)[:, None, None, :]     # [batch, 1, 1, word]
-        self._query = batch.word_mask[:, None, :].float()                      # [batch, 1, word]
-        self._second_on = batch.word_mask[:, None, 1:].float()                 # [batch, 1, word - 1]: word 1.. real
-        self._piece_query = (batch.piece_kind == WORD)[:, None, :].float()     # [batch, 1, piece]
+            punct[b, : len(example.words)] = [
+                is_punct(word, tag) for word, tag in zip(example.words, upos)
+            ]
+        self._punct = torch.from_numpy(punct).to(device)[:, None, None, :]  # [batch, 1, 1, word]
+        self._query = batch.word_mask[:, None, :].float()  # [batch, 1, word]
+        self._second_on = batch.word_mask[
+            :, None, 1:
+        ].float()  # [batch, 1, word - 1]: word 1.. real
+        self._piece_query = (batch.piece_kind == WORD)[:, None, :].float()  # [batch, 1, piece]
         keys = batch.attention_mask.float()
-        visible = keys.cumsum(dim=1) if batch.causal else keys.sum(dim=1, keepdim=True).expand_as(keys)
-        uniform = (visible.clamp_min(1).log() * self._piece_query[:, 0]).sum(-1)   # [batch]
-        self._uniform = uniform[:, None].expand(-1, self.n_heads)              # [batch, head]
+        visible = (
+            keys.cumsum(dim=1) if batch.causal else keys.sum(dim=1, keepdim=True).expand_as(keys)
+        )
+        uniform = (visible.clamp_min(1).log() * self._piece_query[:, 0]).sum(-1)  # [batch]
+        self._uniform = uniform[:, None].expand(-1, self.n_heads)  # [batch, head]
         self._label_row = {label: slot for slot, label in enumerate(LABELS)}
         # first position: a special piece at position 0 (column W: CLS/BOS-like), else word 0;
         # its own row does not count when it is a word
-        first_special = batch.piece_kind[:, 0] != WORD                         # [batch]
-        self._first_special = first_special[:, None, None]                     # [batch, 1, 1]
+        first_special = batch.piece_kind[:, 0] != WORD  # [batch]
+        self._first_special = first_special[:, None, None]  # [batch, 1, 1]
         after_first = batch.word_mask.clone()
         after_first[:, 0] &= first_special
-        self._after_first = after_first[:, None, :].float()                    # [batch, 1, word]
+        self._after_first = after_first[:, None, :].float()  # [batch, 1, word]
 
     def _add(self, layer, label, values):
         """Add per-example sums `values` [batch, head] to each example's row for `label`."""
@@ -98,9 +105,9 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         if (w0, w1, p0, p1) != (0, batch.max_words, 0, batch.n_pieces):
             return self._update_block(layer, att, batch, w0, w1, p0, p1, last)
         w = batch.max_words
-        words = att.words                                                # [batch, head, word, word + 2]
-        square = words[..., :w]                                          # [batch, head, word, word]
-        per_example = lambda x, mask: (x * mask).sum(-1)                 # [batch, head]
+        words = att.words  # [batch, head, word, word + 2]
+        square = words[..., :w]  # [batch, head, word, word]
+        per_example = lambda x, mask: (x * mask).sum(-1)  # [batch, head]
         self._add(layer, "self", per_example(square.diagonal(0, -2, -1), self._query))
         # diagonal -1 holds A[i + 1, i] (word i + 1 to its previous word), +1 holds A[i, i + 1]
         self._add(layer, "prev", per_example(square.diagonal(-1, -2, -1), self._second_on))
@@ -108,9 +115,11 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         self._add(layer, "cls", per_example(words[..., w], self._query))
         self._add(layer, "sep", per_example(words[..., w + 1], self._query))
         self._add(layer, "punct", per_example((square * self._punct).sum(-1), self._query))
-        first = torch.where(self._first_special, words[..., w], words[..., 0])   # [batch, head, word]
+        first = torch.where(
+            self._first_special, words[..., w], words[..., 0]
+        )  # [batch, head, word]
         self._add(layer, "first", per_example(first, self._after_first))
-        entropy = torch.special.entr(att.pieces).sum(-1)                # [batch, head, piece], nats
+        entropy = torch.special.entr(att.pieces).sum(-1)  # [batch, head, piece], nats
         self._add(layer, "entropy", per_example(entropy, self._piece_query))
         self._add(layer, "entropy_uniform", self._uniform)
 
@@ -118,27 +127,40 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         """The same sums over word rows `w0:w1` and piece rows `p0:p1` of one query block
         (word i's row holds self A[i, i], prev A[i, i - 1], next A[i, i + 1])."""
         w = batch.max_words
-        per_example = lambda x, mask: (x * mask).sum(-1)                 # [batch, head]
+        per_example = lambda x, mask: (x * mask).sum(-1)  # [batch, head]
         if w1 > w0:
-            words = att.words                                            # [batch, head, rows, word + 2]
-            square = words[..., :w]                                      # [batch, head, rows, word]
+            words = att.words  # [batch, head, rows, word + 2]
+            square = words[..., :w]  # [batch, head, rows, word]
             query = self._query[:, :, w0:w1]
             self._add(layer, "self", per_example(square.diagonal(w0, -2, -1), query))
-            start = max(w0, 1)                                           # words with a previous word
+            start = max(w0, 1)  # words with a previous word
             if w1 > start:
-                self._add(layer, "prev", per_example(square.diagonal(w0 - 1, -2, -1),
-                                                      batch.word_mask[:, None, start:w1].float()))
-            stop = min(w1, w - 1)                                        # words with a next word
+                self._add(
+                    layer,
+                    "prev",
+                    per_example(
+                        square.diagonal(w0 - 1, -2, -1), batch.word_mask[:, None, start:w1].float()
+                    ),
+                )
+            stop = min(w1, w - 1)  # words with a next word
             if stop > w0:
-                self._add(layer, "next", per_example(square.diagonal(w0 + 1, -2, -1)[..., :stop - w0],
-                                                      batch.word_mask[:, None, w0 + 1:stop + 1].float()))
+                self._add(
+                    layer,
+                    "next",
+                    per_example(
+                        square.diagonal(w0 + 1, -2, -1)[..., : stop - w0],
+                        batch.word_mask[:, None, w0 + 1 : stop + 1].float(),
+                    ),
+                )
             self._add(layer, "cls", per_example(words[..., w], query))
             self._add(layer, "sep", per_example(words[..., w + 1], query))
             self._add(layer, "punct", per_example((square * self._punct).sum(-1), query))
-            first = torch.where(self._first_special, words[..., w], words[..., 0])   # [batch, head, rows]
+            first = torch.where(
+                self._first_special, words[..., w], words[..., 0]
+            )  # [batch, head, rows]
             self._add(layer, "first", per_example(first, self._after_first[:, :, w0:w1]))
         if p1 > p0:
-            entropy = torch.special.entr(att.pieces).sum(-1)            # [batch, head, rows], nats
+            entropy = torch.special.entr(att.pieces).sum(-1)  # [batch, head, rows], nats
             self._add(layer, "entropy", per_example(entropy, self._piece_query[:, :, p0:p1]))
         if last:
             self._add(layer, "entropy_uniform", self._uniform)
@@ -152,9 +174,17 @@ def surface_table(counts: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-ANALYSIS = register(Analysis(
-    name="surface", scorer=SurfaceScorer, input=SENTENCES, selection=False, cross=True,
-    description="attention mass to self, neighbours, specials, punctuation, the first position; entropy "
-                "(SPEC 4; Clark et al. 2019 Figures 2 and 4)",
-    roles=(roles.SINK, roles.BROAD), tables={"surface": lambda results: surface_table(results.counts)},
-    report="headprobe.report.build:surface_section"))
+ANALYSIS = register(
+    Analysis(
+        name="surface",
+        scorer=SurfaceScorer,
+        input=SENTENCES,
+        selection=False,
+        cross=True,
+        description="attention mass to self, neighbours, specials, punctuation, the first position; entropy "
+        "(SPEC 4; Clark et al. 2019 Figures 2 and 4)",
+        roles=(roles.SINK, roles.BROAD),
+        tables={"surface": lambda results: surface_table(results.counts)},
+        report="headprobe.report.build:surface_section",
+    )
+)

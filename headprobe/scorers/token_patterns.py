@@ -92,12 +92,30 @@ LABELS = (MUL, ARGMAX)
 MIN_ROWS = 30
 RANDOM, FIRST = "random", "first"
 OFFSET = re.compile(r"offset=([+-]\d+)")
-HEAD_COLUMNS = ["label", "layer", "head", "kv_group", "n", "score", "fold0", "fold1", "ci_low", "ci_high",
-                "baseline_variant", "baseline_score", "gap", "gap_low", "gap_high", "queries", "tl_mul"]
+HEAD_COLUMNS = [
+    "label",
+    "layer",
+    "head",
+    "kv_group",
+    "n",
+    "score",
+    "fold0",
+    "fold1",
+    "ci_low",
+    "ci_high",
+    "baseline_variant",
+    "baseline_score",
+    "gap",
+    "gap_low",
+    "gap_high",
+    "queries",
+    "tl_mul",
+]
 GROUP_COLUMNS = ["label", "layer", "kv_group", "heads", "n", "score", "score_max", "best_head"]
 
 
 # ---------------------------------------------------------------------------- patterns
+
 
 def previous_token_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
     """[T, T] bool: D[i, i - 1], both positions tokens (not specials)."""
@@ -113,7 +131,7 @@ def duplicate_token_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
     """[T, T] bool: D[i, j] for j < i with ids[j] == ids[i], both tokens."""
     t = len(ids)
     same = ids[:, None] == ids[None, :]
-    before = np.tri(t, t, -1, dtype=bool)                       # j < i
+    before = np.tri(t, t, -1, dtype=bool)  # j < i
     return same & before & token[:, None] & token[None, :]
 
 
@@ -127,6 +145,7 @@ def induction_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- scorer
+
 
 def example_key(seed: int, example) -> int:
     """A 64-bit key naming one example of one run (its random-key draws depend on nothing else)."""
@@ -143,7 +162,7 @@ class PatternScorer(CountScorer):
 
     value = "mass"
     labels = LABELS
-    extras = ("queries",)           # every position of the example: TransformerLens's denominator
+    extras = ("queries",)  # every position of the example: TransformerLens's denominator
     baselines: tuple[str, ...] = (RANDOM, FIRST)
     pattern = staticmethod(previous_token_pattern)
 
@@ -151,8 +170,10 @@ class PatternScorer(CountScorer):
         super().__init_subclass__(**kwargs)
         for name in cls.baselines:
             if name not in (RANDOM, FIRST) and not OFFSET.fullmatch(name):
-                raise ValueError(f"{cls.analysis}: unknown baseline {name!r}; use 'random', 'first' or "
-                                 "'offset=<k>' (e.g. 'offset=-1')")
+                raise ValueError(
+                    f"{cls.analysis}: unknown baseline {name!r}; use 'random', 'first' or "
+                    "'offset=<k>' (e.g. 'offset=-1')"
+                )
         cls.variants = tuple(cls.baselines)
 
     def pattern_of(self, ids: np.ndarray, token: np.ndarray) -> np.ndarray:
@@ -160,20 +181,22 @@ class PatternScorer(CountScorer):
         t = len(ids)
         d = np.asarray(self.pattern(ids, token), dtype=bool)
         if d.shape != (t, t):
-            raise ValueError(f"{self.analysis}: the pattern function gave shape {d.shape} for {t} tokens, "
-                             f"not ({t}, {t})")
+            raise ValueError(
+                f"{self.analysis}: the pattern function gave shape {d.shape} for {t} tokens, "
+                f"not ({t}, {t})"
+            )
         return d & token[:, None] & token[None, :]
 
     def rows(self, batch):
         rows = RowIndex()
-        pairs, queries = [], []            # (b, q, k) pattern cells; (b, q, mul row, argmax row) rows
+        pairs, queries = [], []  # (b, q, k) pattern cells; (b, q, mul row, argmax row) rows
         seed = self.tally_.seed if self.tally_ is not None else 0
         base_rows, totals = [], []
         for b, (example, alignment) in enumerate(zip(batch.examples, batch.alignments)):
             ids = np.asarray(alignment.input_ids, dtype=np.int64)
             token = np.asarray(alignment.piece_kind) == WORD
-            d = self.pattern_of(ids, token)                                 # [T, T]
-            q_rows = np.flatnonzero(d.any(axis=1))                          # rows with a pattern
+            d = self.pattern_of(ids, token)  # [T, T]
+            q_rows = np.flatnonzero(d.any(axis=1))  # rows with a pattern
             mul_row = rows.count(example.unit, MUL, len(q_rows))
             arg_row = rows.count(example.unit, ARGMAX, len(q_rows))
             totals.append((mul_row, arg_row, len(ids)))
@@ -181,15 +204,28 @@ class PatternScorer(CountScorer):
                 continue
             q, k = np.nonzero(d)
             pairs.append(np.stack([np.full(len(q), b), q, k], axis=1))
-            queries.append(np.stack([np.full(len(q_rows), b), q_rows, np.full(len(q_rows), mul_row),
-                                     np.full(len(q_rows), arg_row)], axis=1))
-            base_rows.append((mul_row, arg_row, self._baselines(d, q_rows, batch.causal, seed, example)))
+            queries.append(
+                np.stack(
+                    [
+                        np.full(len(q_rows), b),
+                        q_rows,
+                        np.full(len(q_rows), mul_row),
+                        np.full(len(q_rows), arg_row),
+                    ],
+                    axis=1,
+                )
+            )
+            base_rows.append(
+                (mul_row, arg_row, self._baselines(d, q_rows, batch.causal, seed, example))
+            )
         self._totals, self._base_rows = totals, base_rows
         self._pairs = np.concatenate(pairs) if pairs else np.zeros((0, 3), dtype=np.int64)
         self._queries = np.concatenate(queries) if queries else np.zeros((0, 4), dtype=np.int64)
         return rows.keys, rows.n
 
-    def _baselines(self, d: np.ndarray, q_rows: np.ndarray, causal: bool, seed: int, example) -> np.ndarray:
+    def _baselines(
+        self, d: np.ndarray, q_rows: np.ndarray, causal: bool, seed: int, example
+    ) -> np.ndarray:
         """[query row, variant] 0/1: does each baseline's key lie on the pattern?"""
         t = d.shape[0]
         visible = q_rows + 1 if causal else np.full(len(q_rows), t)
@@ -197,7 +233,7 @@ class PatternScorer(CountScorer):
         for v, name in enumerate(self.variants):
             if name == RANDOM:
                 rng = np.random.Generator(np.random.PCG64(example_key(seed, example)))
-                key = rng.integers(0, visible)                                # [query row]
+                key = rng.integers(0, visible)  # [query row]
             elif name == FIRST:
                 key = np.zeros(len(q_rows), dtype=np.int64)
             else:
@@ -216,34 +252,39 @@ class PatternScorer(CountScorer):
             self._extra["queries"][arg_row] += t
         device = batch.device
         pairs = torch.from_numpy(self._pairs).to(device)
-        self._pb, self._pq, self._pk = pairs[:, 0], pairs[:, 1], pairs[:, 2]                  # [pair]
+        self._pb, self._pq, self._pk = pairs[:, 0], pairs[:, 1], pairs[:, 2]  # [pair]
         queries = torch.from_numpy(self._queries).to(device)
-        self._qb, self._qq = queries[:, 0], queries[:, 1]                                     # [query]
-        self._q_mul, self._q_arg = queries[:, 2], queries[:, 3]                               # [query]
+        self._qb, self._qq = queries[:, 0], queries[:, 1]  # [query]
+        self._q_mul, self._q_arg = queries[:, 2], queries[:, 3]  # [query]
         # pair -> its query row (both sorted by (b, q): np.nonzero walks rows in order)
         width = batch.n_pieces
-        pair_query = np.searchsorted(self._queries[:, 0] * width + self._queries[:, 1],
-                                     self._pairs[:, 0] * width + self._pairs[:, 1])
-        self._pair_query = torch.from_numpy(pair_query.astype(np.int64)).to(device)          # [pair]
-        base = np.concatenate([h for _, _, h in self._base_rows]) if self._base_rows else \
-            np.zeros((0, len(self.variants)), dtype=np.float32)
-        self._q_base = torch.from_numpy(base).to(device)                                      # [query, variant]
+        pair_query = np.searchsorted(
+            self._queries[:, 0] * width + self._queries[:, 1],
+            self._pairs[:, 0] * width + self._pairs[:, 1],
+        )
+        self._pair_query = torch.from_numpy(pair_query.astype(np.int64)).to(device)  # [pair]
+        base = (
+            np.concatenate([h for _, _, h in self._base_rows])
+            if self._base_rows
+            else np.zeros((0, len(self.variants)), dtype=np.float32)
+        )
+        self._q_base = torch.from_numpy(base).to(device)  # [query, variant]
 
     def update(self, layer, att, batch):
         if self._pb.numel() == 0:
             return
-        probs = att.pieces                                                   # [batch, head, query, key]
-        total = probs.sum(-1)                                                # [batch, head, query]
-        on = probs[self._pb, :, self._pq, self._pk]                          # [pair, head]
+        probs = att.pieces  # [batch, head, query, key]
+        total = probs.sum(-1)  # [batch, head, query]
+        on = probs[self._pb, :, self._pq, self._pk]  # [pair, head]
         n_query = len(self._qq)
         share = torch.zeros(n_query, self.n_heads, dtype=torch.float64, device=on.device)
         share.index_add_(0, self._pair_query, on.double())
-        share /= total[self._qb, :, self._qq].double()                       # [query, head]
+        share /= total[self._qb, :, self._qq].double()  # [query, head]
         self.add(layer, 0, self._q_mul, share)
-        top = first_argmax(probs, -1)                                        # [batch, head, query]
+        top = first_argmax(probs, -1)  # [batch, head, query]
         hit_pair = (top[self._pb, :, self._pq] == self._pk[:, None]).float()  # [pair, head]
         hits = torch.zeros(n_query, self.n_heads, device=on.device)
-        hits.index_add_(0, self._pair_query, hit_pair)                       # 0/1: one argmax per row
+        hits.index_add_(0, self._pair_query, hit_pair)  # 0/1: one argmax per row
         self.add(layer, 0, self._q_arg, hits)
         self.add_both(layer, 0, self._q_arg, hits, self._q_base)
 
@@ -256,6 +297,7 @@ class PatternScorer(CountScorer):
 
 
 # ---------------------------------------------------------------------------- tables
+
 
 def kv_groups(results) -> tuple[int, int]:
     """(KV heads, query heads per KV head): query head h reads KV head h // group (as
@@ -289,21 +331,37 @@ def head_table(results, analysis: str) -> pd.DataFrame:
 def _label_heads(tally, label: str, group: int) -> pd.DataFrame:
     """`head_table`'s rows of one label (the numbers from `headprobe.stats.engine`)."""
     a = tally.arrays(label)
-    mass = a["hits"][..., 0]                                     # [fold, resample, layer, head]
-    n = a["n"][..., 0]                                           # [fold, resample]
-    whole, whole_n = mass.sum(0), n.sum(0)[:, None, None]        # [resample, layer, head], [resample, 1, 1]
-    score, low, high = estimate(whole, whole_n)                  # [layer, head]
+    mass = a["hits"][..., 0]  # [fold, resample, layer, head]
+    n = a["n"][..., 0]  # [fold, resample]
+    whole, whole_n = (
+        mass.sum(0),
+        n.sum(0)[:, None, None],
+    )  # [resample, layer, head], [resample, 1, 1]
+    score, low, high = estimate(whole, whole_n)  # [layer, head]
     layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(score.shape[1]), indexing="ij")
-    frame = {"label": label, "layer": layer.ravel(), "head": head.ravel(),
-             "kv_group": (head // group).ravel(), "n": float(whole_n[0, 0, 0]), "score": score.ravel(),
-             "fold0": ratio(mass[0, 0], n[0, 0]).ravel(), "fold1": ratio(mass[1, 0], n[1, 0]).ravel(),
-             "ci_low": low.ravel(), "ci_high": high.ravel()}
+    frame = {
+        "label": label,
+        "layer": layer.ravel(),
+        "head": head.ravel(),
+        "kv_group": (head // group).ravel(),
+        "n": float(whole_n[0, 0, 0]),
+        "score": score.ravel(),
+        "fold0": ratio(mass[0, 0], n[0, 0]).ravel(),
+        "fold1": ratio(mass[1, 0], n[1, 0]).ravel(),
+        "ci_low": low.ravel(),
+        "ci_high": high.ravel(),
+    }
     if a["base"].shape[-1]:
-        best = choose(a["base"], n, (0, 1), default=0)           # in-sample best baseline
-        base = a["base"][..., best].sum(0)[:, None, None]        # [resample, 1, 1]
-        gap, g_low, g_high = paired_gap(whole, base, whole_n)    # [layer, head]
-        frame.update(baseline_variant=tally.variants[best], baseline_score=ratio(base[0], whole_n[0]).item(),
-                     gap=gap.ravel(), gap_low=g_low.ravel(), gap_high=g_high.ravel())
+        best = choose(a["base"], n, (0, 1), default=0)  # in-sample best baseline
+        base = a["base"][..., best].sum(0)[:, None, None]  # [resample, 1, 1]
+        gap, g_low, g_high = paired_gap(whole, base, whole_n)  # [layer, head]
+        frame.update(
+            baseline_variant=tally.variants[best],
+            baseline_score=ratio(base[0], whole_n[0]).item(),
+            gap=gap.ravel(),
+            gap_low=g_low.ravel(),
+            gap_high=g_high.ravel(),
+        )
     queries = a.get("extra:queries")
     if queries is not None:
         frame["queries"] = float(queries.sum())
@@ -322,18 +380,37 @@ def group_table(results, analysis: str) -> pd.DataFrame:
     rows = []
     for (label, layer, g), sub in heads.groupby(["label", "layer", "kv_group"], sort=True):
         top = sub.loc[sub["score"].fillna(-1).idxmax()]
-        rows.append({"label": label, "layer": layer, "kv_group": g,
-                     "heads": ",".join(str(h) for h in sub["head"]), "n": sub["n"].max(),
-                     "score": sub["score"].mean(), "score_max": sub["score"].max(),
-                     "best_head": f"{layer}-{int(top['head'])}"})
+        rows.append(
+            {
+                "label": label,
+                "layer": layer,
+                "kv_group": g,
+                "heads": ",".join(str(h) for h in sub["head"]),
+                "n": sub["n"].max(),
+                "score": sub["score"].mean(),
+                "score_max": sub["score"].max(),
+                "best_head": f"{layer}-{int(top['head'])}",
+            }
+        )
     return pd.DataFrame(rows, columns=GROUP_COLUMNS)
 
 
 # ---------------------------------------------------------------------------- role rules
 
-def pattern_rule(role: str, analysis: str, order: float, color: str, short: str, threshold: float,
-                 lower: float, what: str, label: str = MUL, min_n: int = MIN_ROWS,
-                 baseline: bool = True) -> RoleRule:
+
+def pattern_rule(
+    role: str,
+    analysis: str,
+    order: float,
+    color: str,
+    short: str,
+    threshold: float,
+    lower: float,
+    what: str,
+    label: str = MUL,
+    min_n: int = MIN_ROWS,
+    baseline: bool = True,
+) -> RoleRule:
     """A held-out threshold rule on one label of a token analysis's `<analysis>_heads` table:
     score >= threshold on each fold, bootstrap lower end >= lower, (with `baseline`) the gap
     interval to the in-sample best baseline above 0, and n >= min_n."""
@@ -343,33 +420,57 @@ def pattern_rule(role: str, analysis: str, order: float, color: str, short: str,
         if table is None or not len(table):
             return pd.DataFrame(columns=MATCH_COLUMNS)
         t = table[table["label"] == label]
-        ok = (t["n"] >= min_n) & (t["fold0"] >= threshold) & (t["fold1"] >= threshold) & (t["ci_low"] >= lower)
+        ok = (
+            (t["n"] >= min_n)
+            & (t["fold0"] >= threshold)
+            & (t["fold1"] >= threshold)
+            & (t["ci_low"] >= lower)
+        )
         if baseline:
             ok &= t["gap_low"] > 0
         hit = t[ok.fillna(False).astype(bool)]
         evidence = []
         for r in hit.itertuples(index=False):
-            text = (f"{label} score {r.score:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}] on {int(r.n)} rows; "
-                    f"fold 0 {r.fold0:.4f}, fold 1 {r.fold1:.4f} (each >= {threshold:g}; lower end >= {lower:g})")
+            text = (
+                f"{label} score {r.score:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}] on {int(r.n)} rows; "
+                f"fold 0 {r.fold0:.4f}, fold 1 {r.fold1:.4f} (each >= {threshold:g}; lower end >= {lower:g})"
+            )
             if baseline:
                 text += f"; vs {r.baseline_variant} {r.baseline_score:.4f}: gap [{r.gap_low:+.4f}, {r.gap_high:+.4f}]"
             if label == MUL and np.isfinite(r.tl_mul):
                 text += f"; TransformerLens mul {r.tl_mul:.4f}"
             evidence.append(text)
-        return pd.DataFrame({"layer": hit["layer"], "head": hit["head"], "detail": what, "short": short,
-                             "evidence": evidence, "score": hit["score"]}, columns=MATCH_COLUMNS)
+        return pd.DataFrame(
+            {
+                "layer": hit["layer"],
+                "head": hit["head"],
+                "detail": what,
+                "short": short,
+                "evidence": evidence,
+                "score": hit["score"],
+            },
+            columns=MATCH_COLUMNS,
+        )
 
-    gap = (", the paired 95% interval of its gap to the analysis's best baseline (the best on all data) lies "
-           "above 0") if baseline else ""
-    description = (f"{role}: {what}; the head's {label} score is at least {threshold:g} on each fold (found on "
-                   f"one half of the units, confirmed on the other), the lower end of its 95% bootstrap interval "
-                   f"is at least {lower:g}{gap}, on at least {min_n} rows.")
+    gap = (
+        (
+            ", the paired 95% interval of its gap to the analysis's best baseline (the best on all data) lies "
+            "above 0"
+        )
+        if baseline
+        else ""
+    )
+    description = (
+        f"{role}: {what}; the head's {label} score is at least {threshold:g} on each fold (found on "
+        f"one half of the units, confirmed on the other), the lower end of its 95% bootstrap interval "
+        f"is at least {lower:g}{gap}, on at least {min_n} rows."
+    )
     return RoleRule(role, order, color, description, match)
 
 
 # ---------------------------------------------------------------------------- declarations
 
-USER_ORDER = 0.9              # after induction (0.5) and duplicate-token (0.6), before positional (1)
+USER_ORDER = 0.9  # after induction (0.5) and duplicate-token (0.6), before positional (1)
 USER_COLORS = ("#17becf", "#bcbd22", "#e377c2", "#ff9896", "#aec7e8", "#98df8a")
 
 
@@ -386,22 +487,46 @@ class PatternRule:
     lower: float
     what: str
     order: float = USER_ORDER
-    color: str | None = None                  # None: one of USER_COLORS, by the role's name
-    short: str = ""                           # "": the role's first 4 letters
+    color: str | None = None  # None: one of USER_COLORS, by the role's name
+    short: str = ""  # "": the role's first 4 letters
     label: str = MUL
     min_n: int = MIN_ROWS
     baseline: bool = True
 
     def for_analysis(self, analysis: str) -> RoleRule:
-        color = self.color or USER_COLORS[int.from_bytes(blake2b(self.role.encode(), digest_size=2).digest(),
-                                                         "little") % len(USER_COLORS)]
-        return pattern_rule(self.role, analysis, self.order, color, self.short or self.role[:4], self.threshold,
-                            self.lower, self.what, label=self.label, min_n=self.min_n, baseline=self.baseline)
+        color = (
+            self.color
+            or USER_COLORS[
+                int.from_bytes(blake2b(self.role.encode(), digest_size=2).digest(), "little")
+                % len(USER_COLORS)
+            ]
+        )
+        return pattern_rule(
+            self.role,
+            analysis,
+            self.order,
+            color,
+            self.short or self.role[:4],
+            self.threshold,
+            self.lower,
+            self.what,
+            label=self.label,
+            min_n=self.min_n,
+            baseline=self.baseline,
+        )
 
 
-def pattern_analysis(name: str, pattern_fn, *, baselines=(RANDOM, FIRST), rule: PatternRule | None = None,
-                     description: str | None = None, input: str = PROBE, default: bool = False,
-                     module: str | None = None) -> Analysis:
+def pattern_analysis(
+    name: str,
+    pattern_fn,
+    *,
+    baselines=(RANDOM, FIRST),
+    rule: PatternRule | None = None,
+    description: str | None = None,
+    input: str = PROBE,
+    default: bool = False,
+    module: str | None = None,
+) -> Analysis:
     """Declare a token pattern and register its analysis: the scorer, the tables
     `<name>_heads` and `<name>_kv_groups`, best heads, intervals and (with `rule`) a head role,
     the same as the built-in previous-token, duplicate-token and induction analyses get.
@@ -439,26 +564,51 @@ def pattern_analysis(name: str, pattern_fn, *, baselines=(RANDOM, FIRST), rule: 
     (`registry.unregister(name)` removes it).
     """
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
-        raise ValueError(f"pattern analysis name {name!r}: use letters, digits and '_' (it names tables and files)")
+        raise ValueError(
+            f"pattern analysis name {name!r}: use letters, digits and '_' (it names tables and files)"
+        )
     if not callable(pattern_fn):
-        raise ValueError(f"pattern analysis {name!r}: pattern_fn must be a function (ids, token) -> [T, T] bool")
+        raise ValueError(
+            f"pattern analysis {name!r}: pattern_fn must be a function (ids, token) -> [T, T] bool"
+        )
     module = module or sys._getframe(1).f_globals.get("__name__", "__main__")
     cls_name = "".join(part[:1].upper() + part[1:] for part in name.split("_")) + "Scorer"
-    scorer = type(cls_name, (PatternScorer,), {
-        "analysis": name, "pattern": staticmethod(pattern_fn), "baselines": tuple(baselines),
-        "__module__": module, "__qualname__": cls_name,
-        "__doc__": f"The {name!r} token pattern (`pattern_analysis`): {getattr(pattern_fn, '__doc__', '') or ''}"})
+    scorer = type(
+        cls_name,
+        (PatternScorer,),
+        {
+            "analysis": name,
+            "pattern": staticmethod(pattern_fn),
+            "baselines": tuple(baselines),
+            "__module__": module,
+            "__qualname__": cls_name,
+            "__doc__": f"The {name!r} token pattern (`pattern_analysis`): {getattr(pattern_fn, '__doc__', '') or ''}",
+        },
+    )
     if description is None:
-        description = (f"share of attention on the {name} token pattern, and argmax hits on it, per head, at piece "
-                       f"level (a declared pattern); baselines: {', '.join(baselines)}")
-    return register(Analysis(
-        name=name, scorer=scorer, input=input, selection=True, default=default, description=description,
-        roles=(rule.for_analysis(name),) if rule is not None else (),
-        tables={f"{name}_heads": lambda results: head_table(results, name),
-                f"{name}_kv_groups": lambda results: group_table(results, name)}))
+        description = (
+            f"share of attention on the {name} token pattern, and argmax hits on it, per head, at piece "
+            f"level (a declared pattern); baselines: {', '.join(baselines)}"
+        )
+    return register(
+        Analysis(
+            name=name,
+            scorer=scorer,
+            input=input,
+            selection=True,
+            default=default,
+            description=description,
+            roles=(rule.for_analysis(name),) if rule is not None else (),
+            tables={
+                f"{name}_heads": lambda results: head_table(results, name),
+                f"{name}_kv_groups": lambda results: group_table(results, name),
+            },
+        )
+    )
 
 
 # ---------------------------------------------------------------------------- console
+
 
 def top_heads_text(results, top: int = 5) -> str:
     """A few lines per token analysis in `results`: its best heads by score (`mul`; the sink
@@ -470,12 +620,18 @@ def top_heads_text(results, top: int = 5) -> str:
             continue
         table = results.table(name)
         label = "sink_rate" if (table["label"] == "sink_rate").any() else MUL
-        rows = table[table["label"] == label].sort_values(["score", "layer", "head"], ascending=[False, True, True])
+        rows = table[table["label"] == label].sort_values(
+            ["score", "layer", "head"], ascending=[False, True, True]
+        )
         if not len(rows):
             continue
-        lines.append(f"\n{analysis} ({label}; top {top} of {len(rows)} heads; 95% interval; fold 0 / fold 1):")
+        lines.append(
+            f"\n{analysis} ({label}; top {top} of {len(rows)} heads; 95% interval; fold 0 / fold 1):"
+        )
         for r in rows.head(top).itertuples(index=False):
             tl = f"  TransformerLens mul {r.tl_mul:.3f}" if np.isfinite(r.tl_mul) else ""
-            lines.append(f"  {r.layer}-{r.head}  {r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]  "
-                         f"{r.fold0:.3f} / {r.fold1:.3f}  n {int(r.n)}{tl}")
+            lines.append(
+                f"  {r.layer}-{r.head}  {r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]  "
+                f"{r.fold0:.3f} / {r.fold1:.3f}  n {int(r.n)}{tl}"
+            )
     return "\n".join(lines)

@@ -27,8 +27,8 @@ from headprobe.checks import UsageError
 from headprobe.results import atomic
 from headprobe.scoring.tally import Tally
 
-DEFAULT_EVERY = 100          # batches between checkpoints
-STATE = "state.json"         # the checkpoint's layout (above); its directory: `atomic.CHECKPOINT`
+DEFAULT_EVERY = 100  # batches between checkpoints
+STATE = "state.json"  # the checkpoint's layout (above); its directory: `atomic.CHECKPOINT`
 TALLIES = "tallies"
 
 
@@ -55,23 +55,33 @@ class Checkpoint:
                 try:
                     saved = json.loads(state_path.read_text(encoding="utf-8"))
                 except ValueError as err:
-                    raise UsageError(f"--resume: the checkpoint {self.dir} is unreadable ({err}); "
-                                     "run again without --resume to start over") from None
+                    raise UsageError(
+                        f"--resume: the checkpoint {self.dir} is unreadable ({err}); "
+                        "run again without --resume to start over"
+                    ) from None
                 differs = first_difference(saved.get("fingerprint", {}), self.fingerprint)
                 if differs:
-                    raise UsageError(f"--resume: the checkpoint in {self.dir} is of another run ({differs}); "
-                                     "give the same inputs and options, or run without --resume to start over")
+                    raise UsageError(
+                        f"--resume: the checkpoint in {self.dir} is of another run ({differs}); "
+                        "give the same inputs and options, or run without --resume to start over"
+                    )
                 self.state = saved
                 self.resumed = True
                 done = sum(1 for p in saved["passes"].values() if p.get("finished"))
-                self.notes.append(f"resuming from the checkpoint in {self.dir} "
-                                  f"({done} of the run's scoring passes finished)")
+                self.notes.append(
+                    f"resuming from the checkpoint in {self.dir} "
+                    f"({done} of the run's scoring passes finished)"
+                )
             else:
                 shutil.rmtree(self.dir, ignore_errors=True)
-                self.notes.append(f"discarded the checkpoint of an interrupted run in {self.dir} "
-                                  "(give --resume to continue such a run)")
+                self.notes.append(
+                    f"discarded the checkpoint of an interrupted run in {self.dir} "
+                    "(give --resume to continue such a run)"
+                )
         elif resume:
-            self.notes.append(f"--resume: no checkpoint for {self.out}; starting from the beginning")
+            self.notes.append(
+                f"--resume: no checkpoint for {self.out}; starting from the beginning"
+            )
 
     # -- per engine pass --------------------------------------------------------------
     def passed(self, key: str) -> dict | None:
@@ -86,8 +96,10 @@ class Checkpoint:
         for scorer in scorers:
             path = tally_path(self.dir, key, scorer.key)
             if not path.is_file():
-                raise UsageError(f"--resume: the checkpoint in {self.dir} lacks {path.name}; "
-                                 "run without --resume to start over")
+                raise UsageError(
+                    f"--resume: the checkpoint in {self.dir} lacks {path.name}; "
+                    "run without --resume to start over"
+                )
             scorer.tally_ = Tally.load_checkpoint(path, device=device)
         return state
 
@@ -99,7 +111,11 @@ class Checkpoint:
                 scorer.tally_.save_checkpoint(tally_path(new, key, scorer.key))
             for other in self.state["passes"]:
                 if other != key and (self.dir / TALLIES / other).is_dir():
-                    shutil.copytree(self.dir / TALLIES / other, new / TALLIES / other, copy_function=_link_or_copy)
+                    shutil.copytree(
+                        self.dir / TALLIES / other,
+                        new / TALLIES / other,
+                        copy_function=_link_or_copy,
+                    )
             self.state["passes"][key] = state
             atomic.write_json(new / STATE, self.state)
             atomic.replace_dir(new, self.dir)
@@ -119,7 +135,9 @@ def first_difference(saved, current, where: str = "") -> str:
     """'' when equal, else the first key whose value differs, with both values."""
     if isinstance(saved, dict) and isinstance(current, dict):
         for key in sorted(set(saved) | set(current)):
-            found = first_difference(saved.get(key), current.get(key), f"{where}.{key}" if where else key)
+            found = first_difference(
+                saved.get(key), current.get(key), f"{where}.{key}" if where else key
+            )
             if found:
                 return found
         return ""

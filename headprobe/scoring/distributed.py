@@ -58,9 +58,12 @@ class World:
         return self.rank == 0
 
     def describe(self) -> dict:
-        return {"world_size": self.size, "backend": self.backend,
-                "sharding": "round-robin over chunks of examples in corpus order (rank r: chunks r, r + N, ...)",
-                "merge": "all-reduce (sum) of every tally total; rank 0 writes"}
+        return {
+            "world_size": self.size,
+            "backend": self.backend,
+            "sharding": "round-robin over chunks of examples in corpus order (rank r: chunks r, r + N, ...)",
+            "merge": "all-reduce (sum) of every tally total; rank 0 writes",
+        }
 
 
 _world = World()
@@ -74,7 +77,9 @@ def env_world() -> World:
         size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", str(rank)))
     except ValueError as exc:
-        raise ValueError(f"torchrun environment not understood ({', '.join(f'{k}={os.environ.get(k)}' for k in ENV)})") from exc
+        raise ValueError(
+            f"torchrun environment not understood ({', '.join(f'{k}={os.environ.get(k)}' for k in ENV)})"
+        ) from exc
     return World(size, rank, local)
 
 
@@ -120,17 +125,29 @@ def teardown() -> None:
     _world = World()
 
 
-def for_run(device, *, out, progress: bool, checkpoint_every: int, resume: bool, keep_unit_counts: bool,
-            device_map=None):
+def for_run(
+    device,
+    *,
+    out,
+    progress: bool,
+    checkpoint_every: int,
+    resume: bool,
+    keep_unit_counts: bool,
+    device_map=None,
+):
     """`api.run`'s options for this rank: (world, device, out, checkpoint_every, progress).
     Only rank 0 writes (`out`) and shows progress; checkpoints are off; per-unit rows,
     --resume and --device-map are refused under torchrun (ValueError: a usage error)."""
     if env_world().size <= 1:
         return current(), device, out, checkpoint_every, progress
-    for given, what in ((keep_unit_counts, "--keep-unit-counts (per-unit rows stay on their rank)"),
-                        (resume, "--resume (a checkpoint holds one process's counts)"),
-                        (device_map is not None, "--device-map (one model per rank, or one model over "
-                                                 "devices: not both)")):
+    for given, what in (
+        (keep_unit_counts, "--keep-unit-counts (per-unit rows stay on their rank)"),
+        (resume, "--resume (a checkpoint holds one process's counts)"),
+        (
+            device_map is not None,
+            "--device-map (one model per rank, or one model over devices: not both)",
+        ),
+    ):
         if given:
             raise ValueError(f"{what} cannot be used with torchrun (WORLD_SIZE > 1)")
     world, device = setup(device)
@@ -144,7 +161,7 @@ class Shard:
 
     def __init__(self, examples, rank: int, size: int, block: int = 1):
         self.examples, self.rank, self.size, self.block = examples, rank, size, block
-        for name in ("name", "skipped", "counts"):             # what a corpus object carries besides examples
+        for name in ("name", "skipped", "counts"):  # what a corpus object carries besides examples
             if hasattr(examples, name):
                 setattr(self, name, getattr(examples, name))
 
@@ -155,8 +172,10 @@ class Shard:
 
     def __len__(self) -> int:
         n = len(self.examples)
-        return sum(min(start + self.block, n) - start
-                   for start in range(self.rank * self.block, n, self.size * self.block))
+        return sum(
+            min(start + self.block, n) - start
+            for start in range(self.rank * self.block, n, self.size * self.block)
+        )
 
 
 def shard(examples, world: World | None = None, block: int = 1):
@@ -187,7 +206,9 @@ def reduce_stats(stats: dict) -> dict:
     out["examples"] = sum(s["examples"] for s in every)
     out["words"] = sum(s["words"] for s in every)
     out["skipped"] = dict(sum((Counter(s["skipped"]) for s in every), Counter()))
-    out["skipped_sources"] = sorted((x for s in every for x in s["skipped_sources"]), key=_source_key)
+    out["skipped_sources"] = sorted(
+        (x for s in every for x in s["skipped_sources"]), key=_source_key
+    )
     out["seconds"] = max(s["seconds"] for s in every)
     out["batch_size"] = min(s["batch_size"] for s in every)
     notes = [n for s in every for n in s.get("notes", [])]
@@ -206,7 +227,7 @@ def all_reduce_tallies(tallies) -> None:
     import torch.distributed as dist
 
     tallies = list(tallies)
-    mine = [t.sorted_labels() for t in tallies]                     # flushes the buffered rows
+    mine = [t.sorted_labels() for t in tallies]  # flushes the buffered rows
     every = [None] * world.size
     dist.all_gather_object(every, [(t.key, labels) for t, labels in zip(tallies, mine)])
     for index, tally in enumerate(tallies):
@@ -215,15 +236,17 @@ def all_reduce_tallies(tallies) -> None:
             raise RuntimeError(f"ranks disagree on the analyses to merge: {sorted(names)}")
         for labels in (rank_labels[index][1] for rank_labels in every):
             for name in labels:
-                tally.label(name)                                    # a label this rank never saw: zeros
+                tally.label(name)  # a label this rank never saw: zeros
     tensors = [x for tally in tallies for x in tally.tensors()]
     groups: dict[tuple, list[torch.Tensor]] = {}
     for x in tensors:
         groups.setdefault((x.dtype, x.device), []).append(x)
-    for (_dtype, _device), group in sorted(groups.items(), key=lambda item: str(item[0][0])):   # same order on every rank
+    for (_dtype, _device), group in sorted(
+        groups.items(), key=lambda item: str(item[0][0])
+    ):  # same order on every rank
         flat = torch.cat([x.reshape(-1) for x in group])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0
         for x in group:
-            x.copy_(flat[offset:offset + x.numel()].view_as(x))
+            x.copy_(flat[offset : offset + x.numel()].view_as(x))
             offset += x.numel()

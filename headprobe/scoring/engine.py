@@ -60,7 +60,7 @@ from headprobe.results.atomic import test_pause
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
 from headprobe.scoring.tally import N_BOOT, SEED
 
-TRIM_EVERY = 64        # batches between heap trims on CPU
+TRIM_EVERY = 64  # batches between heap trims on CPU
 # examples tokenized and bucketed together: the prepared chunk is the part of the corpus held
 # in memory (EWT dev x8, MiniLM: peak 849 MB at 1,024 vs 989 MB at 4,096, against 771 / 777 MB
 # for EWT dev x1; benchmarks/whole_run.py memory)
@@ -87,10 +87,10 @@ class WordMaps:
         same = device == batch.device
         move = (lambda t: t) if same else (lambda t: t.to(device))
         self.device = device
-        self.to_words = move(batch.to_words)                  # [batch, piece, word + 2]
-        self.from_words = move(batch.from_words)              # [batch, word, piece]
-        self.piece_kind = move(batch.piece_kind)              # [batch, piece]
-        self.piece_word = move(batch.piece_word)              # [batch, piece]
+        self.to_words = move(batch.to_words)  # [batch, piece, word + 2]
+        self.from_words = move(batch.from_words)  # [batch, word, piece]
+        self.piece_kind = move(batch.piece_kind)  # [batch, piece]
+        self.piece_word = move(batch.piece_word)  # [batch, piece]
 
     @staticmethod
     def of(batch: Batch, device: torch.device) -> WordMaps:
@@ -103,16 +103,16 @@ class WordMaps:
 
 def pool_words(pieces: torch.Tensor, maps, from_mode: str, max_words: int) -> torch.Tensor:
     """[batch, head, word, word + 2] word-level attention of piece-level `pieces` (every row)."""
-    to = torch.matmul(pieces, maps.to_words[:, None])                   # [batch, head, piece, word + 2]
+    to = torch.matmul(pieces, maps.to_words[:, None])  # [batch, head, piece, word + 2]
     if from_mode != "max":
-        return torch.matmul(maps.from_words[:, None], to)               # [batch, head, word, word + 2]
+        return torch.matmul(maps.from_words[:, None], to)  # [batch, head, word, word + 2]
     b, h, t, k = to.shape
     w = max_words
     row = torch.where(maps.piece_kind == WORD, maps.piece_word, torch.full_like(maps.piece_word, w))
-    index = row[:, None, :, None].expand(b, h, t, k)                    # [batch, head, piece, word + 2]
+    index = row[:, None, :, None].expand(b, h, t, k)  # [batch, head, piece, word + 2]
     out = to.new_full((b, h, w + 1, k), float("-inf"))
     out.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
-    return out[:, :, :w].clamp_min(0)                                   # [batch, head, word, word + 2]
+    return out[:, :, :w].clamp_min(0)  # [batch, head, word, word + 2]
 
 
 class LayerAttention:
@@ -127,18 +127,28 @@ class LayerAttention:
     there and moved to the batch's device; `pieces` is moved only if a scorer reads it.
     """
 
-    def __init__(self, layer: int, pieces: torch.Tensor, batch: Batch, *, words: torch.Tensor | None = None,
-                 query_pieces: tuple[int, int] | None = None, query_words: tuple[int, int] | None = None,
-                 first: bool = True, last: bool = True, measure: str = WEIGHTS):
+    def __init__(
+        self,
+        layer: int,
+        pieces: torch.Tensor,
+        batch: Batch,
+        *,
+        words: torch.Tensor | None = None,
+        query_pieces: tuple[int, int] | None = None,
+        query_words: tuple[int, int] | None = None,
+        first: bool = True,
+        last: bool = True,
+        measure: str = WEIGHTS,
+    ):
         self.layer = layer
-        self.measure = measure                                # which measure `pieces` holds (SPEC 7)
-        self.local = pieces                                   # [batch, head, query piece, piece], layer's device
+        self.measure = measure  # which measure `pieces` holds (SPEC 7)
+        self.local = pieces  # [batch, head, query piece, piece], layer's device
         self.batch = batch
         self.query_pieces = query_pieces or (0, pieces.shape[-2])
         self.query_words = query_words or (0, batch.max_words)
         self.first, self.last = first, last
         if words is not None:
-            self.__dict__["words"] = words                    # pooled already (query blocks)
+            self.__dict__["words"] = words  # pooled already (query blocks)
         if pieces.device == batch.device:
             self.__dict__["pieces"] = pieces
 
@@ -153,7 +163,9 @@ class LayerAttention:
         batch = self.batch
         if self.local.device == batch.device:
             return pool_words(self.local, batch, batch.from_mode, batch.max_words)
-        words = pool_words(self.local, WordMaps.of(batch, self.local.device), batch.from_mode, batch.max_words)
+        words = pool_words(
+            self.local, WordMaps.of(batch, self.local.device), batch.from_mode, batch.max_words
+        )
         return words.to(batch.device)
 
 
@@ -171,54 +183,62 @@ class WordRows:
         self.from_mode = batch.from_mode
         self.w = batch.max_words
         spans = batch.__dict__.get("_headprobe_spans")
-        if spans is None:                                     # each word's first and last piece
+        if spans is None:  # each word's first and last piece
             kind = batch.piece_kind.cpu().numpy()
             word = batch.piece_word.cpu().numpy()
             b, t = kind.shape
-            first = np.full((b, self.w), t, dtype=np.int64)  # words an example lacks: never touched,
+            first = np.full(
+                (b, self.w), t, dtype=np.int64
+            )  # words an example lacks: never touched,
             last = np.full((b, self.w), -1, dtype=np.int64)  # always complete
             rows, pieces = np.nonzero(kind == WORD)
             np.minimum.at(first, (rows, word[rows, pieces]), pieces)
             np.maximum.at(last, (rows, word[rows, pieces]), pieces)
             spans = batch.__dict__["_headprobe_spans"] = (first, last)
         self.first_piece, self.last_piece = spans
-        self.done = 0                                         # rows handed on: words [0, done)
-        self.acc = None                                       # [batch, head, rows, word + 2]: words [done, ...)
+        self.done = 0  # rows handed on: words [0, done)
+        self.acc = None  # [batch, head, rows, word + 2]: words [done, ...)
 
-    def add(self, probs: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    def add(
+        self, probs: torch.Tensor, start: int, stop: int
+    ) -> tuple[torch.Tensor, tuple[int, int]]:
         """Pool query piece rows `start:stop`; (complete word rows [batch, head, n, word + 2], (w0, w1))."""
         b, h = probs.shape[:2]
         k = self.w + 2
         maps = self.maps
-        to = torch.matmul(probs, maps.to_words[:, None])                         # [batch, head, rows, word + 2]
-        touched = ((self.first_piece < stop) & (self.last_piece >= start)).any(axis=0)   # [word]
+        to = torch.matmul(probs, maps.to_words[:, None])  # [batch, head, rows, word + 2]
+        touched = ((self.first_piece < stop) & (self.last_piece >= start)).any(axis=0)  # [word]
         if touched.any():
             cols = np.flatnonzero(touched)
             lo, hi = int(cols[0]), int(cols[-1]) + 1
             assert lo >= self.done, "query blocks must come in row order"
             fill = float("-inf") if self.from_mode == "max" else 0.0
             have = 0 if self.acc is None else self.acc.shape[2]
-            if self.done + have < hi:                                           # rows for newly touched words
+            if self.done + have < hi:  # rows for newly touched words
                 more = to.new_full((b, h, hi - self.done - have, k), fill)
                 self.acc = more if self.acc is None else torch.cat([self.acc, more], dim=2)
             if self.from_mode != "max":
-                part = torch.matmul(maps.from_words[:, None, lo:hi, start:stop], to)   # [batch, head, hi - lo, k]
-                self.acc[:, :, lo - self.done:hi - self.done] += part
+                part = torch.matmul(
+                    maps.from_words[:, None, lo:hi, start:stop], to
+                )  # [batch, head, hi - lo, k]
+                self.acc[:, :, lo - self.done : hi - self.done] += part
             else:
                 n = self.acc.shape[2]
                 kind, word = maps.piece_kind[:, start:stop], maps.piece_word[:, start:stop]
                 row = torch.where(kind == WORD, word - self.done, torch.full_like(word, n))
                 index = row[:, None, :, None].expand(b, h, stop - start, k)
-                target = torch.cat([self.acc, self.acc.new_full((b, h, 1, k), float("-inf"))], dim=2)
+                target = torch.cat(
+                    [self.acc, self.acc.new_full((b, h, 1, k), float("-inf"))], dim=2
+                )
                 target.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
                 self.acc = target[:, :, :n]
-        incomplete = self.last_piece >= stop                                    # [batch, word]
-        ready = np.where(incomplete.any(axis=1), incomplete.argmax(axis=1), self.w)   # [batch]
+        incomplete = self.last_piece >= stop  # [batch, word]
+        ready = np.where(incomplete.any(axis=1), incomplete.argmax(axis=1), self.w)  # [batch]
         upto = int(ready.min()) if len(ready) else self.w
         w0 = self.done
         if upto <= w0:
             return to.new_zeros((b, h, 0, k)), (w0, w0)
-        out, self.acc = self.acc[:, :, :upto - w0], self.acc[:, :, upto - w0:]
+        out, self.acc = self.acc[:, :, : upto - w0], self.acc[:, :, upto - w0 :]
         self.done = upto
         if self.from_mode == "max":
             out = out.clamp_min(0)
@@ -242,19 +262,27 @@ def without_rows(heads, block: QueryBlock | None, offset: int):
     """The capture's payload (probs, or a `capture.Heads`) without the first `offset` query rows
     (cross-attention: the decoder start token's row), and the block renumbered; (None, None)
     when a block holds none of the other rows. Key quantities (value_norms) stay whole."""
-    probs = heads if isinstance(heads, torch.Tensor) else heads["probs"]    # [batch, head, query, key]
+    probs = (
+        heads if isinstance(heads, torch.Tensor) else heads["probs"]
+    )  # [batch, head, query, key]
     if block is None:
         cut = probs[:, :, offset:]
     else:
-        cut = probs[:, :, max(offset - block.start, 0):]
+        cut = probs[:, :, max(offset - block.start, 0) :]
         block = QueryBlock(max(block.start - offset, 0), block.stop - offset, block.total - offset)
         if block.stop <= block.start:
             return None, None
     return (cut if isinstance(heads, torch.Tensor) else Heads(heads, probs=cut)), block
 
 
-def measured_attention(scorers, layer: int, heads, batch: Batch, block: QueryBlock | None = None,
-                       pooling: dict | None = None):
+def measured_attention(
+    scorers,
+    layer: int,
+    heads,
+    batch: Batch,
+    block: QueryBlock | None = None,
+    pooling: dict | None = None,
+):
     """(scorer, LayerAttention) for each scorer, in order: one `LayerAttention` per (measure,
     reading) that some scorer reads (`view_of`), built from what the capture handed on (`heads`:
     the probabilities, or a `capture.Heads`), shared by the scorers that read it. With a query
@@ -263,7 +291,7 @@ def measured_attention(scorers, layer: int, heads, batch: Batch, block: QueryBlo
     for scorer in scorers:
         view = view_of(scorer)
         if view not in atts:
-            probs = pieces.get(*view)                                      # [batch, head, query rows, key]
+            probs = pieces.get(*view)  # [batch, head, query rows, key]
             if block is None:
                 atts[view] = LayerAttention(layer, probs, batch, measure=view[0])
             else:
@@ -272,19 +300,33 @@ def measured_attention(scorers, layer: int, heads, batch: Batch, block: QueryBlo
                 words, query_words = pooling[layer, view].add(probs, block.start, block.stop)
                 if block.last:
                     del pooling[layer, view]
-                atts[view] = LayerAttention(layer, probs, batch, words=words.to(batch.device), query_words=query_words,
-                                            query_pieces=(block.start, block.stop), first=block.first,
-                                            last=block.last, measure=view[0])
+                atts[view] = LayerAttention(
+                    layer,
+                    probs,
+                    batch,
+                    words=words.to(batch.device),
+                    query_words=query_words,
+                    query_pieces=(block.start, block.stop),
+                    first=block.first,
+                    last=block.last,
+                    measure=view[0],
+                )
         yield scorer, atts[view]
 
 
 def max_length(model, tokenizer) -> int:
     config = text_config(model)
     positions = getattr(config, "max_position_embeddings", None)
-    offset = getattr(getattr(getattr(model, "base_model", model), "embeddings", None), "padding_idx", None)
+    offset = getattr(
+        getattr(getattr(model, "base_model", model), "embeddings", None), "padding_idx", None
+    )
     if isinstance(positions, int) and isinstance(offset, int):
-        positions -= offset + 1          # RoBERTa-style position ids start after the padding index
-    limits = [positions, getattr(config, "n_positions", None), getattr(tokenizer, "model_max_length", None)]
+        positions -= offset + 1  # RoBERTa-style position ids start after the padding index
+    limits = [
+        positions,
+        getattr(config, "n_positions", None),
+        getattr(tokenizer, "model_max_length", None),
+    ]
     limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 10**7]
     return min(limits) if limits else 512
 
@@ -345,10 +387,25 @@ class Engine:
     (`Sites.scoring_alignment`: the decoder's start token first for the decoder stack).
     """
 
-    def __init__(self, model, tokenizer, scorers, *, layers=None, batch_size: int = 64,
-                 from_mode: str | None = None, device=None, progress: bool = True, desc: str = "scoring",
-                 seed: int = SEED, n_boot: int = N_BOOT, keep_units: bool = False, conventions=None,
-                 query_block: int | None = None, stack: str | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        scorers,
+        *,
+        layers=None,
+        batch_size: int = 64,
+        from_mode: str | None = None,
+        device=None,
+        progress: bool = True,
+        desc: str = "scoring",
+        seed: int = SEED,
+        n_boot: int = N_BOOT,
+        keep_units: bool = False,
+        conventions=None,
+        query_block: int | None = None,
+        stack: str | None = None,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.scorers = list(scorers)
@@ -360,26 +417,42 @@ class Engine:
         self.notes: list[str] = []
         unblocked = [type(s).__name__ for s in self.scorers if not getattr(s, "blocks", False)]
         if query_block and unblocked:
-            self.notes.append(f"query blocks ({query_block} pieces) not used: {', '.join(unblocked)} "
-                              f"needs whole attention matrices; the attention was captured unblocked")
+            self.notes.append(
+                f"query blocks ({query_block} pieces) not used: {', '.join(unblocked)} "
+                f"needs whole attention matrices; the attention was captured unblocked"
+            )
             query_block = None
         self.query_block = int(query_block) if query_block else None
         self.progress = progress
         self.desc = desc
         self.sites = attention_sites(model)
         self.stack = self.sites.resolve(stack)
-        self.n_layers, self.n_heads = self.sites.n_layers(self.stack), self.sites.n_heads(self.stack)
+        self.n_layers, self.n_heads = (
+            self.sites.n_layers(self.stack),
+            self.sites.n_heads(self.stack),
+        )
         self.causal = self.sites.causal(self.stack)
         # scorers that run the model themselves (head ablation, importance): `model_pass` per batch
         self.model_scorers = [s for s in self.scorers if hasattr(s, "model_pass")]
-        self.measures = tuple(dict.fromkeys(view_of(s)[0] for s in self.scorers if s not in self.model_scorers))
-        self.needs = needs_of(self.measures) if set(self.measures) - {WEIGHTS} else None   # None: probs only
+        self.measures = tuple(
+            dict.fromkeys(view_of(s)[0] for s in self.scorers if s not in self.model_scorers)
+        )
+        self.needs = (
+            needs_of(self.measures) if set(self.measures) - {WEIGHTS} else None
+        )  # None: probs only
         check_capturable(model, self.needs)
         for scorer in self.scorers:
             if conventions is not None and hasattr(scorer, "use_conventions"):
                 scorer.use_conventions(self.conventions)
-            scorer.bind(self.n_layers, self.n_heads, layers, seed=seed, n_boot=n_boot, keep_units=keep_units,
-                        device=self.device)
+            scorer.bind(
+                self.n_layers,
+                self.n_heads,
+                layers,
+                seed=seed,
+                n_boot=n_boot,
+                keep_units=keep_units,
+                device=self.device,
+            )
         for scorer in self.model_scorers:
             scorer.use_model(model, tokenizer)
         pad = tokenizer.pad_token_id
@@ -398,40 +471,71 @@ class Engine:
         the interrupted chunk exactly as they were, leaving out the examples already scored."""
         start = time.perf_counter()
         self.batch_size_ = self.batch_size
-        self.stats_ = {"examples": 0, "words": 0, "skipped": Counter(), "skipped_sources": [], "seconds": 0.0,
-                       "batch_size": self.batch_size}
+        self.stats_ = {
+            "examples": 0,
+            "words": 0,
+            "skipped": Counter(),
+            "skipped_sources": [],
+            "seconds": 0.0,
+            "batch_size": self.batch_size,
+        }
         resume = checkpoint.start if checkpoint is not None else None
         if resume:
             saved = resume["stats"]
-            self.stats_.update(saved, skipped=Counter(saved["skipped"]), skipped_sources=list(saved["skipped_sources"]))
+            self.stats_.update(
+                saved,
+                skipped=Counter(saved["skipped"]),
+                skipped_sources=list(saved["skipped_sources"]),
+            )
             start -= saved["seconds"]
-        self._pass = _Pass(start, checkpoint, heap_trimmer() if self.device.type == "cpu" else None,
-                           tqdm(total=total_words(examples), unit="word", desc=self.desc, disable=not self.progress))
+        self._pass = _Pass(
+            start,
+            checkpoint,
+            heap_trimmer() if self.device.type == "cpu" else None,
+            tqdm(
+                total=total_words(examples), unit="word", desc=self.desc, disable=not self.progress
+            ),
+        )
         # the decoder reads the start token and the sentence: one piece more
-        limit = max_length(self.model, self.tokenizer) - (self.sites.encoder_decoder and self.stack != "encoder")
+        limit = max_length(self.model, self.tokenizer) - (
+            self.sites.encoder_decoder and self.stack != "encoder"
+        )
         for number, chunk in enumerate(chunked(examples, CHUNK)):
-            if resume and number < resume["chunk"]:            # scored before the checkpoint
+            if resume and number < resume["chunk"]:  # scored before the checkpoint
                 self._pass.bar.update(sum(len(ex.words) for ex in chunk))
                 continue
-            resumed = bool(resume) and number == resume["chunk"]   # its skips and sizes are in the stats
+            resumed = (
+                bool(resume) and number == resume["chunk"]
+            )  # its skips and sizes are in the stats
             finished = set(resume["done_in_chunk"]) if resumed else set()
-            self._score_chunk(number, chunk, prepare(chunk, self.tokenizer, limit), finished, resumed)
+            self._score_chunk(
+                number, chunk, prepare(chunk, self.tokenizer, limit), finished, resumed
+            )
         self._pass.bar.close()
         for scorer in self.scorers:
             scorer.finish()
-        self.stats_.update(skipped=dict(self.stats_["skipped"]), seconds=time.perf_counter() - start,
-                           batch_size=self.batch_size_)
+        self.stats_.update(
+            skipped=dict(self.stats_["skipped"]),
+            seconds=time.perf_counter() - start,
+            batch_size=self.batch_size_,
+        )
         if self.notes:
             self.stats_["notes"] = list(self.notes)
         return self.stats_
 
-    def _score_chunk(self, number: int, chunk: list, prepared, finished: set[int], resumed: bool) -> None:
+    def _score_chunk(
+        self, number: int, chunk: list, prepared, finished: set[int], resumed: bool
+    ) -> None:
         """Score one prepared chunk; `resumed`: the chunk a checkpoint stopped in (its skips and sizes
         are in the restored stats already), `finished`: its examples scored before."""
         bar = self._pass.bar
-        unscored = sum(len(ex.words) for ex in chunk)           # words never scored: skipped examples
+        unscored = sum(len(ex.words) for ex in chunk)  # words never scored: skipped examples
         if resumed:
-            unscored -= sum(prepared.alignments[i].n_words for i in range(len(prepared.examples)) if i not in finished)
+            unscored -= sum(
+                prepared.alignments[i].n_words
+                for i in range(len(prepared.examples))
+                if i not in finished
+            )
         else:
             self.stats_["skipped"].update(prepared.skipped)
             self.stats_["skipped_sources"] += prepared.skipped_sources
@@ -441,7 +545,11 @@ class Engine:
         bar.update(unscored)
         queue = bucket(prepared, self.batch_size)
         if finished:
-            queue = [kept for kept in ([i for i in batch if i not in finished] for batch in queue) if kept]
+            queue = [
+                kept
+                for kept in ([i for i in batch if i not in finished] for batch in queue)
+                if kept
+            ]
         while queue:
             indices = queue.pop(0)
             batch = self._batch(prepared, indices)
@@ -458,7 +566,7 @@ class Engine:
                 self.batch_size_ = max(1, half)
                 queue[:0] = [indices[:half], indices[half:]]
                 continue
-            for i in indices:                  # scored: this run needs its pieces no more
+            for i in indices:  # scored: this run needs its pieces no more
                 prepared.alignments[i] = None
             finished.update(indices)
             bar.update(words)
@@ -470,24 +578,45 @@ class Engine:
         run.batches += 1
         if run.trim is not None and run.batches % TRIM_EVERY == 0:
             run.trim()
-        if run.checkpoint is not None and run.checkpoint.every and run.batches % run.checkpoint.every == 0:
+        if (
+            run.checkpoint is not None
+            and run.checkpoint.every
+            and run.batches % run.checkpoint.every == 0
+        ):
             run.checkpoint.save(self, self.state(number, finished, run.start))
         test_pause("scoring")
 
     def state(self, chunk: int, finished, start: float) -> dict:
         """Where the run is (for a checkpoint): chunks before `chunk` done, `finished` of it."""
-        stats = dict(self.stats_, skipped=dict(self.stats_["skipped"]),
-                     skipped_sources=list(self.stats_["skipped_sources"]),
-                     seconds=time.perf_counter() - start, batch_size=self.batch_size_)
-        return {"chunk": chunk, "chunk_size": CHUNK, "done_in_chunk": sorted(finished), "stats": stats}
+        stats = dict(
+            self.stats_,
+            skipped=dict(self.stats_["skipped"]),
+            skipped_sources=list(self.stats_["skipped_sources"]),
+            seconds=time.perf_counter() - start,
+            batch_size=self.batch_size_,
+        )
+        return {
+            "chunk": chunk,
+            "chunk_size": CHUNK,
+            "done_in_chunk": sorted(finished),
+            "stats": stats,
+        }
 
     def _batch(self, prepared, indices) -> Batch:
-        alignments = [self.sites.scoring_alignment(prepared.alignments[i], self.stack) for i in indices]
-        return Batch([prepared.examples[i] for i in indices], alignments, self.pad_id, device=self.device,
-                     from_mode=self.from_mode, causal=self.causal)
+        alignments = [
+            self.sites.scoring_alignment(prepared.alignments[i], self.stack) for i in indices
+        ]
+        return Batch(
+            [prepared.examples[i] for i in indices],
+            alignments,
+            self.pad_id,
+            device=self.device,
+            from_mode=self.from_mode,
+            causal=self.causal,
+        )
 
     def _score(self, batch: Batch) -> None:
-        for scorer in self.model_scorers:             # each in its own grad mode (importance differentiates)
+        for scorer in self.model_scorers:  # each in its own grad mode (importance differentiates)
             scorer.model_pass(self.model, batch)
         self._attention_pass(batch)
 
@@ -496,9 +625,11 @@ class Engine:
         for scorer in self.scorers:
             scorer.begin_batch(batch)
 
-        offset = self.sites.query_offset(self.stack)            # cross-attention: the start token's row
+        offset = self.sites.query_offset(self.stack)  # cross-attention: the start token's row
         pooling: dict[tuple, WordRows] = {}
-        readers = [s for s in self.scorers if s not in self.model_scorers]   # model scorers take no attention
+        readers = [
+            s for s in self.scorers if s not in self.model_scorers
+        ]  # model scorers take no attention
 
         def hand_on(layer: int, heads, block: QueryBlock | None = None) -> None:
             if offset:
@@ -508,9 +639,15 @@ class Engine:
             for scorer, att in measured_attention(readers, layer, heads, batch, block, pooling):
                 scorer.update(layer, att, batch)
 
-        if len(self.model_scorers) < len(self.scorers):          # someone needs the attention
-            with AttentionCapture(self.model, self.layers, hand_on, query_block=self.query_block, stack=self.stack,
-                                  needs=self.needs):
+        if len(self.model_scorers) < len(self.scorers):  # someone needs the attention
+            with AttentionCapture(
+                self.model,
+                self.layers,
+                hand_on,
+                query_block=self.query_block,
+                stack=self.stack,
+                needs=self.needs,
+            ):
                 self.model(**self.sites.model_inputs(batch, self.stack))
         for scorer in self.scorers:
             scorer.end_batch(batch)

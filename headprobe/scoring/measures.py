@@ -31,7 +31,7 @@ from headprobe.model.control import tally_key as control_key
 WEIGHTS, NORMS = "weights", "norms"
 MEASURES = (WEIGHTS, NORMS)
 DEFAULT = (WEIGHTS,)
-ARGMAX, MASS = "argmax", "mass"                 # how a scorer reads a measure (see the docstring)
+ARGMAX, MASS = "argmax", "mass"  # how a scorer reads a measure (see the docstring)
 # the capture quantities (`capture.QUANTITIES`) each measure is computed from
 NEEDS = {WEIGHTS: frozenset({"probs"}), NORMS: frozenset({"probs", "value_norms"})}
 
@@ -41,7 +41,11 @@ def parse_measures(value) -> tuple[str, ...]:
     Raises ValueError naming the bad one (`checks.check_measures` words it as an option)."""
     if value is None:
         return DEFAULT
-    names = [x.strip() for x in value.split(",")] if isinstance(value, str) else [str(x).strip() for x in value]
+    names = (
+        [x.strip() for x in value.split(",")]
+        if isinstance(value, str)
+        else [str(x).strip() for x in value]
+    )
     names = [x for x in names if x]
     for name in names:
         if name not in MEASURES:
@@ -63,17 +67,21 @@ def tally_key(analysis: str, measure: str = WEIGHTS, model: str = TRAINED) -> st
     return control_key(analysis if measure == WEIGHTS else f"{analysis}@{measure}", model)
 
 
-def norm_attention(probs: torch.Tensor, value_norms: torch.Tensor, rows: bool = False) -> torch.Tensor:
+def norm_attention(
+    probs: torch.Tensor, value_norms: torch.Tensor, rows: bool = False
+) -> torch.Tensor:
     """N = a * ||v W_O|| per head: probs [batch, head, query, key] (or a block of query rows),
     value_norms [batch, head, key]; with `rows`, each row divided by its sum (zero rows stay 0)."""
-    n = probs * value_norms[:, :, None, :].to(probs.dtype)          # [batch, head, query, key]
+    n = probs * value_norms[:, :, None, :].to(probs.dtype)  # [batch, head, query, key]
     return row_shares(n) if rows else n
 
 
 def row_shares(n: torch.Tensor) -> torch.Tensor:
     """Each row of n [..., query, key] divided by its sum; a row summing to 0 stays 0."""
-    total = n.sum(-1, keepdim=True)                                  # [..., query, 1]
-    return torch.where(total > 0, n / total.clamp_min(torch.finfo(n.dtype).tiny), torch.zeros_like(n))
+    total = n.sum(-1, keepdim=True)  # [..., query, 1]
+    return torch.where(
+        total > 0, n / total.clamp_min(torch.finfo(n.dtype).tiny), torch.zeros_like(n)
+    )
 
 
 class MeasuredPieces:
@@ -81,7 +89,7 @@ class MeasuredPieces:
     each computed once when first asked for: `get(measure, reads)` -> [batch, head, query, key]."""
 
     def __init__(self, heads):
-        self.heads = heads                       # a tensor (probs) or a `capture.Heads` mapping
+        self.heads = heads  # a tensor (probs) or a `capture.Heads` mapping
         self._cache: dict[tuple[str, str], torch.Tensor] = {}
 
     @property
@@ -90,7 +98,7 @@ class MeasuredPieces:
 
     def get(self, measure: str, reads: str) -> torch.Tensor:
         if measure == WEIGHTS:
-            return self.probs                   # rows of weights sum to 1 already: one matrix
+            return self.probs  # rows of weights sum to 1 already: one matrix
         key = (measure, reads)
         if key not in self._cache:
             if reads == MASS:
@@ -98,4 +106,3 @@ class MeasuredPieces:
             else:
                 self._cache[key] = norm_attention(self.probs, self.heads["value_norms"])
         return self._cache[key]
-

@@ -37,13 +37,15 @@ from headprobe.scoring.measures import WEIGHTS, tally_key
 SEED = 0
 N_BOOT = 1000
 N_FOLDS = 2
-FLUSH_ROWS = 4096       # buffered (unit, label) rows before they are added into the totals
+FLUSH_ROWS = 4096  # buffered (unit, label) rows before they are added into the totals
 
 
 def keyed_hash(seed: int, kind: str, unit: str) -> int:
     """SPEC 5's 64-bit hash of f"{seed}:{kind}:{unit}" (blake2b, little-endian): folds, bootstrap
     weights, the masked-LM positions of SPEC 8."""
-    return int.from_bytes(blake2b(f"{seed}:{kind}:{unit}".encode(), digest_size=8).digest(), "little")
+    return int.from_bytes(
+        blake2b(f"{seed}:{kind}:{unit}".encode(), digest_size=8).digest(), "little"
+    )
 
 
 def unit_fold(unit: str, seed: int = SEED) -> int:
@@ -83,15 +85,30 @@ class UnitDraws:
 class LabelCounts:
     """The running totals of one label (see the module docstring for the shapes)."""
 
-    def __init__(self, resamples: int, n_layers: int, n_heads: int, n_dirs: int, n_variants: int,
-                 mass: bool, device, extras=()):
+    def __init__(
+        self,
+        resamples: int,
+        n_layers: int,
+        n_heads: int,
+        n_dirs: int,
+        n_variants: int,
+        mass: bool,
+        device,
+        extras=(),
+    ):
         r = resamples
-        value = torch.float64 if mass else torch.int32     # int32: exact to 2**31, half of int64's memory
+        value = (
+            torch.float64 if mass else torch.int32
+        )  # int32: exact to 2**31, half of int64's memory
         self.hits = torch.zeros(N_FOLDS, r, n_layers, n_heads, n_dirs, dtype=value, device=device)
         self.n = torch.zeros(N_FOLDS, r, n_dirs, dtype=torch.float64, device=device)
         self.base = torch.zeros(N_FOLDS, r, n_variants, dtype=torch.int64, device=device)
-        self.both = torch.zeros(n_layers, n_heads, n_dirs, n_variants, dtype=torch.int64, device=device)
-        self.extra = {name: torch.zeros(N_FOLDS, n_dirs, dtype=torch.int64, device=device) for name in extras}
+        self.both = torch.zeros(
+            n_layers, n_heads, n_dirs, n_variants, dtype=torch.int64, device=device
+        )
+        self.extra = {
+            name: torch.zeros(N_FOLDS, n_dirs, dtype=torch.int64, device=device) for name in extras
+        }
 
     def arrays(self) -> dict[str, np.ndarray]:
         out = {"hits": self.hits, "n": self.n, "base": self.base, "both": self.both}
@@ -113,12 +130,26 @@ class Tally:
     Totals change only inside `torch.inference_mode()` (the engine's), so every method that
     adds runs in it."""
 
-    def __init__(self, analysis: str, *, directions=("",), variants=(), layers=(), n_heads: int = 0,
-                 value: str = "hits", resamples: int = N_BOOT, bootstrap: bool = True,
-                 seed: int = SEED, extras=(), device="cpu", model: str = TRAINED, measure: str = WEIGHTS):
+    def __init__(
+        self,
+        analysis: str,
+        *,
+        directions=("",),
+        variants=(),
+        layers=(),
+        n_heads: int = 0,
+        value: str = "hits",
+        resamples: int = N_BOOT,
+        bootstrap: bool = True,
+        seed: int = SEED,
+        extras=(),
+        device="cpu",
+        model: str = TRAINED,
+        measure: str = WEIGHTS,
+    ):
         self.analysis = analysis
-        self.model = model                        # "trained", or "control" (`headprobe.model.control`)
-        self.measure = measure                    # SPEC 7: weights or norms (`headprobe.scoring.measures`)
+        self.model = model  # "trained", or "control" (`headprobe.model.control`)
+        self.measure = measure  # SPEC 7: weights or norms (`headprobe.scoring.measures`)
         self.directions = tuple(directions)
         self.variants = tuple(variants)
         self.layers = [int(x) for x in layers]
@@ -143,8 +174,15 @@ class Tally:
         counts = self.labels.get(name)
         if counts is None:
             counts = self.labels[name] = LabelCounts(
-                self.resamples, len(self.layers), self.n_heads, len(self.directions), len(self.variants),
-                self.value == "mass", self.device, self.extras)
+                self.resamples,
+                len(self.layers),
+                self.n_heads,
+                len(self.directions),
+                len(self.variants),
+                self.value == "mass",
+                self.device,
+                self.extras,
+            )
         return counts
 
     # -- streaming --------------------------------------------------------------------
@@ -162,9 +200,16 @@ class Tally:
         if len(units) == 0:
             return
         n = np.asarray(n, dtype=np.float64)
-        self._pending.append((list(units), list(labels), values, n,
-                              None if base is None else np.asarray(base, dtype=np.float32),
-                              {k: np.asarray(v) for k, v in (extra or {}).items()}))
+        self._pending.append(
+            (
+                list(units),
+                list(labels),
+                values,
+                n,
+                None if base is None else np.asarray(base, dtype=np.float32),
+                {k: np.asarray(v) for k, v in (extra or {}).items()},
+            )
+        )
         self._pending_rows += len(units)
         if self._pending_rows >= FLUSH_ROWS:
             self.flush()
@@ -185,15 +230,23 @@ class Tally:
         labels = [l for p in pending for l in p[1]]
         drawn = [self.draws(u) for u in units]
         fold = np.array([d[0] for d in drawn])
-        w_all = torch.from_numpy(np.stack([d[1][:self.resamples] for d in drawn])).to(self.device)  # [row, resample]
-        n_t = torch.from_numpy(np.concatenate([p[3] for p in pending])).to(self.device)        # [row, direction]
+        w_all = torch.from_numpy(np.stack([d[1][: self.resamples] for d in drawn])).to(
+            self.device
+        )  # [row, resample]
+        n_t = torch.from_numpy(np.concatenate([p[3] for p in pending])).to(
+            self.device
+        )  # [row, direction]
         base_t = None
         if self.variants and pending[0][4] is not None:
-            base_t = torch.from_numpy(np.concatenate([p[4] for p in pending])).to(self.device)  # [row, variant]
+            base_t = torch.from_numpy(np.concatenate([p[4] for p in pending])).to(
+                self.device
+            )  # [row, variant]
         flat = None
         if pending[0][2] is not None:
             dtype = torch.float64 if self.value == "mass" else torch.float32
-            flat = torch.cat([p[2].reshape(len(p[0]), -1).to(self.device, dtype) for p in pending])  # [row, cells]
+            flat = torch.cat(
+                [p[2].reshape(len(p[0]), -1).to(self.device, dtype) for p in pending]
+            )  # [row, cells]
         extra = {k: np.concatenate([p[5][k] for p in pending]) for k in pending[0][5]}
         groups: dict[tuple[int, str], list[int]] = {}
         for row, key in enumerate(zip(fold.tolist(), labels)):
@@ -201,10 +254,12 @@ class Tally:
         for (f, name), members in groups.items():
             counts = self.label(name)
             index = torch.as_tensor(members, device=self.device)
-            w = w_all.index_select(0, index)                                          # [member, resample]
+            w = w_all.index_select(0, index)  # [member, resample]
             counts.n[f] += w.double().T @ n_t.index_select(0, index)
             if flat is not None:
-                summed = (w.to(flat.dtype).T @ flat.index_select(0, index)).reshape(counts.hits.shape[1:])
+                summed = (w.to(flat.dtype).T @ flat.index_select(0, index)).reshape(
+                    counts.hits.shape[1:]
+                )
                 counts.hits[f] += summed if self.value == "mass" else summed.round().to(torch.int32)
             if base_t is not None:
                 counts.base[f] += (w.T @ base_t.index_select(0, index)).round().to(torch.int64)
@@ -215,21 +270,44 @@ class Tally:
     def merge(self, other: Tally) -> Tally:
         """Add another tally of the same analysis (a shard, another process) into this one."""
         self.flush()
-        for attr in ("analysis", "model", "measure", "directions", "variants", "layers", "n_heads", "value",
-                     "n_boot", "seed"):
+        for attr in (
+            "analysis",
+            "model",
+            "measure",
+            "directions",
+            "variants",
+            "layers",
+            "n_heads",
+            "value",
+            "n_boot",
+            "seed",
+        ):
             if getattr(self, attr) != getattr(other, attr):
-                raise ValueError(f"cannot merge {self.analysis} counts: {attr} differs "
-                                 f"({getattr(self, attr)!r} vs {getattr(other, attr)!r})")
+                raise ValueError(
+                    f"cannot merge {self.analysis} counts: {attr} differs "
+                    f"({getattr(self, attr)!r} vs {getattr(other, attr)!r})"
+                )
         other.flush()
         for name, counts in other.labels.items():
             self.label(name).add_(counts)
         return self
 
     def copy(self) -> Tally:
-        empty = Tally(self.analysis, directions=self.directions, variants=self.variants, layers=self.layers,
-                      n_heads=self.n_heads, value=self.value, resamples=self.n_boot, bootstrap=self.n_boot > 0,
-                      seed=self.seed, extras=self.extras, device=self.device, model=self.model,
-                      measure=self.measure)
+        empty = Tally(
+            self.analysis,
+            directions=self.directions,
+            variants=self.variants,
+            layers=self.layers,
+            n_heads=self.n_heads,
+            value=self.value,
+            resamples=self.n_boot,
+            bootstrap=self.n_boot > 0,
+            seed=self.seed,
+            extras=self.extras,
+            device=self.device,
+            model=self.model,
+            measure=self.measure,
+        )
         return empty.merge(self)
 
     @property
@@ -272,11 +350,20 @@ class Tally:
         return self._meta(self.sorted_labels())
 
     def _meta(self, labels) -> dict:
-        return {"analysis": self.analysis, "model": self.model, "measure": self.measure,
-                "directions": list(self.directions), "variants": list(self.variants), "layers": self.layers,
-                "n_heads": self.n_heads,
-                "value": self.value, "n_boot": self.n_boot, "seed": self.seed, "extras": list(self.extras),
-                "labels": list(labels)}
+        return {
+            "analysis": self.analysis,
+            "model": self.model,
+            "measure": self.measure,
+            "directions": list(self.directions),
+            "variants": list(self.variants),
+            "layers": self.layers,
+            "n_heads": self.n_heads,
+            "value": self.value,
+            "n_boot": self.n_boot,
+            "seed": self.seed,
+            "extras": list(self.extras),
+            "labels": list(labels),
+        }
 
     def save(self, path) -> None:
         """One .npz file: arrays named `<label index>/<array>` plus the metadata."""
@@ -295,18 +382,29 @@ class Tally:
 
         with np.load(path) as data:
             meta = json.loads(bytes(data["meta"]).decode())
-            tally = cls(meta["analysis"], directions=meta["directions"], variants=meta["variants"],
-                        layers=meta["layers"], n_heads=meta["n_heads"], value=meta["value"],
-                        resamples=meta["n_boot"], bootstrap=meta["n_boot"] > 0, seed=meta["seed"],
-                        extras=meta["extras"], model=meta.get("model", TRAINED),
-                        measure=meta.get("measure", WEIGHTS))
+            tally = cls(
+                meta["analysis"],
+                directions=meta["directions"],
+                variants=meta["variants"],
+                layers=meta["layers"],
+                n_heads=meta["n_heads"],
+                value=meta["value"],
+                resamples=meta["n_boot"],
+                bootstrap=meta["n_boot"] > 0,
+                seed=meta["seed"],
+                extras=meta["extras"],
+                model=meta.get("model", TRAINED),
+                measure=meta.get("measure", WEIGHTS),
+            )
             for i, name in enumerate(meta["labels"]):
                 counts = tally.label(name)
                 counts.hits = torch.from_numpy(data[f"{i}/hits"].copy())
                 counts.n = torch.from_numpy(data[f"{i}/n"].copy())
                 counts.base = torch.from_numpy(data[f"{i}/base"].copy())
                 counts.both = torch.from_numpy(data[f"{i}/both"].copy())
-                counts.extra = {k: torch.from_numpy(data[f"{i}/extra:{k}"].copy()) for k in meta["extras"]}
+                counts.extra = {
+                    k: torch.from_numpy(data[f"{i}/extra:{k}"].copy()) for k in meta["extras"]
+                }
         return tally
 
     # -- checkpoints (resume after a kill) ----------------------------------------------
@@ -324,10 +422,13 @@ class Tally:
                 arrays[f"{i}/{key}"] = value
         pending = self._pending
         if pending:
-            meta["pending"] = {"units": [u for p in pending for u in p[0]],
-                               "labels": [label for p in pending for label in p[1]],
-                               "values": pending[0][2] is not None, "base": pending[0][4] is not None,
-                               "extra": sorted(pending[0][5])}
+            meta["pending"] = {
+                "units": [u for p in pending for u in p[0]],
+                "labels": [label for p in pending for label in p[1]],
+                "values": pending[0][2] is not None,
+                "base": pending[0][4] is not None,
+                "extra": sorted(pending[0][5]),
+            }
             if pending[0][2] is not None:
                 arrays["pending/values"] = torch.cat([p[2].detach().cpu() for p in pending]).numpy()
             arrays["pending/n"] = np.concatenate([p[3] for p in pending])
@@ -349,10 +450,20 @@ class Tally:
             meta = json.loads(bytes(data["meta"]).decode())
             pending = meta.get("pending")
             if pending:
-                values = torch.from_numpy(data["pending/values"].copy()) if pending["values"] else None
+                values = (
+                    torch.from_numpy(data["pending/values"].copy()) if pending["values"] else None
+                )
                 base = data["pending/base"].copy() if pending["base"] else None
                 extra = {key: data[f"pending/extra:{key}"].copy() for key in pending["extra"]}
-                tally._pending = [(pending["units"], pending["labels"], values, data["pending/n"].copy(), base,
-                                   extra)]
+                tally._pending = [
+                    (
+                        pending["units"],
+                        pending["labels"],
+                        values,
+                        data["pending/n"].copy(),
+                        base,
+                        extra,
+                    )
+                ]
                 tally._pending_rows = len(pending["units"])
         return tally

@@ -33,14 +33,56 @@ ALPHA = 0.05
 DIRECTION_ORDER = {"dep->head": 0, "head<-dep": 1, "": 2}
 NO_SELECTION = "no held-out selection"
 
-BEST_COLUMNS = ["analysis", "label", "selection", "fold", "layer", "head", "direction", "heads", "n", "hits",
-                "accuracy", "ci_low", "ci_high", "baseline_variant", "baseline_hits", "baseline_accuracy", "gap",
-                "gap_low", "gap_high", "unreachable", "tied", "folds_agree", "small_sample", "p_value", "p_holm",
-                "note"]
+BEST_COLUMNS = [
+    "analysis",
+    "label",
+    "selection",
+    "fold",
+    "layer",
+    "head",
+    "direction",
+    "heads",
+    "n",
+    "hits",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "baseline_variant",
+    "baseline_hits",
+    "baseline_accuracy",
+    "gap",
+    "gap_low",
+    "gap_high",
+    "unreachable",
+    "tied",
+    "folds_agree",
+    "small_sample",
+    "p_value",
+    "p_holm",
+    "note",
+]
 BASELINE_COLUMNS = ["analysis", "label", "variant", "n", "hits", "accuracy", "ci_low", "ci_high"]
-TEST_COLUMNS = ["analysis", "label", "layer", "head", "direction", "n", "hits", "accuracy", "baseline_variant",
-                "baseline_accuracy", "gap", "head_only", "baseline_only", "p_value", "family", "p_holm",
-                "heldout_accuracy", "heldout_baseline", "heldout_gap"]
+TEST_COLUMNS = [
+    "analysis",
+    "label",
+    "layer",
+    "head",
+    "direction",
+    "n",
+    "hits",
+    "accuracy",
+    "baseline_variant",
+    "baseline_accuracy",
+    "gap",
+    "head_only",
+    "baseline_only",
+    "p_value",
+    "family",
+    "p_holm",
+    "heldout_accuracy",
+    "heldout_baseline",
+    "heldout_gap",
+]
 
 
 # ------------------------------------------------------------------------ the engine
@@ -50,7 +92,7 @@ TEST_COLUMNS = ["analysis", "label", "layer", "head", "direction", "n", "hits", 
 # reads resample 0; intervals read the resamples; a paired gap subtracts two ratios
 # resample by resample (same weights).
 
-Q = (2.5, 97.5)                # the 95% percentile interval's ends (SPEC 5)
+Q = (2.5, 97.5)  # the 95% percentile interval's ends (SPEC 5)
 
 
 def ratio(hits, n):
@@ -69,7 +111,7 @@ def percentiles(values, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """
     v = np.moveaxis(np.asarray(values, dtype=np.float64), axis, 0)
     shape = v.shape[1:]
-    flat = v.reshape(v.shape[0], int(np.prod(shape)))                      # [resample, cell]
+    flat = v.reshape(v.shape[0], int(np.prod(shape)))  # [resample, cell]
     finite = np.isfinite(flat)
     out = np.full((2, flat.shape[1]), np.nan)
     if finite.all() and flat.shape[0]:
@@ -78,7 +120,7 @@ def percentiles(values, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
         # a percentile depends only on the sorted values: sort the non-finite ones last and
         # take each cell's finite prefix, all cells with the same count at once
         ordered = np.sort(np.where(finite, flat, np.inf), axis=0)
-        count = finite.sum(0)                                              # [cell]
+        count = finite.sum(0)  # [cell]
         for k in np.unique(count[count > 0]):
             cells = count == k
             out[:, cells] = np.percentile(ordered[:k, cells], Q, axis=0)
@@ -185,28 +227,37 @@ def holm(p_values) -> np.ndarray:
 
 # ------------------------------------------------------------------------ one label
 
+
 class LabelTotals:
     """One label's tally as candidate matrices; candidates are (layer, head, direction) in
     that sort order, so the first maximum is the SPEC tie-break."""
 
     def __init__(self, tally, label: str):
         a = tally.arrays(label)
-        hits = a["hits"]                                           # [fold, resample, layer, head, direction]
+        hits = a["hits"]  # [fold, resample, layer, head, direction]
         folds, resamples, n_layers, n_heads, n_dirs = hits.shape
         self.shape = (n_layers, n_heads, n_dirs)
-        self.hits = hits.reshape(folds, resamples, -1).astype(np.float64)     # [fold, resample, cand]
-        self.dir_of = np.tile(np.arange(n_dirs), n_layers * n_heads)          # [cand]
-        self.n = a["n"][..., self.dir_of]                                     # [fold, resample, cand]
-        self.base = a["base"].astype(np.float64)                              # [fold, resample, variant]
-        self.base_n = a["n"][..., 0]                                          # [fold, resample]
-        self.both = a["both"].reshape(self.hits.shape[-1], a["both"].shape[-1]).astype(np.float64)  # [cand, variant]
-        self.extra = {k.split(":", 1)[1]: v for k, v in a.items() if k.startswith("extra:")}  # [fold, dir]
+        self.hits = hits.reshape(folds, resamples, -1).astype(np.float64)  # [fold, resample, cand]
+        self.dir_of = np.tile(np.arange(n_dirs), n_layers * n_heads)  # [cand]
+        self.n = a["n"][..., self.dir_of]  # [fold, resample, cand]
+        self.base = a["base"].astype(np.float64)  # [fold, resample, variant]
+        self.base_n = a["n"][..., 0]  # [fold, resample]
+        self.both = (
+            a["both"].reshape(self.hits.shape[-1], a["both"].shape[-1]).astype(np.float64)
+        )  # [cand, variant]
+        self.extra = {
+            k.split(":", 1)[1]: v for k, v in a.items() if k.startswith("extra:")
+        }  # [fold, dir]
         layers, directions = tally.layers, tally.directions
-        self.candidates = [(layers[c // (n_heads * n_dirs)], (c // n_dirs) % n_heads, directions[c % n_dirs])
-                           for c in range(self.hits.shape[-1])]
+        self.candidates = [
+            (layers[c // (n_heads * n_dirs)], (c // n_dirs) % n_heads, directions[c % n_dirs])
+            for c in range(self.hits.shape[-1])
+        ]
         self.variants = list(tally.variants)
         # McNemar applies to hit counts (whole numbers), not to summed attention
-        self.counts_hits = tally.value == "hits" or bool(np.array_equal(self.hits[:, 0], np.round(self.hits[:, 0])))
+        self.counts_hits = tally.value == "hits" or bool(
+            np.array_equal(self.hits[:, 0], np.round(self.hits[:, 0]))
+        )
 
     # data subsets: a tuple of folds
     def trials(self, folds) -> float:
@@ -245,13 +296,13 @@ class LabelTotals:
         in the direction, and against the baseline, chosen on the other fold, pooled:
         (accuracy [head], baseline accuracy); NaN when a fold has no trials."""
         n_dirs = self.shape[2]
-        first = cand - cand % n_dirs                                          # [head] direction 0
+        first = cand - cand % n_dirs  # [head] direction 0
         hits, n, base, base_n = 0.0, 0.0, 0.0, 0.0
         for f in (0, 1):
-            other = self.accuracy((1 - f,)).reshape(len(cand), n_dirs)        # [head, dir]
+            other = self.accuracy((1 - f,)).reshape(len(cand), n_dirs)  # [head, dir]
             if not np.isfinite(other).any() or self.trials((1 - f,)) <= 0:
                 return np.full(len(cand), np.nan), np.nan
-            chosen = first + first_best_along(other)                          # [head]
+            chosen = first + first_best_along(other)  # [head]
             hits = hits + self.hits[f, 0, chosen]
             n = n + self.n[f, 0, chosen]
             base += self.base[f, 0, self.select((1 - f,))[1]]
@@ -264,20 +315,50 @@ def _row(analysis, label, totals, selection, fold, picks, cand, base_idx):
     hits, n, base = totals.evaluate(picks)
     acc, low, high = estimate(hits, n)
     layer, head, direction = totals.candidates[cand] if cand is not None else (-1, -1, "")
-    row = dict(analysis=analysis, label=label, selection=selection, fold=fold, layer=layer, head=head,
-               direction=direction, heads=f"{layer}-{head}" if cand is not None else "", n=float(n[0]),
-               hits=float(hits[0]), accuracy=float(acc), ci_low=float(low), ci_high=float(high))
+    row = dict(
+        analysis=analysis,
+        label=label,
+        selection=selection,
+        fold=fold,
+        layer=layer,
+        head=head,
+        direction=direction,
+        heads=f"{layer}-{head}" if cand is not None else "",
+        n=float(n[0]),
+        hits=float(hits[0]),
+        accuracy=float(acc),
+        ci_low=float(low),
+        ci_high=float(high),
+    )
     if base is not None:
         gap, gap_low, gap_high = paired_gap(hits, base, n)
-        row.update(baseline_variant=totals.variants[base_idx] if base_idx is not None else "per fold",
-                   baseline_hits=float(base[0]), baseline_accuracy=ratio(base[0], n[0]).item(), gap=float(gap),
-                   gap_low=float(gap_low), gap_high=float(gap_high))
+        row.update(
+            baseline_variant=totals.variants[base_idx] if base_idx is not None else "per fold",
+            baseline_hits=float(base[0]),
+            baseline_accuracy=ratio(base[0], n[0]).item(),
+            gap=float(gap),
+            gap_low=float(gap_low),
+            gap_high=float(gap_high),
+        )
     return row
 
 
 def _empty_row(analysis, label, selection, fold, n, note, min_n=MIN_N):
-    return dict(analysis=analysis, label=label, selection=selection, fold=fold, layer=-1, head=-1, direction="",
-                heads="", n=n, hits=np.nan, accuracy=np.nan, note=note, small_sample=n < min_n)
+    return dict(
+        analysis=analysis,
+        label=label,
+        selection=selection,
+        fold=fold,
+        layer=-1,
+        head=-1,
+        direction="",
+        heads="",
+        n=n,
+        hits=np.nan,
+        accuracy=np.nan,
+        note=note,
+        small_sample=n < min_n,
+    )
 
 
 def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_N) -> list[dict]:
@@ -289,24 +370,37 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
     if best is None:
         return [_empty_row(analysis, label, "in-sample", "", n_all, "no trials", min_n)]
     small = n_all < min_n
-    row = _row(analysis, label, totals, "in-sample", "", {0: (best, base), 1: (best, base)}, best, base)
-    row.update(tied=totals.tied(both, best), small_sample=small, unreachable=totals.unreachable(both, best))
-    if base is not None and totals.counts_hits:       # McNemar needs hits, not summed attention
+    row = _row(
+        analysis, label, totals, "in-sample", "", {0: (best, base), 1: (best, base)}, best, base
+    )
+    row.update(
+        tied=totals.tied(both, best), small_sample=small, unreachable=totals.unreachable(both, best)
+    )
+    if base is not None and totals.counts_hits:  # McNemar needs hits, not summed attention
         b = totals.hits[:, 0, best].sum() - totals.both[best, base]
         c = totals.base[:, 0, base].sum() - totals.both[best, base]
         row.update(p_value=float(mcnemar_greater(b, c)))
-    if small:       # shown with its counts, never named
-        row.update(layer=-1, head=-1, direction="", heads="", note=f"fewer than {min_n} trials: no best head")
+    if small:  # shown with its counts, never named
+        row.update(
+            layer=-1,
+            head=-1,
+            direction="",
+            heads="",
+            note=f"fewer than {min_n} trials: no best head",
+        )
     rows.append(row)
 
     chosen = {f: totals.select((f,)) for f in both}
     empty = [f for f in both if chosen[f][0] is None]
     if empty:
         note = f"{NO_SELECTION}: fold {empty[0]} has no trials"
-        rows += [_empty_row(analysis, label, "held-out", str(f), totals.trials((f,)), note, min_n) for f in both]
+        rows += [
+            _empty_row(analysis, label, "held-out", str(f), totals.trials((f,)), note, min_n)
+            for f in both
+        ]
         rows.append(_empty_row(analysis, label, "held-out", "", n_all, note, min_n))
         return rows
-    for f in both:                 # evaluate on fold f what the other fold chose
+    for f in both:  # evaluate on fold f what the other fold chose
         c, b = chosen[1 - f]
         r = _row(analysis, label, totals, "held-out", str(f), {f: (c, b)}, c, b)
         r.update(small_sample=totals.trials((f,)) < min_n, unreachable=totals.unreachable((f,), c))
@@ -314,36 +408,66 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
     picks = {f: chosen[1 - f] for f in both}
     same = chosen[0][0] == chosen[1][0]
     same_base = chosen[0][1] == chosen[1][1]
-    pooled = _row(analysis, label, totals, "held-out", "", picks, chosen[0][0] if same else None,
-                  chosen[0][1] if same_base else None)
+    pooled = _row(
+        analysis,
+        label,
+        totals,
+        "held-out",
+        "",
+        picks,
+        chosen[0][0] if same else None,
+        chosen[0][1] if same_base else None,
+    )
     pooled.update(folds_agree=bool(same), small_sample=small)
-    if not same:                   # name both picks (selected on fold 0 | on fold 1)
+    if not same:  # name both picks (selected on fold 0 | on fold 1)
         picks_named = [totals.candidates[chosen[f][0]] for f in both]
         same_head = picks_named[0][:2] == picks_named[1][:2]
-        pooled["heads"] = " | ".join(f"{l}-{h} {d}" if same_head else f"{l}-{h}" for l, h, d in picks_named)
+        pooled["heads"] = " | ".join(
+            f"{l}-{h} {d}" if same_head else f"{l}-{h}" for l, h, d in picks_named
+        )
     if small:
-        pooled.update(layer=-1, head=-1, direction="", heads="", note=f"fewer than {min_n} trials: no best head")
+        pooled.update(
+            layer=-1,
+            head=-1,
+            direction="",
+            heads="",
+            note=f"fewer than {min_n} trials: no best head",
+        )
     rows.append(pooled)
     return rows
 
 
 def baseline_rows(analysis: str, label: str, totals: LabelTotals) -> list[dict]:
-    hits = totals.base.sum(0)                                   # [resample, variant]
-    n = totals.base_n.sum(0)                                    # [resample]
+    hits = totals.base.sum(0)  # [resample, variant]
+    n = totals.base_n.sum(0)  # [resample]
     acc, low, high = estimate(hits, n[:, None])
-    return [dict(analysis=analysis, label=label, variant=name, n=float(n[0]), hits=float(hits[0, v]),
-                 accuracy=float(acc[v]), ci_low=float(low[v]), ci_high=float(high[v]))
-            for v, name in enumerate(totals.variants)]
+    return [
+        dict(
+            analysis=analysis,
+            label=label,
+            variant=name,
+            n=float(n[0]),
+            hits=float(hits[0, v]),
+            accuracy=float(acc[v]),
+            ci_low=float(low[v]),
+            ci_high=float(high[v]),
+        )
+        for v, name in enumerate(totals.variants)
+    ]
 
 
 def head_tests(analysis: str, label: str, totals: LabelTotals) -> pd.DataFrame:
     """Per head: its better direction in-sample, the McNemar test against the in-sample best
     baseline, and the held-out gap (direction and baseline chosen on the other fold)."""
     n_layers, n_heads, n_dirs = totals.shape
-    acc = totals.accuracy((0, 1)).reshape(n_layers * n_heads, n_dirs)      # [head, dir]
+    acc = totals.accuracy((0, 1)).reshape(n_layers * n_heads, n_dirs)  # [head, dir]
     if not np.isfinite(acc).any() or not totals.variants or not totals.counts_hits:
-        return pd.DataFrame(columns=TEST_COLUMNS)          # McNemar tests hits; mass has no discordant items
-    cand = np.arange(n_layers * n_heads) * n_dirs + first_best_along(acc)  # [head] better direction; ties: first
+        return pd.DataFrame(
+            columns=TEST_COLUMNS
+        )  # McNemar tests hits; mass has no discordant items
+    cand = np.arange(n_layers * n_heads) * n_dirs + first_best_along(
+        acc
+    )  # [head] better direction; ties: first
     _, base = totals.select((0, 1))
     hits = totals.hits[:, 0, cand].sum(0)
     n = totals.n[:, 0, cand].sum(0)
@@ -353,19 +477,34 @@ def head_tests(analysis: str, label: str, totals: LabelTotals) -> pd.DataFrame:
     held_acc, held_bacc = totals.heldout_heads(cand)
     accuracy, baseline_accuracy = ratio(hits, n), ratio(base_hits, n)
     layer_head = [totals.candidates[c][:3] for c in cand]
-    return pd.DataFrame({
-        "analysis": analysis, "label": label,
-        "layer": [x[0] for x in layer_head], "head": [x[1] for x in layer_head],
-        "direction": [x[2] for x in layer_head], "n": n, "hits": hits, "accuracy": accuracy,
-        "baseline_variant": totals.variants[base], "baseline_accuracy": baseline_accuracy,
-        "gap": accuracy - baseline_accuracy, "head_only": head_only, "baseline_only": baseline_only,
-        "p_value": mcnemar_greater(head_only, baseline_only),
-        "family": "", "p_holm": np.nan,
-        "heldout_accuracy": held_acc, "heldout_baseline": held_bacc, "heldout_gap": held_acc - held_bacc,
-    }, columns=TEST_COLUMNS)
+    return pd.DataFrame(
+        {
+            "analysis": analysis,
+            "label": label,
+            "layer": [x[0] for x in layer_head],
+            "head": [x[1] for x in layer_head],
+            "direction": [x[2] for x in layer_head],
+            "n": n,
+            "hits": hits,
+            "accuracy": accuracy,
+            "baseline_variant": totals.variants[base],
+            "baseline_accuracy": baseline_accuracy,
+            "gap": accuracy - baseline_accuracy,
+            "head_only": head_only,
+            "baseline_only": baseline_only,
+            "p_value": mcnemar_greater(head_only, baseline_only),
+            "family": "",
+            "p_holm": np.nan,
+            "heldout_accuracy": held_acc,
+            "heldout_baseline": held_bacc,
+            "heldout_gap": held_acc - held_bacc,
+        },
+        columns=TEST_COLUMNS,
+    )
 
 
 # ------------------------------------------------------------------------ one analysis
+
 
 def selection_tables(tally, family=None, min_n: int = MIN_N):
     """(best_heads, baselines, head_tests) of one analysis's tally.
@@ -395,7 +534,9 @@ def selection_tables(tally, family=None, min_n: int = MIN_N):
     if len(tests) and len(best):
         adjusted = tests.set_index(["label", "layer", "head"])["p_holm"]
         named = (best["selection"] == "in-sample") & (best["layer"] >= 0)
-        keys = list(zip(best.loc[named, "label"], best.loc[named, "layer"], best.loc[named, "head"]))
+        keys = list(
+            zip(best.loc[named, "label"], best.loc[named, "layer"], best.loc[named, "head"])
+        )
         best.loc[named, "p_holm"] = adjusted.reindex(keys).to_numpy(np.float64)
     return best, pd.DataFrame(base, columns=BASELINE_COLUMNS), tests
 
@@ -409,8 +550,8 @@ def _best_frame(rows: list[dict]) -> pd.DataFrame:
             frame[column] = np.nan
     for column in ("note", "heads", "baseline_variant"):
         frame[column] = frame[column].astype(object).where(frame[column].notna(), "").astype(str)
-    frame["tied"] = frame["tied"].astype("Int64")                   # candidates at the best accuracy
-    frame["folds_agree"] = frame["folds_agree"].astype("boolean")   # held-out pooled rows only
+    frame["tied"] = frame["tied"].astype("Int64")  # candidates at the best accuracy
+    frame["folds_agree"] = frame["folds_agree"].astype("boolean")  # held-out pooled rows only
     frame["small_sample"] = frame["small_sample"].fillna(False).astype(bool)
     return frame[BEST_COLUMNS]
 
@@ -419,17 +560,33 @@ def tidy_counts(tally) -> pd.DataFrame:
     """SPEC 5 tidy table of one tally: whole data (fold "") and each half ("0", "1"),
     resample 0 (the data itself); baselines as rows with `variant` and layer = head = -1."""
     n_heads, n_dirs = tally.n_heads, len(tally.directions)
-    layer, head, direction = (x.ravel() for x in np.meshgrid(np.asarray(tally.layers), np.arange(n_heads),
-                                                             np.arange(n_dirs), indexing="ij"))
+    layer, head, direction = (
+        x.ravel()
+        for x in np.meshgrid(
+            np.asarray(tally.layers), np.arange(n_heads), np.arange(n_dirs), indexing="ij"
+        )
+    )
     n_cells, n_variants = layer.size, len(tally.variants)
-    columns = {name: [] for name in ("label", "layer", "head", "direction", "variant", "fold", "n", "value",
-                                     "unreachable")}
+    columns = {
+        name: []
+        for name in (
+            "label",
+            "layer",
+            "head",
+            "direction",
+            "variant",
+            "fold",
+            "n",
+            "value",
+            "unreachable",
+        )
+    }
     for label in tally.sorted_labels():
         a = tally.arrays(label)
-        hits = a["hits"][:, 0].reshape(a["hits"].shape[0], -1)       # [fold, cell]
-        n = a["n"][:, 0]                                              # [fold, direction]
-        base = a["base"][:, 0]                                        # [fold, variant]
-        unreachable = a.get("extra:unreachable")                      # [fold, direction]
+        hits = a["hits"][:, 0].reshape(a["hits"].shape[0], -1)  # [fold, cell]
+        n = a["n"][:, 0]  # [fold, direction]
+        base = a["base"][:, 0]  # [fold, variant]
+        unreachable = a.get("extra:unreachable")  # [fold, direction]
         for fold in ("", "0", "1"):
             pick = (lambda x: x.sum(0)) if fold == "" else (lambda x, f=int(fold): x[f])
             t = pick(n)
@@ -441,7 +598,11 @@ def tidy_counts(tally) -> pd.DataFrame:
             columns["fold"] += [fold] * (n_cells + n_variants)
             columns["n"] += [t[direction], np.full(n_variants, t[0] if t.size else 0.0)]
             columns["value"] += [pick(hits).astype(np.float64), pick(base).astype(np.float64)]
-            u = np.full(n_cells, np.nan) if unreachable is None else pick(unreachable)[direction].astype(np.float64)
+            u = (
+                np.full(n_cells, np.nan)
+                if unreachable is None
+                else pick(unreachable)[direction].astype(np.float64)
+            )
             columns["unreachable"] += [u, np.full(n_variants, np.nan)]
     if not columns["label"]:
         return pd.DataFrame(columns=COUNT_COLUMNS)
@@ -451,35 +612,69 @@ def tidy_counts(tally) -> pd.DataFrame:
     is_head = variant_code < 0
     names = np.asarray(tally.directions + ("",), dtype=object)
     variants = np.asarray(tuple(tally.variants) + ("",), dtype=object)
-    frame = pd.DataFrame({
-        "analysis": tally.analysis, "label": np.asarray(columns["label"], dtype=object),
-        "layer": cat(columns["layer"]).astype(np.int64), "head": cat(columns["head"]).astype(np.int64),
-        "direction": names[direction_code], "variant": variants[variant_code],
-        "fold": np.asarray(columns["fold"], dtype=object), "n": cat(columns["n"]).astype(np.float64),
-        "hits": np.where(is_head & (tally.value == "mass"), np.nan, value),
-        "mass": np.where(is_head & (tally.value == "mass"), value, np.nan),
-        "unreachable": cat(columns["unreachable"])})
+    frame = pd.DataFrame(
+        {
+            "analysis": tally.analysis,
+            "label": np.asarray(columns["label"], dtype=object),
+            "layer": cat(columns["layer"]).astype(np.int64),
+            "head": cat(columns["head"]).astype(np.int64),
+            "direction": names[direction_code],
+            "variant": variants[variant_code],
+            "fold": np.asarray(columns["fold"], dtype=object),
+            "n": cat(columns["n"]).astype(np.float64),
+            "hits": np.where(is_head & (tally.value == "mass"), np.nan, value),
+            "mass": np.where(is_head & (tally.value == "mass"), value, np.nan),
+            "unreachable": cat(columns["unreachable"]),
+        }
+    )
     return frame[COUNT_COLUMNS]
 
 
-COUNT_COLUMNS = ["analysis", "label", "layer", "head", "direction", "variant", "fold", "n", "hits", "mass",
-                 "unreachable"]
+COUNT_COLUMNS = [
+    "analysis",
+    "label",
+    "layer",
+    "head",
+    "direction",
+    "variant",
+    "fold",
+    "n",
+    "hits",
+    "mass",
+    "unreachable",
+]
 
 
 # ------------------------------------------------------------------------ exact reference
 
-def multinomial_intervals(unit_counts: pd.DataFrame, analysis: str, label: str, layer: int, head: int,
-                          direction: str, variant: str, seed: int = SEED, n_boot: int = N_BOOT):
+
+def multinomial_intervals(
+    unit_counts: pd.DataFrame,
+    analysis: str,
+    label: str,
+    layer: int,
+    head: int,
+    direction: str,
+    variant: str,
+    seed: int = SEED,
+    n_boot: int = N_BOOT,
+):
     """Reference: the classic multinomial bootstrap over units (resample units with
     replacement) from per-unit rows (`--keep-unit-counts`), for one head and one baseline.
     Returns ((acc_low, acc_high), (gap_low, gap_high)). Used to check the streaming
     Poisson intervals; not used by runs."""
-    rows = unit_counts[(unit_counts["analysis"].astype(str) == analysis)
-                       & (unit_counts["label"].astype(str) == label)]
+    rows = unit_counts[
+        (unit_counts["analysis"].astype(str) == analysis)
+        & (unit_counts["label"].astype(str) == label)
+    ]
     units = sorted(set(rows["unit"].astype(str)))
     index = {u: i for i, u in enumerate(units)}
-    head_rows = rows[(rows["layer"] == layer) & (rows["head"] == head)
-                     & (rows["direction"].astype(str) == direction) & (rows["variant"].astype(str) == "")]
+    head_rows = rows[
+        (rows["layer"] == layer)
+        & (rows["head"] == head)
+        & (rows["direction"].astype(str) == direction)
+        & (rows["variant"].astype(str) == "")
+    ]
     base_rows = rows[rows["variant"].astype(str) == variant]
 
     def per_unit(frame):

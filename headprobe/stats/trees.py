@@ -39,11 +39,11 @@ def max_arborescence(scores: np.ndarray, root_scores: np.ndarray | None = None) 
     off = scores[~np.eye(n, dtype=bool)]
     if root_scores is None:
         root_scores = np.full(n, off.min() - 1.0)
-    graph = np.full((n + 1, n + 1), -np.inf)          # graph[h, d], node 0 = ROOT, word k = node k + 1
+    graph = np.full((n + 1, n + 1), -np.inf)  # graph[h, d], node 0 = ROOT, word k = node k + 1
     graph[1:, 1:] = scores.T
     graph[0, 1:] = root_scores
     heads = _chu_liu_edmonds(graph)
-    return heads[1:] - 1                                 # node -> word (ROOT node 0 -> -1)
+    return heads[1:] - 1  # node -> word (ROOT node 0 -> -1)
 
 
 def _chu_liu_edmonds(graph: np.ndarray) -> np.ndarray:
@@ -53,7 +53,7 @@ def _chu_liu_edmonds(graph: np.ndarray) -> np.ndarray:
     size = len(graph)
     graph[:, 0] = -np.inf
     np.fill_diagonal(graph, -np.inf)
-    heads = graph.argmax(axis=0)                         # best incoming arc of each node
+    heads = graph.argmax(axis=0)  # best incoming arc of each node
     heads[0] = -1
     cycle = _cycle(heads)
     if not cycle:
@@ -61,31 +61,31 @@ def _chu_liu_edmonds(graph: np.ndarray) -> np.ndarray:
     in_cycle = np.zeros(size, dtype=bool)
     in_cycle[cycle] = True
     cycle = np.flatnonzero(in_cycle)
-    rest = np.flatnonzero(~in_cycle)                     # ROOT (node 0) first
+    rest = np.flatnonzero(~in_cycle)  # ROOT (node 0) first
     m = len(rest)
-    kept = graph[heads[cycle], cycle]                    # the cycle's own arcs
-    small = np.full((m + 1, m + 1), -np.inf)             # the cycle contracted into node m
+    kept = graph[heads[cycle], cycle]  # the cycle's own arcs
+    small = np.full((m + 1, m + 1), -np.inf)  # the cycle contracted into node m
     small[:m, :m] = graph[np.ix_(rest, rest)]
-    leaving = graph[np.ix_(cycle, rest)]                 # [cycle node, rest]: arcs out of the cycle
+    leaving = graph[np.ix_(cycle, rest)]  # [cycle node, rest]: arcs out of the cycle
     small[m, :m] = leaving.max(axis=0)
     leaving_from = cycle[leaving.argmax(axis=0)]
-    entering = graph[np.ix_(rest, cycle)] - kept[None, :]   # gain of entering the cycle at each node
+    entering = graph[np.ix_(rest, cycle)] - kept[None, :]  # gain of entering the cycle at each node
     small[:m, m] = entering.max(axis=1)
     entering_at = cycle[entering.argmax(axis=1)]
     sub = _chu_liu_edmonds(small)
     out = heads.copy()
-    for k in range(1, m):                                # nodes outside the cycle
+    for k in range(1, m):  # nodes outside the cycle
         h = sub[k]
         out[rest[k]] = rest[h] if h < m else leaving_from[k]
-    source = sub[m]                                      # where the arc into the cycle comes from
-    out[entering_at[source]] = rest[source]              # the cycle is broken there
+    source = sub[m]  # where the arc into the cycle comes from
+    out[entering_at[source]] = rest[source]  # the cycle is broken there
     out[0] = -1
     return out
 
 
 def _cycle(heads: np.ndarray) -> list[int]:
     """The nodes of one cycle of `heads` (node 0 is the root), else []."""
-    state = np.zeros(len(heads), dtype=np.int8)          # 0 new, 1 on this walk, 2 done
+    state = np.zeros(len(heads), dtype=np.int8)  # 0 new, 1 on this walk, 2 done
     for start in range(1, len(heads)):
         walk, node = [], start
         while node > 0 and state[node] == 0:
@@ -93,7 +93,7 @@ def _cycle(heads: np.ndarray) -> list[int]:
             walk.append(node)
             node = heads[node]
         if node > 0 and state[node] == 1:
-            return walk[walk.index(node):]
+            return walk[walk.index(node) :]
         state[walk] = 2
     return []
 
@@ -106,20 +106,20 @@ def max_spanning_tree(scores: torch.Tensor, n_words: torch.Tensor) -> torch.Tens
     g, w, _ = scores.shape
     device = scores.device
     index = torch.arange(g, device=device)
-    valid = torch.arange(w, device=device)[None, :] < n_words[:, None]            # [graph, word]
+    valid = torch.arange(w, device=device)[None, :] < n_words[:, None]  # [graph, word]
     in_tree = torch.zeros(g, w, dtype=torch.bool, device=device)
     in_tree[:, 0] = True
     neg = torch.tensor(float("-inf"), dtype=scores.dtype, device=device)
-    best = torch.where(valid & ~in_tree, scores[:, 0, :], neg)                  # best arc into the tree
-    link = torch.zeros(g, w, dtype=torch.long, device=device)                   # its end in the tree
+    best = torch.where(valid & ~in_tree, scores[:, 0, :], neg)  # best arc into the tree
+    link = torch.zeros(g, w, dtype=torch.long, device=device)  # its end in the tree
     parent = torch.full((g, w), -1, dtype=torch.long, device=device)
     for _ in range(w - 1):
-        top = best.max(dim=-1)                                                   # first maximum
-        ok = top.values > neg                                                    # a word is left to add
+        top = best.max(dim=-1)  # first maximum
+        ok = top.values > neg  # a word is left to add
         node = top.indices
         parent[index[ok], node[ok]] = link[index[ok], node[ok]]
         in_tree[index[ok], node[ok]] = True
-        row = scores[index, node]                                                # [graph, word]
+        row = scores[index, node]  # [graph, word]
         better = ok[:, None] & valid & ~in_tree & (row > best)
         best = torch.where(better, row, best)
         link = torch.where(better, node[:, None], link)

@@ -55,16 +55,16 @@ class Example:
     window's first sentence); left out, it is the unit.
     """
 
-    words: list[str]                      # syntactic words
-    unit: str                             # bootstrap / fold unit (document id, or sentence id)
-    source: str                           # "path:line" of the example's first line
-    heads: list[int] | None = None        # 0-based head word index, -1 for root
-    deprels: list[str] | None = None      # relation with its subtype cut
+    words: list[str]  # syntactic words
+    unit: str  # bootstrap / fold unit (document id, or sentence id)
+    source: str  # "path:line" of the example's first line
+    heads: list[int] | None = None  # 0-based head word index, -1 for root
+    deprels: list[str] | None = None  # relation with its subtype cut
     upos: list[str] | None = None
     feats: list[dict] | None = None
-    mentions: list | None = None          # coreference mentions (window-relative word indices)
+    mentions: list | None = None  # coreference mentions (window-relative word indices)
     meta: dict = field(default_factory=dict)
-    sent_id: str | None = None            # the sentence's own id (None: the unit)
+    sent_id: str | None = None  # the sentence's own id (None: the unit)
 
     def __post_init__(self) -> None:
         if self.sent_id is None:
@@ -136,8 +136,14 @@ class Stream(Accounting):
     will yield (a progress bar's total; None: unknown).
     """
 
-    def __init__(self, read: Callable[[Accounting], Iterable], *, name: str | None = None,
-                 accounting: Accounting | None = None, total_words: Callable[[], int | None] | None = None):
+    def __init__(
+        self,
+        read: Callable[[Accounting], Iterable],
+        *,
+        name: str | None = None,
+        accounting: Accounting | None = None,
+        total_words: Callable[[], int | None] | None = None,
+    ):
         self.read = read
         self.name = name
         self.skipped: list[str] = accounting.skipped if accounting is not None else []
@@ -158,9 +164,9 @@ class Stream(Accounting):
 class SentIds:
     """Sentence ids seen so far in one input; a repeated one is a `CorpusError`.
 
-        ids = SentIds()
-        ids.add("s1", "t.conllu:2", "line 2")
-        ids.add("s1", "t.conllu:9", "line 9")   # CorpusError: t.conllu:9: sent_id 's1' ... line 2
+    ids = SentIds()
+    ids.add("s1", "t.conllu:2", "line 2")
+    ids.add("s1", "t.conllu:9", "line 9")   # CorpusError: t.conllu:9: sent_id 's1' ... line 2
     """
 
     def __init__(self):
@@ -168,27 +174,36 @@ class SentIds:
 
     def add(self, sent_id: str, where: str, label: str) -> None:
         if sent_id in self.first:
-            raise CorpusError(f"{where}: duplicate sent_id {sent_id!r} (first used at {self.first[sent_id]})",
-                              DUPLICATE_SENT_ID)
+            raise CorpusError(
+                f"{where}: duplicate sent_id {sent_id!r} (first used at {self.first[sent_id]})",
+                DUPLICATE_SENT_ID,
+            )
         self.first[sent_id] = label
 
 
 # ------------------------------------------------------------------------------- lines
 
 
-def decode_lines(raw_lines: Iterable[bytes], path: str) -> Iterator[tuple[int, str, CorpusError | None]]:
+def decode_lines(
+    raw_lines: Iterable[bytes], path: str
+) -> Iterator[tuple[int, str, CorpusError | None]]:
     """(line number, text, error) per line: bytes decoded as UTF-8, line ends and a leading BOM dropped.
 
     An undecodable line comes with U+FFFD in its text and a `CorpusError` naming it."""
     for number, raw in enumerate(raw_lines, start=1):
         if number == 1 and raw.startswith(codecs.BOM_UTF8):
-            raw = raw[len(codecs.BOM_UTF8):]
+            raw = raw[len(codecs.BOM_UTF8) :]
         raw = raw.rstrip(b"\n").rstrip(b"\r")
         try:
             yield number, raw.decode("utf-8"), None
         except UnicodeDecodeError as exc:
-            yield number, raw.decode("utf-8", errors="replace"), CorpusError(
-                f"{path}:{number}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line)")
+            yield (
+                number,
+                raw.decode("utf-8", errors="replace"),
+                CorpusError(
+                    f"{path}:{number}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line)"
+                ),
+            )
 
 
 def file_lines(path: str | Path) -> Iterator[bytes]:
@@ -205,14 +220,18 @@ def text_lines(text: str | Iterable[str]) -> Iterator[bytes]:
         yield line.encode("utf-8", errors="surrogateescape")
 
 
-
 def base_relation(deprel: str) -> str:
     """UD relation with its subtype cut: 'obl:tmod' -> 'obl'."""
     return deprel.split(":", 1)[0]
 
 
-def check_tree(forms: Sequence[str], heads: Sequence, deprels: Sequence, where: str,
-               word_where: Sequence[str] | None = None) -> list[int]:
+def check_tree(
+    forms: Sequence[str],
+    heads: Sequence,
+    deprels: Sequence,
+    where: str,
+    word_where: Sequence[str] | None = None,
+) -> list[int]:
     """Validate one sentence's dependency tree; return 0-based heads (-1 for the root).
 
         check_tree(["It", "rained"], ["2", "0"], ["nsubj", "root"], "t.conllu:1")  # -> [1, -1]
@@ -233,15 +252,19 @@ def check_tree(forms: Sequence[str], heads: Sequence, deprels: Sequence, where: 
         except ValueError:
             head = None
         if head is None or isinstance(raw, bool) or not 0 <= head <= n:
-            raise CorpusError(f"{at}: head {raw!r} of word {k} ({form!r}) is not a word index in 0..{n}")
+            raise CorpusError(
+                f"{at}: head {raw!r} of word {k} ({form!r}) is not a word index in 0..{n}"
+            )
         if head == k:
             raise CorpusError(f"{at}: word {k} ({form!r}) is its own head")
         relation = "" if deprel is None else str(deprel).strip()
         if relation in ("", "_"):
             raise CorpusError(f"{at}: word {k} ({form!r}) has no relation (DEPREL {deprel!r})")
         if base_relation(relation) == ALL:
-            raise CorpusError(f"{at}: relation {relation!r} of word {k} ({form!r}): {ALL!r} is reserved "
-                              f"for the row of all relations")
+            raise CorpusError(
+                f"{at}: relation {relation!r} of word {k} ({form!r}): {ALL!r} is reserved "
+                f"for the row of all relations"
+            )
         out.append(head - 1)
     roots = [k for k, head in enumerate(out) if head < 0]
     if not roots:
@@ -258,15 +281,15 @@ def check_tree(forms: Sequence[str], heads: Sequence, deprels: Sequence, where: 
 
 def find_cycle(heads: Sequence[int]) -> list[int]:
     """The words (0-based, smallest first, in head order) of a cycle in `heads`, else []."""
-    state = [0] * len(heads)              # 0 unseen, 1 on the current walk, 2 reaches the root
+    state = [0] * len(heads)  # 0 unseen, 1 on the current walk, 2 reaches the root
     for start in range(len(heads)):
         walk, k = [], start
         while 0 <= k and state[k] == 0:
             state[k] = 1
             walk.append(k)
             k = heads[k]
-        if 0 <= k and state[k] == 1:      # came back into this walk: a cycle
-            cycle = walk[walk.index(k):]
+        if 0 <= k and state[k] == 1:  # came back into this walk: a cycle
+            cycle = walk[walk.index(k) :]
             first = cycle.index(min(cycle))
             return cycle[first:] + cycle[:first]
         for j in walk:

@@ -49,8 +49,11 @@ from headprobe.inputs.corpora.base import (
 
 N_COLUMNS = 10
 WORD, RANGE, EMPTY = "word", "range", "empty"
-_ID_KINDS = ((re.compile(r"[0-9]+"), WORD), (re.compile(r"[0-9]+-[0-9]+"), RANGE),
-             (re.compile(r"[0-9]+\.[0-9]+"), EMPTY))
+_ID_KINDS = (
+    (re.compile(r"[0-9]+"), WORD),
+    (re.compile(r"[0-9]+-[0-9]+"), RANGE),
+    (re.compile(r"[0-9]+\.[0-9]+"), EMPTY),
+)
 
 
 @dataclass
@@ -58,13 +61,13 @@ class Block:
     """The raw lines of one sentence and where they stand in the file."""
 
     path: str
-    first_line: int          # 1-based line number of the block's first line
-    lines: list[str]         # decoded (an undecodable line: with U+FFFD, and `error` set)
-    ordinal: int             # 1-based position of the block among the file's blocks
-    doc_id: str | None       # id of the latest `# newdoc` seen, this block's included (None: none yet)
-    doc_line: int | None     # line of that `# newdoc` (tells apart documents that share an id)
-    globals: dict = field(default_factory=dict)   # latest `# global.KEY = value` seen: KEY -> value
-    error: CorpusError | None = None              # the block's first undecodable line
+    first_line: int  # 1-based line number of the block's first line
+    lines: list[str]  # decoded (an undecodable line: with U+FFFD, and `error` set)
+    ordinal: int  # 1-based position of the block among the file's blocks
+    doc_id: str | None  # id of the latest `# newdoc` seen, this block's included (None: none yet)
+    doc_line: int | None  # line of that `# newdoc` (tells apart documents that share an id)
+    globals: dict = field(default_factory=dict)  # latest `# global.KEY = value` seen: KEY -> value
+    error: CorpusError | None = None  # the block's first undecodable line
 
     def where(self, offset: int = 0) -> str:
         return f"{self.path}:{self.first_line + offset}"
@@ -81,13 +84,13 @@ class Block:
 class Row:
     """One non-comment line of a block: a word, a multiword range or an empty node."""
 
-    line: int                # 1-based line number in the file
+    line: int  # 1-based line number in the file
     id: str
-    kind: str                # WORD, RANGE or EMPTY
+    kind: str  # WORD, RANGE or EMPTY
     form: str
     upos: str
-    feats: dict              # parsed for words ({} for `_`), {} otherwise
-    head: str                # the raw HEAD column
+    feats: dict  # parsed for words ({} for `_`), {} otherwise
+    head: str  # the raw HEAD column
     deprel: str
     misc: str
 
@@ -97,11 +100,11 @@ class Sentence:
     """A validated sentence block: its rows, words and (if asked for) tree."""
 
     block: Block
-    rows: list[Row]          # every row, in file order
-    words: list[Row]         # the syntactic words, ids 1..n
+    rows: list[Row]  # every row, in file order
+    words: list[Row]  # the syntactic words, ids 1..n
     heads: list[int] | None  # 0-based, -1 for root (None: heads not read)
-    sent_id: str             # `# sent_id`, else "<file name>#<ordinal>"
-    meta: dict               # `# key = value` comments
+    sent_id: str  # `# sent_id`, else "<file name>#<ordinal>"
+    meta: dict  # `# key = value` comments
 
     @property
     def unit(self) -> str:
@@ -144,7 +147,7 @@ def iter_blocks(path: str | Path, raw_lines: Iterable[bytes] | None = None) -> I
                 doc_id = value or f"{Path(path).name}#doc{n_docs}"
                 doc_line = number
             elif key.startswith("global.") and sep:
-                headers = {**headers, key[len("global."):]: value}
+                headers = {**headers, key[len("global.") :]: value}
         lines.append(line)
     if lines:
         yield Block(path, first, lines, ordinal + 1, doc_id, doc_line, headers, error)
@@ -180,7 +183,9 @@ def block_rows(block: Block) -> list[Row]:
             continue
         columns = line.split("\t")
         if len(columns) != N_COLUMNS:
-            raise CorpusError(f"{where}: expected {N_COLUMNS} tab-separated columns, found {len(columns)}")
+            raise CorpusError(
+                f"{where}: expected {N_COLUMNS} tab-separated columns, found {len(columns)}"
+            )
         token_id = columns[0]
         kind = next((kind for pattern, kind in _ID_KINDS if pattern.fullmatch(token_id)), None)
         if kind is None:
@@ -191,8 +196,19 @@ def block_rows(block: Block) -> list[Row]:
             if int(token_id) != n_words:
                 raise CorpusError(f"{where}: word id {token_id!r} where {n_words} was expected")
             feats = parse_feats(columns[5], where)
-        rows.append(Row(block.first_line + offset, token_id, kind, columns[1], columns[3], feats,
-                        columns[6], columns[7], columns[9]))
+        rows.append(
+            Row(
+                block.first_line + offset,
+                token_id,
+                kind,
+                columns[1],
+                columns[3],
+                feats,
+                columns[6],
+                columns[7],
+                columns[9],
+            )
+        )
     if n_words == 0:
         raise CorpusError(f"{block.where()}: sentence has no words")
     return rows
@@ -205,8 +221,13 @@ def block_tokens(block: Block) -> list[Row]:
 
 def check_heads(block: Block, words: list[Row]) -> list[int]:
     """0-based heads (-1 for root) of a block's words, the tree validated (`base.check_tree`)."""
-    return check_tree([w.form for w in words], [w.head for w in words], [w.deprel for w in words],
-                      block.where(), [f"{block.path}:{w.line}" for w in words])
+    return check_tree(
+        [w.form for w in words],
+        [w.head for w in words],
+        [w.deprel for w in words],
+        block.where(),
+        [f"{block.path}:{w.line}" for w in words],
+    )
 
 
 def read_sentence(block: Block, ids: SentIds, require_heads: bool = True) -> Sentence:
@@ -220,7 +241,9 @@ def read_sentence(block: Block, ids: SentIds, require_heads: bool = True) -> Sen
         if key == "sent_id" and value and sent_id is None:
             ids.add(value, f"{block.path}:{line}", f"line {line}")
             sent_id = value
-    return Sentence(block, rows, words, heads, sent_id or f"{Path(block.path).name}#{block.ordinal}", meta)
+    return Sentence(
+        block, rows, words, heads, sent_id or f"{Path(block.path).name}#{block.ordinal}", meta
+    )
 
 
 # ------------------------------------------------------------------------------- treebank
@@ -246,8 +269,9 @@ def sentence_example(sentence: Sentence, conventions=None) -> Example:
     )
 
 
-def stream_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool = True,
-                  conventions=None) -> Stream:
+def stream_conllu(
+    path: str | Path, *, skip_bad: bool = False, require_heads: bool = True, conventions=None
+) -> Stream:
     """The sentences of a CoNLL-U file as a lazy `Stream` of `Example`s with gold arcs: each pass
     reads the file again, one sentence at a time (`read_conllu` for the rules).
 
@@ -282,8 +306,9 @@ def count_word_lines(path: str | Path) -> int:
     return n
 
 
-def read_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool = True,
-                conventions=None) -> Corpus:
+def read_conllu(
+    path: str | Path, *, skip_bad: bool = False, require_heads: bool = True, conventions=None
+) -> Corpus:
     """Read every sentence of a CoNLL-U file as an `Example` with gold arcs (a `Corpus`, in memory;
     `stream_conllu` reads it lazily).
 
@@ -294,4 +319,6 @@ def read_conllu(path: str | Path, *, skip_bad: bool = False, require_heads: bool
     `conventions` (`headprobe.inputs.conventions` preset; default SPEC) decides whether relation
     subtypes are cut (`obl:tmod` -> `obl`) or kept.
     """
-    return stream_conllu(path, skip_bad=skip_bad, require_heads=require_heads, conventions=conventions).collect()
+    return stream_conllu(
+        path, skip_bad=skip_bad, require_heads=require_heads, conventions=conventions
+    ).collect()

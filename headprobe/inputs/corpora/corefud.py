@@ -118,18 +118,24 @@ class Mention:
 
     start: int
     end: int
-    entity: str                                        # cluster id as written (GRP / eid)
+    entity: str  # cluster id as written (GRP / eid)
     head: int
-    source: str = field(default="", compare=False)     # "path:line" of the opening bracket
-    fields: tuple = field(default=(), compare=False)   # ((name, value), ...) other bracket fields
+    source: str = field(default="", compare=False)  # "path:line" of the opening bracket
+    fields: tuple = field(default=(), compare=False)  # ((name, value), ...) other bracket fields
 
     def __len__(self) -> int:
         return self.end - self.start
 
     def shifted(self, offset: int) -> Mention:
         """The same mention with every coordinate moved by `-offset`."""
-        return Mention(self.start - offset, self.end - offset, self.entity, self.head - offset,
-                       self.source, self.fields)
+        return Mention(
+            self.start - offset,
+            self.end - offset,
+            self.entity,
+            self.head - offset,
+            self.source,
+            self.fields,
+        )
 
     @property
     def attrs(self) -> dict[str, str]:
@@ -143,15 +149,15 @@ def mention_order(mention: Mention) -> tuple[int, int]:
 
 @dataclass
 class CorefSentence:
-    sent_id: str             # `# sent_id`, else "<file name>#<ordinal>"
-    source: str              # "path:line" of the sentence's first line
-    start: int               # document index of its first word
+    sent_id: str  # `# sent_id`, else "<file name>#<ordinal>"
+    source: str  # "path:line" of the sentence's first line
+    start: int  # document index of its first word
     words: list[str]
-    heads: list[int]         # sentence-relative 0-based head, -1 for root
-    deprels: list[str]       # subtype cut
+    heads: list[int]  # sentence-relative 0-based head, -1 for root
+    deprels: list[str]  # subtype cut
     upos: list[str]
     feats: list[dict]
-    lines: list[int]         # file line of each word
+    lines: list[int]  # file line of each word
 
     def __len__(self) -> int:
         return len(self.words)
@@ -160,12 +166,12 @@ class CorefSentence:
 @dataclass
 class CorefDocument:
     doc_id: str
-    source: str                                    # "path:line" of the `# newdoc` line (or first line)
+    source: str  # "path:line" of the `# newdoc` line (or first line)
     sentences: list[CorefSentence] = field(default_factory=list)
-    mentions: list[Mention] = field(default_factory=list)   # document coordinates, SPEC order
-    skipped: Counter = field(default_factory=Counter)       # discontinuous / empty_node /
-                                                            # mention_across_skipped_sentence
-    cross_sentence: int = 0                        # mentions spanning more than one sentence
+    mentions: list[Mention] = field(default_factory=list)  # document coordinates, SPEC order
+    skipped: Counter = field(default_factory=Counter)  # discontinuous / empty_node /
+    # mention_across_skipped_sentence
+    cross_sentence: int = 0  # mentions spanning more than one sentence
 
     @property
     def words(self) -> list[str]:
@@ -191,15 +197,15 @@ class CorefDocument:
 class Bracket:
     """One chunk of an `Entity=` value, on the word (or empty node) of line `line`."""
 
-    chunk: str               # as written, e.g. "(7-abstract-new" or "7)"
+    chunk: str  # as written, e.g. "(7-abstract-new" or "7)"
     line: int
-    position: int            # sentence-relative index of the word it stands on (empty node: the next word)
+    position: int  # sentence-relative index of the word it stands on (empty node: the next word)
     empty_node: bool
     opening: bool
     closing: bool
-    key: str                 # entity id as written (a discontinuous part keeps its "[1/2]")
-    named: tuple             # ((name, value), ...) other fields of an opening bracket
-    part: int | None         # k of a discontinuous "ID[k/n]", else None
+    key: str  # entity id as written (a discontinuous part keeps its "[1/2]")
+    named: tuple  # ((name, value), ...) other fields of an opening bracket
+    part: int | None  # k of a discontinuous "ID[k/n]", else None
 
 
 def _misc_entity(misc: str) -> str | None:
@@ -207,7 +213,7 @@ def _misc_entity(misc: str) -> str | None:
         return None
     for item in misc.split("|"):
         if item.startswith("Entity="):
-            return item[len("Entity="):]
+            return item[len("Entity=") :]
     return None
 
 
@@ -215,8 +221,10 @@ def split_entity_chunks(value: str, where: str = "<string>") -> list[str]:
     """`'(7-a(3-b)'` -> `['(7-a', '(3-b)']`; anything else than brackets raises `CorpusError`."""
     chunks = _CHUNK.findall(value)
     if not value or "".join(chunks) != value:
-        raise CorpusError(f"{where}: malformed Entity value {value!r} (expected brackets "
-                          f"like '(ID-...', 'ID)' or '(ID-...)')")
+        raise CorpusError(
+            f"{where}: malformed Entity value {value!r} (expected brackets "
+            f"like '(ID-...', 'ID)' or '(ID-...)')"
+        )
     return chunks
 
 
@@ -249,20 +257,40 @@ def sentence_brackets(sentence: Sentence) -> list[Bracket]:
                 values = chunk.strip("()").split("-")
                 if opening:
                     if id_index >= len(values) or values[id_index] == "":
-                        raise CorpusError(f"{where}: bracket {chunk!r} has no entity id "
-                                          f"(global.Entity = {'-'.join(fields)})")
+                        raise CorpusError(
+                            f"{where}: bracket {chunk!r} has no entity id "
+                            f"(global.Entity = {'-'.join(fields)})"
+                        )
                     key = values[id_index]
-                    named = tuple((fields[i] if i < len(fields) else f"field{i + 1}", v)
-                                  for i, v in enumerate(values) if i != id_index)
+                    named = tuple(
+                        (fields[i] if i < len(fields) else f"field{i + 1}", v)
+                        for i, v in enumerate(values)
+                        if i != id_index
+                    )
                 else:
                     # A closing bracket names the id only (old files may repeat the other fields).
-                    key = values[id_index] if len(values) > 1 and id_index < len(values) else values[0]
+                    key = (
+                        values[id_index]
+                        if len(values) > 1 and id_index < len(values)
+                        else values[0]
+                    )
                     named = ()
                     if key == "":
                         raise CorpusError(f"{where}: closing bracket {chunk!r} has no entity id")
                 disc = _DISCONTINUOUS.match(key)
-                out.append(Bracket(chunk, row.line, position, row.kind == EMPTY, opening, closing, key, named,
-                                   int(disc.group(2)) if disc else None))
+                out.append(
+                    Bracket(
+                        chunk,
+                        row.line,
+                        position,
+                        row.kind == EMPTY,
+                        opening,
+                        closing,
+                        key,
+                        named,
+                        int(disc.group(2)) if disc else None,
+                    )
+                )
         if row.kind == WORD:
             position += 1
     return out
@@ -270,11 +298,11 @@ def sentence_brackets(sentence: Sentence) -> list[Bracket]:
 
 @dataclass
 class _Open:
-    start: int               # document word index
+    start: int  # document word index
     line: int
     named: tuple
     discontinuous: bool
-    broken: bool = False     # a skipped sentence came after its opening: its extent is unknown
+    broken: bool = False  # a skipped sentence came after its opening: its extent is unknown
 
 
 class _DocumentBuilder:
@@ -285,7 +313,7 @@ class _DocumentBuilder:
         self.doc = CorefDocument(doc_id, source)
         self.path, self.sink, self.skip_bad = path, sink, skip_bad
         self.open: dict[str, list[_Open]] = {}
-        self.raw: list[tuple[int, int, str, int, tuple]] = []            # (start, end, entity, line, fields)
+        self.raw: list[tuple[int, int, str, int, tuple]] = []  # (start, end, entity, line, fields)
         self.n_words = 0
 
     def reject(self, message: str) -> None:
@@ -293,10 +321,19 @@ class _DocumentBuilder:
 
     def add(self, sentence: Sentence, brackets: Sequence[Bracket]) -> None:
         words = sentence.words
-        self.doc.sentences.append(CorefSentence(
-            sent_id=sentence.sent_id, source=sentence.block.where(), start=self.n_words,
-            words=[w.form for w in words], heads=sentence.heads, deprels=[base_relation(w.deprel) for w in words],
-            upos=[w.upos for w in words], feats=[dict(w.feats) for w in words], lines=[w.line for w in words]))
+        self.doc.sentences.append(
+            CorefSentence(
+                sent_id=sentence.sent_id,
+                source=sentence.block.where(),
+                start=self.n_words,
+                words=[w.form for w in words],
+                heads=sentence.heads,
+                deprels=[base_relation(w.deprel) for w in words],
+                upos=[w.upos for w in words],
+                feats=[dict(w.feats) for w in words],
+                lines=[w.line for w in words],
+            )
+        )
         for bracket in brackets:
             self.bracket(bracket, self.n_words + bracket.position)
         self.n_words += len(words)
@@ -318,13 +355,17 @@ class _DocumentBuilder:
                     self.doc.skipped["empty_node"] += 1
                     return
                 self.raw.append((position, position + 1, b.key, b.line, b.named))
-            else:                  # an empty node's opening goes to the next word: `position` already
-                self.open.setdefault(b.key, []).append(_Open(position, b.line, b.named, b.part is not None))
+            else:  # an empty node's opening goes to the next word: `position` already
+                self.open.setdefault(b.key, []).append(
+                    _Open(position, b.line, b.named, b.part is not None)
+                )
             return
         stack = self.open.get(b.key)
         if not stack:
-            self.reject(f"{self.path}:{b.line}: closing bracket {b.chunk!r} but no mention of entity "
-                        f"{b.key!r} is open")
+            self.reject(
+                f"{self.path}:{b.line}: closing bracket {b.chunk!r} but no mention of entity "
+                f"{b.key!r} is open"
+            )
             return
         entry = stack.pop()
         if entry.discontinuous:
@@ -340,14 +381,18 @@ class _DocumentBuilder:
         self.raw.append((entry.start, end, b.key, entry.line, entry.named))
 
     def finish(self) -> CorefDocument:
-        still_open = sorted(((entry.line, key, entry) for key, stack in self.open.items() for entry in stack),
-                            key=lambda item: item[0])
+        still_open = sorted(
+            ((entry.line, key, entry) for key, stack in self.open.items() for entry in stack),
+            key=lambda item: item[0],
+        )
         for line, key, entry in still_open:
             if entry.broken:
                 self.doc.skipped["mention_across_skipped_sentence"] += 1
             else:
-                self.reject(f"{self.path}:{line}: mention of entity {key!r} opened here is not "
-                            f"closed before the end of document {self.doc.doc_id!r}")
+                self.reject(
+                    f"{self.path}:{line}: mention of entity {key!r} opened here is not "
+                    f"closed before the end of document {self.doc.doc_id!r}"
+                )
         heads: list[int] = []
         sentence_of: list[int] = []
         for k, s in enumerate(self.doc.sentences):
@@ -355,13 +400,15 @@ class _DocumentBuilder:
             sentence_of.extend([k] * len(s))
         mentions = []
         for start, end, key, line, named in self.raw:
-            if end > self.n_words:   # an empty node's opening at the very end of the document
+            if end > self.n_words:  # an empty node's opening at the very end of the document
                 self.doc.skipped["empty_node"] += 1
                 continue
             head = next((i for i in range(start, end) if not start <= heads[i] < end), None)
-            if head is None:         # cannot happen in validated trees; kept as a guard
-                self.reject(f"{self.path}:{line}: mention of entity {key!r} (words {start}..{end - 1} of "
-                            f"document {self.doc.doc_id!r}) has no word whose head lies outside it")
+            if head is None:  # cannot happen in validated trees; kept as a guard
+                self.reject(
+                    f"{self.path}:{line}: mention of entity {key!r} (words {start}..{end - 1} of "
+                    f"document {self.doc.doc_id!r}) has no word whose head lies outside it"
+                )
                 continue
             if sentence_of[start] != sentence_of[end - 1]:
                 self.doc.cross_sentence += 1
@@ -370,7 +417,9 @@ class _DocumentBuilder:
         return self.doc
 
 
-def read_corefud(path: str | Path, *, skip_bad: bool = False, single_document: bool = False) -> Corpus:
+def read_corefud(
+    path: str | Path, *, skip_bad: bool = False, single_document: bool = False
+) -> Corpus:
     """Read every document of a CorefUD CoNLL-U file: a `Corpus` of `CorefDocument`s.
 
         documents = read_corefud("en_gum-ud-dev.conllu")
@@ -386,20 +435,33 @@ def read_corefud(path: str | Path, *, skip_bad: bool = False, single_document: b
     return stream_corefud(path, skip_bad=skip_bad, single_document=single_document).collect()
 
 
-def stream_corefud(path: str | Path, *, skip_bad: bool = False, single_document: bool = False) -> Stream:
+def stream_corefud(
+    path: str | Path, *, skip_bad: bool = False, single_document: bool = False
+) -> Stream:
     """`read_corefud` as a lazy `Stream` of `CorefDocument`s: each pass reads the file again and
     holds one document at a time (a file read as one document is held whole)."""
     path = str(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"no CorefUD file at {path}")
-    return Stream(lambda sink: _documents(iter_blocks(path), path, skip_bad, single_document, sink), name=path)
+    return Stream(
+        lambda sink: _documents(iter_blocks(path), path, skip_bad, single_document, sink), name=path
+    )
 
 
-def parse_corefud(lines: Iterable[str] | str, source: str = "<string>", *, skip_bad: bool = False,
-                  single_document: bool = False) -> Corpus:
+def parse_corefud(
+    lines: Iterable[str] | str,
+    source: str = "<string>",
+    *,
+    skip_bad: bool = False,
+    single_document: bool = False,
+) -> Corpus:
     """`read_corefud` of CorefUD text in memory (a string or lines); errors name `source:line`."""
     corpus = Corpus()
-    corpus.extend(_documents(iter_blocks(source, text_lines(lines)), source, skip_bad, single_document, corpus))
+    corpus.extend(
+        _documents(
+            iter_blocks(source, text_lines(lines)), source, skip_bad, single_document, corpus
+        )
+    )
     return corpus
 
 
@@ -421,13 +483,19 @@ class _Documents:
         self.builder: _DocumentBuilder | None = None
         self.key = None
 
-    def add(self, block: Block, sentence: Sentence | None, brackets: list[Bracket], doc_key,
-            doc_id: str) -> CorefDocument | None:
+    def add(
+        self, block: Block, sentence: Sentence | None, brackets: list[Bracket], doc_key, doc_id: str
+    ) -> CorefDocument | None:
         done = None
         if self.builder is None or doc_key != self.key:
             done = self.close()
-            self.builder = _DocumentBuilder(doc_id, f"{self.path}:{block.doc_line or block.first_line}", self.path,
-                                            self.sink, self.skip_bad)
+            self.builder = _DocumentBuilder(
+                doc_id,
+                f"{self.path}:{block.doc_line or block.first_line}",
+                self.path,
+                self.sink,
+                self.skip_bad,
+            )
             self.key = doc_key
         if sentence is None:
             self.builder.gap()
@@ -440,8 +508,9 @@ class _Documents:
         return builder.finish() if builder is not None and builder.doc.sentences else None
 
 
-def _documents(blocks: Iterable[Block], path: str, skip_bad: bool, single_document: bool,
-               sink: Accounting) -> Iterator[CorefDocument]:
+def _documents(
+    blocks: Iterable[Block], path: str, skip_bad: bool, single_document: bool, sink: Accounting
+) -> Iterator[CorefDocument]:
     """The documents of `blocks`, each as soon as the next one starts. Blocks before the file's
     first `# newdoc` wait (in a file that marks none: all of them, read as one document or refused)."""
     ids = SentIds()
@@ -454,8 +523,13 @@ def _documents(blocks: Iterable[Block], path: str, skip_bad: bool, single_docume
             marks_documents = True
             for early, skipped_or_read, _ in pending:
                 if skipped_or_read is not None:
-                    sink.reject(CorpusError(f"{early.where()}: sentence before the file's first '# newdoc id' "
-                                            f"belongs to no document"), skip_bad)
+                    sink.reject(
+                        CorpusError(
+                            f"{early.where()}: sentence before the file's first '# newdoc id' "
+                            f"belongs to no document"
+                        ),
+                        skip_bad,
+                    )
             pending = []
         if not marks_documents:
             pending.append((block, sentence, brackets))
@@ -464,9 +538,11 @@ def _documents(blocks: Iterable[Block], path: str, skip_bad: bool, single_docume
         if done is not None:
             yield done
     if pending and not single_document:
-        raise CorpusError(f"{path}:{pending[0][0].first_line}: no '# newdoc id' line: the file marks no documents, "
-                          f"which coreference windows need (read it as one document with single_document=True)")
-    for block, sentence, brackets in pending:                 # one document: the file
+        raise CorpusError(
+            f"{path}:{pending[0][0].first_line}: no '# newdoc id' line: the file marks no documents, "
+            f"which coreference windows need (read it as one document with single_document=True)"
+        )
+    for block, sentence, brackets in pending:  # one document: the file
         docs.add(block, sentence, brackets, 0, Path(path).name)
     done = docs.close()
     if done is not None:
@@ -476,8 +552,9 @@ def _documents(blocks: Iterable[Block], path: str, skip_bad: bool, single_docume
 # ------------------------------------------------------------------------ windows
 
 
-def pack_windows(sentences: Sequence[Sequence[str]], count_pieces: PieceCounter,
-                 window: int = 128) -> tuple[list[list[int]], list[tuple[int, str]]]:
+def pack_windows(
+    sentences: Sequence[Sequence[str]], count_pieces: PieceCounter, window: int = 128
+) -> tuple[list[list[int]], list[tuple[int, str]]]:
     """Greedy SPEC packing of one document's sentences (lists of words).
 
     Returns `(windows, skipped)`: `windows` are lists of consecutive sentence indices;
@@ -532,17 +609,28 @@ def window_example(document: CorefDocument, sentence_indices: Sequence[int]) -> 
         elif m.start < hi and m.end > lo:
             across += 1
     example = Example(
-        words=words, unit=document.doc_id, source=first.source, heads=heads, deprels=deprels,
-        upos=upos, feats=feats, mentions=sorted(inside, key=mention_order),
-        meta={"doc_id": document.doc_id, "sent_ids": [s.sent_id for s in sents],
-              "sentence_starts": [s.start - lo for s in sents], "doc_start": lo},
+        words=words,
+        unit=document.doc_id,
+        source=first.source,
+        heads=heads,
+        deprels=deprels,
+        upos=upos,
+        feats=feats,
+        mentions=sorted(inside, key=mention_order),
+        meta={
+            "doc_id": document.doc_id,
+            "sent_ids": [s.sent_id for s in sents],
+            "sentence_starts": [s.start - lo for s in sents],
+            "doc_start": lo,
+        },
         sent_id=first.sent_id,
     )
     return example, across
 
 
-def coref_examples(documents: Iterable[CorefDocument], count_pieces: PieceCounter,
-                   window: int = 128) -> Corpus:
+def coref_examples(
+    documents: Iterable[CorefDocument], count_pieces: PieceCounter, window: int = 128
+) -> Corpus:
     """Pack every document into SPEC windows and return them as a `Corpus` of `Example`s.
 
     `counts`: documents, sentences, windows, mentions, window_mentions and the skip counters
@@ -559,8 +647,9 @@ def coref_examples(documents: Iterable[CorefDocument], count_pieces: PieceCounte
     return corpus
 
 
-def _windows(documents: Iterable[CorefDocument], count_pieces: PieceCounter, window: int,
-             sink: Accounting) -> Iterator[Example]:
+def _windows(
+    documents: Iterable[CorefDocument], count_pieces: PieceCounter, window: int, sink: Accounting
+) -> Iterator[Example]:
     """The window `Example`s of each document in turn; counts and skips go to `sink` (`coref_examples`)."""
     counts = sink.counts
     for doc in documents:
@@ -572,14 +661,19 @@ def _windows(documents: Iterable[CorefDocument], count_pieces: PieceCounter, win
         groups, skipped = pack_windows([s.words for s in doc.sentences], count_pieces, window)
         for i, reason in skipped:
             s = doc.sentences[i]
-            what = (f"more than {window} pieces" if reason == "too_long"
-                    else "a word the tokenizer turns into no piece")
+            what = (
+                f"more than {window} pieces"
+                if reason == "too_long"
+                else "a word the tokenizer turns into no piece"
+            )
             sink.note(f"{s.source}: sentence {s.sent_id} skipped: {what}", f"sentence_{reason}")
         examples = [window_example(doc, group)[0] for group in groups]
         ranges = [(ex.meta["doc_start"], ex.meta["doc_start"] + len(ex.words)) for ex in examples]
         counts["window_mentions"] += sum(len(ex.mentions) for ex in examples)
-        skipped_ranges = [(doc.sentences[i].start, doc.sentences[i].start + len(doc.sentences[i]))
-                          for i, _ in skipped]
+        skipped_ranges = [
+            (doc.sentences[i].start, doc.sentences[i].start + len(doc.sentences[i]))
+            for i, _ in skipped
+        ]
         for m in doc.mentions:
             if any(lo <= m.start and m.end <= hi for lo, hi in ranges):
                 continue
@@ -607,19 +701,32 @@ def tokenizer_piece_counter(tokenizer) -> PieceCounter:
     return count
 
 
-def read_coref_examples(path: str | Path, count_pieces: PieceCounter, window: int = 128, *,
-                        skip_bad: bool = False, single_document: bool = False) -> Corpus:
+def read_coref_examples(
+    path: str | Path,
+    count_pieces: PieceCounter,
+    window: int = 128,
+    *,
+    skip_bad: bool = False,
+    single_document: bool = False,
+) -> Corpus:
     """`read_corefud` + `coref_examples` in one call: a `Corpus` of window `Example`s.
 
-        windows = read_coref_examples(path, tokenizer_piece_counter(tokenizer), 128, skip_bad=True)
-        windows.counts["malformed_sentence"], windows.skipped
+    windows = read_coref_examples(path, tokenizer_piece_counter(tokenizer), 128, skip_bad=True)
+    windows.counts["malformed_sentence"], windows.skipped
     """
-    return coref_examples(read_corefud(path, skip_bad=skip_bad, single_document=single_document),
-                          count_pieces, window)
+    return coref_examples(
+        read_corefud(path, skip_bad=skip_bad, single_document=single_document), count_pieces, window
+    )
 
 
-def stream_coref_examples(path: str | Path, count_pieces: PieceCounter, window: int = 128, *,
-                          skip_bad: bool = False, single_document: bool = False) -> Stream:
+def stream_coref_examples(
+    path: str | Path,
+    count_pieces: PieceCounter,
+    window: int = 128,
+    *,
+    skip_bad: bool = False,
+    single_document: bool = False,
+) -> Stream:
     """`read_coref_examples` as a lazy `Stream`: each pass reads the file again, one document at a
     time; the reader's and the packing's skips and counts fill in together (in file order).
 
@@ -628,8 +735,11 @@ def stream_coref_examples(path: str | Path, count_pieces: PieceCounter, window: 
         windows.counts["windows"]                      # complete after the pass
     """
     documents = stream_corefud(path, skip_bad=skip_bad, single_document=single_document)
-    return Stream(lambda sink: _windows(documents, count_pieces, window, sink), name=str(path),
-                  accounting=documents)
+    return Stream(
+        lambda sink: _windows(documents, count_pieces, window, sink),
+        name=str(path),
+        accounting=documents,
+    )
 
 
 def corpus_summary(documents: Sequence[CorefDocument]) -> dict[str, int]:

