@@ -3,7 +3,7 @@ that combines every head finds the dependency parse much better than any single 
 (Clark et al.: UAS 61 for BERT-base's attention-only probe on PTB-SD); and Htut et al.
 (2019): maximum spanning trees decoded from attention, per head and over the probe (UUAS).
 
-The probe is fitted on one half of the units (SPEC 5 folds) and evaluated on the other,
+The probe is fitted on one half of the units (METHODS §5 folds) and evaluated on the other,
 both ways, so its accuracy is held-out; the best single head and the best offset baseline
 are shown selected held-out and in-sample (as the papers did), on the same arcs (every arc
 but root and punct). Differences are paired (same arcs, same Poisson bootstrap weights);

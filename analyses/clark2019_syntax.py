@@ -13,7 +13,7 @@ ties, unreachable arcs, and the held-out (2-fold) accuracy that corrects for
 choosing the head on the evaluation data (with whether both folds agreed).
 
 With the defaults (bundled all-MiniLM-L6-v2, UD English EWT dev) the table
-also carries the reference values of SPEC.md section 2, so a run checks itself.
+also carries the reference values of METHODS §2, so a run checks itself.
 
     .venv/bin/python analyses/clark2019_syntax.py                   # MiniLM, EWT dev
     .venv/bin/python analyses/clark2019_syntax.py --model smollm2
@@ -29,7 +29,7 @@ import sys
 
 import _common as C
 
-# SPEC.md section 2: bundled all-MiniLM-L6-v2 on UD English EWT dev, in-sample.
+# METHODS §2: bundled all-MiniLM-L6-v2 on UD English EWT dev, in-sample.
 REFERENCE_MINILM_EWT_DEV = {
     # relation: (arcs, best head, direction, accuracy, baseline)
     "ALL": (20085, "2-1", "dep->head", 0.4542, 0.3451),
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         diff = (table["accuracy"] - table["ref_accuracy"]).abs()
         ok = table["ref_accuracy"].notna()
         print(
-            f"reference check (SPEC section 2): max |accuracy - reference| = "
+            f"reference check (METHODS §2): max |accuracy - reference| = "
             f"{diff[ok].max():.4f} over {int(ok.sum())} relations; heads agree: "
             f"{bool((table.loc[ok, 'heads'] == table.loc[ok, 'ref_head']).all())}"
         )

@@ -6,7 +6,7 @@ heads that dump attention on [CLS]/[SEP] and a few specialised (syntactic,
 coreference) heads in the middle layers; Voita et al. (2019) find positional
 heads in every model. Decoder LMs add an attention sink on BOS. This script
 runs (or loads) two or more models on the same data, reads every head's role
-from the results (`results.roles`: SPEC section 6 rules, positional,
+from the results (`results.roles`: METHODS §6 rules, positional,
 syntactic, coreference, sink, broad, none; see headprobe.stats.roles), and tabulates
 per model how many heads take each role and at what relative depth
 (layer / (layers - 1)), beside the best dependency and coreference heads, and
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
         table.reset_index(),
         out,
         "side_by_side",
-        "Head roles side by side (heads L-H, 0-based; rules: headprobe.stats.roles, SPEC section 6)",
+        "Head roles side by side (heads L-H, 0-based; rules: headprobe.stats.roles, METHODS §6)",
     )
     heads = pd.concat(per_head, ignore_index=True)
     heads.to_csv(out / "roles_per_head.csv", index=False)

@@ -1,5 +1,5 @@
 """Kobayashi et al. (2020), "Attention is Not Only a Weight: Analyzing Transformers with
-Vector Norms": what each head passes on, beside what it looks at (SPEC 7).
+Vector Norms": what each head passes on, beside what it looks at (METHODS §7).
 
 Finding: heads put much of their weight on [CLS] and [SEP], but the value vectors of those
 keys are small after the output projection, so little of them reaches the head's output:

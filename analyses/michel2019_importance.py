@@ -2,7 +2,7 @@
 and the pruning curve, on an encoder without a language-model head and on a decoder with one.
 
 Importance of head h: |dL/dg_h| at g = 1 (a gate per example and head, one backward pass),
-summed over examples and divided by the pieces scored (`headprobe.model.head_effects`, SPEC 8), with
+summed over examples and divided by the pieces scored (`headprobe.model.head_effects`, METHODS §8), with
 95% bootstrap intervals over units. Pruning: the objective as 0%, 10%, ... 100% of the heads
 are gated to 0 together, cumulatively, least important first (`run(prune_curve=True)`).
 

@@ -52,7 +52,7 @@ def parse_heads(text) -> list[tuple[int, int]]:
 
 def other_heads(induction, n_heads: int, seed: int) -> list[tuple[int, int]]:
     """Per layer as many non-induction heads of that layer as it has induction heads, drawn with a
-    generator keyed by the seed (SPEC 5's keyed hash); fewer where a layer has too few."""
+    generator keyed by the seed (METHODS §5's keyed hash); fewer where a layer has too few."""
     import numpy as np
 
     from headprobe.scoring.tally import keyed_hash

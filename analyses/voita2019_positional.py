@@ -4,7 +4,7 @@ Heads Do the Heavy Lifting, the Rest Can Be Pruned", section 4.1: positional hea
 Finding: a few heads in every model are "positional": they point to an adjacent
 token -- most often the previous or the next one -- for at least 90% of the
 tokens, and these heads are among the most important ones (they survive
-pruning). Here the rule is applied to word-level attention (SPEC section 4): a
+pruning). Here the rule is applied to word-level attention (METHODS §4): a
 head is positional when a single non-zero offset in -2..+2 takes at least 0.9
 of its words' attention argmaxes (self and special tokens included as targets).
 

@@ -165,7 +165,7 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
             _note(note)
     loaded = config.loaded
     if loaded is None:
-        # head ablation / importance (SPEC 8) score the language-model loss: the model under its head
+        # head ablation / importance (METHODS §8) score the language-model loss: the model under its head
         lm_head = any(
             getattr(registry.get(name).scorer, "needs_lm_head", False) for name in config.analyses
         )

@@ -23,7 +23,7 @@ from pathlib import Path
 from headprobe import checks
 from headprobe.inputs.align import BOS_MODES
 from headprobe.inputs.conventions import PRESETS
-from headprobe.inputs.probes import PROBES, SPECIALS
+from headprobe.inputs.probes import PROBE_MARKERS, PROBES
 from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
 from headprobe.model.sites import STACKS
@@ -290,7 +290,7 @@ class RunConfig:
         "--probe: special tokens around each sequence: auto (the tokenizer's own, as for text), bos "
         "(BOS in front where the tokenizer has one), none (default: auto)",
         flag="--probe-specials",
-        choices=SPECIALS,
+        choices=PROBE_MARKERS,
     )
     out: str | Path | None = option(
         None,
@@ -366,7 +366,7 @@ class RunConfig:
     )
     measure: str | tuple = option(
         ",".join(DEFAULT_MEASURES),
-        "what each head is scored on (SPEC 7): weights (attention weights, the "
+        "what each head is scored on (METHODS §7): weights (attention weights, the "
         "default), norms (weight x ||value x W_O||, Kobayashi et al. 2020), or weights,norms (both from one pass; "
         "every table has a measure column)",
         flag="--measure",

@@ -348,7 +348,7 @@ def test_syntactic_role_needs_a_head_above_the_controls_heldout_best(control_rat
     trained = role_tally()
     add_units(
         trained, (0.8, 0.0), 0.3, np.random.default_rng(0)
-    )  # head 0-0 passes SPEC 6 on its own
+    )  # head 0-0 passes METHODS §6 on its own
     tallies = {"dependency": trained}
     if control_rate is not None:
         control = role_tally(CONTROL)

@@ -1,4 +1,4 @@
-"""Words <-> pieces (SPEC section 1) and word pooling (issue 2, point 4).
+"""Words <-> pieces (METHODS §1) and word pooling (issue 2, point 4).
 
 All expected piece lists come from the hand-built vocabularies in conftest.py.
 """

@@ -172,7 +172,7 @@ def test_run_treebank_writes_tables(tiny_model, treebank, tmp_path, capsys):
     assert summary["bootstrap_resamples"] == 50
     assert summary["runs"]["sentences"]["examples"] == 3
 
-    # SPEC section 5 columns in the CSV
+    # METHODS §5 columns in the CSV
     csv = pd.read_csv(out / "counts.csv", keep_default_na=False)
     assert {"analysis", "label", "layer", "head", "direction", "fold", "n", "hits"} <= set(
         csv.columns

@@ -1,4 +1,4 @@
-"""CoNLL-U reader (SPEC sections 1-2): syntactic words only, subtypes cut, errors name file and line."""
+"""CoNLL-U reader (METHODS §1-§2): syntactic words only, subtypes cut, errors name file and line."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_reads_syntactic_words(tmp_path):
     assert s1.deprels == ["det", "nmod", "case", "root", "punct"]  # nmod:poss -> nmod
     assert s1.upos == ["DET", "NOUN", "PART", "NOUN", "PUNCT"]
     assert s1.feats[0] == {"Definite": "Def"} and s1.feats[2] == {}
-    assert s1.unit == s2.unit == "d1"  # the document is the unit (SPEC 5)
+    assert s1.unit == s2.unit == "d1"  # the document is the unit (METHODS §5)
     assert (s1.sent_id, s2.sent_id) == ("s1", "s2")
     assert s1.source == f"{path}:1"
     assert s1.meta["doc_id"] == "d1"
@@ -302,7 +302,7 @@ def test_duplicate_sent_id(tmp_path):
 
 
 def test_units_and_sentence_ids(tmp_path):
-    """SPEC 5: the document where the file marks one, else the sent_id, else "<file name>#<ordinal>"."""
+    """METHODS §5: the document where the file marks one, else the sent_id, else "<file name>#<ordinal>"."""
     no_id = two_words().replace("# sent_id = x\n", "")
     text = (
         two_words(sent_id="lead")

@@ -1,4 +1,4 @@
-"""Coreference scorer (SPEC section 3) on hand-built word-attention matrices."""
+"""Coreference scorer (METHODS §3) on hand-built word-attention matrices."""
 
 from __future__ import annotations
 
@@ -380,7 +380,7 @@ def test_unknown_baseline_is_refused():
 
 
 def reference_hits(examples, words_att):
-    """SPEC section 3 written out with plain loops: {(unit, kind, layer, head): [n, hits]}."""
+    """METHODS §3 written out with plain loops: {(unit, kind, layer, head): [n, hits]}."""
     out = {}
     for layer, att in enumerate(words_att):
         for b, ex in enumerate(examples):

@@ -230,7 +230,7 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
         20085,
         "2-1",
         "dep->head",
-    )  # SPEC 2 table
+    )  # METHODS §2 table
     for name in ("dependency", "positional"):  # the streaming totals themselves
         x, y = Tally.load(one / store.tally_file(name)), Tally.load(two / store.tally_file(name))
         assert x.sorted_labels() == y.sorted_labels()

@@ -298,7 +298,7 @@ def test_skipped_too_long_gpt2(gpt2_family):
 def test_roberta_position_offset_limits_length(roberta_family):
     """RoBERTa numbers positions from padding_idx + 1 (= 2 here), so max_position_embeddings 42
     leaves room for 40 pieces. A 42-piece sentence (40 words + <s> + </s>) must be skipped as
-    too_long and counted (SPEC 1), not crash the run with an index error; 40 pieces fit."""
+    too_long and counted (METHODS §1), not crash the run with an index error; 40 pieces fit."""
     fam = roberta_family
     fits = Example(
         words=["cat"] * 38,

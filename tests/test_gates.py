@@ -1,4 +1,4 @@
-"""Head gates, objectives and importance (SPEC 8, issue 18).
+"""Head gates, objectives and importance (METHODS §8, issue 18).
 
 Every ablated output is checked against an independent computation: a deep copy of
 the model whose output projection has head h's input columns zeroed (rows for GPT-2's

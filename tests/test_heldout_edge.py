@@ -1,4 +1,4 @@
-"""SPEC 5: a fold with no trials selects nothing. A one-sentence treebank and a one-document
+"""METHODS §5: a fold with no trials selects nothing. A one-sentence treebank and a one-document
 coreference file give held-out rows that say so, with no numbers and no head 0-0."""
 
 from __future__ import annotations

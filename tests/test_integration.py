@@ -1,6 +1,6 @@
 """End to end on the real bundled models and the shared UD data (slow: a few minutes on 2 CPU cores).
 
-- MiniLM on UD English EWT dev reproduces the SPEC section 2 reference table exactly; its
+- MiniLM on UD English EWT dev reproduces the METHODS §2 reference table exactly; its
   streaming (Poisson) intervals agree with the exact multinomial bootstrap over the kept
   per-unit counts; three shards merged, and a shuffled order, give identical tables.
 - SmolLM2 (causal, GGUF) runs end to end on the first sentences of EWT dev.
@@ -29,7 +29,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 EWT_DEV = DATA / "en_ewt-ud-dev.conllu"
 GUM_DEV = DATA / "en_gum-ud-dev.conllu"
 
-# SPEC section 2: relation, arcs, best head (L-H, 0-based), direction, accuracy, baseline
+# METHODS §2: relation, arcs, best head (L-H, 0-based), direction, accuracy, baseline
 REFERENCE = [
     ("ALL", 20085, "2-1", "dep->head", 0.4542, 0.3451),
     ("nsubj", 2137, "2-8", "dep->head", 0.5559, 0.3388),

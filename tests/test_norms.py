@@ -1,4 +1,4 @@
-"""Norm-based attention (issue 17, SPEC 7; Kobayashi et al. 2020).
+"""Norm-based attention (issue 17, METHODS §7; Kobayashi et al. 2020).
 
 - capture's `value_norms` equal ||v_j^h W_O^h|| computed directly from the value projection's
   output (hooked) and the output projection's weight, for BERT (W_O beside the

@@ -3,7 +3,7 @@
 - no function longer than 80 lines;
 - percentile intervals computed only in `headprobe/stats/engine.py`;
 - an analysis's name spelled (as a string) only in its own module: the generic code reads
-  names from the registry. A role's name (`RoleRule.role`, SPEC 6) is a fact of its own, spelled
+  names from the registry. A role's name (`RoleRule.role`, METHODS §6) is a fact of its own, spelled
   where that rule is made; the registry's input kinds (`registry.INPUTS`) are spelled in the registry.
 """
 

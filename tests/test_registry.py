@@ -28,7 +28,7 @@ def test_builtin_analyses_are_registered():
     assert registry.names("coreference") == ["coreference"]
     assert registry.get("dependency").baselines[-1] == "first"
     order = [rule.role for _, rule in registry.role_rules()]
-    spec6 = ["positional", "syntactic", "coreference", "sink", "broad"]  # SPEC 6 order
+    spec6 = ["positional", "syntactic", "coreference", "sink", "broad"]  # METHODS §6 order
     assert [role for role in order if role in spec6] == spec6
     with pytest.raises(ValueError, match="unknown analysis 'nope'; choose from dependency"):
         registry.get("nope")

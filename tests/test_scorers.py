@@ -1,4 +1,4 @@
-"""Scorers on hand-built attention (SPEC sections 2 and 4); every expected count is worked out below.
+"""Scorers on hand-built attention (METHODS §2 and §4); every expected count is worked out below.
 
 Two 4-word sentences, each word exactly one WordPiece piece, so piece p = word p - 1,
 piece 0 = [CLS], piece 5 = [SEP]. Word-level matrices are written with key columns
@@ -417,7 +417,7 @@ def test_surface_causal_multi_piece():
 
 
 # ---------------------------------------------------------------------------------------
-# SPEC 2: the `first` baseline, and rows / columns with no attention left (causal)
+# METHODS §2: the `first` baseline, and rows / columns with no attention left (causal)
 # ---------------------------------------------------------------------------------------
 # s3: "sat the cat .": `list` arcs the -> sat (offset -1) and cat -> sat (offset -2) are
 # both headed by word 0, so `first` predicts 2 of 2, each offset only 1.

@@ -62,7 +62,7 @@ def test_parse_text_sentences_and_arcs(text_examples):
 
 def test_parse_text_units_and_sources(text_examples):
     path, examples = text_examples
-    # a paragraph is a document: the unit (SPEC 5); sentences are named by their ordinal
+    # a paragraph is a document: the unit (METHODS §5); sentences are named by their ordinal
     assert [e.unit for e in examples] == ["story.txt#1", "story.txt#1", "story.txt#2"]
     assert [e.sent_id for e in examples] == ["story.txt#1", "story.txt#2", "story.txt#3"]
     assert examples.skipped == [] and not examples.counts
@@ -299,7 +299,7 @@ def test_read_hf_dataset_length_mismatch(tmp_path):
 def test_read_hf_dataset_multiword_tokens_and_empty_nodes(tmp_path):
     """The UD datasets on the hub keep CoNLL-U multiword-token lines and empty nodes as tokens
     (their head is the string "None", their UPOS "_"), exactly as `conllu.parse_incr` lists them.
-    They are not syntactic words (SPEC 1): they must be dropped, and the integer heads of the
+    They are not syntactic words (METHODS §1): they must be dropped, and the integer heads of the
     words refer to word ids that do not count them.
 
         1    I       PRON   4  nsubj

@@ -1,4 +1,4 @@
-"""Streaming statistics (SPEC sections 5 and 6) on hand-built counts.
+"""Streaming statistics (METHODS §5 and §6) on hand-built counts.
 
 Counts are fed into a `Tally` the way scorers do (one row per unit and label, hits per
 layer, head and direction, baseline hits, concordant hits); every expected figure is
@@ -54,7 +54,7 @@ def add_arcs(tally: Tally, unit: str, label: str, head_hits, base_hits):
     tally.add_both([label], both[None, None])  # [label, layer, head, dir, variant]
 
 
-# ------------------------------------------------------------------------ the SPEC 5 recipes
+# ------------------------------------------------------------------------ the METHODS §5 recipes
 
 
 def test_folds_and_weights_follow_the_spec_recipe():

@@ -1,4 +1,4 @@
-"""Words <-> pieces (SPEC section 1).
+"""Words <-> pieces (METHODS §1).
 
 Words are tokenized as pre-split words (`is_split_into_words=True`); byte-level
 BPE tokenizers get `add_prefix_space=True`. Pieces map to words through
@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 FROM_MODES = ("mean", "first", "max")
 
 # piece kinds
-WORD, CLS_LIKE, SEP_LIKE, OTHER_SPECIAL, PAD = 0, 1, 2, 3, 4
+WORD, CLS_LIKE, SEP_LIKE, OTHER_MARKER, PAD = 0, 1, 2, 3, 4
 
 
 def is_byte_level(tokenizer) -> bool:
@@ -50,7 +50,7 @@ def _adds_prefix_space(backend) -> bool:
 
 
 def prepare_tokenizer(tokenizer):
-    """Check the tokenizer is fast; give byte-level BPE a prefix space on every word (SPEC 1).
+    """Check the tokenizer is fast; give byte-level BPE a prefix space on every word (METHODS §1).
 
     Done in the backend tokenizer itself (the `add_prefix_space` argument is ignored by
     generic `PreTrainedTokenizerFast` files), so it holds for every byte-level family:
@@ -89,7 +89,7 @@ class Alignment:
 
     input_ids: list[int]
     piece_word: list[int]  # word index of each piece, -1 for special pieces
-    piece_kind: list[int]  # WORD, CLS_LIKE, SEP_LIKE, OTHER_SPECIAL
+    piece_kind: list[int]  # WORD, CLS_LIKE, SEP_LIKE, OTHER_MARKER
     n_words: int
 
     def __len__(self) -> int:
@@ -119,7 +119,7 @@ def apply_bos(tokenizer, mode: str, causal: bool):
 
     A decoder without a BOS parks attention on the first word (the attention sink), which then
     looks like a head of every relation headed by word 1; with BOS the sink is a special
-    position, dropped from dependency scoring (SPEC 1) and measured as first-position mass."""
+    position, dropped from dependency scoring (METHODS §1) and measured as first-position mass."""
     if mode not in BOS_MODES:
         raise ValueError(f"bos must be one of {', '.join(BOS_MODES)}, not {mode!r}")
     if adds_bos(tokenizer):
@@ -182,7 +182,7 @@ def align_words(tokenizer, sentences: list[list[str]]) -> list[Alignment]:
         word_ids = encoded.word_ids(index)
         piece_word = [-1 if w is None else w for w in word_ids]
         piece_kind = [
-            WORD if w is not None else kinds.get(t, OTHER_SPECIAL) for t, w in zip(ids, word_ids)
+            WORD if w is not None else kinds.get(t, OTHER_MARKER) for t, w in zip(ids, word_ids)
         ]
         alignments.append(Alignment(list(ids), piece_word, piece_kind, len(words)))
     return alignments
@@ -197,7 +197,7 @@ def align_tokens(tokenizer, input_ids) -> Alignment:
     for token_id in input_ids:
         if token_id in special:
             piece_word.append(-1)
-            piece_kind.append(kinds.get(token_id, OTHER_SPECIAL))
+            piece_kind.append(kinds.get(token_id, OTHER_MARKER))
         else:
             piece_word.append(n_words)
             piece_kind.append(WORD)

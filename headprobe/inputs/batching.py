@@ -2,7 +2,7 @@
 
 Every example is tokenized once (one batched call to the fast tokenizer). An
 example that does not fit the model's maximum length, or that has a word the
-tokenizer turns into no piece, is skipped and counted (SPEC section 1).
+tokenizer turns into no piece, is skipped and counted (METHODS §1).
 """
 
 from __future__ import annotations

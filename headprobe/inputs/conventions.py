@@ -12,7 +12,7 @@ Numbers made with a paper's released code differ from SPEC numbers in known ways
 (docs/CONVENTIONS.md has the table and the reasons). A preset switches them all at
 once, and the run names it (`summary["conventions"]`):
 
-- `spec` (default): SPEC sections 1-2.
+- `spec` (default): METHODS §1-§2.
 - `clark2019-code`: Clark et al.'s attention-analysis code: "from" pooling by the
   first piece (`bpe_utils.get_word_word_attention`, default mode "first"; the paper
   says mean); `all` counts every arc, root and punct included (root arcs are always
@@ -35,7 +35,7 @@ import numpy as np
 from headprobe.inputs.corpora.base import base_relation
 
 FIRST = "first"
-SPEC_OFFSETS = tuple(k for k in range(-5, 6) if k != 0)
+DEFAULT_OFFSETS = tuple(k for k in range(-5, 6) if k != 0)
 CLARK_OFFSETS = tuple(range(-3, 3))  # Clark et al.'s `range(-3, 3)`: -3..2, 0 included
 
 
@@ -46,7 +46,7 @@ class Conventions:
     name: str
     from_mode: str = "mean"  # pooling of attention FROM a word's pieces
     unscored: tuple[str, ...] = ("root", "punct")  # relations left out, per relation and of ALL
-    offsets: tuple[int, ...] = SPEC_OFFSETS  # fixed-offset baselines
+    offsets: tuple[int, ...] = DEFAULT_OFFSETS  # fixed-offset baselines
     clip_offsets: bool = False  # offset predictions clipped into [ROOT, last word]
     first_baseline: bool = True  # the `first` baseline (word 1)
     cut_subtypes: bool = True  # obl:tmod -> obl
@@ -106,9 +106,9 @@ class Conventions:
         }
 
 
-SPEC = Conventions(
+HEADPROBE = Conventions(
     "spec",
-    description="SPEC sections 1-2: from = mean of the pieces; root and punct not scored; offsets "
+    description="METHODS §1-§2: from = mean of the pieces; root and punct not scored; offsets "
     "-5..5 without 0 (out of range: wrong) and `first`; subtypes cut",
 )
 CLARK2019_CODE = Conventions(
@@ -133,13 +133,13 @@ JOANACERO = Conventions(
     description="joanAcero/clark-attention-analysis on UD: from = mean; every arc scored (root and punct in "
     "ALL); offsets -3..2 with 0, clipped; no `first`; UD subtypes kept",
 )
-PRESETS: dict[str, Conventions] = {c.name: c for c in (SPEC, CLARK2019_CODE, JOANACERO)}
+PRESETS: dict[str, Conventions] = {c.name: c for c in (HEADPROBE, CLARK2019_CODE, JOANACERO)}
 
 
 def get_conventions(conventions: str | Conventions | None = None) -> Conventions:
     """A preset by name (None: `spec`), or a `Conventions` object as it is."""
     if conventions is None:
-        return SPEC
+        return HEADPROBE
     if isinstance(conventions, Conventions):
         return conventions
     if conventions not in PRESETS:

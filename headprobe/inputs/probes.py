@@ -30,7 +30,7 @@ import numpy as np
 from headprobe.inputs.corpora.base import Corpus, Example, Stream
 
 PROBES = ("repeated-random",)
-SPECIALS = ("auto", "bos", "none")
+PROBE_MARKERS = ("auto", "bos", "none")
 
 
 def _key(seed: int, kind: str, k: int) -> int:
@@ -55,8 +55,8 @@ def vocabulary(tokenizer, vocab_size: int | None = None) -> np.ndarray:
 
 def wrap(tokenizer, specials: str = "auto") -> tuple[list[int], list[int]]:
     """(ids before, ids after) the probe's tokens."""
-    if specials not in SPECIALS:
-        raise ValueError(f"specials must be one of {SPECIALS}, not {specials!r}")
+    if specials not in PROBE_MARKERS:
+        raise ValueError(f"specials must be one of {PROBE_MARKERS}, not {specials!r}")
     if specials == "none":
         return [], []
     if specials == "bos":

@@ -47,7 +47,7 @@ the ones asked for are computed, and the callback gets them as a `Heads` mapping
 `callback(layer, heads)` (`heads.probs`, `heads.value_norms`; with query blocks
 `callback(layer, heads, block)`, `value_norms` covering every key in each block). Without
 `needs` the callback gets the probabilities tensor as above. `value_norms[b, h, j]` is
-`||v_j^h W_O^h||` (SPEC 7, Kobayashi et al. 2020), computed inside the attention function
+`||v_j^h W_O^h||` (METHODS §7, Kobayashi et al. 2020), computed inside the attention function
 where the values are: `v` as the model computed it (bias included; in grouped-query
 attention the value of h's KV group), `W_O^h` the block of the site's output projection
 (`AttentionSite.output`: `o_proj`, GPT-2's Conv1D `c_proj`, BERT's `attention.output.dense`)
@@ -93,7 +93,7 @@ Callback = Callable[[int, torch.Tensor], None]
 QUANTITIES = {
     "probs": "[batch, head, query, key] float32: softmax(Q K^T * scale + mask), the attention weights",
     "value_norms": "[batch, head, key] float32: ||v_j^h W_O^h||, what head h passes on of key j per unit "
-    "of weight (SPEC 7)",
+    "of weight (METHODS §7)",
 }
 RESERVED = {
     "head_output": "[batch, head, query, hidden]: z, each head's share of the attention output"
@@ -460,7 +460,7 @@ class Captured:
     """What `capture_heads` kept of the last forward pass: per quantity, {layer: tensor}.
 
     `heads.probs[layer]` [batch, head, query, key], `heads.value_norms[layer]` [batch, head, key]
-    (also `heads["probs"]`); `heads.norms(layer)` is N = probs * value_norms (SPEC 7), and
+    (also `heads["probs"]`); `heads.norms(layer)` is N = probs * value_norms (METHODS §7), and
     `heads.norms(layer, rows=True)` its rows normalised to sum to 1."""
 
     def __init__(self, needs: frozenset[str], to=None):

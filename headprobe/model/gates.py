@@ -1,4 +1,4 @@
-"""Head gates (SPEC 8): scale each head's slice of the attention output projection's input.
+"""Head gates (METHODS §8): scale each head's slice of the attention output projection's input.
 
     gates = torch.ones(n_layers, n_heads)             # [layer, head]; 1 = intact
     gates[3, 5] = 0.0                                 # zero-ablate head 5 of layer 3

@@ -1,4 +1,4 @@
-"""Does a head matter? Ablation effects and gradient importance per example row (SPEC 8).
+"""Does a head matter? Ablation effects and gradient importance per example row (METHODS §8).
 
     objective = Objective.for_model(model, tokenizer)
     for batch in batches:
@@ -12,7 +12,7 @@
     steps = prune_steps(prune_order(scores))         # 0%, 10%, ... 100% of heads, least important first
     values = gated_rows(model, objective.targets(model, batch), objective, [heads for _, heads in steps])
 
-Ablation and importance give per-row sums with the row's piece count, so they add up per unit (SPEC 5) and
+Ablation and importance give per-row sums with the row's piece count, so they add up per unit (METHODS §5) and
 stream: a set of units reports `sum delta / sum tokens` and `sum importance / sum tokens`.
 
 Importance (Michel et al. 2019) is taken per example (a sentence, or a coreference window):

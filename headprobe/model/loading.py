@@ -9,7 +9,7 @@
 
 `load` gives the base model (no language-model head): attention is all we need.
 `load_lm` gives the model under its language-model head where it has a trained one, and
-the objective head ablation uses with it (`headprobe.model.objectives`, SPEC 8).
+the objective head ablation uses with it (`headprobe.model.objectives`, METHODS §8).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The objective a head ablation changes (SPEC 8), per example row, so effects stream per unit.
+"""The objective a head ablation changes (METHODS §8), per example row, so effects stream per unit.
 
     objective = Objective.for_model(model, tokenizer)     # kind picked from the model
     targets = objective.targets(model, batch)             # outside any gates: intact reference

@@ -77,7 +77,7 @@ def compose(results, source: str = "") -> Document:
     order), example pictures, how to read the tables, and the provenance, collapsed, last."""
     model = results.summary.get("model", "unknown model")
     doc = Document(title=f"headprobe report: {model}")
-    shown = results.for_measure()  # several measures (SPEC 7): the sections show the first
+    shown = results.for_measure()  # several measures (METHODS §7): the sections show the first
     doc.sections += [summary_section(shown), roles_section(shown)]
     for name in sorted(results.analyses, key=_builtin_rank):
         render = _section_of(name)
@@ -269,7 +269,7 @@ def roles_section(results) -> Section:
     s = Section("roles", "Head-role map")
     s.add(
         Paragraph(
-            "Each head gets the role of the first rule it meets, in this order (SPEC section 6); "
+            "Each head gets the role of the first rule it meets, in this order (METHODS §6); "
             "a head that meets none is 'none':"
         )
     )

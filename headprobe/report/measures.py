@@ -1,4 +1,4 @@
-"""Report section: attention weights beside norm-based attention (SPEC 7; Kobayashi et al. 2020).
+"""Report section: attention weights beside norm-based attention (METHODS §7; Kobayashi et al. 2020).
 
     section = measures_section(results)        # results scored with --measure weights,norms
 
@@ -32,7 +32,8 @@ SURFACE_NAMES = {
 def measures_section(results) -> Section:
     first, second = results.measures[:2]
     s = Section(
-        "measures", f"What heads pass on: {first} beside {second} (SPEC 7; Kobayashi et al. 2020)"
+        "measures",
+        f"What heads pass on: {first} beside {second} (METHODS §7; Kobayashi et al. 2020)",
     )
     s.add(
         Paragraph(

@@ -25,7 +25,7 @@ def parsing_section(results, analysis: str) -> Section:
         Paragraph(
             "Arcs: every arc but root and punct. The attention-only probe scores a candidate head j of word i "
             "with a linear combination of every head's A[i, j] and A[j, i] and predicts the argmax over the other "
-            "words of the sentence (softmax over them when fitting); it is fitted on one half of the units (SPEC 5 "
+            "words of the sentence (softmax over them when fitting); it is fitted on one half of the units (METHODS §5 "
             "folds) and evaluated on the other, both ways, so its accuracy is held-out. Single heads and baselines "
             "are shown selected held-out (on the other half) and in-sample (on all data, as the papers did). Trees: "
             "a head's maximum spanning tree over A[d, h] + A[h, d], and the maximum spanning arborescence over the "

@@ -15,7 +15,7 @@ apart from the model's other heads), and each analysis's block is divided by the
 of its feature count, so every analysis weighs the same however many labels it has. Heads
 are then matched one to one (`scipy.optimize.linear_sum_assignment`) to maximise the summed
 cosine similarity; each pair's similarity and whether the two heads hold the same role are
-reported. Runs of one model under two measures (SPEC 7: `measure` column) or against a
+reported. Runs of one model under two measures (METHODS §7: `measure` column) or against a
 control model compare the same way: a `Run` names the measure it reads.
 """
 

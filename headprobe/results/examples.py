@@ -11,7 +11,7 @@ The examples of a report are drawn at random with the run's seed, one per label,
 sentences of moderate length that hold the relation (a seeded reservoir per label: one
 pass over any iterable of examples, memory of one pick per label), so each relation gets
 its own sentence and the same seed gives the same sentences. A coreference example is a
-scored mention (SPEC 3) with its nearest antecedent a few words before it.
+scored mention (METHODS §3) with its nearest antecedent a few words before it.
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def pick_mentions(
     per_label: int = 1,
     span: tuple[int, int] = MENTION_SPAN,
 ) -> dict[str, list[MentionPick]]:
-    """Per mention kind (ALL, pronoun, proper, nominal), `per_label` scored mentions (SPEC 3)
+    """Per mention kind (ALL, pronoun, proper, nominal), `per_label` scored mentions (METHODS §3)
     whose nearest antecedent's head lies `span[0]..span[1]` words before the mention's head,
     drawn at random with `seed`. One pass over `windows` (any iterable)."""
     picker = MentionPicker(seed, per_label, span, kinds)

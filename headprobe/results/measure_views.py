@@ -1,4 +1,4 @@
-"""Weights beside norms (SPEC 7): views of `Results` scored on several measures.
+"""Weights beside norms (METHODS §7): views of `Results` scored on several measures.
 
     from headprobe.results.measure_views import role_changes, special_share, surface_side_by_side
     special_share(results)            # per layer: share of attention on [CLS]/[SEP] per measure
@@ -81,7 +81,7 @@ def special_share(
     """Per layer: the mean share of a word's attention on the `labels` specials ([CLS]/BOS-like +
     [SEP]/EOS-like, surface masses summed over the layer's heads / trials) under each measure,
     and the change between the first two. With per-unit counts (`keep_unit_counts`), 95%
-    percentile intervals from Poisson(1) resamples of the units (SPEC 5's unit weights; the
+    percentile intervals from Poisson(1) resamples of the units (METHODS §5's unit weights; the
     change paired); without them the intervals are NaN."""
     n_boot = n_boot or int(results.summary.get("bootstrap_resamples") or N_BOOT)
     seed = int(results.summary.get("seed", SEED)) if seed is None else seed
@@ -138,7 +138,7 @@ def special_share(
 
 
 def _interval(values) -> tuple[float, float]:
-    """2.5th / 97.5th percentiles of resamples 1.. (SPEC 5: `stats.interval`), NaN without resamples."""
+    """2.5th / 97.5th percentiles of resamples 1.. (METHODS §5: `stats.interval`), NaN without resamples."""
     if values is None or len(values) < 2:
         return np.nan, np.nan
     return interval(values.to_numpy()[1:])

@@ -1,9 +1,9 @@
 """Results: the streaming tallies of a run and every table derived from them, computed once.
 
     results = headprobe.run(treebank="en_ewt-ud-dev.conllu")
-    results.best_heads                       # DataFrame (SPEC 5 columns)
+    results.best_heads                       # DataFrame (METHODS §5 columns)
     results.head_scores("dependency", "nsubj")
-    results.roles                            # SPEC 6 head roles
+    results.roles                            # METHODS §6 head roles
     results.save("out/"); Results.load("out/")  # headprobe.results.store: whole or not at all
     Results.merge(a, b)                      # shards add up: identical tables to one run
 
@@ -17,7 +17,7 @@ control's; their tables are computed as for a run of that model alone (`results.
 saved prefixed `control_`, and the trained model's best heads carry the control's best
 beside them. Every other table and view is the trained model's.
 
-Measures (SPEC 7): `tallies` holds one tally per analysis and measure (`measures.tally_key`:
+Measures (METHODS §7): `tallies` holds one tally per analysis and measure (`measures.tally_key`:
 `dependency`, `dependency@norms`, `dependency@norms~control`); every table is computed per
 measure, exactly as for a run of that measure alone (the control's beside it as above), and
 carries a `measure` column. `results.for_measure("norms")`
@@ -156,7 +156,7 @@ class Results:
                 )
         return self._control
 
-    # -- measures (SPEC 7) ------------------------------------------------------------------
+    # -- measures (METHODS §7) ------------------------------------------------------------------
     @property
     def measures(self) -> list[str]:
         """The measures scored, in `measures.MEASURES` order (`weights` for results without any)."""
@@ -346,7 +346,7 @@ class Results:
 
     def unreachable_arcs(self, analysis: str, measure: str | None = None) -> pd.DataFrame:
         """Per label and direction (labels() order): n, `unreachable` (items whose row or column
-        holds no attention once specials and self are removed, SPEC 2) and their share; whole data."""
+        holds no attention once specials and self are removed, METHODS §2) and their share; whole data."""
         columns = ["label", "direction", "n", "unreachable", "share"]
         c = self._one(self.counts, measure)
         if "unreachable" not in c:

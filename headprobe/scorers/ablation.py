@@ -1,4 +1,4 @@
-"""Does a head matter? Ablation effects and importance as streamed analyses (SPEC 8).
+"""Does a head matter? Ablation effects and importance as streamed analyses (METHODS §8).
 
     headprobe.run("smollm2", treebank=..., analyses=["ablation", "importance"])
     results.ablation_heads          # per head: mean delta per piece, folds, 95% interval
@@ -369,7 +369,7 @@ ABLATION = register(
         default=False,
         options=("heads",),
         homes=HOMES,
-        description="per head: objective(head zeroed) - objective(intact) per piece (SPEC 8): the LM loss where "
+        description="per head: objective(head zeroed) - objective(intact) per piece (METHODS §8): the LM loss where "
         "the model has a language-model head, else the last hidden state's 1 - cos",
         tables={
             "ablation_heads": lambda results: objective_table(results, "ablation"),
@@ -388,7 +388,7 @@ IMPORTANCE = register(
         default=False,
         homes=HOMES,
         description="per head: |dL/dg| at g = 1 per piece, a gate per example and head, one backward pass "
-        "(Michel et al. 2019; SPEC 8); needs a language-model head",
+        "(Michel et al. 2019; METHODS §8); needs a language-model head",
         tables={
             "importance_heads": lambda results: objective_table(results, "importance"),
             "head_ranks": head_ranks,

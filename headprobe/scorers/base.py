@@ -4,7 +4,7 @@ A scorer turns one layer's attention into counts and keeps nothing else. For
 each batch it declares its *rows*, one per (unit, label), with the number of
 trials `n` of each row; `update` adds per-head hits (or attention mass) to those
 rows on the device; `end_batch` adds the batch into the scorer's `Tally`
-(per fold and bootstrap resample, SPEC 5) and forgets the rows. With
+(per fold and bootstrap resample, METHODS §5) and forgets the rows. With
 `keep_units` the per-unit rows are also kept (`unit_counts()`), for small corpora,
 debugging and the exact multinomial bootstrap.
 
@@ -91,7 +91,7 @@ class CountScorer:
     # The model this instance counts (`headprobe.model.control`): "trained", or "control" for the
     # random-init control's instance (its tally is kept apart: `key`).
     model = TRAINED
-    # Measures (SPEC 7, `headprobe.scoring.measures`): the measure this scorer instance counts (set per
+    # Measures (METHODS §7, `headprobe.scoring.measures`): the measure this scorer instance counts (set per
     # instance; one instance per measure asked for) and how it reads one: ARGMAX (N = a * ||v W_O||)
     # or MASS (N with each row normalised to sum 1). Under `weights` both are the weights.
     measure = WEIGHTS
@@ -375,7 +375,7 @@ def query_rows(att, batch) -> tuple[int, int, int, int, bool, bool]:
 
 
 def first_argmax(scores: torch.Tensor, dim: int) -> torch.Tensor:
-    """Index of the maximum along `dim`; ties go to the lowest index (SPEC 2).
+    """Index of the maximum along `dim`; ties go to the lowest index (METHODS §2).
 
     `max(dim).indices` is documented to return the first maximal value, like argmax,
     and is the faster of the two on CPU (2-5x on attention blocks).
@@ -386,7 +386,7 @@ def first_argmax(scores: torch.Tensor, dim: int) -> torch.Tensor:
 def word_fill(batch, drop_self: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(keep, fill), each [batch, 1, word, word], built once per batch: where `keep` is False
     the attention is replaced by `fill` before an argmax over words: 0 for self-attention
-    (SPEC 1, with `drop_self`), -1 for padding (never chosen)."""
+    (METHODS §1, with `drop_self`), -1 for padding (never chosen)."""
     valid = (
         batch.word_mask[:, None, :, None] & batch.word_mask[:, None, None, :]
     )  # [batch, 1, word, word]

@@ -1,4 +1,4 @@
-"""Coreference head scores (SPEC section 3) with nearest / head-match / rule-based baselines.
+"""Coreference head scores (METHODS §3) with nearest / head-match / rule-based baselines.
 
 Per window `Example` (words + `mentions` in window coordinates, see
 `headprobe.inputs.corpora.corefud`):
@@ -106,7 +106,7 @@ def _head_match(earlier, words: Sequence[str], query: int, allowed: set[int]) ->
 
 
 def scored_mentions(example, baselines: Sequence[str] = BASELINES) -> list[ScoredMention]:
-    """The SPEC section 3 scored mentions of one window, with baseline predictions."""
+    """The METHODS §3 scored mentions of one window, with baseline predictions."""
     mentions = list(example.mentions or [])
     if not mentions:
         return []
@@ -158,7 +158,7 @@ def scored_mentions(example, baselines: Sequence[str] = BASELINES) -> list[Score
 
 
 class CoreferenceScorer(CountScorer):
-    """Streaming SPEC section 3 scorer (ARCHITECTURE.md Scorer contract, via `CountScorer`).
+    """Streaming METHODS §3 scorer (ARCHITECTURE.md Scorer contract, via `CountScorer`).
 
     Rows are (document, label) with label in `LABELS`; every scored mention counts once
     for its kind and once for `ALL`. `unit_counts()` sums the rows of one document that
@@ -275,7 +275,7 @@ ANALYSIS = register(
         scorer=CoreferenceScorer,
         input=COREFERENCE,
         selection=True,
-        description="coreferent antecedents from a mention's head (SPEC 3; Clark et al. 2019 section 4.3)",
+        description="coreferent antecedents from a mention's head (METHODS §3; Clark et al. 2019 section 4.3)",
         family=roles.coreference_family,
         roles=(roles.COREFERENCE,),
         headline=True,

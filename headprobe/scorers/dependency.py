@@ -1,4 +1,4 @@
-"""Dependency arcs (SPEC section 2): per head, per relation, both directions.
+"""Dependency arcs (METHODS §2): per head, per relation, both directions.
 
 For a dependent i with head h, on word-level attention A with self-attention
 set to 0 and specials dropped:
@@ -26,7 +26,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from headprobe.inputs.conventions import SPEC, Conventions, get_conventions
+from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scorers.base import (
     CountScorer,
@@ -38,11 +38,11 @@ from headprobe.scorers.base import (
 from headprobe.scorers.registry import ARCS, SENTENCES, Analysis, register
 from headprobe.stats import roles
 
-UNSCORED = SPEC.unscored  # ("root", "punct")
-OFFSETS = sorted(SPEC.offsets)  # -5..5 without 0
-TIE_ORDER = list(SPEC.tie_order)  # -1, +1, -2, +2, ...
+UNSCORED = HEADPROBE.unscored  # ("root", "punct")
+OFFSETS = sorted(HEADPROBE.offsets)  # -5..5 without 0
+TIE_ORDER = list(HEADPROBE.tie_order)  # -1, +1, -2, +2, ...
 FIRST = "first"
-VARIANTS = SPEC.variants
+VARIANTS = HEADPROBE.variants
 
 
 def scored_arcs(example, conventions: Conventions | None = None):
@@ -197,7 +197,9 @@ def baseline_hits(dependent: np.ndarray, head: np.ndarray) -> np.ndarray:
     `VARIANTS`)? offset k predicts i + k (out of range: wrong, as it never equals a head);
     `first` predicts word 0. (`Conventions.baseline_hits` for other conventions.)"""
     dependent = np.asarray(dependent)
-    return SPEC.baseline_hits(dependent, head, np.full(dependent.shape, np.iinfo(np.int32).max))
+    return HEADPROBE.baseline_hits(
+        dependent, head, np.full(dependent.shape, np.iinfo(np.int32).max)
+    )
 
 
 ANALYSIS = register(
@@ -206,7 +208,7 @@ ANALYSIS = register(
         scorer=DependencyScorer,
         input=SENTENCES,
         selection=True,
-        description="dependency arcs per relation, both directions (SPEC 2; Clark et al. 2019 section 4.2)",
+        description="dependency arcs per relation, both directions (METHODS §2; Clark et al. 2019 section 4.2)",
         family=roles.dependency_family,
         roles=(roles.SYNTACTIC,),
         headline=True,

@@ -79,7 +79,7 @@ def js_row_sums(p: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Te
 class HeadSimilarityScorer(CountScorer):
     analysis = "head_similarity"
     value = "mass"
-    reads = MASS  # norms: row-normalised N (SPEC 7)
+    reads = MASS  # norms: row-normalised N (METHODS §7)
     bootstrap = False
 
     def rows(self, batch):

@@ -9,7 +9,7 @@ candidate). Word-level attention A = `att.words` without the special columns.
   (2 x layers x heads). A candidate's score is w . phi(i, j); p(j | i) is the softmax over
   the candidates; the prediction is the argmax (ties: the lowest index). w is fitted by
   L-BFGS on the mean negative log-likelihood of the gold heads (+ `l2` |w|^2 / 2) on one
-  fold (SPEC 5 folds by unit hash) and evaluated on the other, both ways: `probe` hits are
+  fold (METHODS §5 folds by unit hash) and evaluated on the other, both ways: `probe` hits are
   held-out, pooled over the two evaluations (no other number is reported for it).
   The features stream to disk (float16, one file per fold, written batch by batch) and are
   read back in chunks, so memory does not grow with the corpus.
@@ -18,7 +18,7 @@ candidate). Word-level attention A = `att.words` without the special columns.
   found as an undirected tree edge. `probe_mst`: the maximum spanning arborescence
   (Chu-Liu-Edmonds, dummy ROOT with one child) over the held-out probe's log p(h | d);
   its UUAS likewise. `chain` (UUAS of the tree linking adjacent words) is their baseline.
-- **Single heads** on the same arcs: `dep->head` / `head<-dep` argmax hits (SPEC 2; under
+- **Single heads** on the same arcs: `dep->head` / `head<-dep` argmax hits (METHODS §2; under
   SPEC the same counts as the dependency analysis's ALL) and the conventions' offset
   baselines, so that every comparison is paired (same arcs, same bootstrap weights).
 

@@ -1,4 +1,4 @@
-"""Positional proximity (SPEC section 4, Voita et al. 2019).
+"""Positional proximity (METHODS §4, Voita et al. 2019).
 
 Per head, over word queries (specials are not queries): where does the argmax
 of the word-level row sit? Self is included, specials are included (as two key
@@ -18,7 +18,7 @@ from headprobe.stats import roles
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
 LABELS = OFFSET_LABELS + ["special", "other"]
-SPECIAL, OTHER = len(OFFSET_LABELS), len(OFFSET_LABELS) + 1
+MARKER_BUCKET, OTHER = len(OFFSET_LABELS), len(OFFSET_LABELS) + 1
 
 
 class UnitLabelRows:
@@ -71,7 +71,7 @@ class PositionalScorer(UnitLabelRows, CountScorer):
         target = target.permute(0, 2, 1)[q_b, q_i - w0]  # [query, head]
         offset = target - q_i[:, None]  # [query, head]
         bucket = torch.where(offset.abs() <= 2, offset + 2, torch.full_like(offset, OTHER))
-        bucket = torch.where(target >= self._w, torch.full_like(offset, SPECIAL), bucket)
+        bucket = torch.where(target >= self._w, torch.full_like(offset, MARKER_BUCKET), bucket)
         rows = self._first_row[q_b][:, None] + bucket  # [query, head]
         counts = torch.zeros(len(self._keys), self.n_heads, device=scores.device)
         counts.scatter_add_(0, rows, torch.ones_like(rows, dtype=counts.dtype))
@@ -108,7 +108,7 @@ ANALYSIS = register(
         input=SENTENCES,
         selection=False,
         cross=True,
-        description="argmax offsets per head (SPEC 4; Voita et al. 2019)",
+        description="argmax offsets per head (METHODS §4; Voita et al. 2019)",
         roles=(roles.POSITIONAL,),
         tables={"positional_heads": lambda results: positional_heads(results.counts)},
         report="headprobe.report.build:positional_section",

@@ -96,7 +96,7 @@ class Analysis:
 
     def make_scorer(self, model: str = TRAINED, measure: str = WEIGHTS, **options):
         """A new scorer for this analysis counting `model` ("trained", or the random-init "control")
-        on `measure` (SPEC 7: "weights" or "norms")."""
+        on `measure` (METHODS §7: "weights" or "norms")."""
         scorer = self.scorer(**options)
         scorer.model = model
         scorer.measure = measure
@@ -190,7 +190,7 @@ def get(name: str) -> Analysis:
 
 def min_n(name: str) -> int:
     """The fewest trials a label of analysis `name` needs to be named a best head or a role
-    (SPEC 5); the default for a name no longer registered (results of a removed plugin)."""
+    (METHODS §5); the default for a name no longer registered (results of a removed plugin)."""
     _load()
     analysis = _REGISTRY.get(name)
     return analysis.min_n if analysis is not None else Analysis.min_n

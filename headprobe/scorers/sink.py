@@ -48,7 +48,7 @@ THRESHOLD, LOWER, MIN_INPUTS = 0.5, 0.4, 30
 class SinkScorer(CountScorer):
     analysis = NAME
     value = "mass"
-    reads = MASS  # norms: row-normalised N (SPEC 7)
+    reads = MASS  # norms: row-normalised N (METHODS §7)
     variants = ("uniform",)
 
     def rows(self, batch):

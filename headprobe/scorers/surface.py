@@ -1,4 +1,4 @@
-"""Surface statistics (SPEC section 4; Clark et al. 2019 Figures 2 and 4).
+"""Surface statistics (METHODS §4; Clark et al. 2019 Figures 2 and 4).
 
 Per head, summed over word queries (specials are not queries), on word-level
 attention: mass to `self`, `prev` (words with a previous word), `next` (words
@@ -46,7 +46,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
     analysis = "surface"
     labels = LABELS
     value = "mass"
-    reads = MASS  # norms: row-normalised N (SPEC 7)
+    reads = MASS  # norms: row-normalised N (METHODS §7)
     bootstrap = False
     blocks = True  # row by row (word rows; piece rows for the entropy)
 
@@ -182,7 +182,7 @@ ANALYSIS = register(
         selection=False,
         cross=True,
         description="attention mass to self, neighbours, specials, punctuation, the first position; entropy "
-        "(SPEC 4; Clark et al. 2019 Figures 2 and 4)",
+        "(METHODS §4; Clark et al. 2019 Figures 2 and 4)",
         roles=(roles.SINK, roles.BROAD),
         tables={"surface": lambda results: surface_table(results.counts)},
         report="headprobe.report.build:surface_section",

@@ -15,7 +15,7 @@ What each rank does (`headprobe.api.run` calls these):
   (round-robin over the engine's chunks of `CHUNK` examples, N = world size; `shard`).
   Deterministic and lazy (nothing is copied); each rank's chunks are chunks of the
   one-process run, so its batches, and the float sums inside them, are the same. A unit (document) may span ranks: its
-  fold and bootstrap weights are functions of its id (SPEC 5), so its counts land in
+  fold and bootstrap weights are functions of its id (METHODS §5), so its counts land in
   the same cells on whichever rank scores them, and tallies add linearly.
 - **merge**: after every pass, the per-pass statistics (examples, words, skipped inputs)
   are gathered (`reduce_stats`); at the end the ranks agree on the union of their

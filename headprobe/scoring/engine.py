@@ -23,7 +23,7 @@ block API, `scorers.base.CountScorer.blocks`). Only when every scorer supports b
 otherwise the run is unblocked and `stats_["notes"]` says why. Unblocked (the default) is
 one block of every row, computed exactly as before.
 
-Measures (SPEC 7, `headprobe.scoring.measures`): each scorer scores one measure (`scorer.measure`,
+Measures (METHODS §7, `headprobe.scoring.measures`): each scorer scores one measure (`scorer.measure`,
 `weights` unless set) and says how it reads it (`scorer.reads`). The capture is asked for
 what the measures need (`value_norms` for `norms`), once per batch; per layer (or block)
 one `LayerAttention` is built per (measure, reading) that some scorer reads, and shared by
@@ -141,7 +141,7 @@ class LayerAttention:
         measure: str = WEIGHTS,
     ):
         self.layer = layer
-        self.measure = measure  # which measure `pieces` holds (SPEC 7)
+        self.measure = measure  # which measure `pieces` holds (METHODS §7)
         self.local = pieces  # [batch, head, query piece, piece], layer's device
         self.batch = batch
         self.query_pieces = query_pieces or (0, pieces.shape[-2])

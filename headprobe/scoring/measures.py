@@ -1,4 +1,4 @@
-"""Measures of attention (SPEC 7): what a head's weights say, and what it passes on.
+"""Measures of attention (METHODS §7): what a head's weights say, and what it passes on.
 
     from headprobe.scoring.measures import norm_attention
     n = norm_attention(probs, value_norms)              # N = a * ||v W_O||: [batch, head, query, key]

@@ -1,4 +1,4 @@
-"""Streaming counts (SPEC section 5): per fold and per bootstrap resample, nothing per unit.
+"""Streaming counts (METHODS §5): per fold and per bootstrap resample, nothing per unit.
 
     tally = Tally("dependency", directions=("dep->head", "head<-dep"), variants=("offset=-1",),
                   layers=[0, 1], n_heads=12, resamples=1000)
@@ -41,20 +41,20 @@ FLUSH_ROWS = 4096  # buffered (unit, label) rows before they are added into the 
 
 
 def keyed_hash(seed: int, kind: str, unit: str) -> int:
-    """SPEC 5's 64-bit hash of f"{seed}:{kind}:{unit}" (blake2b, little-endian): folds, bootstrap
-    weights, the masked-LM positions of SPEC 8."""
+    """METHODS §5's 64-bit hash of f"{seed}:{kind}:{unit}" (blake2b, little-endian): folds, bootstrap
+    weights, the masked-LM positions of METHODS §8."""
     return int.from_bytes(
         blake2b(f"{seed}:{kind}:{unit}".encode(), digest_size=8).digest(), "little"
     )
 
 
 def unit_fold(unit: str, seed: int = SEED) -> int:
-    """SPEC 5: the fold (0 or 1) of a unit, from a keyed hash of its id."""
+    """METHODS §5: the fold (0 or 1) of a unit, from a keyed hash of its id."""
     return keyed_hash(seed, "fold", unit) % N_FOLDS
 
 
 def unit_weights(unit: str, seed: int = SEED, n_boot: int = N_BOOT) -> np.ndarray:
-    """SPEC 5: the unit's Poisson(1) weight in each of `n_boot` resamples, from its id."""
+    """METHODS §5: the unit's Poisson(1) weight in each of `n_boot` resamples, from its id."""
     rng = np.random.Generator(np.random.PCG64(keyed_hash(seed, "boot", unit)))
     return rng.poisson(1.0, n_boot)
 
@@ -149,7 +149,7 @@ class Tally:
     ):
         self.analysis = analysis
         self.model = model  # "trained", or "control" (`headprobe.model.control`)
-        self.measure = measure  # SPEC 7: weights or norms (`headprobe.scoring.measures`)
+        self.measure = measure  # METHODS §7: weights or norms (`headprobe.scoring.measures`)
         self.directions = tuple(directions)
         self.variants = tuple(variants)
         self.layers = [int(x) for x in layers]

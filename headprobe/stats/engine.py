@@ -1,4 +1,4 @@
-"""Honest numbers (SPEC section 5), read from streaming tallies (`headprobe.scoring.tally`): the one
+"""Honest numbers (METHODS §5), read from streaming tallies (`headprobe.scoring.tally`): the one
 statistics engine (every interval, selection and gap of every analysis is computed here).
 
     best, baselines, tests = selection_tables(tally, family=lambda label, n: n >= 50)
@@ -92,7 +92,7 @@ TEST_COLUMNS = [
 # reads resample 0; intervals read the resamples; a paired gap subtracts two ratios
 # resample by resample (same weights).
 
-Q = (2.5, 97.5)  # the 95% percentile interval's ends (SPEC 5)
+Q = (2.5, 97.5)  # the 95% percentile interval's ends (METHODS §5)
 
 
 def ratio(hits, n):
@@ -105,7 +105,7 @@ def ratio(hits, n):
 def percentiles(values, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) = the 2.5th and 97.5th percentiles (numpy's linear interpolation) along
     `axis` (the resamples) of the finite values, for every other cell at once; NaN where a
-    cell has none. The one owner of the interval's ends (SPEC 5).
+    cell has none. The one owner of the interval's ends (METHODS §5).
 
         low, high = percentiles(ratio(hits[1:], n[1:]))        # hits, n: [resample, layer, head]
     """
@@ -510,7 +510,7 @@ def selection_tables(tally, family=None, min_n: int = MIN_N):
     """(best_heads, baselines, head_tests) of one analysis's tally.
 
     `family(label, n) -> bool` names the labels whose (head, label) tests form the
-    analysis's role family (SPEC 6: Holm runs over all of them together); every other
+    analysis's role family (METHODS §6: Holm runs over all of them together); every other
     label's heads are a family of their own. `p_holm` of a best-heads row is its head's
     adjusted value in that family.
     """
@@ -557,7 +557,7 @@ def _best_frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def tidy_counts(tally) -> pd.DataFrame:
-    """SPEC 5 tidy table of one tally: whole data (fold "") and each half ("0", "1"),
+    """METHODS §5 tidy table of one tally: whole data (fold "") and each half ("0", "1"),
     resample 0 (the data itself); baselines as rows with `variant` and layer = head = -1."""
     n_heads, n_dirs = tally.n_heads, len(tally.directions)
     layer, head, direction = (

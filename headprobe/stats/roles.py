@@ -1,4 +1,4 @@
-"""Head roles (SPEC section 6): one role per head, by stated rules with their evidence.
+"""Head roles (METHODS §6): one role per head, by stated rules with their evidence.
 
     roles = head_roles(results)          # one row per head: role, detail, evidence, all_roles
 
@@ -49,7 +49,7 @@ def _analyses_of(rule: RoleRule, results) -> list[str]:
 
 
 def _tested(results, rule: RoleRule, margin: float) -> pd.DataFrame:
-    """Head tests in the role family of the rule's analyses that pass both SPEC 6 conditions."""
+    """Head tests in the role family of the rule's analyses that pass both METHODS §6 conditions."""
     tests = results.head_tests
     tests = tests[
         tests["analysis"].isin(_analyses_of(rule, results)) & (tests["family"] == "roles")

@@ -49,7 +49,7 @@ class CorpusError(ValueError):
 class Example:
     """One model input: a sentence, or a coreference window of whole sentences.
 
-    `unit` is the bootstrap / fold unit (SPEC section 5): the document id where the corpus
+    `unit` is the bootstrap / fold unit (METHODS §5): the document id where the corpus
     marks documents (`# newdoc id`; always for coreference windows), else the sentence id.
     `sent_id` names the sentence itself (`# sent_id`, else "<file name>#<ordinal>"; a
     window's first sentence); left out, it is the unit.

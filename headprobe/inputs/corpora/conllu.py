@@ -17,7 +17,7 @@ word lines; FEATS as `Key=Value|...`; a tree (`base.check_tree`: heads in 0..n, 
 root, no cycle, a relation other than `_` and the reserved `ALL`); and a `# sent_id`
 not used before in the file.
 
-Units (SPEC section 5): `Example.unit` is the `# newdoc id` of the sentence's document
+Units (METHODS §5): `Example.unit` is the `# newdoc id` of the sentence's document
 where the file marks documents, else its `sent_id`, else "<file name>#<ordinal>" (the
 sentence block's 1-based ordinal in the file); `Example.sent_id` is the sentence's own
 id (`sent_id`, else the same "<file name>#<ordinal>").
@@ -108,7 +108,7 @@ class Sentence:
 
     @property
     def unit(self) -> str:
-        """SPEC section 5: the document id where the file marks documents, else the sentence id."""
+        """METHODS §5: the document id where the file marks documents, else the sentence id."""
         return self.block.doc_id or self.sent_id
 
 

@@ -51,12 +51,12 @@ Malformed input raises `CorpusError` ("path:line: what is wrong"). With `skip_ba
   document, named by its opening line), skips that mention (`malformed_mention`).
 
 Mention coordinates: `start` is the first word, `end` is **exclusive** (one past the
-last word), as in a Python slice; `head` is the mention head, by SPEC section 3 the
+last word), as in a Python slice; `head` is the mention head, by METHODS §3 the
 first word of the mention whose syntactic head lies outside the mention.
 
 Windows (`pack_windows`, `coref_examples`, `read_coref_examples`)
 ---------------------------------------------------------------
-SPEC section 3: consecutive whole sentences of one document, packed greedily while
+METHODS §3: consecutive whole sentences of one document, packed greedily while
 the window's pieces (specials included) fit `window` (default 128). A sentence that
 alone does not fit (or has a word that gives no piece) is skipped, counted, and closes
 the current window. Packing takes a piece-counting callable

@@ -87,7 +87,7 @@ def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
 
     Each row is checked as a tree (`base.check_tree`); a bad row raises `CorpusError`
     ("SPEC row k: ...", k the 0-based row index) or with `skip_bad` is skipped and counted.
-    Units and sentence ids (SPEC section 5; datasets mark no documents): the row's
+    Units and sentence ids (METHODS §5; datasets mark no documents): the row's
     `sent_id` / `id` / `idx` column, else "SPEC#<ordinal>" (1-based); a repeated id is an
     error like a repeated `# sent_id` in a file (`duplicate_sent_id`).
     """
@@ -124,7 +124,7 @@ def _examples(
         words, raw_heads, raw_rels = list(row[words_col]), list(row[heads_col]), list(row[rel_col])
         if len(words) == len(raw_heads) == len(raw_rels):
             # the hub's UD loader keeps multiword-token lines and empty nodes, with head "None":
-            # they are not syntactic words (SPEC 1), and word ids count without them
+            # they are not syntactic words (METHODS §1), and word ids count without them
             keep = [k for k, head in enumerate(raw_heads) if not _no_head(head)]
             words, raw_heads, raw_rels = (
                 [x[k] for k in keep] for x in (words, raw_heads, raw_rels)

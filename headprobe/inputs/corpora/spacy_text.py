@@ -6,7 +6,7 @@
 
 Paragraphs (blank-line separated) are parsed with `nlp.pipe`; each spaCy sentence
 becomes one example. A paragraph is a document: its sentences share the unit
-"<file name>#<paragraph ordinal>" (SPEC section 5), and each sentence is named
+"<file name>#<paragraph ordinal>" (METHODS §5), and each sentence is named
 "<file name>#<sentence ordinal>" (`Example.sent_id`; ordinals 1-based, in the file).
 Relations are spaCy's labels, lower-cased (`ROOT` -> `root`), so `root` and `punct`
 are left out of scoring as in UD. The default parser is the bundled en_core_web_sm
