@@ -558,6 +558,12 @@ def finish(
             coref=mentions,
             stack=stack,
         )
+    if sentences is not None:  # a second, tiny pass: every head on a few of the drawn sentences
+        from headprobe.results import head_attention
+
+        results.head_attention = head_attention.collect_for_run(
+            net, session.tokenizer, results, sentences, config.from_mode, stack
+        )
     results.summary["seconds"] = round(time.perf_counter() - started, 2)
     results.summary["headline"] = headline(results.best_heads)
     out, report, checkpoint = config.out, config.report, session.checkpoint

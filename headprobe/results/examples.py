@@ -48,6 +48,20 @@ def word_attention(
     stack: str | None = None,
 ) -> torch.Tensor:
     """[head, word, word + 2] word-level attention of one layer of `stack` (last columns: CLS-, SEP-like)."""
+    return layers_word_attention(model, tokenizer, words, [layer], from_mode, stack)[layer]
+
+
+@torch.inference_mode()
+def layers_word_attention(
+    model,
+    tokenizer,
+    words: list[str],
+    layers: list[int],
+    from_mode: str = "mean",
+    stack: str | None = None,
+) -> dict[int, torch.Tensor]:
+    """{layer: [head, word, word + 2]} word-level attention of `layers` of `stack`, one forward
+    pass (last columns: CLS-, SEP-like)."""
     sites = attention_sites(model)
     stack = sites.resolve(stack)
     alignment = sites.scoring_alignment(align_words(tokenizer, [list(words)])[0], stack)
@@ -63,14 +77,14 @@ def word_attention(
     offset = sites.query_offset(stack)
     kept = {}
 
-    def keep(layer_index, probs):
-        kept["words"] = (
+    def keep(layer_index, probs):  # probs: [batch, head, query, key]
+        kept[layer_index] = (
             LayerAttention(layer_index, probs[:, :, offset:], batch).words[0].float().cpu()
         )
 
-    with AttentionCapture(model, [layer], keep, stack=stack):
+    with AttentionCapture(model, list(layers), keep, stack=stack):
         model(**sites.model_inputs(batch, stack))
-    return kept["words"]
+    return kept
 
 
 def attention_for_sentence(

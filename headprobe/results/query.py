@@ -54,8 +54,10 @@ class Results:
         examples: list | None = None,
         unit_counts: pd.DataFrame | None = None,
         tables: dict[str, pd.DataFrame] | None = None,
+        head_attention: dict | None = None,
     ):
         self.tallies = dict(tallies)
+        self.head_attention = head_attention  # `headprobe.results.head_attention`: the explorer's
         self.summary = dict(summary or {})
         self.examples = examples or []
         self.unit_counts = unit_counts

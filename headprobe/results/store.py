@@ -12,6 +12,8 @@ Every module that needs a file of a results directory takes its name from here. 
   `baselines`, `head_tests`, `roles` and each analysis's declared tables)
 - `summary.json`  model, corpora, skipped inputs, options, notes, headline, table list
 - `examples.json`  word-level attention of top heads on example sentences (for reports)
+- `head_attention.npz`  every scored head's word-level attention on a seeded handful of example
+  sentences, uint8 (`headprobe.results.head_attention`; the report's head explorer), when drawn
 - `unit_counts.parquet`  per-unit rows, only with `keep_unit_counts`
 - `manifest.json`  run id, inputs with their SHA-256, options, version, and every file above
   with its size and SHA-256; `read` (and so `Results.load`) refuses a directory that does not
@@ -45,6 +47,7 @@ from headprobe.scoring.tally import Tally
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
 EXAMPLES = "examples.json"
+HEAD_ATTENTION = "head_attention.npz"  # every head's attention on a few sentences (the explorer's)
 TALLIES = "tallies"  # tallies/<analysis>.npz
 TALLY_SUFFIX = ".npz"
 TABLE_SUFFIXES = (".parquet", ".csv")  # every table in both; read back from the first
@@ -321,12 +324,17 @@ def write(results, directory: Path) -> dict[str, Path]:
     atomic.write_json(paths["summary"], results.summary)
     paths["examples"] = directory / EXAMPLES
     atomic.write_json(paths["examples"], results.examples, indent=None)
+    if getattr(results, "head_attention", None) is not None:
+        from headprobe.results import head_attention
+
+        paths["head_attention"] = directory / HEAD_ATTENTION
+        head_attention.save(results.head_attention, paths["head_attention"])
     return paths
 
 
 def read(directory: str | Path, *, check: bool = True) -> dict:
     """The parts of saved results, as `Results(**read(directory))` takes them: tallies, summary,
-    examples, unit_counts, tables. With `check` (default) every file must match manifest.json
+    examples, unit_counts, tables, head_attention (None when not saved). With `check` (default) every file must match manifest.json
     (size and SHA-256): a directory that does not is refused with `ResultsError` saying which
     file and why (FileNotFoundError: no results there at all)."""
     directory = Path(directory)
@@ -356,7 +364,10 @@ def read(directory: str | Path, *, check: bool = True) -> dict:
     )
     unit_path = directory / table_file(UNIT_COUNTS)
     unit_counts = pd.read_parquet(unit_path) if unit_path.is_file() else None
+    from headprobe.results import head_attention
+
     return {
+        "head_attention": head_attention.load(directory / HEAD_ATTENTION),
         "tallies": tallies,
         "summary": summary,
         "examples": examples,
