@@ -758,12 +758,15 @@ def check_page_in_chromium(
     max_height: int = 8000,
     hidden_markers=(),
     print_width: int | None = None,
+    actions=None,
 ) -> dict:
     """Open `html_path` in headless Chromium; return {"images": [...], "errors": [...],
     "visible_markers": [...], "layout": [...], "print_layout": [...]} and write a full-page
     screenshot (at most `max_height` pixels tall). `visible_markers`: those of `hidden_markers`
     shown outside a collapsed <details>; `layout`: boxes wider than they may be at `width`
-    (details opened); `print_layout`: the same in print media at `print_width`."""
+    (details opened); `print_layout`: the same in print media at `print_width`; `requests`:
+    every URL the page asked for (Network domain); `actions`: what `actions(tools, evaluate)`
+    returned, run after the layout is measured (clicks, keys: DevTools `Input` events)."""
     binary = chromium_binary()
     profile = Path(screenshot).parent / ".chromium-profile"
     shutil.rmtree(profile, ignore_errors=True)
@@ -806,7 +809,7 @@ def check_page_in_chromium(
         targets = json.loads(opener.open(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
         page = next(t for t in targets if t.get("type") == "page")
         tools = DevTools(page["webSocketDebuggerUrl"])
-        for domain in ("Page", "Runtime", "Log"):
+        for domain in ("Page", "Runtime", "Log", "Network"):
             tools.call(f"{domain}.enable")
         tools.call(
             "Emulation.setDeviceMetricsOverride",
@@ -848,6 +851,8 @@ def check_page_in_chromium(
             "JSON.stringify([...document.querySelectorAll('details')].map(d => d.open = true))"
         )
         info["layout"] = evaluate(LAYOUT_JS)
+        if actions is not None:
+            info["actions"] = actions(tools, evaluate)
         if print_width:
             tools.call("Emulation.setEmulatedMedia", media="print")
             tools.call(
@@ -866,6 +871,11 @@ def check_page_in_chromium(
         except TimeoutError:
             pass
         info["errors"] = console_errors(tools.events)
+        info["requests"] = [
+            e["params"]["request"]["url"]
+            for e in tools.events
+            if e.get("method") == "Network.requestWillBeSent"
+        ]
         try:
             tools.sock.settimeout(10)
             tools.call("Browser.close")

@@ -79,6 +79,9 @@ def compose(results, source: str = "") -> Document:
     doc = Document(title=f"headprobe report: {model}")
     shown = results.for_measure()  # several measures (METHODS §7): the sections show the first
     doc.sections += [summary_section(shown), roles_section(shown)]
+    from headprobe.report.explorer import explorer_section
+
+    doc.sections.append(explorer_section(results))  # the interactive head explorer
     for name in sorted(results.analyses, key=_builtin_rank):
         render = _section_of(name)
         doc.sections.append((render or default_section)(shown, name))

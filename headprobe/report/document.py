@@ -66,6 +66,15 @@ class Details:
 
 
 @dataclass
+class Interactive:
+    """Live HTML (markup and an inline script, self-contained) where the HTML report has it, and
+    `text` where the renderer cannot run it (Markdown)."""
+
+    html: str
+    text: str
+
+
+@dataclass
 class Section:
     id: str
     title: str

@@ -1,7 +1,7 @@
 """Render a `Document` as one self-contained HTML page.
 
-Figures are embedded as base64 `data:` URIs and the stylesheet is inline: the page
-loads no script, font or stylesheet from anywhere and opens offline.
+Figures are embedded as base64 `data:` URIs, and the stylesheet and the explorer's script are
+inline: the page loads no script, font or stylesheet from anywhere and opens offline.
 """
 
 from __future__ import annotations
@@ -9,7 +9,15 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from headprobe.report.document import BulletList, Details, Document, Figure, Paragraph, Table
+from headprobe.report.document import (
+    BulletList,
+    Details,
+    Document,
+    Figure,
+    Interactive,
+    Paragraph,
+    Table,
+)
 
 CSS = """
 :root { color-scheme: light; }
@@ -97,6 +105,8 @@ def _block(block) -> str:
         )
     if isinstance(block, Table):
         return _table(block)
+    if isinstance(block, Interactive):
+        return block.html
     if isinstance(block, Details):
         inner = "".join(_block(b) for b in block.blocks)
         return f'<details class="provenance"><summary>{escape(block.summary)}</summary>{inner}</details>'

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import re
 
-from headprobe.report.document import BulletList, Details, Document, Figure, Paragraph, Table
+from headprobe.report.document import (
+    BulletList,
+    Details,
+    Document,
+    Figure,
+    Interactive,
+    Paragraph,
+    Table,
+)
 from headprobe.results import store
 
 
@@ -55,6 +63,8 @@ def _block(block, figures_dir: str) -> list[str]:
         ]
     if isinstance(block, Table):
         return _table(block)
+    if isinstance(block, Interactive):
+        return [esc(block.text)]
     if isinstance(block, Details):  # GitHub and most renderers fold it, as the HTML does
         out = ["<details>", f"<summary>{esc(block.summary)}</summary>", ""]
         for b in block.blocks:
