@@ -12,8 +12,20 @@ from headprobe.results.query import Results, load_results
 from headprobe.scorers.token_patterns import PatternRule, pattern_analysis
 
 __version__ = "0.1.0"
+
+
+def explore(results):
+    """The head explorer of `results` (a `Results` or a results directory) as a notebook widget:
+    display it, select a head, read `widget.head` ("L-H"). Without widget support it renders as
+    the report's self-contained HTML. See `headprobe.report.explorer`."""
+    from headprobe.report.explorer import explore as _explore
+
+    return _explore(results)
+
+
 __all__ = [
     "run",
+    "explore",
     "load_results",
     "load_model",
     "attention_for_sentence",

@@ -63,7 +63,9 @@ def test_a_run_against_itself_matches_every_head_to_itself(compared):
     )
     assert a.equals(b) and a.sum() == 72
     page = (compared / "compare.html").read_text(encoding="utf-8")
-    assert "<script" not in page and 'data-table="role-counts"' in page
+    # scripts: only the head explorers' one inline module (nothing loaded from anywhere)
+    assert "<script src" not in page and page.count('<script type="module">') == 1
+    assert 'data-table="role-counts"' in page
     assert all(
         (compared / "figures" / f"role_maps.{ext}").is_file() for ext in ("png", "svg", "pdf")
     )

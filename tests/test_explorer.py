@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from test_report import check_page_in_chromium, chromium_binary
@@ -142,7 +143,7 @@ def test_data_equals_the_tables(saved):
 # ------------------------------------------------------------------------------- the page
 
 CLICK_JS = """JSON.stringify((() => {
-  const c = document.querySelector('[data-head="HEAD"]');
+  const c = document.querySelector('SCOPE [data-head="HEAD"]');
   c.scrollIntoView({block: 'center'});
   const r = c.getBoundingClientRect();
   return [r.left + r.width / 2, r.top + r.height / 2];
@@ -162,8 +163,8 @@ CARD_JS = """JSON.stringify((() => {
 })())"""
 
 
-def click(tools, evaluate, head):
-    x, y = evaluate(CLICK_JS.replace("HEAD", head))
+def click(tools, evaluate, head, scope=""):
+    x, y = evaluate(CLICK_JS.replace("HEAD", head).replace("SCOPE", scope))
     for kind in ("mousePressed", "mouseReleased"):
         tools.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
     return evaluate(CARD_JS)
@@ -251,3 +252,32 @@ def test_markdown_points_to_the_html(saved):
         html.split('id="head-explorer-data">')[1].split("</script>")[0].replace("<\\/", "</")
     )
     assert len(data["heads"]) == 6 and data["attention"]["sentences"] == SENTENCES
+
+
+@pytest.mark.skipif(chromium_binary() is None, reason="chromium not installed")
+def test_compare_page_highlights_the_matched_head(tmp_path):
+    """Selecting a head of one run outlines the head the matches table pairs it with in the other."""
+    from headprobe.report.comparison_page import build_comparison
+    from headprobe.results.comparison import Run
+
+    small, large = make_results(seed=1), make_results(seed=3, n_layers=3, n_heads=4)
+    paths = build_comparison([Run("small", small), Run("large", large)], tmp_path / "compare")
+    matches = pd.read_csv(paths["tables"][[p.stem for p in paths["tables"]].index("matches")])
+    want = {}
+    for r in matches.itertuples():
+        want[("0", r.name_a)], want[("1", r.name_b)] = r.name_b, r.name_a
+
+    def act(tools, evaluate):
+        seen = {}
+        for side, other, head in [("0", "1", "1-2"), ("1", "0", want[("0", "0-1")])]:
+            click(tools, evaluate, head, f"#head-explorer-{side}")
+            seen[(side, head)] = evaluate(
+                f"JSON.stringify([...document.querySelectorAll('#head-explorer-{other} .hx-match')]"
+                ".map(c => c.dataset.head))"
+            )
+        return {f"{k[0]}:{k[1]}": v for k, v in seen.items()}
+
+    info = check_page_in_chromium(paths["html"], tmp_path / "compare.png", actions=act)
+    assert not info["errors"] and not info["layout"], (info["errors"], info["layout"])
+    assert info["actions"]["0:1-2"] == [want[("0", "1-2")]]
+    assert info["actions"][f"1:{want[('0', '0-1')]}"] == ["0-1"]

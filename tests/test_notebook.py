@@ -3,10 +3,12 @@ scores the bundled sample, about half a minute on a CPU), reading the `Results` 
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
 
+from headprobe.report.explorer import explorer_html
 from headprobe.results import store
 
 nbformat = pytest.importorskip("nbformat")
@@ -40,3 +42,21 @@ def test_explore_notebook_runs(tmp_path):
     )  # the role rules, from results.role_rules()
     assert (tmp_path / store.REPORT_HTML).is_file() and (tmp_path / store.REPORT_MARKDOWN).is_file()
     assert list((tmp_path / store.REPORT_FIGURES).glob("*.png"))
+    check_explorer_widget(nb, outputs)
+
+
+def check_explorer_widget(nb, outputs):
+    """`headprobe.explore(results)` made a widget whose synced state holds every head (6 x 12 for
+    MiniLM) and the stored attention: uint8 cells for each head, one [word, word] block per sentence."""
+    views = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert views, "no widget displayed"
+    states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    model_id = views[0]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    data = states[model_id]["state"]["data"]
+    assert data["heads"] == [f"{layer}-{head}" for layer in range(6) for head in range(12)]
+    attention = data["attention"]
+    per_head = sum(len(s["words"]) ** 2 for s in attention["sentences"])
+    assert attention["sentences"] and attention["cells_per_head"] == per_head
+    assert len(base64.b64decode(attention["cells"])) == 72 * per_head
+    assert len(explorer_html(data).encode()) < 1_000_000  # what the explorer adds to the report
+    assert any("selected head:" in o.get("text", "") for o in outputs)

@@ -26,6 +26,7 @@ from headprobe.report.document import (
     Details,
     Document,
     Figure,
+    Interactive,
     Paragraph,
     Section,
     Table,
@@ -87,9 +88,37 @@ def compose_comparison(runs: list[Run], tables: dict[str, pd.DataFrame]) -> Docu
         _roles(runs, tables),
         _best_heads(runs, tables),
         _matches(runs, tables),
+        _explorers(runs, tables),
         _provenance(runs),
     ]
     return doc
+
+
+def _explorers(runs: list[Run], tables) -> Section:
+    """One head explorer per run (the report's); selecting a head in one highlights the head it
+    is matched with (see 'Matched heads') in each other run."""
+    from headprobe.report.explorer import explorer_data, explorers_html
+
+    s = Section("explorers", "Head explorers")
+    s.add(
+        Paragraph(
+            "Each run's head explorer, as in its report. Selecting a head in one run outlines "
+            "(orange) the head it is matched with in each other run."
+        )
+    )
+    index = {run.name: i for i, run in enumerate(runs)}
+    matched: dict[str, dict[str, str]] = {}
+    for r in tables["matches"].itertuples(index=False):
+        i, j = index.get(r.run_a), index.get(r.run_b)
+        if i is None or j is None or not r.name_a or not r.name_b:
+            continue
+        matched.setdefault(f"{i}|{j}", {})[r.name_a] = r.name_b
+        matched.setdefault(f"{j}|{i}", {})[r.name_b] = r.name_a
+    parts = [
+        (f"head-explorer-{k}", run.name, explorer_data(run.results)) for k, run in enumerate(runs)
+    ]
+    s.add(Interactive(explorers_html(parts, matched), "The head explorers are in compare.html."))
+    return s
 
 
 def _summary(runs: list[Run], tables) -> Section:

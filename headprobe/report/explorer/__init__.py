@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from html import escape
 from pathlib import Path
 
 from headprobe.report.document import Interactive, Paragraph, Section
 from headprobe.report.explorer.data import explorer_data
 
-__all__ = ["explorer_section", "explorer_html", "explorer_data", "explore", "script"]
+__all__ = [
+    "explorer_section",
+    "explorer_html",
+    "explorers_html",
+    "explorer_data",
+    "explore",
+    "script",
+]
 
 
 @cache
@@ -32,18 +40,34 @@ def _json_for_script(data) -> str:
     return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
 
 
-def explorer_html(data: dict, element_id: str = "head-explorer", after: str = "") -> str:
-    """The explorer of `data` as one HTML fragment: its element, its data (JSON) and the module,
-    inline. `after`: more JavaScript run in the same module once it is mounted (`explorer` is the
-    returned API)."""
-    return (
-        f'<div id="{element_id}" class="head-explorer"></div>'
-        f'<script type="application/json" id="{element_id}-data">{_json_for_script(data)}</script>'
-        f'<script type="module">{script()}\n'
-        f'const explorer = mount(document.getElementById("{element_id}"), '
-        f'JSON.parse(document.getElementById("{element_id}-data").textContent));\n'
-        f"{after}</script>"
+def explorer_html(data: dict, element_id: str = "head-explorer") -> str:
+    """The explorer of `data` as one self-contained HTML fragment: its element, its data (JSON)
+    and the module, inline."""
+    return explorers_html([(element_id, "", data)])
+
+
+def explorers_html(parts: list[tuple[str, str, dict]], matched: dict | None = None) -> str:
+    """Several explorers, `parts` = [(element id, heading, data)], under one inline module.
+    `matched`: {"i|j": {head of explorer i: its matched head of explorer j}}; selecting a head
+    in explorer i highlights its match in every other explorer j."""
+    blocks = []
+    for element_id, heading, data in parts:
+        title = f"<h3>{escape(heading)}</h3>" if heading else ""
+        blocks.append(
+            f'{title}<div id="{element_id}" class="head-explorer"></div>'
+            f'<script type="application/json" id="{element_id}-data">'
+            f"{_json_for_script(data)}</script>"
+        )
+    ids = [element_id for element_id, _, _ in parts]
+    link = (
+        f"const ids = {_json_for_script(ids)}, matched = {_json_for_script(matched or {})};\n"
+        "const apis = [];\n"
+        "ids.forEach((id, i) => apis.push(mount(document.getElementById(id),\n"
+        '  JSON.parse(document.getElementById(id + "-data").textContent),\n'
+        "  {onSelect: (key) => apis.forEach((api, j) => {\n"
+        '    if (j !== i) api.highlight((matched[i + "|" + j] || {})[key] || null); })})));\n'
     )
+    return "".join(blocks) + f'<script type="module">{script()}\n{link}</script>'
 
 
 INTRO = (
