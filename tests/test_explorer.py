@@ -7,6 +7,7 @@ to word i with the rest, so every line the page draws can be predicted."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -281,3 +282,54 @@ def test_compare_page_highlights_the_matched_head(tmp_path):
     assert not info["errors"] and not info["layout"], (info["errors"], info["layout"])
     assert info["actions"]["0:1-2"] == [want[("0", "1-2")]]
     assert info["actions"][f"1:{want[('0', '0-1')]}"] == ["0-1"]
+
+
+@pytest.mark.slow
+def test_report_of_a_32_by_32_model_stays_small(tmp_path):
+    """A random Llama with 32 layers x 32 heads (from a config), scored on a few sentences of the
+    bundled sample: every head is in the explorer, the report stays under 8 MB, and `headprobe
+    report DIR` rebuilds the same explorer from the saved directory alone."""
+    from conftest import INIT, make_llama3
+    from tokenizers import normalizers
+    from transformers import AutoModel, LlamaConfig
+
+    import headprobe
+    from headprobe.config import SAMPLE
+
+    blocks = Path(SAMPLE).read_text(encoding="utf-8").split("\n\n")
+    corpus = tmp_path / "few.conllu"
+    corpus.write_text("\n\n".join(blocks[:12]) + "\n\n", encoding="utf-8")
+    tok = make_llama3()
+    tok.backend_tokenizer.normalizer = normalizers.Prepend(" ")
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=2,
+        max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        initializer_range=INIT,
+    )
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    out = tmp_path / "run"
+    results = headprobe.run(
+        treebank=corpus,
+        loaded=(model, tok, "llama-32x32"),
+        progress=False,
+        out=out,
+        report=True,
+    )
+    kept = results.head_attention
+    assert kept["attention"].shape[:2] == (32, 32)
+    assert kept["attention"].size <= head_attention.BUDGET
+    html = out / store.REPORT_DIR / store.REPORT_HTML
+    assert html.stat().st_size < 8_000_000
+    data = explorer_data(Results.load(out))
+    assert len(data["heads"]) == 1024 and data["attention"]["cells_per_head"] > 0
+    rebuilt = build_report(out, tmp_path / "again")  # from the saved directory alone
+    assert explorer_html(data) in rebuilt["html"].read_text(encoding="utf-8")
