@@ -51,8 +51,12 @@ def check_explorer_widget(nb, outputs):
     views = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert views, "no widget displayed"
     states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
-    model_id = views[0]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
-    data = states[model_id]["state"]["data"]
+    ids = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"] for o in views]
+    explorers = [
+        states[i]["state"] for i in ids if states[i]["state"].get("_model_name") == "AnyModel"
+    ]
+    assert len(explorers) == 1, "no explorer widget (anywidget) displayed"
+    data = explorers[0]["data"]
     assert data["heads"] == [f"{layer}-{head}" for layer in range(6) for head in range(12)]
     attention = data["attention"]
     per_head = sum(len(s["words"]) ** 2 for s in attention["sentences"])
