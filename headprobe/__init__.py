@@ -18,7 +18,7 @@ def explore(results):
     """The head explorer of `results` (a `Results` or a results directory) as a notebook widget:
     display it, select a head, read `widget.head` ("L-H"). Without widget support it renders as
     the report's self-contained HTML. See `headprobe.report.explorer`."""
-    from headprobe.report.explorer import explore as _explore
+    from headprobe.report.explorer.widget import explore as _explore
 
     return _explore(results)
 

@@ -588,12 +588,7 @@ def finish(
             coref=mentions,
             stack=stack,
         )
-    if sentences is not None:  # a second, tiny pass: every head on a few of the drawn sentences
-        from headprobe.results import head_attention
-
-        results.head_attention = head_attention.collect_for_run(
-            net, session.tokenizer, results, sentences, config.from_mode, stack
-        )
+    results.head_attention = _explorer_attention(config, session, results, sentences)
     results.summary["seconds"] = round(time.perf_counter() - started, 2)
     results.summary["headline"] = headline(results.best_heads)
     out, report, checkpoint = config.out, config.report, session.checkpoint
@@ -605,6 +600,18 @@ def finish(
         if checkpoint is not None:
             checkpoint.remove()
     return results
+
+
+def _explorer_attention(config: RunConfig, session: Session, results, picker) -> dict | None:
+    """Every head's attention on a few sentences `picker` drew: a second, tiny pass after the
+    main one (`headprobe.results.head_attention`); None without a picker (no pictures)."""
+    if picker is None:
+        return None
+    from headprobe.results import head_attention
+
+    return head_attention.collect_for_run(
+        session.net, session.tokenizer, results, picker, config.from_mode, session.stack
+    )
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
     section = explorer_section(results)       # the report's "Head explorer" section
     html = explorer_html(explorer_data(results))   # a self-contained fragment (markup, data, script)
-    widget = explore(results)                 # notebooks: an anywidget widget; widget.head
+    widget = headprobe.explore(results)       # notebooks (`widget`): widget.head
 
 One JavaScript module (`explorer.js`, no framework, no network) draws it everywhere: inlined into
 the report and the comparison page, and loaded as the notebook widget's module. Its data
@@ -90,10 +90,3 @@ def explorer_section(results) -> Section:
         )
     )
     return s
-
-
-def explore(results):
-    """A notebook widget of `results` (a `Results` or a results directory): see `widget`."""
-    from headprobe.report.explorer.widget import explore as _explore
-
-    return _explore(results)
