@@ -496,7 +496,13 @@ def test_every_figure_as_png_svg_pdf_and_figures_only(report, results_dir, tmp_p
 
 
 def test_html_is_self_contained(report, html):
-    assert "<script" not in html and "<link" not in html
+    # the only scripts: the head explorer's data and its inline module (none with a src)
+    scripts = re.findall(r"<script[^>]*>", html)
+    assert scripts == [
+        '<script type="application/json" id="head-explorer-data">',
+        '<script type="module">',
+    ]
+    assert "<link" not in html
     for marker in ('src="http', "src='http", 'href="http', "url(http", "@import"):
         assert marker not in html
     assert html.count('src="data:image/png;base64,') == len(report["figures"])
