@@ -35,6 +35,7 @@ from headprobe.model.control import CONTROL, TRAINED, tally_key
 from headprobe.model.sites import Sites, attention_sites
 from headprobe.results import atomic, store
 from headprobe.results.examples import MentionPicker, SentencePicker
+from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scorers import registry
 from headprobe.scorers.registry import ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
@@ -475,7 +476,7 @@ def score(config: RunConfig, session: Session, passes: list[Pass]) -> None:
     for one in passes:
         score_pass(config, session, one)
     if not any(r["examples"] for r in summary["runs"].values()):
-        skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
+        skipped = skipped_counts(summary["skipped"])
         raise checks.UsageError(
             f"nothing was scored: no example of the corpus could be scored "
             f"(skipped: {skipped or 'none; the corpus is empty'})"
@@ -660,10 +661,10 @@ def _run_stats(stats: dict) -> dict:
     }
 
 
-def headline(
-    best_heads: pd.DataFrame,
-    labels=("ALL", "nsubj", "det", "obj", "amod", "aux", "pronoun", "proper", "nominal"),
-) -> list[dict]:
+def headline(best_heads: pd.DataFrame, labels=None) -> list[dict]:
+    """The whole-data best heads of `labels` (default: those the analyses declare,
+    `registry.headline_labels`), as the run's summary keeps them."""
+    labels = registry.headline_labels() if labels is None else labels
     rows = best_heads[best_heads["label"].isin(labels) & (best_heads["fold"] == "")]
     keep = [
         "analysis",

@@ -208,6 +208,46 @@ def _analyses_help() -> str:
     return "comma list of " + ",".join(registry.names()) + " (default: all that apply)"
 
 
+def _probe_help() -> str:
+    return (
+        f"a synthetic probe for the token analyses ({', '.join(registry.names(registry.PROBE))}): "
+        "repeated-random = random tokens repeated twice (Olsson et al. 2022); without --analyses every "
+        "token analysis runs on it. Without a probe, token analyses named in --analyses read the "
+        "sentence corpus at piece level"
+    )
+
+
+def _coref_help() -> str:
+    return (
+        "CorefUD CoNLL-U file (Entity= in MISC) for the "
+        + " and ".join(registry.names(registry.COREFERENCE))
+        + " analysis"
+    )
+
+
+def _heads_help() -> str:
+    return (
+        f"the heads the {' or '.join(registry.reading('heads'))} analysis ablates: LAYER-HEAD pairs "
+        "like 17-3,18-6 (0-based; in Python also [(17, 3), (18, 6)]), or all (default: all)"
+    )
+
+
+ADDED = object()  # the help of a switch that adds analyses to a run: what they do (`added_help`)
+
+
+def added_help(option: str) -> str:
+    """The help of switch `option` that adds analyses to a run (`Analysis.added_by`)."""
+    return "; ".join(
+        f"also run {a.name}: {a.description}" for a in registry.analyses() if a.added_by == option
+    )
+
+
+def _pictures_help() -> str:
+    return "attention pictures of the best heads of " + ", ".join(
+        registry.pictured(registry.ARCS) + registry.pictured(registry.MENTIONS)
+    )
+
+
 def _stack_help() -> str:
     return (
         "attention stack of an encoder-decoder (T5, BART): encoder (default), decoder (its self-attention; "
@@ -255,17 +295,14 @@ class RunConfig:
     )
     coref: str | Path | None = option(
         None,
-        "CorefUD CoNLL-U file (Entity= in MISC) for the coreference analysis",
+        _coref_help,
         flag="--coref",
         check=_input_file,
         stage="input",
     )
     probe: str | None = option(
         None,
-        "a synthetic probe for the token analyses (previous_token, duplicate_token, induction, sink): "
-        "repeated-random = random tokens repeated twice (Olsson et al. 2022); without --analyses every "
-        "token analysis runs on it. Without a probe, token analyses named in --analyses read the "
-        "sentence corpus at piece level",
+        _probe_help,
         flag="--probe",
         choices=PROBES,
     )
@@ -339,8 +376,7 @@ class RunConfig:
     stack: str | None = option(None, _stack_help, flag="--stack", choices=STACKS)
     heads: str | list | None = option(
         None,
-        "the heads the ablation analysis ablates: LAYER-HEAD pairs like 17-3,18-6 (0-based; in Python also "
-        "[(17, 3), (18, 6)]), or all (default: all)",
+        _heads_help,
         flag="--heads",
         metavar="HEADS",
         check=_heads,
@@ -349,8 +385,8 @@ class RunConfig:
     control: str | None = option(
         None,
         "random-init: also score the attention analyses on the same architecture re-initialised with "
-        "--seed (same tokenizer); best heads gain the control's best, and the syntactic role needs a head "
-        "above the control's held-out best",
+        "--seed (same tokenizer); best heads gain the control's best, and a role rule may ask for a "
+        "head above the control's held-out best",
         flag="--control",
         choices=CONTROLS,
         check=_control,
@@ -358,8 +394,7 @@ class RunConfig:
     )
     prune_curve: bool = option(
         False,
-        "the objective as 0%, 10%, ... 100% of the heads are gated to 0, least important first (Michel "
-        "et al. 2019): by importance, else (no language-model head) by ablation effect",
+        ADDED,
         flag="--prune-curve",
         action="store_true",
         check=_switch,
@@ -480,9 +515,7 @@ class RunConfig:
         check=_at_least(0, " (0: no checkpoints)"),
     )
     progress: bool = option(True, "no progress bars", flag="--quiet", action="store_false")
-    pictures: bool = option(
-        True, "attention pictures of the best dependency heads on short sentences"
-    )
+    pictures: bool = option(True, _pictures_help)
     loaded: tuple | None = option(
         None, "an already loaded (model, tokenizer, name) to reuse", repr=False
     )
@@ -503,6 +536,8 @@ class RunConfig:
     def help_text(name: str) -> str:
         """The help of option `name`."""
         text = RunConfig.__dataclass_fields__[name].metadata["help"]
+        if text is ADDED:
+            return added_help(name)
         return text() if callable(text) else text
 
     def checked(self) -> RunConfig:

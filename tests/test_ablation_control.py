@@ -25,9 +25,9 @@ from headprobe.model.gates import HeadGates
 from headprobe.model.loading import random_init
 from headprobe.model.objectives import IGNORE
 from headprobe.report import build_report
-from headprobe.report.effects import role_with_importance
 from headprobe.results.query import Results
 from headprobe.scorers import registry
+from headprobe.scorers.ablation_report import role_with_importance
 from headprobe.scoring.engine import Engine
 from headprobe.scoring.tally import Tally
 

@@ -614,6 +614,6 @@ ANALYSIS = register(
             "parse_gaps": _table("parse_gaps"),
             "parse_heads": _table("parse_heads"),
         },
-        report="headprobe.report.parsing:parsing_section",
+        report="headprobe.scorers.parsing_report:parsing_section",
     )
 )

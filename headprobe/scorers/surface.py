@@ -21,7 +21,7 @@ import torch
 from headprobe.inputs.align import WORD
 from headprobe.scorers.base import CountScorer, query_rows
 from headprobe.scorers.positional import UnitLabelRows
-from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.scorers.registry import SENTENCES, Analysis, RoleRule, register
 from headprobe.scoring.measures import MASS
 from headprobe.stats import roles
 
@@ -174,6 +174,70 @@ def surface_table(counts: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+# ---------------------------------------------------------------- role rules (METHODS §6)
+
+SINK_MASS = 0.5  # mass to the first position + SEP/EOS that makes a head a sink
+BROAD_RATIO = 0.9  # entropy / uniform entropy that makes a head broad
+
+
+def sink_match(results) -> pd.DataFrame:
+    """The heads whose mean mass to the first position plus SEP/EOS is at least `SINK_MASS`."""
+    wide = roles.mass_of(results, SINK_ROLE)
+    if "sink_mass" not in wide:
+        return pd.DataFrame(columns=roles.MATCH_COLUMNS)
+    hit = wide[wide["sink_mass"] >= SINK_MASS]
+    return pd.DataFrame(
+        {
+            "layer": hit["layer"],
+            "head": hit["head"],
+            "detail": "first position + SEP/EOS",
+            "short": "sink",
+            "score": hit["sink_mass"],
+            "evidence": [
+                f"mean mass to the first position {f:.4f} + SEP/EOS {s:.4f} = {t:.4f}"
+                for f, s, t in zip(hit["first"], hit["sep"], hit["sink_mass"])
+            ],
+        },
+        columns=roles.MATCH_COLUMNS,
+    )
+
+
+def broad_match(results) -> pd.DataFrame:
+    """The heads whose mean row entropy is at least `BROAD_RATIO` of the uniform entropy."""
+    wide = roles.mass_of(results, BROAD_ROLE)
+    if "entropy_ratio" not in wide:
+        return pd.DataFrame(columns=roles.MATCH_COLUMNS)
+    hit = wide[wide["entropy_ratio"] >= BROAD_RATIO]
+    return pd.DataFrame(
+        {
+            "layer": hit["layer"],
+            "head": hit["head"],
+            "detail": "near-uniform",
+            "short": "broad",
+            "score": hit["entropy_ratio"],
+            "evidence": [f"entropy / uniform entropy = {r:.4f}" for r in hit["entropy_ratio"]],
+        },
+        columns=roles.MATCH_COLUMNS,
+    )
+
+
+SINK_ROLE = RoleRule(
+    "sink",
+    4,
+    "#8c8c8c",
+    f"sink: mean attention mass to the first position (BOS/CLS, else the first word) plus SEP/EOS "
+    f"is at least {SINK_MASS:g}.",
+    sink_match,
+)
+BROAD_ROLE = RoleRule(
+    "broad",
+    5,
+    "#dd8452",
+    f"broad: mean row entropy is at least {BROAD_RATIO:g} of the uniform entropy.",
+    broad_match,
+)
+
+
 ANALYSIS = register(
     Analysis(
         name="surface",
@@ -183,8 +247,8 @@ ANALYSIS = register(
         cross=True,
         description="attention mass to self, neighbours, specials, punctuation, the first position; entropy "
         "(METHODS §4; Clark et al. 2019 Figures 2 and 4)",
-        roles=(roles.SINK, roles.BROAD),
+        roles=(SINK_ROLE, BROAD_ROLE),
         tables={"surface": lambda results: surface_table(results.counts)},
-        report="headprobe.report.build:surface_section",
+        report="headprobe.scorers.surface_report:surface_section",
     )
 )
