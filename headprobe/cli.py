@@ -37,14 +37,6 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"headprobe: error: {message} (see `{self.prog} --help`)\n")
 
 
-def parse_layers(text: str | None):
-    """'0,2,5' or '0-3' or '0-3,8' -> sorted list; None -> all layers (UsageError when malformed:
-    '9-3', '-1', 'x')."""
-    from headprobe.checks import parse_layers as parse
-
-    return parse(text)
-
-
 def run_parser(sub):
     """`headprobe run`: one option per `RunConfig` field that has a flag (`config.cli_options`)."""
     p = sub.add_parser("run", help="score every attention head of a model on a corpus")

@@ -175,13 +175,11 @@ def imported_modules(text: str) -> set[str]:
 
 
 # Not moved yet (each names what it still reads of one analysis): the example picker reuses the
-# coreference scorer's definition of a scored mention; the weights-beside-norms views (METHODS §7)
-# and the head profiles read the surface analysis's masses, and `Results.mass_per_head` derives
-# its `sink_mass` and `entropy_ratio` columns. Nothing may join this list.
+# coreference scorer's definition of a scored mention; the head profiles read the surface
+# analysis's entropies, and `Results.mass_per_head` derives its `sink_mass` and `entropy_ratio`
+# columns. Nothing may join this list.
 NOT_YET_MOVED = {
     "headprobe/results/examples.py": {"coreference"},
-    "headprobe/results/measure_views.py": {"surface"},
-    "headprobe/report/measures.py": {"surface"},
     "headprobe/results/comparison.py": {"surface"},
     "headprobe/results/query.py": {"surface"},
 }

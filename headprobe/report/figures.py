@@ -69,10 +69,6 @@ def render(fig: Figure, fmt: str = "png") -> bytes:
     return buf.getvalue()
 
 
-def to_png(fig: Figure) -> bytes:
-    return render(fig, "png")
-
-
 class Drawing:
     """One finished figure: `png` is rendered at once; `svg` and `pdf` on first use.
 

@@ -94,16 +94,6 @@ def fmt_p(p) -> str:
     return "<1e-300" if float(p) == 0 else f"{float(p):.2g}"
 
 
-def fmt_tied(tied) -> str:
-    if _missing(tied):
-        return "—"
-    return f"{int(tied)} (tie)" if int(tied) > 1 else str(int(tied))
-
-
-def fmt_flag(value) -> str:
-    return "—" if _missing(value) else ("yes" if bool(value) else "no")
-
-
 def _missing(x) -> bool:
     if x is None or x is pd.NA:
         return True

@@ -41,8 +41,6 @@ from headprobe.stats import roles
 from headprobe.stats.engine import ALPHA
 
 UNSCORED = HEADPROBE.unscored  # ("root", "punct")
-OFFSETS = sorted(HEADPROBE.offsets)  # -5..5 without 0
-TIE_ORDER = list(HEADPROBE.tie_order)  # -1, +1, -2, +2, ...
 FIRST = "first"
 VARIANTS = HEADPROBE.variants
 

@@ -80,6 +80,8 @@ class Analysis:
     tables: dict = field(default_factory=dict)
     report: str | Callable | None = None
     console: str | Callable | None = None  # text(results, name): what the CLI prints after a run
+    # blocks(results, name, first, second): what the report's weights-beside-norms section shows of it
+    measures_report: str | Callable | None = None
     default: bool = True  # run when no analyses are named
     cross: bool = False  # defined on cross-attention (decoder queries, encoder keys)
     headline: tuple = ()  # labels the run summary's headline keeps; the CLI prints its best heads
@@ -108,6 +110,11 @@ class Analysis:
         """The callable that renders this analysis's report section, `section(results, name) ->
         report.document.Section` (given the analysis's registered name), or None for the default."""
         return _resolve(self.report)
+
+    def measures_blocks(self):
+        """The callable `blocks(results, name, first, second) -> [report blocks]` of the report's
+        weights-beside-norms section (METHODS §7), or None."""
+        return _resolve(self.measures_report)
 
     def console_text(self):
         """The callable `text(results, name) -> str` whose text the CLI prints after a run, or None."""

@@ -250,5 +250,7 @@ ANALYSIS = register(
         roles=(SINK_ROLE, BROAD_ROLE),
         tables={"surface": lambda results: surface_table(results.counts)},
         report="headprobe.scorers.surface_report:surface_section",
+        measures_report="headprobe.scorers.surface_report:measures_blocks",
+        homes=("headprobe.scorers.surface_measures",),
     )
 )

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
 from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
-from headprobe.report.tables import LEGEND, fmt, head_name
+from headprobe.report.tables import LEGEND, fmt, fmt_ci, head_name
 from headprobe.results.findings import repeated_columns
+from headprobe.scorers.surface_measures import special_share, surface_side_by_side
 
 SURFACE_COLUMNS = [
     ("cls", "CLS/BOS"),
@@ -222,3 +224,90 @@ def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> F.Drawing
     ax.legend(fontsize=7)
     fig.tight_layout()
     return F.drawing(fig)
+
+
+# ---------------------------------------------------------------- under two measures (METHODS §7)
+
+SURFACE_NAMES = {
+    "cls": "[CLS]/BOS",
+    "sep": "[SEP]/EOS",
+    "first": "first position",
+    "punct": "punctuation",
+    "self": "self",
+    "prev": "previous word",
+    "next": "next word",
+    "entropy_ratio": "entropy / uniform",
+}
+
+
+def measures_blocks(results, analysis: str, first: str, second: str) -> list:
+    """The surface analysis in the report's weights-beside-norms section: the share of attention
+    on the specials per layer, and the statistics per layer, under `first` and `second`."""
+    blocks = []
+    share = special_share(results)
+    if len(share):
+        blocks.append(_special_share_table(share, first, second))
+    side = surface_side_by_side(results)
+    if len(side):
+        blocks.append(_side_by_side_table(side, first, second))
+    return blocks
+
+
+def _special_share_table(share, first: str, second: str) -> Table:
+    """The share of attention on the special tokens per layer under each measure, and its change."""
+    has_ci = share[f"{first}_low"].notna().any()
+    rows = [
+        [
+            Cell(str(int(r["layer"]))),
+            *[
+                Cell(
+                    fmt(r[m]) + (" " + fmt_ci(r[f"{m}_low"], r[f"{m}_high"]) if has_ci else ""),
+                    numeric=True,
+                )
+                for m in (first, second)
+            ],
+            Cell(
+                fmt(r.get("change", np.nan))
+                + (
+                    " " + fmt_ci(r["change_low"], r["change_high"])
+                    if has_ci and "change_low" in r
+                    else ""
+                ),
+                numeric=True,
+            ),
+        ]
+        for _, r in share.iterrows()
+    ]
+    note = (
+        "95% intervals: Poisson bootstrap over units, the change paired"
+        if has_ci
+        else "no intervals: they need per-unit counts (--keep-unit-counts)"
+    )
+    return Table(
+        "measures-special-share",
+        f"Share of a word's attention on [CLS]/BOS + [SEP]/EOS per layer, "
+        f"mean over heads ({note}). Layers 0-based.",
+        ["Layer", first, second, f"{second} - {first}"],
+        rows,
+    )
+
+
+def _side_by_side_table(side, first: str, second: str) -> Table:
+    """The surface statistics per layer under each measure, and their change."""
+    rows = [
+        [
+            Cell(SURFACE_NAMES.get(r.label, r.label)),
+            Cell(str(int(r.layer))),
+            Cell(fmt(getattr(r, first)), numeric=True),
+            Cell(fmt(getattr(r, second)), numeric=True),
+            Cell(fmt(r.change), numeric=True),
+        ]
+        for r in side.itertuples(index=False)
+    ]
+    return Table(
+        "measures-surface",
+        "Surface statistics per layer (mean over heads) under each measure",
+        ["Statistic", "Layer", first, second, "Change"],
+        rows,
+        collapsed=len(rows) > 40,
+    )

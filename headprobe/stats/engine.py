@@ -30,7 +30,6 @@ from headprobe.scoring.tally import N_BOOT, SEED, unit_fold  # noqa: F401  (re-e
 
 MIN_N = 30
 ALPHA = 0.05
-DIRECTION_ORDER = {"dep->head": 0, "head<-dep": 1, "": 2}
 NO_SELECTION = "no held-out selection"
 
 BEST_COLUMNS = [
@@ -665,51 +664,3 @@ COUNT_COLUMNS = [
     "mass",
     "unreachable",
 ]
-
-
-# ------------------------------------------------------------------------ exact reference
-
-
-def multinomial_intervals(
-    unit_counts: pd.DataFrame,
-    analysis: str,
-    label: str,
-    layer: int,
-    head: int,
-    direction: str,
-    variant: str,
-    seed: int = SEED,
-    n_boot: int = N_BOOT,
-):
-    """Reference: the classic multinomial bootstrap over units (resample units with
-    replacement) from per-unit rows (`--keep-unit-counts`), for one head and one baseline.
-    Returns ((acc_low, acc_high), (gap_low, gap_high)). Used to check the streaming
-    Poisson intervals; not used by runs."""
-    rows = unit_counts[
-        (unit_counts["analysis"].astype(str) == analysis)
-        & (unit_counts["label"].astype(str) == label)
-    ]
-    units = sorted(set(rows["unit"].astype(str)))
-    index = {u: i for i, u in enumerate(units)}
-    head_rows = rows[
-        (rows["layer"] == layer)
-        & (rows["head"] == head)
-        & (rows["direction"].astype(str) == direction)
-        & (rows["variant"].astype(str) == "")
-    ]
-    base_rows = rows[rows["variant"].astype(str) == variant]
-
-    def per_unit(frame):
-        out = np.zeros((2, len(units)))
-        for u, n, h in zip(frame["unit"].astype(str), frame["n"], frame["hits"]):
-            out[0, index[u]] += h
-            out[1, index[u]] += n
-        return out
-
-    h, b = per_unit(head_rows), per_unit(base_rows)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(units), size=(n_boot, len(units)))
-    weights = np.stack([np.bincount(d, minlength=len(units)) for d in draws]).astype(np.float64)
-    acc = ratio(weights @ h[0], weights @ h[1])
-    bacc = ratio(weights @ b[0], weights @ b[1])
-    return interval(acc), interval(acc - bacc)
