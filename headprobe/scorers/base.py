@@ -397,7 +397,15 @@ def first_argmax(scores: torch.Tensor, dim: int) -> torch.Tensor:
 def word_fill(batch, drop_self: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(keep, fill), each [batch, 1, word, word], built once per batch: where `keep` is False
     the attention is replaced by `fill` before an argmax over words: 0 for self-attention
-    (METHODS §1, with `drop_self`), -1 for padding (never chosen)."""
+    (METHODS §1, with `drop_self`), -1 for padding (never chosen). Cached on the batch: every
+    scorer and measure of the batch shares them."""
+    cache = batch.__dict__.setdefault("_headprobe_fill", {})
+    if drop_self not in cache:
+        cache[drop_self] = _word_fill(batch, drop_self)
+    return cache[drop_self]
+
+
+def _word_fill(batch, drop_self: bool) -> tuple[torch.Tensor, torch.Tensor]:
     valid = (
         batch.word_mask[:, None, :, None] & batch.word_mask[:, None, None, :]
     )  # [batch, 1, word, word]

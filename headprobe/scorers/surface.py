@@ -108,20 +108,24 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         words = att.words  # [batch, head, word, word + 2]
         square = words[..., :w]  # [batch, head, word, word]
         per_example = lambda x, mask: (x * mask).sum(-1)  # [batch, head]
-        self._add(layer, "self", per_example(square.diagonal(0, -2, -1), self._query))
-        # diagonal -1 holds A[i + 1, i] (word i + 1 to its previous word), +1 holds A[i, i + 1]
-        self._add(layer, "prev", per_example(square.diagonal(-1, -2, -1), self._second_on))
-        self._add(layer, "next", per_example(square.diagonal(1, -2, -1), self._second_on))
-        self._add(layer, "cls", per_example(words[..., w], self._query))
-        self._add(layer, "sep", per_example(words[..., w + 1], self._query))
-        self._add(layer, "punct", per_example((square * self._punct).sum(-1), self._query))
         first = torch.where(
             self._first_special, words[..., w], words[..., 0]
         )  # [batch, head, word]
-        self._add(layer, "first", per_example(first, self._after_first))
         entropy = torch.special.entr(att.pieces).sum(-1)  # [batch, head, piece], nats
-        self._add(layer, "entropy", per_example(entropy, self._piece_query))
-        self._add(layer, "entropy_uniform", self._uniform)
+        sums = {
+            "self": per_example(square.diagonal(0, -2, -1), self._query),
+            # diagonal -1 holds A[i + 1, i] (word i + 1 to its previous word), +1 A[i, i + 1]
+            "prev": per_example(square.diagonal(-1, -2, -1), self._second_on),
+            "next": per_example(square.diagonal(1, -2, -1), self._second_on),
+            "cls": per_example(words[..., w], self._query),
+            "sep": per_example(words[..., w + 1], self._query),
+            "punct": per_example((square * self._punct).sum(-1), self._query),
+            "first": per_example(first, self._after_first),
+            "entropy": per_example(entropy, self._piece_query),
+            "entropy_uniform": self._uniform,
+        }  # {label: [batch, head]}: each example's row of each label, added in one call
+        rows = torch.cat([self._first_row + self._label_row[label] for label in sums])
+        self.add(layer, 0, rows, torch.cat(list(sums.values())))  # [label * batch, head]
 
     def _update_block(self, layer, att, batch, w0, w1, p0, p1, last):
         """The same sums over word rows `w0:w1` and piece rows `p0:p1` of one query block

@@ -106,17 +106,19 @@ class WordMaps:
 
 
 def pool_words(pieces: torch.Tensor, maps, from_mode: str, max_words: int) -> torch.Tensor:
-    """[batch, head, word, word + 2] word-level attention of piece-level `pieces` (every row)."""
-    to = torch.matmul(pieces, maps.to_words[:, None])  # [batch, head, piece, word + 2]
+    """[..., batch, head, word, word + 2] word-level attention of piece-level `pieces`
+    [..., batch, head, piece, piece] (every row; leading axes, e.g. one per measure, pooled
+    in the same calls)."""
+    to = torch.matmul(pieces, maps.to_words[:, None])  # [..., batch, head, piece, word + 2]
     if from_mode != "max":
-        return torch.matmul(maps.from_words[:, None], to)  # [batch, head, word, word + 2]
-    b, h, t, k = to.shape
+        return torch.matmul(maps.from_words[:, None], to)  # [..., batch, head, word, word + 2]
+    *lead, t, k = to.shape
     w = max_words
     row = torch.where(maps.piece_kind == WORD, maps.piece_word, torch.full_like(maps.piece_word, w))
-    index = row[:, None, :, None].expand(b, h, t, k)  # [batch, head, piece, word + 2]
-    out = to.new_full((b, h, w + 1, k), float("-inf"))
-    out.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
-    return out[:, :, :w].clamp_min(0)  # [batch, head, word, word + 2]
+    index = row[:, None, :, None].expand(*lead, t, k)  # [..., batch, head, piece, word + 2]
+    out = to.new_full((*lead, w + 1, k), float("-inf"))
+    out.scatter_reduce_(-2, index, to, reduce="amax", include_self=True)
+    return out[..., :w, :].clamp_min(0)  # [..., batch, head, word, word + 2]
 
 
 class LayerAttention:
@@ -279,6 +281,21 @@ def without_rows(heads, block: QueryBlock | None, offset: int):
     return (cut if isinstance(heads, torch.Tensor) else Heads(heads, probs=cut)), block
 
 
+def all_measures(layer: int, pieces: MeasuredPieces, batch: Batch, views) -> dict:
+    """{view: LayerAttention} of every view (measure, reading) in `views`, pooled to words in
+    one pass over a leading measure axis ([view, batch, head, word, word + 2]); {} when there
+    is one view (pooled lazily, as a scorer first reads it) or the layer ran on another device
+    than the batch's (pooled view by view where it ran)."""
+    if len(views) < 2 or pieces.probs.device != batch.device:
+        return {}
+    stacked = torch.stack([pieces.get(*view) for view in views])  # [view, batch, head, q, k]
+    words = pool_words(stacked, batch, batch.from_mode, batch.max_words)  # [view, b, h, w, w+2]
+    return {
+        view: LayerAttention(layer, stacked[i], batch, words=words[i], measure=view[0])
+        for i, view in enumerate(views)
+    }
+
+
 def measured_attention(
     scorers,
     layer: int,
@@ -292,6 +309,8 @@ def measured_attention(
     the probabilities, or a `capture.Heads`), shared by the scorers that read it. With a query
     `block`, `pooling` ({(layer, view): WordRows}, kept across the layer's blocks) pools its rows."""
     pieces, atts = MeasuredPieces(heads), {}
+    if block is None:
+        atts = all_measures(layer, pieces, batch, dict.fromkeys(map(view_of, scorers)))
     for scorer in scorers:
         view = view_of(scorer)
         if view not in atts:
