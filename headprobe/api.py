@@ -526,6 +526,9 @@ def finish(
     summary["n_kv_heads"] = sites.n_kv_heads(stack)
     summary["analyses"] = list(dict.fromkeys(s.analysis for s in trained))
     objectives = {s.analysis: s.objective.description for s in trained if hasattr(s, "objective")}
+    for scorer in trained:  # what a scorer keeps beside its counts (weights-only analyses)
+        if hasattr(scorer, "describe"):
+            summary.update(scorer.describe())
     if objectives:
         summary["objectives"] = objectives
     distributed.all_reduce_tallies([s.tally_ for s in scorers])  # torchrun: summed over the ranks

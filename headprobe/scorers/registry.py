@@ -44,6 +44,7 @@ BUILTIN_MODULES = (
     "headprobe.scorers.head_similarity",
     "headprobe.scorers.parsing",
     "headprobe.scorers.ablation",
+    "headprobe.scorers.logit_attribution",
 )
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.inputs.probes`,
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level

@@ -619,6 +619,8 @@ def top_heads_text(results, top: int = 5) -> str:
         if name not in results.tables:
             continue
         table = results.table(name)
+        if "label" not in table:  # not a token pattern's table (e.g. one row per head)
+            continue
         label = "sink_rate" if (table["label"] == "sink_rate").any() else MUL
         rows = table[table["label"] == label].sort_values(
             ["score", "layer", "head"], ascending=[False, True, True]
