@@ -82,7 +82,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
 from headprobe.model.attention import (
     CaptureError,
@@ -94,7 +93,14 @@ from headprobe.model.attention import (
     probs_and_output,
     routed,
 )
-from headprobe.model.sites import LEGACY_FIELDS, attention_sites, model_device, text_config  # noqa: F401 (re-exported)
+from headprobe.model.sites import (  # noqa: F401 (re-exported)
+    LEGACY_FIELDS,
+    attention_sites,
+    model_device,
+    projection_in_features,
+    projection_weight,
+    text_config,
+)
 
 Callback = Callable[[int, torch.Tensor], None]
 
@@ -157,32 +163,6 @@ class Heads(dict):
 
 
 # ------------------------------------------------------------------------- value norms
-
-
-def projection_in_features(module: nn.Module) -> int | None:
-    """Input features of a linear map (nn.Linear, GPT-2's Conv1D), else None."""
-    if isinstance(module, nn.Linear):
-        return module.in_features
-    if isinstance(module, Conv1D):
-        return module.nx
-    return None
-
-
-def projection_weight(module: nn.Module) -> torch.Tensor:
-    """[out, in]: the weight of nn.Linear, or of GPT-2's Conv1D (stored [in, out]) transposed.
-    Weights offloaded by accelerate (on the meta device between forwards) are read from the
-    offload map of the module's hook."""
-    weight = module.weight
-    if weight.device.type == "meta":
-        hook = getattr(module, "_hf_hook", None)
-        weights_map = getattr(hook, "weights_map", None)
-        if weights_map is None or "weight" not in weights_map:
-            raise CaptureUnavailable(
-                f"the weight of {type(module).__name__} is offloaded (meta device) and "
-                "cannot be read for value_norms; place that layer on a device"
-            )
-        weight = weights_map["weight"]
-    return weight.T if isinstance(module, Conv1D) else weight
 
 
 _R_CACHE: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
