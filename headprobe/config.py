@@ -109,14 +109,18 @@ def _hf_dataset(flag, value, values):
 
 def _analyses(flag, value, values) -> list[str]:
     """The analyses to run: the named ones (a list, or a comma list), else every default one; with a
-    probe and none named, every token analysis too; on `stack` only those defined there; then those
+    probe and none named, every token analysis that reads attention too; on `stack` only those defined there; then those
     a switch that is on adds (`Analysis.added_by`)."""
     if isinstance(value, str):
         value = [name.strip() for name in value.split(",") if name.strip()]
     if not value:
         wanted = [a.name for a in registry.analyses() if a.default]
-        if values["probe"] is not None:
-            wanted += registry.names(registry.PROBE)
+        if values["probe"] is not None:  # the token analyses that read attention
+            wanted += [
+                a.name
+                for a in registry.analyses(registry.PROBE)
+                if not hasattr(a.scorer, "model_pass")
+            ]
     else:
         for name in value:
             registry.get(name)  # raises with the list of known analyses

@@ -161,3 +161,79 @@ def test_refuses_a_model_without_a_language_model_head(bert_family):
         UsageError, match="^logit_attribution: BertModel has no language-model head"
     ):
         scorer.use_model(bert_family.sdpa, bert_family.tokenizer)
+
+
+def test_cli_refuses_logit_attribution_without_a_language_model_head(tiny_model, tmp_path, capsys):
+    """The tiny BERT saved without an LM head: one line, exit 2, nothing written."""
+    from headprobe.cli import main
+
+    code = main(
+        [
+            "run",
+            "--model",
+            tiny_model,
+            "--analyses",
+            "logit_attribution",
+            "--out",
+            str(tmp_path / "o"),
+            "--quiet",
+            "--no-report",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "logit_attribution" in err[0] and "language-model head" in err[0]
+
+
+def test_ov_copying_refuses_a_family_without_a_value_projection(bert_family):
+    """MPNet computes attention itself (legacy path): no value projection is seen."""
+    from test_norms import legacy_model
+
+    from headprobe.scorers.ov_copying import ov_heads
+
+    with pytest.raises(UsageError, match="^ov_copying: MPNetModel .*value projection"):
+        ov_heads(legacy_model(bert_family.tokenizer), np.arange(5, 20))
+
+
+def test_ov_circuit_of_grouped_heads_against_the_whole_matrix():
+    """Llama with GQA (4 query heads over 2 KV heads), random norm gains, no LM head (W_U =
+    W_E^T): copying score and copy rate equal those of M_h formed whole ([vocab, vocab]) with
+    h's KV group's W_V, and heads sharing a KV group differ."""
+    import copy
+
+    from conftest import get_family
+
+    from headprobe.scorers.ov_copying import ov_heads
+
+    model = copy.deepcopy(get_family("llama").sdpa)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.input_layernorm.weight.uniform_(0.5, 1.5)
+        model.norm.weight.uniform_(0.5, 1.5)
+    tokens = np.arange(2, 120)
+    got = ov_heads(model, tokens)
+    w_e = model.embed_tokens.weight.detach().double()  # [vocab, hidden]
+    g_final = model.norm.weight.detach().double()
+    config = model.config
+    d, group = config.head_dim, config.num_attention_heads // config.num_key_value_heads
+    for layer, block in enumerate(model.layers):
+        attention = block.self_attn
+        g_attn = block.input_layernorm.weight.detach().double()
+        for head in range(config.num_attention_heads):
+            kv = head // group
+            w_v = attention.v_proj.weight.detach().double()[kv * d : (kv + 1) * d].T  # [hidden, d]
+            w_o = (
+                attention.o_proj.weight.detach().double()[:, head * d : (head + 1) * d].T
+            )  # [d, hidden]
+            m = (w_e * g_attn) @ w_v @ w_o @ (g_final[:, None] * w_e.T)  # [vocab, vocab]
+            eig = torch.linalg.eigvals(m)
+            score = float(eig.real.sum() / eig.abs().sum())
+            top = m[tokens].topk(5, dim=1).indices  # [sample, 5]
+            hits = int((top == torch.as_tensor(tokens)[:, None]).any(1).sum())
+            row = got[(got["layer"] == layer) & (got["head"] == head)].iloc[0]
+            assert row["kv_group"] == kv
+            assert row["copying"] == pytest.approx(score, abs=1e-4)
+            assert row["hits"] == hits
+    first = got[got["layer"] == 0]
+    assert first["copying"].iloc[0] != pytest.approx(first["copying"].iloc[1], abs=1e-3)
