@@ -4,7 +4,8 @@ The model: vocabulary V = 16 = d_model, orthonormal embeddings e_i (W_E, and the
 the same matrix, so W_U = W_E^T), every norm's gain 1, the MLP zeroed (attention only).
 
 - OV copying: one head with W_V W_O = I has M = W_E W_E^T = I: copying score 1, and each
-  token is its own row's top logit (copy rate 1); with -I: score -1 and rate 0.
+  token is its own row's top logit (copy rate 1); with -I: score -1 and rate 0; with 0: no
+  score (no eigenvalue) and rate 0 (ties count against the token).
 - DLA: head 0 planted to write k e_y at every position (its values read x . s with
   s = sum_i e_i, and W_O maps that to (k / sqrt(d)) e_y; the norm makes x_j = sqrt(d) e_j, so
   x_j . s = sqrt(d)), head 1 zero. The residual stream at t is e_{x_t} + k e_y, so
@@ -64,7 +65,7 @@ def one_layer(heads: int, head_dim: int, seed: int = 0) -> LlamaForCausalLM:
     return model
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
 def test_identity_ov_circuit_copies_and_its_negative_suppresses(sign):
     from headprobe.scorers.ov_copying import ov_heads
 
@@ -75,7 +76,10 @@ def test_identity_ov_circuit_copies_and_its_negative_suppresses(sign):
         attention.o_proj.weight.copy_(sign * torch.eye(D))
     heads = ov_heads(model, np.arange(2, V))
     assert len(heads) == 1
-    assert heads["copying"].iloc[0] == pytest.approx(sign, abs=1e-5)
+    if sign:
+        assert heads["copying"].iloc[0] == pytest.approx(sign, abs=1e-5)
+    else:  # a head that writes nothing: no eigenvalue, and every logit ties (never a copy)
+        assert np.isnan(heads["copying"].iloc[0])
     assert heads["n"].iloc[0] == V - 2
     assert heads["hits"].iloc[0] == (V - 2 if sign > 0 else 0)
 

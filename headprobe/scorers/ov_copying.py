@@ -18,7 +18,8 @@ biases and the norms' scalars are dropped (`headprobe.model.unembed`).
   has the same nonzero eigenvalues. 1: M_h copies every direction; -1: it suppresses.
 - **Copy rate**: the share of a seeded sample of ordinary vocabulary tokens (default 2,000; no
   special or added tokens; `SAMPLE`) whose own id is among the top `TOP_K` = 5 of their row of
-  M_h (a tie with the token's own logit counts for it), with a Wilson 95% interval. Rows come
+  M_h (its rank counts every logit >= its own, itself included: a tie counts against it, so
+  a head that writes nothing copies nothing), with a Wilson 95% interval. Rows come
   from the low rank: (W_E[t] g_attn W_V^h) -> [d_head], times (W_O^h g_final W_U) -> logits
   over the vocabulary for the sampled rows only, `CHUNK` rows at a time.
 
@@ -75,7 +76,7 @@ def copy_hits(rows: torch.Tensor, out: torch.Tensor, tokens: torch.Tensor, k: in
         a, ids = rows[start : start + CHUNK], tokens[start : start + CHUNK]  # [chunk, d], [chunk]
         logits = a @ out  # [chunk, vocab]
         own = logits.gather(1, ids[:, None])  # [chunk, 1]
-        hits += int(((logits > own).sum(1) < k).sum())
+        hits += int(((logits >= own).sum(1) <= k).sum())  # rank, ties counted above it
     return hits
 
 
