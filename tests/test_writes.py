@@ -241,3 +241,45 @@ def test_ov_circuit_of_grouped_heads_against_the_whole_matrix():
             assert row["hits"] == hits
     first = got[got["layer"] == 0]
     assert first["copying"].iloc[0] != pytest.approx(first["copying"].iloc[1], abs=1e-3)
+
+
+def test_dla_of_a_layernorm_model_adds_up_to_the_logit():
+    """GPT-2 (LayerNorm, tied head, 2 layers x 4 heads, random weights), one scored position:
+    the heads' DLA plus the rest of the residual stream's (embeddings, MLPs, biases) through
+    the same frozen norm, plus the norm's bias, equals the model's own centred logit of the
+    next token."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import headprobe
+    from headprobe.scorers.logit_attribution import LogitAttributionScorer
+
+    torch.manual_seed(6)
+    config = GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=8)
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        model.transformer.ln_f.weight.uniform_(0.5, 1.5)
+        model.transformer.ln_f.bias.uniform_(-0.5, 0.5)
+    ids = torch.tensor([[5, 9]])  # position 0 predicts 9
+    scorer = LogitAttributionScorer()
+    scorer.bind(2, 4)
+    scorer.use_model(model, make_llama3())
+    scorer.lm.scored = None
+    batch = type("B", (), {"input_ids": ids, "attention_mask": torch.ones_like(ids)})()
+    sums, _ = scorer.compute(model, batch)  # [layer, 2, head]
+    kept = {}
+    hook = model.transformer.ln_f.register_forward_pre_hook(lambda m, a: kept.update(r=a[0]))
+    with torch.no_grad(), headprobe.capture_heads(model, needs={"head_output"}) as writes:
+        logits = model(input_ids=ids).logits[0, 0].double()  # [vocab]
+    hook.remove()
+    r = kept["r"][0, 0].double()  # [hidden]
+    heads = sum(writes.head_output[layer][0, :, 0].double().sum(0) for layer in range(2))
+    rest = r - heads  # [hidden]
+    ln = model.transformer.ln_f
+    u = model.lm_head.weight.detach().double()
+    u = u[9] - u.mean(0)  # [hidden]
+    s = torch.sqrt(r.var(unbiased=False) + ln.eps)
+    g, b = ln.weight.detach().double(), ln.bias.detach().double()
+    rest_dla = (g * (rest - rest.mean()) / s) @ u
+    total = sums[:, 0].double().sum() + rest_dla + b @ u
+    assert total.item() == pytest.approx((logits[9] - logits.mean()).item(), abs=1e-4)
+    assert sums[:, 0].abs().min() > 1e-4  # every head contributes something
