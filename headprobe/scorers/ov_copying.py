@@ -71,12 +71,15 @@ def copying_score(core: torch.Tensor) -> float:
 def copy_hits(rows: torch.Tensor, out: torch.Tensor, tokens: torch.Tensor, k: int = TOP_K) -> int:
     """How many sampled tokens t have their own id among the top k of their logits
     rows[t] @ out; rows [sample, d_head] (W_E[t] g_attn W_V^h), out [d_head, vocab]."""
+    if out.shape[1] <= k:
+        return len(tokens)
     hits = 0
     for start in range(0, len(tokens), CHUNK):
         a, ids = rows[start : start + CHUNK], tokens[start : start + CHUNK]  # [chunk, d], [chunk]
         logits = a @ out  # [chunk, vocab]
-        own = logits.gather(1, ids[:, None])  # [chunk, 1]
-        hits += int(((logits >= own).sum(1) <= k).sum())  # rank, ties counted above it
+        own = logits.gather(1, ids[:, None])[:, 0]  # [chunk]
+        # at most k logits >= its own (itself included) <=> the (k + 1)-th largest is below it
+        hits += int((logits.topk(k + 1, dim=1).values[:, k] < own).sum())
     return hits
 
 
