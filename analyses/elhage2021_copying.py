@@ -61,6 +61,7 @@ def induction_heads(results, args) -> list[tuple[int, int]]:
 
 def ablation_effects(net, tokenizer, args, heads):
     """Each of `heads` gated to 0 alone: change in the repeated half's loss (`ablation_heads`)."""
+    from headprobe.config import RunConfig
     from headprobe.inputs.probes import make_probe
     from headprobe.model.capture import text_config
     from headprobe.results.query import Results
@@ -79,16 +80,10 @@ def ablation_effects(net, tokenizer, args, heads):
         seed=args.seed,
         vocab_size=getattr(text_config(net), "vocab_size", None),
     )
-    Engine(
-        net,
-        tokenizer,
-        [scorer],
-        batch_size=args.batch_size,
-        seed=args.seed,
-        n_boot=args.bootstrap,
-        progress=not args.quiet,
-        desc="ablation",
-    ).run(examples)
+    config = RunConfig(
+        batch_size=args.batch_size, seed=args.seed, n_boot=args.bootstrap, progress=not args.quiet
+    )
+    Engine(net, tokenizer, [scorer], config, desc="ablation").run(examples)
     return Results({"ablation": scorer.tally_}).ablation_heads
 
 

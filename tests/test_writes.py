@@ -24,6 +24,7 @@ from conftest import make_llama3
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from headprobe.checks import UsageError
+from headprobe.config import RunConfig
 from headprobe.inputs.probes import make_probe
 from headprobe.scorers import registry
 from headprobe.scoring.engine import Engine
@@ -123,7 +124,7 @@ def test_planted_head_has_the_hand_computed_dla():
         ids = example.meta["input_ids"]
         ids[LENGTH + 2] = ids[2] = Y
     scorer = registry.get("logit_attribution").make_scorer()
-    Engine(model, tokenizer, [scorer], batch_size=5, progress=False).run(probe)
+    Engine(model, tokenizer, [scorer], RunConfig(batch_size=5, progress=False)).run(probe)
     expected = expected_dla([ex.meta["input_ids"] for ex in probe], LENGTH)
     dla = scorer.tally_.arrays("dla")
     share = scorer.tally_.arrays("dla>0")

@@ -83,6 +83,7 @@ class LogitAttributionScorer(ModelScorer):
 
     analysis = NAME
     scored = staticmethod(repeated_half)
+    objective = None  # it scores no objective (the summary names none for it)
 
     def use_model(self, model, tokenizer) -> None:
         why = refusal(model)

@@ -133,6 +133,7 @@ class OVCopyingScorer(ModelScorer):
 
     analysis = NAME
     sample = SAMPLE
+    objective = None  # it scores no objective (the summary names none for it)
 
     def use_model(self, model, tokenizer) -> None:
         seed = self.tally_.seed if self.tally_ is not None else 0
