@@ -601,9 +601,9 @@ def _explorer_attention(config: RunConfig, session: Session, results, picker) ->
     main one (`headprobe.results.head_attention`); None without a picker (no pictures)."""
     if picker is None:
         return None
-    from headprobe.results import head_attention
+    from headprobe.results import head_attention_pass
 
-    return head_attention.collect_for_run(
+    return head_attention_pass.collect_for_run(
         session.net, session.tokenizer, results, picker, config.from_mode, session.stack
     )
 

@@ -17,7 +17,7 @@ from test_report import check_page_in_chromium, chromium_binary
 
 from headprobe.report import build_report
 from headprobe.report.explorer import explorer_data, explorer_html
-from headprobe.results import head_attention, store
+from headprobe.results import head_attention, head_attention_pass, store
 from headprobe.results.query import Results
 from tests.fixtures_results import make_results
 
@@ -108,7 +108,7 @@ def test_collect_equals_word_attention(tiny_model):
     example = Example(words, unit="sentence", source="t", heads=[1, 2, -1, 5, 5, 2])
     n_layers = model.config.num_hidden_layers
     n_heads = model.config.num_attention_heads
-    kept = head_attention.collect(model, tokenizer, [example], list(range(n_layers)), n_heads)
+    kept = head_attention_pass.collect(model, tokenizer, [example], list(range(n_layers)), n_heads)
     assert kept["attention"].dtype == np.uint8
     for layer in range(n_layers):
         full = word_attention(model, tokenizer, words, layer)  # [head, word, word + 2]
