@@ -564,7 +564,7 @@ def finish(
     if out is not None:
         results.summary["out"] = str(out)
         results.saved_paths = store.save(
-            results, out, extra=_staged_report(results) if report else None
+            results, out, extra=_staged_report(results, config.figures) if report else None
         )
         if checkpoint is not None:
             checkpoint.remove()
@@ -586,11 +586,12 @@ def _quiet_loading(quiet: bool):
             hf_logging.enable_progress_bar()
 
 
-def _staged_report(results):
-    """report/ built inside the save, swapped in with the results (`report.staged_report`)."""
+def _staged_report(results, formats):
+    """report/ built inside the save, swapped in with the results (`report.staged_report`), its
+    figures in `formats`."""
     from headprobe.report import staged_report
 
-    return staged_report(results)
+    return staged_report(results, formats)
 
 
 def check_capturable_measures(net, measures) -> None:

@@ -37,6 +37,7 @@ from headprobe.scoring.tally import N_BOOT, SEED
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
 SAMPLE_COREF = Path(__file__).resolve().parents[1] / "data" / "sample_coref.conllu"
 FROM_MODES = ("mean", "first", "max")
+FIGURE_FORMATS = ("png", "svg", "pdf")  # as headprobe.report.figures.FORMATS (not imported here)
 SENTENCE_SOURCES = ("treebank", "text", "hf_dataset")
 STAGES = ("option", "derived", "input", "model", "device", "out")
 """The order of the checks: an option's own value, the values that depend on other options,
@@ -100,6 +101,20 @@ def _layers(flag, value, values):
 def _input_file(flag, value, values):
     checks.check_input_file(flag, value)
     return value
+
+
+def _figure_formats(flag, value, values) -> tuple[str, ...]:
+    """'svg,pdf' -> ('png', 'svg', 'pdf'): the formats of the report's figures, PNG always (the
+    pages embed it); the names are checked without importing matplotlib."""
+    names = value.split(",") if isinstance(value, str) else list(value or ())
+    names = {str(name).strip().lower() for name in names if str(name).strip()} | {"png"}
+    unknown = sorted(names - set(FIGURE_FORMATS))
+    if unknown:
+        raise checks.UsageError(
+            f"{flag}: {', '.join(unknown)} is not a figure format "
+            f"(give a comma list of {', '.join(FIGURE_FORMATS)})"
+        )
+    return tuple(fmt for fmt in FIGURE_FORMATS if fmt in names)
 
 
 def _hf_dataset(flag, value, values):
@@ -463,6 +478,14 @@ class RunConfig:
         flag="--no-report",
         action="store_false",
         cli_default=True,
+    )
+    figures: tuple = option(
+        ("png",),
+        "report figure formats, a comma list of png, svg, pdf (default: png; the report pages "
+        "embed the PNG, so it is always written): --figures png,svg,pdf",
+        flag="--figures",
+        metavar="FORMATS",
+        check=lambda flag, value, values: _figure_formats(flag, value, values),
     )
     resume: bool = option(
         False,

@@ -474,25 +474,57 @@ def test_repeated_surface_columns_are_shown_once(tmp_path):
         assert float(cells["cls"]) == pytest.approx(round(row["first"], 4), abs=1e-12)
 
 
-def test_every_figure_as_png_svg_pdf_and_figures_only(report, results_dir, tmp_path):
+def test_default_figures_are_png_only(report):
+    assert report["figures"] and report["vector_figures"] == []
+    assert {p.suffix for p in report["figures_dir"].iterdir()} == {".png"}
+    assert sorted(report["figures_dir"].iterdir()) == sorted(report["figures"])
+
+
+def test_every_figure_in_three_formats_with_the_same_bytes_twice(report, results_dir, tmp_path):
     import xml.etree.ElementTree as ET
 
-    for png in report["figures"]:
-        svg, pdf = png.with_suffix(".svg"), png.with_suffix(".pdf")
-        assert svg in report["vector_figures"] and pdf in report["vector_figures"]
+    outs = [tmp_path / "first", tmp_path / "second"]
+    for out in outs:
+        cmd = ["report", str(results_dir), "--out", str(out), "--figures", "png,svg,pdf"]
+        assert cli_main(cmd) == 0
+    names = sorted(p.name for p in (outs[0] / "figures").iterdir())
+    stems = sorted(p.stem for p in report["figures"])
+    assert names == sorted(f"{stem}.{ext}" for stem in stems for ext in ("pdf", "png", "svg"))
+    for name in names:  # the same figure, the same bytes, run to run
+        first, second = (out / "figures" / name for out in outs)
+        assert first.read_bytes() == second.read_bytes(), name
+    for stem in stems:
+        svg, pdf = (outs[0] / "figures" / f"{stem}.{ext}" for ext in ("svg", "pdf"))
         assert ET.parse(svg).getroot().tag.endswith("svg")
-        assert (
-            pdf.read_bytes().startswith(b"%PDF") and b"/FontFile2" in pdf.read_bytes()
-        )  # TrueType embedded
-    out = tmp_path / "figs"
-    assert cli_main(["report", str(results_dir), "--out", str(out), "--figures-only"]) == 0
-    assert not (out / "report.html").exists() and not (out / "report.md").exists()
-    written = sorted(p.name for p in (out / "figures").iterdir())
-    assert written == sorted(p.name for p in report["figures"] + report["vector_figures"])
-    for name in written:  # the same figure, the same bytes
-        assert (out / "figures" / name).read_bytes() == (
-            report["figures_dir"] / name
-        ).read_bytes(), name
+        assert pdf.read_bytes().startswith(b"%PDF") and b"/FontFile2" in pdf.read_bytes()
+    for stem in stems:  # the PNG of the default report is the same too
+        png = (outs[0] / "figures" / f"{stem}.png").read_bytes()
+        assert png == (report["figures_dir"] / f"{stem}.png").read_bytes(), stem
+
+
+def test_vector_figures_added_to_an_existing_report(report, results_dir, tmp_path):
+    out = tmp_path / "rep"
+    assert cli_main(["report", str(results_dir), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert cli_main(["report", str(results_dir), "--out", str(out), "--figures", "svg,pdf"]) == 0
+    after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {k: after[k] for k in before} == before  # pages, tables and PNG untouched
+    stems = sorted(p.stem for p in report["figures"])
+    assert sorted(set(after) - set(before)) == sorted(
+        f"{stem}.{ext}" for stem in stems for ext in ("pdf", "svg")
+    )
+    only = tmp_path / "only"
+    assert cli_main(["report", str(results_dir), "--out", str(only), "--figures-only"]) == 0
+    assert not (only / "report.html").exists() and not (only / "report.md").exists()
+    assert sorted(p.name for p in (only / "figures").iterdir()) == [f"{s}.png" for s in stems]
+
+
+def test_bad_figure_format_is_one_line(results_dir, tmp_path, capsys):
+    out = tmp_path / "bad"
+    assert cli_main(["report", str(results_dir), "--out", str(out), "--figures", "png,gif"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("headprobe: error: --figures: gif") and "\n" not in err
+    assert not out.exists()
 
 
 def test_html_is_self_contained(report, html):
