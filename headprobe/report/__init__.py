@@ -21,6 +21,7 @@ example pictures draw attention, from `examples.json`.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -193,9 +194,27 @@ def staged_report(results, formats=None):
 
 def main_report(argv=None) -> int:
     """`python -m headprobe.report RESULTS_DIR [--out DIR] [--figures png,svg,pdf] [--figures-only]`
-    (the options of `headprobe report`); returns the exit status (2: unreadable or a bad option)."""
-    from headprobe.cli import Parser, cmd_report, report_arguments
-
-    parser = Parser(prog="headprobe report", description=REPORT_HELP)
-    report_arguments(parser)
-    return cmd_report(parser.parse_args(argv))
+    (as `headprobe report`); returns the exit status (2: unreadable, or a bad format)."""
+    parser = argparse.ArgumentParser(prog="headprobe report", description=REPORT_HELP)
+    parser.add_argument("results_dir", help="directory written by `headprobe run`")
+    parser.add_argument(
+        "--out", default=None, help="output directory (default: RESULTS_DIR/report)"
+    )
+    parser.add_argument("--figures", default="png", help="figure formats: png (default), svg, pdf")
+    parser.add_argument("--figures-only", action="store_true", help="write only figures/")
+    args = parser.parse_args(argv)
+    try:
+        paths = build_report(
+            args.results_dir, args.out, figures_only=args.figures_only, formats=args.figures
+        )
+    except (FileNotFoundError, UnreadableResults, ValueError) as err:
+        print(f"headprobe report: {err}", file=sys.stderr)
+        return 2
+    for key in ("html", "markdown"):
+        if key in paths:
+            print(f"wrote {paths[key]}")
+    print(
+        f"wrote {len(paths['figures']) + len(paths['vector_figures'])} figure files under "
+        f"{paths['figures_dir']}"
+    )
+    return 0
