@@ -37,7 +37,7 @@ bench: setup
 report: setup
 	$(BIN)/headprobe report $(OUT)
 
-# Regenerate data/sample.txt and data/sample.conllu (silver spaCy parse).
+# Regenerate headprobe/inputs/samples/sample.txt and sample.conllu (silver spaCy parse).
 samples: setup
 	$(BIN)/python data/make_samples.py
 

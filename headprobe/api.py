@@ -64,7 +64,8 @@ def run(config: RunConfig | str | None = None, /, **options) -> Results | None:
     `config`: a `RunConfig`, or the model (hub name, local path, or a bundled alias: `None` /
     "minilm", "smollm2"); `options`: any `RunConfig` field by name (each one's help says what it
     does: `RunConfig.help_text("window")`). With no sentence corpus, no `coref` and no `probe`,
-    the bundled samples `data/sample.conllu` and `data/sample_coref.conllu` are scored.
+    the bundled samples `sample.conllu` and `sample_coref.conllu` (`headprobe.inputs.samples`)
+    are scored.
 
     Every option and path is checked before any model is loaded (`checks.UsageError`), and
     `layers` against the model's config before its weights are. Corpora are read lazily, as

@@ -24,6 +24,7 @@ from headprobe import checks
 from headprobe.inputs.align import BOS_MODES
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.probes import PROBE_MARKERS, PROBES
+from headprobe.inputs.samples import SAMPLE, SAMPLE_COREF
 from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
 from headprobe.model.sites import STACKS
@@ -34,8 +35,6 @@ from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
 from headprobe.scoring.tally import N_BOOT, SEED
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
-SAMPLE_COREF = Path(__file__).resolve().parents[1] / "data" / "sample_coref.conllu"
 FROM_MODES = ("mean", "first", "max")
 FIGURE_FORMATS = ("png", "svg", "pdf")  # as headprobe.report.figures.FORMATS (not imported here)
 SENTENCE_SOURCES = ("treebank", "text", "hf_dataset")
@@ -246,7 +245,7 @@ class RunConfig:
     )
     treebank: str | Path | None = option(
         None,
-        "CoNLL-U file with gold dependencies (default: data/sample.conllu)",
+        "CoNLL-U file with gold dependencies (default: the bundled sample.conllu)",
         flag="--treebank",
         check=_input_file,
         stage="input",
