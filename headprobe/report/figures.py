@@ -155,6 +155,9 @@ class Drawing:
 
 
 def drawing(fig: Figure) -> Drawing:
+    """The finished `fig` as a `Drawing`. Its layout is done: the placeholder layout engine
+    `tight_layout` leaves would make every save draw the whole figure twice."""
+    fig.set_layout_engine(None)
     return Drawing(fig)
 
 
