@@ -38,7 +38,7 @@ from headprobe.results.examples import MentionPicker, SentencePicker
 from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scorers import registry
-from headprobe.scorers.base import RunsModel, TakesHeads
+from headprobe.scorers.base import KeepsRecord, RunsModel, TakesHeads
 from headprobe.scorers.registry import ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
 from headprobe.scoring import distributed
 from headprobe.scoring.checkpoint import Checkpoint
@@ -542,7 +542,14 @@ def finish(
     summary["n_layers"], summary["n_heads"] = sites.n_layers(stack), sites.n_heads(stack)
     summary["n_kv_heads"] = sites.n_kv_heads(stack)
     summary["analyses"] = list(dict.fromkeys(s.analysis for s in trained))
-    objectives = {s.analysis: s.objective.description for s in trained if isinstance(s, RunsModel)}
+    objectives = {
+        s.analysis: s.objective.description
+        for s in trained
+        if isinstance(s, RunsModel) and s.objective is not None
+    }
+    for scorer in trained:  # what a scorer keeps beside its counts (weights-only analyses)
+        if isinstance(scorer, KeepsRecord):
+            summary.update(scorer.describe())
     if objectives:
         summary["objectives"] = objectives
     distributed.all_reduce_tallies([s.tally_ for s in scorers])  # torchrun: summed over the ranks

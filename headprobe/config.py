@@ -29,6 +29,7 @@ from headprobe.model.control import CONTROLS
 from headprobe.model.sites import STACKS
 from headprobe.results import store
 from headprobe.scorers import registry
+from headprobe.scorers.base import RunsModel
 from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
@@ -138,14 +139,18 @@ def _hf_dataset(flag, value, values):
 
 def _analyses(flag, value, values) -> list[str]:
     """The analyses to run: the named ones (a list, or a comma list), else every default one; with a
-    probe and none named, every token analysis too; on `stack` only those defined there; then those
+    probe and none named, every token analysis that reads attention too; on `stack` only those defined there; then those
     a switch that is on adds (`Analysis.added_by`)."""
     if isinstance(value, str):
         value = [name.strip() for name in value.split(",") if name.strip()]
     if not value:
         wanted = [a.name for a in registry.analyses() if a.default]
-        if values["probe"] is not None:
-            wanted += registry.names(registry.PROBE)
+        if values["probe"] is not None:  # the token analyses that read attention
+            wanted += [
+                a.name
+                for a in registry.analyses(registry.PROBE)
+                if not issubclass(a.scorer, RunsModel)
+            ]
     else:
         for name in value:
             registry.get(name)  # raises with the list of known analyses

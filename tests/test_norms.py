@@ -226,9 +226,9 @@ def legacy_model(tokenizer):
 def test_bad_needs_and_the_legacy_path(bert_family):
     with pytest.raises(ValueError, match="unknown capture quantity 'values'"):
         AttentionCapture(bert_family.sdpa, None, None, needs={"values"})
-    with pytest.raises(NotImplementedError, match="head_output"):
-        AttentionCapture(bert_family.sdpa, None, None, needs={"head_output"})
     legacy = legacy_model(bert_family.tokenizer)
+    with pytest.raises(CaptureUnavailable, match="MPNetModel.*head_output"):
+        AttentionCapture(legacy, None, None, needs={"head_output"})
     with pytest.raises(CaptureUnavailable, match="MPNetModel.*value_norms.*norms measure"):
         AttentionCapture(legacy, None, None, needs={"probs", "value_norms"})
     with torch.no_grad(), headprobe.capture_heads(legacy, needs={"probs"}) as heads:

@@ -47,6 +47,8 @@ BUILTIN_MODULES = (
     "headprobe.scorers.head_similarity",
     "headprobe.scorers.parsing",
     "headprobe.scorers.ablation",
+    "headprobe.scorers.logit_attribution",
+    "headprobe.scorers.ov_copying",
 )
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.inputs.probes`,
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level
