@@ -454,7 +454,7 @@ class Engine:
                 device=self.device,
             )
         for scorer in self.model_scorers:
-            scorer.use_model(model, tokenizer)
+            scorer.use_model(model, tokenizer, stack=self.stack)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
 
