@@ -127,3 +127,62 @@ def test_shared_layer_gates_one_call():
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(again, expected, atol=1e-6, rtol=0)
     assert (other - expected).abs().max().item() > 1e-3
+
+
+# -- every input kind ------------------------------------------------------------------------
+def test_ablation_on_the_probe_counts_the_repeated_half():
+    """`--probe repeated-random --analyses ablation --heads 1-2`: the effect is the change in the
+    next-token loss on the repeated half (words length+1 .. 2 length - 1), computed here by hand
+    on a copy whose output projection has head 1-2's columns zeroed."""
+    from test_gates import with_lm_head, zero_columns
+
+    from headprobe.inputs.probes import make_probe
+    from headprobe.scoring.tally import SEED
+
+    family, model = with_lm_head("llama")
+    length, n = 6, 4
+    results = headprobe.run(
+        loaded=(model, family.tokenizer, "tiny llama"),
+        probe="repeated-random",
+        probe_length=length,
+        probe_n=n,
+        analyses=["ablation"],
+        heads="1-2",
+        n_boot=10,
+        progress=False,
+    )
+    table = results.ablation_heads
+    assert list(zip(table["layer"], table["head"])) == [(1, 2)]
+    assert table["n"].tolist() == [n * (length - 1)]
+    assert "repeated half" in results.summary["objectives"]["ablation"]
+    examples = list(make_probe("repeated-random", family.tokenizer, length=length, n=n, seed=SEED))
+    ids = torch.tensor([example.meta["input_ids"] for example in examples])  # [seq, piece]
+    first = ids.shape[1] - 2 * length  # the specials in front (the BOS)
+    targets = torch.arange(first + length + 1, first + 2 * length)  # the repeated half's pieces
+
+    def loss(net) -> float:
+        with torch.no_grad():
+            logits = net(input_ids=ids).logits  # [seq, piece, vocab]
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, targets - 1].transpose(1, 2), ids[:, targets], reduction="sum"
+        )
+        return float(nll) / (n * len(targets))
+
+    expected = loss(zero_columns(model, [(1, 2)], 8)) - loss(model)
+    assert abs(table["score"][0] - expected) < 1e-4, (table["score"][0], expected)
+
+
+def test_ablation_on_coreference_windows():
+    """Only coreference windows given: ablation reads them (no sentence corpus to fall back on)."""
+    results = headprobe.run(
+        loaded=(loud("bert"), build("bert").tokenizer, "tiny bert"),
+        coref="data/sample_coref.conllu",
+        analyses=["ablation"],
+        heads="0-1,1-2",
+        n_boot=10,
+        progress=False,
+    )
+    table = results.ablation_heads
+    assert list(zip(table["layer"], table["head"])) == [(0, 1), (1, 2)]
+    assert np.isfinite(table["score"]).all() and (table["score"] > 1e-3).all()
+    assert results.summary["runs"]["coreference"]["examples"] > 0
