@@ -114,6 +114,7 @@ def together(net, tokenizer, name, args, induction, out) -> None:
     """Induction heads vs as many other heads vs intact, each group gated to 0 together (a
     `GroupScorer`: no run option gates a group of heads together yet), on the same probe and
     objective (the repeated half's loss, named by the probe's examples)."""
+    from headprobe.config import RunConfig
     from headprobe.inputs.probes import make_probe
     from headprobe.model.capture import n_layers_heads, text_config
     from headprobe.scorers.ablation import GroupScorer, points_table
@@ -136,10 +137,12 @@ def together(net, tokenizer, name, args, induction, out) -> None:
         net,
         tokenizer,
         [scorer],
-        batch_size=args.batch_size,
-        seed=args.seed,
-        n_boot=args.bootstrap,
-        progress=not args.quiet,
+        RunConfig(
+            batch_size=args.batch_size,
+            seed=args.seed,
+            n_boot=args.bootstrap,
+            progress=not args.quiet,
+        ),
         desc="ablation",
     ).run(examples)
     labels = [label for label, _ in groups]

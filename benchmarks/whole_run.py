@@ -21,8 +21,10 @@ own scoring pass. `--measure weights,norms` times the run with both measures.
     python benchmarks/whole_run.py speed --copies 4 --repeat 2
     python benchmarks/whole_run.py speed --copies 1 --measure weights,norms
 
-`profile`: one whole run under cProfile, its time split by stage (model, capture, pooling,
-scorers, tally, statistics, report, save): where the time goes, as shares.
+`profile`: one whole run (report included), sampled, its time as shares of forward,
+capture, pooling, scorers, statistics, tables, save, report and the rest:
+
+    python benchmarks/whole_run.py profile --copies 1
 """
 
 from __future__ import annotations
@@ -206,56 +208,91 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
     }
 
 
-# where a whole run's time goes: cumulative seconds of these functions under cProfile
+# where a whole run's time goes: each stage's functions (a file part, and a function name or
+# None for all of the file's). A sample of the running stack counts for the innermost stage on
+# it: the capture's hooks run inside the forward pass, the scorers inside them, pooling when a
+# scorer first reads the words, statistics inside the tables, tables inside the report and save.
 STAGES = {
-    "model forward (all)": ("torch/nn/modules/module.py", "_call_impl"),
-    "capture (probabilities)": ("headprobe/model/capture.py", None),
-    "word pooling": ("headprobe/scoring/engine.py", "pool_words"),
-    "scorers (update)": ("headprobe/scorers/", "update"),
-    "tally (streaming bootstrap)": ("headprobe/scoring/tally.py", "flush"),
-    "statistics and tables": ("headprobe/results/query.py", None),
-    "report": ("headprobe/report/", None),
+    "forward": ("torch/nn/modules/module.py", "_call_impl"),
+    "capture": ("headprobe/model/capture.py", None),
+    "pooling": ("headprobe/scoring/engine.py", "pool_words"),
+    "scorers": ("headprobe/scorers/", None),
+    "statistics": ("headprobe/stats/", None),
+    "tables": ("headprobe/results/query.py", None),
     "save": ("headprobe/results/store.py", "save"),
+    "report": ("headprobe/report/", None),
 }
 
 
-def profile(copies: int = 4) -> dict:
-    """One whole run (report included) under cProfile: the cumulative seconds of each stage
-    (top-level calls of the stage's module, so nested calls count once). cProfile slows
-    Python-heavy stages more than torch kernels: read the shares, not the totals."""
-    import cProfile
-    import pstats
+def stage_of(frame) -> str:
+    """The innermost stage on a stack (`frame` and its callers), else "other"."""
+    while frame is not None:
+        code = frame.f_code
+        for stage, (where, name) in STAGES.items():
+            if where in code.co_filename and (name is None or code.co_name == name):
+                return stage
+        frame = frame.f_back
+    return "other"
 
+
+class StackSampler:
+    """Samples the calling thread's stack every `interval` seconds from a thread of its own
+    (torch kernels release the GIL; Python code is sampled at the interpreter's switch
+    interval) and counts each sample for `stage_of` it: `with StackSampler() as s: ...`,
+    then `s.counts`."""
+
+    def __init__(self, interval: float = 0.005):
+        import collections
+        import threading
+
+        self.interval, self.counts = interval, collections.Counter()
+        self.target = threading.get_ident()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self.stop.wait(self.interval):
+            frame = sys._current_frames().get(self.target)
+            self.counts[stage_of(frame)] += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def profile(copies: int = 4, treebank: str | None = None) -> dict:
+    """One whole run (report included), its time as shares of the `STAGES` (forward, capture,
+    pooling, scorers, statistics, tables, save, report; `other`: reading, tokenizing, batching,
+    the tally's bootstrap, example pictures), from samples of the running stack (shares, not
+    timings: read them on any machine). `treebank`: this file instead of EWT dev x `copies`."""
     import headprobe
     from headprobe.model import loading as models
 
     loaded = models.load(None, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        treebank = (
-            EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
-        )
-        profiler = cProfile.Profile()
+        name = f"EWT dev x{copies}" if treebank is None else Path(treebank).name
+        if treebank is None:
+            treebank = (
+                EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
+            )
         start = time.perf_counter()
-        profiler.enable()
-        headprobe.run(
-            treebank=treebank, out=Path(tmp) / "out", progress=False, loaded=loaded, report=True
-        )
-        profiler.disable()
+        with StackSampler() as sampler:
+            headprobe.run(
+                treebank=treebank, out=Path(tmp) / "out", progress=False, loaded=loaded, report=True
+            )
         total = time.perf_counter() - start
-    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
-    stages = {}
-    for stage, (where, function) in STAGES.items():
-        mine = {
-            key for key in stats if where in key[0] and (function is None or key[2] == function)
-        }
-        # a stage's time: its entries called from outside the stage (nested calls count once)
-        stages[stage] = round(
-            sum(
-                stats[key][3] for key in mine if not any(caller in mine for caller in stats[key][4])
-            ),
-            2,
-        )
-    return {"corpus": f"EWT dev x{copies}", "profiled_seconds": round(total, 2), "stages": stages}
+    samples = sum(sampler.counts.values())
+    order = [*STAGES, "other"]
+    return {
+        "corpus": name,
+        "seconds": round(total, 2),
+        "samples": samples,
+        "shares": {stage: round(sampler.counts[stage] / samples, 3) for stage in order},
+    }
 
 
 def main() -> None:
@@ -277,6 +314,7 @@ def main() -> None:
     parser.add_argument(
         "--measure", default="weights", help="speed: the run's --measure (weights, weights,norms)"
     )
+    parser.add_argument("--treebank", default=None, help="profile: this CoNLL-U file, not EWT dev")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args()
     if args.what == "memory":
@@ -284,7 +322,7 @@ def main() -> None:
     elif args.what == "speed":
         figures = speed(args.repeat, args.copies, args.measure)
     else:
-        figures = profile(args.copies)
+        figures = profile(args.copies, args.treebank)
     text = json.dumps(figures, indent=2)
     print(text)
     if args.json:

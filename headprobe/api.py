@@ -35,8 +35,10 @@ from headprobe.model.control import CONTROL, TRAINED, tally_key
 from headprobe.model.sites import Sites, attention_sites
 from headprobe.results import atomic, store
 from headprobe.results.examples import MentionPicker, SentencePicker
+from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scorers import registry
+from headprobe.scorers.base import RunsModel, TakesHeads
 from headprobe.scorers.registry import ANY, ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
 from headprobe.scoring import distributed
 from headprobe.scoring.checkpoint import Checkpoint
@@ -124,18 +126,50 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
         lock = held.enter_context(atomic.OutLock(config.out))
         for note in lock.notes + atomic.recover(config.out):
             _note(note)
+    reference = _check_against_config(config)
+    inputs = _input_fingerprints(config, reference)
+    device = (
+        str(models.pick_device(config.device))
+        if config.loaded is None
+        else str(next(config.loaded[0].parameters()).device)
+    )
+    settings = config.options_record(device)
+    checkpoint = _open_checkpoint(config, inputs, settings)
+    net, tokenizer, name = _load_model(config)
+    sites = attention_sites(net)
+    stack = sites.resolve(config.stack)
+    checks.check_layers_exist(config.layers, sites.n_layers(stack), name)
+    checks.check_heads_exist(
+        config.heads, sites.n_layers(stack), sites.n_heads(stack), config.layers, name
+    )
+    check_capturable_measures(net, config.measure)
+    tokenizer, bos_used = apply_bos(tokenizer, config.bos, sites.causal(stack))
+    summary = _start_summary(config, net, name, sites, stack, inputs, settings, bos_used)
+    analyses = _with_prerequisites(config.analyses, net, config.heads)
+    return Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world)
+
+
+def _check_against_config(config: RunConfig):
+    """The model's reference (`checks.check_model`), `None` for a loaded model; the stack, layers
+    and heads asked for checked against the model's config first, so that layers that do not
+    exist fail before the weights load."""
     reference = checks.check_model(config.model) if config.loaded is None else None
-    if (
-        reference is not None
-    ):  # the config first: layers that do not exist fail before the weights load
-        model_config = checks.read_config(*reference)
-        checks.check_stack_in_config(config.stack, model_config, reference[2])
-        n_config_layers, n_config_heads = checks.config_layers_heads(model_config, config.stack)
-        if n_config_layers:
-            checks.check_layers_exist(config.layers, n_config_layers, reference[2])
-            checks.check_heads_exist(
-                config.heads, n_config_layers, n_config_heads, config.layers, reference[2]
-            )
+    if reference is None:
+        return None
+    model_config = checks.read_config(*reference)
+    checks.check_stack_in_config(config.stack, model_config, reference[2])
+    n_config_layers, n_config_heads = checks.config_layers_heads(model_config, config.stack)
+    if n_config_layers:
+        checks.check_layers_exist(config.layers, n_config_layers, reference[2])
+        checks.check_heads_exist(
+            config.heads, n_config_layers, n_config_heads, config.layers, reference[2]
+        )
+    return reference
+
+
+def _input_fingerprints(config: RunConfig, reference) -> dict:
+    """`_input_fingerprints(config, reference)`: a fingerprint of each input given and of the
+    model (its name only for a loaded model)."""
     inputs = {
         key: store.input_fingerprint(flag(key), getattr(config, key))
         for key in (*SENTENCE_SOURCES, "coref")
@@ -146,47 +180,45 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
         if reference is not None
         else {"name": config.loaded[2]}
     )
-    device = (
-        str(models.pick_device(config.device))
-        if config.loaded is None
-        else str(next(config.loaded[0].parameters()).device)
-    )
-    settings = config.options_record(device)
-    checkpoint = None
-    if config.out is not None and config.checkpoint_every and not config.keep_unit_counts:
-        fingerprint = {
-            "inputs": inputs,
-            "options": settings,
-            "chunk": CHUNK,
-            "version": store.version(),
-        }
-        checkpoint = Checkpoint(config.out, fingerprint, config.checkpoint_every, config.resume)
-        for note in checkpoint.notes:
-            _note(note)
-    loaded = config.loaded
-    if loaded is None:
-        # head ablation / importance (METHODS §8) score the language-model loss: the model under its head
-        lm_head = any(
-            getattr(registry.get(name).scorer, "needs_lm_head", False) for name in config.analyses
-        )
-        with _quiet_loading(not config.progress):
-            loaded = (models.load_lm if lm_head else models.load)(
-                config.model,
-                device=config.device,
-                dtype=config.dtype,
-                device_map=config.device_map,
-                max_memory=config.max_memory,
-            )[:3]
-    net, tokenizer, name = loaded
-    sites = attention_sites(net)
-    stack = sites.resolve(config.stack)
-    checks.check_layers_exist(config.layers, sites.n_layers(stack), name)
-    checks.check_heads_exist(
-        config.heads, sites.n_layers(stack), sites.n_heads(stack), config.layers, name
-    )
-    check_capturable_measures(net, config.measure)
-    tokenizer, bos_used = apply_bos(tokenizer, config.bos, sites.causal(stack))
-    summary = {
+    return inputs
+
+
+def _open_checkpoint(config: RunConfig, inputs: dict, settings: dict) -> Checkpoint | None:
+    """The run's checkpoint under `out` when one is asked for (and unit counts are not kept)."""
+    if config.out is None or not config.checkpoint_every or config.keep_unit_counts:
+        return None
+    fingerprint = {
+        "inputs": inputs,
+        "options": settings,
+        "chunk": CHUNK,
+        "version": store.version(),
+    }
+    checkpoint = Checkpoint(config.out, fingerprint, config.checkpoint_every, config.resume)
+    for note in checkpoint.notes:
+        _note(note)
+    return checkpoint
+
+
+def _load_model(config: RunConfig) -> tuple:
+    """(model, tokenizer, name): `config.loaded`, else the model loaded (under its language-model
+    head where an analysis scores the loss)."""
+    if config.loaded is not None:
+        return config.loaded
+    # head ablation / importance (METHODS §8) score the language-model loss: the model under its head
+    lm_head = any(registry.get(name).scorer.needs_lm_head for name in config.analyses)
+    with _quiet_loading(not config.progress):
+        return (models.load_lm if lm_head else models.load)(
+            config.model,
+            device=config.device,
+            dtype=config.dtype,
+            device_map=config.device_map,
+            max_memory=config.max_memory,
+        )[:3]
+
+
+def _start_summary(config, net, name, sites, stack, inputs, settings, bos_used) -> dict:
+    """The run's summary before anything is scored: the model, options, inputs and sites."""
+    return {
         "model": name,
         "dtype": config.dtype,
         "device": str(next(net.parameters()).device),
@@ -209,8 +241,6 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
         "conventions": dict(PRESETS[config.conventions].summary(), from_mode_used=config.from_mode),
         "measures": list(config.measure),
     }
-    analyses = _with_prerequisites(config.analyses, net, config.heads)
-    return Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world)
 
 
 def _with_prerequisites(wanted: list[str], net, heads) -> list[str]:
@@ -221,7 +251,7 @@ def _with_prerequisites(wanted: list[str], net, heads) -> list[str]:
     more = []
     for name in wanted:
         scorer = registry.get(name).scorer
-        if getattr(scorer, "second_pass", False):
+        if scorer.second_pass:
             more += scorer.prerequisites(lm_kind(net), heads)
     return list(dict.fromkeys(wanted + more))
 
@@ -260,10 +290,10 @@ def _make_scorers(analyses, heads=None, model: str = TRAINED, measures=DEFAULT_M
         a.make_scorer(model=model, measure=m)
         for i, m in enumerate(measures)
         for a in analyses
-        if i == 0 or not hasattr(a.scorer, "model_pass")
+        if i == 0 or not issubclass(a.scorer, RunsModel)
     ]
     for scorer in scorers:
-        if hasattr(scorer, "use_heads"):
+        if isinstance(scorer, TakesHeads):
             scorer.use_heads(heads)
     return scorers
 
@@ -434,7 +464,7 @@ def control_passes(config: RunConfig, session: Session, passes: list[Pass]) -> l
     twin = models.random_init(session.net, config.seed)
     control = []
     for one in passes:
-        reading = [a for a in one.analyses if not hasattr(a.scorer, "model_pass")]
+        reading = [a for a in one.analyses if not issubclass(a.scorer, RunsModel)]
         if not one.key.endswith(SECOND_PASS) and reading:
             control.append(
                 Pass(
@@ -465,7 +495,7 @@ def score(config: RunConfig, session: Session, passes: list[Pass]) -> None:
     for one in passes:
         score_pass(config, session, one)
     if not any(r["examples"] for r in summary["runs"].values()):
-        skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
+        skipped = skipped_counts(summary["skipped"])
         raise checks.UsageError(
             f"nothing was scored: no example of the corpus could be scored "
             f"(skipped: {skipped or 'none; the corpus is empty'})"
@@ -491,20 +521,7 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
         else None
     )
     engine = Engine(
-        net,
-        session.tokenizer,
-        one.scorers,
-        desc=one.key,
-        batch_size=one.batch_size,
-        layers=config.layers,
-        from_mode=config.from_mode,
-        progress=config.progress,
-        seed=config.seed,
-        n_boot=config.n_boot,
-        keep_units=config.keep_unit_counts,
-        conventions=config.conventions,
-        query_block=config.query_block,
-        stack=session.stack,
+        net, session.tokenizer, one.scorers, config, batch_size=one.batch_size, desc=one.key
     )
     examples = one.picker.watch(one.examples) if one.picker is not None else one.examples
     if state is not None and state.get("finished"):
@@ -545,7 +562,7 @@ def finish(
     summary["n_layers"], summary["n_heads"] = sites.n_layers(stack), sites.n_heads(stack)
     summary["n_kv_heads"] = sites.n_kv_heads(stack)
     summary["analyses"] = list(dict.fromkeys(s.analysis for s in trained))
-    objectives = {s.analysis: s.objective.description for s in trained if hasattr(s, "objective")}
+    objectives = {s.analysis: s.objective.description for s in trained if isinstance(s, RunsModel)}
     if objectives:
         summary["objectives"] = objectives
     distributed.all_reduce_tallies([s.tally_ for s in scorers])  # torchrun: summed over the ranks
@@ -650,10 +667,10 @@ def _run_stats(stats: dict) -> dict:
     }
 
 
-def headline(
-    best_heads: pd.DataFrame,
-    labels=("ALL", "nsubj", "det", "obj", "amod", "aux", "pronoun", "proper", "nominal"),
-) -> list[dict]:
+def headline(best_heads: pd.DataFrame, labels=None) -> list[dict]:
+    """The whole-data best heads of `labels` (default: those the analyses declare,
+    `registry.headline_labels`), as the run's summary keeps them."""
+    labels = registry.headline_labels() if labels is None else labels
     rows = best_heads[best_heads["label"].isin(labels) & (best_heads["fold"] == "")]
     keep = [
         "analysis",

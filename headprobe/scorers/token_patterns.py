@@ -67,7 +67,7 @@ for `mul` (a mass, not a hit) the exact test does not apply and `head_tests` sho
 Role rules (`PatternRule`, see `pattern_rule`): the head's `mul` score is at least the threshold on
 *each* fold (found on one half, confirmed on the other), the 95% bootstrap interval's
 lower end is at least a stated value, the paired interval of the gap to the best
-baseline lies above 0, and there are at least `MIN_ROWS` rows.
+baseline lies above 0, and there are at least `MIN_N` rows.
 """
 
 from __future__ import annotations
@@ -84,12 +84,12 @@ import torch
 from headprobe.inputs.align import WORD
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
 from headprobe.scorers.registry import PROBE, Analysis, RoleRule, register
-from headprobe.stats.engine import choose, estimate, paired_gap, ratio
+from headprobe.stats.engine import MIN_N, choose, estimate, paired_gap, ratio
 from headprobe.stats.roles import MATCH_COLUMNS
 
 MUL, ARGMAX = "mul", "argmax"
 LABELS = (MUL, ARGMAX)
-MIN_ROWS = 30
+
 RANDOM, FIRST = "random", "first"
 OFFSET = re.compile(r"offset=([+-]\d+)")
 HEAD_COLUMNS = [
@@ -408,7 +408,7 @@ def pattern_rule(
     lower: float,
     what: str,
     label: str = MUL,
-    min_n: int = MIN_ROWS,
+    min_n: int = MIN_N,
     baseline: bool = True,
 ) -> RoleRule:
     """A held-out threshold rule on one label of a token analysis's `<analysis>_heads` table:
@@ -429,17 +429,7 @@ def pattern_rule(
         if baseline:
             ok &= t["gap_low"] > 0
         hit = t[ok.fillna(False).astype(bool)]
-        evidence = []
-        for r in hit.itertuples(index=False):
-            text = (
-                f"{label} score {r.score:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}] on {int(r.n)} rows; "
-                f"fold 0 {r.fold0:.4f}, fold 1 {r.fold1:.4f} (each >= {threshold:g}; lower end >= {lower:g})"
-            )
-            if baseline:
-                text += f"; vs {r.baseline_variant} {r.baseline_score:.4f}: gap [{r.gap_low:+.4f}, {r.gap_high:+.4f}]"
-            if label == MUL and np.isfinite(r.tl_mul):
-                text += f"; TransformerLens mul {r.tl_mul:.4f}"
-            evidence.append(text)
+        evidence = [_evidence(r, label, threshold, lower, baseline) for r in hit.itertuples()]
         return pd.DataFrame(
             {
                 "layer": hit["layer"],
@@ -452,6 +442,25 @@ def pattern_rule(
             columns=MATCH_COLUMNS,
         )
 
+    description = _rule_description(role, what, label, threshold, lower, baseline, min_n)
+    return RoleRule(role, order, color, description, match)
+
+
+def _evidence(r, label: str, threshold: float, lower: float, baseline: bool) -> str:
+    """Why head row `r` of a `<analysis>_heads` table meets a `pattern_rule`, in words."""
+    text = (
+        f"{label} score {r.score:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}] on {int(r.n)} rows; "
+        f"fold 0 {r.fold0:.4f}, fold 1 {r.fold1:.4f} (each >= {threshold:g}; lower end >= {lower:g})"
+    )
+    if baseline:
+        text += f"; vs {r.baseline_variant} {r.baseline_score:.4f}: gap [{r.gap_low:+.4f}, {r.gap_high:+.4f}]"
+    if label == MUL and np.isfinite(r.tl_mul):
+        text += f"; TransformerLens mul {r.tl_mul:.4f}"
+    return text
+
+
+def _rule_description(role, what, label, threshold, lower, baseline, min_n) -> str:
+    """What a `pattern_rule` checks, in one sentence (the report's list of rules)."""
     gap = (
         (
             ", the paired 95% interval of its gap to the analysis's best baseline (the best on all data) lies "
@@ -460,12 +469,11 @@ def pattern_rule(
         if baseline
         else ""
     )
-    description = (
+    return (
         f"{role}: {what}; the head's {label} score is at least {threshold:g} on each fold (found on "
         f"one half of the units, confirmed on the other), the lower end of its 95% bootstrap interval "
         f"is at least {lower:g}{gap}, on at least {min_n} rows."
     )
-    return RoleRule(role, order, color, description, match)
 
 
 # ---------------------------------------------------------------------------- declarations
@@ -490,7 +498,7 @@ class PatternRule:
     color: str | None = None  # None: one of USER_COLORS, by the role's name
     short: str = ""  # "": the role's first 4 letters
     label: str = MUL
-    min_n: int = MIN_ROWS
+    min_n: int = MIN_N
     baseline: bool = True
 
     def for_analysis(self, analysis: str) -> RoleRule:
@@ -563,28 +571,14 @@ def pattern_analysis(
     place in the registry's order comes from it). Returns the registered `Analysis`
     (`registry.unregister(name)` removes it).
     """
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
-        raise ValueError(
-            f"pattern analysis name {name!r}: use letters, digits and '_' (it names tables and files)"
-        )
-    if not callable(pattern_fn):
-        raise ValueError(
-            f"pattern analysis {name!r}: pattern_fn must be a function (ids, token) -> [T, T] bool"
-        )
     module = module or sys._getframe(1).f_globals.get("__name__", "__main__")
-    cls_name = "".join(part[:1].upper() + part[1:] for part in name.split("_")) + "Scorer"
-    scorer = type(
-        cls_name,
-        (PatternScorer,),
-        {
-            "analysis": name,
-            "pattern": staticmethod(pattern_fn),
-            "baselines": tuple(baselines),
-            "__module__": module,
-            "__qualname__": cls_name,
-            "__doc__": f"The {name!r} token pattern (`pattern_analysis`): {getattr(pattern_fn, '__doc__', '') or ''}",
-        },
-    )
+    scorer = _pattern_scorer(name, pattern_fn, baselines, module)
+    return _register_pattern(name, scorer, baselines, rule, description, input, default)
+
+
+def _register_pattern(name, scorer, baselines, rule, description, input, default) -> Analysis:
+    """Register the pattern analysis `name` scored by `scorer`, with its two tables and (with
+    `rule`) its role; `pattern_analysis` says what each argument is."""
     if description is None:
         description = (
             f"share of attention on the {name} token pattern, and argmax hits on it, per head, at piece "
@@ -603,35 +597,66 @@ def pattern_analysis(
                 f"{name}_heads": lambda results: head_table(results, name),
                 f"{name}_kv_groups": lambda results: group_table(results, name),
             },
+            console=CONSOLE,
+            homes=(__name__,),  # the pattern, scorer and tables of every token analysis live here
         )
+    )
+
+
+def _pattern_scorer(name: str, pattern_fn, baselines, module: str) -> type:
+    """A `PatternScorer` subclass scoring `pattern_fn` as analysis `name` (the name and the
+    function checked first: a clear `ValueError`)."""
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+        raise ValueError(
+            f"pattern analysis name {name!r}: use letters, digits and '_' (it names tables and files)"
+        )
+    if not callable(pattern_fn):
+        raise ValueError(
+            f"pattern analysis {name!r}: pattern_fn must be a function (ids, token) -> [T, T] bool"
+        )
+    cls_name = "".join(part[:1].upper() + part[1:] for part in name.split("_")) + "Scorer"
+    return type(
+        cls_name,
+        (PatternScorer,),
+        {
+            "analysis": name,
+            "pattern": staticmethod(pattern_fn),
+            "baselines": tuple(baselines),
+            "__module__": module,
+            "__qualname__": cls_name,
+            "__doc__": f"The {name!r} token pattern (`pattern_analysis`): {getattr(pattern_fn, '__doc__', '') or ''}",
+        },
     )
 
 
 # ---------------------------------------------------------------------------- console
 
 
-def top_heads_text(results, top: int = 5) -> str:
-    """A few lines per token analysis in `results`: its best heads by score (`mul`; the sink
-    rate for `sink`), with interval, per-fold scores and TransformerLens's normalisation."""
+CONSOLE = "headprobe.scorers.token_patterns:top_heads_text"  # a token analysis's `console`
+
+
+def top_heads_text(results, analysis: str, top: int = 5) -> str:
+    """A few lines on token analysis `analysis` of `results` (the CLI prints them after a run):
+    its best heads by score (`mul`; the sink rate for `sink`), with interval, per-fold scores
+    and TransformerLens's normalisation; "" when it has no `<analysis>_heads` table."""
     lines = []
-    for analysis in results.tallies:
-        name = f"{analysis}_heads"
-        if name not in results.tables:
-            continue
-        table = results.table(name)
-        label = "sink_rate" if (table["label"] == "sink_rate").any() else MUL
-        rows = table[table["label"] == label].sort_values(
-            ["score", "layer", "head"], ascending=[False, True, True]
-        )
-        if not len(rows):
-            continue
+    name = f"{analysis}_heads"
+    if name not in results.tables:
+        return ""
+    table = results.table(name)
+    label = "sink_rate" if (table["label"] == "sink_rate").any() else MUL
+    rows = table[table["label"] == label].sort_values(
+        ["score", "layer", "head"], ascending=[False, True, True]
+    )
+    if not len(rows):
+        return ""
+    lines.append(
+        f"\n{analysis} ({label}; top {top} of {len(rows)} heads; 95% interval; fold 0 / fold 1):"
+    )
+    for r in rows.head(top).itertuples(index=False):
+        tl = f"  TransformerLens mul {r.tl_mul:.3f}" if np.isfinite(r.tl_mul) else ""
         lines.append(
-            f"\n{analysis} ({label}; top {top} of {len(rows)} heads; 95% interval; fold 0 / fold 1):"
+            f"  {r.layer}-{r.head}  {r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]  "
+            f"{r.fold0:.3f} / {r.fold1:.3f}  n {int(r.n)}{tl}"
         )
-        for r in rows.head(top).itertuples(index=False):
-            tl = f"  TransformerLens mul {r.tl_mul:.3f}" if np.isfinite(r.tl_mul) else ""
-            lines.append(
-                f"  {r.layer}-{r.head}  {r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]  "
-                f"{r.fold0:.3f} / {r.fold1:.3f}  n {int(r.n)}{tl}"
-            )
     return "\n".join(lines)

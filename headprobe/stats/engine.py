@@ -30,7 +30,6 @@ from headprobe.scoring.tally import N_BOOT, SEED, unit_fold  # noqa: F401  (re-e
 
 MIN_N = 30
 ALPHA = 0.05
-DIRECTION_ORDER = {"dep->head": 0, "head<-dep": 1, "": 2}
 NO_SELECTION = "no held-out selection"
 
 BEST_COLUMNS = [
@@ -365,11 +364,19 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
     """In-sample, held-out per fold and pooled held-out rows of one label."""
     both = (0, 1)
     n_all = totals.trials(both)
-    rows = []
     best, base = totals.select(both)
     if best is None:
         return [_empty_row(analysis, label, "in-sample", "", n_all, "no trials", min_n)]
-    small = n_all < min_n
+    return [_in_sample_row(analysis, label, totals, best, base, min_n)] + _held_out_rows(
+        analysis, label, totals, min_n
+    )
+
+
+def _in_sample_row(analysis: str, label: str, totals: LabelTotals, best, base, min_n: int) -> dict:
+    """The label's best head and baseline chosen and scored on all data (`best`, `base`: their
+    candidate indices), with McNemar's test against the baseline where hits are counted."""
+    both = (0, 1)
+    small = totals.trials(both) < min_n
     row = _row(
         analysis, label, totals, "in-sample", "", {0: (best, base), 1: (best, base)}, best, base
     )
@@ -388,8 +395,15 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
             heads="",
             note=f"fewer than {min_n} trials: no best head",
         )
-    rows.append(row)
+    return row
 
+
+def _held_out_rows(analysis: str, label: str, totals: LabelTotals, min_n: int) -> list[dict]:
+    """Per fold, the head the other fold chose scored on it, then both folds pooled."""
+    both = (0, 1)
+    n_all = totals.trials(both)
+    small = n_all < min_n
+    rows = []
     chosen = {f: totals.select((f,)) for f in both}
     empty = [f for f in both if chosen[f][0] is None]
     if empty:
@@ -559,6 +573,36 @@ def _best_frame(rows: list[dict]) -> pd.DataFrame:
 def tidy_counts(tally) -> pd.DataFrame:
     """METHODS §5 tidy table of one tally: whole data (fold "") and each half ("0", "1"),
     resample 0 (the data itself); baselines as rows with `variant` and layer = head = -1."""
+    columns = _count_columns(tally)
+    if not columns["label"]:
+        return pd.DataFrame(columns=COUNT_COLUMNS)
+    cat = lambda parts: np.concatenate(parts)
+    variant_code, direction_code = cat(columns["variant"]), cat(columns["direction"])
+    value = cat(columns["value"])
+    is_head = variant_code < 0
+    names = np.asarray(tally.directions + ("",), dtype=object)
+    variants = np.asarray(tuple(tally.variants) + ("",), dtype=object)
+    frame = pd.DataFrame(
+        {
+            "analysis": tally.analysis,
+            "label": np.asarray(columns["label"], dtype=object),
+            "layer": cat(columns["layer"]).astype(np.int64),
+            "head": cat(columns["head"]).astype(np.int64),
+            "direction": names[direction_code],
+            "variant": variants[variant_code],
+            "fold": np.asarray(columns["fold"], dtype=object),
+            "n": cat(columns["n"]).astype(np.float64),
+            "hits": np.where(is_head & (tally.value == "mass"), np.nan, value),
+            "mass": np.where(is_head & (tally.value == "mass"), value, np.nan),
+            "unreachable": cat(columns["unreachable"]),
+        }
+    )
+    return frame[COUNT_COLUMNS]
+
+
+def _count_columns(tally) -> dict[str, list]:
+    """The parts of `tidy_counts`'s columns, per label and fold: the head cells (every layer,
+    head, direction) then the baselines (direction and variant as codes; -1: none)."""
     n_heads, n_dirs = tally.n_heads, len(tally.directions)
     layer, head, direction = (
         x.ravel()
@@ -604,30 +648,7 @@ def tidy_counts(tally) -> pd.DataFrame:
                 else pick(unreachable)[direction].astype(np.float64)
             )
             columns["unreachable"] += [u, np.full(n_variants, np.nan)]
-    if not columns["label"]:
-        return pd.DataFrame(columns=COUNT_COLUMNS)
-    cat = lambda parts: np.concatenate(parts)
-    variant_code, direction_code = cat(columns["variant"]), cat(columns["direction"])
-    value = cat(columns["value"])
-    is_head = variant_code < 0
-    names = np.asarray(tally.directions + ("",), dtype=object)
-    variants = np.asarray(tuple(tally.variants) + ("",), dtype=object)
-    frame = pd.DataFrame(
-        {
-            "analysis": tally.analysis,
-            "label": np.asarray(columns["label"], dtype=object),
-            "layer": cat(columns["layer"]).astype(np.int64),
-            "head": cat(columns["head"]).astype(np.int64),
-            "direction": names[direction_code],
-            "variant": variants[variant_code],
-            "fold": np.asarray(columns["fold"], dtype=object),
-            "n": cat(columns["n"]).astype(np.float64),
-            "hits": np.where(is_head & (tally.value == "mass"), np.nan, value),
-            "mass": np.where(is_head & (tally.value == "mass"), value, np.nan),
-            "unreachable": cat(columns["unreachable"]),
-        }
-    )
-    return frame[COUNT_COLUMNS]
+    return columns
 
 
 COUNT_COLUMNS = [
@@ -643,51 +664,3 @@ COUNT_COLUMNS = [
     "mass",
     "unreachable",
 ]
-
-
-# ------------------------------------------------------------------------ exact reference
-
-
-def multinomial_intervals(
-    unit_counts: pd.DataFrame,
-    analysis: str,
-    label: str,
-    layer: int,
-    head: int,
-    direction: str,
-    variant: str,
-    seed: int = SEED,
-    n_boot: int = N_BOOT,
-):
-    """Reference: the classic multinomial bootstrap over units (resample units with
-    replacement) from per-unit rows (`--keep-unit-counts`), for one head and one baseline.
-    Returns ((acc_low, acc_high), (gap_low, gap_high)). Used to check the streaming
-    Poisson intervals; not used by runs."""
-    rows = unit_counts[
-        (unit_counts["analysis"].astype(str) == analysis)
-        & (unit_counts["label"].astype(str) == label)
-    ]
-    units = sorted(set(rows["unit"].astype(str)))
-    index = {u: i for i, u in enumerate(units)}
-    head_rows = rows[
-        (rows["layer"] == layer)
-        & (rows["head"] == head)
-        & (rows["direction"].astype(str) == direction)
-        & (rows["variant"].astype(str) == "")
-    ]
-    base_rows = rows[rows["variant"].astype(str) == variant]
-
-    def per_unit(frame):
-        out = np.zeros((2, len(units)))
-        for u, n, h in zip(frame["unit"].astype(str), frame["n"], frame["hits"]):
-            out[0, index[u]] += h
-            out[1, index[u]] += n
-        return out
-
-    h, b = per_unit(head_rows), per_unit(base_rows)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(units), size=(n_boot, len(units)))
-    weights = np.stack([np.bincount(d, minlength=len(units)) for d in draws]).astype(np.float64)
-    acc = ratio(weights @ h[0], weights @ h[1])
-    bacc = ratio(weights @ b[0], weights @ b[1])
-    return interval(acc), interval(acc - bacc)

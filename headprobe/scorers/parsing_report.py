@@ -3,8 +3,8 @@
     section = parsing_section(results, "parsing")     # registered as the analysis's report
 
 Renders the stored `parse_scores`, `parse_gaps` and `parse_heads` tables: the
-attention-only probe against the best single head and the best offset baseline (UAS),
-maximum spanning trees (UUAS) per head and over the probe, with bootstrap intervals.
+attention-only classifier against the best single head and the best offset baseline (UAS),
+maximum spanning trees (UUAS) per head and over the classifier, with bootstrap intervals.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, to_matrix
 
 
 def parsing_section(results, analysis: str) -> Section:
-    """The probe's and the trees' scores, paired gaps, per-head accuracy (the analysis's tables)."""
+    """The classifier's and the trees' scores, paired gaps, per-head accuracy (the analysis's tables)."""
     s = Section(
         slug(analysis), "Parsing with all heads (Clark et al. 2019, section 6; Htut et al. 2019)"
     )
     s.add(
         Paragraph(
-            "Arcs: every arc but root and punct. The attention-only probe scores a candidate head j of word i "
+            "Arcs: every arc but root and punct. The attention-only classifier (Clark et al.'s probe; 'probe' in the tables) scores a candidate head j of word i "
             "with a linear combination of every head's A[i, j] and A[j, i] and predicts the argmax over the other "
             "words of the sentence (softmax over them when fitting); it is fitted on one half of the units (METHODS §5 "
             "folds) and evaluated on the other, both ways, so its accuracy is held-out. Single heads and baselines "
             "are shown selected held-out (on the other half) and in-sample (on all data, as the papers did). Trees: "
             "a head's maximum spanning tree over A[d, h] + A[h, d], and the maximum spanning arborescence over the "
-            "probe's log-probabilities (Chu-Liu-Edmonds from a dummy root); UUAS counts a gold arc found as an "
+            "classifier's log-probabilities (Chu-Liu-Edmonds from a dummy root); UUAS counts a gold arc found as an "
             "undirected tree edge; 'chain' links adjacent words. Intervals: 95% Poisson bootstrap over units; "
             "differences are paired (same arcs, same resamples)."
         )
@@ -46,6 +46,18 @@ def parsing_section(results, analysis: str) -> Section:
                 note=True,
             )
         )
+    s.add(_scores_table(scores))
+    s.add(_gaps_table(results.table("parse_gaps")))
+    heads = results.table("parse_heads")
+    figure = _heads_figure(heads, results.n_layers, results.n_heads, analysis)
+    if figure is not None:
+        s.add(figure)
+    s.add(_mst_table(heads))
+    return s
+
+
+def _scores_table(scores) -> Table:
+    """`parse_scores`: every predictor's accuracy with its interval."""
     rows = [
         [
             Cell(r.metric),
@@ -59,24 +71,25 @@ def parsing_section(results, analysis: str) -> Section:
         ]
         for r in scores.itertuples(index=False)
     ]
-    s.add(
-        Table(
-            "parse-scores",
-            "Probe, trees, best single head and baselines. " + LEGEND,
-            [
-                "Metric",
-                "Predictor",
-                "Selection",
-                "Head / baseline",
-                "Arcs",
-                "Accuracy",
-                "95% CI",
-                "Note",
-            ],
-            rows,
-        )
+    return Table(
+        "parse-scores",
+        "The classifier (probe), trees, best single head and baselines. " + LEGEND,
+        [
+            "Metric",
+            "Predictor",
+            "Selection",
+            "Head / baseline",
+            "Arcs",
+            "Accuracy",
+            "95% CI",
+            "Note",
+        ],
+        rows,
     )
-    gaps = results.table("parse_gaps")
+
+
+def _gaps_table(gaps) -> Table:
+    """`parse_gaps`: the paired differences between predictors."""
     rows = [
         [
             Cell(r.metric),
@@ -88,16 +101,17 @@ def parsing_section(results, analysis: str) -> Section:
         ]
         for r in gaps.itertuples(index=False)
     ]
-    s.add(
-        Table(
-            "parse-gaps",
-            "Paired differences (the single head's or baseline's selection as stated; the "
-            "probe is always held-out)",
-            ["Metric", "Difference", "Selection", "Gap", "95% CI", "Excludes 0"],
-            rows,
-        )
+    return Table(
+        "parse-gaps",
+        "Paired differences (the single head's or baseline's selection as stated; the "
+        "classifier (probe) is always held-out)",
+        ["Metric", "Difference", "Selection", "Gap", "95% CI", "Excludes 0"],
+        rows,
     )
-    heads = results.table("parse_heads")
+
+
+def _heads_figure(heads, n_layers: int, n_heads: int, analysis: str) -> Figure | None:
+    """Per head (`parse_heads`): argmax accuracy in each direction and the UUAS of its tree."""
     items = []
     for direction, title in (
         ("dep->head", "argmax UAS, dep->head"),
@@ -106,17 +120,20 @@ def parsing_section(results, analysis: str) -> Section:
     ):
         one = heads[heads["direction"] == direction]
         if len(one):
-            items.append((title, to_matrix(one, "accuracy", results.n_layers, results.n_heads)))
-    if items:
-        s.add(
-            Figure(
-                f"{slug(analysis)}_heads",
-                F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1),
-                "Per head, on the parsing arcs: argmax accuracy in each direction and the UUAS of its maximum "
-                "spanning tree. " + LEGEND,
-                alt="per-head parsing accuracy",
-            )
-        )
+            items.append((title, to_matrix(one, "accuracy", n_layers, n_heads)))
+    if not items:
+        return None
+    return Figure(
+        f"{slug(analysis)}_heads",
+        F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1),
+        "Per head, on the parsing arcs: argmax accuracy in each direction and the UUAS of its maximum "
+        "spanning tree. " + LEGEND,
+        alt="per-head parsing accuracy",
+    )
+
+
+def _mst_table(heads) -> Table:
+    """The UUAS of every head's maximum spanning tree, best first."""
     mst = heads[heads["direction"] == "mst"].sort_values("accuracy", ascending=False, kind="stable")
     rows = [
         [
@@ -126,14 +143,11 @@ def parsing_section(results, analysis: str) -> Section:
         ]
         for r in mst.itertuples(index=False)
     ]
-    s.add(
-        Table(
-            "parse-mst-heads",
-            "MST UUAS of every head (in-sample), best first. " + LEGEND,
-            ["Head", "UUAS", "95% CI"],
-            rows,
-            [{"layer": int(l), "head": int(h)} for l, h in zip(mst["layer"], mst["head"])],
-            collapsed=True,
-        )
+    return Table(
+        "parse-mst-heads",
+        "MST UUAS of every head (in-sample), best first. " + LEGEND,
+        ["Head", "UUAS", "95% CI"],
+        rows,
+        [{"layer": int(l), "head": int(h)} for l, h in zip(mst["layer"], mst["head"])],
+        collapsed=True,
     )
-    return s
