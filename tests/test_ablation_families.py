@@ -174,9 +174,11 @@ def test_ablation_on_the_probe_counts_the_repeated_half():
 
 def test_ablation_on_coreference_windows():
     """Only coreference windows given: ablation reads them (no sentence corpus to fall back on)."""
+    from headprobe.inputs.samples import SAMPLE_COREF
+
     results = headprobe.run(
         loaded=(loud("bert"), build("bert").tokenizer, "tiny bert"),
-        coref="data/sample_coref.conllu",
+        coref=str(SAMPLE_COREF),
         analyses=["ablation"],
         heads="0-1,1-2",
         n_boot=10,

@@ -226,9 +226,9 @@ def legacy_model(tokenizer):
 def test_bad_needs_and_the_legacy_path(bert_family):
     with pytest.raises(ValueError, match="unknown capture quantity 'values'"):
         AttentionCapture(bert_family.sdpa, None, None, needs={"values"})
-    with pytest.raises(NotImplementedError, match="head_output"):
-        AttentionCapture(bert_family.sdpa, None, None, needs={"head_output"})
     legacy = legacy_model(bert_family.tokenizer)
+    with pytest.raises(CaptureUnavailable, match="MPNetModel.*head_output"):
+        AttentionCapture(legacy, None, None, needs={"head_output"})
     with pytest.raises(CaptureUnavailable, match="MPNetModel.*value_norms.*norms measure"):
         AttentionCapture(legacy, None, None, needs={"probs", "value_norms"})
     with torch.no_grad(), headprobe.capture_heads(legacy, needs={"probs"}) as heads:
@@ -256,8 +256,8 @@ def test_adding_norms_leaves_every_weights_row_bit_identical(name):
         n_boot=20,
         pictures=False,
         analyses=readers + ["ablation"],
-        treebank="data/sample.conllu",
-        coref="data/sample_coref.conllu",
+        treebank="headprobe/inputs/samples/sample.conllu",
+        coref="headprobe/inputs/samples/sample_coref.conllu",
     )
     weights = headprobe.run(**options)
     both = headprobe.run(**options, measure="weights,norms")

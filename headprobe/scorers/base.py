@@ -451,3 +451,11 @@ class TakesHeads(Protocol):
     """A scorer that scores some heads only (`--heads`): the run hands them over, None for all."""
 
     def use_heads(self, heads) -> None: ...
+
+
+@runtime_checkable
+class KeepsRecord(Protocol):
+    """A scorer that keeps numbers beside its counts (a weights-only analysis such as the OV
+    circuits; the pruning curve's order): `describe()` is what the run's summary records."""
+
+    def describe(self) -> dict: ...

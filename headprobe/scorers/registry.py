@@ -12,9 +12,11 @@
     ))
 
 What the generic code needs to know about an analysis is declared here, never tested by its name:
-which corpus it reads (`input`), which labels' best heads the CLI and the summary show (`headline`), which example
-pictures its best heads get (`pictures`), which run options only it reads (`options`) and which
-run switch adds it (`added_by`).
+which corpus it reads (`input`), which labels' best heads the CLI and the summary show
+(`headline`), what the CLI prints of it after a run (`console`), which example pictures its best
+heads get (`pictures`), which run options only it reads (`options`), which run switch adds it
+(`added_by`) and its report section (`report`, `measures_report`). The order of analyses is
+`ordered(names)`, computed here once.
 
 `api`, `stats`, `results`, the CLI and the report read this registry and hold no
 list of analyses. The built-in analyses register themselves in their scorer
@@ -45,6 +47,8 @@ BUILTIN_MODULES = (
     "headprobe.scorers.head_similarity",
     "headprobe.scorers.parsing",
     "headprobe.scorers.ablation",
+    "headprobe.scorers.logit_attribution",
+    "headprobe.scorers.ov_copying",
 )
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.inputs.probes`,
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level; "any": whichever

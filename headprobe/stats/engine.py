@@ -143,6 +143,18 @@ def estimate(hits, n) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return value[0], low, high
 
 
+def wilson(hits, n, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) of the Wilson score interval (95% by default) of a binomial share hits / n;
+    arrays broadcast. Used where the trials are a fixed sample, not units that resample
+    (the OV copy rate's sampled tokens, METHODS §9)."""
+    hits, n = np.asarray(hits, dtype=float), np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = hits / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
 def paired_gap(hits, other, n, n_other=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(gap on the data, low, high) of hits / n - other / n_other (default: the same trials),
     resample by resample (paired: the same weights on both sides); arrays as in `estimate`."""
