@@ -19,11 +19,13 @@ Do the induction heads matter? (issue 18; needs a language-model head.) On the s
 - the induction heads (score >= `--threshold`, or `--induction-heads 18-6,17-3,...`) ablated
   together (gated to 0), as many other heads drawn from the same layers (per layer as many
   as it has induction heads; a seeded choice) ablated together, and the intact model;
-- every head of `--ablate-layers` (default 17-23) ablated alone.
+- every head of `--ablate-layers` (default 17-23) ablated alone, through `headprobe.run` with
+  the options a CLI user gives (`headprobe run --probe repeated-random --analyses ablation
+  --heads ...`).
 The objective is the next-token loss on the repeated half only: a target piece counts when
-it is a word of the second half after its first word (`Objective(scored=...)`: the labels
-of every other piece are ignored, the model still reads the whole sequence), i.e. exactly
-the tokens an induction head can predict by copying. Per-sequence sums stream into tallies,
+it is a word of the second half after its first word (the probe's examples name those words,
+`headprobe.inputs.probes`; the labels of every other piece are ignored, the model still reads
+the whole sequence), i.e. exactly the tokens an induction head can predict by copying. Per-sequence sums stream into tallies,
 so each number has a 95% bootstrap interval over sequences and every difference (induction
 vs intact, induction vs other heads, one head vs intact) is paired.
 
@@ -67,73 +69,33 @@ def other_heads(induction, n_heads: int, seed: int) -> list[tuple[int, int]]:
     return chosen
 
 
-def repeated_half(length: int):
-    """`Objective(scored=...)`: the pieces of the second half's words after its first word (word
-    index > length), the tokens an induction head can predict."""
-    from headprobe.inputs.align import WORD
+def single_heads(net, tokenizer, name, args, induction, out) -> None:
+    """Every head of --ablate-layers gated to 0 alone, through `headprobe.run` with the options of
 
-    return lambda batch: (batch.piece_kind == WORD) & (batch.piece_word > length)  # [batch, piece]
+        headprobe run --model smollm2 --probe repeated-random --probe-length L --n N \\
+            --analyses ablation --heads 17-0,17-1,...
 
-
-def ablate(net, tokenizer, name, args, induction, out) -> None:
-    """Induction heads vs other heads vs intact, and every head of --ablate-layers alone, on the
-    repeated half's loss (see the module docstring)."""
+    (the probe's loss counts its repeated half: `headprobe.inputs.probes`)."""
+    import headprobe
     from headprobe.checks import parse_layers
-    from headprobe.config import RunConfig
-    from headprobe.inputs.probes import make_probe
-    from headprobe.model.capture import n_layers_heads, text_config
-    from headprobe.results.query import Results
-    from headprobe.scorers import registry
-    from headprobe.scorers.ablation import GroupScorer, points_table
-    from headprobe.scoring.engine import Engine
+    from headprobe.model.capture import n_layers_heads
 
-    others = other_heads(induction, n_layers_heads(net)[1], args.seed)
-    names = lambda heads: " ".join(f"{l}-{h}" for l, h in heads)
-    groups = [("intact", []), ("induction heads", induction), ("other heads", others)]
-    scored = repeated_half(args.length)
-    together = GroupScorer()
-    together.scored = scored
-    together.use_groups(groups)
-    alone = registry.get("ablation").make_scorer()
-    alone.scored = scored
-    layers = parse_layers(args.ablate_layers)
-    examples = make_probe(
-        "repeated-random",
-        tokenizer,
-        length=args.length,
-        n=args.n,
+    n_heads = n_layers_heads(net)[1]
+    heads = [(layer, head) for layer in parse_layers(args.ablate_layers) for head in range(n_heads)]
+    results = headprobe.run(
+        loaded=(net, tokenizer, name),
+        probe="repeated-random",
+        probe_length=args.length,
+        probe_n=args.n,
         seed=args.seed,
-        vocab_size=getattr(text_config(net), "vocab_size", None),
+        n_boot=args.bootstrap,
+        batch_size=args.batch_size,
+        analyses=["ablation"],
+        heads=heads,
+        progress=not args.quiet,
+        out=str(out / "ablation"),
     )
-    Engine(
-        net,
-        tokenizer,
-        [together, alone],
-        RunConfig(
-            layers=layers,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            n_boot=args.bootstrap,
-            progress=not args.quiet,
-        ),
-        desc="ablation",
-    ).run(examples)
-    labels = [label for label, _ in groups]
-    table = points_table(together.tally_, labels, "intact")
-    versus_other = points_table(together.tally_, labels, "other heads").set_index("label")
-    table["heads"] = [names(heads) for _, heads in groups]
-    table["vs_other"], table["vs_other_low"], table["vs_other_high"] = (
-        [versus_other.loc[label, column] for label in labels]
-        for column in ("change", "change_low", "change_high")
-    )
-    C.write_table(
-        table,
-        out,
-        "induction_ablation",
-        f"{name}: next-token loss on the repeated half (nats per piece), heads gated to 0 together; "
-        f"change vs intact and vs the other heads, paired 95% intervals over {args.n} sequences",
-    )
-    single = Results({"ablation": alone.tally_}).ablation_heads
+    single = results.ablation_heads
     single.insert(0, "head_name", [f"{l}-{h}" for l, h in zip(single["layer"], single["head"])])
     single["induction"] = [
         (l, h) in set(induction) for l, h in zip(single["layer"], single["head"])
@@ -145,6 +107,58 @@ def ablate(net, tokenizer, name, args, induction, out) -> None:
         out,
         "single_head_ablation",
         f"{name}: one head gated to 0, change in the repeated half's loss (layers {args.ablate_layers})",
+    )
+
+
+def together(net, tokenizer, name, args, induction, out) -> None:
+    """Induction heads vs as many other heads vs intact, each group gated to 0 together (a
+    `GroupScorer`: no run option gates a group of heads together yet), on the same probe and
+    objective (the repeated half's loss, named by the probe's examples)."""
+    from headprobe.config import RunConfig
+    from headprobe.inputs.probes import make_probe
+    from headprobe.model.capture import n_layers_heads, text_config
+    from headprobe.scorers.ablation import GroupScorer, points_table
+    from headprobe.scoring.engine import Engine
+
+    others = other_heads(induction, n_layers_heads(net)[1], args.seed)
+    names = lambda heads: " ".join(f"{l}-{h}" for l, h in heads)
+    groups = [("intact", []), ("induction heads", induction), ("other heads", others)]
+    scorer = GroupScorer()
+    scorer.use_groups(groups)
+    examples = make_probe(
+        "repeated-random",
+        tokenizer,
+        length=args.length,
+        n=args.n,
+        seed=args.seed,
+        vocab_size=getattr(text_config(net), "vocab_size", None),
+    )
+    Engine(
+        net,
+        tokenizer,
+        [scorer],
+        RunConfig(
+            batch_size=args.batch_size,
+            seed=args.seed,
+            n_boot=args.bootstrap,
+            progress=not args.quiet,
+        ),
+        desc="ablation",
+    ).run(examples)
+    labels = [label for label, _ in groups]
+    table = points_table(scorer.tally_, labels, "intact")
+    versus_other = points_table(scorer.tally_, labels, "other heads").set_index("label")
+    table["heads"] = [names(heads) for _, heads in groups]
+    table["vs_other"], table["vs_other_low"], table["vs_other_high"] = (
+        [versus_other.loc[label, column] for label in labels]
+        for column in ("change", "change_low", "change_high")
+    )
+    C.write_table(
+        table,
+        out,
+        "induction_ablation",
+        f"{name}: next-token loss on the repeated half (nats per piece), heads gated to 0 together; "
+        f"change vs intact and vs the other heads, paired 95% intervals over {args.n} sequences",
     )
 
 
@@ -276,7 +290,8 @@ def main(argv=None) -> int:
             f"\nno ablation: {'the model has no language-model head' if induction else 'no induction heads'}"
         )
     else:
-        ablate(net, tokenizer, name, args, induction, out)
+        single_heads(net, tokenizer, name, args, induction, out)
+        together(net, tokenizer, name, args, induction, out)
     return 0 if ok else 1
 
 

@@ -39,7 +39,7 @@ from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scorers import registry
 from headprobe.scorers.base import KeepsRecord, RunsModel, TakesHeads
-from headprobe.scorers.registry import ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
+from headprobe.scorers.registry import ANY, ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
 from headprobe.scoring import distributed
 from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.scoring.engine import CHUNK, Engine
@@ -258,7 +258,7 @@ def _with_prerequisites(wanted: list[str], net, heads) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------- passes
-SECOND_PASS = "sentences_second_pass"
+SECOND_PASS = "_second_pass"  # the key of a corpus's second pass: its first pass's key + this
 
 
 @dataclass
@@ -306,17 +306,22 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
     on_sentences = [a for a in registry.analyses(SENTENCES) if a.name in wanted]
     on_tokens = [a for a in registry.analyses(PROBE) if a.name in wanted]
     on_coref = [a for a in registry.analyses(COREFERENCE) if a.name in wanted]
+    on_any = [a for a in registry.analyses(ANY) if a.name in wanted]
     if config.probe is None:
         on_sentences, on_tokens = on_sentences + on_tokens, []
     has_sentences = any(getattr(config, key) is not None for key in SENTENCE_SOURCES)
+    reads_sentences = has_sentences or (config.coref is None and config.probe is None)
+    if reads_sentences:
+        on_sentences += on_any
+    elif config.probe is not None:
+        on_tokens += on_any
+    else:
+        on_coref += on_any
     passes = []
-    if on_sentences and (has_sentences or (config.coref is None and config.probe is None)):
-        later = [a for a in on_sentences if a.scorer.second_pass]
-        passes.append(sentence_pass(config, [a for a in on_sentences if a not in later]))
-        if later:
-            passes.append(second_pass(passes[-1], later))
+    if on_sentences and reads_sentences:
+        passes += with_second_pass(lambda now: sentence_pass(config, now), on_sentences)
     if config.coref is not None and on_coref:
-        passes.append(coref_pass(config, session.tokenizer, on_coref))
+        passes += with_second_pass(lambda now: coref_pass(config, session.tokenizer, now), on_coref)
     if config.probe is not None and on_tokens:
         from headprobe.inputs.probes import make_probe
 
@@ -329,15 +334,16 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
             specials=config.probe_specials,
             vocab_size=getattr(text_config(session.net), "vocab_size", None),
         )
-        passes.append(
-            Pass(
+        passes += with_second_pass(
+            lambda now: Pass(
                 PROBE,
-                on_tokens,
-                _make_scorers(on_tokens, config.heads, measures=config.measure),
+                now,
+                _make_scorers(now, config.heads, measures=config.measure),
                 examples,
                 examples.name,
                 config.batch_size,
-            )
+            ),
+            on_tokens,
         )
     if not passes:
         raise ValueError(
@@ -405,8 +411,22 @@ def second_pass(first: Pass, later) -> Pass:
             summary.update(scorer.describe())
 
     return Pass(
-        SECOND_PASS, later, scorers, first.examples, first.source, first.batch_size, before=before
+        first.key + SECOND_PASS,
+        later,
+        scorers,
+        first.examples,
+        first.source,
+        first.batch_size,
+        before=before,
     )
+
+
+def with_second_pass(make_pass: Callable[[list], Pass], analyses) -> list[Pass]:
+    """`make_pass(analyses)` of the analyses scored in one pass over a corpus, and after it the
+    second pass of those that need its counts (`second_pass`), on the same corpus."""
+    later = [a for a in analyses if getattr(a.scorer, "second_pass", False)]
+    first = make_pass([a for a in analyses if a not in later])
+    return [first] + ([second_pass(first, later)] if later else [])
 
 
 def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:
@@ -446,7 +466,7 @@ def control_passes(config: RunConfig, session: Session, passes: list[Pass]) -> l
     control = []
     for one in passes:
         reading = [a for a in one.analyses if not issubclass(a.scorer, RunsModel)]
-        if one.key != SECOND_PASS and reading:
+        if not one.key.endswith(SECOND_PASS) and reading:
             control.append(
                 Pass(
                     tally_key(one.key, CONTROL),

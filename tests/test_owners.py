@@ -123,6 +123,72 @@ def test_analysis_names_only_in_their_own_modules():
     assert not spelled, "analysis names outside their own modules:\n" + "\n".join(spelled)
 
 
+# -- module paths: where attention lives in a model is owned by headprobe/model/sites.py ---------
+# names transformers gives attention modules and their projections: a table of these, or of
+# dotted paths through them, is a second owner of the fact `AttentionSite` carries
+PROJECTIONS = {
+    "dense", "o_proj", "out_proj", "c_proj", "c_attn", "out_lin", "Wo", "Wqkv", "q_proj",
+    "k_proj", "v_proj", "q_lin", "k_lin", "v_lin", "qkv_proj", "query_key_value", "value_proj",
+    "query_proj", "key_proj", "self_attn", "self_attention", "SelfAttention", "EncDecAttention",
+    "encoder_attn", "crossattention",
+}  # fmt: skip
+# names that are module names only inside a dotted path ("attention.output.dense")
+PARTS = PROJECTIONS | {
+    "attention", "attn", "self", "output", "o", "q", "k", "v", "query", "key", "value",
+    "layer", "layers", "h", "block", "blocks",
+}  # fmt: skip
+SITES_MODULE = PACKAGE / "model" / "sites.py"
+
+
+def names_module(text) -> bool:
+    """A string that names a module: a known name, or a dotted path with one among its parts."""
+    if not isinstance(text, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.\w+)*", text):
+        return False
+    parts = text.split(".")
+    return text in PROJECTIONS or (len(parts) > 1 and any(part in PARTS for part in parts))
+
+
+def module_path_tables(text: str) -> list[int]:
+    """Line numbers of tuples, lists, sets and dict keys holding 2 or more module paths."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        items = (
+            node.elts
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set))
+            else node.keys
+            if isinstance(node, ast.Dict)
+            else []
+        )
+        paths = [
+            item for item in items if isinstance(item, ast.Constant) and names_module(item.value)
+        ]
+        if len(paths) >= 2:
+            found.append(node.lineno)
+    return found
+
+
+def test_module_path_tables_are_found():
+    source = (
+        'OUT = ("attention.output.dense", "attn.c_proj", "self_attn.o_proj")\n'
+        'NAMES = ["o_proj", "out_proj"]\nFIELDS = {"encoder": "encoder_attentions"}\n'
+        'KEYS = ("position_ids", "use_cache")\nONE = ("c_proj",)\n'
+    )
+    assert module_path_tables(source) == [1, 2]
+    assert module_path_tables(SITES_MODULE.read_text(encoding="utf-8"))  # the owner has its table
+
+
+def test_no_table_of_module_paths_outside_sites():
+    tables = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path, text in sources().items()
+        if path != SITES_MODULE
+        for line in module_path_tables(text)
+    ]
+    assert not tables, "tables of module paths outside headprobe/model/sites.py: " + ", ".join(
+        tables
+    )
+
+
 # ------------------------------------------------------------------ an analysis whole in its module
 
 

@@ -19,6 +19,11 @@ in front, the first token's previous-token row is empty and position 0 is the BO
 Each sequence is an `Example` whose words are its non-special tokens (1:1) and whose
 `meta["input_ids"]` holds the ids the model gets (`headprobe.inputs.align.align_tokens`); its
 unit (folds, bootstrap) is the sequence itself, `repeated-random:<k>`.
+
+A language-model loss on the probe (head ablation, importance; METHODS §8) counts the
+repeated half only: `meta["loss_words"]` = (first, stop) names the words whose pieces are
+scored, the second half's words after its first (word index > length), exactly the tokens an
+induction head can predict by copying; the model still reads the whole sequence.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from headprobe.inputs.corpora.base import Corpus, Example, Stream
 
 PROBES = ("repeated-random",)
 PROBE_MARKERS = ("auto", "bos", "none")
+LOSS_WORDS = "loss_words"  # Example.meta: (first, stop) words whose loss counts (objectives)
 
 
 def _key(seed: int, kind: str, k: int) -> int:
@@ -109,7 +115,12 @@ def repeated_random_stream(
                 words=list(words),
                 unit=f"repeated-random:{k}",
                 source=f"{name}#{k}",
-                meta={"input_ids": ids, "probe": "repeated-random"},
+                meta={
+                    "input_ids": ids,
+                    "probe": "repeated-random",
+                    LOSS_WORDS: (length + 1, 2 * length),
+                    "loss_note": "the repeated half only (its words after the first)",
+                },
             )
 
     return Stream(read, name=name, total_words=lambda: 2 * length * n)

@@ -243,17 +243,6 @@ def n_kv_heads(model, stack: str | None = None) -> int:
     return attention_sites(model).n_kv_heads(stack)
 
 
-def find_blocks(model) -> nn.ModuleList:
-    """The model's list of Transformer blocks (the ModuleList with one entry per layer of its
-    default stack), for code that works block by block (`headprobe.model.gates`). The attention
-    itself is found by `headprobe.model.sites`, which needs no such list (ALBERT has none)."""
-    n_layers = attention_sites(model).n_layers()
-    for _, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) == n_layers:
-            return module
-    raise ValueError(f"cannot find the {n_layers} Transformer blocks of {type(model).__name__}")
-
-
 @dataclass(frozen=True)
 class QueryBlock:
     """Query rows `start:stop` of `total` (one block of a layer captured in query blocks)."""

@@ -28,10 +28,11 @@ Gates may be any float and may require grad; rows of one batch do not interact, 
 with a gate per row one backward pass gives every row its own gradient. On exit
 (exceptions included) the hooks are removed.
 
-Adding a model family: put the path of its output projection, relative to one
-Transformer block, in `OUTPUT_PROJECTIONS` (the module must take the concatenated
-head outputs `[..., head * d_head]` as its first input, as `nn.Linear` and
-transformers' `Conv1D` do), and add the family to tests/test_gates.py.
+Where the projection is: each attention site's `output` (`headprobe.model.sites`), found
+beside the attention call for every family the capture supports, legacy path included. A
+shared module called several times per pass (ALBERT's one layer) is one site per call: its
+hook counts the calls, so gating layer k gates call k only. `stack` picks an encoder-decoder's
+stack ("encoder", "decoder" or "cross"; default as the capture's); the other stacks run intact.
 """
 
 from __future__ import annotations
@@ -41,66 +42,39 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from headprobe.model.capture import (
-    find_blocks,
+from headprobe.model.sites import (
+    AttentionSite,
+    attention_sites,
     model_device,
-    n_layers_heads,
     projection_in_features,
 )
 
-# The attention output projection, relative to one Transformer block (`capture.find_blocks`).
-OUTPUT_PROJECTIONS = (
-    "attention.output.dense",  # BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa-v2 (the SelfOutput's dense)
-    "attn.c_proj",  # GPT-2 (Conv1D: weight [in, out])
-    "self_attn.o_proj",  # Llama, Mistral, Qwen2, Gemma, SmolLM2 (grouped-query too)
-    "self_attn.out_proj",  # OPT
-    "self_attn.dense",  # Phi
-    "attention.dense",  # GPT-NeoX, Pythia
-    "self_attention.dense",  # Falcon, BLOOM
-    "attn.out_proj",  # GPT-J
-    "attn.attention.out_proj",  # GPT-Neo
-    "attention.out_lin",  # DistilBERT
-    "attention.attn.o",  # MPNet
-)
 
-
-def in_features(module: nn.Module) -> int:
-    """Input width of a projection (`capture.projection_in_features`), or an error naming it."""
-    width = projection_in_features(module)
-    if width is None:
-        raise ValueError(f"cannot tell the input width of {type(module).__name__}")
-    return int(width)
-
-
-def output_projections(model) -> list[nn.Module]:
-    """The attention output projection of every layer, in layer order (see `OUTPUT_PROJECTIONS`)."""
-    n_layers, n_heads = n_layers_heads(model)
+def output_projections(model, stack: str | None = None) -> list[nn.Module]:
+    """The attention output projection of every layer of `stack`, in layer order (one per site:
+    ALBERT's shared projection once per call), each `heads x d_head` wide."""
+    sites = attention_sites(model)
     found = []
-    for layer, block in enumerate(find_blocks(model)):
-        for path in OUTPUT_PROJECTIONS:
-            try:
-                module = block.get_submodule(path)
-            except AttributeError:
-                continue
-            break
-        else:
+    for site in sites.of(stack):
+        width = projection_in_features(site.output) if site.output is not None else None
+        if not width or width % site.heads:
             raise ValueError(
-                f"{type(model).__name__}: no attention output projection in layer {layer} "
-                f"(looked for {', '.join(OUTPUT_PROJECTIONS)}); add its path to "
-                "headprobe.model.gates.OUTPUT_PROJECTIONS"
+                f"{sites.model_class}: no attention output projection {site.heads} heads wide "
+                f"at {site.stack} layer {site.layer} ({site.name or 'unnamed'}; found "
+                f"{'none' if site.output is None else type(site.output).__name__})"
             )
-        if in_features(module) % n_heads:
-            raise ValueError(
-                f"{type(model).__name__} layer {layer}: output projection input "
-                f"{in_features(module)} is not {n_heads} heads wide"
-            )
-        found.append(module)
+        found.append(site.output)
     return found
 
 
-def head_dim(model) -> int:
-    """Width of one head's slice of the output projection's input."""
-    return in_features(output_projections(model)[0]) // n_layers_heads(model)[1]
+def call_order(model) -> dict[nn.Module, list[AttentionSite]]:
+    """Output projection -> the sites whose heads it reads, in call order (several for a
+    module shared between layers); one forward pass calls each once per site."""
+    out: dict[nn.Module, list[AttentionSite]] = {}
+    for site in attention_sites(model).sites:
+        if site.output is not None:
+            out.setdefault(site.output, []).append(site)
+    return out
 
 
 def _gate_view(gates: torch.Tensor, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -121,19 +95,22 @@ class HeadGates:
       1 = intact, 0 = ablated, any float; may require grad.
     means: None (g = 0 zeroes the slice), or [layer, head, d_head] (`head_means`): g = 0
       replaces the slice by the head's mean.
+    stack: the attention stack gated (`headprobe.model.sites`; None: the capture's default).
     """
 
-    def __init__(self, model, gates: torch.Tensor, means: torch.Tensor | None = None):
+    def __init__(self, model, gates: torch.Tensor, means: torch.Tensor | None = None, stack=None):
         self.model = model
-        self.n_layers, self.n_heads = n_layers_heads(model)
+        sites = attention_sites(model)
+        self.stack = sites.resolve(stack)
+        self.n_layers, self.n_heads = sites.n_layers(self.stack), sites.n_heads(self.stack)
         if gates.dim() not in (2, 3) or tuple(gates.shape[-2:]) != (self.n_layers, self.n_heads):
             raise ValueError(
                 f"gates must be [layer, head] = [{self.n_layers}, {self.n_heads}] or "
                 f"[batch, {self.n_layers}, {self.n_heads}], not {list(gates.shape)}"
             )
         self.gates = gates
-        self.projections = output_projections(model)
-        self.d_head = in_features(self.projections[0]) // self.n_heads
+        self.projections = output_projections(model, self.stack)
+        self.d_head = projection_in_features(self.projections[0]) // self.n_heads
         if means is not None and tuple(means.shape) != (self.n_layers, self.n_heads, self.d_head):
             raise ValueError(
                 f"means must be [layer, head, d_head] = [{self.n_layers}, {self.n_heads}, "
@@ -142,24 +119,23 @@ class HeadGates:
         self.means = means
         self._handles: list = []
 
-    def _hook(self, layer: int):
-        def gate(module, args):
-            x = args[0]  # [batch, piece, head * d_head]
-            heads = x.unflatten(-1, (self.n_heads, self.d_head))  # [batch, piece, head, d_head]
-            g = _gate_view(self.gates, layer, x)
-            if self.means is None:
-                heads = heads * g
-            else:
-                mean = self.means[layer].to(device=x.device, dtype=x.dtype)  # [head, d_head]
-                heads = mean + g * (heads - mean)
-            return (heads.flatten(-2), *args[1:])
-
-        return gate
+    def _gate(self, layer: int, args):
+        x = args[0]  # [batch, piece, head * d_head]
+        heads = x.unflatten(-1, (self.n_heads, self.d_head))  # [batch, piece, head, d_head]
+        g = _gate_view(self.gates, layer, x)
+        if self.means is None:
+            heads = heads * g
+        else:
+            mean = self.means[layer].to(device=x.device, dtype=x.dtype)  # [head, d_head]
+            heads = mean + g * (heads - mean)
+        return (heads.flatten(-2), *args[1:])
 
     def __enter__(self):
         try:
-            for layer, module in enumerate(self.projections):
-                self._handles.append(module.register_forward_pre_hook(self._hook(layer)))
+            for module, sites in call_order(self.model).items():
+                if any(site.stack == self.stack for site in sites):
+                    hook = _counted(sites, self.stack, self._gate)
+                    self._handles.append(module.register_forward_pre_hook(hook))
         except BaseException:
             self.__exit__()
             raise
@@ -171,8 +147,15 @@ class HeadGates:
         return False
 
 
-def model_inputs(batch, device=None) -> dict[str, torch.Tensor]:
-    """`input_ids` and `attention_mask` of a headprobe `Batch` or a mapping, on `device`."""
+def model_inputs(batch, device=None, model=None, stack: str | None = None) -> dict:
+    """The forward pass's keyword arguments for a headprobe `Batch` or a mapping, on `device`:
+    `input_ids` and `attention_mask` ([batch, piece]); for an encoder-decoder `model` and a
+    `Batch`, as the capture feeds `stack` (`Sites.model_inputs`, decoder inputs included)."""
+    if model is not None and not isinstance(batch, dict):
+        sites = attention_sites(model)
+        if sites.encoder_decoder:
+            inputs = sites.model_inputs(batch, sites.resolve(stack))
+            return {k: v.to(device) if device is not None else v for k, v in inputs.items()}
     get = batch.get if isinstance(batch, dict) else (lambda key: getattr(batch, key, None))
     ids = get("input_ids")  # [batch, piece]
     mask = get("attention_mask")  # [batch, piece]
@@ -182,46 +165,61 @@ def model_inputs(batch, device=None) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-class _MeanPass:
-    """Sums of each layer's output-projection input over non-padding pieces (for `head_means`)."""
-
-    def __init__(self, n_layers: int, width: int):
-        self.sums = torch.zeros(n_layers, width, dtype=torch.float64)  # [layer, head * d_head]
-        self.count = 0
-        self.mask = None  # [batch, piece], per batch
-
-    def hook(self, layer: int):
-        def add(module, args):
-            x = args[0]  # [batch, piece, head * d_head]
-            keep = self.mask.to(x.device).bool()  # [batch, piece]
-            self.sums[layer] += x[keep].double().sum(0).cpu()
-
-        return add
+def query_mask(inputs: dict, stack: str) -> torch.Tensor:
+    """[batch, piece]: the real query pieces of `stack`'s attention in these inputs (the
+    decoder's for an encoder-decoder's decoder and cross-attention, else the input's)."""
+    if stack != "encoder" and "decoder_input_ids" in inputs:
+        mask = inputs.get("decoder_attention_mask")
+        return torch.ones_like(inputs["decoder_input_ids"]) if mask is None else mask
+    return inputs["attention_mask"]
 
 
 @torch.inference_mode()
-def head_means(model, batches: Iterable, progress: bool = False) -> torch.Tensor:
+def head_means(model, batches: Iterable, progress: bool = False, stack=None) -> torch.Tensor:
     """[layer, head, d_head]: each head's slice of the output projection's input, averaged
     over every non-padding piece of `batches` (headprobe `Batch`es or mappings with
-    `input_ids`, `attention_mask`), streaming; the `means` of mean ablation."""
+    `input_ids`, `attention_mask`), streaming; the `means` of mean ablation (of `stack`)."""
     from tqdm.auto import tqdm
 
-    n_layers, n_heads = n_layers_heads(model)
-    projections = output_projections(model)
-    state = _MeanPass(n_layers, in_features(projections[0]))
+    sites = attention_sites(model)
+    stack = sites.resolve(stack)
+    n_layers, n_heads = sites.n_layers(stack), sites.n_heads(stack)
+    width = projection_in_features(output_projections(model, stack)[0])
+    sums = torch.zeros(n_layers, width, dtype=torch.float64)  # [layer, head * d_head]
+    count, mask = 0, None  # mask: [batch, piece] of the batch in the model
+
+    def add(layer: int, args):
+        x = args[0]  # [batch, piece, head * d_head]
+        sums[layer] += x[mask.to(x.device).bool()].double().sum(0).cpu()
+
     handles = [
-        m.register_forward_pre_hook(state.hook(layer)) for layer, m in enumerate(projections)
+        module.register_forward_pre_hook(_counted(order, stack, add))
+        for module, order in call_order(model).items()
+        if any(site.stack == stack for site in order)
     ]
     try:
         for batch in tqdm(batches, desc="head means", unit="batch", disable=not progress):
-            inputs = model_inputs(batch, model_device(model))
-            state.mask = inputs["attention_mask"]
-            state.count += int(inputs["attention_mask"].sum())
+            inputs = model_inputs(batch, model_device(model), model, stack)
+            mask = query_mask(inputs, stack)
+            count += int(mask.sum())
             model(**inputs)
     finally:
         for handle in handles:
             handle.remove()
-    if state.count == 0:
+    if count == 0:
         raise ValueError("head_means: no pieces in the batches")
-    means = (state.sums / state.count).float()  # [layer, head * d_head]
+    means = (sums / count).float()  # [layer, head * d_head]
     return means.unflatten(-1, (n_heads, means.shape[-1] // n_heads))  # [layer, head, d_head]
+
+
+def _counted(sites: list[AttentionSite], stack: str, action):
+    """A pre-hook for one output projection: call n of a pass is `sites[n]` (counted cyclically:
+    a pass calls the projection once per site); `action(layer, args)` for `stack`'s sites."""
+    calls = [0]
+
+    def hook(module, args):
+        site = sites[calls[0] % len(sites)]
+        calls[0] += 1
+        return action(site.layer, args) if site.stack == stack else None
+
+    return hook

@@ -12,7 +12,8 @@
     steps = prune_steps(prune_order(scores))         # 0%, 10%, ... 100% of heads, least important first
     values = gated_rows(model, objective.targets(model, batch), objective, [heads for _, heads in steps])
 
-Ablation and importance give per-row sums with the row's piece count, so they add up per unit (METHODS §5) and
+The heads are those of `objective.stack` (an encoder-decoder's encoder, decoder or cross
+attention; default the capture's). Ablation and importance give per-row sums with the row's piece count, so they add up per unit (METHODS §5) and
 stream: a set of units reports `sum delta / sum tokens` and `sum importance / sum tokens`.
 
 Importance (Michel et al. 2019) is taken per example (a sentence, or a coreference window):
@@ -55,12 +56,12 @@ def importance_rows(
             "1 - cos has zero gradient at g = 1 (load the model with its LM head)"
         )
     targets = targets if targets is not None else objective.targets(model, batch)
-    n_layers, n_heads = n_layers_heads(model)
+    n_layers, n_heads = n_layers_heads(model, objective.stack)
     rows = targets.inputs["input_ids"].shape[0]
     gates = torch.ones(
         rows, n_layers, n_heads, device=targets.inputs["input_ids"].device, requires_grad=True
     )  # [batch, layer, head]
-    with torch.enable_grad(), HeadGates(model, gates, means):
+    with torch.enable_grad(), HeadGates(model, gates, means, objective.stack):
         values, tokens = objective.per_row(model, targets)  # [batch], [batch]
         (grad,) = torch.autograd.grad(values.sum(), gates)  # [batch, layer, head]
     return grad.abs().detach(), tokens.detach()
@@ -86,7 +87,7 @@ def gated_rows(
     """[batch, set] the objective summed over each row with the heads of `ablated[k]` (a list of
     (layer, head)) ablated together, for each set k; `copies` sets run in one forward pass on
     the batch repeated that many times (a gate per row). An empty set is the intact model."""
-    n_layers, n_heads = n_layers_heads(model)
+    n_layers, n_heads = n_layers_heads(model, objective.stack)
     ids = targets.inputs["input_ids"]  # [batch, piece]
     rows = ids.shape[0]
     out = torch.empty(rows, len(ablated), dtype=torch.float32, device=ids.device)  # [batch, set]
@@ -100,7 +101,7 @@ def gated_rows(
             for layer, head in heads:
                 gates[copy, :, layer, head] = 0.0
         tiled = _tile(targets, len(group)) if len(group) > 1 else targets
-        with HeadGates(model, gates.flatten(0, 1), means):
+        with HeadGates(model, gates.flatten(0, 1), means, objective.stack):
             values, _ = objective.per_row(model, tiled)  # [copy * batch]
         out[:, start : start + len(group)] = values.view(len(group), rows).T.to(out.dtype)
     return out
@@ -120,7 +121,7 @@ def ablation_rows(
     is ablated alone: zeroed, or replaced by its mean where `means` ([layer, head, d_head],
     `gates.head_means`) is given. `copies` heads run in one forward pass on a batch repeated
     that many times (a gate per row)."""
-    n_layers, n_heads = n_layers_heads(model)
+    n_layers, n_heads = n_layers_heads(model, objective.stack)
     heads = (
         [(l, h) for l in range(n_layers) for h in range(n_heads)] if heads is None else list(heads)
     )
@@ -172,7 +173,7 @@ def head_importance(
     data, no intervals; `tokens`, `total` keep the sums), with the objective named."""
     from tqdm.auto import tqdm
 
-    n_layers, n_heads = n_layers_heads(model)
+    n_layers, n_heads = n_layers_heads(model, objective.stack)
     total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
     pieces = 0.0
     for batch in tqdm(batches, desc="importance", unit="batch", disable=not progress):

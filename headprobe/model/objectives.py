@@ -20,6 +20,13 @@ Kinds (`KINDS`; the one used is named in every table, `DESCRIPTIONS`):
 
 `values` are sums and `tokens` the pieces they are summed over, so a unit's value is
 the sum of its rows' and any set of units reports `sum values / sum tokens`.
+
+Encoder-decoders (T5, BART, mT5): the model is fed as the capture feeds it
+(`Sites.model_inputs`), with the decoder reading its start token and the sentence for every
+stack (for the encoder stack too: what the decoder reads when taught the sentence). The
+scored sequence is then the decoder's: `causal_lm` (the kind of any encoder-decoder with an
+LM head) is the teacher-forced loss of each next decoder piece, `representation` the
+decoder's last hidden state; gating heads of any stack (`stack`) changes it.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from headprobe.inputs.align import WORD
+from headprobe.inputs.probes import LOSS_WORDS
 from headprobe.model.gates import model_inputs
 from headprobe.scoring.tally import SEED, keyed_hash
 
@@ -51,7 +59,8 @@ def lm_kind(model) -> str:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         return "representation"
-    return "causal_lm" if attention_sites(model).causal() else "masked_lm"
+    sites = attention_sites(model)
+    return "causal_lm" if sites.encoder_decoder or sites.causal() else "masked_lm"
 
 
 def mask_key(example) -> str:
@@ -85,6 +94,27 @@ class Targets:
     reference: torch.Tensor | None = None  # [batch, piece, hidden] the intact last hidden state
 
 
+def scored_sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) [batch, piece] of the sequence the model's output covers: the decoder's
+    where the model has one, else the input's."""
+    if "decoder_input_ids" in inputs:
+        ids = inputs["decoder_input_ids"]
+        mask = inputs.get("decoder_attention_mask")
+        return ids, torch.ones_like(ids) if mask is None else mask
+    return inputs["input_ids"], inputs["attention_mask"]
+
+
+def feeding(model, batch, stack: str | None) -> dict:
+    """The model's inputs for `batch` on its device: an encoder-decoder's decoder reads its
+    start token and the sentence (the decoder stack's batch holds them already)."""
+    from headprobe.model.sites import attention_sites, model_device
+
+    sites = attention_sites(model)
+    if sites.encoder_decoder and not isinstance(batch, dict):
+        stack = "decoder" if sites.resolve(stack) == "decoder" else "cross"
+    return model_inputs(batch, model_device(model), model, stack)
+
+
 def last_hidden(model, inputs) -> torch.Tensor:
     """[batch, piece, hidden]: the last hidden state (the base model's, under any LM head)."""
     base = getattr(model, "base_model", model)
@@ -97,9 +127,17 @@ class Objective:
     scored: None, or a function `scored(batch) -> [batch, piece] bool` naming the pieces whose
     loss is counted (LM kinds only): a target piece outside it is IGNOREd, so the objective
     is the loss on those pieces alone (e.g. the repeated half of a repeated-random probe,
-    analyses/olsson2022_induction.py). The model still reads every piece."""
+    `headprobe.inputs.probes.scored_pieces`). The model still reads every piece.
+    stack: the attention stack whose heads are gated (an encoder-decoder's inputs follow it)."""
 
-    def __init__(self, kind: str, seed: int = SEED, mask_token_id: int | None = None, scored=None):
+    def __init__(
+        self,
+        kind: str,
+        seed: int = SEED,
+        mask_token_id: int | None = None,
+        scored=None,
+        stack: str | None = None,
+    ):
         if kind not in KINDS:
             raise ValueError(f"objective must be one of {', '.join(KINDS)}, not {kind!r}")
         if kind == "masked_lm" and not isinstance(mask_token_id, int):
@@ -114,27 +152,37 @@ class Objective:
             mask_token_id,
             scored,
         )
+        self.stack = stack
 
     @classmethod
     def for_model(
-        cls, model, tokenizer=None, kind: str | None = None, seed: int = SEED, scored=None
+        cls,
+        model,
+        tokenizer=None,
+        kind: str | None = None,
+        seed: int = SEED,
+        scored=None,
+        stack: str | None = None,
     ) -> Objective:
         """The model's objective (`lm_kind`), or `kind` where given."""
         kind = kind or lm_kind(model)
-        return cls(kind, seed, getattr(tokenizer, "mask_token_id", None), scored)
+        return cls(kind, seed, getattr(tokenizer, "mask_token_id", None), scored, stack)
+
+    restriction = ""  # which pieces the examples' own `loss_words` kept, once seen
 
     @property
     def description(self) -> str:
-        return DESCRIPTIONS[self.kind]
+        """The kind in full, and the pieces counted where the examples restrict them."""
+        if not self.restriction:
+            return DESCRIPTIONS[self.kind]
+        return f"{DESCRIPTIONS[self.kind]}; loss on {self.restriction}"
 
     @torch.no_grad()
     def targets(self, model, batch) -> Targets:
         """A batch's targets. Call it outside any `HeadGates`: `representation` runs the intact
         model here. `batch`: a headprobe `Batch` (a mapping needs `piece_kind` and `keys` for MLM)."""
-        from headprobe.model.capture import model_device
-
-        inputs = model_inputs(batch, model_device(model))
-        ids, mask = inputs["input_ids"], inputs["attention_mask"]  # [batch, piece]
+        inputs = feeding(model, batch, self.stack)
+        ids, mask = scored_sequence(inputs)  # [batch, piece]
         if self.kind == "representation":
             return Targets(inputs, reference=last_hidden(model, inputs).detach())
         if self.kind == "causal_lm":
@@ -147,18 +195,22 @@ class Objective:
         return Targets(fed, labels=self._restricted(labels, batch))
 
     def _restricted(self, labels: torch.Tensor, batch) -> torch.Tensor:
-        """labels [batch, piece] with the pieces outside `scored(batch)` IGNOREd."""
-        if self.scored is None:
+        """labels [batch, piece] with the pieces outside `scored(batch)` (else the examples'
+        own `loss_words`, `loss_pieces`) IGNOREd."""
+        keep = self.scored(batch) if self.scored is not None else loss_pieces(batch)
+        if keep is None:
             return labels
-        keep = torch.as_tensor(
-            self.scored(batch), device=labels.device, dtype=torch.bool
-        )  # [batch, piece]
+        if self.scored is None:
+            self.restriction = batch.examples[0].meta.get("loss_note", "some words")
+        keep = torch.as_tensor(keep, device=labels.device, dtype=torch.bool)  # [batch, piece]
+        if keep.shape[1] == labels.shape[1] - 1:  # the decoder reads its start token first
+            keep = torch.cat([keep.new_zeros(keep.shape[0], 1), keep], dim=1)
         return labels.masked_fill(~keep, IGNORE)
 
     def per_row(self, model, targets: Targets) -> tuple[torch.Tensor, torch.Tensor]:
         """([batch] summed objective, [batch] pieces it is summed over), float32; differentiable
         (run it under `torch.no_grad()` where no gradient is wanted)."""
-        mask = targets.inputs["attention_mask"]  # [batch, piece]
+        _, mask = scored_sequence(targets.inputs)  # [batch, piece]
         if self.kind == "representation":
             h = last_hidden(model, targets.inputs).float()  # [batch, piece, hidden]
             change = 1.0 - F.cosine_similarity(
@@ -178,14 +230,28 @@ class Objective:
         the target of position p is piece p + 1) with padding IGNOREd; masked, `targets.labels`."""
         if self.kind != "causal_lm":
             return targets.labels
-        mask = targets.inputs["attention_mask"]  # [batch, piece]
+        _, mask = scored_sequence(targets.inputs)  # [batch, piece]
         return targets.labels[:, 1:].masked_fill(mask[:, :-1] == 0, IGNORE)
 
     def pieces(self, targets: Targets) -> torch.Tensor:
         """[batch] float32: the pieces `per_row` sums over, without running the model."""
         if self.kind == "representation":
-            return targets.inputs["attention_mask"].to(torch.float32).sum(-1)
+            return scored_sequence(targets.inputs)[1].to(torch.float32).sum(-1)
         return (self.scored_labels(targets) != IGNORE).sum(-1).to(torch.float32)
+
+
+def loss_pieces(batch) -> torch.Tensor | None:
+    """[batch, piece] bool: the word pieces of the words each example names in
+    `meta["loss_words"]` (first, stop) (a probe's repeated half, `headprobe.inputs.probes`);
+    None where no example of a `Batch` names any (every piece counts)."""
+    examples = getattr(batch, "examples", None) or []
+    spans = [example.meta.get(LOSS_WORDS) for example in examples]
+    if all(span is None for span in spans):
+        return None
+    word = batch.piece_word  # [batch, piece]
+    first = torch.tensor([s[0] if s else -1 for s in spans], device=word.device)[:, None]
+    stop = torch.tensor([s[1] if s else 1 << 62 for s in spans], device=word.device)[:, None]
+    return (batch.piece_kind == WORD) & (word >= first) & (word < stop)  # [batch, piece]
 
 
 def _kinds_and_keys(batch):

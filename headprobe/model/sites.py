@@ -387,8 +387,11 @@ def _value_parts(model, name: str, module, value, trace: _Trace) -> tuple:
         out = trace.output_of(candidate) if is_projection(candidate) else None
         if out is None or out.shape[-1] < v.shape[-1] or out.numel() // out.shape[-1] != len(v):
             continue
-        same = (out.detach().reshape(len(v), -1)[:, :, None] == v[:, None, :]).all(0)
-        if same.any(0).all():  # same: [out_feature, feature]
+        y = out.detach().reshape(len(v), -1)  # [row, out_feature]
+        same = y[0][:, None] == v[0][None, :]  # [out_feature, feature], one row at a time
+        for row in range(1, len(v)):
+            same &= y[row][:, None] == v[row][None, :]
+        if same.any(0).all():
             index = same.to(torch.int8).argmax(0).cpu()  # [feature]: the first equal column
             return candidate, index, int(value.shape[-1]), _norm_in(model, name, candidate, trace)
     return None, None, int(value.shape[-1]), None

@@ -56,7 +56,7 @@ from headprobe.model.head_effects import (
 )
 from headprobe.model.objectives import DESCRIPTIONS, Objective
 from headprobe.scorers.base import CountScorer
-from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.scorers.registry import ANY, Analysis, register
 from headprobe.scorers.token_patterns import head_table
 from headprobe.stats.engine import estimate, paired_gap, ratio
 
@@ -72,10 +72,15 @@ class ModelScorer(CountScorer):
     needs_lm_head = True
     scored = None  # `objectives.Objective`'s restriction to some pieces (None: all)
 
-    def use_model(self, model, tokenizer) -> None:
-        """Called by the engine before the run: the objective, from the model as loaded."""
+    def use_model(self, model, tokenizer, stack: str | None = None) -> None:
+        """Called by the engine before the run: the objective, from the model as loaded, gating
+        the heads of attention stack `stack` (None: the model's default)."""
         self.objective = Objective.for_model(
-            model, tokenizer, seed=self.tally_.seed if self.tally_ else 0, scored=self.scored
+            model,
+            tokenizer,
+            seed=self.tally_.seed if self.tally_ else 0,
+            scored=self.scored,
+            stack=stack,
         )
 
     def model_pass(self, model, batch) -> None:
@@ -135,8 +140,8 @@ class AblationScorer(ModelScorer):
 class ImportanceScorer(ModelScorer):
     analysis = "importance"
 
-    def use_model(self, model, tokenizer) -> None:
-        super().use_model(model, tokenizer)
+    def use_model(self, model, tokenizer, stack: str | None = None) -> None:
+        super().use_model(model, tokenizer, stack)
         if self.objective.kind == "representation":
             raise ValueError(
                 "the importance analysis needs a language-model loss, and the model has no "
@@ -364,7 +369,8 @@ ABLATION = register(
     Analysis(
         name="ablation",
         scorer=AblationScorer,
-        input=SENTENCES,
+        input=ANY,
+        cross=True,
         selection=False,
         default=False,
         options=("heads",),
@@ -383,7 +389,8 @@ IMPORTANCE = register(
     Analysis(
         name="importance",
         scorer=ImportanceScorer,
-        input=SENTENCES,
+        input=ANY,
+        cross=True,
         selection=False,
         default=False,
         homes=HOMES,
@@ -401,7 +408,8 @@ PRUNE_CURVE = register(
     Analysis(
         name="prune_curve",
         scorer=PruneScorer,
-        input=SENTENCES,
+        input=ANY,
+        cross=True,
         selection=False,
         default=False,
         added_by="prune_curve",

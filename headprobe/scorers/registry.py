@@ -51,8 +51,10 @@ BUILTIN_MODULES = (
     "headprobe.scorers.ov_copying",
 )
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.inputs.probes`,
-# `run(probe=...)`) where one is given, else the sentence corpus at piece level
-SENTENCES, COREFERENCE, PROBE = INPUTS = ("sentences", "coreference", "probe")
+# `run(probe=...)`) where one is given, else the sentence corpus at piece level; "any": whichever
+# the run reads (analyses that run the model itself: head ablation): the sentence corpus where
+# one is given, else the probe, else the coreference windows, else the bundled sample
+SENTENCES, COREFERENCE, PROBE, ANY = INPUTS = ("sentences", "coreference", "probe", "any")
 # the example pictures of an analysis's best heads (`headprobe.results.examples`): a head's attention on a
 # sentence holding its relation, with the gold arcs; on a mention and its nearest antecedent
 ARCS, MENTIONS = PICTURES = ("arcs", "mentions")

@@ -493,7 +493,7 @@ class Engine:
                 device=self.device,
             )
         for scorer in self.model_scorers:
-            scorer.use_model(self.model, self.tokenizer)
+            scorer.use_model(self.model, self.tokenizer, stack=self.stack)
 
     def run(self, examples, checkpoint=None) -> dict:
         """Score `examples` (any iterable, read once: a lazy `corpora.base.Stream` is never held
