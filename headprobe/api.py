@@ -556,23 +556,8 @@ def finish(
     net, summary, world = session.net, session.summary, session.world
     trained = [scorer for one in passes if not one.control for scorer in one.scorers]
     scorers = trained + [scorer for one in passes if one.control for scorer in one.scorers]
-    summary["causal"] = session.sites.causal(session.stack)
-    if summary["causal"]:
-        summary["notes"].append(CAUSAL_NOTE.format(model=session.name))
-    sites, stack = session.sites, session.stack
-    summary["n_layers"], summary["n_heads"] = sites.n_layers(stack), sites.n_heads(stack)
-    summary["n_kv_heads"] = sites.n_kv_heads(stack)
-    summary["analyses"] = list(dict.fromkeys(s.analysis for s in trained))
-    objectives = {
-        s.analysis: s.objective.description
-        for s in trained
-        if isinstance(s, RunsModel) and s.objective is not None
-    }
-    for scorer in trained:  # what a scorer keeps beside its counts (weights-only analyses)
-        if isinstance(scorer, KeepsRecord):
-            summary.update(scorer.describe())
-    if objectives:
-        summary["objectives"] = objectives
+    _describe_run(summary, session, trained)
+    stack = session.stack
     distributed.all_reduce_tallies([s.tally_ for s in scorers])  # torchrun: summed over the ranks
     if not world.main:
         return None  # rank 0 writes
@@ -627,6 +612,28 @@ def _explorer_attention(config: RunConfig, session: Session, results, picker) ->
     return head_attention_pass.collect_for_run(
         session.net, session.tokenizer, results, picker, config.from_mode, session.stack
     )
+
+
+def _describe_run(summary: dict, session: Session, trained: list) -> None:
+    """The summary's model shape, causality, analyses, objectives and what the trained model's
+    scorers keep beside their counts."""
+    summary["causal"] = session.sites.causal(session.stack)
+    if summary["causal"]:
+        summary["notes"].append(CAUSAL_NOTE.format(model=session.name))
+    sites, stack = session.sites, session.stack
+    summary["n_layers"], summary["n_heads"] = sites.n_layers(stack), sites.n_heads(stack)
+    summary["n_kv_heads"] = sites.n_kv_heads(stack)
+    summary["analyses"] = list(dict.fromkeys(s.analysis for s in trained))
+    objectives = {
+        s.analysis: s.objective.description
+        for s in trained
+        if isinstance(s, RunsModel) and s.objective is not None
+    }
+    for scorer in trained:  # what a scorer keeps beside its counts (weights-only analyses)
+        if isinstance(scorer, KeepsRecord):
+            summary.update(scorer.describe())
+    if objectives:
+        summary["objectives"] = objectives
 
 
 @contextlib.contextmanager

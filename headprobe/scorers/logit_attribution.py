@@ -192,6 +192,6 @@ ANALYSIS = register(
         "next token, mean over scored positions, and the share of positions where it is > 0 (METHODS §9); "
         "causal language models; on the repeated-random probe the repeated half only",
         tables={f"{NAME}_heads": dla_table, f"{NAME}_writers": writers},
-        report="headprobe.report.writes:logit_section",
+        report="headprobe.scorers.writes_report:logit_section",
     )
 )

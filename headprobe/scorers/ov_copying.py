@@ -204,6 +204,6 @@ ANALYSIS = register(
         f"score (sum Re lambda / sum |lambda|, Elhage et al. 2021) and copy rate (share of {SAMPLE:,} sampled "
         f"tokens whose own id is in the top {TOP_K} of their row, Wilson 95% interval; METHODS §9)",
         tables={f"{NAME}_heads": ov_table},
-        report="headprobe.report.writes:ov_section",
+        report="headprobe.scorers.writes_report:ov_section",
     )
 )
