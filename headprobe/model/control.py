@@ -1,4 +1,4 @@
-"""The random-init control (issue 18): what the architecture gives for free, beside what was learned.
+"""The random-init control (METHODS §8): what the architecture gives for free, beside what was learned.
 
     results = headprobe.run("smollm2", treebank=..., control="random-init")
     results.best_heads[["label", "accuracy", "control_accuracy", "control_ci_low", "control_ci_high"]]

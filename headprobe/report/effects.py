@@ -1,4 +1,4 @@
-"""Report sections of issue 18: does the head matter? (rendering only; the numbers are Results tables)
+"""Report sections of METHODS §8: does the head matter? (rendering only; the numbers are Results tables)
 
     importance_section(results, "importance")   # heatmap, top heads, role + importance rank, scatter
     prune_section(results, "prune_curve")         # the pruning curve and its table

@@ -1,6 +1,6 @@
 """Parsing from attention (Clark et al. 2019 section 6; Htut et al. 2019): all heads together.
 
-Arcs: every arc of a relation other than root and punct (SPEC's ALL; under every
+Arcs: every arc of a relation other than root and punct (METHODS §2's ALL; under every
 conventions preset, as the papers' probes leave punctuation out and this probe has no ROOT
 candidate). Word-level attention A = `att.words` without the special columns.
 
@@ -19,7 +19,7 @@ candidate). Word-level attention A = `att.words` without the special columns.
   (Chu-Liu-Edmonds, dummy ROOT with one child) over the held-out probe's log p(h | d);
   its UUAS likewise. `chain` (UUAS of the tree linking adjacent words) is their baseline.
 - **Single heads** on the same arcs: `dep->head` / `head<-dep` argmax hits (METHODS §2; under
-  SPEC the same counts as the dependency analysis's ALL) and the conventions' offset
+  `headprobe` conventions the same counts as the dependency analysis's ALL) and the conventions' offset
   baselines, so that every comparison is paired (same arcs, same bootstrap weights).
 
 Tally (one label, ALL): cells [layer, head, direction] for `dep->head`, `head<-dep`, `mst`;

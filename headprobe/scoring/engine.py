@@ -379,7 +379,7 @@ class Engine:
 
     conventions: a `headprobe.inputs.conventions` preset (name or object); it gives the from-pooling
     when `from_mode` is None, and scorers that read conventions (`use_conventions`) get it
-    before they are bound. None: SPEC's pooling, and scorers keep their own conventions.
+    before they are bound. None: the `headprobe` preset's pooling (METHODS §1), and scorers keep their own conventions.
 
     stack: the attention stack scored ("encoder", "decoder", "cross"; `headprobe.model.sites`; None:
     the model's default). Its layers, heads and causality are the stack's; an encoder-decoder
