@@ -1,0 +1,107 @@
+"""The project's methods (docs/METHODS.md) as package data, and the parts of it a report shows.
+
+    from headprobe.report import methods
+    methods.text()                      # the whole document (headprobe/report/methods.md)
+    methods.sections()                  # {"s5": Part("5", "Statistics", markdown), ...}
+    methods.section_of("induction")     # "s10": the numbered section defining an analysis
+    methods.used_by(results)            # ["s1", "s2", ...]: the sections behind a report's tables
+    methods.how_to_cite()               # the citation text (README "How to cite", reports)
+
+The one source is `headprobe/report/methods.md`, shipped in the wheel (an installed headprobe has
+no docs/ folder); `docs/METHODS.md` is a byte-identical copy, rewritten by
+`python -m headprobe.report.methods` and checked by tests/test_methods.py. A numbered section n
+starts with the anchor `<a id="sn"></a>`; an analysis's definition carries `analysis-<name>`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
+SECTION = re.compile(r'^<a id="(s\d+)"></a>\s*\n## (\d+)\. (.+)$', re.MULTILINE)
+ALWAYS = ("s1", "s5", "s6", "s15")  # inputs, statistics, roles, provenance: behind every report
+TITLE = "headprobe: scoring the attention heads of Hugging Face Transformers"
+
+
+@dataclass(frozen=True)
+class Part:
+    number: str
+    title: str
+    markdown: str  # the section's body, its heading left out
+
+
+@lru_cache(maxsize=1)
+def text() -> str:
+    """The whole methods document, read from the installed package."""
+    return resources.files("headprobe.report").joinpath("methods.md").read_text(encoding="utf-8")
+
+
+def anchors(document: str | None = None) -> set[str]:
+    """Every `<a id="...">` of the document."""
+    return set(ANCHOR.findall(text() if document is None else document))
+
+
+def sections() -> dict[str, Part]:
+    """{anchor "sn": its number, title and body} of every numbered section, in order."""
+    doc = text()
+    starts = list(SECTION.finditer(doc))
+    out = {}
+    for k, m in enumerate(starts):
+        end = starts[k + 1].start() if k + 1 < len(starts) else len(doc)
+        body = doc[m.end() : end].strip().removesuffix("---").strip()
+        title = ANCHOR.sub("", m.group(3)).strip()
+        out[m.group(1)] = Part(m.group(2), title, body)
+    return out
+
+
+def section_of(analysis: str) -> str | None:
+    """The numbered section holding `analysis-<analysis>`, or None (e.g. a user's own analysis)."""
+    doc = text()
+    at = doc.find(f'<a id="analysis-{analysis}"></a>')
+    if at < 0:
+        return None
+    before = [m for m in SECTION.finditer(doc) if m.start() <= at]
+    return before[-1].group(1) if before else None
+
+
+def used_by(results) -> list[str]:
+    """The numbered sections behind the tables of a report of `results`, in document order:
+    inputs, statistics, roles and provenance always; each analysis's own section; norms (§7)
+    with a second measure; §8 with a random-init control; the presets (§14) with dependency."""
+    wanted = set(ALWAYS)
+    wanted.update(s for s in map(section_of, results.analyses) if s is not None)
+    if any(m != "weights" for m in getattr(results, "measures", ["weights"])):
+        wanted.add("s7")
+    if getattr(results, "control", None) is not None:
+        wanted.add("s8")
+    if "dependency" in results.analyses:
+        wanted.add("s14")
+    return [key for key in sections() if key in wanted]
+
+
+def how_to_cite(version: str | None = None) -> str:
+    """The citation text of README.md's "How to cite" and of every report (CITATION.cff holds the
+    same title and version)."""
+    if version is None:
+        from headprobe import __version__ as version
+    return (
+        f"The headprobe authors (2026). {TITLE}, version {version}. Definitions: the headprobe "
+        "methods (docs/METHODS.md; every report's Methods appendix), cited as METHODS §n."
+    )
+
+
+def write_docs(root: Path) -> Path:
+    """Rewrite `root`/docs/METHODS.md from the package source; returns its path."""
+    path = Path(root) / "docs" / "METHODS.md"
+    path.write_text(text(), encoding="utf-8")
+    return path
+
+
+if __name__ == "__main__":  # python -m headprobe.report.methods [REPO_ROOT]
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2]
+    print(write_docs(root))
