@@ -105,3 +105,74 @@ def write_docs(root: Path) -> Path:
 if __name__ == "__main__":  # python -m headprobe.report.methods [REPO_ROOT]
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2]
     print(write_docs(root))
+
+
+# ---------------------------------------------------------------- the report's appendix
+
+ITEM = re.compile(r"^(?:- |\d+\. )")
+LINK = re.compile(r"\[([^\]]+)\]\(#[^)]+\)")
+
+
+def plain(markdown: str) -> str:
+    """Markdown inline markup removed (bold, code, in-document links); math kept as written."""
+    return LINK.sub(r"\1", markdown).replace("**", "").replace("`", "")
+
+
+def _blocks(number: str, markdown: str) -> list:
+    """A section body as report blocks: Markdown tables as Tables, lists as BulletLists, every
+    other paragraph as a Paragraph; the Markdown report prints the source (anchors removed),
+    the HTML its plain text (`plain`)."""
+    from headprobe.report.document import BulletList, Cell, Paragraph, Table
+
+    out = []
+    markdown = LINK.sub(r"\1", ANCHOR.sub("", markdown))  # links into METHODS.md: plain §n
+    for k, chunk in enumerate(re.split(r"\n\s*\n", markdown)):
+        lines = [line.rstrip() for line in chunk.strip().splitlines() if line.strip()]
+        if not lines or lines == ["---"]:
+            continue
+        if all(line.startswith("|") for line in lines):
+            cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+            rows = [[Cell(plain(c), wrap=True) for c in row] for row in cells[2:]]
+            columns = [plain(c) for c in cells[0]]
+            out.append(Table(f"methods-s{number}-{k}", f"METHODS §{number}", columns, rows))
+        elif ITEM.match(lines[0]):
+            items: list[str] = []
+            for line in lines:
+                if ITEM.match(line):
+                    items.append(ITEM.sub("", line).strip())
+                else:
+                    items[-1] += " " + line.strip()
+            ordered = not lines[0].startswith("- ")
+            out.append(BulletList([plain(i) for i in items], ordered, markdown=items))
+        else:
+            text = " ".join(line.strip() for line in lines)
+            out.append(Paragraph(plain(text), markdown=text))
+    return out
+
+
+def appendix(results):
+    """The report's folded "Methods" appendix (a `Details` block of its provenance section): the
+    definitions behind its tables (`used_by`)."""
+    from headprobe.report.document import Details, Paragraph
+
+    parts = sections()
+    keys = used_by(results)
+    blocks = [
+        Paragraph(
+            "The definitions behind this report's tables, from the headprobe methods "
+            "(docs/METHODS.md in the repository, cited as METHODS §n; formulas in Markdown math)."
+        )
+    ]
+    for key in keys:
+        part = parts[key]
+        blocks.append(Paragraph(f"METHODS §{part.number}. {part.title}", note=True))
+        blocks += _blocks(part.number, part.markdown)
+    numbers = ", ".join(f"§{parts[k].number}" for k in keys)
+    return Details(f"Methods: the definitions used here (METHODS {numbers})", blocks)
+
+
+def citation_block():
+    """The "How to cite" paragraph of the report's provenance (the README's text)."""
+    from headprobe.report.document import Paragraph
+
+    return Paragraph(f"How to cite: {how_to_cite()}")
