@@ -139,6 +139,7 @@ def test_every_test_the_methods_name_exists():
 class FakeResults:
     def __init__(self, analyses, measures=("weights",), control=None):
         self.analyses, self.measures, self.control = list(analyses), list(measures), control
+        self.summary = {"conventions": {"name": "headprobe"}} if "dependency" in analyses else {}
 
 
 @pytest.mark.parametrize(

@@ -72,14 +72,15 @@ def section_of(analysis: str) -> str | None:
 def used_by(results) -> list[str]:
     """The numbered sections behind the tables of a report of `results`, in document order:
     inputs, statistics, roles and provenance always; each analysis's own section; norms (§7)
-    with a second measure; §8 with a random-init control; the presets (§14) with dependency."""
+    with a second measure; §8 with a random-init control; the presets (§14) where the run
+    records the conventions it scored under."""
     wanted = set(ALWAYS)
     wanted.update(s for s in map(section_of, results.analyses) if s is not None)
     if any(m != "weights" for m in getattr(results, "measures", ["weights"])):
         wanted.add("s7")
     if getattr(results, "control", None) is not None:
         wanted.add("s8")
-    if "dependency" in results.analyses:
+    if (getattr(results, "summary", None) or {}).get("conventions"):  # the run names its preset
         wanted.add("s14")
     return [key for key in sections() if key in wanted]
 
