@@ -163,6 +163,24 @@ def test_the_appendix_holds_the_sections_behind_the_tables(analyses, measures, c
     assert titles == [f"METHODS §{k[1:]}. {methods.sections()[k].title}" for k in keys]
 
 
+def test_a_users_own_pattern_gets_the_token_patterns_section():
+    import numpy as np
+
+    from headprobe.scorers import registry
+    from headprobe.scorers.token_patterns import pattern_analysis
+
+    def two_back(ids, token):
+        # ids: [T]; D: [T, T] key j = query i - 2
+        return np.eye(len(ids), k=-2, dtype=bool) & token[:, None] & token[None, :]
+
+    pattern_analysis("two_back_methods_test", two_back)
+    try:
+        keys = methods.used_by(FakeResults(["two_back_methods_test"]))
+    finally:
+        registry.unregister("two_back_methods_test")
+    assert keys == ["s1", "s5", "s6", "s10", "s15"]
+
+
 def test_how_to_cite_is_the_same_in_readme_citation_file_and_reports():
     from headprobe import __version__
 

@@ -69,13 +69,28 @@ def section_of(analysis: str) -> str | None:
     return before[-1].group(1) if before else None
 
 
+def _defined_in(analysis: str) -> str | None:
+    """`section_of`, and for a user's own token pattern the token patterns' section (§10)."""
+    found = section_of(analysis)
+    if found is None:
+        from headprobe.scorers import registry
+        from headprobe.scorers.token_patterns import PatternScorer
+
+        try:
+            scorer = registry.get(analysis).scorer
+        except ValueError:  # not registered here (a plugin not installed)
+            return None
+        found = section_of("induction") if issubclass(scorer, PatternScorer) else None
+    return found
+
+
 def used_by(results) -> list[str]:
     """The numbered sections behind the tables of a report of `results`, in document order:
     inputs, statistics, roles and provenance always; each analysis's own section; norms (§7)
     with a second measure; §8 with a random-init control; the presets (§14) where the run
     records the conventions it scored under."""
     wanted = set(ALWAYS)
-    wanted.update(s for s in map(section_of, results.analyses) if s is not None)
+    wanted.update(s for s in map(_defined_in, results.analyses) if s is not None)
     if any(m != "weights" for m in getattr(results, "measures", ["weights"])):
         wanted.add("s7")
     if getattr(results, "control", None) is not None:
