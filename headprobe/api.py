@@ -124,18 +124,50 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
         lock = held.enter_context(atomic.OutLock(config.out))
         for note in lock.notes + atomic.recover(config.out):
             _note(note)
+    reference = _check_against_config(config)
+    inputs = _input_fingerprints(config, reference)
+    device = (
+        str(models.pick_device(config.device))
+        if config.loaded is None
+        else str(next(config.loaded[0].parameters()).device)
+    )
+    settings = config.options_record(device)
+    checkpoint = _open_checkpoint(config, inputs, settings)
+    net, tokenizer, name = _load_model(config)
+    sites = attention_sites(net)
+    stack = sites.resolve(config.stack)
+    checks.check_layers_exist(config.layers, sites.n_layers(stack), name)
+    checks.check_heads_exist(
+        config.heads, sites.n_layers(stack), sites.n_heads(stack), config.layers, name
+    )
+    check_capturable_measures(net, config.measure)
+    tokenizer, bos_used = apply_bos(tokenizer, config.bos, sites.causal(stack))
+    summary = _start_summary(config, net, name, sites, stack, inputs, settings, bos_used)
+    analyses = _with_prerequisites(config.analyses, net, config.heads)
+    return Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world)
+
+
+def _check_against_config(config: RunConfig):
+    """The model's reference (`checks.check_model`), `None` for a loaded model; the stack, layers
+    and heads asked for checked against the model's config first, so that layers that do not
+    exist fail before the weights load."""
     reference = checks.check_model(config.model) if config.loaded is None else None
-    if (
-        reference is not None
-    ):  # the config first: layers that do not exist fail before the weights load
-        model_config = checks.read_config(*reference)
-        checks.check_stack_in_config(config.stack, model_config, reference[2])
-        n_config_layers, n_config_heads = checks.config_layers_heads(model_config, config.stack)
-        if n_config_layers:
-            checks.check_layers_exist(config.layers, n_config_layers, reference[2])
-            checks.check_heads_exist(
-                config.heads, n_config_layers, n_config_heads, config.layers, reference[2]
-            )
+    if reference is None:
+        return None
+    model_config = checks.read_config(*reference)
+    checks.check_stack_in_config(config.stack, model_config, reference[2])
+    n_config_layers, n_config_heads = checks.config_layers_heads(model_config, config.stack)
+    if n_config_layers:
+        checks.check_layers_exist(config.layers, n_config_layers, reference[2])
+        checks.check_heads_exist(
+            config.heads, n_config_layers, n_config_heads, config.layers, reference[2]
+        )
+    return reference
+
+
+def _input_fingerprints(config: RunConfig, reference) -> dict:
+    """`_input_fingerprints(config, reference)`: a fingerprint of each input given and of the
+    model (its name only for a loaded model)."""
     inputs = {
         key: store.input_fingerprint(flag(key), getattr(config, key))
         for key in (*SENTENCE_SOURCES, "coref")
@@ -146,47 +178,47 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
         if reference is not None
         else {"name": config.loaded[2]}
     )
-    device = (
-        str(models.pick_device(config.device))
-        if config.loaded is None
-        else str(next(config.loaded[0].parameters()).device)
+    return inputs
+
+
+def _open_checkpoint(config: RunConfig, inputs: dict, settings: dict) -> Checkpoint | None:
+    """The run's checkpoint under `out` when one is asked for (and unit counts are not kept)."""
+    if config.out is None or not config.checkpoint_every or config.keep_unit_counts:
+        return None
+    fingerprint = {
+        "inputs": inputs,
+        "options": settings,
+        "chunk": CHUNK,
+        "version": store.version(),
+    }
+    checkpoint = Checkpoint(config.out, fingerprint, config.checkpoint_every, config.resume)
+    for note in checkpoint.notes:
+        _note(note)
+    return checkpoint
+
+
+def _load_model(config: RunConfig) -> tuple:
+    """(model, tokenizer, name): `config.loaded`, else the model loaded (under its language-model
+    head where an analysis scores the loss)."""
+    if config.loaded is not None:
+        return config.loaded
+    # head ablation / importance (METHODS §8) score the language-model loss: the model under its head
+    lm_head = any(
+        getattr(registry.get(name).scorer, "needs_lm_head", False) for name in config.analyses
     )
-    settings = config.options_record(device)
-    checkpoint = None
-    if config.out is not None and config.checkpoint_every and not config.keep_unit_counts:
-        fingerprint = {
-            "inputs": inputs,
-            "options": settings,
-            "chunk": CHUNK,
-            "version": store.version(),
-        }
-        checkpoint = Checkpoint(config.out, fingerprint, config.checkpoint_every, config.resume)
-        for note in checkpoint.notes:
-            _note(note)
-    loaded = config.loaded
-    if loaded is None:
-        # head ablation / importance (METHODS §8) score the language-model loss: the model under its head
-        lm_head = any(
-            getattr(registry.get(name).scorer, "needs_lm_head", False) for name in config.analyses
-        )
-        with _quiet_loading(not config.progress):
-            loaded = (models.load_lm if lm_head else models.load)(
-                config.model,
-                device=config.device,
-                dtype=config.dtype,
-                device_map=config.device_map,
-                max_memory=config.max_memory,
-            )[:3]
-    net, tokenizer, name = loaded
-    sites = attention_sites(net)
-    stack = sites.resolve(config.stack)
-    checks.check_layers_exist(config.layers, sites.n_layers(stack), name)
-    checks.check_heads_exist(
-        config.heads, sites.n_layers(stack), sites.n_heads(stack), config.layers, name
-    )
-    check_capturable_measures(net, config.measure)
-    tokenizer, bos_used = apply_bos(tokenizer, config.bos, sites.causal(stack))
-    summary = {
+    with _quiet_loading(not config.progress):
+        return (models.load_lm if lm_head else models.load)(
+            config.model,
+            device=config.device,
+            dtype=config.dtype,
+            device_map=config.device_map,
+            max_memory=config.max_memory,
+        )[:3]
+
+
+def _start_summary(config, net, name, sites, stack, inputs, settings, bos_used) -> dict:
+    """The run's summary before anything is scored: the model, options, inputs and sites."""
+    return {
         "model": name,
         "dtype": config.dtype,
         "device": str(next(net.parameters()).device),
@@ -210,8 +242,6 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
         "conventions": dict(PRESETS[config.conventions].summary(), from_mode_used=config.from_mode),
         "measures": list(config.measure),
     }
-    analyses = _with_prerequisites(config.analyses, net, config.heads)
-    return Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world)
 
 
 def _with_prerequisites(wanted: list[str], net, heads) -> list[str]:

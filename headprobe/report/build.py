@@ -298,23 +298,31 @@ def roles_section(results) -> Section:
             alt="head-role map",
         )
     )
-    counts = role_summary(roles, order=list(colors))
-    s.add(
-        Table(
-            "roles-summary",
-            "Heads per role",
-            ["Role", "Heads", "Share", "Layers"],
+    s.add(_roles_summary_table(role_summary(roles, order=list(colors))))
+    s.add(_roles_per_head_table(roles))
+    return s
+
+
+def _roles_summary_table(counts) -> Table:
+    """The heads per role: how many, their share and their layers."""
+    return Table(
+        "roles-summary",
+        "Heads per role",
+        ["Role", "Heads", "Share", "Layers"],
+        [
             [
-                [
-                    Cell(r.role),
-                    Cell(str(r.heads), numeric=True),
-                    Cell(fmt(r.share, 3), numeric=True),
-                    Cell(r.layers or "—"),
-                ]
-                for r in counts.itertuples(index=False)
-            ],
-        )
+                Cell(r.role),
+                Cell(str(r.heads), numeric=True),
+                Cell(fmt(r.share, 3), numeric=True),
+                Cell(r.layers or "—"),
+            ]
+            for r in counts.itertuples(index=False)
+        ],
     )
+
+
+def _roles_per_head_table(roles) -> Table:
+    """The role of every head, with its detail, evidence and every rule it meets."""
     rows, attrs = [], []
     for r in roles.itertuples(index=False):
         rows.append(
@@ -327,17 +335,14 @@ def roles_section(results) -> Section:
             ]
         )
         attrs.append({"layer": r.layer, "head": r.head, "role": r.role})
-    s.add(
-        Table(
-            "roles-per-head",
-            "Role of every head. " + LEGEND,
-            ["Head", "Role", "Detail", "Evidence", "All rules met"],
-            rows,
-            attrs,
-            collapsed=len(rows) > 40,
-        )
+    return Table(
+        "roles-per-head",
+        "Role of every head. " + LEGEND,
+        ["Head", "Role", "Detail", "Evidence", "All rules met"],
+        rows,
+        attrs,
+        collapsed=len(rows) > 40,
     )
-    return s
 
 
 # ---------------------------------------------------------------- dependency / coreference
@@ -616,8 +621,18 @@ def surface_section(results, analysis: str) -> Section:
                 + " (every input starts with that special token)."
             )
         )
+    for figure in _surface_figures(key, per_head, per_layer, same):
+        s.add(figure)
+    for table in _surface_tables(key, per_head, per_layer, same):
+        s.add(table)
+    return s
+
+
+def _surface_figures(key: str, per_head, per_layer, same: dict) -> list[Figure]:
+    """The mass per head and layer, and the entropy, as figures (the columns in `same` dropped)."""
+    figures = []
     if any(c in per_head.columns for c in F.SURFACE_TITLES):
-        s.add(
+        figures.append(
             Figure(
                 f"{key}_mass",
                 F.surface_figure(per_head.drop(columns=list(same)), per_layer),
@@ -626,7 +641,7 @@ def surface_section(results, analysis: str) -> Section:
             )
         )
     if "entropy" in per_head.columns:
-        s.add(
+        figures.append(
             Figure(
                 f"{key}_entropy",
                 F.entropy_figure(per_head, per_layer),
@@ -635,6 +650,11 @@ def surface_section(results, analysis: str) -> Section:
                 alt="entropy",
             )
         )
+    return figures
+
+
+def _surface_tables(key: str, per_head, per_layer, same: dict) -> list[Table]:
+    """The surface statistics per layer and per head (a column in `same` shown once)."""
     names = {k: name for k, name in SURFACE_COLUMNS}
     for dropped, kept in same.items():
         names[kept] = f"{names[kept]} = {names[dropped]}"
@@ -644,7 +664,7 @@ def surface_section(results, analysis: str) -> Section:
         [Cell(str(int(r["layer"])))] + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
         for r in per_layer.to_dict("records")
     ]
-    s.add(
+    tables = [
         Table(
             f"{key}-per-layer",
             "Surface statistics per layer (summed over the layer's heads; mass in "
@@ -653,14 +673,14 @@ def surface_section(results, analysis: str) -> Section:
             rows,
             [{"layer": int(x)} for x in per_layer["layer"]],
         )
-    )
+    ]
     cols = [(k, names[k]) for k in keys if k in per_head.columns]
     rows = [
         [Cell(head_name(r["layer"], r["head"]))]
         + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
         for r in per_head.to_dict("records")
     ]
-    s.add(
+    tables.append(
         Table(
             f"{key}-per-head",
             "Surface statistics per head. " + LEGEND,
@@ -673,7 +693,7 @@ def surface_section(results, analysis: str) -> Section:
             collapsed=True,
         )
     )
-    return s
+    return tables
 
 
 def _surface_name(key: str) -> str:

@@ -130,8 +130,20 @@ def head_clusters_section(results, analysis: str) -> Section:
         s.add(Paragraph("No head distances in the results.", note=True))
         return s
     roles, palette = _roles_of(results, clusters)
+    for figure in _cluster_figures(clusters, distances, roles, palette):
+        s.add(figure)
+    cohesion = layer_cohesion(distances, clusters, seed=int(results.summary.get("seed", 0) or 0))
+    if cohesion:
+        s.add(Paragraph("Do heads of the same layer behave alike?"))
+        s.add(BulletList(_cohesion_items(cohesion)))
+    s.add(_clusters_table(clusters, roles))
+    return s
+
+
+def _cluster_figures(clusters, distances, roles: list[str], palette: dict) -> list[Figure]:
+    """The heads' MDS embedding coloured by role and by layer, and their dendrogram."""
     present = [r for r in palette if r in set(roles)]
-    s.add(
+    figures = [
         Figure(
             "head_clusters_roles",
             mds_figure(
@@ -144,7 +156,7 @@ def head_clusters_section(results, analysis: str) -> Section:
             + LEGEND,
             alt="MDS of heads by role",
         )
-    )
+    ]
     layers = clusters["layer"].to_numpy()
     cmap = colormaps["viridis"]
     top = max(1, int(layers.max()))
@@ -152,7 +164,7 @@ def head_clusters_section(results, analysis: str) -> Section:
     from matplotlib.colors import Normalize
 
     norm = Normalize(vmin=0, vmax=top)
-    s.add(
+    figures.append(
         Figure(
             "head_clusters_layers",
             mds_figure(
@@ -168,7 +180,7 @@ def head_clusters_section(results, analysis: str) -> Section:
         )
     )
     matrix, heads = distance_matrix(distances)
-    s.add(
+    figures.append(
         Figure(
             "head_clusters_dendrogram",
             dendrogram_figure(
@@ -178,25 +190,31 @@ def head_clusters_section(results, analysis: str) -> Section:
             alt="dendrogram",
         )
     )
-    cohesion = layer_cohesion(distances, clusters, seed=int(results.summary.get("seed", 0) or 0))
-    if cohesion:
-        items = [
-            f"mean JS within a layer {cohesion['within_layer_js']:.4f}, between layers "
-            f"{cohesion['between_layer_js']:.4f} (gap {cohesion['gap']:+.4f}; permutation test, layer labels "
-            f"shuffled {cohesion['permutations']} times: p = {cohesion['p_value']:.3g})",
-            f"heads whose nearest head (smallest divergence) is in the same layer: "
-            f"{cohesion.get('nearest_same_layer', float('nan')):.3f} "
-            f"(chance {cohesion['chance_nearest_same_layer']:.3f})",
-            f"adjusted Rand index between the clusters (tree cut into as many clusters as layers) and the layers: "
-            f"{cohesion.get('adjusted_rand_clusters_layers', float('nan')):.3f}",
-        ]
-        if "fold_correlation" in cohesion:
-            items.append(
-                f"stability: correlation of the divergences measured on each half of the units: "
-                f"{cohesion['fold_correlation']:.4f}"
-            )
-        s.add(Paragraph("Do heads of the same layer behave alike?"))
-        s.add(BulletList(items))
+    return figures
+
+
+def _cohesion_items(cohesion: dict) -> list[str]:
+    """Whether heads of one layer behave alike (`layer_cohesion`), as bullet items."""
+    items = [
+        f"mean JS within a layer {cohesion['within_layer_js']:.4f}, between layers "
+        f"{cohesion['between_layer_js']:.4f} (gap {cohesion['gap']:+.4f}; permutation test, layer labels "
+        f"shuffled {cohesion['permutations']} times: p = {cohesion['p_value']:.3g})",
+        f"heads whose nearest head (smallest divergence) is in the same layer: "
+        f"{cohesion.get('nearest_same_layer', float('nan')):.3f} "
+        f"(chance {cohesion['chance_nearest_same_layer']:.3f})",
+        f"adjusted Rand index between the clusters (tree cut into as many clusters as layers) and the layers: "
+        f"{cohesion.get('adjusted_rand_clusters_layers', float('nan')):.3f}",
+    ]
+    if "fold_correlation" in cohesion:
+        items.append(
+            f"stability: correlation of the divergences measured on each half of the units: "
+            f"{cohesion['fold_correlation']:.4f}"
+        )
+    return items
+
+
+def _clusters_table(clusters, roles: list[str]) -> Table:
+    """Per head: its cluster, nearest head and the divergence to it, and its role."""
     rows = [
         [
             Cell(r.name),
@@ -208,17 +226,11 @@ def head_clusters_section(results, analysis: str) -> Section:
         ]
         for r, role in zip(clusters.itertuples(index=False), roles)
     ]
-    s.add(
-        Table(
-            "head-clusters",
-            "Per head: cluster, nearest head and its divergence, role. " + LEGEND,
-            ["Head", "Cluster", "Nearest head", "JS to nearest", "Same layer", "Role"],
-            rows,
-            [
-                {"layer": int(l), "head": int(h)}
-                for l, h in zip(clusters["layer"], clusters["head"])
-            ],
-            collapsed=len(rows) > 40,
-        )
+    return Table(
+        "head-clusters",
+        "Per head: cluster, nearest head and its divergence, role. " + LEGEND,
+        ["Head", "Cluster", "Nearest head", "JS to nearest", "Same layer", "Role"],
+        rows,
+        [{"layer": int(l), "head": int(h)} for l, h in zip(clusters["layer"], clusters["head"])],
+        collapsed=len(rows) > 40,
     )
-    return s

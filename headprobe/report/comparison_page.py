@@ -271,72 +271,82 @@ def _matches(runs: list[Run], tables) -> Section:
     matches, agreement = tables["matches"], tables["agreement"]
     by_name = {r.name: r for r in runs}
     for (a, b), m in matches.groupby(["run_a", "run_b"], sort=False):
-        ra = by_name[a].results
-        sim = np.full((ra.n_layers, ra.n_heads), np.nan)
-        names = np.full((ra.n_layers, ra.n_heads), "", dtype=object)
-        for r in m.itertuples(index=False):
-            sim[r.layer_a, r.head_a], names[r.layer_a, r.head_a] = r.similarity, r.name_b
-        s.add(Paragraph(f"{a} vs {b}", note=False))
-        s.add(
-            Figure(
-                f"matches_{slug(a)}_{slug(b)}",
-                F.matched_heads_figure(sim, names, f"{a}: matched head of {b}"),
-                f"Each head of {a} coloured by its similarity to the head of {b} it is matched with (cell "
-                f"text: that head; grey: unmatched). " + LEGEND,
-                alt=f"matched heads {a} {b}",
-            )
-        )
         agree = agreement[(agreement["run_a"] == a) & (agreement["run_b"] == b)]
-        s.add(
-            Table(
-                f"agreement-{slug(a)}-{slug(b)}",
-                f"Roles kept: heads of {a} per role, how many are matched "
-                f"with a head of {b} holding the same role",
-                ["Role", "Matched heads", "Same role", "Share"],
-                [
-                    [
-                        Cell(r.role),
-                        Cell(fmt_int(r.heads), numeric=True),
-                        Cell(fmt_int(r.kept), numeric=True),
-                        Cell("—" if pd.isna(r.share_kept) else f"{r.share_kept:.1%}", numeric=True),
-                    ]
-                    for r in agree.itertuples(index=False)
-                ],
-            )
-        )
-        rows = [
-            [
-                Cell(r.name_a),
-                Cell(r.role_a),
-                Cell(r.name_b, {"col": "name_b"}),
-                Cell(r.role_b),
-                Cell(
-                    fmt(r.similarity, 3),
-                    {"col": "similarity", "value": repr(float(r.similarity))},
-                    True,
-                ),
-            ]
-            for r in m.itertuples(index=False)
-        ]
-        s.add(
-            Table(
-                f"matches-{slug(a)}-{slug(b)}",
-                f"Every matched pair, {a} vs {b}. " + LEGEND,
-                [f"Head ({a})", "Role", f"Head ({b})", "Role", "Similarity"],
-                rows,
-                [
-                    {
-                        "layer-a": int(r.layer_a),
-                        "head-a": int(r.head_a),
-                        "layer-b": int(r.layer_b),
-                        "head-b": int(r.head_b),
-                    }
-                    for r in m.itertuples(index=False)
-                ],
-                collapsed=True,
-            )
-        )
+        for block in _pair_blocks(a, b, m, by_name[a].results, agree):
+            s.add(block)
     return s
+
+
+def _pair_blocks(a: str, b: str, m, ra, agree) -> list:
+    """The matched heads of runs `a` and `b` (`ra`: the results of `a`): a figure of their
+    similarity, the roles kept and every matched pair."""
+    sim = np.full((ra.n_layers, ra.n_heads), np.nan)
+    names = np.full((ra.n_layers, ra.n_heads), "", dtype=object)
+    for r in m.itertuples(index=False):
+        sim[r.layer_a, r.head_a], names[r.layer_a, r.head_a] = r.similarity, r.name_b
+    blocks = [Paragraph(f"{a} vs {b}", note=False)]
+    blocks.append(
+        Figure(
+            f"matches_{slug(a)}_{slug(b)}",
+            F.matched_heads_figure(sim, names, f"{a}: matched head of {b}"),
+            f"Each head of {a} coloured by its similarity to the head of {b} it is matched with (cell "
+            f"text: that head; grey: unmatched). " + LEGEND,
+            alt=f"matched heads {a} {b}",
+        )
+    )
+    blocks.append(
+        Table(
+            f"agreement-{slug(a)}-{slug(b)}",
+            f"Roles kept: heads of {a} per role, how many are matched "
+            f"with a head of {b} holding the same role",
+            ["Role", "Matched heads", "Same role", "Share"],
+            [
+                [
+                    Cell(r.role),
+                    Cell(fmt_int(r.heads), numeric=True),
+                    Cell(fmt_int(r.kept), numeric=True),
+                    Cell("—" if pd.isna(r.share_kept) else f"{r.share_kept:.1%}", numeric=True),
+                ]
+                for r in agree.itertuples(index=False)
+            ],
+        )
+    )
+    blocks.append(_pairs_table(a, b, m))
+    return blocks
+
+
+def _pairs_table(a: str, b: str, m) -> Table:
+    """Every matched pair of heads of runs `a` and `b` (`m`: their rows of `matches`)."""
+    rows = [
+        [
+            Cell(r.name_a),
+            Cell(r.role_a),
+            Cell(r.name_b, {"col": "name_b"}),
+            Cell(r.role_b),
+            Cell(
+                fmt(r.similarity, 3),
+                {"col": "similarity", "value": repr(float(r.similarity))},
+                True,
+            ),
+        ]
+        for r in m.itertuples(index=False)
+    ]
+    return Table(
+        f"matches-{slug(a)}-{slug(b)}",
+        f"Every matched pair, {a} vs {b}. " + LEGEND,
+        [f"Head ({a})", "Role", f"Head ({b})", "Role", "Similarity"],
+        rows,
+        [
+            {
+                "layer-a": int(r.layer_a),
+                "head-a": int(r.head_a),
+                "layer-b": int(r.layer_b),
+                "head-b": int(r.head_b),
+            }
+            for r in m.itertuples(index=False)
+        ],
+        collapsed=True,
+    )
 
 
 def _provenance(runs: list[Run]) -> Section:

@@ -277,55 +277,61 @@ def control_section(results) -> Section:
         s.add(Paragraph("These results have no control.", note=True))
         return s
     held = best[(best["selection"] == "held-out") & (best["fold"] == "") & ~best["small_sample"]]
-    s.add(
-        Table(
-            "control-best",
-            "Held-out best head per label: trained vs the random-init control (95% "
-            "intervals over units). " + LEGEND,
-            [
-                "Analysis",
-                "Label",
-                "Trained head",
-                "Accuracy",
-                "95% CI",
-                "Control head",
-                "Control accuracy",
-                "95% CI (control)",
-            ],
-            [
-                [
-                    Cell(r.analysis),
-                    Cell(r.label),
-                    Cell(r.heads or "—"),
-                    Cell(fmt(r.accuracy), numeric=True),
-                    Cell(fmt_ci(r.ci_low, r.ci_high), numeric=True),
-                    Cell(r.control_heads or "—"),
-                    Cell(fmt(r.control_accuracy), numeric=True),
-                    Cell(fmt_ci(r.control_ci_low, r.control_ci_high), numeric=True),
-                ]
-                for r in held.itertuples(index=False)
-            ],
-            collapsed=len(held) > 40,
-        )
-    )
+    s.add(_control_best_table(held))
     control = results.control
     if control is not None and len(control.roles):
-        order = list(role_colors(results))
-        mine = role_summary(results.roles, order).set_index("role")["heads"]
-        theirs = role_summary(control.roles, order).set_index("role")["heads"]
-        s.add(
-            Table(
-                "control-roles",
-                "Heads per role: trained vs the random-init control",
-                ["Role", "Trained", "Control"],
-                [
-                    [
-                        Cell(role),
-                        Cell(str(int(mine.get(role, 0))), numeric=True),
-                        Cell(str(int(theirs.get(role, 0))), numeric=True),
-                    ]
-                    for role in order
-                ],
-            )
-        )
+        s.add(_control_roles_table(results, control))
     return s
+
+
+def _control_best_table(held) -> Table:
+    """The held-out best head per label beside the control's, with their intervals."""
+    return Table(
+        "control-best",
+        "Held-out best head per label: trained vs the random-init control (95% "
+        "intervals over units). " + LEGEND,
+        [
+            "Analysis",
+            "Label",
+            "Trained head",
+            "Accuracy",
+            "95% CI",
+            "Control head",
+            "Control accuracy",
+            "95% CI (control)",
+        ],
+        [
+            [
+                Cell(r.analysis),
+                Cell(r.label),
+                Cell(r.heads or "—"),
+                Cell(fmt(r.accuracy), numeric=True),
+                Cell(fmt_ci(r.ci_low, r.ci_high), numeric=True),
+                Cell(r.control_heads or "—"),
+                Cell(fmt(r.control_accuracy), numeric=True),
+                Cell(fmt_ci(r.control_ci_low, r.control_ci_high), numeric=True),
+            ]
+            for r in held.itertuples(index=False)
+        ],
+        collapsed=len(held) > 40,
+    )
+
+
+def _control_roles_table(results, control) -> Table:
+    """The heads per role of the trained model and of its random-init control."""
+    order = list(role_colors(results))
+    mine = role_summary(results.roles, order).set_index("role")["heads"]
+    theirs = role_summary(control.roles, order).set_index("role")["heads"]
+    return Table(
+        "control-roles",
+        "Heads per role: trained vs the random-init control",
+        ["Role", "Trained", "Control"],
+        [
+            [
+                Cell(role),
+                Cell(str(int(mine.get(role, 0))), numeric=True),
+                Cell(str(int(theirs.get(role, 0))), numeric=True),
+            ]
+            for role in order
+        ],
+    )

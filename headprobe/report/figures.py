@@ -175,23 +175,7 @@ def draw_heatmap(
         cb.ax.tick_params(labelsize=fontsize)
         cb.outline.set_visible(False)
     if annot_text is not None:
-        for i in range(n_rows):
-            for j in range(n_cols):
-                text = annot_text[i, j]
-                if text is None or text == "":
-                    continue
-                v = mat[i, j]
-                rgba = cm((v - vmin) / (vmax - vmin)) if np.isfinite(v) else (0.9, 0.9, 0.9, 1)
-                lum = 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2]
-                ax.text(
-                    j + 0.5,
-                    i + 0.5,
-                    str(text),
-                    ha="center",
-                    va="center",
-                    fontsize=fontsize,
-                    color="white" if lum < 0.45 else "black",
-                )
+        _annotate_cells(ax, mat, annot_text, cm, vmin, vmax, fontsize)
     if xticklabels is not None:
         ax.set_xticks([k + 0.5 for k in range(n_cols)])
         ax.set_xticklabels(xticklabels, rotation=90, fontsize=fontsize)
@@ -200,6 +184,28 @@ def draw_heatmap(
         ax.set_yticklabels(yticklabels, fontsize=fontsize)
     ax.tick_params(length=2)
     return mesh
+
+
+def _annotate_cells(ax, mat: np.ndarray, annot_text: np.ndarray, cm, vmin, vmax, fontsize):
+    """Each cell's text of `annot_text` (`mat`'s shape) written in it, white on dark cells."""
+    n_rows, n_cols = mat.shape
+    for i in range(n_rows):
+        for j in range(n_cols):
+            text = annot_text[i, j]
+            if text is None or text == "":
+                continue
+            v = mat[i, j]
+            rgba = cm((v - vmin) / (vmax - vmin)) if np.isfinite(v) else (0.9, 0.9, 0.9, 1)
+            lum = 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2]
+            ax.text(
+                j + 0.5,
+                i + 0.5,
+                str(text),
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                color="white" if lum < 0.45 else "black",
+            )
 
 
 def layer_head_heatmap(
@@ -604,7 +610,26 @@ def example_figure(
     ax.set_aspect("equal")
     ax.set_xlabel("attends to (key word)", fontsize=8)
     ax.set_ylabel("attending word (query)", fontsize=8)
-    noself = sub.copy()
+    _mark_argmax_and_gold(ax, sub, gold, direction, lo, hi)
+    ax.set_title(title, fontsize=9)
+    if lo or hi < n:
+        ax.text(
+            0,
+            -0.02,
+            f"words {lo}–{hi - 1} of {n} shown",
+            transform=ax.transAxes,
+            fontsize=7,
+            va="top",
+        )
+    fig.tight_layout()
+    return drawing(fig)
+
+
+def _mark_argmax_and_gold(ax, sub: np.ndarray, gold: list, direction: str, lo: int, hi: int):
+    """Dots at each row's (each column's for `head<-dep`) most attended word, self excluded, and
+    the gold pairs outlined; `sub` is the words `lo`..`hi` of the example."""
+    m = len(sub)
+    noself = sub.copy()  # [query word, key word]
     if m > 1:
         np.fill_diagonal(noself, -np.inf)
         if direction == "head<-dep":  # the word attending most to each column
@@ -620,18 +645,6 @@ def example_figure(
             ax.add_patch(
                 Rectangle((col - lo, row - lo), 1, 1, fill=False, edgecolor="#d62728", lw=1.8)
             )
-    ax.set_title(title, fontsize=9)
-    if lo or hi < n:
-        ax.text(
-            0,
-            -0.02,
-            f"words {lo}–{hi - 1} of {n} shown",
-            transform=ax.transAxes,
-            fontsize=7,
-            va="top",
-        )
-    fig.tight_layout()
-    return drawing(fig)
 
 
 def _role_shares(ax, shares: pd.DataFrame, colors: dict[str, str]):

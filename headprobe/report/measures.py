@@ -47,66 +47,72 @@ def measures_section(results) -> Section:
     )
     share = special_share(results)
     if len(share):
-        has_ci = share[f"{first}_low"].notna().any()
-        rows = [
-            [
-                Cell(str(int(r["layer"]))),
-                *[
-                    Cell(
-                        fmt(r[m]) + (" " + fmt_ci(r[f"{m}_low"], r[f"{m}_high"]) if has_ci else ""),
-                        numeric=True,
-                    )
-                    for m in (first, second)
-                ],
-                Cell(
-                    fmt(r.get("change", np.nan))
-                    + (
-                        " " + fmt_ci(r["change_low"], r["change_high"])
-                        if has_ci and "change_low" in r
-                        else ""
-                    ),
-                    numeric=True,
-                ),
-            ]
-            for _, r in share.iterrows()
-        ]
-        note = (
-            "95% intervals: Poisson bootstrap over units, the change paired"
-            if has_ci
-            else "no intervals: they need per-unit counts (--keep-unit-counts)"
-        )
-        s.add(
-            Table(
-                "measures-special-share",
-                f"Share of a word's attention on [CLS]/BOS + [SEP]/EOS per layer, "
-                f"mean over heads ({note}). Layers 0-based.",
-                ["Layer", first, second, f"{second} - {first}"],
-                rows,
-            )
-        )
+        s.add(_special_share_table(share, first, second))
     side = surface_side_by_side(results)
     if len(side):
-        rows = [
-            [
-                Cell(SURFACE_NAMES.get(r.label, r.label)),
-                Cell(str(int(r.layer))),
-                Cell(fmt(getattr(r, first)), numeric=True),
-                Cell(fmt(getattr(r, second)), numeric=True),
-                Cell(fmt(r.change), numeric=True),
-            ]
-            for r in side.itertuples(index=False)
-        ]
-        s.add(
-            Table(
-                "measures-surface",
-                "Surface statistics per layer (mean over heads) under each measure",
-                ["Statistic", "Layer", first, second, "Change"],
-                rows,
-                collapsed=len(rows) > 40,
-            )
-        )
+        s.add(_surface_table(side, first, second))
     _roles(s, results, first, second)
     return s
+
+
+def _special_share_table(share, first: str, second: str) -> Table:
+    """The share of attention on the special tokens per layer under each measure, and its change."""
+    has_ci = share[f"{first}_low"].notna().any()
+    rows = [
+        [
+            Cell(str(int(r["layer"]))),
+            *[
+                Cell(
+                    fmt(r[m]) + (" " + fmt_ci(r[f"{m}_low"], r[f"{m}_high"]) if has_ci else ""),
+                    numeric=True,
+                )
+                for m in (first, second)
+            ],
+            Cell(
+                fmt(r.get("change", np.nan))
+                + (
+                    " " + fmt_ci(r["change_low"], r["change_high"])
+                    if has_ci and "change_low" in r
+                    else ""
+                ),
+                numeric=True,
+            ),
+        ]
+        for _, r in share.iterrows()
+    ]
+    note = (
+        "95% intervals: Poisson bootstrap over units, the change paired"
+        if has_ci
+        else "no intervals: they need per-unit counts (--keep-unit-counts)"
+    )
+    return Table(
+        "measures-special-share",
+        f"Share of a word's attention on [CLS]/BOS + [SEP]/EOS per layer, "
+        f"mean over heads ({note}). Layers 0-based.",
+        ["Layer", first, second, f"{second} - {first}"],
+        rows,
+    )
+
+
+def _surface_table(side, first: str, second: str) -> Table:
+    """The surface statistics per layer under each measure, and their change."""
+    rows = [
+        [
+            Cell(SURFACE_NAMES.get(r.label, r.label)),
+            Cell(str(int(r.layer))),
+            Cell(fmt(getattr(r, first)), numeric=True),
+            Cell(fmt(getattr(r, second)), numeric=True),
+            Cell(fmt(r.change), numeric=True),
+        ]
+        for r in side.itertuples(index=False)
+    ]
+    return Table(
+        "measures-surface",
+        "Surface statistics per layer (mean over heads) under each measure",
+        ["Statistic", "Layer", first, second, "Change"],
+        rows,
+        collapsed=len(rows) > 40,
+    )
 
 
 def _roles(s: Section, results, first: str, second: str) -> None:

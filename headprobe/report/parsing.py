@@ -46,6 +46,18 @@ def parsing_section(results, analysis: str) -> Section:
                 note=True,
             )
         )
+    s.add(_scores_table(scores))
+    s.add(_gaps_table(results.table("parse_gaps")))
+    heads = results.table("parse_heads")
+    figure = _heads_figure(heads, results.n_layers, results.n_heads, analysis)
+    if figure is not None:
+        s.add(figure)
+    s.add(_mst_table(heads))
+    return s
+
+
+def _scores_table(scores) -> Table:
+    """`parse_scores`: every predictor's accuracy with its interval."""
     rows = [
         [
             Cell(r.metric),
@@ -59,24 +71,25 @@ def parsing_section(results, analysis: str) -> Section:
         ]
         for r in scores.itertuples(index=False)
     ]
-    s.add(
-        Table(
-            "parse-scores",
-            "Probe, trees, best single head and baselines. " + LEGEND,
-            [
-                "Metric",
-                "Predictor",
-                "Selection",
-                "Head / baseline",
-                "Arcs",
-                "Accuracy",
-                "95% CI",
-                "Note",
-            ],
-            rows,
-        )
+    return Table(
+        "parse-scores",
+        "Probe, trees, best single head and baselines. " + LEGEND,
+        [
+            "Metric",
+            "Predictor",
+            "Selection",
+            "Head / baseline",
+            "Arcs",
+            "Accuracy",
+            "95% CI",
+            "Note",
+        ],
+        rows,
     )
-    gaps = results.table("parse_gaps")
+
+
+def _gaps_table(gaps) -> Table:
+    """`parse_gaps`: the paired differences between predictors."""
     rows = [
         [
             Cell(r.metric),
@@ -88,16 +101,17 @@ def parsing_section(results, analysis: str) -> Section:
         ]
         for r in gaps.itertuples(index=False)
     ]
-    s.add(
-        Table(
-            "parse-gaps",
-            "Paired differences (the single head's or baseline's selection as stated; the "
-            "probe is always held-out)",
-            ["Metric", "Difference", "Selection", "Gap", "95% CI", "Excludes 0"],
-            rows,
-        )
+    return Table(
+        "parse-gaps",
+        "Paired differences (the single head's or baseline's selection as stated; the "
+        "probe is always held-out)",
+        ["Metric", "Difference", "Selection", "Gap", "95% CI", "Excludes 0"],
+        rows,
     )
-    heads = results.table("parse_heads")
+
+
+def _heads_figure(heads, n_layers: int, n_heads: int, analysis: str) -> Figure | None:
+    """Per head (`parse_heads`): argmax accuracy in each direction and the UUAS of its tree."""
     items = []
     for direction, title in (
         ("dep->head", "argmax UAS, dep->head"),
@@ -106,17 +120,20 @@ def parsing_section(results, analysis: str) -> Section:
     ):
         one = heads[heads["direction"] == direction]
         if len(one):
-            items.append((title, to_matrix(one, "accuracy", results.n_layers, results.n_heads)))
-    if items:
-        s.add(
-            Figure(
-                f"{slug(analysis)}_heads",
-                F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1),
-                "Per head, on the parsing arcs: argmax accuracy in each direction and the UUAS of its maximum "
-                "spanning tree. " + LEGEND,
-                alt="per-head parsing accuracy",
-            )
-        )
+            items.append((title, to_matrix(one, "accuracy", n_layers, n_heads)))
+    if not items:
+        return None
+    return Figure(
+        f"{slug(analysis)}_heads",
+        F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1),
+        "Per head, on the parsing arcs: argmax accuracy in each direction and the UUAS of its maximum "
+        "spanning tree. " + LEGEND,
+        alt="per-head parsing accuracy",
+    )
+
+
+def _mst_table(heads) -> Table:
+    """The UUAS of every head's maximum spanning tree, best first."""
     mst = heads[heads["direction"] == "mst"].sort_values("accuracy", ascending=False, kind="stable")
     rows = [
         [
@@ -126,14 +143,11 @@ def parsing_section(results, analysis: str) -> Section:
         ]
         for r in mst.itertuples(index=False)
     ]
-    s.add(
-        Table(
-            "parse-mst-heads",
-            "MST UUAS of every head (in-sample), best first. " + LEGEND,
-            ["Head", "UUAS", "95% CI"],
-            rows,
-            [{"layer": int(l), "head": int(h)} for l, h in zip(mst["layer"], mst["head"])],
-            collapsed=True,
-        )
+    return Table(
+        "parse-mst-heads",
+        "MST UUAS of every head (in-sample), best first. " + LEGEND,
+        ["Head", "UUAS", "95% CI"],
+        rows,
+        [{"layer": int(l), "head": int(h)} for l, h in zip(mst["layer"], mst["head"])],
+        collapsed=True,
     )
-    return s

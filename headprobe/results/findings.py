@@ -95,61 +95,74 @@ def caveats(results) -> list[tuple[str, str]]:
     predict, input skipped (or that nothing was), and the run's own notes."""
     out = []
     for analysis in selection_analyses(results):
-        wide = results.best_heads_wide(analysis)
-        small = wide[wide["small_sample"].astype(bool)]
-        if len(small):
-            out.append(
-                (
-                    "small samples",
-                    f"{analysis}: {len(small)} label(s) with fewer than {registry.min_n(analysis)} "
-                    f"trials, shown with their counts but never named a best head or a role: "
-                    f"{_listing(small['label'], small['n'])}.",
-                )
-            )
-        tied = wide[
-            ~wide["small_sample"].astype(bool) & (pd.to_numeric(wide["tied"], errors="coerce") > 1)
-        ]
-        if len(tied):
-            out.append(
-                (
-                    "ties",
-                    f"{analysis}: exact ties for the best head (candidates sharing the best "
-                    f"accuracy; the lowest layer, head, direction is shown): {_listing(tied['label'], tied['tied'])}.",
-                )
-            )
-        split = wide[~wide["small_sample"].astype(bool) & (wide["heldout_folds_agree"] == False)]  # noqa: E712
-        if len(split):
-            out.append(
-                (
-                    "folds disagree",
-                    f"{analysis}: the two held-out folds chose different heads for "
-                    f"{', '.join(split['label'])}.",
-                )
-            )
-        below = wide[(wide["label"] == ALL) & (wide["heldout_gap_high"] < 0)]
-        for r in below.itertuples(index=False):
-            out.append(
-                (
-                    "below baseline",
-                    f"{analysis}: held-out, the best head of {ALL} is below the "
-                    f"{r.baseline_variant} baseline (gap {r.heldout_gap:+.3f}, 95% CI "
-                    f"[{r.heldout_gap_low:+.3f}, {r.heldout_gap_high:+.3f}]).",
-                )
-            )
+        out += _selection_caveats(analysis, results.best_heads_wide(analysis))
     for analysis in selection_analyses(results):
-        unreachable = results.unreachable_arcs(analysis)
-        everything = unreachable[(unreachable["label"] == ALL) & (unreachable["unreachable"] > 0)]
-        for r in everything.itertuples(index=False):
-            out.append(
-                (
-                    "unreachable",
-                    f"{analysis}, {r.direction}: {int(r.unreachable):,} of {int(r.n):,} "
-                    f"{ALL} items ({r.share:.1%}) hold no attention in their row or column; they count as "
-                    "misses.",
-                )
-            )
+        out += _unreachable_caveats(analysis, results.unreachable_arcs(analysis))
     out.append(("skipped input", skipped_text(results.summary.get("skipped") or {})))
     out += [("note", str(note)) for note in results.summary.get("notes") or []]
+    return out
+
+
+def _selection_caveats(analysis: str, wide) -> list[tuple[str, str]]:
+    """An analysis's small labels, exact ties, disagreeing folds and a best head below its
+    baseline, from its best heads (`wide`: `Results.best_heads_wide`)."""
+    out = []
+    small = wide[wide["small_sample"].astype(bool)]
+    if len(small):
+        out.append(
+            (
+                "small samples",
+                f"{analysis}: {len(small)} label(s) with fewer than {registry.min_n(analysis)} "
+                f"trials, shown with their counts but never named a best head or a role: "
+                f"{_listing(small['label'], small['n'])}.",
+            )
+        )
+    tied = wide[
+        ~wide["small_sample"].astype(bool) & (pd.to_numeric(wide["tied"], errors="coerce") > 1)
+    ]
+    if len(tied):
+        out.append(
+            (
+                "ties",
+                f"{analysis}: exact ties for the best head (candidates sharing the best "
+                f"accuracy; the lowest layer, head, direction is shown): {_listing(tied['label'], tied['tied'])}.",
+            )
+        )
+    split = wide[~wide["small_sample"].astype(bool) & (wide["heldout_folds_agree"] == False)]  # noqa: E712
+    if len(split):
+        out.append(
+            (
+                "folds disagree",
+                f"{analysis}: the two held-out folds chose different heads for "
+                f"{', '.join(split['label'])}.",
+            )
+        )
+    below = wide[(wide["label"] == ALL) & (wide["heldout_gap_high"] < 0)]
+    for r in below.itertuples(index=False):
+        out.append(
+            (
+                "below baseline",
+                f"{analysis}: held-out, the best head of {ALL} is below the "
+                f"{r.baseline_variant} baseline (gap {r.heldout_gap:+.3f}, 95% CI "
+                f"[{r.heldout_gap_low:+.3f}, {r.heldout_gap_high:+.3f}]).",
+            )
+        )
+    return out
+
+
+def _unreachable_caveats(analysis: str, unreachable) -> list[tuple[str, str]]:
+    """The items of an analysis's whole-label row that hold no attention (they count as misses)."""
+    out = []
+    everything = unreachable[(unreachable["label"] == ALL) & (unreachable["unreachable"] > 0)]
+    for r in everything.itertuples(index=False):
+        out.append(
+            (
+                "unreachable",
+                f"{analysis}, {r.direction}: {int(r.unreachable):,} of {int(r.n):,} "
+                f"{ALL} items ({r.share:.1%}) hold no attention in their row or column; they count as "
+                "misses.",
+            )
+        )
     return out
 
 

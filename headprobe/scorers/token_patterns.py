@@ -429,17 +429,7 @@ def pattern_rule(
         if baseline:
             ok &= t["gap_low"] > 0
         hit = t[ok.fillna(False).astype(bool)]
-        evidence = []
-        for r in hit.itertuples(index=False):
-            text = (
-                f"{label} score {r.score:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}] on {int(r.n)} rows; "
-                f"fold 0 {r.fold0:.4f}, fold 1 {r.fold1:.4f} (each >= {threshold:g}; lower end >= {lower:g})"
-            )
-            if baseline:
-                text += f"; vs {r.baseline_variant} {r.baseline_score:.4f}: gap [{r.gap_low:+.4f}, {r.gap_high:+.4f}]"
-            if label == MUL and np.isfinite(r.tl_mul):
-                text += f"; TransformerLens mul {r.tl_mul:.4f}"
-            evidence.append(text)
+        evidence = [_evidence(r, label, threshold, lower, baseline) for r in hit.itertuples()]
         return pd.DataFrame(
             {
                 "layer": hit["layer"],
@@ -452,6 +442,25 @@ def pattern_rule(
             columns=MATCH_COLUMNS,
         )
 
+    description = _rule_description(role, what, label, threshold, lower, baseline, min_n)
+    return RoleRule(role, order, color, description, match)
+
+
+def _evidence(r, label: str, threshold: float, lower: float, baseline: bool) -> str:
+    """Why head row `r` of a `<analysis>_heads` table meets a `pattern_rule`, in words."""
+    text = (
+        f"{label} score {r.score:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}] on {int(r.n)} rows; "
+        f"fold 0 {r.fold0:.4f}, fold 1 {r.fold1:.4f} (each >= {threshold:g}; lower end >= {lower:g})"
+    )
+    if baseline:
+        text += f"; vs {r.baseline_variant} {r.baseline_score:.4f}: gap [{r.gap_low:+.4f}, {r.gap_high:+.4f}]"
+    if label == MUL and np.isfinite(r.tl_mul):
+        text += f"; TransformerLens mul {r.tl_mul:.4f}"
+    return text
+
+
+def _rule_description(role, what, label, threshold, lower, baseline, min_n) -> str:
+    """What a `pattern_rule` checks, in one sentence (the report's list of rules)."""
     gap = (
         (
             ", the paired 95% interval of its gap to the analysis's best baseline (the best on all data) lies "
@@ -460,12 +469,11 @@ def pattern_rule(
         if baseline
         else ""
     )
-    description = (
+    return (
         f"{role}: {what}; the head's {label} score is at least {threshold:g} on each fold (found on "
         f"one half of the units, confirmed on the other), the lower end of its 95% bootstrap interval "
         f"is at least {lower:g}{gap}, on at least {min_n} rows."
     )
-    return RoleRule(role, order, color, description, match)
 
 
 # ---------------------------------------------------------------------------- declarations
@@ -563,28 +571,14 @@ def pattern_analysis(
     place in the registry's order comes from it). Returns the registered `Analysis`
     (`registry.unregister(name)` removes it).
     """
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
-        raise ValueError(
-            f"pattern analysis name {name!r}: use letters, digits and '_' (it names tables and files)"
-        )
-    if not callable(pattern_fn):
-        raise ValueError(
-            f"pattern analysis {name!r}: pattern_fn must be a function (ids, token) -> [T, T] bool"
-        )
     module = module or sys._getframe(1).f_globals.get("__name__", "__main__")
-    cls_name = "".join(part[:1].upper() + part[1:] for part in name.split("_")) + "Scorer"
-    scorer = type(
-        cls_name,
-        (PatternScorer,),
-        {
-            "analysis": name,
-            "pattern": staticmethod(pattern_fn),
-            "baselines": tuple(baselines),
-            "__module__": module,
-            "__qualname__": cls_name,
-            "__doc__": f"The {name!r} token pattern (`pattern_analysis`): {getattr(pattern_fn, '__doc__', '') or ''}",
-        },
-    )
+    scorer = _pattern_scorer(name, pattern_fn, baselines, module)
+    return _register_pattern(name, scorer, baselines, rule, description, input, default)
+
+
+def _register_pattern(name, scorer, baselines, rule, description, input, default) -> Analysis:
+    """Register the pattern analysis `name` scored by `scorer`, with its two tables and (with
+    `rule`) its role; `pattern_analysis` says what each argument is."""
     if description is None:
         description = (
             f"share of attention on the {name} token pattern, and argmax hits on it, per head, at piece "
@@ -604,6 +598,32 @@ def pattern_analysis(
                 f"{name}_kv_groups": lambda results: group_table(results, name),
             },
         )
+    )
+
+
+def _pattern_scorer(name: str, pattern_fn, baselines, module: str) -> type:
+    """A `PatternScorer` subclass scoring `pattern_fn` as analysis `name` (the name and the
+    function checked first: a clear `ValueError`)."""
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+        raise ValueError(
+            f"pattern analysis name {name!r}: use letters, digits and '_' (it names tables and files)"
+        )
+    if not callable(pattern_fn):
+        raise ValueError(
+            f"pattern analysis {name!r}: pattern_fn must be a function (ids, token) -> [T, T] bool"
+        )
+    cls_name = "".join(part[:1].upper() + part[1:] for part in name.split("_")) + "Scorer"
+    return type(
+        cls_name,
+        (PatternScorer,),
+        {
+            "analysis": name,
+            "pattern": staticmethod(pattern_fn),
+            "baselines": tuple(baselines),
+            "__module__": module,
+            "__qualname__": cls_name,
+            "__doc__": f"The {name!r} token pattern (`pattern_analysis`): {getattr(pattern_fn, '__doc__', '') or ''}",
+        },
     )
 
 

@@ -441,22 +441,27 @@ class Engine:
             needs_of(self.measures) if set(self.measures) - {WEIGHTS} else None
         )  # None: probs only
         check_capturable(model, self.needs)
+        self._bind_scorers(conventions is not None, seed, n_boot, keep_units)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+
+    def _bind_scorers(self, give_conventions: bool, seed: int, n_boot: int, keep_units: bool):
+        """Bind every scorer to the stack's layers and heads (the conventions given to those that
+        read them when `give_conventions`); the model handed to the scorers that run it."""
         for scorer in self.scorers:
-            if conventions is not None and hasattr(scorer, "use_conventions"):
+            if give_conventions and hasattr(scorer, "use_conventions"):
                 scorer.use_conventions(self.conventions)
             scorer.bind(
                 self.n_layers,
                 self.n_heads,
-                layers,
+                self.layers,
                 seed=seed,
                 n_boot=n_boot,
                 keep_units=keep_units,
                 device=self.device,
             )
         for scorer in self.model_scorers:
-            scorer.use_model(model, tokenizer)
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+            scorer.use_model(self.model, self.tokenizer)
 
     def run(self, examples, checkpoint=None) -> dict:
         """Score `examples` (any iterable, read once: a lazy `corpora.base.Stream` is never held
@@ -469,25 +474,8 @@ class Engine:
         `done_in_chunk` of chunk `chunk`; `stats`) and `save(engine, state)`, called every
         `every` batches with that state. A run started from a state rebuilds the batches of
         the interrupted chunk exactly as they were, leaving out the examples already scored."""
-        start = time.perf_counter()
-        self.batch_size_ = self.batch_size
-        self.stats_ = {
-            "examples": 0,
-            "words": 0,
-            "skipped": Counter(),
-            "skipped_sources": [],
-            "seconds": 0.0,
-            "batch_size": self.batch_size,
-        }
         resume = checkpoint.start if checkpoint is not None else None
-        if resume:
-            saved = resume["stats"]
-            self.stats_.update(
-                saved,
-                skipped=Counter(saved["skipped"]),
-                skipped_sources=list(saved["skipped_sources"]),
-            )
-            start -= saved["seconds"]
+        start = self._start_stats(resume)
         self._pass = _Pass(
             start,
             checkpoint,
@@ -522,6 +510,29 @@ class Engine:
         if self.notes:
             self.stats_["notes"] = list(self.notes)
         return self.stats_
+
+    def _start_stats(self, resume: dict | None) -> float:
+        """Fresh `stats_` (those a checkpoint saved when resuming); returns the start time, moved
+        back by the seconds already spent."""
+        start = time.perf_counter()
+        self.batch_size_ = self.batch_size
+        self.stats_ = {
+            "examples": 0,
+            "words": 0,
+            "skipped": Counter(),
+            "skipped_sources": [],
+            "seconds": 0.0,
+            "batch_size": self.batch_size,
+        }
+        if resume:
+            saved = resume["stats"]
+            self.stats_.update(
+                saved,
+                skipped=Counter(saved["skipped"]),
+                skipped_sources=list(saved["skipped_sources"]),
+            )
+            start -= saved["seconds"]
+        return start
 
     def _score_chunk(
         self, number: int, chunk: list, prepared, finished: set[int], resumed: bool

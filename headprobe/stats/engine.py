@@ -365,11 +365,19 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
     """In-sample, held-out per fold and pooled held-out rows of one label."""
     both = (0, 1)
     n_all = totals.trials(both)
-    rows = []
     best, base = totals.select(both)
     if best is None:
         return [_empty_row(analysis, label, "in-sample", "", n_all, "no trials", min_n)]
-    small = n_all < min_n
+    return [_in_sample_row(analysis, label, totals, best, base, min_n)] + _held_out_rows(
+        analysis, label, totals, min_n
+    )
+
+
+def _in_sample_row(analysis: str, label: str, totals: LabelTotals, best, base, min_n: int) -> dict:
+    """The label's best head and baseline chosen and scored on all data (`best`, `base`: their
+    candidate indices), with McNemar's test against the baseline where hits are counted."""
+    both = (0, 1)
+    small = totals.trials(both) < min_n
     row = _row(
         analysis, label, totals, "in-sample", "", {0: (best, base), 1: (best, base)}, best, base
     )
@@ -388,8 +396,15 @@ def label_rows(analysis: str, label: str, totals: LabelTotals, min_n: int = MIN_
             heads="",
             note=f"fewer than {min_n} trials: no best head",
         )
-    rows.append(row)
+    return row
 
+
+def _held_out_rows(analysis: str, label: str, totals: LabelTotals, min_n: int) -> list[dict]:
+    """Per fold, the head the other fold chose scored on it, then both folds pooled."""
+    both = (0, 1)
+    n_all = totals.trials(both)
+    small = n_all < min_n
+    rows = []
     chosen = {f: totals.select((f,)) for f in both}
     empty = [f for f in both if chosen[f][0] is None]
     if empty:
@@ -559,6 +574,36 @@ def _best_frame(rows: list[dict]) -> pd.DataFrame:
 def tidy_counts(tally) -> pd.DataFrame:
     """METHODS §5 tidy table of one tally: whole data (fold "") and each half ("0", "1"),
     resample 0 (the data itself); baselines as rows with `variant` and layer = head = -1."""
+    columns = _count_columns(tally)
+    if not columns["label"]:
+        return pd.DataFrame(columns=COUNT_COLUMNS)
+    cat = lambda parts: np.concatenate(parts)
+    variant_code, direction_code = cat(columns["variant"]), cat(columns["direction"])
+    value = cat(columns["value"])
+    is_head = variant_code < 0
+    names = np.asarray(tally.directions + ("",), dtype=object)
+    variants = np.asarray(tuple(tally.variants) + ("",), dtype=object)
+    frame = pd.DataFrame(
+        {
+            "analysis": tally.analysis,
+            "label": np.asarray(columns["label"], dtype=object),
+            "layer": cat(columns["layer"]).astype(np.int64),
+            "head": cat(columns["head"]).astype(np.int64),
+            "direction": names[direction_code],
+            "variant": variants[variant_code],
+            "fold": np.asarray(columns["fold"], dtype=object),
+            "n": cat(columns["n"]).astype(np.float64),
+            "hits": np.where(is_head & (tally.value == "mass"), np.nan, value),
+            "mass": np.where(is_head & (tally.value == "mass"), value, np.nan),
+            "unreachable": cat(columns["unreachable"]),
+        }
+    )
+    return frame[COUNT_COLUMNS]
+
+
+def _count_columns(tally) -> dict[str, list]:
+    """The parts of `tidy_counts`'s columns, per label and fold: the head cells (every layer,
+    head, direction) then the baselines (direction and variant as codes; -1: none)."""
     n_heads, n_dirs = tally.n_heads, len(tally.directions)
     layer, head, direction = (
         x.ravel()
@@ -604,30 +649,7 @@ def tidy_counts(tally) -> pd.DataFrame:
                 else pick(unreachable)[direction].astype(np.float64)
             )
             columns["unreachable"] += [u, np.full(n_variants, np.nan)]
-    if not columns["label"]:
-        return pd.DataFrame(columns=COUNT_COLUMNS)
-    cat = lambda parts: np.concatenate(parts)
-    variant_code, direction_code = cat(columns["variant"]), cat(columns["direction"])
-    value = cat(columns["value"])
-    is_head = variant_code < 0
-    names = np.asarray(tally.directions + ("",), dtype=object)
-    variants = np.asarray(tuple(tally.variants) + ("",), dtype=object)
-    frame = pd.DataFrame(
-        {
-            "analysis": tally.analysis,
-            "label": np.asarray(columns["label"], dtype=object),
-            "layer": cat(columns["layer"]).astype(np.int64),
-            "head": cat(columns["head"]).astype(np.int64),
-            "direction": names[direction_code],
-            "variant": variants[variant_code],
-            "fold": np.asarray(columns["fold"], dtype=object),
-            "n": cat(columns["n"]).astype(np.float64),
-            "hits": np.where(is_head & (tally.value == "mass"), np.nan, value),
-            "mass": np.where(is_head & (tally.value == "mass"), value, np.nan),
-            "unreachable": cat(columns["unreachable"]),
-        }
-    )
-    return frame[COUNT_COLUMNS]
+    return columns
 
 
 COUNT_COLUMNS = [
