@@ -24,7 +24,8 @@ from pathlib import Path
 
 ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
 SECTION = re.compile(r'^<a id="(s\d+)"></a>\s*\n## (\d+)\. (.+)$', re.MULTILINE)
-ALWAYS = ("s1", "s5", "s6", "s15")  # inputs, statistics, roles, provenance: behind every report
+ALWAYS = ("s1", "s5", "s6", "s15")
+USER_PATTERNS = "s10-user"  # the definition of a user-declared token pattern  # inputs, statistics, roles, provenance: behind every report
 TITLE = "headprobe: scoring the attention heads of Hugging Face Transformers"
 
 
@@ -61,8 +62,13 @@ def sections() -> dict[str, Part]:
 
 def section_of(analysis: str) -> str | None:
     """The numbered section holding `analysis-<analysis>`, or None (e.g. a user's own analysis)."""
+    return holding(f"analysis-{analysis}")
+
+
+def holding(anchor: str) -> str | None:
+    """The numbered section holding the anchor `anchor`, or None."""
     doc = text()
-    at = doc.find(f'<a id="analysis-{analysis}"></a>')
+    at = doc.find(f'<a id="{anchor}"></a>')
     if at < 0:
         return None
     before = [m for m in SECTION.finditer(doc) if m.start() <= at]
@@ -80,7 +86,7 @@ def _defined_in(analysis: str) -> str | None:
             scorer = registry.get(analysis).scorer
         except ValueError:  # not registered here (a plugin not installed)
             return None
-        found = section_of("induction") if issubclass(scorer, PatternScorer) else None
+        found = holding(USER_PATTERNS) if issubclass(scorer, PatternScorer) else None
     return found
 
 
