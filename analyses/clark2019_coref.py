@@ -36,7 +36,7 @@ def main(argv=None) -> int:
 
     from headprobe.inputs.corpora.base import ALL
     from headprobe.report import figures as F
-    from headprobe.report.build import accuracy_panels
+    from headprobe.report.selection import accuracy_panels
 
     table = results.best_heads_wide("coreference")
     if not len(table):

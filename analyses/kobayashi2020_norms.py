@@ -34,7 +34,8 @@ def main(argv=None) -> int:
     results = C.get_results(args, ANALYSES, out, measure="weights,norms", keep_unit_counts=True)
 
     from headprobe.report import figures as F
-    from headprobe.results.measure_views import role_changes, special_share, surface_side_by_side
+    from headprobe.results.measure_views import role_changes
+    from headprobe.scorers.surface_measures import special_share, surface_side_by_side
     from headprobe.stats.roles import role_colors
 
     if results.measures[:2] != ["weights", "norms"]:

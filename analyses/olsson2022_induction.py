@@ -79,6 +79,7 @@ def ablate(net, tokenizer, name, args, induction, out) -> None:
     """Induction heads vs other heads vs intact, and every head of --ablate-layers alone, on the
     repeated half's loss (see the module docstring)."""
     from headprobe.checks import parse_layers
+    from headprobe.config import RunConfig
     from headprobe.inputs.probes import make_probe
     from headprobe.model.capture import n_layers_heads, text_config
     from headprobe.results.query import Results
@@ -108,11 +109,13 @@ def ablate(net, tokenizer, name, args, induction, out) -> None:
         net,
         tokenizer,
         [together, alone],
-        layers=layers,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        n_boot=args.bootstrap,
-        progress=not args.quiet,
+        RunConfig(
+            layers=layers,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            n_boot=args.bootstrap,
+            progress=not args.quiet,
+        ),
         desc="ablation",
     ).run(examples)
     labels = [label for label, _ in groups]

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     if args.threshold is None:
-        from headprobe.stats.roles import POSITIONAL_SHARE
+        from headprobe.scorers.positional import POSITIONAL_SHARE
 
         args.threshold = POSITIONAL_SHARE
     if args.text:
@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "voita2019_positional")
     results = C.get_results(args, ["positional"], out)
 
-    from headprobe.report import figures as F
     from headprobe.report.tables import head_name
+    from headprobe.scorers.positional_report import positional_figure
 
     shares = (
         results.table("positional_heads").copy() if "positional_heads" in results.tables else None
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     )
     model = C.model_name(results, args)
     C.write_table(shares, out, "positional_heads", f"Argmax shares per head ({model}; L-H 0-based)")
-    C.write_png(F.positional_figure(shares, results.n_layers, results.n_heads), out, "positional")
+    C.write_png(positional_figure(shares, results.n_layers, results.n_heads), out, "positional")
     pos = shares[shares["positional"]]
     total = results.n_layers * results.n_heads
     print(f"\n{len(pos)} of {total} heads are positional (share >= {args.threshold:g}):")

@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from headprobe.config import RunConfig  # noqa: E402
 from headprobe.inputs.corpora.conllu import read_conllu  # noqa: E402
 from headprobe.model import loading as models  # noqa: E402
 from headprobe.results.query import Results  # noqa: E402
@@ -37,7 +38,9 @@ ANALYSES = ("dependency", "positional", "surface")
 def score(model, tokenizer, examples, batch_size) -> dict:
     """{analysis: Tally} of one engine pass."""
     scorers = [registry.get(name).make_scorer() for name in ANALYSES]
-    Engine(model, tokenizer, scorers, batch_size=batch_size, progress=False).run(examples)
+    Engine(model, tokenizer, scorers, RunConfig(batch_size=batch_size, progress=False)).run(
+        examples
+    )
     return {s.analysis: s.tally_.to("cpu") for s in scorers}
 
 

@@ -102,6 +102,7 @@ def long_example(tokenizer, pieces: int):
 def child(args) -> None:
     from transformers import BertConfig, BertModel
 
+    from headprobe.config import RunConfig
     from headprobe.model import loading as models
     from headprobe.scorers import registry
     from headprobe.scoring.engine import Engine
@@ -127,11 +128,7 @@ def child(args) -> None:
         model,
         tokenizer,
         scorers,
-        batch_size=1,
-        progress=False,
-        n_boot=10,
-        device=device,
-        query_block=args.query_block or None,
+        RunConfig(batch_size=1, progress=False, n_boot=10, query_block=args.query_block or None),
     )
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -36,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from headprobe.config import RunConfig  # noqa: E402
 from headprobe.inputs.align import align_words  # noqa: E402
 from headprobe.inputs.batching import iter_batches, prepare  # noqa: E402
 from headprobe.inputs.corpora.base import Example  # noqa: E402
@@ -103,7 +104,7 @@ def plain(model, tokenizer, examples, batch_size, device) -> float:
 def headprobe_run(model, tokenizer, examples, batch_size, device):
     scorers = [DependencyScorer(), PositionalScorer(), SurfaceScorer()]
     start = time.perf_counter()
-    Engine(model, tokenizer, scorers, batch_size=batch_size, device=device, progress=False).run(
+    Engine(model, tokenizer, scorers, RunConfig(batch_size=batch_size, progress=False)).run(
         examples
     )
     sync(device)

@@ -2,10 +2,11 @@
 
     python benchmarks/whole_run.py memory --json benchmarks/results/whole_run_memory.json
     python benchmarks/whole_run.py memory --cases x1 x8 x40     # only these
+    python benchmarks/whole_run.py memory --cases x4 x40        # words/s at 1M words over 100k
     python benchmarks/whole_run.py speed  --json benchmarks/results/whole_run_speed.json
 
 `memory`: each case runs in a fresh subprocess (peak RSS is the child's `ru_maxrss`):
-- `x1`, `x8`, `x40`: MiniLM on EWT dev x1, x8 and x40 (the file concatenated 8 or 40 times,
+- `x1`, `x4`, `x8`, `x40`: MiniLM on EWT dev x1 ... x40 (the file concatenated 4, 8 or 40 times,
   sentence and document ids renamed per copy; x40 is about 1M words), `--no-report`;
 - `llama`: a random-weight Llama, 32 layers x 32 heads (8 KV heads), hidden 256, on the whole
   of EWT dev (SmolLM2's tokenizer), `--no-report`.
@@ -19,10 +20,12 @@ against a whole run with the report, best of `--repeat` alternating trials; also
 own scoring pass. `--measure weights,norms` times the run with both measures.
 
     python benchmarks/whole_run.py speed --copies 4 --repeat 2
-    python benchmarks/whole_run.py speed --copies 1 --measure weights,norms
+    python benchmarks/whole_run.py speed --copies 1 --measure weights,norms --no-report
 
-`profile`: one whole run under cProfile, its time split by stage (model, capture, pooling,
-scorers, tally, statistics, report, save): where the time goes, as shares.
+`profile`: one whole run (report included), sampled, its time as shares of forward,
+capture, pooling, scorers, statistics, tables, save, report and the rest:
+
+    python benchmarks/whole_run.py profile --copies 1
 """
 
 from __future__ import annotations
@@ -103,6 +106,9 @@ def child(case: str, treebank: str, out: str) -> dict:
         "after_scoring_seconds": round(whole - scoring, 2),
         "whole_run_seconds": round(whole, 2),
         "after_over_scoring": round((whole - scoring) / scoring, 3),
+        "whole_run_words_per_second": round(
+            results.summary["runs"]["sentences"]["words"] / whole, 1
+        ),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
@@ -113,7 +119,13 @@ def run_child(case: str, treebank: Path, out: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-CASES = {"x1": ("minilm", 1), "x8": ("minilm", 8), "x40": ("minilm", 40), "llama": ("llama", 1)}
+CASES = {
+    "x1": ("minilm", 1),
+    "x4": ("minilm", 4),
+    "x8": ("minilm", 8),
+    "x40": ("minilm", 40),
+    "llama": ("llama", 1),
+}
 
 
 def memory(cases=tuple(CASES), keep: str | None = None) -> list[dict]:
@@ -137,10 +149,14 @@ def memory(cases=tuple(CASES), keep: str | None = None) -> list[dict]:
         for name in ("x8", "x40")
         if name in rows and "x1" in rows
     }
+    if "x4" in rows and "x40" in rows:  # words per second hold at scale (target >= 0.9)
+        ratios["x40_over_x4_words_per_second"] = round(
+            rows["x40"]["whole_run_words_per_second"] / rows["x4"]["whole_run_words_per_second"], 3
+        )
     return list(rows.values()) + ([ratios] if ratios else [])
 
 
-def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
+def speed(repeat: int, copies: int = 4, measure: str = "weights", report: bool = True) -> dict:
     """A plain batched forward pass over EWT dev x `copies` (the same exact-length batches)
     against a whole run with the report, best of `repeat` alternating trials, in one process,
     start-up excluded. `scoring` is the run's own scoring pass (summary runs.sentences.seconds)."""
@@ -175,7 +191,7 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
                 out=out,
                 progress=False,
                 loaded=(model, tokenizer, name),
-                report=True,
+                report=report,
                 **extra,
             )
             return results.summary["runs"]["sentences"]["seconds"]
@@ -196,6 +212,7 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
         "words": words,
         "trials": repeat,
         "measure": measure,
+        "report": report,
         "plain_words_per_second": round(words / best["plain"], 1),
         "whole_run_words_per_second": round(words / best["whole"], 1),
         "whole_over_plain": round(best["plain"] / best["whole"], 3),
@@ -206,56 +223,91 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights") -> dict:
     }
 
 
-# where a whole run's time goes: cumulative seconds of these functions under cProfile
+# where a whole run's time goes: each stage's functions (a file part, and a function name or
+# None for all of the file's). A sample of the running stack counts for the innermost stage on
+# it: the capture's hooks run inside the forward pass, the scorers inside them, pooling when a
+# scorer first reads the words, statistics inside the tables, tables inside the report and save.
 STAGES = {
-    "model forward (all)": ("torch/nn/modules/module.py", "_call_impl"),
-    "capture (probabilities)": ("headprobe/model/capture.py", None),
-    "word pooling": ("headprobe/scoring/engine.py", "pool_words"),
-    "scorers (update)": ("headprobe/scorers/", "update"),
-    "tally (streaming bootstrap)": ("headprobe/scoring/tally.py", "flush"),
-    "statistics and tables": ("headprobe/results/query.py", None),
-    "report": ("headprobe/report/", None),
+    "forward": ("torch/nn/modules/module.py", "_call_impl"),
+    "capture": ("headprobe/model/capture.py", None),
+    "pooling": ("headprobe/scoring/engine.py", "pool_words"),
+    "scorers": ("headprobe/scorers/", None),
+    "statistics": ("headprobe/stats/", None),
+    "tables": ("headprobe/results/query.py", None),
     "save": ("headprobe/results/store.py", "save"),
+    "report": ("headprobe/report/", None),
 }
 
 
-def profile(copies: int = 4) -> dict:
-    """One whole run (report included) under cProfile: the cumulative seconds of each stage
-    (top-level calls of the stage's module, so nested calls count once). cProfile slows
-    Python-heavy stages more than torch kernels: read the shares, not the totals."""
-    import cProfile
-    import pstats
+def stage_of(frame) -> str:
+    """The innermost stage on a stack (`frame` and its callers), else "other"."""
+    while frame is not None:
+        code = frame.f_code
+        for stage, (where, name) in STAGES.items():
+            if where in code.co_filename and (name is None or code.co_name == name):
+                return stage
+        frame = frame.f_back
+    return "other"
 
+
+class StackSampler:
+    """Samples the calling thread's stack every `interval` seconds from a thread of its own
+    (torch kernels release the GIL; Python code is sampled at the interpreter's switch
+    interval) and counts each sample for `stage_of` it: `with StackSampler() as s: ...`,
+    then `s.counts`."""
+
+    def __init__(self, interval: float = 0.005):
+        import collections
+        import threading
+
+        self.interval, self.counts = interval, collections.Counter()
+        self.target = threading.get_ident()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self.stop.wait(self.interval):
+            frame = sys._current_frames().get(self.target)
+            self.counts[stage_of(frame)] += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def profile(copies: int = 4, treebank: str | None = None) -> dict:
+    """One whole run (report included), its time as shares of the `STAGES` (forward, capture,
+    pooling, scorers, statistics, tables, save, report; `other`: reading, tokenizing, batching,
+    the tally's bootstrap, example pictures), from samples of the running stack (shares, not
+    timings: read them on any machine). `treebank`: this file instead of EWT dev x `copies`."""
     import headprobe
     from headprobe.model import loading as models
 
     loaded = models.load(None, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        treebank = (
-            EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
-        )
-        profiler = cProfile.Profile()
+        name = f"EWT dev x{copies}" if treebank is None else Path(treebank).name
+        if treebank is None:
+            treebank = (
+                EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
+            )
         start = time.perf_counter()
-        profiler.enable()
-        headprobe.run(
-            treebank=treebank, out=Path(tmp) / "out", progress=False, loaded=loaded, report=True
-        )
-        profiler.disable()
+        with StackSampler() as sampler:
+            headprobe.run(
+                treebank=treebank, out=Path(tmp) / "out", progress=False, loaded=loaded, report=True
+            )
         total = time.perf_counter() - start
-    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
-    stages = {}
-    for stage, (where, function) in STAGES.items():
-        mine = {
-            key for key in stats if where in key[0] and (function is None or key[2] == function)
-        }
-        # a stage's time: its entries called from outside the stage (nested calls count once)
-        stages[stage] = round(
-            sum(
-                stats[key][3] for key in mine if not any(caller in mine for caller in stats[key][4])
-            ),
-            2,
-        )
-    return {"corpus": f"EWT dev x{copies}", "profiled_seconds": round(total, 2), "stages": stages}
+    samples = sum(sampler.counts.values())
+    order = [*STAGES, "other"]
+    return {
+        "corpus": name,
+        "seconds": round(total, 2),
+        "samples": samples,
+        "shares": {stage: round(sampler.counts[stage] / samples, 3) for stage in order},
+    }
 
 
 def main() -> None:
@@ -277,14 +329,18 @@ def main() -> None:
     parser.add_argument(
         "--measure", default="weights", help="speed: the run's --measure (weights, weights,norms)"
     )
+    parser.add_argument("--treebank", default=None, help="profile: this CoNLL-U file, not EWT dev")
+    parser.add_argument(
+        "--no-report", action="store_true", help="speed: the whole run without the report"
+    )
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args()
     if args.what == "memory":
         figures = memory(args.cases, args.keep)
     elif args.what == "speed":
-        figures = speed(args.repeat, args.copies, args.measure)
+        figures = speed(args.repeat, args.copies, args.measure, not args.no_report)
     else:
-        figures = profile(args.copies)
+        figures = profile(args.copies, args.treebank)
     text = json.dumps(figures, indent=2)
     print(text)
     if args.json:

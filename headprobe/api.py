@@ -35,8 +35,10 @@ from headprobe.model.control import CONTROL, TRAINED, tally_key
 from headprobe.model.sites import Sites, attention_sites
 from headprobe.results import atomic, software, store
 from headprobe.results.examples import MentionPicker, SentencePicker
+from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scorers import registry
+from headprobe.scorers.base import KeepsRecord, RunsModel, TakesHeads
 from headprobe.scorers.registry import ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
 from headprobe.scoring import distributed
 from headprobe.scoring.checkpoint import Checkpoint
@@ -203,9 +205,7 @@ def _load_model(config: RunConfig) -> tuple:
     if config.loaded is not None:
         return config.loaded
     # head ablation / importance (METHODS §8) score the language-model loss: the model under its head
-    lm_head = any(
-        getattr(registry.get(name).scorer, "needs_lm_head", False) for name in config.analyses
-    )
+    lm_head = any(registry.get(name).scorer.needs_lm_head for name in config.analyses)
     with _quiet_loading(not config.progress):
         return (models.load_lm if lm_head else models.load)(
             config.model,
@@ -252,7 +252,7 @@ def _with_prerequisites(wanted: list[str], net, heads) -> list[str]:
     more = []
     for name in wanted:
         scorer = registry.get(name).scorer
-        if getattr(scorer, "second_pass", False):
+        if scorer.second_pass:
             more += scorer.prerequisites(lm_kind(net), heads)
     return list(dict.fromkeys(wanted + more))
 
@@ -291,10 +291,10 @@ def _make_scorers(analyses, heads=None, model: str = TRAINED, measures=DEFAULT_M
         a.make_scorer(model=model, measure=m)
         for i, m in enumerate(measures)
         for a in analyses
-        if i == 0 or not hasattr(a.scorer, "model_pass")
+        if i == 0 or not issubclass(a.scorer, RunsModel)
     ]
     for scorer in scorers:
-        if hasattr(scorer, "use_heads"):
+        if isinstance(scorer, TakesHeads):
             scorer.use_heads(heads)
     return scorers
 
@@ -311,7 +311,7 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
     has_sentences = any(getattr(config, key) is not None for key in SENTENCE_SOURCES)
     passes = []
     if on_sentences and (has_sentences or (config.coref is None and config.probe is None)):
-        later = [a for a in on_sentences if getattr(a.scorer, "second_pass", False)]
+        later = [a for a in on_sentences if a.scorer.second_pass]
         passes.append(sentence_pass(config, [a for a in on_sentences if a not in later]))
         if later:
             passes.append(second_pass(passes[-1], later))
@@ -445,7 +445,7 @@ def control_passes(config: RunConfig, session: Session, passes: list[Pass]) -> l
     twin = models.random_init(session.net, config.seed)
     control = []
     for one in passes:
-        reading = [a for a in one.analyses if not hasattr(a.scorer, "model_pass")]
+        reading = [a for a in one.analyses if not issubclass(a.scorer, RunsModel)]
         if one.key != SECOND_PASS and reading:
             control.append(
                 Pass(
@@ -476,7 +476,7 @@ def score(config: RunConfig, session: Session, passes: list[Pass]) -> None:
     for one in passes:
         score_pass(config, session, one)
     if not any(r["examples"] for r in summary["runs"].values()):
-        skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
+        skipped = skipped_counts(summary["skipped"])
         raise checks.UsageError(
             f"nothing was scored: no example of the corpus could be scored "
             f"(skipped: {skipped or 'none; the corpus is empty'})"
@@ -502,20 +502,7 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
         else None
     )
     engine = Engine(
-        net,
-        session.tokenizer,
-        one.scorers,
-        desc=one.key,
-        batch_size=one.batch_size,
-        layers=config.layers,
-        from_mode=config.from_mode,
-        progress=config.progress,
-        seed=config.seed,
-        n_boot=config.n_boot,
-        keep_units=config.keep_unit_counts,
-        conventions=config.conventions,
-        query_block=config.query_block,
-        stack=session.stack,
+        net, session.tokenizer, one.scorers, config, batch_size=one.batch_size, desc=one.key
     )
     examples = one.picker.watch(one.examples) if one.picker is not None else one.examples
     if state is not None and state.get("finished"):
@@ -556,7 +543,14 @@ def finish(
     summary["n_layers"], summary["n_heads"] = sites.n_layers(stack), sites.n_heads(stack)
     summary["n_kv_heads"] = sites.n_kv_heads(stack)
     summary["analyses"] = list(dict.fromkeys(s.analysis for s in trained))
-    objectives = {s.analysis: s.objective.description for s in trained if hasattr(s, "objective")}
+    objectives = {
+        s.analysis: s.objective.description
+        for s in trained
+        if isinstance(s, RunsModel) and s.objective is not None
+    }
+    for scorer in trained:  # what a scorer keeps beside its counts (weights-only analyses)
+        if isinstance(scorer, KeepsRecord):
+            summary.update(scorer.describe())
     if objectives:
         summary["objectives"] = objectives
     distributed.all_reduce_tallies([s.tally_ for s in scorers])  # torchrun: summed over the ranks
@@ -661,10 +655,10 @@ def _run_stats(stats: dict) -> dict:
     }
 
 
-def headline(
-    best_heads: pd.DataFrame,
-    labels=("ALL", "nsubj", "det", "obj", "amod", "aux", "pronoun", "proper", "nominal"),
-) -> list[dict]:
+def headline(best_heads: pd.DataFrame, labels=None) -> list[dict]:
+    """The whole-data best heads of `labels` (default: those the analyses declare,
+    `registry.headline_labels`), as the run's summary keeps them."""
+    labels = registry.headline_labels() if labels is None else labels
     rows = best_heads[best_heads["label"].isin(labels) & (best_heads["fold"] == "")]
     keep = [
         "analysis",

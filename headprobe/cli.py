@@ -13,6 +13,7 @@ from headprobe.config import cli_options, from_cli
 from headprobe.inputs.corpora.base import CorpusError
 from headprobe.model.attention import CaptureError
 from headprobe.results.atomic import OutInUse
+from headprobe.results.findings import skipped_counts
 from headprobe.results.store import ResultsError
 from headprobe.scorers import registry
 
@@ -34,14 +35,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"headprobe: error: {message} (see `{self.prog} --help`)\n")
-
-
-def parse_layers(text: str | None):
-    """'0,2,5' or '0-3' or '0-3,8' -> sorted list; None -> all layers (UsageError when malformed:
-    '9-3', '-1', 'x')."""
-    from headprobe.checks import parse_layers as parse
-
-    return parse(text)
 
 
 def run_parser(sub):
@@ -106,26 +99,27 @@ def cmd_run(args) -> int:
     )
     for note in summary["notes"]:
         print(f"note: {note}")
-    skipped = {k: v for k, v in summary["skipped"].items() if v and not k.endswith("_sources")}
+    skipped = skipped_counts(summary["skipped"])
     if skipped:
         print(f"skipped: {skipped}")
     print(
         "\nbest heads (accuracy with 95% bootstrap interval; baseline = best fixed offset / best rule):"
     )
     print(best_table(results.best_heads))
-    if any(
-        registry.get(a).input == registry.PROBE for a in results.tallies if a in registry.names()
-    ):
-        from headprobe.scorers.token_patterns import top_heads_text
-
-        print(top_heads_text(results))
+    texts = [
+        text(results, name)
+        for name in results.tallies
+        if name in registry.names() and (text := registry.get(name).console_text()) is not None
+    ]
+    if any(texts):
+        print("\n".join(t for t in texts if t))
     out = Path(args.out)
     paths = getattr(results, "saved_paths", {})
     if "report_html" in paths:  # built inside the atomic save (a failure was warned about)
         print(f"\nreport: {paths['report_html']}  {paths.get('report_markdown', '')}")
     print(
-        f"\nresults written to {out.resolve()}/ (counts, best_heads, baselines, positional_heads, surface "
-        f"as .parquet and .csv; summary.json)"
+        f"\nresults written to {out.resolve()}/ (counts, best_heads, baselines and each analysis's "
+        f"tables as .parquet and .csv; summary.json)"
     )
     return 0
 

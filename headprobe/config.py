@@ -29,6 +29,7 @@ from headprobe.model.control import CONTROLS
 from headprobe.model.sites import STACKS
 from headprobe.results import store
 from headprobe.scorers import registry
+from headprobe.scorers.base import RunsModel
 from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
@@ -57,12 +58,19 @@ def option(
     cli_default=dataclasses.MISSING,
     group: str | None = None,
     repr: bool = True,
+    record=False,
+    record_as: str | tuple[str, str] | None = None,
+    record_value=None,
 ):
     """A `RunConfig` field. `flag`: its command-line option (None: Python only); `check(flag, value,
     values) -> value` raises `checks.UsageError` or returns the value normalised (`values`: the
     options checked so far, by name); `choices`: the values allowed (checked, and the CLI's choices);
     `type`, `metavar`, `action` ("store_true"/"store_false"), `cli_default` (where the command line's
-    default differs) and `group` (mutually exclusive options) shape the argparse option."""
+    default differs) and `group` (mutually exclusive options) shape the argparse option.
+
+    `record`: whether results record the option (`RunConfig.options_record`): False, True, GIVEN
+    (when its value is set), or a function of the config; `record_as`: its key there (a pair puts
+    it in a nested dict: ("probe", "n")), `record_value`: what is recorded of the value."""
     assert stage in STAGES, stage
     return field(
         default=default,
@@ -78,8 +86,27 @@ def option(
             action=action,
             cli_default=cli_default,
             group=group,
+            record=record,
+            record_as=record_as,
+            record_value=record_value,
         ),
     )
+
+
+# ------------------------------------------------------------------------------ what is recorded
+GIVEN = "given"  # `record`: recorded when the option's value is set (truthy)
+
+
+def _with_probe(config) -> bool:
+    return config.probe is not None
+
+
+def _blocked_or_mapped(config) -> bool:
+    return bool(config.query_block) or config.device_map is not None
+
+
+def _measure_asked(config) -> bool:
+    return tuple(config.measure) != DEFAULT_MEASURES  # like stack and control: only when asked for
 
 
 # ------------------------------------------------------------------------------------- checks
@@ -109,14 +136,18 @@ def _hf_dataset(flag, value, values):
 
 def _analyses(flag, value, values) -> list[str]:
     """The analyses to run: the named ones (a list, or a comma list), else every default one; with a
-    probe and none named, every token analysis too; on `stack` only those defined there; then those
+    probe and none named, every token analysis that reads attention too; on `stack` only those defined there; then those
     a switch that is on adds (`Analysis.added_by`)."""
     if isinstance(value, str):
         value = [name.strip() for name in value.split(",") if name.strip()]
     if not value:
         wanted = [a.name for a in registry.analyses() if a.default]
-        if values["probe"] is not None:
-            wanted += registry.names(registry.PROBE)
+        if values["probe"] is not None:  # the token analyses that read attention
+            wanted += [
+                a.name
+                for a in registry.analyses(registry.PROBE)
+                if not issubclass(a.scorer, RunsModel)
+            ]
     else:
         for name in value:
             registry.get(name)  # raises with the list of known analyses
@@ -208,6 +239,46 @@ def _analyses_help() -> str:
     return "comma list of " + ",".join(registry.names()) + " (default: all that apply)"
 
 
+def _probe_help() -> str:
+    return (
+        f"a synthetic probe for the token analyses ({', '.join(registry.names(registry.PROBE))}): "
+        "repeated-random = random tokens repeated twice (Olsson et al. 2022); without --analyses every "
+        "token analysis runs on it. Without a probe, token analyses named in --analyses read the "
+        "sentence corpus at piece level"
+    )
+
+
+def _coref_help() -> str:
+    return (
+        "CorefUD CoNLL-U file (Entity= in MISC) for the "
+        + " and ".join(registry.names(registry.COREFERENCE))
+        + " analysis"
+    )
+
+
+def _heads_help() -> str:
+    return (
+        f"the heads the {' or '.join(registry.reading('heads'))} analysis ablates: LAYER-HEAD pairs "
+        "like 17-3,18-6 (0-based; in Python also [(17, 3), (18, 6)]), or all (default: all)"
+    )
+
+
+ADDED = object()  # the help of a switch that adds analyses to a run: what they do (`added_help`)
+
+
+def added_help(option: str) -> str:
+    """The help of switch `option` that adds analyses to a run (`Analysis.added_by`)."""
+    return "; ".join(
+        f"also run {a.name}: {a.description}" for a in registry.analyses() if a.added_by == option
+    )
+
+
+def _pictures_help() -> str:
+    return "attention pictures of the best heads of " + ", ".join(
+        registry.pictured(registry.ARCS) + registry.pictured(registry.MENTIONS)
+    )
+
+
 def _stack_help() -> str:
     return (
         "attention stack of an encoder-decoder (T5, BART): encoder (default), decoder (its self-attention; "
@@ -255,19 +326,13 @@ class RunConfig:
     )
     coref: str | Path | None = option(
         None,
-        "CorefUD CoNLL-U file (Entity= in MISC) for the coreference analysis",
+        _coref_help,
         flag="--coref",
         check=_input_file,
         stage="input",
     )
     probe: str | None = option(
-        None,
-        "a synthetic probe for the token analyses (previous_token, duplicate_token, induction, sink): "
-        "repeated-random = random tokens repeated twice (Olsson et al. 2022); without --analyses every "
-        "token analysis runs on it. Without a probe, token analyses named in --analyses read the "
-        "sentence corpus at piece level",
-        flag="--probe",
-        choices=PROBES,
+        None, _probe_help, flag="--probe", choices=PROBES, record=GIVEN, record_as=("probe", "name")
     )
     probe_length: int = option(
         50,
@@ -276,6 +341,8 @@ class RunConfig:
         type=int,
         metavar="LENGTH",
         check=_at_least(1, " (tokens per half of a probe sequence)"),
+        record=_with_probe,
+        record_as=("probe", "length"),
     )
     probe_n: int = option(
         500,
@@ -284,6 +351,8 @@ class RunConfig:
         type=int,
         metavar="N",
         check=_at_least(1, " (probe sequences)"),
+        record=_with_probe,
+        record_as=("probe", "n"),
     )
     probe_specials: str = option(
         "auto",
@@ -291,6 +360,8 @@ class RunConfig:
         "(BOS in front where the tokenizer has one), none (default: auto)",
         flag="--probe-specials",
         choices=PROBE_MARKERS,
+        record=_with_probe,
+        record_as=("probe", "specials"),
     )
     out: str | Path | None = option(
         None,
@@ -302,7 +373,13 @@ class RunConfig:
         cli_default="results",
     )
     analyses: list[str] | str | None = option(
-        None, _analyses_help, flag="--analyses", check=_analyses, stage="derived"
+        None,
+        _analyses_help,
+        flag="--analyses",
+        check=_analyses,
+        stage="derived",
+        record=True,
+        record_value=sorted,
     )
     device: str | None = option(
         None,
@@ -310,6 +387,7 @@ class RunConfig:
         flag="--device",
         check=_device,
         stage="device",
+        record=True,
     )
     device_map: str | dict | None = option(
         None,
@@ -318,6 +396,7 @@ class RunConfig:
         "runs (not with torchrun)",
         flag="--device-map",
         metavar="MAP",
+        record=_blocked_or_mapped,
     )
     max_memory: str | dict | None = option(
         None,
@@ -325,6 +404,7 @@ class RunConfig:
         flag="--max-memory",
         metavar="SIZES",
         check=_max_memory,
+        record=_blocked_or_mapped,
     )
     query_block: int | None = option(
         None,
@@ -335,31 +415,32 @@ class RunConfig:
         type=int,
         metavar="N",
         check=_maybe_at_least(1, " query pieces"),
+        record=_blocked_or_mapped,
     )
-    stack: str | None = option(None, _stack_help, flag="--stack", choices=STACKS)
+    stack: str | None = option(None, _stack_help, flag="--stack", choices=STACKS, record=GIVEN)
     heads: str | list | None = option(
         None,
-        "the heads the ablation analysis ablates: LAYER-HEAD pairs like 17-3,18-6 (0-based; in Python also "
-        "[(17, 3), (18, 6)]), or all (default: all)",
+        _heads_help,
         flag="--heads",
         metavar="HEADS",
         check=_heads,
         stage="derived",
+        record=GIVEN,
     )
     control: str | None = option(
         None,
         "random-init: also score the attention analyses on the same architecture re-initialised with "
-        "--seed (same tokenizer); best heads gain the control's best, and the syntactic role needs a head "
-        "above the control's held-out best",
+        "--seed (same tokenizer); best heads gain the control's best, and a role rule may ask for a "
+        "head above the control's held-out best",
         flag="--control",
         choices=CONTROLS,
         check=_control,
         stage="derived",
+        record=GIVEN,
     )
     prune_curve: bool = option(
         False,
-        "the objective as 0%, 10%, ... 100% of the heads are gated to 0, least important first (Michel "
-        "et al. 2019): by importance, else (no language-model head) by ablation effect",
+        ADDED,
         flag="--prune-curve",
         action="store_true",
         check=_switch,
@@ -372,12 +453,15 @@ class RunConfig:
         flag="--measure",
         metavar="M[,M]",
         check=_measures,
+        record=_measure_asked,
+        record_value=",".join,
     )
     dtype: str = option(
         "float32",
         "model weights' dtype (default: float32)",
         flag="--dtype",
         choices=tuple(models.DTYPES),
+        record=True,
     )
     batch_size: int = option(
         64,
@@ -385,12 +469,14 @@ class RunConfig:
         flag="--batch-size",
         type=int,
         check=_at_least(1),
+        record=True,
     )
     layers: str | list[int] | None = option(
         None,
         "layers to score, e.g. 0-3,8 (0-based; in Python also a list) (default: all)",
         flag="--layers",
         check=_layers,
+        record=True,
     )
     from_mode: str | None = option(
         None,
@@ -400,6 +486,7 @@ class RunConfig:
         choices=FROM_MODES,
         check=_from_mode,
         stage="derived",
+        record=True,
     )
     conventions: str = option(
         "headprobe",
@@ -409,6 +496,7 @@ class RunConfig:
         "docs/CONVENTIONS.md",
         flag="--conventions",
         choices=tuple(PRESETS),
+        record=True,
     )
     window: int = option(
         128,
@@ -416,18 +504,21 @@ class RunConfig:
         flag="--window",
         type=int,
         check=_at_least(checks.MIN_WINDOW, " pieces"),
+        record=True,
     )
     skip_bad: bool = option(
         False,
         "skip malformed sentences, in --treebank/--text/--hf-dataset and --coref (warn and count)",
         flag="--skip-bad",
         action="store_true",
+        record=True,
     )
     coref_single_document: bool = option(
         False,
         "read a --coref file without '# newdoc' lines as one document (refused otherwise)",
         flag="--coref-single-document",
         action="store_true",
+        record=True,
     )
     seed: int = option(
         SEED,
@@ -435,6 +526,7 @@ class RunConfig:
         flag="--seed",
         type=int,
         check=_at_least(0),
+        record=True,
     )
     n_boot: int = option(
         N_BOOT,
@@ -443,6 +535,8 @@ class RunConfig:
         type=int,
         metavar="N",
         check=_at_least(1, " (resamples for the intervals and held-out selection)"),
+        record=True,
+        record_as="bootstrap_resamples",
     )
     bos: str = option(
         "none",
@@ -450,12 +544,14 @@ class RunConfig:
         "(for a causal model whose tokenizer has one but does not add it) (default: none)",
         flag="--bos",
         choices=BOS_MODES,
+        record=True,
     )
     keep_unit_counts: bool = option(
         False,
         "also keep per-unit rows (unit_counts.parquet): small corpora and debugging",
         flag="--keep-unit-counts",
         action="store_true",
+        record=True,
     )
     report: bool = option(
         False,
@@ -480,9 +576,7 @@ class RunConfig:
         check=_at_least(0, " (0: no checkpoints)"),
     )
     progress: bool = option(True, "no progress bars", flag="--quiet", action="store_false")
-    pictures: bool = option(
-        True, "attention pictures of the best dependency heads on short sentences"
-    )
+    pictures: bool = option(True, _pictures_help)
     loaded: tuple | None = option(
         None, "an already loaded (model, tokenizer, name) to reuse", repr=False
     )
@@ -503,6 +597,8 @@ class RunConfig:
     def help_text(name: str) -> str:
         """The help of option `name`."""
         text = RunConfig.__dataclass_fields__[name].metadata["help"]
+        if text is ADDED:
+            return added_help(name)
         return text() if callable(text) else text
 
     def checked(self) -> RunConfig:
@@ -540,45 +636,26 @@ class RunConfig:
 
     def options_record(self, device: str) -> dict:
         """The options as results record them (`summary["options"]`, and the checkpoint fingerprint
-        that --resume compares): these keys and values, of a checked config, on `device`."""
-        settings = {
-            "analyses": sorted(self.analyses),
-            "layers": self.layers,
-            "batch_size": self.batch_size,
-            "from_mode": self.from_mode,
-            "window": self.window,
-            "seed": self.seed,
-            "bootstrap_resamples": self.n_boot,
-            "dtype": self.dtype,
-            "device": device,
-            "skip_bad": self.skip_bad,
-            "keep_unit_counts": self.keep_unit_counts,
-            "bos": self.bos,
-            "coref_single_document": self.coref_single_document,
-            "conventions": self.conventions,
-        }
-        if self.probe is not None:
-            settings["probe"] = {
-                "name": self.probe,
-                "length": self.probe_length,
-                "n": self.probe_n,
-                "specials": self.probe_specials,
-            }
-        if self.stack is not None:
-            settings["stack"] = self.stack
-        if self.query_block or self.device_map is not None:
-            settings.update(
-                query_block=self.query_block, device_map=self.device_map, max_memory=self.max_memory
-            )
-        settings.update(
-            {
-                key: value
-                for key, value in (("heads", self.heads), ("control", self.control))
-                if value
-            }
-        )
-        if tuple(self.measure) != DEFAULT_MEASURES:  # like stack and control: only when asked for
-            settings["measure"] = ",".join(self.measure)
+        that --resume compares), of a checked config, on `device`: each field's `record`,
+        `record_as` and `record_value` metadata (`option`) say whether, where and what."""
+        config = dataclasses.replace(self, device=device)
+        settings = {}
+        for f in fields(self):
+            spec, value = f.metadata, getattr(config, f.name)
+            record = spec["record"]
+            if not (
+                record is True
+                or (record == GIVEN and value)
+                or (callable(record) and record(config))
+            ):
+                continue
+            if spec["record_value"] is not None:
+                value = spec["record_value"](value)
+            key = spec["record_as"] or f.name
+            if isinstance(key, tuple):
+                settings.setdefault(key[0], {})[key[1]] = value
+            else:
+                settings[key] = value
         return settings
 
 

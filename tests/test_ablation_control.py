@@ -19,15 +19,16 @@ from test_stats import VARIANTS, add_arcs
 
 import headprobe
 from headprobe.checks import UsageError, parse_heads
+from headprobe.config import RunConfig
 from headprobe.inputs.corpora.conllu import read_conllu
 from headprobe.model.control import CONTROL
 from headprobe.model.gates import HeadGates
 from headprobe.model.loading import random_init
 from headprobe.model.objectives import IGNORE
 from headprobe.report import build_report
-from headprobe.report.effects import role_with_importance
 from headprobe.results.query import Results
 from headprobe.scorers import registry
+from headprobe.scorers.ablation_report import role_with_importance
 from headprobe.scoring.engine import Engine
 from headprobe.scoring.tally import Tally
 
@@ -55,7 +56,9 @@ def write_treebank(path, n: int = 24, seed: int = 0):
 # ----------------------------------------------------------------------------- shards
 def score(model, tokenizer, examples, analyses, n_boot=50):
     scorers = [registry.get(name).make_scorer() for name in analyses]
-    Engine(model, tokenizer, scorers, progress=False, n_boot=n_boot, batch_size=5).run(examples)
+    Engine(model, tokenizer, scorers, RunConfig(progress=False, n_boot=n_boot, batch_size=5)).run(
+        examples
+    )
     return {s.analysis: s.tally_ for s in scorers}
 
 
@@ -384,7 +387,9 @@ def test_head_groups_on_a_restricted_loss_equal_gates_and_labels_by_hand(tmp_pat
     scorer = GroupScorer()
     scorer.scored = lambda batch: torch.arange(batch.input_ids.shape[1])[None, :] >= 3  # [1, piece]
     scorer.use_groups(groups)
-    Engine(model, family.tokenizer, [scorer], progress=False, n_boot=30, batch_size=4).run(examples)
+    Engine(
+        model, family.tokenizer, [scorer], RunConfig(progress=False, n_boot=30, batch_size=4)
+    ).run(examples)
     table = points_table(scorer.tally_, [label for label, _ in groups], "intact").set_index("label")
     for label, heads in groups:
         mean, count = hand_loss_and_count(

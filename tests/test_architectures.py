@@ -40,6 +40,7 @@ from tokenizers import normalizers, processors
 from transformers import AutoModel
 
 from headprobe.cli import main
+from headprobe.config import RunConfig
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
@@ -759,12 +760,14 @@ def engine_counts(built: Built, examples, stack: str, query_block=None):
         built.model,
         built.tokenizer,
         scorers,
-        batch_size=4,
-        progress=False,
-        keep_units=True,
-        n_boot=10,
-        query_block=query_block,
-        stack=stack,
+        RunConfig(
+            batch_size=4,
+            progress=False,
+            keep_unit_counts=True,
+            n_boot=10,
+            query_block=query_block,
+            stack=stack,
+        ),
     )
     engine.run(examples)
     return engine

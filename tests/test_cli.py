@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headprobe.cli import main, parse_layers
+from headprobe.checks import parse_layers
+from headprobe.cli import main
 from headprobe.results import store
 
 # Three sentences. Scored arcs (not root, not punct):

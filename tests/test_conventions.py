@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from headprobe.config import RunConfig
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.conventions import PRESETS, get_conventions
@@ -130,8 +131,7 @@ def test_engine_takes_from_mode_and_scorer_conventions(bert_family):
         bert_family.sdpa,
         bert_family.tokenizer,
         [scorer],
-        conventions="clark2019-code",
-        progress=False,
+        RunConfig(conventions="clark2019-code", progress=False),
     )
     assert engine.from_mode == "first" and scorer.conventions.name == "clark2019-code"
     assert scorer.tally_.variants == get_conventions("clark2019-code").variants
@@ -139,14 +139,18 @@ def test_engine_takes_from_mode_and_scorer_conventions(bert_family):
         bert_family.sdpa,
         bert_family.tokenizer,
         [DependencyScorer()],
-        from_mode="mean",
-        conventions="clark2019-code",
-        progress=False,
+        RunConfig(from_mode="mean", conventions="clark2019-code", progress=False),
     )
     assert explicit.from_mode == "mean"
     own = DependencyScorer("joanacero")
     assert (
-        Engine(bert_family.sdpa, bert_family.tokenizer, [own], progress=False).from_mode == "mean"
+        Engine(
+            bert_family.sdpa,
+            bert_family.tokenizer,
+            [own],
+            RunConfig(progress=False, conventions=None),
+        ).from_mode
+        == "mean"
     )
     assert own.conventions.name == "joanacero"  # no conventions given: the scorer keeps its own
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from headprobe.config import RunConfig
 from headprobe.inputs.batching import Batch, prepare
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.corpora.corefud import Mention, coref_examples, read_corefud
@@ -451,7 +452,9 @@ def test_engine_on_the_sample(tokenizer):
     examples = read_coref_examples(SAMPLE, tokenizer_piece_counter(tokenizer), window=128)
     assert len(examples) == 2
     scorer = CoreferenceScorer()
-    Engine(model, tokenizer, [scorer], batch_size=2, progress=False, keep_units=True).run(examples)
+    Engine(
+        model, tokenizer, [scorer], RunConfig(batch_size=2, progress=False, keep_unit_counts=True)
+    ).run(examples)
     frame = scorer.unit_counts()
     heads = frame[frame.variant == ""]
     assert len(heads[heads.label == "ALL"]) == 2 * 6 * 12  # 2 documents x 6 layers x 12 heads

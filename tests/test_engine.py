@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import WORDS
 
+from headprobe.config import RunConfig
 from headprobe.inputs.corpora.base import Example
 from headprobe.scorers.dependency import DependencyScorer, scored_arcs
 from headprobe.scorers.positional import PositionalScorer
@@ -61,9 +62,7 @@ def run(model, tokenizer, examples, batch_size, **kwargs):
         model,
         tokenizer,
         scorers(),
-        batch_size=batch_size,
-        progress=False,
-        keep_units=True,
+        RunConfig(batch_size=batch_size, progress=False, keep_unit_counts=True),
         **kwargs,
     )
     engine.run(examples)
@@ -146,10 +145,7 @@ def test_layer_subset(bert_family):
         bert_family.sdpa,
         bert_family.tokenizer,
         scorers(),
-        layers=[2],
-        batch_size=4,
-        keep_units=True,
-        progress=False,
+        RunConfig(layers=[2], batch_size=4, keep_unit_counts=True, progress=False),
     )
     engine.run(examples)
     for scorer in engine.scorers:

@@ -149,8 +149,8 @@ def test_clusters_and_layer_cohesion():
 
 def test_report_section_renders(wordpiece_tokenizer):
     """The registered report section renders from the stored tables (no model)."""
-    from headprobe.report.clusters import head_clusters_section
     from headprobe.report.document import Figure
+    from headprobe.scorers.head_similarity_report import head_clusters_section
 
     example = Example(words=WORDS, unit="u1", source="t:1")
     scorer = run_scorer(wordpiece_tokenizer, [example], [[P, Q, P, Q]], n_heads=4)

@@ -23,6 +23,7 @@ from conftest import get_family
 from test_capture import SENTENCES, make_batch
 
 import headprobe
+from headprobe.config import RunConfig
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
@@ -225,9 +226,9 @@ def legacy_model(tokenizer):
 def test_bad_needs_and_the_legacy_path(bert_family):
     with pytest.raises(ValueError, match="unknown capture quantity 'values'"):
         AttentionCapture(bert_family.sdpa, None, None, needs={"values"})
-    with pytest.raises(NotImplementedError, match="head_output"):
-        AttentionCapture(bert_family.sdpa, None, None, needs={"head_output"})
     legacy = legacy_model(bert_family.tokenizer)
+    with pytest.raises(CaptureUnavailable, match="MPNetModel.*head_output"):
+        AttentionCapture(legacy, None, None, needs={"head_output"})
     with pytest.raises(CaptureUnavailable, match="MPNetModel.*value_norms.*norms measure"):
         AttentionCapture(legacy, None, None, needs={"probs", "value_norms"})
     with torch.no_grad(), headprobe.capture_heads(legacy, needs={"probs"}) as heads:
@@ -343,10 +344,7 @@ def test_norms_counts_identical_with_query_blocks():
             family.sdpa,
             family.tokenizer,
             scorers,
-            batch_size=4,
-            progress=False,
-            n_boot=10,
-            query_block=query_block,
+            RunConfig(batch_size=4, progress=False, n_boot=10, query_block=query_block),
         )
         engine.run(examples)
         assert engine.needs == {"probs", "value_norms"} and engine.query_block == query_block
@@ -441,7 +439,7 @@ def test_special_share_and_the_report_section(bert_family, tmp_path):
     measure; its intervals (per-unit counts) bracket them; the report gets a measures section;
     with the random-init control, the control is scored on each measure too."""
     from headprobe.report import build_report
-    from headprobe.results.measure_views import special_share, surface_side_by_side
+    from headprobe.scorers.surface_measures import special_share, surface_side_by_side
 
     results = headprobe.run(
         loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"),

@@ -20,7 +20,7 @@ from headprobe.scorers.dependency import DependencyScorer
 from headprobe.scorers.parsing import (
     ParsingScorer,
     candidate_index,
-    fit_probe,
+    fit_classifier,
     log_softmax_rows,
     pair_features,
     parse_tables,
@@ -203,7 +203,7 @@ def test_probe_recovers_a_planted_head_combination(wordpiece_tokenizer, tmp_path
     assert gaps.loc[("UAS", "probe", "best head", "held-out"), "gap_low"] > 0.1
     for (
         weights
-    ) in scorer.probe_weights_.values():  # features: A[i, j] of heads 0..K-1, then A[j, i]
+    ) in scorer.classifier_weights_.values():  # features: A[i, j] of heads 0..K-1, then A[j, i]
         planted = [d * K + k for d, k in PLANTED]
         top = np.argsort(-np.abs(weights))[:2]
         assert set(top) == set(planted)
@@ -226,12 +226,12 @@ def test_counts_without_features_are_refused(wordpiece_tokenizer, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_fit_probe_on_separable_toy_data():
+def test_fit_classifier_on_separable_toy_data():
     """Two items, three candidates each; feature 0 marks the gold candidate: its weight goes up."""
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.5], [1.0, 0.0], [0.0, 0.0]])
     group = torch.tensor([0, 0, 0, 1, 1, 1])
     gold = torch.tensor([0, 4])
-    w = fit_probe(lambda: [(x, group, 2, gold)], 2, 2, l2=1e-2, max_iter=50)
+    w = fit_classifier(lambda: [(x, group, 2, gold)], 2, 2, l2=1e-2, max_iter=50)
     assert w[0] > 1.0 and w[0] > abs(w[1])
 
 

@@ -19,6 +19,7 @@ from conftest import WORDS, get_family
 from test_capture import SENTENCES, make_batch
 from test_engine import KEY, random_sentences
 
+from headprobe.config import RunConfig
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.corpora.corefud import Mention
 from headprobe.model.capture import AttentionCapture, QueryBlock
@@ -93,12 +94,14 @@ def score(family, examples, query_block=None, from_mode="mean", batch_size=4):
         family.sdpa,
         family.tokenizer,
         scorers(),
-        batch_size=batch_size,
-        progress=False,
-        keep_units=True,
-        n_boot=20,
-        query_block=query_block,
-        from_mode=from_mode,
+        RunConfig(
+            batch_size=batch_size,
+            progress=False,
+            keep_unit_counts=True,
+            n_boot=20,
+            query_block=query_block,
+            from_mode=from_mode,
+        ),
     )
     engine.run(examples)
     counts = pd.concat([s.unit_counts() for s in engine.scorers], ignore_index=True)
@@ -225,10 +228,7 @@ def test_scorer_without_block_support_gets_whole_matrices(bert_family):
         bert_family.sdpa,
         bert_family.tokenizer,
         scorers([WholeMatrixScorer()]),
-        batch_size=4,
-        progress=False,
-        n_boot=5,
-        query_block=4,
+        RunConfig(batch_size=4, progress=False, n_boot=5, query_block=4),
     )
     stats = engine.run(examples)
     assert engine.query_block is None

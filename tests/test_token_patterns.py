@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from headprobe.config import RunConfig
 from headprobe.inputs.align import CLS_LIKE, WORD, Alignment, align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
@@ -316,7 +317,7 @@ def test_transformer_lens_scores_on_tiny_gpt2(gpt2_family):
     assert reference["induction"].diagonal().sum() > 0  # "the the": the self cell is exercised
 
     scorers = [cls() for cls in PATTERN_SCORERS]
-    Engine(family.sdpa, family.tokenizer, scorers, progress=False, n_boot=10).run(
+    Engine(family.sdpa, family.tokenizer, scorers, RunConfig(progress=False, n_boot=10)).run(
         [Example(words=PROMPT, unit="p", source="prompt")]
     )
     results = Results(
@@ -454,7 +455,7 @@ def test_counts_stream_and_nothing_else_is_kept():
 def test_engine_on_every_family(family, cls):
     """Encoders and decoders, with and without specials: scores are shares in [0, 1]."""
     scorer = cls()
-    Engine(family.sdpa, family.tokenizer, [scorer], progress=False, n_boot=5).run(
+    Engine(family.sdpa, family.tokenizer, [scorer], RunConfig(progress=False, n_boot=5)).run(
         [
             Example(words="the cat sat on the mat and the cat ran".split(), unit="a", source="a"),
             Example(words="a big red dog saw a big red cat".split(), unit="b", source="b"),

@@ -52,8 +52,13 @@ where the values are: `v` as the model computed it (bias included; in grouped-qu
 attention the value of h's KV group), `W_O^h` the block of the site's output projection
 (`AttentionSite.output`: `o_proj`, GPT-2's Conv1D `c_proj`, BERT's `attention.output.dense`)
 that reads head h's slice of the concatenated head outputs; cost O(heads x keys x d_head^2)
-per example, nothing of size keys^2. The legacy path has no values: asking it for
-`value_norms` is an error naming the model (`CaptureUnavailable`).
+per example, nothing of size keys^2. `head_output[b, h, q]` is c_h = z_h W_O^h (METHODS §9):
+head h's slice of the output projection's input times its block of W_O, bias left out,
+`[batch, head, query, hidden]`; it is computed in a forward pre-hook on `AttentionSite.output`,
+where the projection reads its input, and arrives in its own callback call after the layer's
+attention (with query blocks: one block of every row). The legacy path has neither values
+nor head outputs: asking it for `value_norms` or `head_output` is an error naming the model
+(`CaptureUnavailable`).
 
 For notebooks, `capture_heads(model, needs=...)` keeps the quantities of one forward pass:
 
@@ -62,6 +67,10 @@ For notebooks, `capture_heads(model, needs=...)` keeps the quantities of one for
     heads.probs[2]              # layer 2: [batch, head, query, key]
     heads.value_norms[2]        # [batch, head, key]
     heads.norms(2)              # N = probs * value_norms: [batch, head, query, key]
+
+    with headprobe.capture_heads(model, needs={"head_output"}) as heads:
+        model(**inputs)
+    heads.head_output[2]        # [batch, head, query, hidden]: what each head writes
 """
 
 from __future__ import annotations
@@ -73,7 +82,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
 from headprobe.model.attention import (
     CaptureError,
@@ -85,7 +93,14 @@ from headprobe.model.attention import (
     probs_and_output,
     routed,
 )
-from headprobe.model.sites import LEGACY_FIELDS, attention_sites, model_device, text_config  # noqa: F401 (re-exported)
+from headprobe.model.sites import (  # noqa: F401 (re-exported)
+    LEGACY_FIELDS,
+    attention_sites,
+    model_device,
+    projection_in_features,
+    projection_weight,
+    text_config,
+)
 
 Callback = Callable[[int, torch.Tensor], None]
 
@@ -94,10 +109,11 @@ QUANTITIES = {
     "probs": "[batch, head, query, key] float32: softmax(Q K^T * scale + mask), the attention weights",
     "value_norms": "[batch, head, key] float32: ||v_j^h W_O^h||, what head h passes on of key j per unit "
     "of weight (METHODS §7)",
+    "head_output": "[batch, head, query, hidden] float32: c_h = z_h W_O^h, head h's write into the "
+    "residual stream (its slice of the output projection's input times its block of W_O, bias "
+    "left out; METHODS §9)",
 }
-RESERVED = {
-    "head_output": "[batch, head, query, hidden]: z, each head's share of the attention output"
-}
+RESERVED: dict[str, str] = {}  # names kept for quantities not built yet
 
 
 class CaptureUnavailable(CaptureError):
@@ -130,8 +146,8 @@ def check_capturable(model, needs) -> None:
     if beyond and attention_sites(model).path != "interface":
         raise CaptureUnavailable(
             f"{type(model).__name__} does not route attention through transformers' attention interface; "
-            f"its attention is read from output_attentions, which has no value vectors, so "
-            f"{', '.join(beyond)} (the norms measure) cannot be captured for it"
+            f"its attention is read from output_attentions, which has no value vectors or head "
+            f"outputs, so {', '.join(beyond)} (the norms measure, head outputs) cannot be captured for it"
         )
 
 
@@ -147,32 +163,6 @@ class Heads(dict):
 
 
 # ------------------------------------------------------------------------- value norms
-
-
-def projection_in_features(module: nn.Module) -> int | None:
-    """Input features of a linear map (nn.Linear, GPT-2's Conv1D), else None."""
-    if isinstance(module, nn.Linear):
-        return module.in_features
-    if isinstance(module, Conv1D):
-        return module.nx
-    return None
-
-
-def projection_weight(module: nn.Module) -> torch.Tensor:
-    """[out, in]: the weight of nn.Linear, or of GPT-2's Conv1D (stored [in, out]) transposed.
-    Weights offloaded by accelerate (on the meta device between forwards) are read from the
-    offload map of the module's hook."""
-    weight = module.weight
-    if weight.device.type == "meta":
-        hook = getattr(module, "_hf_hook", None)
-        weights_map = getattr(hook, "weights_map", None)
-        if weights_map is None or "weight" not in weights_map:
-            raise CaptureUnavailable(
-                f"the weight of {type(module).__name__} is offloaded (meta device) and "
-                "cannot be read for value_norms; place that layer on a device"
-            )
-        weight = weights_map["weight"]
-    return weight.T if isinstance(module, Conv1D) else weight
 
 
 _R_CACHE: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
@@ -220,6 +210,25 @@ def value_norms(site, value: torch.Tensor, n_heads: int) -> torch.Tensor:
     return torch.linalg.vector_norm(
         torch.einsum("bhkd,hed->bhke", v, factor), dim=-1
     )  # [batch, head, key]
+
+
+def head_output(site, z: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[batch, head, query, hidden] float32: c_h = z_h W_O^h (METHODS §9) for every head h of one
+    attention site; `z` [batch, query, heads * d_head], the input of the site's output projection
+    (`site.output`) as the model hands it over (head h's features h*d_head..(h+1)*d_head); the
+    projection's bias belongs to no head. Summed over heads, plus the bias, it is the projection's
+    output."""
+    projection = site.output
+    width = z.shape[-1]
+    if projection is None or projection_in_features(projection) != width or width % n_heads:
+        raise CaptureUnavailable(
+            f"head_output: {type(site.module).__name__} ({site.name}) has no output projection "
+            f"reading {n_heads} heads' outputs side by side"
+        )
+    weight = projection_weight(projection).to(z.device).float()  # [hidden, heads * d_head]
+    blocks = weight.reshape(weight.shape[0], n_heads, width // n_heads)  # [hidden, head, d_head]
+    z = z.float().reshape(*z.shape[:-1], n_heads, width // n_heads)  # [batch, query, head, d_head]
+    return torch.einsum("bqhd,ohd->bhqo", z, blocks)  # [batch, head, query, hidden]
 
 
 def n_layers_heads(model, stack: str | None = None) -> tuple[int, int]:
@@ -307,6 +316,7 @@ class AttentionCapture:
         self.calls_: dict[int, int] = {}
         self.interface = self.sites.path == "interface"
         self._seen: dict = {}  # this forward pass: module -> calls so far
+        self._out_seen: dict = {}  # this forward pass: output projection -> calls so far
         self._got: set[int] = set()  # this forward pass: layers captured
         self._exit = contextlib.ExitStack()
 
@@ -331,9 +341,10 @@ class AttentionCapture:
         extra = {}
         if "value_norms" in self.wanted:
             extra["value_norms"] = value_norms(site, value, query.shape[1])  # [batch, head, key]
-        if "probs" not in self.wanted:  # nothing else to compute
+        if "probs" not in self.wanted:  # nothing else to compute here
             n = query.shape[-2]
-            self._give(layer, None, extra, QueryBlock(0, n, n) if self.query_block else None)
+            if extra:
+                self._give(layer, None, extra, QueryBlock(0, n, n) if self.query_block else None)
             return fallback(module)(
                 module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs
             )
@@ -351,6 +362,40 @@ class AttentionCapture:
         output = attend(probs, value)
         self._give(layer, probs, extra)
         return output, None
+
+    def _head_output(self, module, args):
+        """Forward pre-hook on an output projection: hand on `head_output` of an asked-for layer
+        (its own callback call, after the layer's attention; one block of every row)."""
+        sites = self._outputs[module]
+        n = self._out_seen[module] = self._out_seen.get(module, 0) + 1
+        if n > len(sites):
+            raise CaptureError(
+                f"{self.sites.model_class}: {type(module).__name__} ran {n} times in one forward "
+                f"pass, {len(sites)} when its attention was found (head_output)"
+            )
+        site = sites[n - 1]
+        if site.stack != self.stack or site.layer not in self.layers:
+            return None
+        output = head_output(site, args[0], site.heads)  # [batch, head, query, hidden]
+        rows = output.shape[-2]
+        block = QueryBlock(0, rows, rows) if self.query_block else None
+        self._give(site.layer, None, {"head_output": output}, block)
+        return None
+
+    def _output_hooks(self) -> None:
+        """Register `_head_output` on every output projection (a shared one once, its sites in
+        call order); an asked-for layer without one is `CaptureUnavailable` (one line)."""
+        self._outputs: dict[nn.Module, list] = {}
+        for site in self.sites.sites:
+            if site.output is None and site.stack == self.stack and site.layer in self.layers:
+                raise CaptureUnavailable(
+                    f"head_output: {self.sites.model_class} {site.name or site.stack} has no "
+                    "output projection headprobe can find"
+                )
+            if site.output is not None:
+                self._outputs.setdefault(site.output, []).append(site)
+        for module in self._outputs:
+            self._exit.callback(module.register_forward_pre_hook(self._head_output).remove)
 
     def _give(
         self, layer: int, probs: torch.Tensor | None, extra: dict, block: QueryBlock | None = None
@@ -416,6 +461,7 @@ class AttentionCapture:
     # -- every forward pass -----------------------------------------------------------
     def _begin(self, module, args, kwargs):
         self._seen.clear()
+        self._out_seen.clear()
         self._got.clear()
         if not self.interface:
             kwargs["output_attentions"] = True
@@ -439,6 +485,8 @@ class AttentionCapture:
             if self.interface:
                 self._calls = self.sites.calls()
                 self._exit.enter_context(routed(self.model, {m: self._handle for m in self._calls}))
+                if "head_output" in self.wanted:
+                    self._output_hooks()
             else:
                 self._exit.enter_context(implementation_set(self.model, "eager"))
             for handle in (

@@ -1,4 +1,4 @@
-"""The random-init control (METHODS §8): what the architecture gives for free, beside what was learned.
+"""The random-init control: what the architecture gives for free, beside what was learned.
 
     results = headprobe.run("smollm2", treebank=..., control="random-init")
     results.best_heads[["label", "accuracy", "control_accuracy", "control_ci_low", "control_ci_high"]]
@@ -15,7 +15,7 @@ exactly as for a run of that model alone, saves them prefixed `control_`, and
 - gives every best-heads row the control's best head for the same analysis, label,
   selection and fold (`CONTROL_COLUMNS`: its name, accuracy and 95% interval), and
 - makes the syntactic role (METHODS §6) also require the head's held-out accuracy to be above
-  the control's held-out best for the relation (`roles.SYNTACTIC`, `control_bar`).
+  the control's held-out best for the relation (the rule `dependency.ROLE`, `control_bar`).
 
 Analyses that run the model themselves (ablation, importance, the pruning curve) are not
 repeated on the control: it has no loss worth ablating. Per-unit rows

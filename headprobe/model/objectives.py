@@ -46,12 +46,12 @@ IGNORE = -100  # a target that is not scored (torch's cross-entropy default)
 
 def lm_kind(model) -> str:
     """`causal_lm` or `masked_lm` for a model with a language-model head, else `representation`."""
-    from headprobe.scoring.engine import is_causal
+    from headprobe.model.sites import attention_sites
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         return "representation"
-    return "causal_lm" if is_causal(model) else "masked_lm"
+    return "causal_lm" if attention_sites(model).causal() else "masked_lm"
 
 
 def mask_key(example) -> str:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from headprobe.inputs.align import CLS_LIKE, Alignment
 from headprobe.model.attention import (
@@ -71,8 +72,14 @@ class AttentionSite:
     causal: bool  # no key after the query is visible (this call's own mask)
     heads: int  # query heads
     kv_heads: int  # key/value heads (fewer under grouped-query attention)
-    name: str = ""  # the module's name in the model, or the output field (legacy)
+    name: str = ""  # the module's name in the model
     output: nn.Module | None = None  # its output projection, where one is found
+    value: nn.Module | None = None  # the projection whose output holds the values (interface path)
+    value_index: torch.Tensor | None = None  # [kv_head * d_head] value features of `value`'s output
+    d_head: int = 0  # width of one head's value (and of its slice of the output projection's input)
+    norm_in: nn.Module | None = (
+        None  # the norm the values read, inside the block (pre-norm); else None
+    )
 
 
 @dataclass(eq=False)
@@ -263,29 +270,30 @@ def discover(model) -> Sites:
         )
     inputs = probe_inputs(model, encoder_decoder, start)
     calls = []
+    names = {module: name for name, module in model.named_modules()}
 
     def record(module, query, key, value, mask, scaling, dropout, kwargs):
         visible = visible_keys(module, mask, kwargs, query.shape[-2], key.shape[-2])  # [query, key]
-        calls.append(
-            (module, query.shape[1], key.shape[1], query.shape[-2], key.shape[-2], visible)
-        )
+        parts = _value_parts(model, names.get(module, ""), module, value, trace)
+        shapes = (query.shape[1], key.shape[1], query.shape[-2], key.shape[-2])
+        calls.append((module, *shapes, visible, parts))
         return fallback(module)(
             module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs
         )
 
     try:
-        with torch.no_grad(), routed(model, every=record):
+        with torch.no_grad(), _Trace(model) as trace, routed(model, every=record):
             model(**inputs)
         if calls:
-            return Sites(
-                name,
-                "interface",
-                _interface_sites(model, calls, encoder_decoder),
-                encoder_decoder,
-                start,
-            )
-        with torch.no_grad(), implementation_set(model, "eager"):
+            sites = _interface_sites(model, names, calls, encoder_decoder)
+            return Sites(name, "interface", sites, encoder_decoder, start)
+        with (
+            torch.no_grad(),
+            _Trace(model, keep_outputs=True) as trace,
+            implementation_set(model, "eager"),
+        ):
             output = model(**inputs, output_attentions=True)
+            sites, fields = _legacy_sites(model, names, output, encoder_decoder, trace)
     except CaptureError:
         raise
     except Exception as exc:
@@ -293,13 +301,109 @@ def discover(model) -> Sites:
             f"{name}: cannot run it on a token sequence to find its attention "
             f"({type(exc).__name__}: {exc})"
         ) from exc
-    sites, fields = _legacy_sites(output, encoder_decoder)
     if not sites:
         raise CaptureError(
             f"{name}: no attention found: it calls none of transformers' attention functions "
             "(interface path) and returns no attention with output_attentions=True (legacy path)"
         )
     return Sites(name, "legacy", sites, encoder_decoder, start, fields)
+
+
+def is_projection(module: nn.Module) -> bool:
+    """A linear map headprobe reads weights from: nn.Linear or transformers' Conv1D (GPT-2)."""
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation layer (LayerNorm, RMSNorm, T5LayerNorm, ...), by its class name."""
+    return "norm" in type(module).__name__.lower()
+
+
+class _Trace:
+    """Forward hooks for the discovery pass: when each module's current call began (a tick
+    counter), every projection's and norm's last input and output, and (`keep_outputs`) for
+    every tensor a module returned, the innermost module that returned it first."""
+
+    def __init__(self, model, keep_outputs: bool = False):
+        self.model, self.keep_outputs = model, keep_outputs
+        self.tick = 0
+        self.began: dict[nn.Module, int] = {}
+        self.last: dict[
+            nn.Module, tuple[int, object, object]
+        ] = {}  # module -> (tick, input, output)
+        self.returned: list[tuple[torch.Tensor, nn.Module]] = []  # in the order modules returned
+        self.handles: list = []
+
+    def __enter__(self):
+        for module in self.model.modules():
+            self.handles.append(module.register_forward_pre_hook(self._begin))
+            if self.keep_outputs or is_projection(module) or is_norm(module):
+                self.handles.append(module.register_forward_hook(self._end))
+        return self
+
+    def __exit__(self, *exc):
+        while self.handles:
+            self.handles.pop().remove()
+        return False
+
+    def _begin(self, module, args):
+        self.tick += 1
+        self.began[module] = self.tick
+
+    def _end(self, module, args, output):
+        self.tick += 1
+        self.last[module] = (self.tick, args[0] if args else None, output)
+        if self.keep_outputs:
+            values = output.values() if isinstance(output, dict) else output
+            values = values if isinstance(values, (tuple, list)) else [values]
+            passed = {a.data_ptr() for a in args if torch.is_tensor(a)}  # handed through (dropout)
+            self.returned += [
+                (t, module) for t in values if torch.is_tensor(t) and t.data_ptr() not in passed
+            ]
+
+    def output_of(self, module) -> torch.Tensor | None:
+        kept = self.last.get(module)
+        return kept[2] if kept is not None and torch.is_tensor(kept[2]) else None
+
+    def first_returned(self, tensor: torch.Tensor) -> nn.Module | None:
+        """The innermost module that returned `tensor` (or a view of its storage, same size)."""
+        for kept, module in self.returned:
+            if kept is tensor or (
+                kept.data_ptr() == tensor.data_ptr() and kept.numel() == tensor.numel()
+            ):
+                return module
+        return None
+
+
+def _value_parts(model, name: str, module, value, trace: _Trace) -> tuple:
+    """(value projection, value_index, d_head, norm_in) of one attention call: the projection
+    among `module`'s own whose last output holds, feature for feature, the `value` the attention
+    function got ([batch, kv_head, key, d_head]; any fused layout: the index says which output
+    features are the values, kv-head-major); the norm is the one whose output that projection
+    read, called inside this call of the attention module's parent (so not a post-norm)."""
+    v = value.detach().transpose(1, 2).flatten(2)  # [batch, key, kv_head * d_head]
+    v = v.reshape(-1, v.shape[-1])  # [row, feature]
+    for candidate in module.modules():
+        out = trace.output_of(candidate) if is_projection(candidate) else None
+        if out is None or out.shape[-1] < v.shape[-1] or out.numel() // out.shape[-1] != len(v):
+            continue
+        same = (out.detach().reshape(len(v), -1)[:, :, None] == v[:, None, :]).all(0)
+        if same.any(0).all():  # same: [out_feature, feature]
+            index = same.to(torch.int8).argmax(0).cpu()  # [feature]: the first equal column
+            return candidate, index, int(value.shape[-1]), _norm_in(model, name, candidate, trace)
+    return None, None, int(value.shape[-1]), None
+
+
+def _norm_in(model, name: str, projection, trace: _Trace) -> nn.Module | None:
+    x = trace.last[projection][1]  # the projection's input
+    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    began = trace.began.get(parent, 0)
+    found = [
+        (tick, norm)
+        for norm, (tick, _, out) in trace.last.items()
+        if is_norm(norm) and tick > began and out is x
+    ]
+    return max(found, key=lambda pair: pair[0])[1] if found else None
 
 
 def _stack_of(n_query: int, n_key: int) -> str:
@@ -315,16 +419,16 @@ def _is_causal(visible: torch.Tensor) -> bool:
     return n_query == n_key > 1 and not visible.triu(1).any().item()
 
 
-def _interface_sites(model, calls, encoder_decoder: bool) -> tuple[AttentionSite, ...]:
-    names = {module: name for name, module in model.named_modules()}
-    causal = [_is_causal(visible) for *_, visible in calls]
+def _interface_sites(model, names, calls, encoder_decoder: bool) -> tuple[AttentionSite, ...]:
+    causal = [_is_causal(call[5]) for call in calls]
     single = "decoder" if any(causal) else "encoder"
     layers: dict[str, int] = {}
     sites = []
-    for (module, heads, kv_heads, n_query, n_key, _), is_causal in zip(calls, causal):
+    for (module, heads, kv_heads, n_query, n_key, _, parts), is_causal in zip(calls, causal):
         stack = _stack_of(n_query, n_key) if encoder_decoder else single
         layer = layers[stack] = layers.get(stack, -1) + 1
         name = names.get(module, "")
+        value, index, d_head, norm = parts
         sites.append(
             AttentionSite(
                 stack,
@@ -335,6 +439,10 @@ def _interface_sites(model, calls, encoder_decoder: bool) -> tuple[AttentionSite
                 int(kv_heads),
                 name,
                 _output_projection(model, name, module),
+                value,
+                index,
+                d_head,
+                norm,
             )
         )
     return tuple(sites)
@@ -350,20 +458,91 @@ def _output_projection(model, name: str, module) -> nn.Module | None:
     return dense if isinstance(dense, nn.Module) else None
 
 
-def _legacy_sites(output, encoder_decoder: bool):
-    """Sites from `output_attentions` fields: ((AttentionSite, ...), {stack: field})."""
+def _legacy_sites(model, names, output, encoder_decoder: bool, trace: _Trace):
+    """Sites from `output_attentions` fields: ((AttentionSite, ...), {stack: field}); each
+    site's module is the innermost module that returned its probabilities."""
     wanted = LEGACY_FIELDS if encoder_decoder else {None: "attentions"}
     sites, fields = [], {}
-    for stack, name in wanted.items():
-        layers = getattr(output, name, None) or ()  # per layer [batch, head, query, key]
+    for stack, field_name in wanted.items():
+        layers = getattr(output, field_name, None) or ()  # per layer [batch, head, query, key]
         layers = [probs for probs in layers if probs is not None]
         if not layers:
             continue
         causal = [_is_causal(probs[0, 0] > 0) for probs in layers]
         stack = stack or ("decoder" if any(causal) else "encoder")
-        fields[stack] = name
-        sites += [
-            AttentionSite(stack, layer, None, c, int(p.shape[1]), int(p.shape[1]), name)
-            for layer, (p, c) in enumerate(zip(layers, causal))
-        ]
+        fields[stack] = field_name
+        for layer, (probs, is_causal) in enumerate(zip(layers, causal)):
+            module = trace.first_returned(probs)
+            name = names.get(module, field_name)
+            out = _output_projection(model, name, module) if module is not None else None
+            heads = int(probs.shape[1])
+            width = projection_in_features(out) if out is not None else None
+            d_head = width // heads if width else 0
+            sites.append(
+                AttentionSite(
+                    stack, layer, module, is_causal, heads, heads, name, out, d_head=d_head
+                )
+            )
     return tuple(sites), fields
+
+
+# ---------------------------------------------------------------------- weights of a site
+def projection_in_features(module: nn.Module) -> int | None:
+    """Input features of a linear map (nn.Linear, GPT-2's Conv1D), else None."""
+    if isinstance(module, nn.Linear):
+        return module.in_features
+    if isinstance(module, Conv1D):
+        return module.nx
+    return None
+
+
+def projection_weight(module: nn.Module) -> torch.Tensor:
+    """[out, in]: the weight of nn.Linear, or of GPT-2's Conv1D (stored [in, out]) transposed.
+    Weights offloaded by accelerate (on the meta device between forwards) are read from the
+    offload map of the module's hook."""
+    weight = module.weight
+    if weight.device.type == "meta":
+        hook = getattr(module, "_hf_hook", None)
+        weights_map = getattr(hook, "weights_map", None)
+        if weights_map is None or "weight" not in weights_map:
+            raise CaptureError(
+                f"the weight of {type(module).__name__} is offloaded (meta device) and "
+                "cannot be read; place that layer on a device"
+            )
+        weight = weights_map["weight"]
+    return weight.T if isinstance(module, Conv1D) else weight
+
+
+def _need(site: AttentionSite, what: str) -> nn.Module:
+    module = getattr(site, what)
+    if module is None:
+        raise CaptureError(
+            f"{site.name or site.stack} (layer {site.layer}): no {what} projection found "
+            + ("(legacy path: no values are seen)" if what == "value" else "")
+        )
+    return module
+
+
+def value_weight(site: AttentionSite) -> torch.Tensor:
+    """[kv_head, d_model, d_head]: W_V of each key/value head, `v = x @ W_V[g] + value_bias[g]`
+    (query head h reads kv head h // (heads // kv_heads)); the value features of a fused
+    projection (GPT-2's c_attn, ModernBERT's Wqkv, ...) picked by `site.value_index`."""
+    weight = projection_weight(_need(site, "value"))  # [out, d_model]
+    rows = weight[site.value_index.to(weight.device)]  # [kv_head * d_head, d_model]
+    return rows.unflatten(0, (-1, site.d_head)).transpose(1, 2)  # [kv_head, d_model, d_head]
+
+
+def value_bias(site: AttentionSite) -> torch.Tensor | None:
+    """[kv_head, d_head]: the value projection's bias per kv head, or None (no bias)."""
+    bias = getattr(_need(site, "value"), "bias", None)
+    if bias is None:
+        return None
+    return bias[site.value_index.to(bias.device)].unflatten(0, (-1, site.d_head))
+
+
+def output_weight(site: AttentionSite) -> torch.Tensor:
+    """[head, d_head, d_model]: W_O of each query head, the output projection's block that
+    reads head h's slice of the concatenated head outputs (`attention output = sum_h
+    z_h @ W_O[h] + output bias`)."""
+    weight = projection_weight(_need(site, "output"))  # [d_model, head * d_head]
+    return weight.T.unflatten(0, (site.heads, -1))  # [head, d_head, d_model]

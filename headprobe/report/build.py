@@ -4,9 +4,9 @@
 
 Each analysis names its section in its registry entry (`Analysis.report`, a callable
 `section(results, analysis) -> Section`, given the analysis's registered name); the
-built-in ones are below (`dependency_section`, `coreference_section`,
-`positional_section`, `surface_section`). An analysis without one gets
-`default_section`: a heatmap per label and, for selection analyses, its best-heads
+built-in ones live beside their analyses (`headprobe/scorers/<analysis>_report.py`), built
+from the primitives of `headprobe.report` (`selection`, `tables`, `figures`, `document`).
+An analysis without one gets `default_section`: a heatmap per label and, for selection analyses, its best-heads
 table. Sections only render: every number is a stored value of a `Results` table or
 view. No analysis is named here: a section reads the data of the analysis it is given,
 and what it needs to know about it from the registry.
@@ -33,10 +33,10 @@ from headprobe.report.document import (
     Table,
     slug,
 )
+from headprobe.report.selection import MAX_PANELS, best_tables
 from headprobe.report.tables import (
     BEST_HEADS_LEGEND,
     LEGEND,
-    best_heads_table,
     decimals,
     fmt,
     fmt_est,
@@ -51,24 +51,14 @@ from headprobe.results.findings import (
     data_sources,
     key_findings,
     provenance,
-    repeated_columns,
 )
 from headprobe.scorers import registry
-from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
-from headprobe.stats.roles import (
-    NONE,
-    NOT_PER_RELATION,
-    POSITIONAL_SHARE,
-    offset_shares,
-    role_colors,
-    role_summary,
-)
+from headprobe.stats.roles import NONE, role_colors, role_summary
 
 HEAD_LEGEND = (
     "Heads are named L-H = layer-head, both 0-based (Clark et al. 2019 print "
     "1-based indices, so their 8-10 is 7-9 here)."
 )
-MAX_PANELS = 12
 MAX_EXAMPLES = 30
 
 
@@ -80,11 +70,11 @@ def compose(results, source: str = "") -> Document:
     doc = Document(title=f"headprobe report: {model}")
     shown = results.for_measure()  # several measures (METHODS §7): the sections show the first
     doc.sections += [summary_section(shown), roles_section(shown)]
-    for name in sorted(results.analyses, key=_builtin_rank):
+    for name in registry.ordered(results.analyses):
         render = _section_of(name)
         doc.sections.append((render or default_section)(shown, name))
     if shown.control is not None:  # the random-init control (headprobe.model.control)
-        from headprobe.report.effects import control_section
+        from headprobe.report.control import control_section
 
         doc.sections.append(control_section(shown))
     if len(results.measures) > 1:
@@ -97,14 +87,6 @@ def compose(results, source: str = "") -> Document:
         provenance_section(results, source),
     ]
     return doc
-
-
-def _builtin_rank(name: str) -> int:
-    """Built-in analyses in `registry.BUILTIN_MODULES` order, then the others (stable)."""
-    try:
-        return registry.BUILTIN_MODULES.index(registry.get(name).scorer.__module__)
-    except ValueError:
-        return len(registry.BUILTIN_MODULES)
 
 
 def _section_of(name: str):
@@ -293,8 +275,8 @@ def roles_section(results) -> Section:
         Figure(
             "roles",
             F.role_map_figure(roles, results.n_layers, results.n_heads, colors),
-            "Head-role map. Cell text: positional offset, relation with the largest held-out gap ('+' when "
-            "more relations qualify), coref, sink or broad. " + LEGEND,
+            "Head-role map. Cell text: the short label of the head's role (an offset, the relation with "
+            "the largest held-out gap, '+' when more qualify, ...; see the rules above). " + LEGEND,
             alt="head-role map",
         )
     )
@@ -343,361 +325,6 @@ def _roles_per_head_table(roles) -> Table:
         attrs,
         collapsed=len(rows) > 40,
     )
-
-
-# ---------------------------------------------------------------- dependency / coreference
-
-
-def accuracy_panels(results, analysis: str, label: str, directions) -> list:
-    """(title, accuracy [layer, head], accuracy - in-sample best baseline or None, baseline text)."""
-    best = results.best_head(analysis, label)
-    variant = best["baseline_variant"] if best is not None else ""
-    base = best["baseline_accuracy"] if best is not None else np.nan
-    panels = []
-    for direction in directions:
-        scores = results.head_scores(analysis, label, direction or None)
-        if not len(scores):
-            continue
-        acc = to_matrix(scores, "accuracy", results.n_layers, results.n_heads)
-        title = f"{label}, {direction}" if direction else label
-        if variant and not pd.isna(base):
-            panels.append((title, acc, acc - base, f"{variant}: {base:.4f}"))
-        else:
-            panels.append((title, acc, None, "none"))
-    return panels
-
-
-def gap_items(results, analysis: str, labels: list[str]) -> list:
-    """Per label: (title, [layer, head] accuracy in each head's better direction minus the
-    in-sample best baseline), from `head_tests`."""
-    tests = results.head_tests
-    items = []
-    for label in labels:
-        t = tests[(tests["analysis"] == analysis) & (tests["label"] == label)]
-        if len(t):
-            items.append(
-                (
-                    f"{label} (vs {t['baseline_variant'].iloc[0]})",
-                    to_matrix(t, "gap", results.n_layers, results.n_heads),
-                )
-            )
-    return items
-
-
-def _split_by_size(results, analysis: str, labels: list[str]) -> tuple[list[str], list[str]]:
-    """Labels with at least the analysis's `min_n` trials, and the rest."""
-    min_n = registry.min_n(analysis)
-    rows = {label: results.best_head(analysis, label) for label in labels}
-    big = [x for x in labels if rows[x] is not None and rows[x]["n"] >= min_n]
-    return big, [x for x in labels if x not in big]
-
-
-def _best_tables(s: Section, results, analysis: str, labels: list[str]) -> None:
-    big, small = _split_by_size(results, analysis, labels)
-    s.add(best_heads_table(results, analysis, big))
-    if small:
-        table = best_heads_table(results, analysis, small, name=f"{analysis}-top-heads-small")
-        table.caption = (
-            f"Labels with fewer than {registry.min_n(analysis)} trials (same columns): shown with their "
-            f"counts, never named a best head"
-        )
-        table.collapsed = True
-        s.add(table)
-
-
-def dependency_section(results, analysis: str) -> Section:
-    """Dependency arcs: accuracy and gap heatmaps, per-relation gaps, unreachable arcs, best heads."""
-    key = slug(analysis)
-    s = Section(key, "Dependency arcs (Clark et al. 2019, section 4)")
-    s.add(
-        Paragraph(
-            "dep->head: the dependent's attention argmax (self excluded) is its head; head<-dep: of all words, "
-            "the head is the one attending most to the dependent. The baseline is the best of the fixed offsets "
-            "(-5..5) and the first word, per relation. root and punct arcs are not scored per relation; ALL is "
-            "every other arc."
-        )
-    )
-    labels = results.labels(analysis)
-    if not labels:
-        s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
-        return s
-    unreachable = results.unreachable_arcs(analysis)
-    if results.summary.get("causal") or (
-        len(unreachable) and unreachable["unreachable"].gt(0).any()
-    ):
-        s.add(_unreachable_table(unreachable, key))
-    main = ALL if ALL in labels else labels[0]
-    panels = accuracy_panels(results, analysis, main, registry.get(analysis).directions)
-    if panels:
-        s.add(
-            Figure(
-                f"{key}_all",
-                F.accuracy_gap_figure(panels),
-                f"Dependency accuracy per head for {main} arcs, each direction (left), and accuracy minus "
-                f"the in-sample best baseline (right; named in the panel title). " + LEGEND,
-                alt=f"{analysis} heatmaps {main}",
-            )
-        )
-    big, _ = _split_by_size(results, analysis, labels)
-    items = gap_items(results, analysis, [x for x in big if x not in NOT_PER_RELATION][:MAX_PANELS])
-    if items:
-        s.add(
-            Figure(
-                f"{key}_relations",
-                F.gap_grid_figure(items),
-                f"Per relation with at least {registry.min_n(analysis)} arcs (largest first): accuracy in the "
-                "head's better direction minus the relation's in-sample best baseline. Blue: below the "
-                "baseline, red: above. " + LEGEND,
-                alt="per-relation gap heatmaps",
-            )
-        )
-    _best_tables(s, results, analysis, labels)
-    return s
-
-
-def _unreachable_table(unreachable: pd.DataFrame, key: str) -> Table:
-    directions = list(dict.fromkeys(unreachable["direction"]))
-    rows, attrs = [], []
-    for label, group in unreachable.groupby("label", sort=False):
-        by_direction = group.set_index("direction")
-        row = [Cell(label), Cell(fmt_int(group["n"].iloc[0]), {"col": "n"}, True)]
-        for d in directions:
-            row += [
-                Cell(fmt_int(by_direction.at[d, "unreachable"]), {"col": f"unreachable:{d}"}, True),
-                Cell(fmt(by_direction.at[d, "share"]), {"col": f"share:{d}"}, True),
-            ]
-        rows.append(row)
-        attrs.append({"label": label})
-    columns = ["Relation", "Arcs"] + [x for d in directions for x in (f"unreachable {d}", "share")]
-    return Table(
-        f"{key}-unreachable",
-        "Arcs no head can predict, per relation and direction: their row (dep->head) or column "
-        "(head<-dep) holds no attention once specials and self are removed (in a decoder, the first "
-        "word's row and the last word's column). They count as misses, never as hits.",
-        columns,
-        rows,
-        attrs,
-    )
-
-
-def coreference_section(results, analysis: str) -> Section:
-    """Coreference: accuracy and gap heatmaps per mention kind, best heads."""
-    s = Section(slug(analysis), "Coreference (Clark et al. 2019, section 5)")
-    s.add(
-        Paragraph(
-            "A mention's head word scores a hit when the candidate it attends to most is the head of a mention "
-            "of its own cluster. Baselines: nearest (latest-starting candidate), head_match (same head word, "
-            "else nearest) and, where present, a rule-based baseline."
-        )
-    )
-    kinds = results.labels(analysis)
-    panels = [p for kind in kinds for p in accuracy_panels(results, analysis, kind, [""])]
-    if panels:
-        s.add(
-            Figure(
-                slug(analysis),
-                F.accuracy_gap_figure(panels),
-                "Coreference accuracy per head for each mention kind (left) and accuracy minus the in-sample "
-                "best baseline (right). " + LEGEND,
-                alt=f"{analysis} heatmaps",
-            )
-        )
-    else:
-        s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
-    _best_tables(s, results, analysis, kinds)
-    return s
-
-
-# ---------------------------------------------------------------- positional
-
-
-def positional_section(results, analysis: str) -> Section:
-    """Argmax offsets: share heatmaps and the heads by their dominant offset (`roles.offset_shares`)."""
-    key = slug(analysis)
-    s = Section(key, "Positional heads (Voita et al. 2019)")
-    s.add(
-        Paragraph(
-            "For every word (specials excluded as queries), where its attention argmax sits (self and special "
-            "tokens included): relative offset -2..+2, a special token, or elsewhere. A head is positional when "
-            f"one non-zero offset takes at least {POSITIONAL_SHARE:g} of the argmaxes."
-        )
-    )
-    shares = offset_shares(results, analysis)
-    if not len(shares):
-        s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
-        return s
-    s.add(
-        Figure(
-            key,
-            F.positional_figure(shares, results.n_layers, results.n_heads),
-            "Share of words whose argmax is at each relative position, per head. " + LEGEND,
-            alt=f"{analysis} heatmaps",
-        )
-    )
-    met = _rule_met(results, [rule.role for rule in registry.get(analysis).roles])
-    top = shares.sort_values(
-        ["share", "layer", "head"], ascending=[False, True, True], kind="stable"
-    )
-    n_positional = sum(
-        met.get((int(r.layer), int(r.head)), False) for r in shares.itertuples(index=False)
-    )
-    top = top.head(max(10, n_positional))
-    labels = [c for c in POSITIONAL_LABELS if c in shares.columns]
-    rows, attrs = [], []
-    for r in top.to_dict("records"):
-        head = (int(r["layer"]), int(r["head"]))
-        rows.append(
-            [
-                Cell(head_name(*head)),
-                Cell(str(r["offset"])),
-                Cell(fmt(r["share"]), {"col": "dominant_share"}, True),
-                Cell("yes" if met.get(head) else "no", {"col": key}),
-            ]
-            + [Cell(fmt(r[c]), {"col": f"share:{c}"}, True) for c in labels]
-            + [Cell(fmt_int(r["n"]), {"col": "n"}, True)]
-        )
-        attrs.append({"layer": head[0], "head": head[1]})
-    s.add(
-        Table(
-            f"{key}-top",
-            f"Heads by the share of their dominant non-zero offset ({n_positional} "
-            f"positional heads). " + LEGEND,
-            ["Head", "Offset", "Share", "Positional"] + [f"share {c}" for c in labels] + ["Words"],
-            rows,
-            attrs,
-        )
-    )
-    return s
-
-
-def _rule_met(results, roles: list[str]) -> dict:
-    """{(layer, head): whether the head meets one of the `roles`' rules} from the roles table."""
-    table = results.roles
-    return {
-        (int(l), int(h)): bool(set(roles) & set(str(met).split(", ")))
-        for l, h, met in zip(table["layer"], table["head"], table["all_roles"])
-    }
-
-
-# ---------------------------------------------------------------- surface
-
-SURFACE_COLUMNS = [
-    ("cls", "CLS/BOS"),
-    ("sep", "SEP/EOS"),
-    ("first", "first position"),
-    ("sink_mass", "first + SEP/EOS"),
-    ("punct", "punct"),
-    ("self", "self"),
-    ("prev", "prev"),
-    ("next", "next"),
-    ("entropy", "entropy"),
-    ("entropy_uniform", "uniform entropy"),
-    ("entropy_ratio", "entropy / uniform"),
-]
-
-
-def surface_section(results, analysis: str) -> Section:
-    """Attention mass per label and entropy, per head and per layer (`Results.mass_per_head`)."""
-    key = slug(analysis)
-    s = Section(key, "Surface statistics (Clark et al. 2019, section 3)")
-    s.add(
-        Paragraph(
-            "Mean attention mass a word pays to [CLS]/BOS, [SEP]/EOS, the first position of the input, "
-            "punctuation words, itself, the previous and the next word (Clark et al. Figure 2), and the mean "
-            "entropy of the attention rows in nats over pieces, beside the entropy of uniform attention (their "
-            "Figure 4). Per-layer values are the layer's summed mass over its summed counts."
-        )
-    )
-    per_head, per_layer = results.mass_per_head(analysis), results.mass_per_layer(analysis)
-    if not len(per_head):
-        s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
-        return s
-    same = repeated_columns(per_head, [k for k, _ in SURFACE_COLUMNS])  # an encoder: first = [CLS]
-    if same:
-        s.add(
-            Paragraph(
-                "Measures holding the same numbers on every head are shown once: "
-                + "; ".join(f"{_surface_name(k)} = {_surface_name(v)}" for k, v in same.items())
-                + " (every input starts with that special token)."
-            )
-        )
-    for figure in _surface_figures(key, per_head, per_layer, same):
-        s.add(figure)
-    for table in _surface_tables(key, per_head, per_layer, same):
-        s.add(table)
-    return s
-
-
-def _surface_figures(key: str, per_head, per_layer, same: dict) -> list[Figure]:
-    """The mass per head and layer, and the entropy, as figures (the columns in `same` dropped)."""
-    figures = []
-    if any(c in per_head.columns for c in F.SURFACE_TITLES):
-        figures.append(
-            Figure(
-                f"{key}_mass",
-                F.surface_figure(per_head.drop(columns=list(same)), per_layer),
-                "Mean attention mass per head (dots) and per layer (line), by layer (0-based).",
-                alt="surface statistics",
-            )
-        )
-    if "entropy" in per_head.columns:
-        figures.append(
-            Figure(
-                f"{key}_entropy",
-                F.entropy_figure(per_head, per_layer),
-                "Mean entropy of the attention rows per head (dots) and per layer (line), with the entropy "
-                "of uniform attention (dashed).",
-                alt="entropy",
-            )
-        )
-    return figures
-
-
-def _surface_tables(key: str, per_head, per_layer, same: dict) -> list[Table]:
-    """The surface statistics per layer and per head (a column in `same` shown once)."""
-    names = {k: name for k, name in SURFACE_COLUMNS}
-    for dropped, kept in same.items():
-        names[kept] = f"{names[kept]} = {names[dropped]}"
-    keys = [k for k, _ in SURFACE_COLUMNS if k not in same]
-    cols = [(k, names[k]) for k in keys if k in per_layer.columns]
-    rows = [
-        [Cell(str(int(r["layer"])))] + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
-        for r in per_layer.to_dict("records")
-    ]
-    tables = [
-        Table(
-            f"{key}-per-layer",
-            "Surface statistics per layer (summed over the layer's heads; mass in "
-            "[0, 1], entropy in nats)",
-            ["Layer"] + [n for _, n in cols],
-            rows,
-            [{"layer": int(x)} for x in per_layer["layer"]],
-        )
-    ]
-    cols = [(k, names[k]) for k in keys if k in per_head.columns]
-    rows = [
-        [Cell(head_name(r["layer"], r["head"]))]
-        + [Cell(fmt(r[k]), {"col": k}, True) for k, _ in cols]
-        for r in per_head.to_dict("records")
-    ]
-    tables.append(
-        Table(
-            f"{key}-per-head",
-            "Surface statistics per head. " + LEGEND,
-            ["Head"] + [n for _, n in cols],
-            rows,
-            [
-                {"layer": int(l), "head": int(h)}
-                for l, h in zip(per_head["layer"], per_head["head"])
-            ],
-            collapsed=True,
-        )
-    )
-    return tables
-
-
-def _surface_name(key: str) -> str:
-    return dict(SURFACE_COLUMNS).get(key, key)
 
 
 # ---------------------------------------------------------------- any other analysis
@@ -761,7 +388,7 @@ def default_section(results, analysis: str) -> Section:
         else bool((results.best_heads["analysis"] == analysis).any())
     )
     if selection:
-        _best_tables(s, results, analysis, results.labels(analysis))
+        best_tables(s, results, analysis, results.labels(analysis))
     return s
 
 

@@ -29,8 +29,6 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from headprobe.report.tables import to_matrix
-from headprobe.scorers.positional import LABELS as POSITIONAL_LABELS
 from headprobe.stats.roles import NONE
 
 DPI = 100
@@ -71,10 +69,6 @@ def render(fig: Figure, fmt: str = "png") -> bytes:
     return buf.getvalue()
 
 
-def to_png(fig: Figure) -> bytes:
-    return render(fig, "png")
-
-
 class Drawing:
     """One finished figure: `png` is rendered at once; `svg` and `pdf` on first use.
 
@@ -113,7 +107,7 @@ def drawing(fig: Figure) -> Drawing:
     return Drawing(fig)
 
 
-def _finish(fig: Figure, suptitle: str = ""):
+def finish(fig: Figure, suptitle: str = ""):
     """Lay the panels out, leaving room for a figure title."""
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
@@ -123,7 +117,7 @@ def _finish(fig: Figure, suptitle: str = ""):
         fig.tight_layout()
 
 
-def _panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
+def panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
     return max(3.2, 0.42 * n_heads + 1.6), max(2.4, 0.3 * n_layers + 1.2)
 
 
@@ -273,7 +267,7 @@ def accuracy_gap_figure(
     """
     n_rows = len(panels)
     n_layers, n_heads = panels[0][1].shape
-    w, h = _panel_size(n_layers, n_heads)
+    w, h = panel_size(n_layers, n_heads)
     fig = new_figure(2 * w + 0.6, n_rows * h + 0.6)
     axes = fig.subplots(n_rows, 2, squeeze=False)
     gaps = [p[2] for p in panels if p[2] is not None]
@@ -309,11 +303,11 @@ def accuracy_gap_figure(
                 vmax=lim,
                 cbar_label="gap",
             )
-    _finish(fig, suptitle)
+    finish(fig, suptitle)
     return drawing(fig)
 
 
-def _small_panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
+def _smallpanel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
     return max(2.8, 0.22 * n_heads + 1.9), max(2.1, 0.17 * n_layers + 1.1)
 
 
@@ -347,7 +341,7 @@ def heatmap_grid_figure(
         ncols = 6 if n_layers > 2 * n_heads else (3 if n_heads > 8 else 4)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    w, h = _small_panel_size(n_layers, n_heads)
+    w, h = _smallpanel_size(n_layers, n_heads)
     fig = new_figure(ncols * w, nrows * h + 0.5)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     finite = np.concatenate([m[np.isfinite(m)].ravel() for _, m in items])
@@ -370,128 +364,14 @@ def heatmap_grid_figure(
         )
     for k in range(n, nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
-    _finish(fig, title)
+    finish(fig, title)
     return drawing(fig)
 
 
-def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> Drawing:
-    """One share heatmap per positional label (-2..+2, special, other)."""
-    labels = [lab for lab in POSITIONAL_LABELS if lab in shares.columns]
-    annotated = n_layers * n_heads <= ANNOTATE_MAX_CELLS
-    ncols = min(2 if (annotated and n_heads >= 8) else 4, len(labels))
-    nrows = math.ceil(len(labels) / ncols)
-    w, h = _panel_size(n_layers, n_heads) if annotated else _small_panel_size(n_layers, n_heads)
-    fig = new_figure(ncols * w, nrows * h + 0.5)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for k, lab in enumerate(labels):
-        mat = to_matrix(shares, lab, n_layers, n_heads)
-        name = {"0": "0 (self)", "special": "special token", "other": "other offset"}.get(lab, lab)
-        layer_head_heatmap(
-            axes[k // ncols, k % ncols],
-            mat,
-            f"argmax at {name}",
-            cmap="mako_r",
-            vmin=0,
-            vmax=1,
-            cbar_label="share of words",
-        )
-    for k in range(len(labels), nrows * ncols):
-        axes[k // ncols, k % ncols].set_axis_off()
-    _finish(fig, "Share of words whose attention argmax sits at each relative position")
-    return drawing(fig)
-
-
-SURFACE_TITLES = {
-    "cls": "[CLS] / BOS",
-    "sep": "[SEP] / EOS",
-    "punct": "punctuation",
-    "self": "self (same word)",
-    "prev": "previous word",
-    "next": "next word",
-    "first": "the first position",
-}
-
-
-def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
-    """Clark et al. (2019) Figure 2 style: mean attention mass per head, by layer."""
-    labels = [lab for lab in SURFACE_TITLES if lab in per_head.columns]
-    ncols = 3
-    nrows = math.ceil(len(labels) / ncols)
-    n_layers = int(per_head["layer"].max()) + 1
-    width = max(3.2, 0.22 * n_layers + 1.8)
-    fig = new_figure(ncols * width, nrows * 2.6 + 0.4)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for k, lab in enumerate(labels):
-        ax = axes[k // ncols, k % ncols]
-        with seeded_jitter():
-            sns.stripplot(
-                data=per_head,
-                x="layer",
-                y=lab,
-                ax=ax,
-                size=3.5,
-                alpha=0.7,
-                color="#4c72b0",
-                jitter=0.2,
-                native_scale=True,
-            )
-        ax.plot(per_layer["layer"], per_layer[lab], color="#c44e52", lw=1.5, label="layer mean")
-        ax.set_title(f"attention to {SURFACE_TITLES.get(lab, lab)}", fontsize=9)
-        ax.set_ylabel("mean mass", fontsize=8)
-        ax.set_xlabel("layer (0-based)", fontsize=8)
-        ax.set_ylim(-0.02, 1.02)
-        _layer_ticks(ax, n_layers)
-        ax.tick_params(labelsize=7)
-        if k == 0:
-            ax.legend(fontsize=7, loc="upper right")
-    for k in range(len(labels), nrows * ncols):
-        axes[k // ncols, k % ncols].set_axis_off()
-    _finish(fig, "Mean attention mass per head (dots) and per layer (line)")
-    return drawing(fig)
-
-
-def _layer_ticks(ax, n_layers: int):
+def layer_ticks(ax, n_layers: int):
     step = max(1, math.ceil(n_layers / 16))
     ax.set_xticks(list(range(0, n_layers, step)))
     ax.set_xlim(-0.6, n_layers - 0.4)
-
-
-def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
-    """Clark et al. (2019) Figure 4 style: mean row entropy per head, by layer, with the
-    uniform-attention entropy."""
-    n_layers = int(per_head["layer"].max()) + 1
-    fig = new_figure(max(4.5, 0.25 * n_layers + 2.5), 3.2)
-    ax = fig.subplots()
-    with seeded_jitter():
-        sns.stripplot(
-            data=per_head,
-            x="layer",
-            y="entropy",
-            ax=ax,
-            size=4,
-            alpha=0.75,
-            color="#4c72b0",
-            jitter=0.2,
-            native_scale=True,
-        )
-    if "entropy_uniform" in per_layer.columns:
-        ax.plot(
-            per_layer["layer"],
-            per_layer["entropy_uniform"],
-            ls="--",
-            color="black",
-            lw=1.2,
-            label="uniform attention",
-        )
-    ax.plot(per_layer["layer"], per_layer["entropy"], color="#c44e52", lw=1.5, label="layer mean")
-    ax.set_xlabel("layer (0-based)", fontsize=8)
-    ax.set_ylabel("mean entropy (nats)", fontsize=8)
-    ax.set_title("Entropy of attention rows (over pieces)", fontsize=9)
-    _layer_ticks(ax, n_layers)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return drawing(fig)
 
 
 def role_map_figure(
@@ -525,7 +405,7 @@ def role_maps_figure(
         ax.set_aspect("equal", anchor="N")  # square cells: a model's shape shows as it is
         ax.set_title(name, fontsize=9)
     _role_legend(axes[-1], pd.concat([m[1] for m in maps]), colors)
-    _finish(fig, title)
+    finish(fig, title)
     return drawing(fig)
 
 
@@ -696,7 +576,7 @@ def compare_roles_figure(
     ax1, ax2 = fig.subplots(1, 2)
     _role_shares(ax1, shares, colors)
     _role_depths(ax2, heads, [r for r in order if r != NONE])
-    _finish(fig, title)
+    finish(fig, title)
     return drawing(fig)
 
 
@@ -705,7 +585,7 @@ def matched_heads_figure(similarity: np.ndarray, names: np.ndarray, title: str) 
     the other model it is matched with, and labelled with that head's L-H (`names`, '' for a
     head left unmatched)."""
     n_layers, n_heads = similarity.shape
-    w, h = _panel_size(n_layers, n_heads)
+    w, h = panel_size(n_layers, n_heads)
     fig = new_figure(w + 0.4, h + 0.3)
     ax = fig.subplots()
     layer_head_heatmap(

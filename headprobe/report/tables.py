@@ -17,22 +17,19 @@ import pandas as pd
 
 from headprobe.report.document import Cell, Table
 from headprobe.stats.engine import MIN_N
-from headprobe.stats.roles import MIN_ARCS, MIN_MENTIONS
 
 LEGEND = "L-H = layer-head, both 0-based."
 
 BEST_HEADS_LEGEND = [
     "accuracy, 95% CI: hits / n of the best (layer, head, direction), with the 2.5th and 97.5th "
     "percentiles of 1,000 Poisson bootstrap resamples over units (documents, else sentences).",
-    "baseline, gap: the best baseline on the same data (fixed offsets and the first word for "
-    "dependency; nearest, head_match, rules for coreference) and the head's accuracy minus it, with a "
-    "paired interval.",
+    "baseline, gap: the best of the analysis's baselines (named in its section) on the same data, "
+    "and the head's accuracy minus it, with a paired interval.",
     "p / Holm: the McNemar p_value and its Holm-adjusted p_holm (below), in one cell.",
     "p_value: one-sided exact McNemar test of the head against that in-sample best baseline, on the "
     "items exactly one of them gets right.",
-    f"p_holm: p_value adjusted by Holm's method over its family of tests (for the role rules, every "
-    f"head x relation with at least {MIN_ARCS} arcs, or every head on at least {MIN_MENTIONS} "
-    f"coreference mentions; otherwise every head of that label).",
+    "p_holm: p_value adjusted by Holm's method over its family of tests (for a role rule, the family "
+    "its description in the role map names; otherwise every head of that label).",
     "tied: how many (layer, head, direction) candidates share the best accuracy; above 1 it is flagged "
     "'tie (k)' and the lowest layer, head, then dep->head is shown.",
     "folds_agree: whether the two halves of the held-out selection chose the same head and direction "
@@ -95,16 +92,6 @@ def fmt_p(p) -> str:
     if _missing(p):
         return "—"
     return "<1e-300" if float(p) == 0 else f"{float(p):.2g}"
-
-
-def fmt_tied(tied) -> str:
-    if _missing(tied):
-        return "—"
-    return f"{int(tied)} (tie)" if int(tied) > 1 else str(int(tied))
-
-
-def fmt_flag(value) -> str:
-    return "—" if _missing(value) else ("yes" if bool(value) else "no")
 
 
 def _missing(x) -> bool:

@@ -179,9 +179,16 @@ def _int(v) -> str:
         return str(v)
 
 
+def skipped_counts(skipped: dict) -> dict:
+    """The non-zero counts of a summary's `skipped` (its lists of skipped sources left out):
+    `skipped_counts({"too_long": 2, "malformed_sentences": 0, "malformed_sources": []})` is
+    `{"too_long": 2}`."""
+    return {k: v for k, v in skipped.items() if isinstance(v, (int, float, np.integer)) and v}
+
+
 def skipped_text(skipped: dict) -> str:
     """One sentence on the input a run skipped (counts only; the skipped sources are provenance)."""
-    counts = {k: v for k, v in skipped.items() if isinstance(v, (int, float, np.integer)) and v}
+    counts = skipped_counts(skipped)
     if not counts:
         return "No input was skipped."
     return (

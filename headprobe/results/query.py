@@ -247,21 +247,6 @@ class Results:
         out = c[["label", "layer", "head", "direction", "n", "hits", "mass"]].reset_index(drop=True)
         return out.assign(accuracy=stats.ratio(out["hits"], out["n"]))
 
-    def baseline_scores(
-        self, analysis: str, label: str, fold: str = "", measure: str | None = None
-    ) -> pd.DataFrame:
-        """Baselines of one label: variant, n, hits, accuracy; best first (declared order on ties)."""
-        c = self._one(self.counts, measure)
-        c = c[
-            (c["analysis"] == analysis)
-            & (c["variant"] != "")
-            & (c["fold"] == fold)
-            & (c["label"] == label)
-        ]
-        out = c[["variant", "n", "hits"]].reset_index(drop=True)
-        out = out.assign(accuracy=stats.ratio(out["hits"], out["n"]))
-        return out.sort_values("accuracy", ascending=False, kind="stable").reset_index(drop=True)
-
     def best_head(
         self, analysis: str, label: str, selection: str = "in-sample", measure: str | None = None
     ) -> pd.Series | None:

@@ -375,7 +375,7 @@ ABLATION = register(
             "ablation_heads": lambda results: objective_table(results, "ablation"),
             "head_ranks": head_ranks,
         },
-        report="headprobe.report.effects:importance_section",
+        report="headprobe.scorers.ablation_report:importance_section",
     )
 )
 
@@ -393,7 +393,7 @@ IMPORTANCE = register(
             "importance_heads": lambda results: objective_table(results, "importance"),
             "head_ranks": head_ranks,
         },
-        report="headprobe.report.effects:importance_section",
+        report="headprobe.scorers.ablation_report:importance_section",
     )
 )
 
@@ -409,6 +409,6 @@ PRUNE_CURVE = register(
         description="the objective as 0%, 10%, ... 100% of the heads are gated to 0, cumulatively, least important "
         "first (Michel et al. 2019): ordered by importance, else by single-head ablation effect",
         tables={"prune_curve": prune_table},
-        report="headprobe.report.effects:prune_section",
+        report="headprobe.scorers.ablation_report:prune_section",
     )
 )

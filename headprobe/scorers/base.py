@@ -12,9 +12,16 @@ Baselines need no attention: a scorer names them in `variants` and fills
 `self.baseline_hits` ([row, variant], allocated per batch; the trials are the
 row's `n`) in `prepare`; they come out as rows with `variant` set and
 `layer = head = -1`.
+
+Optional hooks are declared as protocols (`RunsModel`, `ReadsConventions`, `TakesHeads`): the
+engine and the run ask `isinstance(scorer, RunsModel)` (`issubclass` of a scorer class), never
+`hasattr`. A scorer that runs a second pass over the sentences says so in `second_pass`, and one
+that scores the language-model loss in `needs_lm_head`.
 """
 
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -96,6 +103,10 @@ class CountScorer:
     # or MASS (N with each row normalised to sum 1). Under `weights` both are the weights.
     measure = WEIGHTS
     reads = ARGMAX
+    # Run shape (`headprobe.api`): scored in a second pass over the sentences, after the first
+    # pass's tallies (the pruning curve's order); scores the loss under a language-model head.
+    second_pass = False
+    needs_lm_head = False
 
     def __init__(self):
         self.chunks_: list[tuple] = []  # per-unit rows, only with keep_units
@@ -386,7 +397,15 @@ def first_argmax(scores: torch.Tensor, dim: int) -> torch.Tensor:
 def word_fill(batch, drop_self: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(keep, fill), each [batch, 1, word, word], built once per batch: where `keep` is False
     the attention is replaced by `fill` before an argmax over words: 0 for self-attention
-    (METHODS §1, with `drop_self`), -1 for padding (never chosen)."""
+    (METHODS §1, with `drop_self`), -1 for padding (never chosen). Cached on the batch: every
+    scorer and measure of the batch shares them."""
+    cache = batch.__dict__.setdefault("_headprobe_fill", {})
+    if drop_self not in cache:
+        cache[drop_self] = _word_fill(batch, drop_self)
+    return cache[drop_self]
+
+
+def _word_fill(batch, drop_self: bool) -> tuple[torch.Tensor, torch.Tensor]:
     valid = (
         batch.word_mask[:, None, :, None] & batch.word_mask[:, None, None, :]
     )  # [batch, 1, word, word]
@@ -403,3 +422,40 @@ def masked_word_attention(att, batch, drop_self: bool = True, prepared=None) -> 
     renormalised. `prepared` is `word_fill(batch, drop_self)`, to build it once per batch."""
     keep, fill = prepared if prepared is not None else word_fill(batch, drop_self)
     return torch.where(keep, att.words[..., : batch.max_words], fill)
+
+
+# ------------------------------------------------------------------ optional hooks
+
+
+@runtime_checkable
+class RunsModel(Protocol):
+    """A scorer that runs the model itself and ignores the attention (head ablation, importance):
+    the engine hands it the model before the run (`use_model`) and calls `model_pass(model,
+    batch)` for every batch; `objective` says what it scores (`headprobe.model.objectives`)."""
+
+    def use_model(self, model, tokenizer) -> None: ...
+
+    def model_pass(self, model, batch) -> None: ...
+
+
+@runtime_checkable
+class ReadsConventions(Protocol):
+    """A scorer whose labels or baselines follow the run's conventions
+    (`headprobe.inputs.conventions`): the engine hands the preset over before binding it."""
+
+    def use_conventions(self, conventions) -> None: ...
+
+
+@runtime_checkable
+class TakesHeads(Protocol):
+    """A scorer that scores some heads only (`--heads`): the run hands them over, None for all."""
+
+    def use_heads(self, heads) -> None: ...
+
+
+@runtime_checkable
+class KeepsRecord(Protocol):
+    """A scorer that keeps numbers beside its counts (a weights-only analysis such as the OV
+    circuits; the pruning curve's order): `describe()` is what the run's summary records."""
+
+    def describe(self) -> dict: ...

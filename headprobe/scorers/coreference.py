@@ -36,12 +36,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import torch
 
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
-from headprobe.scorers.registry import COREFERENCE, MENTIONS, Analysis, register
+from headprobe.scorers.registry import COREFERENCE, MENTIONS, Analysis, RoleRule, register
 from headprobe.stats import roles
+from headprobe.stats.engine import ALPHA
 
 KINDS = ("pronoun", "proper", "nominal")
 LABELS = (ALL,) + KINDS
@@ -269,6 +271,55 @@ class CoreferenceScorer(CountScorer):
         self.add_both(layer, 0, rows_of, hits, base)
 
 
+# ---------------------------------------------------------------- role rule (METHODS §6)
+
+COREF_GAP = 0.05  # the held-out gap to the strongest baseline a coreference head needs
+MIN_MENTIONS = 50  # the fewest scored mentions (kind ALL) in the role family
+
+
+def family(label: str, n: float) -> bool:
+    """The heads the coreference rule tests: kind ALL, on at least MIN_MENTIONS mentions."""
+    return label == ALL and n >= MIN_MENTIONS
+
+
+def coreference_match(results) -> pd.DataFrame:
+    """The heads that pass the coreference rule (`ROLE.description`)."""
+    passed = roles.tested(results, ROLE, COREF_GAP)
+    return pd.DataFrame(
+        {
+            "layer": passed["layer"],
+            "head": passed["head"],
+            "detail": "coreference (ALL)",
+            "short": "coref",
+            "score": passed["heldout_gap"],
+            "evidence": [
+                f"held-out {a:.4f} vs strongest baseline {b:.4f} (gap {g:+.4f}); McNemar vs "
+                f"{v} p = {p:.2g}, Holm {q:.2g}"
+                for a, b, g, v, p, q in zip(
+                    passed["heldout_accuracy"],
+                    passed["heldout_baseline"],
+                    passed["heldout_gap"],
+                    passed["baseline_variant"],
+                    passed["p_value"],
+                    passed["p_holm"],
+                )
+            ],
+        },
+        columns=roles.MATCH_COLUMNS,
+    )
+
+
+ROLE = RoleRule(
+    "coreference",
+    3,
+    "#c44e52",
+    f"coreference: on at least {MIN_MENTIONS} scored mentions (kind ALL), the held-out gap to "
+    f"the strongest baseline (nearest, head_match, rules) is at least {COREF_GAP:g}, and the "
+    f"McNemar test has a Holm-adjusted p below {ALPHA:g} (family: every head).",
+    coreference_match,
+)
+
+
 ANALYSIS = register(
     Analysis(
         name="coreference",
@@ -276,10 +327,10 @@ ANALYSIS = register(
         input=COREFERENCE,
         selection=True,
         description="coreferent antecedents from a mention's head (METHODS §3; Clark et al. 2019 section 4.3)",
-        family=roles.coreference_family,
-        roles=(roles.COREFERENCE,),
-        headline=True,
+        family=family,
+        roles=(ROLE,),
+        headline=LABELS,
         pictures=MENTIONS,
-        report="headprobe.report.build:coreference_section",
+        report="headprobe.scorers.coreference_report:coreference_section",
     )
 )

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+import pandas as pd
 import torch
 
 from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
@@ -35,12 +36,11 @@ from headprobe.scorers.base import (
     query_rows,
     word_fill,
 )
-from headprobe.scorers.registry import ARCS, SENTENCES, Analysis, register
+from headprobe.scorers.registry import ARCS, SENTENCES, Analysis, RoleRule, register
 from headprobe.stats import roles
+from headprobe.stats.engine import ALPHA
 
 UNSCORED = HEADPROBE.unscored  # ("root", "punct")
-OFFSETS = sorted(HEADPROBE.offsets)  # -5..5 without 0
-TIE_ORDER = list(HEADPROBE.tie_order)  # -1, +1, -2, +2, ...
 FIRST = "first"
 VARIANTS = HEADPROBE.variants
 
@@ -202,6 +202,60 @@ def baseline_hits(dependent: np.ndarray, head: np.ndarray) -> np.ndarray:
     )
 
 
+# ---------------------------------------------------------------- role rule (METHODS §6)
+
+SYNTACTIC_GAP = 0.10  # the held-out gap to the baseline a syntactic head needs
+MIN_ARCS = 50  # the fewest arcs of a relation in the role family
+NOT_PER_RELATION = (ALL, "root", "punct")  # labels that are not one relation
+
+
+def family(label: str, n: float) -> bool:
+    """The (head, relation) pairs the syntactic rule tests: relations other than ALL, root
+    and punct with at least MIN_ARCS arcs."""
+    return label not in NOT_PER_RELATION and n >= MIN_ARCS
+
+
+def syntactic_match(results) -> pd.DataFrame:
+    """The heads that pass the syntactic rule for some relation (`ROLE.description`), named by
+    the relation(s) with the largest held-out gap."""
+    passed = roles.beats_control(results, ROLE, roles.tested(results, ROLE, SYNTACTIC_GAP))
+    rows = []
+    for (layer, head), group in passed.groupby(["layer", "head"]):
+        group = group.sort_values(["heldout_gap", "label"], ascending=[False, True], kind="stable")
+        top = group.iloc[0]
+        more = "+" if len(group) > 1 else ""
+        rows.append(
+            {
+                "layer": layer,
+                "head": head,
+                "detail": ", ".join(group["label"]),
+                "short": f"{top['label']}{more}",
+                "score": top["heldout_gap"],
+                "evidence": f"{top['label']}: held-out {top['heldout_accuracy']:.4f} vs baseline "
+                f"{top['heldout_baseline']:.4f} (gap {top['heldout_gap']:+.4f}); in-sample "
+                f"{top['direction']} {top['accuracy']:.4f} vs {top['baseline_variant']} "
+                f"{top['baseline_accuracy']:.4f}, McNemar p = {top['p_value']:.2g}, "
+                f"Holm {top['p_holm']:.2g}" + roles.control_text(top["control_heldout"]),
+            }
+        )
+    return pd.DataFrame(rows, columns=roles.MATCH_COLUMNS)
+
+
+ROLE = RoleRule(
+    "syntactic",
+    2,
+    "#55a868",
+    f"syntactic: for a relation (not ALL, root, punct) with at least {MIN_ARCS} arcs, the held-out "
+    f"gap to the baseline (best of offsets and first word; direction and baseline chosen on the "
+    f"other fold) is at least {SYNTACTIC_GAP:g}, and the one-sided exact McNemar test against the "
+    f"in-sample best baseline has a Holm-adjusted p below {ALPHA:g} (family: every head x "
+    "relation tested); with a random-init control (--control random-init), the head's held-out "
+    "accuracy is also above the control's held-out best head for the relation; the role names "
+    "the relation(s) with the largest held-out gap.",
+    syntactic_match,
+)
+
+
 ANALYSIS = register(
     Analysis(
         name="dependency",
@@ -209,10 +263,10 @@ ANALYSIS = register(
         input=SENTENCES,
         selection=True,
         description="dependency arcs per relation, both directions (METHODS §2; Clark et al. 2019 section 4.2)",
-        family=roles.dependency_family,
-        roles=(roles.SYNTACTIC,),
-        headline=True,
+        family=family,
+        roles=(ROLE,),
+        headline=(ALL, "nsubj", "det", "obj", "amod", "aux"),
         pictures=ARCS,
-        report="headprobe.report.build:dependency_section",
+        report="headprobe.scorers.dependency_report:dependency_section",
     )
 )

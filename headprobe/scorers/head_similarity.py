@@ -328,6 +328,6 @@ ANALYSIS = register(
         description="mean Jensen-Shannon divergence between every two heads' word attention; heads clustered "
         "(Clark et al. 2019 section 5, Figure 6)",
         tables={"head_distances": head_distances, "head_clusters": head_clusters_table},
-        report="headprobe.report.clusters:head_clusters_section",
+        report="headprobe.scorers.head_similarity_report:head_clusters_section",
     )
 )

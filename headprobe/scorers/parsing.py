@@ -1,10 +1,11 @@
 """Parsing from attention (Clark et al. 2019 section 6; Htut et al. 2019): all heads together.
 
 Arcs: every arc of a relation other than root and punct (METHODS §2's ALL; under every
-conventions preset, as the papers' probes leave punctuation out and this probe has no ROOT
+conventions preset, as the papers' classifiers leave punctuation out and this one has no ROOT
 candidate). Word-level attention A = `att.words` without the special columns.
 
-- **Attention-only probe** (Clark et al.'s "Attn" probe): for a dependent i and a candidate
+- **Attention-only classifier** (Clark et al.'s "Attn" probe; `probe` in the tables): for a
+  dependent i and a candidate
   head j != i (any word of the sentence), the features are every head's A[i, j] and A[j, i]
   (2 x layers x heads). A candidate's score is w . phi(i, j); p(j | i) is the softmax over
   the candidates; the prediction is the argmax (ties: the lowest index). w is fitted by
@@ -16,7 +17,7 @@ candidate). Word-level attention A = `att.words` without the special columns.
 - **Trees** (Htut et al.): `mst` cells: per head, the maximum spanning tree over the
   symmetric scores A[d, h] + A[h, d] (rows not renormalised); its UUAS counts a gold arc
   found as an undirected tree edge. `probe_mst`: the maximum spanning arborescence
-  (Chu-Liu-Edmonds, dummy ROOT with one child) over the held-out probe's log p(h | d);
+  (Chu-Liu-Edmonds, dummy ROOT with one child) over the held-out classifier's log p(h | d);
   its UUAS likewise. `chain` (UUAS of the tree linking adjacent words) is their baseline.
 - **Single heads** on the same arcs: `dep->head` / `head<-dep` argmax hits (METHODS §2; under
   `headprobe` conventions the same counts as the dependency analysis's ALL) and the conventions' offset
@@ -25,7 +26,7 @@ candidate). Word-level attention A = `att.words` without the special columns.
 Tally (one label, ALL): cells [layer, head, direction] for `dep->head`, `head<-dep`, `mst`;
 variants (rows with layer = head = -1): `probe` (UAS), `probe_mst` (UUAS), the offset
 baselines (UAS) and `chain` (UUAS). Trials: the arcs. Derived tables: `parse_scores`
-(probe, best head, best baseline; held-out and in-sample, with intervals), `parse_gaps`
+(the classifier, best head, best baseline; held-out and in-sample, with intervals), `parse_gaps`
 (paired differences with intervals) and `parse_heads` (every head's argmax accuracy and
 MST UUAS with intervals).
 
@@ -51,7 +52,9 @@ from headprobe.stats.engine import estimate, paired_gap, selected
 from headprobe.stats.trees import max_arborescence, max_spanning_tree, undirected_hits
 
 UNSCORED = ("root", "punct")
-PROBE, PROBE_MST, CHAIN = "probe", "probe_mst", "chain"
+# the classifier's rows in the tables keep the papers' name, "probe" (a trained classifier, not the
+# synthetic inputs of `headprobe.inputs.probes`)
+CLASSIFIER, CLASSIFIER_MST, CHAIN = "probe", "probe_mst", "chain"
 DIRECTIONS = ("dep->head", "head<-dep", "mst")
 L2 = 1e-6
 MAX_ITER = 200
@@ -124,10 +127,10 @@ def candidate_index(n: int, dependent: int) -> np.ndarray:
     return np.array([j for j in range(n) if j != dependent])
 
 
-# ---------------------------------------------------------------- the probe
+# ---------------------------------------------------------------- the classifier
 
 
-def fit_probe(
+def fit_classifier(
     chunks, n_features: int, n_items: int, l2: float = L2, max_iter: int = MAX_ITER, device="cpu"
 ) -> np.ndarray:
     """Weights [n_features] minimising mean_i -log softmax_j(w . phi_ij)[gold] + l2 |w|^2 / 2.
@@ -170,7 +173,7 @@ def fit_probe(
 def training_chunks(
     fold: FoldFeatures, rows_per_chunk: int = CHUNK_ROWS, cache_bytes: int = CACHE_BYTES
 ):
-    """A `fit_probe` chunk source over a fold's scored dependents (their candidate rows), and the
+    """A `fit_classifier` chunk source over a fold's scored dependents (their candidate rows), and the
     number of dependents. Chunks are read from the fold's file; when all of them fit in
     `cache_bytes` (as float64) they are read once and kept, else read again on every pass."""
     spans = []  # (first row, candidates, gold position) per item
@@ -256,7 +259,7 @@ def log_softmax_rows(scores: np.ndarray) -> np.ndarray:
 class ParsingScorer(CountScorer):
     analysis = "parsing"
     directions = DIRECTIONS
-    variants = (PROBE, PROBE_MST)
+    variants = (CLASSIFIER, CLASSIFIER_MST)
 
     def __init__(
         self,
@@ -269,13 +272,13 @@ class ParsingScorer(CountScorer):
         self.work_dir, self.l2, self.max_iter = work_dir, l2, max_iter
         self.use_conventions(conventions)
         self._store = None
-        self.probe_weights_: dict[int, np.ndarray] = {}  # weights trained on fold k
+        self.classifier_weights_: dict[int, np.ndarray] = {}  # weights trained on fold k
         self.notes_: list[str] = []
 
     def use_conventions(self, conventions) -> None:
         """The offset baselines follow `conventions` (the arcs do not: always non-root, non-punct)."""
         conventions = get_conventions(conventions)
-        variants = (PROBE, PROBE_MST) + conventions.variants + (CHAIN,)
+        variants = (CLASSIFIER, CLASSIFIER_MST) + conventions.variants + (CHAIN,)
         if self.tally_ is not None and variants != self.variants:
             raise ValueError("conventions must be set before the scorer is bound")
         self.conventions = conventions
@@ -380,43 +383,43 @@ class ParsingScorer(CountScorer):
         store = self._open_store() if self.n_layers is not None else None
         try:
             if store is not None:
-                self._probe(store)
+                self._fit_classifiers(store)
         finally:
             if getattr(self, "_tmp", None) is not None:
                 self._tmp.cleanup()
                 self._tmp = None
             self._store = None
 
-    def _probe(self, store) -> None:
+    def _fit_classifiers(self, store) -> None:
         seen = self.tally_.labels.get(ALL)
         streamed = 0 if seen is None else int(seen.n[:, 0, 0].sum())
         stored = store[0].arcs + store[1].arcs
         if streamed != stored:
             raise RuntimeError(
-                f"parsing: the probe's features cover {stored} arcs, the counts {streamed}: a run "
-                "resumed from a checkpoint cannot train the probe (its features were not "
+                f"parsing: the classifier's features cover {stored} arcs, the counts {streamed}: a run "
+                "resumed from a checkpoint cannot train the classifier (its features were not "
                 "checkpointed); run again without --resume"
             )
         if not store[0].arcs or not store[1].arcs:
             self.notes_.append(
-                "parsing: one fold has no arcs, so the probe has no held-out evaluation"
+                "parsing: one fold has no arcs, so the classifier has no held-out evaluation"
             )
             return
         units, base = [], []
         for fold in (0, 1):
             train = store[1 - fold]
             chunks, n_items = training_chunks(train)
-            weights = fit_probe(chunks, train.n_features, n_items, self.l2, self.max_iter)
-            self.probe_weights_[1 - fold] = weights
+            weights = fit_classifier(chunks, train.n_features, n_items, self.l2, self.max_iter)
+            self.classifier_weights_[1 - fold] = weights
             for record, scores in sentence_scores(store[fold], weights):
                 if not len(record.dependents):
                     continue
                 predicted = scores.argmax(axis=1)  # ties: lowest index
-                probe = predicted[record.dependents] == record.heads
+                right = predicted[record.dependents] == record.heads
                 tree = max_arborescence(log_softmax_rows(scores))  # arcs h -> d: log p(h | d)
                 mst = undirected_hits(tree, record.dependents, record.heads)
                 hits = np.zeros(len(self.variants), dtype=np.float32)
-                hits[0], hits[1] = probe.sum(), mst.sum()
+                hits[0], hits[1] = right.sum(), mst.sum()
                 units.append(record.unit)
                 base.append(hits)
         if units:
@@ -510,12 +513,14 @@ def _score_rows(t: ParseTotals, n: np.ndarray):
         )
         hits_of[(metric, predictor, selection)] = hits
 
-    probe_note = (
+    classifier_note = (
         "" if t.base[:, 0, 0].sum() or not n[0] else "no held-out evaluation (a fold has no arcs)"
     )
-    add("UAS", "probe", "held-out", "", PROBE, t.base[:, :, 0].sum(0), probe_note)
-    add("UUAS", "probe MST", "held-out", "", PROBE_MST, t.base[:, :, 1].sum(0), probe_note)
-    offsets = [v for v in t.variants if v not in (PROBE, PROBE_MST, CHAIN)]
+    add("UAS", "probe", "held-out", "", CLASSIFIER, t.base[:, :, 0].sum(0), classifier_note)
+    add(
+        "UUAS", "probe MST", "held-out", "", CLASSIFIER_MST, t.base[:, :, 1].sum(0), classifier_note
+    )
+    offsets = [v for v in t.variants if v not in (CLASSIFIER, CLASSIFIER_MST, CHAIN)]
     for selection in ("held-out", "in-sample"):
         cells = t.cells((0, 1))
         hits, name = t.predictor([t.head(c) for c in cells], [t.name(c) for c in cells], selection)
@@ -534,15 +539,15 @@ def _score_rows(t: ParseTotals, n: np.ndarray):
 
 
 def _gap_rows(hits_of, n: np.ndarray) -> list[dict]:
-    """Paired differences (same arcs, same resample weights); the probe is always held-out, the
+    """Paired differences (same arcs, same resample weights); the classifier is always held-out, the
     single heads and baselines are selected held-out or in-sample, chain is fixed."""
     gaps = []
     for metric, predictor, versus in COMPARISONS:
         for selection in ("held-out", "in-sample"):
-            probe, fixed = predictor.startswith("probe"), versus == "chain"
-            if probe and fixed and selection == "in-sample":  # nothing selected on either side
+            classifier, fixed = predictor.startswith(CLASSIFIER), versus == "chain"
+            if classifier and fixed and selection == "in-sample":  # nothing selected on either side
                 continue
-            a = hits_of.get((metric, predictor, "held-out" if probe else selection))
+            a = hits_of.get((metric, predictor, "held-out" if classifier else selection))
             b = hits_of.get((metric, versus, "fixed" if fixed else selection))
             if a is None or b is None:
                 continue
@@ -606,14 +611,14 @@ ANALYSIS = register(
         input=SENTENCES,
         selection=False,
         default=False,
-        description="all heads together: an attention-only probe (Clark et al. 2019 section 6) and maximum "
-        "spanning trees per head and over the probe (Htut et al. 2019), against the best single head "
+        description="all heads together: an attention-only classifier (Clark et al. 2019 section 6) and maximum "
+        "spanning trees per head and over the classifier (Htut et al. 2019), against the best single head "
         "and the offset baselines",
         tables={
             "parse_scores": _table("parse_scores"),
             "parse_gaps": _table("parse_gaps"),
             "parse_heads": _table("parse_heads"),
         },
-        report="headprobe.report.parsing:parsing_section",
+        report="headprobe.scorers.parsing_report:parsing_section",
     )
 )

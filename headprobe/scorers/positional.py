@@ -4,7 +4,7 @@ Per head, over word queries (specials are not queries): where does the argmax
 of the word-level row sit? Self is included, specials are included (as two key
 columns, CLS-like and SEP-like). Labels: relative offsets -2..+2, `special`,
 `other`. A *positional head* (`positional_heads`, the table the role reads) is one where a
-single non-zero offset takes at least `roles.POSITIONAL_SHARE` (0.9) of the argmaxes.
+single non-zero offset takes at least `POSITIONAL_SHARE` (0.9) of the argmaxes (its role rule, `ROLE`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
-from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.scorers.registry import SENTENCES, Analysis, RoleRule, get, register
 from headprobe.stats import roles
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
@@ -78,9 +78,10 @@ class PositionalScorer(UnitLabelRows, CountScorer):
         self.add(layer, 0, torch.arange(len(self._keys), device=scores.device), counts)
 
 
-def positional_heads(
-    counts: pd.DataFrame, threshold: float = roles.POSITIONAL_SHARE
-) -> pd.DataFrame:
+POSITIONAL_SHARE = 0.9  # the share of argmaxes at one non-zero offset that makes a head positional
+
+
+def positional_heads(counts: pd.DataFrame, threshold: float = POSITIONAL_SHARE) -> pd.DataFrame:
     """Per head: the share of argmaxes at each offset; positional if one non-zero offset >= threshold."""
     rows = counts[(counts["analysis"] == "positional") & (counts["fold"] == "")]
     if rows.empty:
@@ -101,6 +102,51 @@ def positional_heads(
     return out
 
 
+# ---------------------------------------------------------------- role rule (METHODS §6)
+
+
+def offset_shares(results, analysis: str) -> pd.DataFrame:
+    """The table analysis `analysis` declares with each head's dominant offset and its share
+    (columns layer, head, offset, share, ...); empty when it declares none."""
+    for name in get(analysis).tables:
+        table = results.tables.get(name)
+        if table is not None and {"layer", "head", "offset", "share"} <= set(table.columns):
+            return table
+    return pd.DataFrame(columns=["layer", "head", "offset", "share"])
+
+
+def positional_match(results) -> pd.DataFrame:
+    """The heads whose dominant non-zero offset takes at least `POSITIONAL_SHARE` of their argmaxes."""
+    heads = roles.concat(
+        [offset_shares(results, name) for name in roles.analyses_of(ROLE, results)]
+    )
+    heads = heads[heads["share"] >= POSITIONAL_SHARE] if len(heads) else heads
+    return pd.DataFrame(
+        {
+            "layer": heads.get("layer", []),
+            "head": heads.get("head", []),
+            "detail": [f"offset {o}" for o in heads.get("offset", [])],
+            "short": list(heads.get("offset", [])),
+            "score": list(heads.get("share", [])),
+            "evidence": [
+                f"share of argmaxes at {o} = {s:.4f}"
+                for o, s in zip(heads.get("offset", []), heads.get("share", []))
+            ],
+        },
+        columns=roles.MATCH_COLUMNS,
+    )
+
+
+ROLE = RoleRule(
+    "positional",
+    1,
+    "#4c72b0",
+    f"positional: a single non-zero offset (-2, -1, +1, +2) takes at least {POSITIONAL_SHARE:g} "
+    "of the head's argmaxes (Voita et al. 2019).",
+    positional_match,
+)
+
+
 ANALYSIS = register(
     Analysis(
         name="positional",
@@ -109,8 +155,8 @@ ANALYSIS = register(
         selection=False,
         cross=True,
         description="argmax offsets per head (METHODS §4; Voita et al. 2019)",
-        roles=(roles.POSITIONAL,),
+        roles=(ROLE,),
         tables={"positional_heads": lambda results: positional_heads(results.counts)},
-        report="headprobe.report.build:positional_section",
+        report="headprobe.scorers.positional_report:positional_section",
     )
 )

@@ -12,9 +12,11 @@
     ))
 
 What the generic code needs to know about an analysis is declared here, never tested by its name:
-which corpus it reads (`input`), whether the CLI prints its best heads (`headline`), which example
-pictures its best heads get (`pictures`), which run options only it reads (`options`) and which
-run switch adds it (`added_by`).
+which corpus it reads (`input`), which labels' best heads the CLI and the summary show
+(`headline`), what the CLI prints of it after a run (`console`), which example pictures its best
+heads get (`pictures`), which run options only it reads (`options`), which run switch adds it
+(`added_by`) and its report section (`report`, `measures_report`). The order of analyses is
+`ordered(names)`, computed here once.
 
 `api`, `stats`, `results`, the CLI and the report read this registry and hold no
 list of analyses. The built-in analyses register themselves in their scorer
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import WEIGHTS
+from headprobe.stats.engine import MIN_N
 
 BUILTIN_MODULES = (
     "headprobe.scorers.dependency",
@@ -44,6 +47,8 @@ BUILTIN_MODULES = (
     "headprobe.scorers.head_similarity",
     "headprobe.scorers.parsing",
     "headprobe.scorers.ablation",
+    "headprobe.scorers.logit_attribution",
+    "headprobe.scorers.ov_copying",
 )
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.inputs.probes`,
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level
@@ -74,13 +79,16 @@ class Analysis:
     selection: bool = True
     description: str = ""
     family: Callable | None = None
-    min_n: int = 30
+    min_n: int = MIN_N  # the fewest trials a label needs to name a best head or a role
     roles: tuple = ()
     tables: dict = field(default_factory=dict)
     report: str | Callable | None = None
+    console: str | Callable | None = None  # text(results, name): what the CLI prints after a run
+    # blocks(results, name, first, second): what the report's weights-beside-norms section shows of it
+    measures_report: str | Callable | None = None
     default: bool = True  # run when no analyses are named
     cross: bool = False  # defined on cross-attention (decoder queries, encoder keys)
-    headline: bool = False  # the CLI prints its best heads after a run
+    headline: tuple = ()  # labels the run summary's headline keeps; the CLI prints its best heads
     pictures: str | None = None  # one of PICTURES: example pictures of its best heads
     options: tuple = ()  # RunConfig fields only it reads: given without it, a usage error
     added_by: str | None = None  # a RunConfig switch that adds it to the analyses run
@@ -105,10 +113,24 @@ class Analysis:
     def report_section(self):
         """The callable that renders this analysis's report section, `section(results, name) ->
         report.document.Section` (given the analysis's registered name), or None for the default."""
-        if self.report is None or callable(self.report):
-            return self.report
-        module, _, name = self.report.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return _resolve(self.report)
+
+    def measures_blocks(self):
+        """The callable `blocks(results, name, first, second) -> [report blocks]` of the report's
+        weights-beside-norms section (METHODS §7), or None."""
+        return _resolve(self.measures_report)
+
+    def console_text(self):
+        """The callable `text(results, name) -> str` whose text the CLI prints after a run, or None."""
+        return _resolve(self.console)
+
+
+def _resolve(ref: str | Callable | None):
+    """A callable given as itself or as "module:name" (imported only when asked for), or None."""
+    if ref is None or callable(ref):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 _REGISTRY: dict[str, Analysis] = {}
@@ -153,13 +175,31 @@ def _load() -> None:
         pass
 
 
-def analyses(input: str | None = None) -> list[Analysis]:
-    """Registered analyses: the built-ins in `BUILTIN_MODULES` order (whatever order their modules
-    were imported in), then the others in registration order."""
+def _rank(name: str) -> int:
+    """Where analysis `name` goes: its module's place in `BUILTIN_MODULES`, else after them (an
+    analysis of another package, or one no longer registered)."""
+    analysis = _REGISTRY.get(name)
+    module = analysis.scorer.__module__ if analysis is not None else None
+    return BUILTIN_MODULES.index(module) if module in BUILTIN_MODULES else len(BUILTIN_MODULES)
+
+
+def ordered(names) -> list[str]:
+    """`names` in the analyses' order: the built-ins in `BUILTIN_MODULES` order (whatever order
+    their modules were imported in), then the others in the order given (the report's sections
+    and `analyses` both read it)."""
     _load()
-    rank = {module: i for i, module in enumerate(BUILTIN_MODULES)}
-    ordered = sorted(_REGISTRY.values(), key=lambda a: rank.get(a.scorer.__module__, len(rank)))
-    return [a for a in ordered if input is None or a.input == input]
+    return sorted(names, key=_rank)
+
+
+def analyses(input: str | None = None) -> list[Analysis]:
+    """Registered analyses in their order (`ordered`): the built-ins, then the others in
+    registration order."""
+    _load()
+    return [
+        _REGISTRY[name]
+        for name in ordered(list(_REGISTRY))
+        if input is None or _REGISTRY[name].input == input
+    ]
 
 
 def names(input: str | None = None) -> list[str]:
@@ -169,6 +209,11 @@ def names(input: str | None = None) -> list[str]:
 def headlines() -> list[str]:
     """Names of the analyses whose best heads the CLI prints after a run (`Analysis.headline`)."""
     return [a.name for a in analyses() if a.headline]
+
+
+def headline_labels() -> list[str]:
+    """The labels whose best heads a run's summary keeps as its headline (`Analysis.headline`)."""
+    return list(dict.fromkeys(label for a in analyses() for label in a.headline))
 
 
 def pictured(kind: str) -> list[str]:

@@ -36,13 +36,20 @@ import torch
 
 from headprobe.scorers.base import CountScorer, RowIndex
 from headprobe.scorers.registry import PROBE, Analysis, register
-from headprobe.scorers.token_patterns import example_key, group_table, head_table, pattern_rule
+from headprobe.scorers.token_patterns import (
+    CONSOLE,
+    example_key,
+    group_table,
+    head_table,
+    pattern_rule,
+)
 from headprobe.scoring.measures import MASS
+from headprobe.stats.engine import MIN_N
 
 NAME = "sink"
 EPSILON = 0.3
 FIRST, RATE = "first", "sink_rate"
-THRESHOLD, LOWER, MIN_INPUTS = 0.5, 0.4, 30
+THRESHOLD, LOWER = 0.5, 0.4
 
 
 class SinkScorer(CountScorer):
@@ -125,7 +132,7 @@ ROLE = pattern_rule(
     LOWER,
     f"mean attention to position 0 is at least {EPSILON:g} on most inputs (Gu et al. 2024 sink rate)",
     label=RATE,
-    min_n=MIN_INPUTS,
+    min_n=MIN_N,
 )
 
 ANALYSIS = register(
@@ -142,5 +149,7 @@ ANALYSIS = register(
             f"{NAME}_heads": lambda results: head_table(results, NAME),
             f"{NAME}_kv_groups": lambda results: group_table(results, NAME),
         },
+        console=CONSOLE,
+        homes=("headprobe.scorers.token_patterns",),
     )
 )

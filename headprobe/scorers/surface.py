@@ -21,7 +21,7 @@ import torch
 from headprobe.inputs.align import WORD
 from headprobe.scorers.base import CountScorer, query_rows
 from headprobe.scorers.positional import UnitLabelRows
-from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.scorers.registry import SENTENCES, Analysis, RoleRule, register
 from headprobe.scoring.measures import MASS
 from headprobe.stats import roles
 
@@ -108,20 +108,24 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         words = att.words  # [batch, head, word, word + 2]
         square = words[..., :w]  # [batch, head, word, word]
         per_example = lambda x, mask: (x * mask).sum(-1)  # [batch, head]
-        self._add(layer, "self", per_example(square.diagonal(0, -2, -1), self._query))
-        # diagonal -1 holds A[i + 1, i] (word i + 1 to its previous word), +1 holds A[i, i + 1]
-        self._add(layer, "prev", per_example(square.diagonal(-1, -2, -1), self._second_on))
-        self._add(layer, "next", per_example(square.diagonal(1, -2, -1), self._second_on))
-        self._add(layer, "cls", per_example(words[..., w], self._query))
-        self._add(layer, "sep", per_example(words[..., w + 1], self._query))
-        self._add(layer, "punct", per_example((square * self._punct).sum(-1), self._query))
         first = torch.where(
             self._first_special, words[..., w], words[..., 0]
         )  # [batch, head, word]
-        self._add(layer, "first", per_example(first, self._after_first))
         entropy = torch.special.entr(att.pieces).sum(-1)  # [batch, head, piece], nats
-        self._add(layer, "entropy", per_example(entropy, self._piece_query))
-        self._add(layer, "entropy_uniform", self._uniform)
+        sums = {
+            "self": per_example(square.diagonal(0, -2, -1), self._query),
+            # diagonal -1 holds A[i + 1, i] (word i + 1 to its previous word), +1 A[i, i + 1]
+            "prev": per_example(square.diagonal(-1, -2, -1), self._second_on),
+            "next": per_example(square.diagonal(1, -2, -1), self._second_on),
+            "cls": per_example(words[..., w], self._query),
+            "sep": per_example(words[..., w + 1], self._query),
+            "punct": per_example((square * self._punct).sum(-1), self._query),
+            "first": per_example(first, self._after_first),
+            "entropy": per_example(entropy, self._piece_query),
+            "entropy_uniform": self._uniform,
+        }  # {label: [batch, head]}: each example's row of each label, added in one call
+        rows = torch.cat([self._first_row + self._label_row[label] for label in sums])
+        self.add(layer, 0, rows, torch.cat(list(sums.values())))  # [label * batch, head]
 
     def _update_block(self, layer, att, batch, w0, w1, p0, p1, last):
         """The same sums over word rows `w0:w1` and piece rows `p0:p1` of one query block
@@ -174,6 +178,70 @@ def surface_table(counts: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+# ---------------------------------------------------------------- role rules (METHODS §6)
+
+SINK_MASS = 0.5  # mass to the first position + SEP/EOS that makes a head a sink
+BROAD_RATIO = 0.9  # entropy / uniform entropy that makes a head broad
+
+
+def sink_match(results) -> pd.DataFrame:
+    """The heads whose mean mass to the first position plus SEP/EOS is at least `SINK_MASS`."""
+    wide = roles.mass_of(results, SINK_ROLE)
+    if "sink_mass" not in wide:
+        return pd.DataFrame(columns=roles.MATCH_COLUMNS)
+    hit = wide[wide["sink_mass"] >= SINK_MASS]
+    return pd.DataFrame(
+        {
+            "layer": hit["layer"],
+            "head": hit["head"],
+            "detail": "first position + SEP/EOS",
+            "short": "sink",
+            "score": hit["sink_mass"],
+            "evidence": [
+                f"mean mass to the first position {f:.4f} + SEP/EOS {s:.4f} = {t:.4f}"
+                for f, s, t in zip(hit["first"], hit["sep"], hit["sink_mass"])
+            ],
+        },
+        columns=roles.MATCH_COLUMNS,
+    )
+
+
+def broad_match(results) -> pd.DataFrame:
+    """The heads whose mean row entropy is at least `BROAD_RATIO` of the uniform entropy."""
+    wide = roles.mass_of(results, BROAD_ROLE)
+    if "entropy_ratio" not in wide:
+        return pd.DataFrame(columns=roles.MATCH_COLUMNS)
+    hit = wide[wide["entropy_ratio"] >= BROAD_RATIO]
+    return pd.DataFrame(
+        {
+            "layer": hit["layer"],
+            "head": hit["head"],
+            "detail": "near-uniform",
+            "short": "broad",
+            "score": hit["entropy_ratio"],
+            "evidence": [f"entropy / uniform entropy = {r:.4f}" for r in hit["entropy_ratio"]],
+        },
+        columns=roles.MATCH_COLUMNS,
+    )
+
+
+SINK_ROLE = RoleRule(
+    "sink",
+    4,
+    "#8c8c8c",
+    f"sink: mean attention mass to the first position (BOS/CLS, else the first word) plus SEP/EOS "
+    f"is at least {SINK_MASS:g}.",
+    sink_match,
+)
+BROAD_ROLE = RoleRule(
+    "broad",
+    5,
+    "#dd8452",
+    f"broad: mean row entropy is at least {BROAD_RATIO:g} of the uniform entropy.",
+    broad_match,
+)
+
+
 ANALYSIS = register(
     Analysis(
         name="surface",
@@ -183,8 +251,10 @@ ANALYSIS = register(
         cross=True,
         description="attention mass to self, neighbours, specials, punctuation, the first position; entropy "
         "(METHODS §4; Clark et al. 2019 Figures 2 and 4)",
-        roles=(roles.SINK, roles.BROAD),
+        roles=(SINK_ROLE, BROAD_ROLE),
         tables={"surface": lambda results: surface_table(results.counts)},
-        report="headprobe.report.build:surface_section",
+        report="headprobe.scorers.surface_report:surface_section",
+        measures_report="headprobe.scorers.surface_report:measures_blocks",
+        homes=("headprobe.scorers.surface_measures",),
     )
 )

@@ -67,7 +67,7 @@ for `mul` (a mass, not a hit) the exact test does not apply and `head_tests` sho
 Role rules (`PatternRule`, see `pattern_rule`): the head's `mul` score is at least the threshold on
 *each* fold (found on one half, confirmed on the other), the 95% bootstrap interval's
 lower end is at least a stated value, the paired interval of the gap to the best
-baseline lies above 0, and there are at least `MIN_ROWS` rows.
+baseline lies above 0, and there are at least `MIN_N` rows.
 """
 
 from __future__ import annotations
@@ -84,12 +84,12 @@ import torch
 from headprobe.inputs.align import WORD
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
 from headprobe.scorers.registry import PROBE, Analysis, RoleRule, register
-from headprobe.stats.engine import choose, estimate, paired_gap, ratio
+from headprobe.stats.engine import MIN_N, choose, estimate, paired_gap, ratio
 from headprobe.stats.roles import MATCH_COLUMNS
 
 MUL, ARGMAX = "mul", "argmax"
 LABELS = (MUL, ARGMAX)
-MIN_ROWS = 30
+
 RANDOM, FIRST = "random", "first"
 OFFSET = re.compile(r"offset=([+-]\d+)")
 HEAD_COLUMNS = [
@@ -408,7 +408,7 @@ def pattern_rule(
     lower: float,
     what: str,
     label: str = MUL,
-    min_n: int = MIN_ROWS,
+    min_n: int = MIN_N,
     baseline: bool = True,
 ) -> RoleRule:
     """A held-out threshold rule on one label of a token analysis's `<analysis>_heads` table:
@@ -498,7 +498,7 @@ class PatternRule:
     color: str | None = None  # None: one of USER_COLORS, by the role's name
     short: str = ""  # "": the role's first 4 letters
     label: str = MUL
-    min_n: int = MIN_ROWS
+    min_n: int = MIN_N
     baseline: bool = True
 
     def for_analysis(self, analysis: str) -> RoleRule:
@@ -597,6 +597,8 @@ def _register_pattern(name, scorer, baselines, rule, description, input, default
                 f"{name}_heads": lambda results: head_table(results, name),
                 f"{name}_kv_groups": lambda results: group_table(results, name),
             },
+            console=CONSOLE,
+            homes=(__name__,),  # the pattern, scorer and tables of every token analysis live here
         )
     )
 
@@ -630,28 +632,31 @@ def _pattern_scorer(name: str, pattern_fn, baselines, module: str) -> type:
 # ---------------------------------------------------------------------------- console
 
 
-def top_heads_text(results, top: int = 5) -> str:
-    """A few lines per token analysis in `results`: its best heads by score (`mul`; the sink
-    rate for `sink`), with interval, per-fold scores and TransformerLens's normalisation."""
+CONSOLE = "headprobe.scorers.token_patterns:top_heads_text"  # a token analysis's `console`
+
+
+def top_heads_text(results, analysis: str, top: int = 5) -> str:
+    """A few lines on token analysis `analysis` of `results` (the CLI prints them after a run):
+    its best heads by score (`mul`; the sink rate for `sink`), with interval, per-fold scores
+    and TransformerLens's normalisation; "" when it has no `<analysis>_heads` table."""
     lines = []
-    for analysis in results.tallies:
-        name = f"{analysis}_heads"
-        if name not in results.tables:
-            continue
-        table = results.table(name)
-        label = "sink_rate" if (table["label"] == "sink_rate").any() else MUL
-        rows = table[table["label"] == label].sort_values(
-            ["score", "layer", "head"], ascending=[False, True, True]
-        )
-        if not len(rows):
-            continue
+    name = f"{analysis}_heads"
+    if name not in results.tables:
+        return ""
+    table = results.table(name)
+    label = "sink_rate" if (table["label"] == "sink_rate").any() else MUL
+    rows = table[table["label"] == label].sort_values(
+        ["score", "layer", "head"], ascending=[False, True, True]
+    )
+    if not len(rows):
+        return ""
+    lines.append(
+        f"\n{analysis} ({label}; top {top} of {len(rows)} heads; 95% interval; fold 0 / fold 1):"
+    )
+    for r in rows.head(top).itertuples(index=False):
+        tl = f"  TransformerLens mul {r.tl_mul:.3f}" if np.isfinite(r.tl_mul) else ""
         lines.append(
-            f"\n{analysis} ({label}; top {top} of {len(rows)} heads; 95% interval; fold 0 / fold 1):"
+            f"  {r.layer}-{r.head}  {r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]  "
+            f"{r.fold0:.3f} / {r.fold1:.3f}  n {int(r.n)}{tl}"
         )
-        for r in rows.head(top).itertuples(index=False):
-            tl = f"  TransformerLens mul {r.tl_mul:.3f}" if np.isfinite(r.tl_mul) else ""
-            lines.append(
-                f"  {r.layer}-{r.head}  {r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]  "
-                f"{r.fold0:.3f} / {r.fold1:.3f}  n {int(r.n)}{tl}"
-            )
     return "\n".join(lines)

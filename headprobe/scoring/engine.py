@@ -39,6 +39,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -57,8 +58,11 @@ from headprobe.model.capture import (
 )
 from headprobe.model.sites import attention_sites
 from headprobe.results.atomic import test_pause
+from headprobe.scorers.base import ReadsConventions, RunsModel
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
-from headprobe.scoring.tally import N_BOOT, SEED
+
+if TYPE_CHECKING:
+    from headprobe.config import RunConfig
 
 TRIM_EVERY = 64  # batches between heap trims on CPU
 # examples tokenized and bucketed together: the prepared chunk is the part of the corpus held
@@ -102,17 +106,19 @@ class WordMaps:
 
 
 def pool_words(pieces: torch.Tensor, maps, from_mode: str, max_words: int) -> torch.Tensor:
-    """[batch, head, word, word + 2] word-level attention of piece-level `pieces` (every row)."""
-    to = torch.matmul(pieces, maps.to_words[:, None])  # [batch, head, piece, word + 2]
+    """[..., batch, head, word, word + 2] word-level attention of piece-level `pieces`
+    [..., batch, head, piece, piece] (every row; leading axes, e.g. one per measure, pooled
+    in the same calls)."""
+    to = torch.matmul(pieces, maps.to_words[:, None])  # [..., batch, head, piece, word + 2]
     if from_mode != "max":
-        return torch.matmul(maps.from_words[:, None], to)  # [batch, head, word, word + 2]
-    b, h, t, k = to.shape
+        return torch.matmul(maps.from_words[:, None], to)  # [..., batch, head, word, word + 2]
+    *lead, t, k = to.shape
     w = max_words
     row = torch.where(maps.piece_kind == WORD, maps.piece_word, torch.full_like(maps.piece_word, w))
-    index = row[:, None, :, None].expand(b, h, t, k)  # [batch, head, piece, word + 2]
-    out = to.new_full((b, h, w + 1, k), float("-inf"))
-    out.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
-    return out[:, :, :w].clamp_min(0)  # [batch, head, word, word + 2]
+    index = row[:, None, :, None].expand(*lead, t, k)  # [..., batch, head, piece, word + 2]
+    out = to.new_full((*lead, w + 1, k), float("-inf"))
+    out.scatter_reduce_(-2, index, to, reduce="amax", include_self=True)
+    return out[..., :w, :].clamp_min(0)  # [..., batch, head, word, word + 2]
 
 
 class LayerAttention:
@@ -275,6 +281,21 @@ def without_rows(heads, block: QueryBlock | None, offset: int):
     return (cut if isinstance(heads, torch.Tensor) else Heads(heads, probs=cut)), block
 
 
+def all_measures(layer: int, pieces: MeasuredPieces, batch: Batch, views) -> dict:
+    """{view: LayerAttention} of every view (measure, reading) in `views`, pooled to words in
+    one pass over a leading measure axis ([view, batch, head, word, word + 2]); {} when there
+    is one view (pooled lazily, as a scorer first reads it) or the layer ran on another device
+    than the batch's (pooled view by view where it ran)."""
+    if len(views) < 2 or pieces.probs.device != batch.device:
+        return {}
+    stacked = torch.stack([pieces.get(*view) for view in views])  # [view, batch, head, q, k]
+    words = pool_words(stacked, batch, batch.from_mode, batch.max_words)  # [view, b, h, w, w+2]
+    return {
+        view: LayerAttention(layer, stacked[i], batch, words=words[i], measure=view[0])
+        for i, view in enumerate(views)
+    }
+
+
 def measured_attention(
     scorers,
     layer: int,
@@ -288,6 +309,8 @@ def measured_attention(
     the probabilities, or a `capture.Heads`), shared by the scorers that read it. With a query
     `block`, `pooling` ({(layer, view): WordRows}, kept across the layer's blocks) pools its rows."""
     pieces, atts = MeasuredPieces(heads), {}
+    if block is None:
+        atts = all_measures(layer, pieces, batch, dict.fromkeys(map(view_of, scorers)))
     for scorer in scorers:
         view = view_of(scorer)
         if view not in atts:
@@ -374,12 +397,23 @@ def total_words(examples) -> int | None:
 class Engine:
     """Run `scorers` over `examples` with `model`.
 
+        engine = Engine(model, tokenizer, scorers, RunConfig(progress=False, n_boot=10))
+        stats = engine.run(examples)             # the scorers' tallies hold the counts
+
     After `run`: `stats_` holds examples/words scored, skipped counts and seconds;
     `batch_size_` is the batch size in use at the end (smaller after an OOM backoff).
 
-    conventions: a `headprobe.inputs.conventions` preset (name or object); it gives the from-pooling
-    when `from_mode` is None, and scorers that read conventions (`use_conventions`) get it
-    before they are bound. None: the `headprobe` preset's pooling (METHODS §1), and scorers keep their own conventions.
+    The options are a `RunConfig`'s (`headprobe.config`), read whole: `layers`, `batch_size`,
+    `from_mode`, `progress`, `seed`, `n_boot`, `keep_unit_counts`, `conventions`, `query_block`,
+    `stack`. `headprobe.run` hands over its checked config; a caller of its own may give an
+    unchecked one of plain values, or none (the defaults). `batch_size` overrides the config's
+    for one pass (coreference windows: a quarter); `desc` names the progress bar. The batches go
+    where the model takes its inputs (`capture.model_device`).
+
+    conventions: a `headprobe.inputs.conventions` preset (name or object); it gives the
+    from-pooling when `from_mode` is None, and scorers that read conventions
+    (`base.ReadsConventions`) get it before they are bound. None: the default pooling
+    (METHODS §1), and scorers keep their own conventions.
 
     stack: the attention stack scored ("encoder", "decoder", "cross"; `headprobe.model.sites`; None:
     the model's default). Its layers, heads and causality are the stack's; an encoder-decoder
@@ -392,28 +426,24 @@ class Engine:
         model,
         tokenizer,
         scorers,
+        config: RunConfig | None = None,
         *,
-        layers=None,
-        batch_size: int = 64,
-        from_mode: str | None = None,
-        device=None,
-        progress: bool = True,
+        batch_size: int | None = None,
         desc: str = "scoring",
-        seed: int = SEED,
-        n_boot: int = N_BOOT,
-        keep_units: bool = False,
-        conventions=None,
-        query_block: int | None = None,
-        stack: str | None = None,
     ):
+        if config is None:
+            from headprobe.config import RunConfig  # the defaults (config reads the registry)
+
+            config = RunConfig()
+        conventions, query_block = config.conventions, config.query_block
         self.model = model
         self.tokenizer = tokenizer
         self.scorers = list(scorers)
-        self.layers = layers
-        self.batch_size = batch_size
+        self.layers = config.layers
+        self.batch_size = batch_size or config.batch_size
         self.conventions = get_conventions(conventions)
-        self.from_mode = from_mode or self.conventions.from_mode
-        self.device = torch.device(device) if device is not None else model_device(model)
+        self.from_mode = config.from_mode or self.conventions.from_mode
+        self.device = model_device(model)
         self.notes: list[str] = []
         unblocked = [type(s).__name__ for s in self.scorers if not getattr(s, "blocks", False)]
         if query_block and unblocked:
@@ -423,17 +453,17 @@ class Engine:
             )
             query_block = None
         self.query_block = int(query_block) if query_block else None
-        self.progress = progress
+        self.progress = config.progress
         self.desc = desc
         self.sites = attention_sites(model)
-        self.stack = self.sites.resolve(stack)
+        self.stack = self.sites.resolve(config.stack)
         self.n_layers, self.n_heads = (
             self.sites.n_layers(self.stack),
             self.sites.n_heads(self.stack),
         )
         self.causal = self.sites.causal(self.stack)
         # scorers that run the model themselves (head ablation, importance): `model_pass` per batch
-        self.model_scorers = [s for s in self.scorers if hasattr(s, "model_pass")]
+        self.model_scorers = [s for s in self.scorers if isinstance(s, RunsModel)]
         self.measures = tuple(
             dict.fromkeys(view_of(s)[0] for s in self.scorers if s not in self.model_scorers)
         )
@@ -441,7 +471,9 @@ class Engine:
             needs_of(self.measures) if set(self.measures) - {WEIGHTS} else None
         )  # None: probs only
         check_capturable(model, self.needs)
-        self._bind_scorers(conventions is not None, seed, n_boot, keep_units)
+        self._bind_scorers(
+            conventions is not None, config.seed, config.n_boot, config.keep_unit_counts
+        )
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
 
@@ -449,7 +481,7 @@ class Engine:
         """Bind every scorer to the stack's layers and heads (the conventions given to those that
         read them when `give_conventions`); the model handed to the scorers that run it."""
         for scorer in self.scorers:
-            if give_conventions and hasattr(scorer, "use_conventions"):
+            if give_conventions and isinstance(scorer, ReadsConventions):
                 scorer.use_conventions(self.conventions)
             scorer.bind(
                 self.n_layers,

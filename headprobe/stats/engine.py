@@ -30,7 +30,6 @@ from headprobe.scoring.tally import N_BOOT, SEED, unit_fold  # noqa: F401  (re-e
 
 MIN_N = 30
 ALPHA = 0.05
-DIRECTION_ORDER = {"dep->head": 0, "head<-dep": 1, "": 2}
 NO_SELECTION = "no held-out selection"
 
 BEST_COLUMNS = [
@@ -142,6 +141,18 @@ def estimate(hits, n) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     value = ratio(hits, n)
     low, high = percentiles(value[1:])
     return value[0], low, high
+
+
+def wilson(hits, n, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) of the Wilson score interval (95% by default) of a binomial share hits / n;
+    arrays broadcast. Used where the trials are a fixed sample, not units that resample
+    (the OV copy rate's sampled tokens, METHODS §9)."""
+    hits, n = np.asarray(hits, dtype=float), np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = hits / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
 
 
 def paired_gap(hits, other, n, n_other=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -665,51 +676,3 @@ COUNT_COLUMNS = [
     "mass",
     "unreachable",
 ]
-
-
-# ------------------------------------------------------------------------ exact reference
-
-
-def multinomial_intervals(
-    unit_counts: pd.DataFrame,
-    analysis: str,
-    label: str,
-    layer: int,
-    head: int,
-    direction: str,
-    variant: str,
-    seed: int = SEED,
-    n_boot: int = N_BOOT,
-):
-    """Reference: the classic multinomial bootstrap over units (resample units with
-    replacement) from per-unit rows (`--keep-unit-counts`), for one head and one baseline.
-    Returns ((acc_low, acc_high), (gap_low, gap_high)). Used to check the streaming
-    Poisson intervals; not used by runs."""
-    rows = unit_counts[
-        (unit_counts["analysis"].astype(str) == analysis)
-        & (unit_counts["label"].astype(str) == label)
-    ]
-    units = sorted(set(rows["unit"].astype(str)))
-    index = {u: i for i, u in enumerate(units)}
-    head_rows = rows[
-        (rows["layer"] == layer)
-        & (rows["head"] == head)
-        & (rows["direction"].astype(str) == direction)
-        & (rows["variant"].astype(str) == "")
-    ]
-    base_rows = rows[rows["variant"].astype(str) == variant]
-
-    def per_unit(frame):
-        out = np.zeros((2, len(units)))
-        for u, n, h in zip(frame["unit"].astype(str), frame["n"], frame["hits"]):
-            out[0, index[u]] += h
-            out[1, index[u]] += n
-        return out
-
-    h, b = per_unit(head_rows), per_unit(base_rows)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(units), size=(n_boot, len(units)))
-    weights = np.stack([np.bincount(d, minlength=len(units)) for d in draws]).astype(np.float64)
-    acc = ratio(weights @ h[0], weights @ h[1])
-    bacc = ratio(weights @ b[0], weights @ b[1])
-    return interval(acc), interval(acc - bacc)

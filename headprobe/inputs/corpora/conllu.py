@@ -214,11 +214,6 @@ def block_rows(block: Block) -> list[Row]:
     return rows
 
 
-def block_tokens(block: Block) -> list[Row]:
-    """The validated syntactic words of a block (ranges and empty nodes dropped)."""
-    return [row for row in block_rows(block) if row.kind == WORD]
-
-
 def check_heads(block: Block, words: list[Row]) -> list[int]:
     """0-based heads (-1 for root) of a block's words, the tree validated (`base.check_tree`)."""
     return check_tree(

@@ -1,12 +1,11 @@
-"""Report sections of METHODS §8: does the head matter? (rendering only; the numbers are Results tables)
+"""Report sections of the ablation analyses (`headprobe.scorers.ablation`): does the head matter?
 
     importance_section(results, "importance")   # heatmap, top heads, role + importance rank, scatter
     prune_section(results, "prune_curve")         # the pruning curve and its table
-    control_section(results)                      # trained best heads beside the random-init control's
 
-Every number is a stored value of `importance_heads` / `ablation_heads`, `head_ranks`,
-`prune_curve`, `roles` (its `score` and `importance_*` columns), `best_heads` (its
-`control_*` columns) or `control_roles`; nothing here computes a statistic.
+Rendering only: every number is a stored value of `importance_heads` / `ablation_heads`,
+`head_ranks`, `prune_curve` or `roles` (its `score` and `importance_*` columns); nothing
+here computes a statistic.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, head_name, to_matrix
 from headprobe.scorers import registry
-from headprobe.stats.roles import NONE, importance_ranks, role_colors, role_summary
+from headprobe.stats.roles import NONE, importance_ranks, role_colors
 
 TOP_HEADS = 10
 
@@ -65,7 +64,7 @@ def prune_figure(curve: pd.DataFrame, title: str) -> F.Drawing:
     ax.set_title(title, fontsize=9)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7)
-    F._finish(fig)
+    F.finish(fig)
     return F.drawing(fig)
 
 
@@ -101,7 +100,7 @@ def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str)
         ax.legend(fontsize=7)
     else:
         ax.text(0.5, 0.5, "no head has a role", ha="center", va="center", transform=ax.transAxes)
-    F._finish(fig)
+    F.finish(fig)
     return F.drawing(fig)
 
 
@@ -259,79 +258,3 @@ def _declared_tables(analysis: str) -> list[str]:
         return list(registry.get(analysis).tables)
     except ValueError:
         return []
-
-
-def control_section(results) -> Section:
-    """The trained model's held-out best heads beside the random-init control's, and both role counts."""
-    s = Section("control", "Random-init control")
-    info = results.summary.get("control") or {}
-    s.add(
-        Paragraph(
-            f"Control: {info.get('model', 'the same architecture re-initialised')}; the same tokenizer "
-            "and corpora. What the trained model learned is what it does beyond this control; the "
-            "syntactic role also requires a head's held-out accuracy above the control's held-out best."
-        )
-    )
-    best = results.best_heads
-    if "control_accuracy" not in best:
-        s.add(Paragraph("These results have no control.", note=True))
-        return s
-    held = best[(best["selection"] == "held-out") & (best["fold"] == "") & ~best["small_sample"]]
-    s.add(_control_best_table(held))
-    control = results.control
-    if control is not None and len(control.roles):
-        s.add(_control_roles_table(results, control))
-    return s
-
-
-def _control_best_table(held) -> Table:
-    """The held-out best head per label beside the control's, with their intervals."""
-    return Table(
-        "control-best",
-        "Held-out best head per label: trained vs the random-init control (95% "
-        "intervals over units). " + LEGEND,
-        [
-            "Analysis",
-            "Label",
-            "Trained head",
-            "Accuracy",
-            "95% CI",
-            "Control head",
-            "Control accuracy",
-            "95% CI (control)",
-        ],
-        [
-            [
-                Cell(r.analysis),
-                Cell(r.label),
-                Cell(r.heads or "—"),
-                Cell(fmt(r.accuracy), numeric=True),
-                Cell(fmt_ci(r.ci_low, r.ci_high), numeric=True),
-                Cell(r.control_heads or "—"),
-                Cell(fmt(r.control_accuracy), numeric=True),
-                Cell(fmt_ci(r.control_ci_low, r.control_ci_high), numeric=True),
-            ]
-            for r in held.itertuples(index=False)
-        ],
-        collapsed=len(held) > 40,
-    )
-
-
-def _control_roles_table(results, control) -> Table:
-    """The heads per role of the trained model and of its random-init control."""
-    order = list(role_colors(results))
-    mine = role_summary(results.roles, order).set_index("role")["heads"]
-    theirs = role_summary(control.roles, order).set_index("role")["heads"]
-    return Table(
-        "control-roles",
-        "Heads per role: trained vs the random-init control",
-        ["Role", "Trained", "Control"],
-        [
-            [
-                Cell(role),
-                Cell(str(int(mine.get(role, 0))), numeric=True),
-                Cell(str(int(theirs.get(role, 0))), numeric=True),
-            ]
-            for role in order
-        ],
-    )

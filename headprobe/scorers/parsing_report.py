@@ -3,8 +3,8 @@
     section = parsing_section(results, "parsing")     # registered as the analysis's report
 
 Renders the stored `parse_scores`, `parse_gaps` and `parse_heads` tables: the
-attention-only probe against the best single head and the best offset baseline (UAS),
-maximum spanning trees (UUAS) per head and over the probe, with bootstrap intervals.
+attention-only classifier against the best single head and the best offset baseline (UAS),
+maximum spanning trees (UUAS) per head and over the classifier, with bootstrap intervals.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, to_matrix
 
 
 def parsing_section(results, analysis: str) -> Section:
-    """The probe's and the trees' scores, paired gaps, per-head accuracy (the analysis's tables)."""
+    """The classifier's and the trees' scores, paired gaps, per-head accuracy (the analysis's tables)."""
     s = Section(
         slug(analysis), "Parsing with all heads (Clark et al. 2019, section 6; Htut et al. 2019)"
     )
     s.add(
         Paragraph(
-            "Arcs: every arc but root and punct. The attention-only probe scores a candidate head j of word i "
+            "Arcs: every arc but root and punct. The attention-only classifier (Clark et al.'s probe; 'probe' in the tables) scores a candidate head j of word i "
             "with a linear combination of every head's A[i, j] and A[j, i] and predicts the argmax over the other "
             "words of the sentence (softmax over them when fitting); it is fitted on one half of the units (METHODS §5 "
             "folds) and evaluated on the other, both ways, so its accuracy is held-out. Single heads and baselines "
             "are shown selected held-out (on the other half) and in-sample (on all data, as the papers did). Trees: "
             "a head's maximum spanning tree over A[d, h] + A[h, d], and the maximum spanning arborescence over the "
-            "probe's log-probabilities (Chu-Liu-Edmonds from a dummy root); UUAS counts a gold arc found as an "
+            "classifier's log-probabilities (Chu-Liu-Edmonds from a dummy root); UUAS counts a gold arc found as an "
             "undirected tree edge; 'chain' links adjacent words. Intervals: 95% Poisson bootstrap over units; "
             "differences are paired (same arcs, same resamples)."
         )
@@ -73,7 +73,7 @@ def _scores_table(scores) -> Table:
     ]
     return Table(
         "parse-scores",
-        "Probe, trees, best single head and baselines. " + LEGEND,
+        "The classifier (probe), trees, best single head and baselines. " + LEGEND,
         [
             "Metric",
             "Predictor",
@@ -104,7 +104,7 @@ def _gaps_table(gaps) -> Table:
     return Table(
         "parse-gaps",
         "Paired differences (the single head's or baseline's selection as stated; the "
-        "probe is always held-out)",
+        "classifier (probe) is always held-out)",
         ["Metric", "Difference", "Selection", "Gap", "95% CI", "Excludes 0"],
         rows,
     )

@@ -80,7 +80,7 @@ def mds_figure(
     if colorbar is not None:
         mappable, label = colorbar
         fig.colorbar(mappable, ax=ax, label=label, fraction=0.04)
-    F._finish(fig)
+    F.finish(fig)
     return F.drawing(fig)
 
 
@@ -105,7 +105,7 @@ def dendrogram_figure(
     ax.set_title(
         "Hierarchical clustering of the heads (leaf labels coloured by layer)", fontsize=10
     )
-    F._finish(fig)
+    F.finish(fig)
     return F.drawing(fig)
 
 

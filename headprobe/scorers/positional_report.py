@@ -1,0 +1,113 @@
+"""Report section of the positional analysis (`headprobe.scorers.positional`; Voita et al. 2019).
+
+    section = positional_section(results, "positional")   # registered as the analysis's report
+
+Share heatmaps of the argmax offsets and the heads by their dominant offset; rendering only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from headprobe.report import figures as F
+from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.report.tables import LEGEND, fmt, fmt_int, head_name, to_matrix
+from headprobe.scorers import registry
+from headprobe.scorers.positional import LABELS, POSITIONAL_SHARE, offset_shares
+
+
+def positional_section(results, analysis: str) -> Section:
+    """Argmax offsets: share heatmaps and the heads by their dominant offset (`roles.offset_shares`)."""
+    key = slug(analysis)
+    s = Section(key, "Positional heads (Voita et al. 2019)")
+    s.add(
+        Paragraph(
+            "For every word (specials excluded as queries), where its attention argmax sits (self and special "
+            "tokens included): relative offset -2..+2, a special token, or elsewhere. A head is positional when "
+            f"one non-zero offset takes at least {POSITIONAL_SHARE:g} of the argmaxes."
+        )
+    )
+    shares = offset_shares(results, analysis)
+    if not len(shares):
+        s.add(Paragraph(f"No {analysis} rows for attention heads.", note=True))
+        return s
+    s.add(
+        Figure(
+            key,
+            positional_figure(shares, results.n_layers, results.n_heads),
+            "Share of words whose argmax is at each relative position, per head. " + LEGEND,
+            alt=f"{analysis} heatmaps",
+        )
+    )
+    met = _rule_met(results, [rule.role for rule in registry.get(analysis).roles])
+    top = shares.sort_values(
+        ["share", "layer", "head"], ascending=[False, True, True], kind="stable"
+    )
+    n_positional = sum(
+        met.get((int(r.layer), int(r.head)), False) for r in shares.itertuples(index=False)
+    )
+    top = top.head(max(10, n_positional))
+    labels = [c for c in LABELS if c in shares.columns]
+    rows, attrs = [], []
+    for r in top.to_dict("records"):
+        head = (int(r["layer"]), int(r["head"]))
+        rows.append(
+            [
+                Cell(head_name(*head)),
+                Cell(str(r["offset"])),
+                Cell(fmt(r["share"]), {"col": "dominant_share"}, True),
+                Cell("yes" if met.get(head) else "no", {"col": key}),
+            ]
+            + [Cell(fmt(r[c]), {"col": f"share:{c}"}, True) for c in labels]
+            + [Cell(fmt_int(r["n"]), {"col": "n"}, True)]
+        )
+        attrs.append({"layer": head[0], "head": head[1]})
+    s.add(
+        Table(
+            f"{key}-top",
+            f"Heads by the share of their dominant non-zero offset ({n_positional} "
+            f"positional heads). " + LEGEND,
+            ["Head", "Offset", "Share", "Positional"] + [f"share {c}" for c in labels] + ["Words"],
+            rows,
+            attrs,
+        )
+    )
+    return s
+
+
+def _rule_met(results, roles: list[str]) -> dict:
+    """{(layer, head): whether the head meets one of the `roles`' rules} from the roles table."""
+    table = results.roles
+    return {
+        (int(l), int(h)): bool(set(roles) & set(str(met).split(", ")))
+        for l, h, met in zip(table["layer"], table["head"], table["all_roles"])
+    }
+
+
+def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> F.Drawing:
+    """One share heatmap per positional label (-2..+2, special, other)."""
+    labels = [lab for lab in LABELS if lab in shares.columns]
+    annotated = n_layers * n_heads <= F.ANNOTATE_MAX_CELLS
+    ncols = min(2 if (annotated and n_heads >= 8) else 4, len(labels))
+    nrows = math.ceil(len(labels) / ncols)
+    w, h = F.panel_size(n_layers, n_heads) if annotated else F.small_panel_size(n_layers, n_heads)
+    fig = F.new_figure(ncols * w, nrows * h + 0.5)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for k, lab in enumerate(labels):
+        mat = to_matrix(shares, lab, n_layers, n_heads)
+        name = {"0": "0 (self)", "special": "special token", "other": "other offset"}.get(lab, lab)
+        F.layer_head_heatmap(
+            axes[k // ncols, k % ncols],
+            mat,
+            f"argmax at {name}",
+            cmap="mako_r",
+            vmin=0,
+            vmax=1,
+            cbar_label="share of words",
+        )
+    for k in range(len(labels), nrows * ncols):
+        axes[k // ncols, k % ncols].set_axis_off()
+    F.finish(fig, "Share of words whose attention argmax sits at each relative position")
+    return F.drawing(fig)
