@@ -80,13 +80,13 @@ def _defined_in(analysis: str) -> str | None:
     found = section_of(analysis)
     if found is None:
         from headprobe.scorers import registry
-        from headprobe.scorers.token_patterns import PatternScorer
 
         try:
             scorer = registry.get(analysis).scorer
         except ValueError:  # not registered here (a plugin not installed)
             return None
-        found = holding(USER_PATTERNS) if issubclass(scorer, PatternScorer) else None
+        # a declared token pattern's scorer carries its pattern (`pattern_analysis`)
+        found = holding(USER_PATTERNS) if callable(getattr(scorer, "pattern", None)) else None
     return found
 
 
