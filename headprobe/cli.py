@@ -129,13 +129,34 @@ def cmd_report(args) -> int:
 
     try:
         paths = build_report(
-            Path(args.results), Path(args.out) if args.out else None, figures_only=args.figures_only
+            Path(args.results),
+            Path(args.out) if args.out else None,
+            figures_only=args.figures_only,
+            formats=args.figures,
         )
-    except (FileNotFoundError, UnreadableResults) as exc:  # empty, foreign or corrupt: one line
+    except (FileNotFoundError, UnreadableResults, ValueError) as exc:  # one line, exit 2
         print(f"headprobe: error: {one_line(exc)}", file=sys.stderr)
         return 2
     _print_paths(paths)
     return 0
+
+
+def report_arguments(rep) -> None:
+    """The options of `headprobe report` (and `python -m headprobe.report`)."""
+    rep.add_argument("results", help="results directory written by `headprobe run`")
+    rep.add_argument("--out", default=None, help="report directory (default: RESULTS/report)")
+    rep.add_argument(
+        "--figures",
+        default="png",
+        metavar="FORMATS",
+        help="figure formats, a comma list of png, svg, pdf (default: png). Without png only "
+        "those figure files are written, beside an existing report: --figures svg,pdf",
+    )
+    rep.add_argument(
+        "--figures-only",
+        action="store_true",
+        help="write only the figures (in the --figures formats) under OUT/figures",
+    )
 
 
 def _print_paths(paths: dict) -> None:
@@ -179,13 +200,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser(sub)
     rep = sub.add_parser("report", help="HTML + Markdown report of a results directory")
-    rep.add_argument("results", help="results directory written by `headprobe run`")
-    rep.add_argument("--out", default=None, help="report directory (default: RESULTS/report)")
-    rep.add_argument(
-        "--figures-only",
-        action="store_true",
-        help="write only the figures (PNG, SVG and PDF) under OUT/figures",
-    )
+    report_arguments(rep)
     rep.add_argument(
         "--debug", action="store_true", help="show the traceback of an unexpected error"
     )

@@ -24,6 +24,7 @@ from headprobe import checks
 from headprobe.inputs.align import BOS_MODES
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.probes import PROBE_MARKERS, PROBES
+from headprobe.inputs.samples import SAMPLE, SAMPLE_COREF
 from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
 from headprobe.model.sites import STACKS
@@ -35,9 +36,8 @@ from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
 from headprobe.scoring.tally import N_BOOT, SEED
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
-SAMPLE_COREF = Path(__file__).resolve().parents[1] / "data" / "sample_coref.conllu"
 FROM_MODES = ("mean", "first", "max")
+FIGURE_FORMATS = ("png", "svg", "pdf")  # as headprobe.report.figures.FORMATS (not imported here)
 SENTENCE_SOURCES = ("treebank", "text", "hf_dataset")
 STAGES = ("option", "derived", "input", "model", "device", "out")
 """The order of the checks: an option's own value, the values that depend on other options,
@@ -61,6 +61,7 @@ def option(
     record=False,
     record_as: str | tuple[str, str] | None = None,
     record_value=None,
+    record_at: int = 0,
 ):
     """A `RunConfig` field. `flag`: its command-line option (None: Python only); `check(flag, value,
     values) -> value` raises `checks.UsageError` or returns the value normalised (`values`: the
@@ -70,7 +71,8 @@ def option(
 
     `record`: whether results record the option (`RunConfig.options_record`): False, True, GIVEN
     (when its value is set), or a function of the config; `record_as`: its key there (a pair puts
-    it in a nested dict: ("probe", "n")), `record_value`: what is recorded of the value."""
+    it in a nested dict: ("probe", "n")), `record_value`: what is recorded of the value,
+    `record_at`: where its key goes among the others (the record's key order)."""
     assert stage in STAGES, stage
     return field(
         default=default,
@@ -89,6 +91,7 @@ def option(
             record=record,
             record_as=record_as,
             record_value=record_value,
+            record_at=record_at,
         ),
     )
 
@@ -127,6 +130,20 @@ def _layers(flag, value, values):
 def _input_file(flag, value, values):
     checks.check_input_file(flag, value)
     return value
+
+
+def _figure_formats(flag, value, values) -> tuple[str, ...]:
+    """'svg,pdf' -> ('png', 'svg', 'pdf'): the formats of the report's figures, PNG always (the
+    pages embed it); the names are checked without importing matplotlib."""
+    names = value.split(",") if isinstance(value, str) else list(value or ())
+    names = {str(name).strip().lower() for name in names if str(name).strip()} | {"png"}
+    unknown = sorted(names - set(FIGURE_FORMATS))
+    if unknown:
+        raise checks.UsageError(
+            f"{flag}: {', '.join(unknown)} is not a figure format "
+            f"(give a comma list of {', '.join(FIGURE_FORMATS)})"
+        )
+    return tuple(fmt for fmt in FIGURE_FORMATS if fmt in names)
 
 
 def _hf_dataset(flag, value, values):
@@ -302,7 +319,7 @@ class RunConfig:
     )
     treebank: str | Path | None = option(
         None,
-        "CoNLL-U file with gold dependencies (default: data/sample.conllu)",
+        "CoNLL-U file with gold dependencies (default: the bundled sample.conllu)",
         flag="--treebank",
         check=_input_file,
         stage="input",
@@ -332,7 +349,13 @@ class RunConfig:
         stage="input",
     )
     probe: str | None = option(
-        None, _probe_help, flag="--probe", choices=PROBES, record=GIVEN, record_as=("probe", "name")
+        None,
+        _probe_help,
+        flag="--probe",
+        choices=PROBES,
+        record=GIVEN,
+        record_at=14,
+        record_as=("probe", "name"),
     )
     probe_length: int = option(
         50,
@@ -342,6 +365,7 @@ class RunConfig:
         metavar="LENGTH",
         check=_at_least(1, " (tokens per half of a probe sequence)"),
         record=_with_probe,
+        record_at=15,
         record_as=("probe", "length"),
     )
     probe_n: int = option(
@@ -352,6 +376,7 @@ class RunConfig:
         metavar="N",
         check=_at_least(1, " (probe sequences)"),
         record=_with_probe,
+        record_at=16,
         record_as=("probe", "n"),
     )
     probe_specials: str = option(
@@ -361,6 +386,7 @@ class RunConfig:
         flag="--probe-specials",
         choices=PROBE_MARKERS,
         record=_with_probe,
+        record_at=17,
         record_as=("probe", "specials"),
     )
     out: str | Path | None = option(
@@ -379,6 +405,7 @@ class RunConfig:
         check=_analyses,
         stage="derived",
         record=True,
+        record_at=0,
         record_value=sorted,
     )
     device: str | None = option(
@@ -388,6 +415,7 @@ class RunConfig:
         check=_device,
         stage="device",
         record=True,
+        record_at=8,
     )
     device_map: str | dict | None = option(
         None,
@@ -397,6 +425,7 @@ class RunConfig:
         flag="--device-map",
         metavar="MAP",
         record=_blocked_or_mapped,
+        record_at=20,
     )
     max_memory: str | dict | None = option(
         None,
@@ -405,6 +434,7 @@ class RunConfig:
         metavar="SIZES",
         check=_max_memory,
         record=_blocked_or_mapped,
+        record_at=21,
     )
     query_block: int | None = option(
         None,
@@ -416,8 +446,11 @@ class RunConfig:
         metavar="N",
         check=_maybe_at_least(1, " query pieces"),
         record=_blocked_or_mapped,
+        record_at=19,
     )
-    stack: str | None = option(None, _stack_help, flag="--stack", choices=STACKS, record=GIVEN)
+    stack: str | None = option(
+        None, _stack_help, flag="--stack", choices=STACKS, record=GIVEN, record_at=18
+    )
     heads: str | list | None = option(
         None,
         _heads_help,
@@ -426,6 +459,7 @@ class RunConfig:
         check=_heads,
         stage="derived",
         record=GIVEN,
+        record_at=22,
     )
     control: str | None = option(
         None,
@@ -437,6 +471,7 @@ class RunConfig:
         check=_control,
         stage="derived",
         record=GIVEN,
+        record_at=23,
     )
     prune_curve: bool = option(
         False,
@@ -454,6 +489,7 @@ class RunConfig:
         metavar="M[,M]",
         check=_measures,
         record=_measure_asked,
+        record_at=24,
         record_value=",".join,
     )
     dtype: str = option(
@@ -462,6 +498,7 @@ class RunConfig:
         flag="--dtype",
         choices=tuple(models.DTYPES),
         record=True,
+        record_at=7,
     )
     batch_size: int = option(
         64,
@@ -470,6 +507,7 @@ class RunConfig:
         type=int,
         check=_at_least(1),
         record=True,
+        record_at=2,
     )
     layers: str | list[int] | None = option(
         None,
@@ -477,6 +515,7 @@ class RunConfig:
         flag="--layers",
         check=_layers,
         record=True,
+        record_at=1,
     )
     from_mode: str | None = option(
         None,
@@ -487,6 +526,7 @@ class RunConfig:
         check=_from_mode,
         stage="derived",
         record=True,
+        record_at=3,
     )
     conventions: str = option(
         "headprobe",
@@ -497,6 +537,7 @@ class RunConfig:
         flag="--conventions",
         choices=tuple(PRESETS),
         record=True,
+        record_at=13,
     )
     window: int = option(
         128,
@@ -505,6 +546,7 @@ class RunConfig:
         type=int,
         check=_at_least(checks.MIN_WINDOW, " pieces"),
         record=True,
+        record_at=4,
     )
     skip_bad: bool = option(
         False,
@@ -512,6 +554,7 @@ class RunConfig:
         flag="--skip-bad",
         action="store_true",
         record=True,
+        record_at=9,
     )
     coref_single_document: bool = option(
         False,
@@ -519,6 +562,7 @@ class RunConfig:
         flag="--coref-single-document",
         action="store_true",
         record=True,
+        record_at=12,
     )
     seed: int = option(
         SEED,
@@ -527,6 +571,7 @@ class RunConfig:
         type=int,
         check=_at_least(0),
         record=True,
+        record_at=5,
     )
     n_boot: int = option(
         N_BOOT,
@@ -536,6 +581,7 @@ class RunConfig:
         metavar="N",
         check=_at_least(1, " (resamples for the intervals and held-out selection)"),
         record=True,
+        record_at=6,
         record_as="bootstrap_resamples",
     )
     bos: str = option(
@@ -545,6 +591,7 @@ class RunConfig:
         flag="--bos",
         choices=BOS_MODES,
         record=True,
+        record_at=11,
     )
     keep_unit_counts: bool = option(
         False,
@@ -552,6 +599,7 @@ class RunConfig:
         flag="--keep-unit-counts",
         action="store_true",
         record=True,
+        record_at=10,
     )
     report: bool = option(
         False,
@@ -559,6 +607,14 @@ class RunConfig:
         flag="--no-report",
         action="store_false",
         cli_default=True,
+    )
+    figures: tuple = option(
+        ("png",),
+        "report figure formats, a comma list of png, svg, pdf (default: png; the report pages "
+        "embed the PNG, so it is always written): --figures png,svg,pdf",
+        flag="--figures",
+        metavar="FORMATS",
+        check=_figure_formats,
     )
     resume: bool = option(
         False,
@@ -640,7 +696,7 @@ class RunConfig:
         `record_as` and `record_value` metadata (`option`) say whether, where and what."""
         config = dataclasses.replace(self, device=device)
         settings = {}
-        for f in fields(self):
+        for f in sorted(fields(self), key=lambda f: f.metadata["record_at"]):
             spec, value = f.metadata, getattr(config, f.name)
             record = spec["record"]
             if not (

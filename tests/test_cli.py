@@ -438,6 +438,7 @@ def dataclasses_replace(config, **changes):
         (dict(dtype="float8"), "--dtype 'float8': must be one of float32, bfloat16, float16"),
         (dict(from_mode="last"), "--from-mode 'last': must be one of mean, first, max"),
         (dict(resume=True), "--resume needs --out"),
+        (dict(figures="png,gif"), "--figures: gif is not a figure format"),
     ],
 )
 def test_python_options_are_checked_like_the_command_line(options, needle):
@@ -531,3 +532,16 @@ def test_run_writes_pictures_of_the_best_heads(tiny_model, treebank, tmp_path):
     assert [p["sentence"] for p in pictures] == [again[label][0].sent_id for label in labels]
     for picture in pictures:
         assert len(picture["attention"]) == len(picture["words"]) and picture["seed"] == 3
+
+
+def test_run_writes_the_figure_formats_asked_for(tiny_model, treebank, tmp_path):
+    """--figures svg: the report's figures as PNG (the pages embed it) and SVG, no PDF."""
+    out = tmp_path / "results"
+    args = ["run", "--model", tiny_model, "--treebank", str(treebank), "--out", str(out)]
+    assert main(args + ["--quiet", "--bootstrap", "20", "--figures", "svg"]) == 0
+    figures = out / store.REPORT_DIR / store.REPORT_FIGURES
+    pngs = sorted(p.stem for p in figures.glob("*.png"))
+    assert pngs and (out / store.REPORT_DIR / store.REPORT_HTML).is_file()
+    assert sorted(p.name for p in figures.iterdir()) == sorted(
+        f"{stem}.{ext}" for stem in pngs for ext in ("png", "svg")
+    )

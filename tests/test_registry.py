@@ -11,7 +11,7 @@ import pytest
 import headprobe
 from headprobe.scorers import registry
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.conllu"
+SAMPLE = Path(__file__).resolve().parents[1] / "headprobe/inputs/samples/sample.conllu"
 
 
 @pytest.fixture

@@ -474,25 +474,57 @@ def test_repeated_surface_columns_are_shown_once(tmp_path):
         assert float(cells["cls"]) == pytest.approx(round(row["first"], 4), abs=1e-12)
 
 
-def test_every_figure_as_png_svg_pdf_and_figures_only(report, results_dir, tmp_path):
+def test_default_figures_are_png_only(report):
+    assert report["figures"] and report["vector_figures"] == []
+    assert {p.suffix for p in report["figures_dir"].iterdir()} == {".png"}
+    assert sorted(report["figures_dir"].iterdir()) == sorted(report["figures"])
+
+
+def test_every_figure_in_three_formats_with_the_same_bytes_twice(report, results_dir, tmp_path):
     import xml.etree.ElementTree as ET
 
-    for png in report["figures"]:
-        svg, pdf = png.with_suffix(".svg"), png.with_suffix(".pdf")
-        assert svg in report["vector_figures"] and pdf in report["vector_figures"]
+    outs = [tmp_path / "first", tmp_path / "second"]
+    for out in outs:
+        cmd = ["report", str(results_dir), "--out", str(out), "--figures", "png,svg,pdf"]
+        assert cli_main(cmd) == 0
+    names = sorted(p.name for p in (outs[0] / "figures").iterdir())
+    stems = sorted(p.stem for p in report["figures"])
+    assert names == sorted(f"{stem}.{ext}" for stem in stems for ext in ("pdf", "png", "svg"))
+    for name in names:  # the same figure, the same bytes, run to run
+        first, second = (out / "figures" / name for out in outs)
+        assert first.read_bytes() == second.read_bytes(), name
+    for stem in stems:
+        svg, pdf = (outs[0] / "figures" / f"{stem}.{ext}" for ext in ("svg", "pdf"))
         assert ET.parse(svg).getroot().tag.endswith("svg")
-        assert (
-            pdf.read_bytes().startswith(b"%PDF") and b"/FontFile2" in pdf.read_bytes()
-        )  # TrueType embedded
-    out = tmp_path / "figs"
-    assert cli_main(["report", str(results_dir), "--out", str(out), "--figures-only"]) == 0
-    assert not (out / "report.html").exists() and not (out / "report.md").exists()
-    written = sorted(p.name for p in (out / "figures").iterdir())
-    assert written == sorted(p.name for p in report["figures"] + report["vector_figures"])
-    for name in written:  # the same figure, the same bytes
-        assert (out / "figures" / name).read_bytes() == (
-            report["figures_dir"] / name
-        ).read_bytes(), name
+        assert pdf.read_bytes().startswith(b"%PDF") and b"/FontFile2" in pdf.read_bytes()
+    for stem in stems:  # the PNG of the default report is the same too
+        png = (outs[0] / "figures" / f"{stem}.png").read_bytes()
+        assert png == (report["figures_dir"] / f"{stem}.png").read_bytes(), stem
+
+
+def test_vector_figures_added_to_an_existing_report(report, results_dir, tmp_path):
+    out = tmp_path / "rep"
+    assert cli_main(["report", str(results_dir), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert cli_main(["report", str(results_dir), "--out", str(out), "--figures", "svg,pdf"]) == 0
+    after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {k: after[k] for k in before} == before  # pages, tables and PNG untouched
+    stems = sorted(p.stem for p in report["figures"])
+    assert sorted(set(after) - set(before)) == sorted(
+        f"{stem}.{ext}" for stem in stems for ext in ("pdf", "svg")
+    )
+    only = tmp_path / "only"
+    assert cli_main(["report", str(results_dir), "--out", str(only), "--figures-only"]) == 0
+    assert not (only / "report.html").exists() and not (only / "report.md").exists()
+    assert sorted(p.name for p in (only / "figures").iterdir()) == [f"{s}.png" for s in stems]
+
+
+def test_bad_figure_format_is_one_line(results_dir, tmp_path, capsys):
+    out = tmp_path / "bad"
+    assert cli_main(["report", str(results_dir), "--out", str(out), "--figures", "png,gif"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("headprobe: error: --figures: gif") and "\n" not in err
+    assert not out.exists()
 
 
 def test_html_is_self_contained(report, html):
@@ -912,3 +944,35 @@ def test_report_renders_in_chromium(report):
     artifacts.mkdir(parents=True, exist_ok=True)
     shutil.copy(screenshot, artifacts / "report_screenshot.png")
     shutil.copy(report["html"], artifacts / store.REPORT_HTML)
+
+
+def test_heatmap_cells_annotated_up_to_16_by_16():
+    from headprobe.report import figures as F
+
+    for shape, texts in (((16, 16), 256), ((17, 16), 0), ((16, 17), 0)):
+        fig = F.new_figure(4, 4)
+        ax = fig.subplots()
+        mat = np.arange(shape[0] * shape[1], dtype=float).reshape(shape) / 1000  # [layer, head]
+        F.layer_head_heatmap(ax, mat, "t", cbar_label="value")
+        assert len(ax.texts) == texts, shape
+        assert len(fig.axes) == 2, shape  # the map and its colour bar
+
+
+def test_worker_processes_draw_the_same_bytes(tmp_path):
+    """Planned figures drawn by two worker processes equal those drawn here."""
+    from headprobe.report import figures as F
+
+    mats = [np.linspace(0, 1, 12).reshape(3, 4) * k for k in (1, 0.5, 0.25)]  # [layer, head]
+    items = [(f"m{k}", m) for k, m in enumerate(mats)]
+    plans = [F.heatmap_grid_figure(items[: k + 1], f"grid {k}") for k in range(3)]
+    (tmp_path / "pool").mkdir()
+    pooled = F.write_drawings(
+        [(d, tmp_path / "pool" / f"g{k}") for k, d in enumerate(plans)], ("png", "svg"), workers=2
+    )
+    assert [[p.name for p in paths] for paths in pooled] == [
+        [f"g{k}.png", f"g{k}.svg"] for k in range(3)
+    ]
+    for k, paths in enumerate(pooled):
+        here = F.heatmap_grid_figure(items[: k + 1], f"grid {k}")
+        assert plans[k].png == here.png == paths[0].read_bytes()
+        assert paths[1].read_bytes() == here.svg

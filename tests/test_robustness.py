@@ -24,6 +24,7 @@ import torch
 
 import headprobe
 from headprobe.cli import main
+from headprobe.inputs.samples import SAMPLE_COREF
 from headprobe.model import loading as models
 from headprobe.results import atomic, store
 from headprobe.results.query import Results
@@ -92,7 +93,7 @@ def corpora(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("corpora")
     (base / "trees.conllu").write_text(treebank_text())
     (base / "other.conllu").write_text(treebank_text(12, seed=1))
-    shutil.copy(ROOT / "data" / "sample_coref.conllu", base / "coref.conllu")
+    shutil.copy(SAMPLE_COREF, base / "coref.conllu")
     return {
         "trees": base / "trees.conllu",
         "other": base / "other.conllu",

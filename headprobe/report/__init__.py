@@ -4,12 +4,14 @@
     paths = build_report("results/minilm")          # a results directory -> results/minilm/report/
     paths = build_report(results, "out/report")     # or an in-memory `headprobe.Results`
     paths["html"], paths["markdown"], paths["figures"], paths["roles"]
-    build_report("results/minilm", figures_only=True)   # figures/*.png, .svg, .pdf only
+    build_report("results/minilm", formats="png,svg,pdf")   # figures/*.png, .svg, .pdf too
+    build_report("results/minilm", formats="svg,pdf")   # only adds figures/*.svg, .pdf
     store.save(results, "out/", extra=staged_report(results))   # results + report/, one atomic save
 
-Command line (wired as `headprobe report RESULTS_DIR [--out DIR] [--figures-only]`):
+Command line (wired as `headprobe report RESULTS_DIR [--out DIR] [--figures png,svg,pdf]
+[--figures-only]`):
 
-    python -m headprobe.report RESULTS_DIR [--out DIR] [--figures-only]
+    python -m headprobe.report RESULTS_DIR [--out DIR] [--figures png,svg,pdf] [--figures-only]
 
 The report only renders: every number is a stored value of the `Results` tables
 (`counts`, `best_heads`, `head_tests`, `roles`, derived tables) or a `Results`
@@ -40,6 +42,12 @@ __all__ = [
 ]
 
 
+REPORT_HELP = (
+    "Build report.html, report.md, tables/*.csv and figures/* from a results directory, without "
+    "scoring again; --figures svg,pdf adds vector figures to an existing report"
+)
+
+
 class UnreadableResults(ValueError):
     """A results directory that `Results.load` refuses or cannot read (incomplete, corrupt, foreign)."""
 
@@ -68,18 +76,33 @@ def read_results(source) -> tuple[Results, str]:
         raise UnreadableResults(message) from err
 
 
-def build_report(results_or_dir, out_dir=None, figures_only: bool = False) -> dict:
+def build_report(
+    results_or_dir,
+    out_dir=None,
+    figures_only: bool = False,
+    formats=None,
+    workers: int | None = None,
+) -> dict:
     """Write `report.html`, `report.md`, `roles.csv`, `tables/*.csv` and every figure as
-    `figures/<name>.png`, `.svg` and `.pdf` (names: `headprobe.results.store`; with `figures_only`, just
-    the figures).
+    `figures/<name>.png` (names: `headprobe.results.store`).
+
+    `formats`: the figure formats to write (a subset of `figures.FORMATS`, or a comma list such as
+    "png,svg,pdf"; default PNG only). Without PNG, or with `figures_only`, only the figures are
+    written (the pages embed the PNG): `build_report(dir, formats="svg,pdf")` adds vector files to
+    an existing report. Each build replaces the files of the formats it writes. Figures are drawn
+    by `workers` processes (default: one per core) once the tables are written.
 
     `results_or_dir`: a `Results` (then `out_dir` is required) or a directory written by
     `headprobe run` / `Results.save` (`out_dir` defaults to `<dir>/report`).
 
     Returns {"out_dir", "html", "markdown", "figures_dir", "figures": [PNG paths],
     "vector_figures": [SVG and PDF paths], "tables": [CSV paths], "roles"} (all `pathlib.Path`;
-    "roles" is the head-role map as a table; only the figure entries with `figures_only`).
+    "roles" is the head-role map as a table; only the figure entries when only figures are written).
     """
+    from headprobe.report.figures import DEFAULT_FORMATS, parse_formats
+
+    formats = DEFAULT_FORMATS if formats is None else parse_formats(formats)
+    figures_only = figures_only or "png" not in formats
     if out_dir is None:
         if isinstance(results_or_dir, Results):
             raise ValueError("out_dir is required when building a report from a Results object")
@@ -88,43 +111,48 @@ def build_report(results_or_dir, out_dir=None, figures_only: bool = False) -> di
     out = Path(out_dir)
     doc = compose(results, source)
     fig_dir = out / store.REPORT_FIGURES
-    pngs, vectors = write_figures(doc, fig_dir)
-    paths = {"out_dir": out, "figures_dir": fig_dir, "figures": pngs, "vector_figures": vectors}
+    paths = {"out_dir": out, "figures_dir": fig_dir}
+    if not figures_only:
+        paths["roles"] = out / store.REPORT_ROLES
+        out.mkdir(parents=True, exist_ok=True)
+        results.roles.to_csv(paths["roles"], index=False)
+        paths["tables"] = write_tables(
+            results.for_measure(), out / store.REPORT_TABLES
+        )  # several measures: the first
+    paths["figures"], paths["vector_figures"] = write_figures(doc, fig_dir, formats, workers)
     if figures_only:
         return paths
     paths["html"] = out / store.REPORT_HTML
     paths["html"].write_text(_html.render(doc), encoding="utf-8")
     paths["markdown"] = out / store.REPORT_MARKDOWN
     paths["markdown"].write_text(_markdown.render(doc, store.REPORT_FIGURES), encoding="utf-8")
-    paths["roles"] = out / store.REPORT_ROLES
-    results.roles.to_csv(paths["roles"], index=False)
-    paths["tables"] = write_tables(
-        results.for_measure(), out / store.REPORT_TABLES
-    )  # several measures: the first
     return paths
 
 
-def write_figures(doc, fig_dir: Path) -> tuple[list[Path], list[Path]]:
-    """Every figure of `doc` under `fig_dir` as PNG, SVG and PDF (the figures of an earlier build
-    removed first); returns (PNG paths, SVG and PDF paths)."""
-    from headprobe.report.figures import FORMATS
+def write_figures(
+    doc, fig_dir: Path, formats=None, workers: int | None = None
+) -> tuple[list[Path], list[Path]]:
+    """Every figure of `doc` under `fig_dir` in each of `formats` (default PNG only; the files of
+    those formats from an earlier build removed first), drawn by `workers` processes (default:
+    one per core); returns (PNG paths, SVG and PDF paths)."""
+    from headprobe.report.figures import DEFAULT_FORMATS, write_drawings
 
+    formats = DEFAULT_FORMATS if formats is None else tuple(formats)
     fig_dir.mkdir(parents=True, exist_ok=True)
-    for fmt in FORMATS:
+    for fmt in formats:
         for old in fig_dir.glob(f"*.{fmt}"):
             old.unlink()
-    pngs, vectors = [], []
+    pngs, drawings = [], []
     for fig in doc.figures():
-        stem = fig_dir / fig.name
         if isinstance(fig.image, bytes):  # a section that drew PNG bytes itself
-            (fig_dir / fig.filename).write_bytes(fig.image)
-            pngs.append(fig_dir / fig.filename)
+            if "png" in formats:
+                (fig_dir / fig.filename).write_bytes(fig.image)
+                pngs.append(fig_dir / fig.filename)
             continue
-        written = fig.image.save(stem)
-        pngs += [p for p in written if p.suffix == ".png"]
-        vectors += [p for p in written if p.suffix != ".png"]
-        fig.image.figure.clear()  # free the drawing: its files are written
-    return pngs, vectors
+        drawings.append((fig.image, fig_dir / fig.name))
+    written = [p for paths in write_drawings(drawings, formats, workers) for p in paths]
+    pngs += [p for p in written if p.suffix == ".png"]
+    return pngs, [p for p in written if p.suffix != ".png"]
 
 
 def write_tables(results, table_dir: Path) -> list[Path]:
@@ -143,7 +171,7 @@ def write_tables(results, table_dir: Path) -> list[Path]:
     return paths
 
 
-def staged_report(results):
+def staged_report(results, formats=None):
     """For `store.save(results, out, extra=staged_report(results))`: a function that builds
     report/ inside the save's staging directory, so the report is swapped in with the results
     it shows. If building it fails, the results are still saved, without a report: a warning
@@ -151,7 +179,7 @@ def staged_report(results):
 
     def build(stage: Path) -> dict:
         try:
-            built = build_report(results, stage / store.REPORT_DIR)
+            built = build_report(results, stage / store.REPORT_DIR, formats=formats)
         except Exception as exc:  # the tables matter more than their rendering
             shutil.rmtree(stage / store.REPORT_DIR, ignore_errors=True)
             print(
@@ -165,28 +193,28 @@ def staged_report(results):
 
 
 def main_report(argv=None) -> int:
-    """`python -m headprobe.report RESULTS_DIR [--out DIR] [--figures-only]`; returns the exit
-    status (2: unreadable)."""
-    parser = argparse.ArgumentParser(
-        prog="headprobe report",
-        description="Build report.html, report.md, tables/*.csv and figures/* (PNG, SVG, PDF) from a results "
-        "directory.",
-    )
+    """`python -m headprobe.report RESULTS_DIR [--out DIR] [--figures png,svg,pdf] [--figures-only]`
+    (as `headprobe report`); returns the exit status (2: unreadable, or a bad format)."""
+    parser = argparse.ArgumentParser(prog="headprobe report", description=REPORT_HELP)
     parser.add_argument("results_dir", help="directory written by `headprobe run`")
     parser.add_argument(
         "--out", default=None, help="output directory (default: RESULTS_DIR/report)"
     )
-    parser.add_argument(
-        "--figures-only", action="store_true", help="write only figures/ (PNG, SVG, PDF)"
-    )
+    parser.add_argument("--figures", default="png", help="figure formats: png (default), svg, pdf")
+    parser.add_argument("--figures-only", action="store_true", help="write only figures/")
     args = parser.parse_args(argv)
     try:
-        paths = build_report(args.results_dir, args.out, figures_only=args.figures_only)
-    except (FileNotFoundError, UnreadableResults) as err:
+        paths = build_report(
+            args.results_dir, args.out, figures_only=args.figures_only, formats=args.figures
+        )
+    except (FileNotFoundError, UnreadableResults, ValueError) as err:
         print(f"headprobe report: {err}", file=sys.stderr)
         return 2
     for key in ("html", "markdown"):
         if key in paths:
             print(f"wrote {paths[key]}")
-    print(f"wrote {len(paths['figures'])} figures (PNG, SVG, PDF) under {paths['figures_dir']}")
+    print(
+        f"wrote {len(paths['figures']) + len(paths['vector_figures'])} figure files under "
+        f"{paths['figures_dir']}"
+    )
     return 0

@@ -221,7 +221,8 @@ def reading_section() -> Section:
             "swapped (2-fold, folds by a hash of the unit id). Every number is read from the results' "
             "tables (counts, best_heads, head_tests, roles and the derived tables), as a stored value or a "
             "ratio of stored sums; only the example pictures draw attention values (examples.json). "
-            "Figures are in figures/ as PNG, SVG and PDF; every table's full columns are in tables/ as CSV."
+            "Figures are in figures/ as PNG (SVG and PDF too with --figures png,svg,pdf); every table's "
+            "full columns are in tables/ as CSV."
         )
     )
     s.add(Paragraph("Reading the best-heads tables (column names as in best_heads.csv):"))

@@ -42,6 +42,7 @@ def build_comparison(sources, out_dir) -> dict:
     for `sources`: results directories, `Results` or `Run`s (at least one). Raises
     FileNotFoundError / `report.UnreadableResults` for a directory that holds no readable results."""
     from headprobe.report import read_results, write_figures
+    from headprobe.report.figures import FORMATS
 
     runs = []
     for source in sources:
@@ -60,7 +61,7 @@ def build_comparison(sources, out_dir) -> dict:
     tables = compare_runs(runs)
     doc = compose_comparison(runs, tables)
     out = Path(out_dir)
-    pngs, vectors = write_figures(doc, out / "figures")
+    pngs, vectors = write_figures(doc, out / "figures", FORMATS)
     paths = {
         "out_dir": out,
         "figures_dir": out / "figures",

@@ -1,22 +1,32 @@
-"""Report figures (seaborn / matplotlib), each returned as a `Drawing` (PNG, SVG, PDF).
+"""Report figures (seaborn / matplotlib), each returned as a `Drawing`, drawn when first used.
 
-    drawing = role_map_figure(roles, 6, 12, colors)
-    drawing.png, drawing.svg, drawing.pdf          # bytes of each format
-    drawing.save("figures/roles")                  # roles.png, roles.svg, roles.pdf
+    drawing = role_map_figure(roles, 6, 12, colors)   # a plan: nothing is drawn yet
+    drawing.png, drawing.svg, drawing.pdf              # bytes of each format (drawn on first use)
+    drawing.save("figures/roles", ("png", "svg"))      # roles.png, roles.svg
+    write_drawings([(drawing, "figures/roles")], ("png",))   # many, in worker processes
 
-Figures are drawn on `matplotlib.figure.Figure` objects with the Agg canvas,
-never through pyplot, so building a report touches no global backend state
-(it works headless and inside a notebook with an inline backend alike).
-Vector files carry no date and fixed ids (same figure, same bytes) and PDF fonts
-are embedded as TrueType (Type 42), as journals ask. Layers and heads are 0-based
-on every axis.
+Every public figure function is `@planned`: calling it records the function and its arguments
+(plain data: arrays, tables, strings), so a report's figures can be drawn by worker processes
+(`write_drawings`, one per core) once its tables are saved. Figures are drawn on
+`matplotlib.figure.Figure` objects with the Agg canvas, never through pyplot, so building a
+report touches no global backend state (it works headless and inside a notebook with an inline
+backend alike). Vector files carry no date and fixed ids (same figure, same bytes) and PDF fonts
+are embedded as TrueType (Type 42), as journals ask. Layers and heads are 0-based on every axis.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import io
 import math
+import multiprocessing
+import os
+import pickle
+import sys
+import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -32,15 +42,37 @@ from matplotlib.patches import Patch, Rectangle
 from headprobe.stats.roles import NONE
 
 DPI = 100
-ANNOTATE_MAX_CELLS = 160
+ANNOTATE_MAX_SIDE = (
+    16  # a heatmap's cells carry their value up to 16 x 16 cells; beyond, a colour bar
+)
 EXAMPLE_MAX_WORDS = 40
-FORMATS = ("png", "svg", "pdf")  # every figure is written in each, side by side
+FORMATS = ("png", "svg", "pdf")  # the formats a figure can be written in
+DEFAULT_FORMATS = ("png",)  # what a report writes unless asked (the pages embed the PNG)
 _METADATA = {
     "png": {"Software": None},
     "svg": {"Date": None, "Creator": None},
     "pdf": {"CreationDate": None, "ModDate": None, "Creator": None, "Producer": None},
 }
 _RC = {"svg.hashsalt": "headprobe", "pdf.fonttype": 42}
+
+
+def parse_formats(text) -> tuple[str, ...]:
+    """'png,svg,pdf' (or a list) -> ('png', 'svg', 'pdf'), in FORMATS order; ValueError naming an
+    unknown or missing format."""
+    names = text.split(",") if isinstance(text, str) else list(text or ())
+    names = [str(name).strip().lower().lstrip(".") for name in names if str(name).strip()]
+    unknown = [name for name in names if name not in FORMATS]
+    if unknown or not names:
+        raise ValueError(
+            f"--figures: {', '.join(unknown) or 'no format'} is not a figure format "
+            f"(give a comma list of {', '.join(FORMATS)})"
+        )
+    return tuple(fmt for fmt in FORMATS if fmt in names)
+
+
+def legible(n_rows: int, n_cols: int) -> bool:
+    """Whether a heatmap of this many rows and columns can carry text in its cells."""
+    return n_rows <= ANNOTATE_MAX_SIDE and n_cols <= ANNOTATE_MAX_SIDE
 
 
 @contextlib.contextmanager
@@ -70,15 +102,25 @@ def render(fig: Figure, fmt: str = "png") -> bytes:
 
 
 class Drawing:
-    """One finished figure: `png` is rendered at once; `svg` and `pdf` on first use.
+    """One figure: drawn (`figure`) on first use, from its plan when it has one.
 
-    drawing.save("figures/roles")         # -> [roles.png, roles.svg, roles.pdf]
+    drawing.save("figures/roles")         # -> [roles.png]
+    drawing.save("figures/roles", FORMATS)   # -> [roles.png, roles.svg, roles.pdf]
     display(drawing)                      # in a notebook: the PNG
     """
 
-    def __init__(self, fig: Figure):
-        self.figure = fig
-        self._bytes = {"png": render(fig, "png")}
+    def __init__(self, fig: Figure | None = None, plan: tuple | None = None):
+        self._figure = fig
+        self.plan = plan  # (module, function name, args, kwargs) of a `@planned` function
+        self._bytes: dict[str, bytes] = {}
+
+    @property
+    def figure(self) -> Figure:
+        if self._figure is None:
+            module, name, args, kwargs = self.plan
+            planned = getattr(importlib.import_module(module), name)
+            self._figure = planned.__wrapped__(*args, **kwargs).figure
+        return self._figure
 
     def data(self, fmt: str) -> bytes:
         if fmt not in self._bytes:
@@ -92,7 +134,7 @@ class Drawing:
     def _repr_png_(self) -> bytes:  # a notebook cell shows it: `display(drawing)`
         return self.png
 
-    def save(self, stem, formats=FORMATS) -> list[Path]:
+    def save(self, stem, formats=DEFAULT_FORMATS) -> list[Path]:
         """Write `<stem>.<fmt>` for each format; returns the paths."""
         stem = Path(stem)
         paths = []
@@ -102,9 +144,98 @@ class Drawing:
             paths.append(path)
         return paths
 
+    def release(self) -> None:
+        """Free the matplotlib figure (its files are written); the PNG bytes stay."""
+        if self._figure is not None:
+            self._figure.clear()
+            self._figure = None
+        self._bytes = {fmt: data for fmt, data in self._bytes.items() if fmt == "png"}
+
 
 def drawing(fig: Figure) -> Drawing:
+    """The finished `fig` as a `Drawing`. Its layout is done: the placeholder layout engine
+    `tight_layout` leaves would make every save draw the whole figure twice."""
+    fig.set_layout_engine(None)
     return Drawing(fig)
+
+
+def planned(function):
+    """Decorate a figure function (module level, returning `drawing(fig)`): a call records the
+    function and its arguments and returns a `Drawing` drawn on first use, in this process or
+    in a worker (`write_drawings`)."""
+
+    @functools.wraps(function)
+    def plan(*args, **kwargs) -> Drawing:
+        return Drawing(plan=(function.__module__, function.__name__, args, kwargs))
+
+    return plan
+
+
+# ---------------------------------------------------------------- drawing in worker processes
+
+
+def _draw_and_save(job: tuple) -> list[str]:
+    """Worker: draw one planned figure and write it in each format; returns the paths written."""
+    plan, stem, formats = job
+    figure = Drawing(plan=plan)
+    try:
+        return [str(path) for path in figure.save(stem, formats)]
+    finally:
+        figure.release()
+
+
+def _workers(n_jobs: int, workers: int | None) -> int:
+    if workers is None:
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        workers = len(cores) if cores else (os.cpu_count() or 1)
+    return max(1, min(workers, n_jobs))
+
+
+def _context():
+    """fork where the platform has it (the workers start with everything imported); spawn
+    elsewhere (the worker function and the plans are importable and picklable)."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context(
+        "fork" if sys.platform == "linux" and "fork" in methods else "spawn"
+    )
+
+
+def write_drawings(items, formats=DEFAULT_FORMATS, workers: int | None = None) -> list[list[Path]]:
+    """Write each (drawing, stem) of `items` as `<stem>.<fmt>` for every format in `formats`;
+    returns the paths of each, in order. Planned drawings are drawn by worker processes (`workers`,
+    default: one per core, at most one per drawing); the others here. The PNG bytes are kept on
+    each drawing (the HTML page embeds them)."""
+    items = list(items)
+    jobs = {
+        k: (d.plan, str(stem), tuple(formats)) for k, (d, stem) in enumerate(items) if _portable(d)
+    }
+    written: dict[int, list[Path]] = {}
+    n = _workers(len(jobs), workers)
+    if n > 1:
+        with warnings.catch_warnings():  # 3.12+: fork of a process that ran threads (torch)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            with ProcessPoolExecutor(n, mp_context=_context()) as pool:
+                done = pool.map(_draw_and_save, jobs.values())
+                written = {k: [Path(p) for p in paths] for k, paths in zip(jobs, done)}
+    for k, (d, stem) in enumerate(items):
+        if k in written:
+            if "png" in formats:
+                d._bytes["png"] = written[k][list(formats).index("png")].read_bytes()
+            continue
+        written[k] = d.save(stem, formats)
+        d.release()
+    return [written[k] for k in range(len(items))]
+
+
+def _portable(d: Drawing) -> bool:
+    """Whether a worker process can draw `d`: a plan that pickles."""
+    if d.plan is None or d._figure is not None:
+        return False
+    try:
+        pickle.dumps(d.plan)
+    except Exception:  # a plan holding a live matplotlib object: drawn here instead
+        return False
+    return True
 
 
 def finish(fig: Figure, suptitle: str = ""):
@@ -218,7 +349,7 @@ def layer_head_heatmap(
     """Draw one layer (rows) x head (columns) heatmap on `ax`."""
     n_layers, n_heads = mat.shape
     if annot is None:
-        annot = n_layers * n_heads <= ANNOTATE_MAX_CELLS
+        annot = legible(n_layers, n_heads)
     ax.set_title(title, fontsize=9)
     if not np.isfinite(mat).any():
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
@@ -258,6 +389,7 @@ def _sym(*mats) -> float:
     return float(max(0.05, np.nanmax(vals)))
 
 
+@planned
 def accuracy_gap_figure(
     panels: list[tuple[str, np.ndarray, np.ndarray | None, str]], suptitle: str = ""
 ) -> Drawing:
@@ -307,7 +439,7 @@ def accuracy_gap_figure(
     return drawing(fig)
 
 
-def _smallpanel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
+def small_panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
     return max(2.8, 0.22 * n_heads + 1.9), max(2.1, 0.17 * n_layers + 1.1)
 
 
@@ -324,6 +456,7 @@ def gap_grid_figure(
     )
 
 
+@planned
 def heatmap_grid_figure(
     items: list[tuple[str, np.ndarray]],
     title: str = "",
@@ -341,7 +474,7 @@ def heatmap_grid_figure(
         ncols = 6 if n_layers > 2 * n_heads else (3 if n_heads > 8 else 4)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    w, h = _smallpanel_size(n_layers, n_heads)
+    w, h = small_panel_size(n_layers, n_heads)
     fig = new_figure(ncols * w, nrows * h + 0.5)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     finite = np.concatenate([m[np.isfinite(m)].ravel() for _, m in items])
@@ -374,6 +507,7 @@ def layer_ticks(ax, n_layers: int):
     ax.set_xlim(-0.6, n_layers - 0.4)
 
 
+@planned
 def role_map_figure(
     roles: pd.DataFrame, n_layers: int, n_heads: int, colors: dict[str, str], title: str = ""
 ) -> Drawing:
@@ -388,6 +522,7 @@ def role_map_figure(
     return drawing(fig)
 
 
+@planned
 def role_maps_figure(
     maps: list[tuple[str, pd.DataFrame, int, int]], colors: dict[str, str], title: str = ""
 ) -> Drawing:
@@ -453,6 +588,7 @@ def _short(text: str, limit: int = 7) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+@planned
 def example_figure(
     words: list[str], attention, gold: list, title: str, direction: str = "dep->head"
 ) -> Drawing:
@@ -563,6 +699,7 @@ def _role_depths(ax, heads: pd.DataFrame, order):
     ax.set_title("Where each role's heads sit", fontsize=9)
 
 
+@planned
 def compare_roles_figure(
     shares: pd.DataFrame, heads: pd.DataFrame, colors: dict[str, str], title: str = ""
 ) -> Drawing:
@@ -580,6 +717,7 @@ def compare_roles_figure(
     return drawing(fig)
 
 
+@planned
 def matched_heads_figure(similarity: np.ndarray, names: np.ndarray, title: str) -> Drawing:
     """Layer x head grid of one model: each head coloured by the cosine similarity to the head of
     the other model it is matched with, and labelled with that head's L-H (`names`, '' for a

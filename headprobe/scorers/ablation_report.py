@@ -44,6 +44,7 @@ def _described(analysis: str) -> str:
 # ---------------------------------------------------------------- figures
 
 
+@F.planned
 def prune_figure(curve: pd.DataFrame, title: str) -> F.Drawing:
     """The objective (with its 95% interval) against the share of heads removed."""
     fig = F.new_figure(5.2, 3.4)
@@ -68,6 +69,7 @@ def prune_figure(curve: pd.DataFrame, title: str) -> F.Drawing:
     return F.drawing(fig)
 
 
+@F.planned
 def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str) -> F.Drawing:
     """Each head with a role: the number that decided its role against its importance."""
     fig = F.new_figure(5.6, 3.8)

@@ -40,6 +40,7 @@ def _roles_of(results, clusters: pd.DataFrame) -> tuple[list[str], dict[str, str
     return names, role_colors(results)
 
 
+@F.planned
 def mds_figure(
     clusters: pd.DataFrame,
     colors: list,
@@ -84,6 +85,7 @@ def mds_figure(
     return F.drawing(fig)
 
 
+@F.planned
 def dendrogram_figure(
     matrix: np.ndarray, heads: list[tuple[int, int]], colors: list[str]
 ) -> F.Drawing:

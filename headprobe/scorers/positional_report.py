@@ -86,10 +86,11 @@ def _rule_met(results, roles: list[str]) -> dict:
     }
 
 
+@F.planned
 def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> F.Drawing:
     """One share heatmap per positional label (-2..+2, special, other)."""
     labels = [lab for lab in LABELS if lab in shares.columns]
-    annotated = n_layers * n_heads <= F.ANNOTATE_MAX_CELLS
+    annotated = F.legible(n_layers, n_heads)
     ncols = min(2 if (annotated and n_heads >= 8) else 4, len(labels))
     nrows = math.ceil(len(labels) / ncols)
     w, h = F.panel_size(n_layers, n_heads) if annotated else F.small_panel_size(n_layers, n_heads)

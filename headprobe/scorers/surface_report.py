@@ -150,6 +150,7 @@ SURFACE_TITLES = {
 }
 
 
+@F.planned
 def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> F.Drawing:
     """Clark et al. (2019) Figure 2 style: mean attention mass per head, by layer."""
     labels = [lab for lab in SURFACE_TITLES if lab in per_head.columns]
@@ -188,6 +189,7 @@ def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> F.Drawing
     return F.drawing(fig)
 
 
+@F.planned
 def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> F.Drawing:
     """Clark et al. (2019) Figure 4 style: mean row entropy per head, by layer, with the
     uniform-attention entropy."""
