@@ -28,7 +28,9 @@ import _common as C
 def main(argv=None) -> int:
     p = C.base_parser(__doc__)
     p.add_argument(
-        "--conventions", default="spec", help="spec (default), clark2019-code or joanacero"
+        "--conventions",
+        default="headprobe",
+        help="headprobe (default), clark2019-code or joanacero",
     )
     args = p.parse_args(argv)
     out = C.out_dir(args, "clark2019_probe")
@@ -37,7 +39,7 @@ def main(argv=None) -> int:
         print("no parsing rows in the results (run with the `parsing` analysis)", file=sys.stderr)
         return 1
     model = C.model_name(results, args)
-    conventions = (results.summary.get("conventions") or {}).get("name", "spec")
+    conventions = (results.summary.get("conventions") or {}).get("name", "headprobe")
     scores = results.table("parse_scores")
     C.write_table(
         scores,

@@ -15,7 +15,7 @@ its language-model head; the control is the same config with random weights
 when the trained model has at least one head with score >= `--threshold` (0.4) and the
 random one has none above `--control` (0.1); the script says so and exits 0, else 1.
 
-Do the induction heads matter? (issue 18; needs a language-model head.) On the same probe:
+Do the induction heads matter? (METHODS §8; needs a language-model head.) On the same probe:
 - the induction heads (score >= `--threshold`, or `--induction-heads 18-6,17-3,...`) ablated
   together (gated to 0), as many other heads drawn from the same layers (per layer as many
   as it has induction heads; a seeded choice) ablated together, and the intact model;

@@ -1,7 +1,7 @@
 """headprobe: what do the attention heads of a pretrained Transformer do?
 
 Scores every attention head against syntactic dependency arcs, coreference
-links and positional proximity (conventions: docs/SPEC in the README).
+links and positional proximity (definitions: docs/METHODS.md).
 """
 
 from headprobe.api import attention_for_sentence, run

@@ -33,7 +33,7 @@ from headprobe.model import loading as models
 from headprobe.model.capture import text_config
 from headprobe.model.control import CONTROL, TRAINED, tally_key
 from headprobe.model.sites import Sites, attention_sites
-from headprobe.results import atomic, store
+from headprobe.results import atomic, software, store
 from headprobe.results.examples import MentionPicker, SentencePicker
 from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
@@ -223,6 +223,7 @@ def _start_summary(config, net, name, sites, stack, inputs, settings, bos_used) 
         "model": name,
         "dtype": config.dtype,
         "device": str(next(net.parameters()).device),
+        "software": software.record(),  # METHODS §15: versions and commit
         "batch_size": config.batch_size,
         "from_mode": config.from_mode,
         "layers": config.layers,

@@ -520,7 +520,7 @@ class RunConfig:
     from_mode: str | None = option(
         None,
         "pooling of attention FROM a word over its pieces: mean, first or max (default: the "
-        "conventions'; spec: mean)",
+        "conventions'; headprobe: mean)",
         flag="--from-mode",
         choices=FROM_MODES,
         check=_from_mode,
@@ -529,8 +529,8 @@ class RunConfig:
         record_at=3,
     )
     conventions: str = option(
-        "spec",
-        "scoring conventions: spec (default), or those of the released code behind a published "
+        "headprobe",
+        "scoring conventions: headprobe (default, METHODS §1-§2), or those of the released code behind a published "
         "number: clark2019-code (from = first piece, root and punct in ALL, offsets -3..2 clipped, "
         "subtypes cut), joanacero (as clark2019-code with from = mean and UD subtypes kept); see "
         "docs/CONVENTIONS.md",

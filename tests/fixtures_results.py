@@ -280,7 +280,7 @@ PROVENANCE = {
         }
     },
     "options": {"batch_size": 8, "from_mode": "mean", "window": 128},
-    "conventions": {"name": "spec", "offsets": [-5, 5]},
+    "conventions": {"name": "headprobe", "offsets": [-5, 5]},
 }
 
 

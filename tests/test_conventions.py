@@ -29,8 +29,11 @@ S = Example(
 
 
 def test_presets():
-    assert set(PRESETS) == {"spec", "clark2019-code", "joanacero"}
-    assert get_conventions(None) is PRESETS["spec"] and get_conventions("spec").variants == VARIANTS
+    assert set(PRESETS) == {"headprobe", "clark2019-code", "joanacero"}
+    assert (
+        get_conventions(None) is PRESETS["headprobe"]
+        and get_conventions("headprobe").variants == VARIANTS
+    )
     clark = get_conventions("clark2019-code")
     assert (clark.from_mode, clark.cut_subtypes, clark.unscored) == ("first", True, ())
     assert clark.variants == (
@@ -67,7 +70,7 @@ def test_offset_baselines_clipped_as_clark_et_al():
     assert [names[k] for k in np.flatnonzero(hits[1])] == ["offset=-3"]  # 2 - 3 < 0
     assert [names[k] for k in np.flatnonzero(hits[2])] == ["offset=+1", "offset=+2"]  # 2 + 2 -> 3
     assert [names[k] for k in np.flatnonzero(hits[3])] == ["offset=+2"]
-    spec = get_conventions("spec")
+    spec = get_conventions("headprobe")
     got = spec.baseline_hits(dependent, head, np.full(4, 4))  # SPEC: out of range is wrong
     assert got[:2].sum() == 0
     assert [spec.variants[k] for k in np.flatnonzero(got[2])] == ["offset=+1"]
@@ -89,7 +92,7 @@ def test_scored_arcs_and_dependency_rows(wordpiece_tokenizer):
     )
     pieces = torch.full((1, 1, 6, 6), 1 / 6)
     for conventions, labels, n_all in (
-        ("spec", {"det", "nsubj", "ALL"}, 2),
+        ("headprobe", {"det", "nsubj", "ALL"}, 2),
         ("clark2019-code", {"det", "nsubj", "root", "punct", "ALL"}, 4),
     ):
         scorer = DependencyScorer(conventions)
@@ -194,7 +197,7 @@ def test_clark2019_code_numbers_on_ewt_dev():
     assert clark.baselines["variant"].str.fullmatch(r"offset=[+-]\d").all()
     all_arcs = clark.best_head("dependency", "ALL")
     assert all_arcs["n"] == 25_147  # every word: root and punct included
-    spec_first = headprobe.run(conventions="spec", from_mode="first", **options)
+    spec_first = headprobe.run(conventions="headprobe", from_mode="first", **options)
     got = best_in_sample(spec_first)
     assert {k: round(got[k], 4) for k in CLARK_CODE} == CLARK_CODE
     assert round(got["ALL"], 4) == 0.4516

@@ -333,7 +333,7 @@ def test_run_save_load_and_report(bert_family, tmp_path):
     report = Path(build_report(loaded, tmp_path / store.REPORT_DIR)["markdown"]).read_text()
     assert "## Head clusters (Clark et al. 2019, section 5)" in report
     assert "## Parsing with all heads" in report and "probe - best head" in report
-    assert results.summary["conventions"]["name"] == "spec"
+    assert results.summary["conventions"]["name"] == "headprobe"
 
 
 def test_one_fold_without_arcs_says_so(bert_family, tmp_path):

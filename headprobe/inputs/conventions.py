@@ -1,18 +1,19 @@
-"""Scoring conventions as one object: SPEC's, or those of two papers' released code.
+"""Scoring conventions as one object: `headprobe`'s (METHODS §1-§2), or those of two
+papers' released code.
 
     from headprobe.inputs.conventions import get_conventions
-    conv = get_conventions("clark2019-code")       # or "spec" (default), "joanacero"
+    conv = get_conventions("clark2019-code")       # or "headprobe" (default), "joanacero"
     conv.from_mode                                 # "first": attention FROM a word = its first piece
     conv.relation("obl:tmod")                      # "obl" (subtypes cut) or "obl:tmod" (kept)
     conv.scores("punct")                           # True: the arc counts per relation and in ALL
     conv.variants                                  # baseline names, in tie order
     conv.baseline_hits(dependent, head, n_words)   # [arc, variant] 0/1
 
-Numbers made with a paper's released code differ from SPEC numbers in known ways
+Numbers made with a paper's released code differ from `headprobe` numbers in known ways
 (docs/CONVENTIONS.md has the table and the reasons). A preset switches them all at
 once, and the run names it (`summary["conventions"]`):
 
-- `spec` (default): METHODS §1-§2.
+- `headprobe` (default): METHODS §1-§2.
 - `clark2019-code`: Clark et al.'s attention-analysis code: "from" pooling by the
   first piece (`bpe_utils.get_word_word_attention`, default mode "first"; the paper
   says mean); `all` counts every arc, root and punct included (root arcs are always
@@ -77,7 +78,7 @@ class Conventions:
         """[arc, variant] 0/1 (order of `variants`): does each baseline predict each arc's head?
 
         `head` is 0-based, -1 for ROOT. Offset k predicts word i + k; out of range it is
-        wrong (SPEC), or with `clip_offsets` clipped to ROOT below the first word and to the
+        wrong (METHODS §2), or with `clip_offsets` clipped to ROOT below the first word and to the
         last word beyond it (Clark et al.'s code). `first` predicts word 0."""
         dependent, head = np.asarray(dependent, dtype=np.int64), np.asarray(head, dtype=np.int64)
         offsets = np.asarray(self.tie_order, dtype=np.int64)
@@ -107,7 +108,7 @@ class Conventions:
 
 
 HEADPROBE = Conventions(
-    "spec",
+    "headprobe",
     description="METHODS §1-§2: from = mean of the pieces; root and punct not scored; offsets "
     "-5..5 without 0 (out of range: wrong) and `first`; subtypes cut",
 )
@@ -137,7 +138,7 @@ PRESETS: dict[str, Conventions] = {c.name: c for c in (HEADPROBE, CLARK2019_CODE
 
 
 def get_conventions(conventions: str | Conventions | None = None) -> Conventions:
-    """A preset by name (None: `spec`), or a `Conventions` object as it is."""
+    """A preset by name (None: `headprobe`), or a `Conventions` object as it is."""
     if conventions is None:
         return HEADPROBE
     if isinstance(conventions, Conventions):

@@ -21,6 +21,7 @@ import pandas as pd
 
 from headprobe.inputs.corpora.base import ALL
 from headprobe.report import figures as F
+from headprobe.report import methods
 from headprobe.report.document import (
     BulletList,
     Cell,
@@ -233,18 +234,21 @@ def reading_section() -> Section:
 
 
 def provenance_section(results, source: str = "") -> Section:
-    """Inputs, hashes, options and conventions: collapsed, at the end."""
-    s = Section("provenance", "Provenance")
+    """Inputs, hashes, options, conventions and software, how to cite, and the Methods appendix
+    (METHODS sections behind the report's tables): collapsed, at the end."""
+    s = Section("provenance", "Provenance and methods")
     items = ([f"results directory: {source}"] if source else []) + [
         f"{k}: {v}" for k, v in provenance(results)
     ]
     s.add(
         Details(
-            "Inputs with their SHA-256, options, conventions, corpora and run id "
+            "Inputs with their SHA-256, options, conventions, corpora, software versions and run id "
             f"({len(items)} entries)",
             [BulletList(items)],
         )
     )
+    s.add(methods.citation_block())
+    s.add(methods.appendix(results))  # the METHODS sections behind the tables, folded
     return s
 
 

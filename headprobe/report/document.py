@@ -49,12 +49,14 @@ class Figure:
 class Paragraph:
     text: str
     note: bool = False  # an aside / warning
+    markdown: str = ""  # where set: Markdown source the Markdown report prints as is (METHODS)
 
 
 @dataclass
 class BulletList:
     items: list[str]
     ordered: bool = False
+    markdown: list[str] | None = None  # where set: the items as Markdown source (as Paragraph's)
 
 
 @dataclass

@@ -49,12 +49,11 @@ def render(doc: Document, figures_dir: str = store.REPORT_FIGURES) -> str:
 
 def _block(block, figures_dir: str) -> list[str]:
     if isinstance(block, Paragraph):
-        return [f"> {esc(block.text)}" if block.note else esc(block.text)]
+        text = block.markdown or esc(block.text)
+        return [f"> {text}" if block.note else text]
     if isinstance(block, BulletList):
-        return [
-            f"{k + 1}. {esc(i)}" if block.ordered else f"- {esc(i)}"
-            for k, i in enumerate(block.items)
-        ]
+        items = block.markdown or [esc(i) for i in block.items]
+        return [f"{k + 1}. {i}" if block.ordered else f"- {i}" for k, i in enumerate(items)]
     if isinstance(block, Figure):
         return [
             f"![{esc(block.alt or block.caption)}]({figures_dir}/{block.filename})",

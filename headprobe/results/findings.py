@@ -250,6 +250,7 @@ def provenance(results) -> list[tuple[str, str]]:
             "conventions",
             "runs",
             "coreference_corpus",
+            "software",
         ):
             out += [(f"{key}: {k}", flat(v)) for k, v in value.items()]
         else:

@@ -260,7 +260,7 @@ class CoreferenceScorer(CountScorer):
             )
         rows = words[b, :, q - w0, :width].float()  # [mention, head, word] (a copy)
         n_heads = rows.shape[1]
-        # SPEC: the attention a word pays to itself is 0 before any argmax ...
+        # METHODS §3: the attention a word pays to itself is 0 before any argmax ...
         rows.scatter_(2, q.view(-1, 1, 1).expand(-1, n_heads, 1), 0.0)
         # ... and only candidate words compete (ties -> the lowest index).
         rows.masked_fill_(~cand[:, None, :], float("-inf"))

@@ -11,12 +11,12 @@ word's column) are counted per relation and direction as `unreachable`.
 `root` and `punct` arcs are not scored per relation; `ALL` is every other arc.
 Baselines: each fixed offset k in -5..5 (k != 0) predicting h = i + k, and `first`,
 predicting the sentence's first word; declared in tie order (smallest |k|, negative
-first, then `first`), so the first best is the SPEC's choice.
+first, then `first`), so the first best is the METHODS §2 choice.
 
 Other conventions (`headprobe.inputs.conventions`, e.g. the released code of Clark et al.
 2019) change which relations are scored and the baselines; the scorer reads them from
 its `conventions` (the engine hands the run's preset over with `use_conventions`).
-The default is SPEC's.
+The default is METHODS §2's (the `headprobe` preset).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class DependencyScorer(CountScorer):
         self.use_conventions(conventions)
 
     def use_conventions(self, conventions) -> None:
-        """Score under `conventions` (a preset name or object; None: SPEC); before `bind`."""
+        """Score under `conventions` (a preset name or object; None: `headprobe`, METHODS §2); before `bind`."""
         conventions = get_conventions(conventions)
         if self.tally_ is not None and conventions.variants != self.variants:
             raise ValueError("conventions must be set before the scorer is bound")
@@ -193,7 +193,7 @@ class DependencyScorer(CountScorer):
 
 
 def baseline_hits(dependent: np.ndarray, head: np.ndarray) -> np.ndarray:
-    """[arc, variant] 0/1 under SPEC: does each baseline predict each arc's head (order of
+    """[arc, variant] 0/1 under METHODS §2: does each baseline predict each arc's head (order of
     `VARIANTS`)? offset k predicts i + k (out of range: wrong, as it never equals a head);
     `first` predicts word 0. (`Conventions.baseline_hits` for other conventions.)"""
     dependent = np.asarray(dependent)

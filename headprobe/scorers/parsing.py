@@ -20,7 +20,7 @@ candidate). Word-level attention A = `att.words` without the special columns.
   (Chu-Liu-Edmonds, dummy ROOT with one child) over the held-out classifier's log p(h | d);
   its UUAS likewise. `chain` (UUAS of the tree linking adjacent words) is their baseline.
 - **Single heads** on the same arcs: `dep->head` / `head<-dep` argmax hits (METHODS §2; under
-  SPEC the same counts as the dependency analysis's ALL) and the conventions' offset
+  `headprobe` conventions the same counts as the dependency analysis's ALL) and the conventions' offset
   baselines, so that every comparison is paired (same arcs, same bootstrap weights).
 
 Tally (one label, ALL): cells [layer, head, direction] for `dep->head`, `head<-dep`, `mst`;

@@ -241,7 +241,7 @@ def holm(p_values) -> np.ndarray:
 
 class LabelTotals:
     """One label's tally as candidate matrices; candidates are (layer, head, direction) in
-    that sort order, so the first maximum is the SPEC tie-break."""
+    that sort order, so the first maximum is the METHODS §2 tie-break."""
 
     def __init__(self, tally, label: str):
         a = tally.arrays(label)

@@ -311,7 +311,7 @@ def read_conllu(
     `skip_bad=True` is skipped with a warning, listed in `corpus.skipped` and counted in
     `corpus.counts` by reason (`malformed_sentence`, `duplicate_sent_id`: the second use
     of an id is skipped). `require_heads=False` reads words only (no tree, no arcs).
-    `conventions` (`headprobe.inputs.conventions` preset; default SPEC) decides whether relation
+    `conventions` (`headprobe.inputs.conventions` preset; default `headprobe`, METHODS §2) decides whether relation
     subtypes are cut (`obl:tmod` -> `obl`) or kept.
     """
     return stream_conllu(

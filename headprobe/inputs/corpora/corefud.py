@@ -143,7 +143,7 @@ class Mention:
 
 
 def mention_order(mention: Mention) -> tuple[int, int]:
-    """SPEC order: by start, longer first on ties (use as a sort key; sorts are stable)."""
+    """METHODS §3 order: by start, longer first on ties (use as a sort key; sorts are stable)."""
     return (mention.start, -(mention.end - mention.start))
 
 
@@ -168,7 +168,7 @@ class CorefDocument:
     doc_id: str
     source: str  # "path:line" of the `# newdoc` line (or first line)
     sentences: list[CorefSentence] = field(default_factory=list)
-    mentions: list[Mention] = field(default_factory=list)  # document coordinates, SPEC order
+    mentions: list[Mention] = field(default_factory=list)  # document coordinates, METHODS §3 order
     skipped: Counter = field(default_factory=Counter)  # discontinuous / empty_node /
     # mention_across_skipped_sentence
     cross_sentence: int = 0  # mentions spanning more than one sentence
@@ -183,7 +183,7 @@ class CorefDocument:
 
     @property
     def clusters(self) -> dict[str, list[Mention]]:
-        """Entity id -> its mentions (SPEC order), entities in order of first mention."""
+        """Entity id -> its mentions (METHODS §3 order), entities in order of first mention."""
         out: dict[str, list[Mention]] = {}
         for m in self.mentions:
             out.setdefault(m.entity, []).append(m)
@@ -555,7 +555,7 @@ def _documents(
 def pack_windows(
     sentences: Sequence[Sequence[str]], count_pieces: PieceCounter, window: int = 128
 ) -> tuple[list[list[int]], list[tuple[int, str]]]:
-    """Greedy SPEC packing of one document's sentences (lists of words).
+    """Greedy METHODS §3 packing of one document's sentences (lists of words).
 
     Returns `(windows, skipped)`: `windows` are lists of consecutive sentence indices;
     `skipped` lists `(sentence index, reason)` with reason `"too_long"` (alone it has
@@ -631,7 +631,7 @@ def window_example(document: CorefDocument, sentence_indices: Sequence[int]) -> 
 def coref_examples(
     documents: Iterable[CorefDocument], count_pieces: PieceCounter, window: int = 128
 ) -> Corpus:
-    """Pack every document into SPEC windows and return them as a `Corpus` of `Example`s.
+    """Pack every document into METHODS §3 windows and return them as a `Corpus` of `Example`s.
 
     `counts`: documents, sentences, windows, mentions, window_mentions and the skip counters
     (`sentence_too_long`, `sentence_no_piece`, `mention_in_skipped_sentence`,

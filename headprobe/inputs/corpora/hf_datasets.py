@@ -86,9 +86,9 @@ def read_hf_dataset(spec: str, *, skip_bad: bool = False) -> Corpus:
         corpus = read_hf_dataset("universal_dependencies:en_ewt:validation", skip_bad=True)
 
     Each row is checked as a tree (`base.check_tree`); a bad row raises `CorpusError`
-    ("SPEC row k: ...", k the 0-based row index) or with `skip_bad` is skipped and counted.
+    ("NAME:CONFIG:SPLIT row k: ...", k the 0-based row index) or with `skip_bad` is skipped and counted.
     Units and sentence ids (METHODS §5; datasets mark no documents): the row's
-    `sent_id` / `id` / `idx` column, else "SPEC#<ordinal>" (1-based); a repeated id is an
+    `sent_id` / `id` / `idx` column, else "NAME:CONFIG:SPLIT#<ordinal>" (1-based); a repeated id is an
     error like a repeated `# sent_id` in a file (`duplicate_sent_id`).
     """
     return stream_hf_dataset(spec, skip_bad=skip_bad).collect()
