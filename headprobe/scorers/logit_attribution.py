@@ -85,7 +85,8 @@ class LogitAttributionScorer(ModelScorer):
     scored = staticmethod(repeated_half)
     objective = None  # it scores no objective (the summary names none for it)
 
-    def use_model(self, model, tokenizer) -> None:
+    def use_model(self, model, tokenizer, stack: str | None = None) -> None:
+        """Before the run (`stack` is the engine's; a model with several stacks is refused)."""
         why = refusal(model)
         if why is not None:
             raise UsageError(why)

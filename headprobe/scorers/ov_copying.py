@@ -135,7 +135,8 @@ class OVCopyingScorer(ModelScorer):
     sample = SAMPLE
     objective = None  # it scores no objective (the summary names none for it)
 
-    def use_model(self, model, tokenizer) -> None:
+    def use_model(self, model, tokenizer, stack: str | None = None) -> None:
+        """Before the run (`stack` is the engine's; a model with several stacks is refused)."""
         seed = self.tally_.seed if self.tally_ is not None else 0
         vocab = int(model.get_input_embeddings().weight.shape[0])
         self.tokens = ordinary_tokens(tokenizer, vocab, self.sample, seed)
