@@ -10,8 +10,7 @@ from headprobe.model.loading import load as load_model
 from headprobe.model.sites import AttentionSite, attention_sites
 from headprobe.results.query import Results, load_results
 from headprobe.scorers.token_patterns import PatternRule, pattern_analysis
-
-__version__ = "0.1.0"
+from headprobe.version import __version__ as __version__
 
 
 def explore(results):

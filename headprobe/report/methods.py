@@ -110,7 +110,7 @@ def how_to_cite(version: str | None = None) -> str:
     """The citation text of README.md's "How to cite" and of every report (CITATION.cff holds the
     same title and version)."""
     if version is None:
-        from headprobe import __version__ as version
+        from headprobe.version import __version__ as version
     return (
         f"The headprobe authors (2026). {TITLE}, version {version}. Definitions: the headprobe "
         "methods (docs/METHODS.md; every report's Methods appendix), cited as METHODS §n."

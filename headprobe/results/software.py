@@ -30,7 +30,7 @@ def headprobe_version() -> str:
     """The installed distribution's version, else the source tree's `__version__`."""
     version = package_version("headprobe")
     if version == "unknown":
-        from headprobe import __version__ as version
+        from headprobe.version import __version__ as version
     return version
 
 
