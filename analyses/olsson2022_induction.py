@@ -57,7 +57,7 @@ def other_heads(induction, n_heads: int, seed: int) -> list[tuple[int, int]]:
     generator keyed by the seed (METHODS §5's keyed hash); fewer where a layer has too few."""
     import numpy as np
 
-    from headprobe.scoring.tally import keyed_hash
+    from headprobe.core.seeds import keyed_hash
 
     rng = np.random.Generator(np.random.PCG64(keyed_hash(seed, "other-heads", "olsson2022")))
     chosen = []

@@ -26,6 +26,7 @@ import torch
 
 from headprobe import checks
 from headprobe.config import SAMPLE, SAMPLE_COREF, SENTENCE_SOURCES, RunConfig, flag
+from headprobe.core import atomic
 from headprobe.inputs.align import apply_bos
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.corpora.base import Stream
@@ -33,7 +34,7 @@ from headprobe.model import loading as models
 from headprobe.model.capture import text_config
 from headprobe.model.control import CONTROL, TRAINED, tally_key
 from headprobe.model.sites import Sites, attention_sites
-from headprobe.results import atomic, software, store
+from headprobe.results import software, store
 from headprobe.results.examples import MentionPicker, SentencePicker
 from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts

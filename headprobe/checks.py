@@ -17,12 +17,10 @@ import os
 import re
 from pathlib import Path
 
+from headprobe.core.errors import UsageError
+
 MIN_WINDOW = 8
 HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-
-
-class UsageError(ValueError):
-    """A bad option or path, found before the run does any work (CLI exit status 2)."""
 
 
 def _first_line(text) -> str:

@@ -8,11 +8,11 @@ import os
 import sys
 from pathlib import Path
 
-from headprobe.checks import UsageError
 from headprobe.config import cli_options, from_cli
+from headprobe.core.atomic import OutInUse
+from headprobe.core.errors import UsageError
 from headprobe.inputs.corpora.base import CorpusError
 from headprobe.model.attention import CaptureError
-from headprobe.results.atomic import OutInUse
 from headprobe.results.findings import skipped_counts
 from headprobe.results.store import ResultsError
 from headprobe.scorers import registry

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from headprobe import checks
+from headprobe.core.seeds import SEED
 from headprobe.inputs.align import BOS_MODES
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.probes import PROBE_MARKERS, PROBES
@@ -34,7 +35,7 @@ from headprobe.scorers.base import RunsModel
 from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
-from headprobe.scoring.tally import N_BOOT, SEED
+from headprobe.scoring.tally import N_BOOT
 
 FROM_MODES = ("mean", "first", "max")
 FIGURE_FORMATS = ("png", "svg", "pdf")  # as headprobe.report.figures.FORMATS (not imported here)

@@ -18,8 +18,8 @@ from test_gates import one_batch, with_lm_head
 from test_stats import VARIANTS, add_arcs
 
 import headprobe
-from headprobe.checks import UsageError, parse_heads
 from headprobe.config import RunConfig
+from headprobe.core.errors import UsageError, parse_heads
 from headprobe.inputs.corpora.conllu import read_conllu
 from headprobe.model.control import CONTROL
 from headprobe.model.gates import HeadGates

@@ -136,8 +136,8 @@ def test_ablation_on_the_probe_counts_the_repeated_half():
     on a copy whose output projection has head 1-2's columns zeroed."""
     from test_gates import with_lm_head, zero_columns
 
+    from headprobe.core.seeds import SEED
     from headprobe.inputs.probes import make_probe
-    from headprobe.scoring.tally import SEED
 
     family, model = with_lm_head("llama")
     length, n = 6, 4

@@ -443,7 +443,7 @@ def dataclasses_replace(config, **changes):
 )
 def test_python_options_are_checked_like_the_command_line(options, needle):
     import headprobe
-    from headprobe.checks import UsageError
+    from headprobe.core.errors import UsageError
 
     with pytest.raises(UsageError, match=re.escape(needle)):
         headprobe.run(**options)

@@ -302,7 +302,7 @@ def test_adding_norms_leaves_every_weights_row_bit_identical(name):
 
 
 def test_only_norms_and_a_bad_measure(bert_family):
-    from headprobe.checks import UsageError
+    from headprobe.core.errors import UsageError
 
     results = headprobe.run(
         loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"),

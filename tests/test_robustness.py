@@ -24,9 +24,10 @@ import torch
 
 import headprobe
 from headprobe.cli import main
+from headprobe.core import atomic
 from headprobe.inputs.samples import SAMPLE_COREF
 from headprobe.model import loading as models
-from headprobe.results import atomic, store
+from headprobe.results import store
 from headprobe.results.query import Results
 from headprobe.results.store import ResultsError
 from headprobe.scoring.checkpoint import STATE
@@ -343,12 +344,12 @@ def test_lock_refuses_in_process(tmp_path):
         [
             sys.executable,
             "-c",
-            (  # headprobe.results.atomic alone: no torch to import
+            (  # headprobe.core.atomic alone: no torch to import
                 "import importlib.util, time\n"
                 "spec = importlib.util.spec_from_file_location('atomic', {!r})\n"
                 "atomic = importlib.util.module_from_spec(spec); spec.loader.exec_module(atomic)\n"
                 "with atomic.OutLock({!r}):\n    print('held', flush=True); time.sleep(60)\n"
-            ).format(str(ROOT / "headprobe" / "results" / "atomic.py"), str(out)),
+            ).format(str(ROOT / "headprobe" / "core" / "atomic.py"), str(out)),
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -23,8 +23,8 @@ import torch
 from conftest import make_llama3
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from headprobe.checks import UsageError
 from headprobe.config import RunConfig
+from headprobe.core.errors import UsageError
 from headprobe.inputs.probes import make_probe
 from headprobe.scorers import registry
 from headprobe.scoring.engine import Engine

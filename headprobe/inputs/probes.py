@@ -28,19 +28,14 @@ induction head can predict by copying; the model still reads the whole sequence.
 
 from __future__ import annotations
 
-from hashlib import blake2b
-
 import numpy as np
 
+from headprobe.core.seeds import keyed_hash
 from headprobe.inputs.corpora.base import Corpus, Example, Stream
 
 PROBES = ("repeated-random",)
 PROBE_MARKERS = ("auto", "bos", "none")
 LOSS_WORDS = "loss_words"  # Example.meta: (first, stop) words whose loss counts (objectives)
-
-
-def _key(seed: int, kind: str, k: int) -> int:
-    return int.from_bytes(blake2b(f"{seed}:{kind}:{k}".encode(), digest_size=8).digest(), "little")
 
 
 def special_ids(tokenizer) -> set[int]:
@@ -107,7 +102,7 @@ def repeated_random_stream(
 
     def read(sink):
         for k in range(n):
-            rng = np.random.Generator(np.random.PCG64(_key(seed, "probe", k)))
+            rng = np.random.Generator(np.random.PCG64(keyed_hash(seed, "probe", str(k))))
             tokens = vocab[rng.integers(0, len(vocab), length)].tolist()
             ids = before + tokens + tokens + after
             words = tokenizer.convert_ids_to_tokens(tokens + tokens)

@@ -37,10 +37,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from headprobe.core.seeds import SEED, keyed_hash
 from headprobe.inputs.align import WORD
 from headprobe.inputs.probes import LOSS_WORDS
 from headprobe.model.gates import model_inputs
-from headprobe.scoring.tally import SEED, keyed_hash
 
 KINDS = ("causal_lm", "masked_lm", "representation")
 DESCRIPTIONS = {

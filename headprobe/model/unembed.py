@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from headprobe.checks import UsageError
+from headprobe.core.errors import UsageError
 
 # the base model's final norm, by family (Llama/Mistral/Qwen/Gemma/SmolLM2, GPT-2/GPT-J,
 # OPT/T5/BART decoders, GPT-NeoX, Falcon, Mamba-style)

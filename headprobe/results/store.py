@@ -22,7 +22,7 @@ Every module that needs a file of a results directory takes its name from here. 
   the manifest (`headprobe report` may rebuild it), but written inside the save when the run
   builds it, and never left over from an earlier run
 
-A directory is saved whole or not at all (`headprobe.results.atomic`: staging, swap, lock): a kill
+A directory is saved whole or not at all (`headprobe.core.atomic`: staging, swap, lock): a kill
 during `save` leaves the old results as they were, and a new save leaves nothing of them.
 `save` writes what it is given (`Results` or any object with `tallies`, `tables`, `summary`,
 `examples` and `unit_counts`); building a report is the caller's (`extra`).
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from headprobe.checks import UsageError
-from headprobe.results import atomic
+from headprobe.core import atomic
+from headprobe.core.errors import UsageError
 from headprobe.scoring.tally import Tally
 
 MANIFEST = "manifest.json"

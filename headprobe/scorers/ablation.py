@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.checks import UsageError
+from headprobe.core.errors import UsageError
 from headprobe.model.head_effects import (
     ablation_rows,
     gated_rows,

@@ -27,9 +27,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headprobe.core.seeds import SEED
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, tally_key
-from headprobe.scoring.tally import N_BOOT, SEED, Tally
+from headprobe.scoring.tally import N_BOOT, Tally
 
 UNIT_COLUMNS = [
     "analysis",

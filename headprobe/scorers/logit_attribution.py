@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.checks import UsageError
+from headprobe.core.errors import UsageError
 from headprobe.inputs.align import WORD
 from headprobe.model.capture import AttentionCapture
 from headprobe.model.objectives import IGNORE, Objective, lm_kind

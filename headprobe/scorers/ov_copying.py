@@ -34,13 +34,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.checks import UsageError
+from headprobe.core.errors import UsageError
+from headprobe.core.seeds import keyed_hash
 from headprobe.inputs.probes import vocabulary
 from headprobe.model.sites import attention_sites, output_weight, value_weight
 from headprobe.model.unembed import fit_norm, unembedding
 from headprobe.scorers.ablation import ModelScorer
 from headprobe.scorers.registry import PROBE, Analysis, register
-from headprobe.scoring.tally import keyed_hash
 from headprobe.stats.engine import wilson
 
 NAME = "ov_copying"

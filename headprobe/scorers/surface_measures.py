@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headprobe.core.seeds import SEED
 from headprobe.scorers.surface import ANALYSIS
-from headprobe.scoring.tally import N_BOOT, SEED, unit_weights
+from headprobe.scoring.tally import N_BOOT, unit_weights
 from headprobe.stats.engine import interval
 
 SURFACE = ANALYSIS.name  # the analysis whose masses these views read

@@ -81,6 +81,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headprobe.core.seeds import example_key
 from headprobe.inputs.align import WORD
 from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
 from headprobe.scorers.registry import PROBE, Analysis, RoleRule, register
@@ -145,12 +146,6 @@ def induction_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- scorer
-
-
-def example_key(seed: int, example) -> int:
-    """A 64-bit key naming one example of one run (its random-key draws depend on nothing else)."""
-    text = f"{seed}:random-key:{example.unit}:{example.sent_id}:{example.source}"
-    return int.from_bytes(blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 class PatternScorer(CountScorer):

@@ -23,8 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
-from headprobe.checks import UsageError
-from headprobe.results import atomic
+from headprobe.core import atomic
+from headprobe.core.errors import UsageError
 from headprobe.scoring.tally import Tally
 
 DEFAULT_EVERY = 100  # batches between checkpoints

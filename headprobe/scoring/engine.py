@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from headprobe.core.atomic import test_pause
 from headprobe.inputs.align import WORD
 from headprobe.inputs.batching import Batch, bucket, prepare
 from headprobe.inputs.conventions import get_conventions
@@ -57,7 +58,6 @@ from headprobe.model.capture import (
     text_config,
 )
 from headprobe.model.sites import attention_sites
-from headprobe.results.atomic import test_pause
 from headprobe.scorers.base import ReadsConventions, RunsModel
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
 

@@ -26,26 +26,17 @@ Per label the tally keeps:
 from __future__ import annotations
 
 from collections import OrderedDict
-from hashlib import blake2b
 
 import numpy as np
 import torch
 
+from headprobe.core.seeds import SEED, keyed_hash
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import WEIGHTS, tally_key
 
-SEED = 0
 N_BOOT = 1000
 N_FOLDS = 2
 FLUSH_ROWS = 4096  # buffered (unit, label) rows before they are added into the totals
-
-
-def keyed_hash(seed: int, kind: str, unit: str) -> int:
-    """METHODS §5's 64-bit hash of f"{seed}:{kind}:{unit}" (blake2b, little-endian): folds, bootstrap
-    weights, the masked-LM positions of METHODS §8."""
-    return int.from_bytes(
-        blake2b(f"{seed}:{kind}:{unit}".encode(), digest_size=8).digest(), "little"
-    )
 
 
 def unit_fold(unit: str, seed: int = SEED) -> int:

@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import binom
 
-from headprobe.scoring.tally import N_BOOT, SEED, unit_fold  # noqa: F401  (re-exported: one owner, tally)
+from headprobe.core.seeds import SEED  # noqa: F401  (re-exported for the stats API)
+from headprobe.scoring.tally import N_BOOT, unit_fold  # noqa: F401  (re-exported: one owner, tally)
 
 MIN_N = 30
 ALPHA = 0.05
