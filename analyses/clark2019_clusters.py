@@ -41,8 +41,8 @@ def main(argv=None) -> int:
     import pandas as pd
 
     from headprobe.report.document import Figure
-    from headprobe.scorers.head_similarity import layer_cohesion
-    from headprobe.scorers.head_similarity_report import head_clusters_section
+    from headprobe.studies.head_similarity.analysis import layer_cohesion
+    from headprobe.studies.head_similarity.report import head_clusters_section
 
     distances, clusters = results.table("head_distances"), results.table("head_clusters")
     distances.to_csv(out / "head_distances.csv", index=False)

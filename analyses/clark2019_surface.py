@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "clark2019_surface")
     results = C.get_results(args, ["surface"], out)
 
-    from headprobe.scorers import surface_report as F
+    from headprobe.studies.surface import report as F
 
     per_head = results.mass_per_head("surface")
     per_layer = results.mass_per_layer("surface")

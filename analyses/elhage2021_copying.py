@@ -65,9 +65,9 @@ def ablation_effects(net, tokenizer, args, heads):
     from headprobe.inputs.probes import make_probe
     from headprobe.model.capture import text_config
     from headprobe.results.query import Results
-    from headprobe.scorers import registry
-    from headprobe.scorers.logit_attribution import repeated_half
+    from headprobe.scoring import registry
     from headprobe.scoring.engine import Engine
+    from headprobe.studies.logit_attribution.analysis import repeated_half
 
     scorer = registry.get("ablation").make_scorer()
     scorer.scored = repeated_half

@@ -35,8 +35,8 @@ def main(argv=None) -> int:
 
     from headprobe.report import figures as F
     from headprobe.results.measure_views import role_changes
-    from headprobe.scorers.surface_measures import special_share, surface_side_by_side
     from headprobe.stats.roles import role_colors
+    from headprobe.studies.surface.measures import special_share, surface_side_by_side
 
     if results.measures[:2] != ["weights", "norms"]:
         print(

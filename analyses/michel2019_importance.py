@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "michel2019_importance")
 
     import headprobe
-    from headprobe.scorers.ablation_report import prune_figure, role_with_importance
+    from headprobe.studies.ablation.report import prune_figure, role_with_importance
 
     treebank = C.first_sentences(args.treebank, args.n, out)
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:

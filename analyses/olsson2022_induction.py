@@ -4,9 +4,9 @@ decoder has induction heads, and the same architecture with random weights has n
 Probe: `--n` sequences of `--length` random tokens repeated twice (`headprobe.inputs.probes`,
 specials as the run's tokenizer puts them around text). On the second half a head that
 attends to the token *after* the earlier occurrence of the current token is an induction
-head. Score per head (`headprobe.scorers.induction`): the share of each second-half
+head. Score per head (`headprobe.studies.induction.analysis`): the share of each second-half
 row's attention on that key, averaged over the rows (TransformerLens's "mul" pattern,
-per row; `tl_mul` is TransformerLens's whole-matrix normalisation, about half of it
+per row; `mul_all_rows` is TransformerLens's whole-matrix normalisation, about half of it
 here), with a 95% bootstrap interval over sequences and the score on each half of them.
 
 The trained model is `--model` (default: the bundled SmolLM2-135M-Instruct), loaded under
@@ -117,8 +117,8 @@ def together(net, tokenizer, name, args, induction, out) -> None:
     from headprobe.config import RunConfig
     from headprobe.inputs.probes import make_probe
     from headprobe.model.capture import n_layers_heads, text_config
-    from headprobe.scorers.ablation import GroupScorer, points_table
     from headprobe.scoring.engine import Engine
+    from headprobe.studies.ablation.analysis import GroupScorer, points_table
 
     others = other_heads(induction, n_layers_heads(net)[1], args.seed)
     names = lambda heads: " ".join(f"{l}-{h}" for l, h in heads)
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
         "ci_high",
         "fold0",
         "fold1",
-        "tl_mul",
+        "mul_all_rows",
         "baseline_variant",
         "baseline_score",
     ]

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     if args.threshold is None:
-        from headprobe.scorers.positional import POSITIONAL_SHARE
+        from headprobe.studies.positional.analysis import POSITIONAL_SHARE
 
         args.threshold = POSITIONAL_SHARE
     if args.text:
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     results = C.get_results(args, ["positional"], out)
 
     from headprobe.report.tables import head_name
-    from headprobe.scorers.positional_report import positional_figure
+    from headprobe.studies.positional.report import positional_figure
 
     shares = (
         results.table("positional_heads").copy() if "positional_heads" in results.tables else None

@@ -28,7 +28,7 @@ from headprobe.config import RunConfig  # noqa: E402
 from headprobe.inputs.corpora.conllu import read_conllu  # noqa: E402
 from headprobe.model import loading as models  # noqa: E402
 from headprobe.results.query import Results  # noqa: E402
-from headprobe.scorers import registry  # noqa: E402
+from headprobe.scoring import registry  # noqa: E402
 from headprobe.scoring.engine import Engine  # noqa: E402
 
 EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"

@@ -104,7 +104,7 @@ def child(args) -> None:
 
     from headprobe.config import RunConfig
     from headprobe.model import loading as models
-    from headprobe.scorers import registry
+    from headprobe.scoring import registry
     from headprobe.scoring.engine import Engine
 
     torch.set_num_threads(args.threads)

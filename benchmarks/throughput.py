@@ -43,10 +43,10 @@ from headprobe.inputs.corpora.base import Example  # noqa: E402
 from headprobe.inputs.corpora.conllu import read_conllu  # noqa: E402
 from headprobe.model import loading as models  # noqa: E402
 from headprobe.results.query import Results  # noqa: E402
-from headprobe.scorers.dependency import DependencyScorer, scored_arcs  # noqa: E402
-from headprobe.scorers.positional import PositionalScorer  # noqa: E402
-from headprobe.scorers.surface import SurfaceScorer  # noqa: E402
 from headprobe.scoring.engine import Engine, max_length  # noqa: E402
+from headprobe.studies.dependency.analysis import DependencyScorer, scored_arcs  # noqa: E402
+from headprobe.studies.positional.analysis import PositionalScorer  # noqa: E402
+from headprobe.studies.surface.analysis import SurfaceScorer  # noqa: E402
 
 EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
 

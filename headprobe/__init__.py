@@ -9,7 +9,7 @@ from headprobe.model.capture import AttentionCapture, capture_heads
 from headprobe.model.loading import load as load_model
 from headprobe.model.sites import AttentionSite, attention_sites
 from headprobe.results.query import Results, load_results
-from headprobe.scorers.token_patterns import PatternRule, pattern_analysis
+from headprobe.studies.token_patterns.patterns import PatternRule, pattern_analysis
 from headprobe.version import __version__ as __version__
 
 

@@ -32,20 +32,20 @@ from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.corpora.base import Stream
 from headprobe.model import loading as models
 from headprobe.model.capture import text_config
-from headprobe.model.control import CONTROL, TRAINED, tally_key
+from headprobe.model.control import CONTROL, TRAINED
 from headprobe.model.sites import Sites, attention_sites
 from headprobe.results import software, store
 from headprobe.results.examples import MentionPicker, SentencePicker
 from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
-from headprobe.scorers import registry
-from headprobe.scorers.base import KeepsRecord, RunsModel, TakesHeads
-from headprobe.scorers.registry import ANY, ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
-from headprobe.scoring import distributed
+from headprobe.scoring import distributed, registry
+from headprobe.scoring.base import KeepsRecord, RunsModel, TakesHeads
 from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.scoring.engine import CHUNK, Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
-from headprobe.scoring.measures import needs_of
+from headprobe.scoring.measures import needs_of, tally_key
+from headprobe.scoring.registry import ANY, ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
+from headprobe.stats.engine import SHOWN_COLUMNS
 
 __all__ = ["RunConfig", "run", "headline", "attention_for_sentence", "SAMPLE", "SAMPLE_COREF"]
 
@@ -471,7 +471,7 @@ def control_passes(config: RunConfig, session: Session, passes: list[Pass]) -> l
         if not one.key.endswith(SECOND_PASS) and reading:
             control.append(
                 Pass(
-                    tally_key(one.key, CONTROL),
+                    tally_key(one.key, model=CONTROL),
                     reading,
                     _make_scorers(reading, model=CONTROL, measures=config.measure),
                     one.examples,
@@ -703,20 +703,7 @@ def headline(best_heads: pd.DataFrame, labels=None) -> list[dict]:
     `registry.headline_labels`), as the run's summary keeps them."""
     labels = registry.headline_labels() if labels is None else labels
     rows = best_heads[best_heads["label"].isin(labels) & (best_heads["fold"] == "")]
-    keep = [
-        "analysis",
-        "label",
-        "selection",
-        "heads",
-        "direction",
-        "n",
-        "accuracy",
-        "ci_low",
-        "ci_high",
-        "baseline_variant",
-        "baseline_accuracy",
-        "gap",
-    ]
+    keep = SHOWN_COLUMNS[: SHOWN_COLUMNS.index("gap") + 1]
     return rows[keep].round(4).to_dict(orient="records")
 
 
@@ -730,8 +717,12 @@ def attention_for_sentence(
     stack: str | None = None,
 ) -> pd.DataFrame:
     """Word x word attention of one head (of `stack`: "encoder", "decoder", "cross"; None: the
-    model's default); `model` is a name/alias or a loaded (model, tokenizer)."""
-    from headprobe.results.examples import attention_for_sentence as picture
+    model's default): rows attend (from), columns are attended (to), the last two columns the
+    CLS-like and SEP-like specials. `model` is a name/alias, a loaded (model, tokenizer), or a
+    model with `tokenizer` given.
+
+        headprobe.attention_for_sentence("minilm", "The cat sat .", layer=2, head=8)"""
+    from headprobe.results.examples import word_attention
 
     if isinstance(model, (str, type(None))):
         net, tokenizer, _ = models.load(model)
@@ -739,5 +730,8 @@ def attention_for_sentence(
         net, tokenizer = model[0], model[1]
     else:
         net = model
+    words = words_or_text.split() if isinstance(words_or_text, str) else list(words_or_text)
     with torch.inference_mode():
-        return picture(net, tokenizer, words_or_text, layer, head, from_mode, stack)
+        matrix = word_attention(net, tokenizer, words, layer, from_mode, stack)[head]
+    columns = [*words, "[CLS/BOS]", "[SEP/EOS]"]
+    return pd.DataFrame(matrix.numpy(), index=words, columns=columns)

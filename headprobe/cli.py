@@ -15,7 +15,8 @@ from headprobe.inputs.corpora.base import CorpusError
 from headprobe.model.attention import CaptureError
 from headprobe.results.findings import skipped_counts
 from headprobe.results.store import ResultsError
-from headprobe.scorers import registry
+from headprobe.scoring import registry
+from headprobe.stats.engine import SHOWN_COLUMNS
 
 # a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
 # (CaptureError: a model whose attention cannot be captured exactly, or a capture that delivered nothing)
@@ -72,24 +73,14 @@ def best_table(best_heads, analyses=None, max_rows=12) -> str:
         ],
         n=table["n"].astype(int),
     )
-    cols = [
-        "analysis",
-        "label",
-        "selection",
-        "heads",
-        "direction",
-        "n",
-        "accuracy",
-        "interval",
-        "baseline",
-    ]
+    cols = [*SHOWN_COLUMNS[: SHOWN_COLUMNS.index("accuracy") + 1], "interval", "baseline"]
     return table[cols].to_string(index=False)
 
 
 def cmd_run(args) -> int:
-    import headprobe
+    from headprobe.api import run  # a run's modules (torch, transformers): only for `run`
 
-    results = headprobe.run(from_cli(args))
+    results = run(from_cli(args))
     if results is None:  # torchrun: a rank other than 0 (rank 0 prints and writes)
         return 0
     summary = results.summary
@@ -222,8 +213,16 @@ def build_parser() -> Parser:
 def main(argv=None) -> int:
     """The `headprobe` command. Never a traceback: a bad option, path or input is one line
     and exit status 2; anything unexpected is one line and exit status 1 (its traceback with
-    --debug or HEADPROBE_DEBUG=1)."""
-    args = build_parser().parse_args(argv)
+    --debug or HEADPROBE_DEBUG=1). An analysis plugin that fails to import is one line each
+    (`registry.plugin_errors`), printed before anything else, `--help` included; `run` then
+    stops with exit status 2 (its analyses would be incomplete)."""
+    parser = build_parser()
+    broken = registry.plugin_errors()
+    for line in broken:
+        print(f"headprobe: error: {line}", file=sys.stderr)
+    args = parser.parse_args(argv)
+    if broken and args.command == "run":
+        return 2
     debug = args.debug or os.environ.get("HEADPROBE_DEBUG", "") not in ("", "0")
     commands = {"run": cmd_run, "report": cmd_report, "compare": cmd_compare}
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from headprobe import checks
 from headprobe.core.seeds import SEED
-from headprobe.inputs.align import BOS_MODES
+from headprobe.inputs.align import BOS_MODES, FROM_MODES
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.probes import PROBE_MARKERS, PROBES
 from headprobe.inputs.samples import SAMPLE, SAMPLE_COREF
@@ -30,15 +30,13 @@ from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
 from headprobe.model.sites import STACKS
 from headprobe.results import store
-from headprobe.scorers import registry
-from headprobe.scorers.base import RunsModel
+from headprobe.scoring import registry
+from headprobe.scoring.base import RunsModel
 from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
 from headprobe.scoring.tally import N_BOOT
 
-FROM_MODES = ("mean", "first", "max")
-FIGURE_FORMATS = ("png", "svg", "pdf")  # as headprobe.report.figures.FORMATS (not imported here)
 SENTENCE_SOURCES = ("treebank", "text", "hf_dataset")
 STAGES = ("option", "derived", "input", "model", "device", "out")
 """The order of the checks: an option's own value, the values that depend on other options,
@@ -135,16 +133,14 @@ def _input_file(flag, value, values):
 
 def _figure_formats(flag, value, values) -> tuple[str, ...]:
     """'svg,pdf' -> ('png', 'svg', 'pdf'): the formats of the report's figures, PNG always (the
-    pages embed it); the names are checked without importing matplotlib."""
+    pages embed it), parsed by the report's own `figures.parse_formats`."""
+    from headprobe.report.figures import parse_formats
+
     names = value.split(",") if isinstance(value, str) else list(value or ())
-    names = {str(name).strip().lower() for name in names if str(name).strip()} | {"png"}
-    unknown = sorted(names - set(FIGURE_FORMATS))
-    if unknown:
-        raise checks.UsageError(
-            f"{flag}: {', '.join(unknown)} is not a figure format "
-            f"(give a comma list of {', '.join(FIGURE_FORMATS)})"
-        )
-    return tuple(fmt for fmt in FIGURE_FORMATS if fmt in names)
+    try:
+        return parse_formats(["png", *names])
+    except ValueError as err:
+        raise checks.UsageError(str(err).replace("--figures", flag, 1)) from None
 
 
 def _hf_dataset(flag, value, values):

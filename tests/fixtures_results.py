@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scorers import registry
+from headprobe.scoring import registry
 from headprobe.scoring.tally import Tally, unit_fold
 
 DEP_LABELS = ("nsubj", "det", "obj")

@@ -18,8 +18,9 @@ from test_gates import one_batch, with_lm_head
 from test_stats import VARIANTS, add_arcs
 
 import headprobe
+from headprobe.checks import parse_heads
 from headprobe.config import RunConfig
-from headprobe.core.errors import UsageError, parse_heads
+from headprobe.core.errors import UsageError
 from headprobe.inputs.corpora.conllu import read_conllu
 from headprobe.model.control import CONTROL
 from headprobe.model.gates import HeadGates
@@ -27,10 +28,10 @@ from headprobe.model.loading import random_init
 from headprobe.model.objectives import IGNORE
 from headprobe.report import build_report
 from headprobe.results.query import Results
-from headprobe.scorers import registry
-from headprobe.scorers.ablation_report import role_with_importance
+from headprobe.scoring import registry
 from headprobe.scoring.engine import Engine
 from headprobe.scoring.tally import Tally
+from headprobe.studies.ablation.report import role_with_importance
 
 PLAIN = dict(n_boot=20, pictures=False, progress=False)
 
@@ -379,7 +380,7 @@ def test_head_groups_on_a_restricted_loss_equal_gates_and_labels_by_hand(tmp_pat
     """GroupScorer (analyses/olsson2022_induction.py): each group gated together, the loss counted on
     the pieces `scored` names (here: every piece from the fourth on), against transformers' own
     loss with those labels alone and the heads gated by hand."""
-    from headprobe.scorers.ablation import GroupScorer, points_table
+    from headprobe.studies.ablation.analysis import GroupScorer, points_table
 
     family, model = with_lm_head("llama")
     examples = list(read_conllu(write_treebank(tmp_path / "t.conllu", n=10)))

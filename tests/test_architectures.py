@@ -748,10 +748,10 @@ def test_layer_not_captured_is_an_error():
 
 # -- the engine on every stack ------------------------------------------------------------------
 def engine_counts(built: Built, examples, stack: str, query_block=None):
-    from headprobe.scorers.dependency import DependencyScorer
-    from headprobe.scorers.positional import PositionalScorer
-    from headprobe.scorers.surface import SurfaceScorer
     from headprobe.scoring.engine import Engine
+    from headprobe.studies.dependency.analysis import DependencyScorer
+    from headprobe.studies.positional.analysis import PositionalScorer
+    from headprobe.studies.surface.analysis import SurfaceScorer
 
     scorers = [PositionalScorer(), SurfaceScorer()] + (
         [DependencyScorer()] if stack != "cross" else []

@@ -9,7 +9,7 @@ import pytest
 
 from headprobe.inputs.corpora.base import CorpusError
 from headprobe.inputs.corpora.conllu import read_conllu, stream_conllu
-from headprobe.scorers.dependency import scored_arcs
+from headprobe.studies.dependency.analysis import scored_arcs
 
 
 def write(tmp_path, text: str, name: str = "t.conllu") -> Path:

@@ -15,8 +15,13 @@ from headprobe.inputs.batching import Batch
 from headprobe.inputs.conventions import PRESETS, get_conventions
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.corpora.conllu import read_conllu
-from headprobe.scorers.dependency import VARIANTS, DependencyScorer, baseline_hits, scored_arcs
 from headprobe.scoring.engine import Engine, LayerAttention
+from headprobe.studies.dependency.analysis import (
+    VARIANTS,
+    DependencyScorer,
+    baseline_hits,
+    scored_arcs,
+)
 
 EWT = Path("/work/shared/data/en_ewt-ud-dev.conllu")
 S = Example(

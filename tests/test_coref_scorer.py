@@ -13,8 +13,8 @@ from headprobe.config import RunConfig
 from headprobe.inputs.batching import Batch, prepare
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.corpora.corefud import Mention, coref_examples, read_corefud
-from headprobe.scorers.base import UNIT_COLUMNS
-from headprobe.scorers.coreference import CoreferenceScorer, agrees, scored_mentions
+from headprobe.scoring.base import UNIT_COLUMNS
+from headprobe.studies.coreference.analysis import CoreferenceScorer, agrees, scored_mentions
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "headprobe/inputs/samples/sample_coref.conllu"

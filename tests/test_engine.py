@@ -11,11 +11,11 @@ from conftest import WORDS
 
 from headprobe.config import RunConfig
 from headprobe.inputs.corpora.base import Example
-from headprobe.scorers.dependency import DependencyScorer, scored_arcs
-from headprobe.scorers.positional import PositionalScorer
-from headprobe.scorers.surface import SurfaceScorer
 from headprobe.scoring import engine as engine_module
 from headprobe.scoring.engine import Engine
+from headprobe.studies.dependency.analysis import DependencyScorer, scored_arcs
+from headprobe.studies.positional.analysis import PositionalScorer
+from headprobe.studies.surface.analysis import SurfaceScorer
 
 KEY = ["analysis", "label", "unit", "layer", "head", "direction", "variant"]
 RELATIONS = ["det", "nsubj", "obj", "amod", "obl", "advmod", "punct"]

@@ -18,10 +18,14 @@ import torch
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scorers import head_similarity as hs
-from headprobe.scorers.head_similarity import HeadSimilarityScorer, distance_frame, js_row_sums
 from headprobe.scoring.engine import LayerAttention
 from headprobe.scoring.tally import unit_fold
+from headprobe.studies.head_similarity import analysis as hs
+from headprobe.studies.head_similarity.analysis import (
+    HeadSimilarityScorer,
+    distance_frame,
+    js_row_sums,
+)
 
 WORDS = ["the", "cat", "sat"]
 # head 0 (P) and head 1 (Q), rows = words as queries, no mass on the specials
@@ -150,7 +154,7 @@ def test_clusters_and_layer_cohesion():
 def test_report_section_renders(wordpiece_tokenizer):
     """The registered report section renders from the stored tables (no model)."""
     from headprobe.report.document import Figure
-    from headprobe.scorers.head_similarity_report import head_clusters_section
+    from headprobe.studies.head_similarity.report import head_clusters_section
 
     example = Example(words=WORDS, unit="u1", source="t:1")
     scorer = run_scorer(wordpiece_tokenizer, [example], [[P, Q, P, Q]], n_heads=4)

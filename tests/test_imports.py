@@ -99,3 +99,81 @@ def test_no_import_cycle():
         pytest.fail(
             f"{len(cycles)} import cycle(s) among headprobe modules, shortest first:\n{shown}"
         )
+
+
+# The package's rooms (sub-packages and top-level modules), bottom first: each imports only
+# rooms below it (docs/ARCHITECTURE.md draws them). Imports inside functions count; imports
+# under `if TYPE_CHECKING:` (annotations only, never run) do not.
+LAYERS = [
+    "version",  # the version string (pyproject reads it)
+    "core",  # errors, seeds and hashes, atomic writes
+    "inputs",  # corpora -> examples -> batches
+    "model",  # sites, capture, gates, objectives
+    "scoring",  # the streaming pass and the contracts every analysis implements
+    "stats",  # the statistics engine and the role engine
+    "results",  # tables and the results directory
+    "report",  # rendering
+    "studies",  # one folder per analysis
+    "checks",  # checks of options, paths and the model's config, before a model loads
+    "config",  # RunConfig: every option
+    "api",  # a run
+    "cli",  # the command
+    "__main__",
+    "__init__",  # the public API
+]
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:` blocks."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            inside |= {id(sub) for sub in ast.walk(node)}
+    return inside
+
+
+def room_graph() -> nx.DiGraph:
+    """room -> room, with the importing modules on each edge ("via")."""
+    found = modules()
+    known = set(found)
+    graph = nx.DiGraph()
+    for name, path in found.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        skip = type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in imported(node, name, path.name == "__init__.py", known):
+                a, b = room_of(name), room_of(target)
+                if a != b:
+                    graph.add_edge(a, b)
+                    graph.edges[a, b].setdefault("via", set()).add(name)
+    return graph
+
+
+def test_rooms_import_only_downward():
+    """No two rooms reach each other, and every import goes to a room below (LAYERS)."""
+    graph = room_graph()
+    rooms = {room_of(m) for m in modules()}
+    assert rooms == set(LAYERS), f"rooms not in LAYERS: {sorted(rooms ^ set(LAYERS))}"
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, f"rooms that reach each other: {cycles}"
+    rank = {room: i for i, room in enumerate(LAYERS)}
+    upward = [
+        f"{a} -> {b} (via {', '.join(sorted(graph.edges[a, b]['via']))})"
+        for a, b in graph.edges
+        if rank[b] > rank[a]
+    ]
+    assert not upward, "imports up the layers:\n" + "\n".join(upward)
+
+
+def test_the_room_graph_sees_imports_in_functions():
+    graph = room_graph()
+    # `report.selection` reads the registry at call time, the engine reaches no option default
+    assert graph.has_edge("report", "scoring")
+    assert not graph.has_edge("scoring", "config")

@@ -105,7 +105,7 @@ def test_sections_are_numbered_in_order_with_their_anchors():
 def registered_names() -> list[str]:
     """The registry's analyses in a fresh interpreter (no test's own analysis registered)."""
     code = (
-        "import json; from headprobe.scorers import registry; print(json.dumps(registry.names()))"
+        "import json; from headprobe.scoring import registry; print(json.dumps(registry.names()))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
@@ -166,8 +166,8 @@ def test_the_appendix_holds_the_sections_behind_the_tables(analyses, measures, c
 def test_a_users_own_pattern_gets_the_token_patterns_section():
     import numpy as np
 
-    from headprobe.scorers import registry
-    from headprobe.scorers.token_patterns import pattern_analysis
+    from headprobe.scoring import registry
+    from headprobe.studies.token_patterns.patterns import pattern_analysis
 
     def two_back(ids, token):
         # ids: [T]; D: [T, T] key j = query i - 2
@@ -209,3 +209,41 @@ def test_the_run_records_its_software():
             ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
         assert record["commit"].removesuffix("-dirty") == head
+
+
+ROOMS = ("core", "inputs", "model", "scoring", "stats", "results", "report", "studies")
+ROOMS += ("api", "cli", "config", "checks")
+# a code reference: `room.module.name`, `headprobe.room...`, optionally called: `x.y(...)`
+CODE_REF = re.compile(r"`((?:headprobe\.)?(?:" + "|".join(ROOMS) + r")(?:\.[A-Za-z_]\w*)+)")
+
+
+def resolve(reference: str):
+    """The object a dotted reference into the package names (ImportError / AttributeError if none)."""
+    import importlib
+
+    parts = reference.removeprefix("headprobe.").split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module("headprobe." + ".".join(parts[:end]))
+        except ImportError:
+            continue
+        for name in parts[end:]:
+            target = getattr(target, name)
+        return target
+    raise ImportError(reference)
+
+
+def test_the_methods_code_references_resolve():
+    """Every `room.module.name` the methods cite exists (a moved or renamed name fails here)."""
+    text = METHODS_MD.read_text(encoding="utf-8")
+    references = sorted(set(CODE_REF.findall(text)))
+    assert "core.seeds.keyed_hash" in references
+    broken = []
+    for reference in references:
+        try:
+            resolve(reference)
+        except (ImportError, AttributeError) as exc:
+            broken.append(f"{reference}: {type(exc).__name__}: {exc}")
+    assert not broken, "METHODS cites names that do not exist:\n" + "\n".join(broken)
+    with pytest.raises(AttributeError):
+        resolve("stats.roles.POSITIONAL_SHARE")  # where it lived before the layers

@@ -28,11 +28,11 @@ from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.model.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
-from headprobe.scorers.coreference import CoreferenceScorer
-from headprobe.scorers.dependency import DependencyScorer
-from headprobe.scorers.positional import PositionalScorer
-from headprobe.scorers.surface import SurfaceScorer
 from headprobe.scoring.engine import Engine, measured_attention
+from headprobe.studies.coreference.analysis import CoreferenceScorer
+from headprobe.studies.dependency.analysis import DependencyScorer
+from headprobe.studies.positional.analysis import PositionalScorer
+from headprobe.studies.surface.analysis import SurfaceScorer
 
 TOL = 1e-5
 
@@ -244,7 +244,7 @@ def test_adding_norms_leaves_every_weights_row_bit_identical(name):
     """One run with `weights`, one with `weights,norms`: every table's weights rows are equal,
     values and dtypes (counts, best heads, intervals, tests, roles, every analysis's tables),
     and every weights tally total is bit-identical; the norms rows differ somewhere."""
-    from headprobe.scorers import registry
+    from headprobe.scoring import registry
 
     family = get_family(name)
     readers = [
@@ -439,7 +439,7 @@ def test_special_share_and_the_report_section(bert_family, tmp_path):
     measure; its intervals (per-unit counts) bracket them; the report gets a measures section;
     with the random-init control, the control is scored on each measure too."""
     from headprobe.report import build_report
-    from headprobe.scorers.surface_measures import special_share, surface_side_by_side
+    from headprobe.studies.surface.measures import special_share, surface_side_by_side
 
     results = headprobe.run(
         loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"),

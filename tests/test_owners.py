@@ -13,7 +13,7 @@ import ast
 import re
 from pathlib import Path
 
-from headprobe.scorers import registry
+from headprobe.scoring import registry
 
 PACKAGE = Path(__file__).resolve().parents[1] / "headprobe"
 MAX_LINES = 60
@@ -215,7 +215,7 @@ def test_every_role_rule_is_made_in_its_analysis_module():
 
 
 def test_every_report_section_lives_beside_its_analysis():
-    """A declared section is defined in the analysis's own modules (under `headprobe/scorers/`),
+    """A declared section is defined in the analysis's own modules (under `headprobe/studies/`),
     not in `headprobe/report/`, which holds only the generic sections and primitives."""
     wrong = []
     for analysis in builtin_analyses():
@@ -240,54 +240,36 @@ def imported_modules(text: str) -> set[str]:
     return {m for m in found if m.startswith("headprobe.")}
 
 
-# Not moved yet (each names what it still reads of one analysis): the example picker reuses the
-# coreference scorer's definition of a scored mention; the head profiles read the surface
-# analysis's entropies, and `Results.mass_per_head` derives its `sink_mass` and `entropy_ratio`
-# columns. Nothing may join this list.
-NOT_YET_MOVED = {
-    "headprobe/results/examples.py": {"coreference"},
-    "headprobe/results/comparison.py": {"surface"},
-    "headprobe/results/query.py": {"surface"},
-}
-
-
-def not_yet_moved(path: Path, analysis: str) -> bool:
-    return analysis in NOT_YET_MOVED.get(str(path.relative_to(PACKAGE.parent)), set())
-
-
 def test_generic_code_imports_no_analysis_module():
-    """Outside `headprobe/scorers/` (and an analysis's declared homes), no module imports an
-    analysis's module: labels, rules and sections are reached through the registry. The
+    """Outside `headprobe/studies/` (and an analysis's declared homes), no module imports an
+    analysis's module: labels, rules, sections and views are reached through the registry. The
     package's `__init__` re-exports the public pattern API."""
     owned = {}
     for analysis in builtin_analyses():
         for path in homes(analysis):
             owned.setdefault(path, set()).add(analysis.name)
     all_homes = set(owned)
-    scorers = PACKAGE / "scorers"
+    studies = PACKAGE / "studies"
     found = []
     for path, text in sources().items():
-        if scorers in path.parents or path in all_homes or path == PACKAGE / "__init__.py":
+        if studies in path.parents or path in all_homes or path == PACKAGE / "__init__.py":
             continue
         for module in sorted(imported_modules(text)):
             target = module_path(module)
-            if target in owned and not any(not_yet_moved(path, a) for a in owned[target]):
+            if target in owned:
                 found.append(f"{path.relative_to(PACKAGE.parent)} imports {module}")
     assert not found, "analysis modules imported by generic code:\n" + "\n".join(found)
 
 
 def distinct_labels(analysis) -> set[str]:
-    """The analysis's own label names: its scorer module's `LABELS` and `KINDS` and its headline
+    """The analysis's own label names: its scorer module's `LABELS` and its headline
     labels, less ALL and names that are also some analysis's baseline or direction."""
     import importlib
 
     from headprobe.inputs.corpora.base import ALL
 
     module = importlib.import_module(analysis.scorer.__module__)
-    labels = {
-        str(x)
-        for x in (*getattr(module, "LABELS", ()), *getattr(module, "KINDS", ()), *analysis.headline)
-    }
+    labels = {str(x) for x in (*getattr(module, "LABELS", ()), *analysis.headline)}
     shared = {ALL} | {
         x for a in registry.analyses() for x in (*a.baselines, *a.directions) if isinstance(x, str)
     }
@@ -303,7 +285,7 @@ def test_label_lists_only_in_their_analyses_modules():
             continue
         own = homes(analysis)
         for path, text in sources().items():
-            if path.resolve() in own or not_yet_moved(path, analysis.name):
+            if path.resolve() in own:
                 continue
             spelled = labels & string_constants(text)
             if len(spelled) >= 2:

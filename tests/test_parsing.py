@@ -16,8 +16,10 @@ from conftest import WHOLE_WORDS
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scorers.dependency import DependencyScorer
-from headprobe.scorers.parsing import (
+from headprobe.scoring.engine import LayerAttention
+from headprobe.stats.trees import _cycle, max_arborescence, max_spanning_tree, undirected_hits
+from headprobe.studies.dependency.analysis import DependencyScorer
+from headprobe.studies.parsing.analysis import (
     ParsingScorer,
     candidate_index,
     fit_classifier,
@@ -25,8 +27,6 @@ from headprobe.scorers.parsing import (
     pair_features,
     parse_tables,
 )
-from headprobe.scoring.engine import LayerAttention
-from headprobe.stats.trees import _cycle, max_arborescence, max_spanning_tree, undirected_hits
 
 # ---------------------------------------------------------------------------------------
 # trees

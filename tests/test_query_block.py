@@ -23,12 +23,12 @@ from headprobe.config import RunConfig
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.corpora.corefud import Mention
 from headprobe.model.capture import AttentionCapture, QueryBlock
-from headprobe.scorers.base import CountScorer, RowIndex
-from headprobe.scorers.coreference import CoreferenceScorer
-from headprobe.scorers.dependency import DependencyScorer
-from headprobe.scorers.positional import PositionalScorer
-from headprobe.scorers.surface import SurfaceScorer
+from headprobe.scoring.base import CountScorer, RowIndex
 from headprobe.scoring.engine import Engine
+from headprobe.studies.coreference.analysis import CoreferenceScorer
+from headprobe.studies.dependency.analysis import DependencyScorer
+from headprobe.studies.positional.analysis import PositionalScorer
+from headprobe.studies.surface.analysis import SurfaceScorer
 
 RELATIONS = ["det", "nsubj", "obj", "amod"]
 

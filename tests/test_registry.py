@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import headprobe
-from headprobe.scorers import registry
+from headprobe.scoring import registry
 
 SAMPLE = Path(__file__).resolve().parents[1] / "headprobe/inputs/samples/sample.conllu"
 
@@ -144,3 +144,68 @@ def test_generic_modules_name_no_analysis():
     assert not found, "analysis names spelled out in generic modules:\n" + "\n".join(found)
     probe = root / "tests" / "toy_analysis.py"  # the check itself sees a name where one is
     assert any("'self_attention'" in hit for hit in named_analyses(probe, {"self_attention"}))
+
+
+def test_a_second_register_of_a_name_is_refused(toy):
+    """Registering a name twice is refused unless replacement is asked for."""
+    from dataclasses import replace
+
+    twin = replace(toy.ANALYSIS, description="another self_attention")
+    with pytest.raises(ValueError, match="'self_attention' is registered already"):
+        registry.register(twin)
+    assert registry.get("self_attention") is toy.ANALYSIS
+    assert registry.register(twin, replace=True) is twin
+    assert registry.get("self_attention") is twin
+    registry.register(toy.ANALYSIS, replace=True)
+
+
+def test_analyses_are_ordered_by_their_declared_order():
+    """Discovery finds every folder of headprobe/studies; the order is each analysis's `order`."""
+    analyses = registry.analyses()
+    orders = [a.order for a in analyses]
+    assert orders == sorted(orders)
+    builtin = [a.name for a in analyses if a.scorer.__module__.startswith("headprobe.studies.")]
+    assert builtin[:4] == ["dependency", "coreference", "positional", "surface"]
+    assert registry.ordered(["ov_copying", "dependency", "sink"]) == [
+        "dependency",
+        "sink",
+        "ov_copying",
+    ]
+
+
+def test_a_plugin_that_fails_to_import_is_one_line(tmp_path):
+    """A broken entry point of the `headprobe.analyses` group: `headprobe run --help` prints one
+    line naming the plugin and its entry point, then the help; `headprobe run` stops (exit 2)."""
+    import subprocess
+    import sys
+
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[headprobe.analyses]\nmy_heads = broken_plugin_module:ANALYSIS\n"
+    )
+    (tmp_path / "broken_plugin_module.py").write_text("raise RuntimeError('a bug in the plugin')\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] += ":" + str(root)
+    helped = subprocess.run(
+        [sys.executable, "-m", "headprobe", "run", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert helped.returncode == 0
+    lines = [line for line in helped.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, helped.stderr
+    assert "'my_heads'" in lines[0] and "broken_plugin_module:ANALYSIS" in lines[0]
+    assert "RuntimeError: a bug in the plugin" in lines[0]
+    assert "--analyses" in helped.stdout
+    ran = subprocess.run(
+        [sys.executable, "-m", "headprobe", "run", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert ran.returncode == 2 and "broken_plugin_module:ANALYSIS" in ran.stderr
+    assert "Traceback" not in ran.stderr and not (tmp_path / "out").exists()

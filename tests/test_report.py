@@ -34,9 +34,9 @@ from headprobe.cli import main as cli_main
 from headprobe.report import build_report, main_report
 from headprobe.results import store
 from headprobe.results.query import Results
-from headprobe.scorers import registry
-from headprobe.scorers.base import CountScorer
-from headprobe.scorers.registry import Analysis
+from headprobe.scoring import registry
+from headprobe.scoring.base import CountScorer
+from headprobe.scoring.registry import Analysis
 
 try:
     from tests.fixtures_results import (

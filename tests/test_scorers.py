@@ -18,11 +18,11 @@ from conftest import make_gpt2
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scorers.base import masked_word_attention
-from headprobe.scorers.dependency import DependencyScorer
-from headprobe.scorers.positional import PositionalScorer
-from headprobe.scorers.surface import SurfaceScorer
+from headprobe.scoring.base import masked_word_attention
 from headprobe.scoring.engine import LayerAttention
+from headprobe.studies.dependency.analysis import DependencyScorer
+from headprobe.studies.positional.analysis import PositionalScorer
+from headprobe.studies.surface.analysis import SurfaceScorer
 
 S1 = Example(
     words=["the", "big", "cat", "sat"],

@@ -19,16 +19,14 @@ from headprobe.inputs.align import CLS_LIKE, WORD, Alignment, align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.results.query import Results
-from headprobe.scorers.duplicate_token import DuplicateTokenScorer
-from headprobe.scorers.induction import InductionScorer
-from headprobe.scorers.previous_token import PreviousTokenScorer
-from headprobe.scorers.sink import EPSILON, SinkScorer
-from headprobe.scorers.token_patterns import (
-    duplicate_token_pattern,
-    induction_pattern,
-    previous_token_pattern,
-)
 from headprobe.scoring.engine import Engine
+from headprobe.studies.duplicate_token.analysis import (
+    DuplicateTokenScorer,
+    duplicate_token_pattern,
+)
+from headprobe.studies.induction.analysis import InductionScorer, induction_pattern
+from headprobe.studies.previous_token.analysis import PreviousTokenScorer, previous_token_pattern
+from headprobe.studies.sink.analysis import EPSILON, SinkScorer
 
 PATTERN_SCORERS = (PreviousTokenScorer, DuplicateTokenScorer, InductionScorer)
 TOKEN_SCORERS = PATTERN_SCORERS + (SinkScorer,)
@@ -281,7 +279,7 @@ def tl_induction(tokens: torch.Tensor) -> torch.Tensor:
     return torch.tril(shifted)
 
 
-def tl_mul(pattern: torch.Tensor, detection: torch.Tensor) -> float:
+def mul_all_rows(pattern: torch.Tensor, detection: torch.Tensor) -> float:
     return float((pattern * detection).sum() / pattern.sum())
 
 
@@ -331,8 +329,8 @@ def test_transformer_lens_scores_on_tiny_gpt2(gpt2_family):
         for layer in range(family.n_layers):
             for head in range(4):
                 pattern = out.attentions[layer][0, head].float()
-                assert mul.loc[(layer, head), "tl_mul"] == pytest.approx(
-                    tl_mul(pattern, detection), abs=1e-6
+                assert mul.loc[(layer, head), "mul_all_rows"] == pytest.approx(
+                    mul_all_rows(pattern, detection), abs=1e-6
                 )
                 assert mul.loc[(layer, head), "score"] == pytest.approx(
                     per_row_mul(pattern, detection), abs=1e-6
@@ -389,13 +387,11 @@ def test_held_out_roles(synthetic_results):
     assert roles.loc[1, "role"] == "previous-token"
     assert roles.loc[2, "role"] == "none"
     assert roles.loc[3, "role"] == "sink (Gu)"
-    assert (
-        "fold 0" in roles.loc[0, "evidence"] and "TransformerLens mul" in roles.loc[0, "evidence"]
-    )
+    assert "fold 0" in roles.loc[0, "evidence"] and "mul over all rows" in roles.loc[0, "evidence"]
     rules = {r.role for r in synthetic_results.role_rules()}
     assert {"induction", "duplicate-token", "previous-token", "sink (Gu)"} <= rules
     # every role name is used once
-    from headprobe.scorers.registry import role_rules
+    from headprobe.scoring.registry import role_rules
 
     names = [rule.role for _, rule in role_rules()]
     assert len(names) == len(set(names))
@@ -406,7 +402,7 @@ def test_head_table_columns_and_intervals(synthetic_results):
     mul = table[table["label"] == "mul"].set_index("head")
     assert mul.loc[0, "score"] == pytest.approx(1.0)
     assert mul.loc[0, "ci_low"] == pytest.approx(1.0)
-    assert mul.loc[0, "tl_mul"] == pytest.approx(12 / 25)  # 12 of 25 rows have a pattern
+    assert mul.loc[0, "mul_all_rows"] == pytest.approx(12 / 25)  # 12 of 25 rows have a pattern
     assert mul.loc[2, "ci_low"] - 1e-12 <= mul.loc[2, "score"] <= mul.loc[2, "ci_high"] + 1e-12
     assert mul.loc[2, "baseline_variant"] in ("random", "first", "offset=-1", "offset=-2")
     assert mul.loc[3, "score"] == 0 and mul.loc[3, "gap_high"] <= 0

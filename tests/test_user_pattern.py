@@ -23,7 +23,7 @@ from headprobe.inputs.align import CLS_LIKE, SEP_LIKE, WORD, Alignment
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.results.query import Results
-from headprobe.scorers import registry
+from headprobe.scoring import registry
 
 NAME = "last_comma"
 COMMA = 20  # the comma's id in the hand-built fixture
@@ -102,7 +102,7 @@ def test_comma_pattern_scores_on_hand_built_attention(unregister):
     assert table.loc[("mul", 1), "score"] == pytest.approx(1 / 8, abs=1e-6)
     assert table.loc[("argmax", 0), "score"] == pytest.approx(2 / 4)
     assert table.loc[("argmax", 1), "score"] == 0
-    assert table.loc[("mul", 0), "tl_mul"] == pytest.approx(
+    assert table.loc[("mul", 0), "mul_all_rows"] == pytest.approx(
         2.4 / 8, abs=1e-6
     )  # every position counts
     # one unit: every resample that keeps it gives the same ratio, so the interval is the point

@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from headprobe.config import RunConfig
 from headprobe.core.errors import UsageError
 from headprobe.inputs.probes import make_probe
-from headprobe.scorers import registry
+from headprobe.scoring import registry
 from headprobe.scoring.engine import Engine
 
 V = D = 16
@@ -68,7 +68,7 @@ def one_layer(heads: int, head_dim: int, seed: int = 0) -> LlamaForCausalLM:
 
 @pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
 def test_identity_ov_circuit_copies_and_its_negative_suppresses(sign):
-    from headprobe.scorers.ov_copying import ov_heads
+    from headprobe.studies.ov_copying.analysis import ov_heads
 
     model = one_layer(heads=1, head_dim=D)
     attention = model.model.layers[0].self_attn
@@ -141,7 +141,7 @@ def test_planted_head_has_the_hand_computed_dla():
 def test_one_position_by_hand():
     """One sequence, its DLA sums per example row (no tally): [x = 7, 3, 7, 3]: the position
     reading 3 predicts 7 = y, the others predict other tokens."""
-    from headprobe.scorers.logit_attribution import LogitAttributionScorer
+    from headprobe.studies.logit_attribution.analysis import LogitAttributionScorer
 
     model = planted()
     scorer = LogitAttributionScorer()
@@ -194,7 +194,7 @@ def test_ov_copying_refuses_a_family_without_a_value_projection(bert_family):
     """MPNet computes attention itself (legacy path): no value projection is seen."""
     from test_norms import legacy_model
 
-    from headprobe.scorers.ov_copying import ov_heads
+    from headprobe.studies.ov_copying.analysis import ov_heads
 
     with pytest.raises(UsageError, match="^ov_copying: MPNetModel .*value projection"):
         ov_heads(legacy_model(bert_family.tokenizer), np.arange(5, 20))
@@ -208,7 +208,7 @@ def test_ov_circuit_of_grouped_heads_against_the_whole_matrix():
 
     from conftest import get_family
 
-    from headprobe.scorers.ov_copying import ov_heads
+    from headprobe.studies.ov_copying.analysis import ov_heads
 
     model = copy.deepcopy(get_family("llama").sdpa)
     torch.manual_seed(5)
@@ -252,7 +252,7 @@ def test_dla_of_a_layernorm_model_adds_up_to_the_logit():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import headprobe
-    from headprobe.scorers.logit_attribution import LogitAttributionScorer
+    from headprobe.studies.logit_attribution.analysis import LogitAttributionScorer
 
     torch.manual_seed(6)
     config = GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=8)

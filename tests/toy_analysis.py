@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention
-from headprobe.scorers.registry import Analysis, RoleRule, register
+from headprobe.scoring.base import CountScorer, RowIndex, masked_word_attention
+from headprobe.scoring.registry import Analysis, RoleRule, register
 
 SHARE = 0.5
 

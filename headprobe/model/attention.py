@@ -275,3 +275,23 @@ def routed(model, routes: dict[nn.Module, Callable] | None = None, every: Callab
             _ROUTES.pop(m, None)
         for m in fallbacks:
             _FALLBACK.pop(m, None)
+
+
+# ---------------------------------------------------------------- measures (METHODS §7)
+
+
+def norm_attention(
+    probs: torch.Tensor, value_norms: torch.Tensor, rows: bool = False
+) -> torch.Tensor:
+    """N = a * ||v W_O|| per head: probs [batch, head, query, key] (or a block of query rows),
+    value_norms [batch, head, key]; with `rows`, each row divided by its sum (zero rows stay 0)."""
+    n = probs * value_norms[:, :, None, :].to(probs.dtype)  # [batch, head, query, key]
+    return row_shares(n) if rows else n
+
+
+def row_shares(n: torch.Tensor) -> torch.Tensor:
+    """Each row of n [..., query, key] divided by its sum; a row summing to 0 stays 0."""
+    total = n.sum(-1, keepdim=True)  # [..., query, 1]
+    return torch.where(
+        total > 0, n / total.clamp_min(torch.finfo(n.dtype).tiny), torch.zeros_like(n)
+    )

@@ -89,6 +89,7 @@ from headprobe.model.attention import (
     eager_probs,
     fallback,
     implementation_set,
+    norm_attention,
     not_understood,
     probs_and_output,
     routed,
@@ -523,8 +524,6 @@ class Captured:
 
     def norms(self, layer: int, rows: bool = False) -> torch.Tensor:
         """[batch, head, query, key]: N = a * ||v W_O|| of one layer (needs probs and value_norms)."""
-        from headprobe.scoring.measures import norm_attention
-
         return norm_attention(self["probs"][layer], self["value_norms"][layer], rows=rows)
 
 

@@ -9,7 +9,7 @@ The control is the same architecture re-initialised from its config with the run
 (`models.random_init`) and read through the same tokenizer. It is a dimension of the
 counts, like a measure: every attention analysis of the run is scored on it too, by the
 same scorers, into a second set of tallies whose `model` is "control" (tally key
-`<analysis>~control`, `tally_key`). `Results` computes the control's tables from those
+`<analysis>~control`, `scoring.measures.tally_key`). `Results` computes the control's tables from those
 exactly as for a run of that model alone, saves them prefixed `control_`, and
 
 - gives every best-heads row the control's best head for the same analysis, label,
@@ -32,11 +32,6 @@ KEY_MARK = "~"
 TABLE_PREFIX = "control_"
 CONTROL_COLUMNS = ["control_heads", "control_accuracy", "control_ci_low", "control_ci_high"]
 MATCH_ON = ["analysis", "label", "selection", "fold"]
-
-
-def tally_key(analysis: str, model: str = TRAINED) -> str:
-    """A tally's name in a run (and its file's stem): the analysis, `<analysis>~control` for the control."""
-    return analysis if model == TRAINED else f"{analysis}{KEY_MARK}{model}"
 
 
 def by_model(tallies: dict) -> tuple[dict, dict]:

@@ -6,7 +6,7 @@
         values, tokens = objective.per_row(model, targets)   # [batch] summed loss, [batch] pieces
     values.sum() / tokens.sum()                           # the objective: a mean per piece
 
-Kinds (`KINDS`; the one used is named in every table, `DESCRIPTIONS`):
+Kinds (`OBJECTIVES`; the one used is named in every table, `DESCRIPTIONS`):
 - `causal_lm` (a model with a language-model head that attends causally): next-token
   negative log-likelihood, summed over the row's predicted pieces (every non-padding
   piece after the first).
@@ -42,7 +42,7 @@ from headprobe.inputs.align import WORD
 from headprobe.inputs.probes import LOSS_WORDS
 from headprobe.model.gates import model_inputs
 
-KINDS = ("causal_lm", "masked_lm", "representation")
+OBJECTIVES = ("causal_lm", "masked_lm", "representation")
 DESCRIPTIONS = {
     "causal_lm": "causal LM: mean next-token negative log-likelihood (nats per piece)",
     "masked_lm": "masked LM: mean loss (nats) on 15% of word pieces chosen by hash of (seed, sentence, position)",
@@ -122,7 +122,7 @@ def last_hidden(model, inputs) -> torch.Tensor:
 
 
 class Objective:
-    """See the module docstring. kind: one of `KINDS`; mask_token_id: for `masked_lm`.
+    """See the module docstring. kind: one of `OBJECTIVES`; mask_token_id: for `masked_lm`.
 
     scored: None, or a function `scored(batch) -> [batch, piece] bool` naming the pieces whose
     loss is counted (LM kinds only): a target piece outside it is IGNOREd, so the objective
@@ -138,8 +138,8 @@ class Objective:
         scored=None,
         stack: str | None = None,
     ):
-        if kind not in KINDS:
-            raise ValueError(f"objective must be one of {', '.join(KINDS)}, not {kind!r}")
+        if kind not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, not {kind!r}")
         if kind == "masked_lm" and not isinstance(mask_token_id, int):
             raise ValueError("objective masked_lm: the tokenizer has no mask token")
         if scored is not None and kind == "representation":

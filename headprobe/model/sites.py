@@ -55,6 +55,9 @@ ENCODER_LENGTH, DECODER_LENGTH = 6, 4  # the discovery pass's input lengths (the
 # names of an attention module's output projection (Llama, BART/OPT, T5, GPT-2, DistilBERT,
 # ModernBERT, GPT-NeoX/ALBERT); BERT-style models keep it beside the module (`output.dense`)
 OUTPUT_NAMES = ("o_proj", "out_proj", "o", "c_proj", "out_lin", "Wo", "dense")
+# the base model's final norm, by family (Llama/Mistral/Qwen/Gemma/SmolLM2, GPT-2/GPT-J,
+# OPT/T5/BART decoders, GPT-NeoX, Falcon, Mamba-style): `final_norm`
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm")
 LEGACY_FIELDS = {
     "encoder": "encoder_attentions",
     "decoder": "decoder_attentions",
@@ -549,3 +552,12 @@ def output_weight(site: AttentionSite) -> torch.Tensor:
     z_h @ W_O[h] + output bias`)."""
     weight = projection_weight(_need(site, "output"))  # [d_model, head * d_head]
     return weight.T.unflatten(0, (site.heads, -1))  # [head, d_head, d_model]
+
+
+def final_norm(base: nn.Module) -> nn.Module | None:
+    """The base model's final norm (a child named in `FINAL_NORMS` with a weight), or None."""
+    for name in FINAL_NORMS:
+        found = getattr(base, name, None)
+        if isinstance(found, nn.Module) and getattr(found, "weight", None) is not None:
+            return found
+    return None

@@ -6,7 +6,7 @@
     out.directions(targets)                  # [n, hidden]: g * (W_U[y] - mean_v W_U[v]) (centred for LN)
     out.w_u, out.w_e                         # [vocab, hidden] each: the LM head (else W_E) and W_E
 
-The final norm is the base model's own child named in `FINAL_NORMS` (Llama `norm`, GPT-2 `ln_f`,
+The final norm is the base model's own (`model.sites.final_norm`: Llama `norm`, GPT-2 `ln_f`,
 OPT/T5 `final_layer_norm`, ...). Its kind and gain are read off the module itself (`fit_norm`):
 eight test vectors with a non-zero mean go through it, and per feature the affine map from each
 candidate normalisation, (x - mean) / std or x / rms, to its output is fitted by least squares;
@@ -21,12 +21,10 @@ import torch
 from torch import nn
 
 from headprobe.core.errors import UsageError
+from headprobe.model.sites import FINAL_NORMS, final_norm
 
-# the base model's final norm, by family (Llama/Mistral/Qwen/Gemma/SmolLM2, GPT-2/GPT-J,
-# OPT/T5/BART decoders, GPT-NeoX, Falcon, Mamba-style)
-FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm")
 EPS_NAMES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps")
-KINDS = ("layer", "rms")
+NORM_KINDS = ("layer", "rms")
 
 
 def normalise(x: torch.Tensor, kind: str, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,15 +36,6 @@ def normalise(x: torch.Tensor, kind: str, eps: float) -> tuple[torch.Tensor, tor
     return x / s[..., None], s
 
 
-def final_norm(base: nn.Module) -> nn.Module | None:
-    """The base model's final norm (a child named in `FINAL_NORMS` with a weight), or None."""
-    for name in FINAL_NORMS:
-        found = getattr(base, name, None)
-        if isinstance(found, nn.Module) and getattr(found, "weight", None) is not None:
-            return found
-    return None
-
-
 @torch.no_grad()
 def fit_norm(norm: nn.Module, hidden: int) -> tuple[str, torch.Tensor, float]:
     """(kind, gain [hidden] float32, eps) of a norm module, read off what it computes."""
@@ -56,7 +45,7 @@ def fit_norm(norm: nn.Module, hidden: int) -> tuple[str, torch.Tensor, float]:
     x = torch.randn(8, hidden, generator=generator, dtype=torch.float64) * 2 + 1.5  # [8, hidden]
     y = norm(x.to(weight.device, weight.dtype)).double().cpu()  # [8, hidden]
     best = None
-    for kind in KINDS:
+    for kind in NORM_KINDS:
         x_hat, _ = normalise(x, kind, eps)  # [8, hidden]
         dx, dy = x_hat - x_hat.mean(0), y - y.mean(0)  # per feature: least squares y = g x + b
         gain = (dx * dy).sum(0) / dx.pow(2).sum(0)  # [hidden]

@@ -15,7 +15,7 @@ Command line (wired as `headprobe report RESULTS_DIR [--out DIR] [--figures png,
 
 The report only renders: every number is a stored value of the `Results` tables
 (`counts`, `best_heads`, `head_tests`, `roles`, derived tables) or a `Results`
-view; sections come from the analysis registry (`headprobe.scorers.registry`); only the
+view; sections come from the analysis registry (`headprobe.scoring.registry`); only the
 example pictures draw attention, from `examples.json`.
 """
 

@@ -33,7 +33,7 @@ from headprobe.report.document import (
     Table,
     slug,
 )
-from headprobe.report.selection import MAX_PANELS, best_tables
+from headprobe.report.selection import MAX_PANELS, best_tables, described
 from headprobe.report.tables import (
     BEST_HEADS_LEGEND,
     LEGEND,
@@ -52,7 +52,7 @@ from headprobe.results.findings import (
     key_findings,
     provenance,
 )
-from headprobe.scorers import registry
+from headprobe.scoring import registry
 from headprobe.stats.roles import NONE, role_colors, role_summary
 
 HEAD_LEGEND = (
@@ -344,7 +344,7 @@ def default_section(results, analysis: str) -> Section:
         entry = None
     s = Section(slug(analysis), f"{analysis}")
     if entry is not None and entry.description:
-        s.add(Paragraph(entry.description[0].upper() + entry.description[1:] + "."))
+        s.add(Paragraph(described(analysis)))
     scores = results.head_scores(analysis)
     is_mass = bool(len(scores)) and scores["hits"].isna().all()
     what = (

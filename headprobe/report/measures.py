@@ -13,7 +13,7 @@ from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table
 from headprobe.report.tables import LEGEND
 from headprobe.results.measure_views import role_changes
-from headprobe.scorers import registry
+from headprobe.scoring import registry
 from headprobe.scoring.measures import ARGMAX, MASS
 from headprobe.stats.roles import role_colors
 

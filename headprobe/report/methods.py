@@ -79,7 +79,7 @@ def _defined_in(analysis: str) -> str | None:
     """`section_of`, and for a user's own token pattern the token patterns' section (§10)."""
     found = section_of(analysis)
     if found is None:
-        from headprobe.scorers import registry
+        from headprobe.scoring import registry
 
         try:
             scorer = registry.get(analysis).scorer

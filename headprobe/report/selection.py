@@ -13,11 +13,42 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headprobe.report.document import Section
-from headprobe.report.tables import best_heads_table, to_matrix
-from headprobe.scorers import registry
+from headprobe.report import figures as F
+from headprobe.report.document import Figure, Section
+from headprobe.report.tables import LEGEND, best_heads_table, to_matrix
+from headprobe.scoring import registry
+from headprobe.stats.engine import min_trials
 
 MAX_PANELS = 12  # the most heatmap panels a section draws
+
+
+def described(analysis: str) -> str:
+    """The registered description of `analysis` as a sentence ("" for a name not registered)."""
+    try:
+        text = registry.get(analysis).description
+    except ValueError:
+        return ""
+    return text[0].upper() + text[1:] + "." if text else ""
+
+
+def head_maps(results, name: str, items, cbar: str, center=None, cmap="viridis") -> Figure:
+    """Layer x head maps of several columns of per-head tables, one colour scale: `items` are
+    (title, table, column)."""
+    n_layers, n_heads = results.n_layers, results.n_heads
+    return Figure(
+        name,
+        F.heatmap_grid_figure(
+            [
+                (title, to_matrix(table, column, n_layers, n_heads))
+                for title, table, column in items
+            ],
+            cbar_label=cbar,
+            center=center,
+            cmap=cmap,
+        ),
+        ", ".join(title for title, _, _ in items) + " per head. " + LEGEND,
+        alt=f"{name} heatmaps",
+    )
 
 
 def accuracy_panels(results, analysis: str, label: str, directions) -> list:
@@ -58,7 +89,7 @@ def gap_items(results, analysis: str, labels: list[str]) -> list:
 
 def split_by_size(results, analysis: str, labels: list[str]) -> tuple[list[str], list[str]]:
     """Labels with at least the analysis's `min_n` trials, and the rest."""
-    min_n = registry.min_n(analysis)
+    min_n = min_trials(analysis)
     rows = {label: results.best_head(analysis, label) for label in labels}
     big = [x for x in labels if rows[x] is not None and rows[x]["n"] >= min_n]
     return big, [x for x in labels if x not in big]
@@ -70,7 +101,7 @@ def best_tables(s: Section, results, analysis: str, labels: list[str]) -> None:
     if small:
         table = best_heads_table(results, analysis, small, name=f"{analysis}-top-heads-small")
         table.caption = (
-            f"Labels with fewer than {registry.min_n(analysis)} trials (same columns): shown with their "
+            f"Labels with fewer than {min_trials(analysis)} trials (same columns): shown with their "
             f"counts, never named a best head"
         )
         table.collapsed = True

@@ -29,7 +29,8 @@ import pandas as pd
 from scipy.optimize import linear_sum_assignment
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scorers import registry
+from headprobe.scoring import registry
+from headprobe.stats.engine import SHOWN_COLUMNS, min_trials
 from headprobe.stats.roles import NONE, role_summary
 
 MATCH_COLUMNS = [
@@ -48,23 +49,7 @@ MATCH_COLUMNS = [
     "depth_a",
     "depth_b",
 ]
-BEST_COLUMNS = [
-    "run",
-    "analysis",
-    "label",
-    "n",
-    "heads",
-    "direction",
-    "accuracy",
-    "ci_low",
-    "ci_high",
-    "baseline_variant",
-    "baseline_accuracy",
-    "gap",
-    "gap_low",
-    "gap_high",
-    "in_sample_heads",
-]
+BEST_COLUMNS = ["run", *(c for c in SHOWN_COLUMNS if c != "selection"), "in_sample_heads"]
 
 
 @dataclass
@@ -122,24 +107,26 @@ def _of_measure(frame: pd.DataFrame, measure: str | None) -> pd.DataFrame:
 def head_profiles(results, measure: str | None = None) -> pd.DataFrame:
     """[head, feature] per-label scores of every head: index (layer, head), columns
     'analysis|label|direction'. Counting analyses give hits / n (labels with at least the
-    analysis's `min_n` trials); mass analyses give mass / n, with the entropy as a share of
-    the uniform entropy instead of nats. Read from `results.counts` (whole data, no baselines)."""
+    analysis's `min_n` trials); mass analyses give mass / n per label, or the features their
+    analysis declares (`Analysis.profile`: the surface analysis gives its entropy as a share of
+    the uniform entropy instead of nats). Read from `results.counts` (whole data, no baselines)."""
     c = _of_measure(results.counts, measure)
     c = c[(c["variant"] == "") & (c["fold"] == "") & (c["layer"] >= 0)]
     columns = {}
-    for (analysis, label, direction), g in c.groupby(["analysis", "label", "direction"], sort=True):
-        g = g.set_index(["layer", "head"])
+    for (analysis, direction), g in c.groupby(["analysis", "direction"], sort=True):
         if g["hits"].notna().any():
-            if g["n"].max() < registry.min_n(analysis):
-                continue
-            columns[f"{analysis}|{label}|{direction}"] = g["hits"] / g["n"]
-        elif not str(label).startswith("entropy"):
-            columns[f"{analysis}|{label}|{direction}"] = g["mass"] / g["n"]
-    entropy = c[c["label"].isin(["entropy", "entropy_uniform"])]
-    for analysis, g in entropy.groupby("analysis"):
-        wide = g.pivot_table(index=["layer", "head"], columns="label", values="mass", aggfunc="sum")
-        if {"entropy", "entropy_uniform"} <= set(wide.columns):
-            columns[f"{analysis}|entropy_ratio|"] = wide["entropy"] / wide["entropy_uniform"]
+            for label, one in g.groupby("label", sort=True):
+                one = one.set_index(["layer", "head"])
+                if one["n"].max() >= min_trials(analysis):
+                    columns[f"{analysis}|{label}|{direction}"] = one["hits"] / one["n"]
+            continue
+        wide = g.assign(mean=g["mass"] / g["n"]).pivot_table(
+            index=["layer", "head"], columns="label", values="mean", aggfunc="sum"
+        )
+        wide.columns.name = None
+        profile = registry.profile_of(analysis)
+        for label, values in (wide if profile is None else profile(wide)).items():
+            columns[f"{analysis}|{label}|{direction}"] = values
     profiles = pd.DataFrame(columns)
     profiles.index = profiles.index.set_names(["layer", "head"])
     return profiles.sort_index().astype(float)

@@ -1,6 +1,5 @@
 """Word-level attention of one head on one sentence (for reports and notebooks).
 
-    attention_for_sentence(model, tokenizer, "The cat sat .", layer=2, head=8)   # DataFrame
     chosen = pick_sentences(corpus, ["ALL", "nsubj"], seed=0)      # {label: [Example]}
     chosen = pick_mentions(windows, ["ALL", "pronoun"], seed=0)    # {kind: [MentionPick]}
     example_pictures(model, tokenizer, results.best_heads, corpus, seed=0, coref=windows)
@@ -28,8 +27,8 @@ from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import ALL, Example
 from headprobe.model.capture import AttentionCapture
 from headprobe.model.sites import attention_sites
-from headprobe.scorers.registry import ARCS, MENTIONS, pictured
 from headprobe.scoring.engine import LayerAttention
+from headprobe.scoring.registry import ARCS, MENTIONS, picture_items, pictured
 
 SENTENCE_WORDS = (8, 25)  # moderate length: a picture a reader can take in
 FALLBACK_WORDS = 40  # when no sentence of moderate length holds the relation
@@ -85,22 +84,6 @@ def layers_word_attention(
     with AttentionCapture(model, list(layers), keep, stack=stack):
         model(**sites.model_inputs(batch, stack))
     return kept
-
-
-def attention_for_sentence(
-    model,
-    tokenizer,
-    words_or_text,
-    layer: int,
-    head: int,
-    from_mode: str = "mean",
-    stack: str | None = None,
-) -> pd.DataFrame:
-    """Word x word attention of (layer, head): rows attend (from), columns are attended (to)."""
-    words = words_or_text.split() if isinstance(words_or_text, str) else list(words_or_text)
-    matrix = word_attention(model, tokenizer, words, layer, from_mode, stack)[head]
-    columns = [*words, "[CLS/BOS]", "[SEP/EOS]"]
-    return pd.DataFrame(matrix.numpy(), index=words, columns=columns)
 
 
 # ---------------------------------------------------------------- choosing examples
@@ -243,13 +226,13 @@ class MentionPicker:
         self.span = span
         self.kinds = None if kinds is None else set(kinds)
         self.pool = Reservoir(seed, per_label, salt="mention")
+        # a window's scored mentions, as the analysis pictured with mentions defines them
+        self.scored = picture_items(MENTIONS)
 
     def offer(self, window: Example) -> None:
-        from headprobe.scorers.coreference import scored_mentions
-
         span = self.span
         mentions = list(window.mentions or [])
-        for sm in scored_mentions(window, baselines=()):
+        for sm in self.scored(window):
             before = [g for g in sm.gold if g < sm.query]
             if not before or not span[0] <= sm.query - max(before) <= span[1]:
                 continue

@@ -17,26 +17,12 @@ import numpy as np
 import pandas as pd
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scorers import registry
+from headprobe.scoring import registry
+from headprobe.stats.engine import SHOWN_COLUMNS, min_trials
 
 TOP_LABELS = 5  # labels shown per analysis in the key findings, besides ALL
 RUNNERS_UP = 3
-FINDING_COLUMNS = [
-    "analysis",
-    "label",
-    "n",
-    "heads",
-    "direction",
-    "accuracy",
-    "ci_low",
-    "ci_high",
-    "baseline_variant",
-    "baseline_accuracy",
-    "gap",
-    "gap_low",
-    "gap_high",
-    "folds_agree",
-]
+FINDING_COLUMNS = [c for c in SHOWN_COLUMNS if c != "selection"] + ["folds_agree"]
 # summary keys that are shown as findings or data, not as provenance
 NOT_PROVENANCE = (
     "model",
@@ -112,7 +98,7 @@ def _selection_caveats(analysis: str, wide) -> list[tuple[str, str]]:
         out.append(
             (
                 "small samples",
-                f"{analysis}: {len(small)} label(s) with fewer than {registry.min_n(analysis)} "
+                f"{analysis}: {len(small)} label(s) with fewer than {min_trials(analysis)} "
                 f"trials, shown with their counts but never named a best head or a role: "
                 f"{_listing(small['label'], small['n'])}.",
             )

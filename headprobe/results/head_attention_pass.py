@@ -16,7 +16,7 @@ import numpy as np
 from headprobe.inputs.corpora.base import ALL, Example
 from headprobe.results.examples import _best_rows, layers_word_attention
 from headprobe.results.head_attention import BUDGET, MAX_SENTENCES, SCALE, fit_budget
-from headprobe.scorers.registry import ARCS
+from headprobe.scoring.registry import ARCS
 
 
 def explorer_sentences(picker, labels: list[str], k: int = MAX_SENTENCES) -> list[Example]:

@@ -35,8 +35,8 @@ import pandas as pd
 
 from headprobe.model.control import TABLE_PREFIX, by_model, control_tables, with_control
 from headprobe.results import store
-from headprobe.scorers import registry
-from headprobe.scorers.base import compact, concat_compact, sum_duplicates
+from headprobe.scoring import registry
+from headprobe.scoring.base import compact, concat_compact, sum_duplicates
 from headprobe.scoring.measures import MEASURES, WEIGHTS, tally_key
 from headprobe.scoring.tally import Tally
 from headprobe.stats import engine as stats
@@ -102,7 +102,9 @@ class Results:
             counts.append(stats.tidy_counts(tally))
             analysis = _registered(name)
             if analysis is not None and analysis.selection:
-                b, bl, t = stats.selection_tables(tally, analysis.family, analysis.min_n)
+                b, bl, t = stats.selection_tables(
+                    tally, analysis.family, stats.min_trials(analysis.name)
+                )
                 best.append(b), base.append(bl), tests.append(t)
         self._tables["counts"] = _concat(counts, stats.COUNT_COLUMNS)
         self._tables["best_heads"] = _concat(best, stats.BEST_COLUMNS)
@@ -277,8 +279,8 @@ class Results:
 
     def mass_per_head(self, analysis: str, measure: str | None = None) -> pd.DataFrame:
         """One row per head: the mean (mass / n, whole data) of each label of a mass analysis
-        (such as the surface statistics), plus `sink_mass` (first + sep) and `entropy_ratio`
-        (entropy / uniform entropy) where those labels are there."""
+        (such as the surface statistics), plus the analysis's derived views (`Analysis.views`:
+        the surface analysis's `sink_mass` and `entropy_ratio`)."""
         c = self._one(self.counts, measure)
         c = c[(c["analysis"] == analysis) & (c["fold"] == "")]
         if not len(c):
@@ -288,15 +290,11 @@ class Results:
             index=["layer", "head"], columns="label", values="mean", aggfunc="first"
         ).reset_index()
         wide.columns.name = None
-        if {"entropy", "entropy_uniform"} <= set(wide.columns):
-            wide["entropy_ratio"] = wide["entropy"] / wide["entropy_uniform"]
-        if {"first", "sep"} <= set(wide.columns):
-            wide["sink_mass"] = wide["first"].fillna(0) + wide["sep"].fillna(0)
-        return wide
+        return _with_views(analysis, wide)
 
     def mass_per_layer(self, analysis: str, measure: str | None = None) -> pd.DataFrame:
         """Per layer and label of a mass analysis: summed mass over the layer's heads / summed n,
-        plus `entropy_ratio` where the entropy labels are there."""
+        plus the analysis's derived views (`Analysis.views`)."""
         c = self._one(self.counts, measure)
         c = c[(c["analysis"] == analysis) & (c["fold"] == "") & (c["layer"] >= 0)]
         if not len(c):
@@ -307,9 +305,7 @@ class Results:
             index="layer", columns="label", values="mean", aggfunc="first"
         ).reset_index()
         wide.columns.name = None
-        if {"entropy", "entropy_uniform"} <= set(wide.columns):
-            wide["entropy_ratio"] = wide["entropy"] / wide["entropy_uniform"]
-        return wide
+        return _with_views(analysis, wide)
 
     def role_rules(self):
         from headprobe.stats.roles import rules_in_use
@@ -415,6 +411,12 @@ class Results:
         if any("inputs" in p.summary for p in parts):
             summary["inputs"] = {"parts": [p.summary.get("inputs", {}) for p in parts]}
         return cls(tallies, summary, parts[0].examples, unit_counts)
+
+
+def _with_views(analysis: str, wide: pd.DataFrame) -> pd.DataFrame:
+    """`wide` with the derived columns the analysis declares (`registry.views_of`)."""
+    views = registry.views_of(analysis)
+    return wide if views is None else views(wide)
 
 
 def measure_rank(measure: str) -> int:

@@ -76,6 +76,27 @@ class RowIndex:
         return row
 
 
+class UnitLabelRows:
+    """(unit, label) rows for scorers whose labels are a fixed list per unit."""
+
+    labels: list[str] = []
+
+    def unit_rows(self, batch, n_for):
+        """Rows for every unit in the batch; `n_for(example, label)` gives the trials.
+
+        A unit's labels get consecutive rows, so label k of an example sits at its first row + k.
+        """
+        rows, first_row = RowIndex(), []
+        for example in batch.examples:
+            first_row.append(
+                rows.count(example.unit, self.labels[0], n_for(example, self.labels[0]))
+            )
+            for label in self.labels[1:]:
+                rows.count(example.unit, label, n_for(example, label))
+        self._first_row = torch.tensor(first_row, dtype=torch.long, device=batch.device)  # [batch]
+        return rows.keys, rows.n
+
+
 class CountScorer:
     """Base of every scorer: per-batch (unit, label) rows, streamed into a `Tally`.
 

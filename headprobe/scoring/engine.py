@@ -58,7 +58,7 @@ from headprobe.model.capture import (
     text_config,
 )
 from headprobe.model.sites import attention_sites
-from headprobe.scorers.base import ReadsConventions, RunsModel
+from headprobe.scoring.base import ReadsConventions, RunsModel
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
 
 if TYPE_CHECKING:
@@ -405,8 +405,9 @@ class Engine:
 
     The options are a `RunConfig`'s (`headprobe.config`), read whole: `layers`, `batch_size`,
     `from_mode`, `progress`, `seed`, `n_boot`, `keep_unit_counts`, `conventions`, `query_block`,
-    `stack`. `headprobe.run` hands over its checked config; a caller of its own may give an
-    unchecked one of plain values, or none (the defaults). `batch_size` overrides the config's
+    `stack`. `headprobe.run` hands over its checked config; a caller of its own gives one
+    (`RunConfig(...)`, unchecked plain values are fine): the engine sits below the options and
+    imports no default of them. `batch_size` overrides the config's
     for one pass (coreference windows: a quarter); `desc` names the progress bar. The batches go
     where the model takes its inputs (`capture.model_device`).
 
@@ -426,15 +427,11 @@ class Engine:
         model,
         tokenizer,
         scorers,
-        config: RunConfig | None = None,
+        config: RunConfig,
         *,
         batch_size: int | None = None,
         desc: str = "scoring",
     ):
-        if config is None:
-            from headprobe.config import RunConfig  # the defaults (config reads the registry)
-
-            config = RunConfig()
         conventions, query_block = config.conventions, config.query_block
         self.model = model
         self.tokenizer = tokenizer

@@ -1,6 +1,6 @@
 """Measures of attention (METHODS §7): what a head's weights say, and what it passes on.
 
-    from headprobe.scoring.measures import norm_attention
+    from headprobe.model.attention import norm_attention
     n = norm_attention(probs, value_norms)              # N = a * ||v W_O||: [batch, head, query, key]
     shares = norm_attention(probs, value_norms, rows=True)   # N / its row sum: rows sum to 1
 
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from headprobe.model.control import TRAINED
-from headprobe.model.control import tally_key as control_key
+from headprobe.model.attention import norm_attention, row_shares
+from headprobe.model.control import KEY_MARK, TRAINED
 
 WEIGHTS, NORMS = "weights", "norms"
 MEASURES = (WEIGHTS, NORMS)
@@ -63,25 +63,9 @@ def needs_of(measures) -> frozenset[str]:
 def tally_key(analysis: str, measure: str = WEIGHTS, model: str = TRAINED) -> str:
     """The name of a tally in a run's tallies (and its file's stem): the analysis, with
     `@<measure>` beyond weights, then `~control` for the random-init control's
-    (`control.tally_key`): `dependency`, `dependency@norms`, `dependency@norms~control`."""
-    return control_key(analysis if measure == WEIGHTS else f"{analysis}@{measure}", model)
-
-
-def norm_attention(
-    probs: torch.Tensor, value_norms: torch.Tensor, rows: bool = False
-) -> torch.Tensor:
-    """N = a * ||v W_O|| per head: probs [batch, head, query, key] (or a block of query rows),
-    value_norms [batch, head, key]; with `rows`, each row divided by its sum (zero rows stay 0)."""
-    n = probs * value_norms[:, :, None, :].to(probs.dtype)  # [batch, head, query, key]
-    return row_shares(n) if rows else n
-
-
-def row_shares(n: torch.Tensor) -> torch.Tensor:
-    """Each row of n [..., query, key] divided by its sum; a row summing to 0 stays 0."""
-    total = n.sum(-1, keepdim=True)  # [..., query, 1]
-    return torch.where(
-        total > 0, n / total.clamp_min(torch.finfo(n.dtype).tiny), torch.zeros_like(n)
-    )
+    (`headprobe.model.control`): `dependency`, `dependency@norms`, `dependency@norms~control`."""
+    key = analysis if measure == WEIGHTS else f"{analysis}@{measure}"
+    return key if model == TRAINED else f"{key}{KEY_MARK}{model}"
 
 
 class MeasuredPieces:

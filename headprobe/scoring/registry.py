@@ -1,6 +1,6 @@
 """One home per analysis: each analysis declares everything about itself here.
 
-    from headprobe.scorers.registry import Analysis, register
+    from headprobe.scoring.registry import Analysis, register
 
     register(Analysis(
         name="my_pattern", scorer=MyScorer,                # a CountScorer subclass
@@ -19,37 +19,28 @@ heads get (`pictures`), which run options only it reads (`options`), which run s
 `ordered(names)`, computed here once.
 
 `api`, `stats`, `results`, the CLI and the report read this registry and hold no
-list of analyses. The built-in analyses register themselves in their scorer
-modules (`headprobe/scorers/*.py`); other packages can add theirs through the
-`headprobe.analyses` entry-point group, or by importing a module that calls
-`register` before `headprobe.run`. See docs/ARCHITECTURE.md, "Adding an analysis".
+list of analyses, and import no analysis: they reach them through it, at run time. The built-in
+analyses are found by discovery: every folder of `headprobe/studies/` is imported on first use
+and registers its analyses; their order is each one's declared `order`. Other packages add
+theirs through the `headprobe.analyses` entry-point group (a plugin that fails to import is one
+line of `plugin_errors()`, which the CLI prints), or by importing a module that calls `register`
+before `headprobe.run`. A name is registered once: a second `register` of it raises unless it
+says `replace=True`. See docs/ARCHITECTURE.md, "Adding an analysis".
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import WEIGHTS
-from headprobe.stats.engine import MIN_N
 
-BUILTIN_MODULES = (
-    "headprobe.scorers.dependency",
-    "headprobe.scorers.coreference",
-    "headprobe.scorers.positional",
-    "headprobe.scorers.surface",
-    "headprobe.scorers.previous_token",
-    "headprobe.scorers.duplicate_token",
-    "headprobe.scorers.induction",
-    "headprobe.scorers.sink",
-    "headprobe.scorers.head_similarity",
-    "headprobe.scorers.parsing",
-    "headprobe.scorers.ablation",
-    "headprobe.scorers.logit_attribution",
-    "headprobe.scorers.ov_copying",
-)
+STUDIES = "headprobe.studies"  # the built-in analyses: one folder each, found by discovery
+PLUGINS = "headprobe.analyses"  # the entry-point group of other packages' analyses
+PLUGIN_ORDER = 1000.0  # where an analysis that declares no order goes: after the built-ins
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.inputs.probes`,
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level; "any": whichever
 # the run reads (analyses that run the model itself: head ablation): the sentence corpus where
@@ -81,7 +72,9 @@ class Analysis:
     selection: bool = True
     description: str = ""
     family: Callable | None = None
-    min_n: int = MIN_N  # the fewest trials a label needs to name a best head or a role
+    # the fewest trials a label needs to name a best head or a role; None: the statistics
+    # engine's default (`headprobe.stats.engine.MIN_N`, passed in where it is needed)
+    min_n: int | None = None
     roles: tuple = ()
     tables: dict = field(default_factory=dict)
     report: str | Callable | None = None
@@ -92,9 +85,19 @@ class Analysis:
     cross: bool = False  # defined on cross-attention (decoder queries, encoder keys)
     headline: tuple = ()  # labels the run summary's headline keeps; the CLI prints its best heads
     pictures: str | None = None  # one of PICTURES: example pictures of its best heads
+    # items(window) -> its scored items the pictures may show (MENTIONS: the scored mentions,
+    # each with `kind`, `query`, `gold`, `index`), "module:name" or a callable
+    picture_items: str | Callable | None = None
+    # derived views: views(wide) -> wide with derived columns added, `wide` one row per head (or
+    # per layer) and one column per label mean (`Results.mass_per_head`, `mass_per_layer`)
+    views: str | Callable | None = None
+    # profile(wide) -> the per-head features it gives head profiles (runs side by side,
+    # `results.comparison.head_profiles`); None: every label's mean
+    profile: str | Callable | None = None
     options: tuple = ()  # RunConfig fields only it reads: given without it, a usage error
     added_by: str | None = None  # a RunConfig switch that adds it to the analyses run
     homes: tuple = ()  # other modules of its own (beside its scorer's and report's)
+    order: float = PLUGIN_ORDER  # its place among the analyses (reports, tables, the CLI)
 
     @property
     def directions(self) -> tuple[str, ...]:
@@ -122,6 +125,14 @@ class Analysis:
         weights-beside-norms section (METHODS §7), or None."""
         return _resolve(self.measures_report)
 
+    def derived_views(self):
+        """`views(wide) -> wide` (derived columns of its label means), or None."""
+        return _resolve(self.views)
+
+    def profile_features(self):
+        """`profile(wide) -> wide` (its features in head profiles), or None."""
+        return _resolve(self.profile)
+
     def console_text(self):
         """The callable `text(results, name) -> str` whose text the CLI prints after a run, or None."""
         return _resolve(self.console)
@@ -137,10 +148,12 @@ def _resolve(ref: str | Callable | None):
 
 _REGISTRY: dict[str, Analysis] = {}
 _loaded = False
+_plugin_errors: list[str] = []
 
 
-def register(analysis: Analysis) -> Analysis:
-    """Add (or replace) an analysis; returns it, so a module can keep it as a constant."""
+def register(analysis: Analysis, *, replace: bool = False) -> Analysis:
+    """Add an analysis; returns it, so a module can keep it as a constant. A name already
+    registered is refused (`ValueError` naming both) unless `replace=True`."""
     if analysis.pictures is not None and analysis.pictures not in PICTURES:
         raise ValueError(
             f"analysis {analysis.name!r}: pictures must be one of {PICTURES}, not {analysis.pictures!r}"
@@ -153,6 +166,14 @@ def register(analysis: Analysis) -> Analysis:
         raise ValueError(
             f"analysis {analysis.name!r}: its scorer says analysis = {analysis.scorer.analysis!r}"
         )
+    old = _REGISTRY.get(analysis.name)
+    if old is not None and old is not analysis and not replace:
+        raise ValueError(
+            f"analysis {analysis.name!r} is registered already (scorer "
+            f"{old.scorer.__module__}.{old.scorer.__qualname__}); register(..., replace=True) "
+            f"replaces it, registry.unregister({analysis.name!r}) removes it"
+        )
+    _REGISTRY.pop(analysis.name, None)  # a replacement goes where a new name goes: last
     _REGISTRY[analysis.name] = analysis
     return analysis
 
@@ -162,33 +183,47 @@ def unregister(name: str) -> None:
 
 
 def _load() -> None:
+    """Import the built-in analyses (every package under `STUDIES`) and the plugins (the
+    `PLUGINS` entry points) once. A built-in that fails to import is a bug and raises; a plugin
+    that fails is kept as one line (`plugin_errors`), and the others load."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
-    try:
-        from importlib.metadata import entry_points
+    studies = importlib.import_module(STUDIES)
+    for found in pkgutil.iter_modules(studies.__path__, STUDIES + "."):
+        importlib.import_module(found.name)
+    from importlib.metadata import entry_points
 
-        for entry in entry_points(group="headprobe.analyses"):
+    for entry in entry_points(group=PLUGINS):
+        try:
             entry.load()
-    except Exception:  # a broken plugin must not break the built-ins   # pragma: no cover
-        pass
+        except Exception as exc:  # noqa: BLE001 (any error of a plugin's import is reported)
+            what = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            _plugin_errors.append(
+                f"analysis plugin {entry.name!r} (entry point {entry.value!r} of group "
+                f"{PLUGINS!r}) failed to import: {what}"
+            )
 
 
-def _rank(name: str) -> int:
-    """Where analysis `name` goes: its module's place in `BUILTIN_MODULES`, else after them (an
-    analysis of another package, or one no longer registered)."""
+def plugin_errors() -> list[str]:
+    """One line per analysis plugin that failed to import (the CLI prints them)."""
+    _load()
+    return list(_plugin_errors)
+
+
+def _rank(name: str) -> tuple[float, int]:
+    """Where analysis `name` goes: its declared `order`, then registration order; a name no
+    longer registered (results of a removed plugin) goes last."""
     analysis = _REGISTRY.get(name)
-    module = analysis.scorer.__module__ if analysis is not None else None
-    return BUILTIN_MODULES.index(module) if module in BUILTIN_MODULES else len(BUILTIN_MODULES)
+    if analysis is None:
+        return (float("inf"), 0)
+    return (analysis.order, list(_REGISTRY).index(name))
 
 
 def ordered(names) -> list[str]:
-    """`names` in the analyses' order: the built-ins in `BUILTIN_MODULES` order (whatever order
-    their modules were imported in), then the others in the order given (the report's sections
-    and `analyses` both read it)."""
+    """`names` in the analyses' order (each one's declared `order`, ties in registration order;
+    the report's sections and `analyses` both read it)."""
     _load()
     return sorted(names, key=_rank)
 
@@ -223,6 +258,30 @@ def pictured(kind: str) -> list[str]:
     return [a.name for a in analyses() if a.pictures == kind]
 
 
+def picture_items(kind: str):
+    """`items(example)` of the first analysis pictured as `kind` that declares its picture items
+    (MENTIONS: the coreference analysis's scored mentions), or None."""
+    for analysis in analyses():
+        if analysis.pictures == kind and analysis.picture_items is not None:
+            return _resolve(analysis.picture_items)
+    return None
+
+
+def views_of(name: str):
+    """The derived views of analysis `name` (`Analysis.views`), or None (also for a name no
+    longer registered)."""
+    _load()
+    analysis = _REGISTRY.get(name)
+    return None if analysis is None else analysis.derived_views()
+
+
+def profile_of(name: str):
+    """The head-profile features of analysis `name` (`Analysis.profile`), or None."""
+    _load()
+    analysis = _REGISTRY.get(name)
+    return None if analysis is None else analysis.profile_features()
+
+
 def reading(option: str) -> list[str]:
     """Names of the analyses that read run option `option` (a RunConfig field; `Analysis.options`)."""
     return [a.name for a in analyses() if option in a.options]
@@ -235,12 +294,13 @@ def get(name: str) -> Analysis:
     return _REGISTRY[name]
 
 
-def min_n(name: str) -> int:
+def min_n(name: str, default: int) -> int:
     """The fewest trials a label of analysis `name` needs to be named a best head or a role
-    (METHODS §5); the default for a name no longer registered (results of a removed plugin)."""
+    (METHODS §5): its own, else `default` (the statistics engine's; also for a name no longer
+    registered, results of a removed plugin)."""
     _load()
     analysis = _REGISTRY.get(name)
-    return analysis.min_n if analysis is not None else Analysis.min_n
+    return default if analysis is None or analysis.min_n is None else analysis.min_n
 
 
 def role_rules() -> list[tuple[Analysis, RoleRule]]:

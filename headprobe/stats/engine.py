@@ -27,9 +27,18 @@ import pandas as pd
 from scipy.stats import binom
 
 from headprobe.core.seeds import SEED  # noqa: F401  (re-exported for the stats API)
+from headprobe.scoring import registry
 from headprobe.scoring.tally import N_BOOT, unit_fold  # noqa: F401  (re-exported: one owner, tally)
 
 MIN_N = 30
+
+
+def min_trials(analysis: str) -> int:
+    """The fewest trials a label of `analysis` needs to name a best head or a role: its own
+    (`Analysis.min_n`), else `MIN_N`."""
+    return registry.min_n(analysis, MIN_N)
+
+
 ALPHA = 0.05
 NO_SELECTION = "no held-out selection"
 
@@ -60,6 +69,24 @@ BEST_COLUMNS = [
     "p_value",
     "p_holm",
     "note",
+]
+# what a best head is shown with wherever a few are listed (the run summary's headline, the
+# report's findings, runs side by side, the console): the one list, each place takes its view
+SHOWN_COLUMNS = [
+    "analysis",
+    "label",
+    "selection",
+    "heads",
+    "direction",
+    "n",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "baseline_variant",
+    "baseline_accuracy",
+    "gap",
+    "gap_low",
+    "gap_high",
 ]
 BASELINE_COLUMNS = ["analysis", "label", "variant", "n", "hits", "accuracy", "ci_low", "ci_high"]
 TEST_COLUMNS = [

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from headprobe.model.control import control_bar
-from headprobe.scorers.registry import RoleRule, declaring, role_rules
+from headprobe.scoring.registry import RoleRule, declaring, role_rules
 from headprobe.stats.engine import ALPHA
 
 NONE = "none"

@@ -54,59 +54,14 @@ from headprobe.model.head_effects import (
     prune_order,
     prune_steps,
 )
-from headprobe.model.objectives import DESCRIPTIONS, Objective
-from headprobe.scorers.base import CountScorer
-from headprobe.scorers.registry import ANY, Analysis, register
-from headprobe.scorers.token_patterns import head_table
+from headprobe.model.objectives import DESCRIPTIONS
+from headprobe.scoring.model_scorer import ModelScorer
+from headprobe.scoring.registry import ANY, Analysis, register
 from headprobe.stats.engine import estimate, paired_gap, ratio
+from headprobe.stats.heads import head_table
 
 ROWS_PER_PASS = 64  # ablation: heads side by side in one forward pass, up to this many rows
 MODEL_LEVEL = -1  # the layer of a whole-model cell (the pruning curve), never a head
-
-
-class ModelScorer(CountScorer):
-    """A scorer that runs the model itself (`model_pass`) and ignores the attention."""
-
-    value = "mass"
-    blocks = True  # takes no attention, so never stops query blocks
-    needs_lm_head = True
-    scored = None  # `objectives.Objective`'s restriction to some pieces (None: all)
-
-    def use_model(self, model, tokenizer, stack: str | None = None) -> None:
-        """Called by the engine before the run: the objective, from the model as loaded, gating
-        the heads of attention stack `stack` (None: the model's default)."""
-        self.objective = Objective.for_model(
-            model,
-            tokenizer,
-            seed=self.tally_.seed if self.tally_ else 0,
-            scored=self.scored,
-            stack=stack,
-        )
-
-    def model_pass(self, model, batch) -> None:
-        """Per example [row, layer, head] values and [row] pieces, kept for this batch's rows."""
-        values, tokens = self.compute(model, batch)
-        self._pass = (values, tokens)
-
-    def compute(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
-
-    def rows(self, batch):
-        _, tokens = self._pass
-        return [(example.unit, self.objective.kind) for example in batch.examples], tokens.tolist()
-
-    def prepare(self, batch):
-        values, _ = self._pass  # [row, layer, head]
-        self._values[:, 0] = (
-            values[:, self.layers].permute(1, 0, 2).to(self._values)
-        )  # [layer, row, head]
-
-    def update(self, layer, att, batch) -> None:
-        """Attention is not needed."""
-
-    def end_batch(self, batch):
-        super().end_batch(batch)
-        self._pass = None
 
 
 class AblationScorer(ModelScorer):
@@ -277,7 +232,7 @@ def tally_scores(tally) -> pd.DataFrame:
 
 
 def objective_table(results, analysis: str):
-    """`token_patterns.head_table` (score = sum / n per head, folds, 95% interval) with the
+    """`stats.heads.head_table` (score = sum / n per head, folds, 95% interval) with the
     objective named in full; heads not scored (NaN: not ablated) left out."""
     table = head_table(results, analysis).drop(
         columns=[
@@ -287,7 +242,7 @@ def objective_table(results, analysis: str):
             "gap_low",
             "gap_high",
             "queries",
-            "tl_mul",
+            "mul_all_rows",
         ]
     )
     table.insert(1, "objective", table["label"].map(DESCRIPTIONS))
@@ -368,6 +323,7 @@ HOMES = ("headprobe.model.head_effects",)
 ABLATION = register(
     Analysis(
         name="ablation",
+        order=110,
         scorer=AblationScorer,
         input=ANY,
         cross=True,
@@ -381,13 +337,14 @@ ABLATION = register(
             "ablation_heads": lambda results: objective_table(results, "ablation"),
             "head_ranks": head_ranks,
         },
-        report="headprobe.scorers.ablation_report:importance_section",
+        report="headprobe.studies.ablation.report:importance_section",
     )
 )
 
 IMPORTANCE = register(
     Analysis(
         name="importance",
+        order=120,
         scorer=ImportanceScorer,
         input=ANY,
         cross=True,
@@ -400,13 +357,14 @@ IMPORTANCE = register(
             "importance_heads": lambda results: objective_table(results, "importance"),
             "head_ranks": head_ranks,
         },
-        report="headprobe.scorers.ablation_report:importance_section",
+        report="headprobe.studies.ablation.report:importance_section",
     )
 )
 
 PRUNE_CURVE = register(
     Analysis(
         name="prune_curve",
+        order=130,
         scorer=PruneScorer,
         input=ANY,
         cross=True,
@@ -417,6 +375,6 @@ PRUNE_CURVE = register(
         description="the objective as 0%, 10%, ... 100% of the heads are gated to 0, cumulatively, least important "
         "first (Michel et al. 2019): ordered by importance, else by single-head ablation effect",
         tables={"prune_curve": prune_table},
-        report="headprobe.scorers.ablation_report:prune_section",
+        report="headprobe.studies.ablation.report:prune_section",
     )
 )

@@ -1,4 +1,4 @@
-"""Report sections of the ablation analyses (`headprobe.scorers.ablation`): does the head matter?
+"""Report sections of the ablation analyses (`headprobe.studies.ablation.analysis`): does the head matter?
 
     importance_section(results, "importance")   # heatmap, top heads, role + importance rank, scatter
     prune_section(results, "prune_curve")         # the pruning curve and its table
@@ -14,8 +14,9 @@ import pandas as pd
 
 from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.report.selection import described
 from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, head_name, to_matrix
-from headprobe.scorers import registry
+from headprobe.scoring import registry
 from headprobe.stats.roles import NONE, importance_ranks, role_colors
 
 TOP_HEADS = 10
@@ -31,14 +32,6 @@ def role_with_importance(row) -> str:
     if rank is None or pd.isna(rank):
         return role
     return f"{role}, {row['importance_by']} rank {int(rank)} of {int(row['importance_of'])}"
-
-
-def _described(analysis: str) -> str:
-    try:
-        text = registry.get(analysis).description
-    except ValueError:
-        return ""
-    return text[0].upper() + text[1:] + "." if text else ""
 
 
 # ---------------------------------------------------------------- figures
@@ -113,7 +106,7 @@ def importance_section(results, analysis: str) -> Section:
     """One head-importance analysis (`importance`, `ablation`): per-head heatmap, the top heads with
     intervals, and, for the analysis the run ranks heads by, every role beside its rank."""
     s = Section(slug(analysis), f"Does the head matter? {analysis}")
-    s.add(Paragraph(_described(analysis)))
+    s.add(Paragraph(described(analysis)))
     table = next(
         (
             results.tables[name]
@@ -199,7 +192,7 @@ def _roles_by_importance(s: Section, results, by: str) -> None:
 def prune_section(results, analysis: str) -> Section:
     """The pruning curve (`analysis`'s declared table): figure, order used, and every point."""
     s = Section(slug(analysis), "Pruning curve")
-    s.add(Paragraph(_described(analysis)))
+    s.add(Paragraph(described(analysis)))
     curve = next(
         (results.tables.get(name) for name in _declared_tables(analysis) if name in results.tables),
         None,
@@ -211,7 +204,7 @@ def prune_section(results, analysis: str) -> Section:
     s.add(
         Paragraph(
             f"Heads removed in order of their {by} score, least important first ({by}: "
-            f"{_described(by) or 'see its section'}); each point gates that share of all "
+            f"{described(by) or 'see its section'}); each point gates that share of all "
             f"{fmt_int(curve['heads_total'].iloc[0])} heads to 0 together. Objective: "
             f"{curve['objective'].iloc[0]}. The change from 0% is paired (same bootstrap weights)."
         )

@@ -40,13 +40,13 @@ import pandas as pd
 import torch
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
-from headprobe.scorers.registry import COREFERENCE, MENTIONS, Analysis, RoleRule, register
+from headprobe.scoring.base import CountScorer, RowIndex, first_argmax, query_rows
+from headprobe.scoring.registry import COREFERENCE, MENTIONS, Analysis, RoleRule, register
 from headprobe.stats import roles
 from headprobe.stats.engine import ALPHA
 
-KINDS = ("pronoun", "proper", "nominal")
-LABELS = (ALL,) + KINDS
+MENTION_KINDS = ("pronoun", "proper", "nominal")
+LABELS = (ALL,) + MENTION_KINDS
 BASELINES = ("nearest", "head_match", "rules")
 AGREEMENT_FEATURES = ("Number", "Gender", "Person")
 
@@ -323,6 +323,7 @@ ROLE = RoleRule(
 ANALYSIS = register(
     Analysis(
         name="coreference",
+        order=20,
         scorer=CoreferenceScorer,
         input=COREFERENCE,
         selection=True,
@@ -331,6 +332,7 @@ ANALYSIS = register(
         roles=(ROLE,),
         headline=LABELS,
         pictures=MENTIONS,
-        report="headprobe.scorers.coreference_report:coreference_section",
+        picture_items=lambda window: scored_mentions(window, baselines=()),
+        report="headprobe.studies.coreference.report:coreference_section",
     )
 )

@@ -1,4 +1,4 @@
-"""Report section of the coreference analysis (`headprobe.scorers.coreference`; Clark et al.
+"""Report section of the coreference analysis (`headprobe.studies.coreference.analysis`; Clark et al.
 2019 section 5).
 
     section = coreference_section(results, "coreference")   # registered as the analysis's report

@@ -29,14 +29,14 @@ import torch
 
 from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scorers.base import (
+from headprobe.scoring.base import (
     CountScorer,
     RowIndex,
     masked_word_attention,
     query_rows,
     word_fill,
 )
-from headprobe.scorers.registry import ARCS, SENTENCES, Analysis, RoleRule, register
+from headprobe.scoring.registry import ARCS, SENTENCES, Analysis, RoleRule, register
 from headprobe.stats import roles
 from headprobe.stats.engine import ALPHA
 
@@ -259,6 +259,7 @@ ROLE = RoleRule(
 ANALYSIS = register(
     Analysis(
         name="dependency",
+        order=10,
         scorer=DependencyScorer,
         input=SENTENCES,
         selection=True,
@@ -267,6 +268,6 @@ ANALYSIS = register(
         roles=(ROLE,),
         headline=(ALL, "nsubj", "det", "obj", "amod", "aux"),
         pictures=ARCS,
-        report="headprobe.scorers.dependency_report:dependency_section",
+        report="headprobe.studies.dependency.report:dependency_section",
     )
 )

@@ -1,4 +1,4 @@
-"""Report section of the dependency analysis (`headprobe.scorers.dependency`; Clark et al. 2019
+"""Report section of the dependency analysis (`headprobe.studies.dependency.analysis`; Clark et al. 2019
 section 4).
 
     section = dependency_section(results, "dependency")   # registered as the analysis's report
@@ -22,8 +22,9 @@ from headprobe.report.selection import (
     split_by_size,
 )
 from headprobe.report.tables import LEGEND, fmt, fmt_int
-from headprobe.scorers import registry
-from headprobe.scorers.dependency import NOT_PER_RELATION
+from headprobe.scoring import registry
+from headprobe.stats.engine import min_trials
+from headprobe.studies.dependency.analysis import NOT_PER_RELATION
 
 
 def dependency_section(results, analysis: str) -> Section:
@@ -66,7 +67,7 @@ def dependency_section(results, analysis: str) -> Section:
             Figure(
                 f"{key}_relations",
                 F.gap_grid_figure(items),
-                f"Per relation with at least {registry.min_n(analysis)} arcs (largest first): accuracy in the "
+                f"Per relation with at least {min_trials(analysis)} arcs (largest first): accuracy in the "
                 "head's better direction minus the relation's in-sample best baseline. Blue: below the "
                 "baseline, red: above. " + LEGEND,
                 alt="per-relation gap heatmaps",

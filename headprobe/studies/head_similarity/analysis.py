@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.scorers.base import CountScorer, RowIndex
-from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.scoring.base import CountScorer, RowIndex
 from headprobe.scoring.measures import MASS
+from headprobe.scoring.registry import SENTENCES, Analysis, register
 
 PREFIX = "js:"
 CHUNK_BYTES = 64 * 2**20  # working memory of one block of pairwise mixtures
@@ -321,6 +321,7 @@ def head_clusters_table(results) -> pd.DataFrame:
 ANALYSIS = register(
     Analysis(
         name="head_similarity",
+        order=90,
         scorer=HeadSimilarityScorer,
         input=SENTENCES,
         selection=False,
@@ -328,6 +329,6 @@ ANALYSIS = register(
         description="mean Jensen-Shannon divergence between every two heads' word attention; heads clustered "
         "(Clark et al. 2019 section 5, Figure 6)",
         tables={"head_distances": head_distances, "head_clusters": head_clusters_table},
-        report="headprobe.scorers.head_similarity_report:head_clusters_section",
+        report="headprobe.studies.head_similarity.report:head_clusters_section",
     )
 )

@@ -18,8 +18,8 @@ from matplotlib.lines import Line2D
 from headprobe.report import figures as F
 from headprobe.report.document import BulletList, Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.tables import LEGEND, fmt
-from headprobe.scorers.head_similarity import distance_matrix, layer_cohesion, linkage
 from headprobe.stats.roles import NONE, role_colors
+from headprobe.studies.head_similarity.analysis import distance_matrix, layer_cohesion, linkage
 
 MAX_LABELS = 160  # heads named on the plots up to this many
 

@@ -7,7 +7,7 @@ token_{j-1} == token_i, with i, j and j - 1 tokens (no specials). When the previ
 token equals the query's ("A A"), j = i itself is an induction key, as in
 TransformerLens. Rows without an earlier occurrence are empty and not scored; on
 Olsson's probe (random tokens repeated twice) that is the first half. Scores,
-baselines and tables: `headprobe.scorers.token_patterns`. The pattern looks
+baselines and tables: `headprobe.studies.token_patterns.patterns`. The pattern looks
 backwards: a causal model can express it. Baselines: a random visible key, the first
 position, offsets -1 and -2.
 
@@ -19,7 +19,20 @@ are rarer and shorter, and scores are lower.
 
 from __future__ import annotations
 
-from headprobe.scorers.token_patterns import PatternRule, induction_pattern, pattern_analysis
+import numpy as np
+
+from headprobe.studies.duplicate_token.analysis import duplicate_token_pattern
+from headprobe.studies.token_patterns.patterns import PatternRule, pattern_analysis
+
+
+def induction_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
+    """[T, T] bool: D[i, j] for j >= 1, j - 1 < i, ids[j - 1] == ids[i]; i, j and j - 1 tokens."""
+    t = len(ids)
+    d = np.zeros((t, t), dtype=bool)
+    if t > 1:
+        d[:, 1:] = duplicate_token_pattern(ids, token)[:, :-1] & token[None, 1:]
+    return d
+
 
 NAME = "induction"
 THRESHOLD, LOWER = 0.4, 0.3
@@ -27,6 +40,7 @@ THRESHOLD, LOWER = 0.4, 0.3
 ANALYSIS = pattern_analysis(
     NAME,
     induction_pattern,
+    order=70,
     baselines=("random", "first", "offset=-1", "offset=-2"),
     rule=PatternRule(
         "induction",

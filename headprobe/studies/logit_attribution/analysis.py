@@ -43,9 +43,9 @@ from headprobe.model.capture import AttentionCapture
 from headprobe.model.objectives import IGNORE, Objective, lm_kind
 from headprobe.model.sites import attention_sites
 from headprobe.model.unembed import base_of, unembedding
-from headprobe.scorers.ablation import ModelScorer
-from headprobe.scorers.registry import PROBE, Analysis, register
-from headprobe.scorers.token_patterns import head_table
+from headprobe.scoring.model_scorer import ModelScorer
+from headprobe.scoring.registry import PROBE, Analysis, register
+from headprobe.stats.heads import head_table
 
 NAME = "logit_attribution"
 DLA, RAISES = "dla", "dla>0"
@@ -185,6 +185,7 @@ def writers(results, top: int = TOP) -> pd.DataFrame:
 ANALYSIS = register(
     Analysis(
         name=NAME,
+        order=140,
         scorer=LogitAttributionScorer,
         input=PROBE,
         selection=True,
@@ -193,6 +194,6 @@ ANALYSIS = register(
         "next token, mean over scored positions, and the share of positions where it is > 0 (METHODS §9); "
         "causal language models; on the repeated-random probe the repeated half only",
         tables={f"{NAME}_heads": dla_table, f"{NAME}_writers": writers},
-        report="headprobe.scorers.writes_report:logit_section",
+        report="headprobe.studies.logit_attribution.report:logit_section",
     )
 )

@@ -39,8 +39,8 @@ from headprobe.core.seeds import keyed_hash
 from headprobe.inputs.probes import vocabulary
 from headprobe.model.sites import attention_sites, output_weight, value_weight
 from headprobe.model.unembed import fit_norm, unembedding
-from headprobe.scorers.ablation import ModelScorer
-from headprobe.scorers.registry import PROBE, Analysis, register
+from headprobe.scoring.model_scorer import ModelScorer
+from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.engine import wilson
 
 NAME = "ov_copying"
@@ -197,6 +197,7 @@ def ov_table(results) -> pd.DataFrame:
 ANALYSIS = register(
     Analysis(
         name=NAME,
+        order=150,
         scorer=OVCopyingScorer,
         input=PROBE,
         selection=False,
@@ -205,6 +206,6 @@ ANALYSIS = register(
         f"score (sum Re lambda / sum |lambda|, Elhage et al. 2021) and copy rate (share of {SAMPLE:,} sampled "
         f"tokens whose own id is in the top {TOP_K} of their row, Wilson 95% interval; METHODS §9)",
         tables={f"{NAME}_heads": ov_table},
-        report="headprobe.scorers.writes_report:ov_section",
+        report="headprobe.studies.ov_copying.report:ov_section",
     )
 )

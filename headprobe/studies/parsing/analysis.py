@@ -46,8 +46,8 @@ import torch
 
 from headprobe.inputs.conventions import Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scorers.base import CountScorer, RowIndex, masked_word_attention, word_fill
-from headprobe.scorers.registry import SENTENCES, Analysis, register
+from headprobe.scoring.base import CountScorer, RowIndex, masked_word_attention, word_fill
+from headprobe.scoring.registry import SENTENCES, Analysis, register
 from headprobe.stats.engine import estimate, paired_gap, selected
 from headprobe.stats.trees import max_arborescence, max_spanning_tree, undirected_hits
 
@@ -607,6 +607,7 @@ def _table(name):
 ANALYSIS = register(
     Analysis(
         name="parsing",
+        order=100,
         scorer=ParsingScorer,
         input=SENTENCES,
         selection=False,
@@ -619,6 +620,6 @@ ANALYSIS = register(
             "parse_gaps": _table("parse_gaps"),
             "parse_heads": _table("parse_heads"),
         },
-        report="headprobe.scorers.parsing_report:parsing_section",
+        report="headprobe.studies.parsing.report:parsing_section",
     )
 )

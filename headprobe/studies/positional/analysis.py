@@ -12,34 +12,13 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from headprobe.scorers.base import CountScorer, RowIndex, first_argmax, query_rows
-from headprobe.scorers.registry import SENTENCES, Analysis, RoleRule, get, register
+from headprobe.scoring.base import CountScorer, UnitLabelRows, first_argmax, query_rows
+from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, get, register
 from headprobe.stats import roles
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
 LABELS = OFFSET_LABELS + ["special", "other"]
 MARKER_BUCKET, OTHER = len(OFFSET_LABELS), len(OFFSET_LABELS) + 1
-
-
-class UnitLabelRows:
-    """(unit, label) rows for scorers whose labels are a fixed list per unit."""
-
-    labels: list[str] = []
-
-    def unit_rows(self, batch, n_for):
-        """Rows for every unit in the batch; `n_for(example, label)` gives the trials.
-
-        A unit's labels get consecutive rows, so label k of an example sits at its first row + k.
-        """
-        rows, first_row = RowIndex(), []
-        for example in batch.examples:
-            first_row.append(
-                rows.count(example.unit, self.labels[0], n_for(example, self.labels[0]))
-            )
-            for label in self.labels[1:]:
-                rows.count(example.unit, label, n_for(example, label))
-        self._first_row = torch.tensor(first_row, dtype=torch.long, device=batch.device)  # [batch]
-        return rows.keys, rows.n
 
 
 class PositionalScorer(UnitLabelRows, CountScorer):
@@ -150,6 +129,7 @@ ROLE = RoleRule(
 ANALYSIS = register(
     Analysis(
         name="positional",
+        order=30,
         scorer=PositionalScorer,
         input=SENTENCES,
         selection=False,
@@ -157,6 +137,6 @@ ANALYSIS = register(
         description="argmax offsets per head (METHODS §4; Voita et al. 2019)",
         roles=(ROLE,),
         tables={"positional_heads": lambda results: positional_heads(results.counts)},
-        report="headprobe.scorers.positional_report:positional_section",
+        report="headprobe.studies.positional.report:positional_section",
     )
 )

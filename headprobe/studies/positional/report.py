@@ -1,4 +1,4 @@
-"""Report section of the positional analysis (`headprobe.scorers.positional`; Voita et al. 2019).
+"""Report section of the positional analysis (`headprobe.studies.positional.analysis`; Voita et al. 2019).
 
     section = positional_section(results, "positional")   # registered as the analysis's report
 
@@ -14,8 +14,8 @@ import pandas as pd
 from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.tables import LEGEND, fmt, fmt_int, head_name, to_matrix
-from headprobe.scorers import registry
-from headprobe.scorers.positional import LABELS, POSITIONAL_SHARE, offset_shares
+from headprobe.scoring import registry
+from headprobe.studies.positional.analysis import LABELS, POSITIONAL_SHARE, offset_shares
 
 
 def positional_section(results, analysis: str) -> Section:

@@ -2,7 +2,7 @@
 
 Pattern (TransformerLens `get_previous_token_head_detection_pattern`): D[i, i - 1] = 1,
 both positions tokens (a special such as BOS is no previous token: the first token's
-row is empty). Scores, baselines and tables: `headprobe.scorers.token_patterns`. The
+row is empty). Scores, baselines and tables: `headprobe.studies.token_patterns.patterns`. The
 pattern looks backwards: a causal model can express it. Baselines: a random visible
 key and the first position (offset -1 is the pattern itself, so it is no baseline).
 
@@ -12,7 +12,20 @@ mul score >= 0.5 on each fold, 95% lower end >= 0.4, gap to the best baseline ab
 
 from __future__ import annotations
 
-from headprobe.scorers.token_patterns import PatternRule, pattern_analysis, previous_token_pattern
+import numpy as np
+
+from headprobe.studies.token_patterns.patterns import PatternRule, pattern_analysis
+
+
+def previous_token_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
+    """[T, T] bool: D[i, i - 1], both positions tokens (not specials)."""
+    t = len(ids)
+    d = np.zeros((t, t), dtype=bool)
+    if t > 1:
+        i = np.arange(1, t)
+        d[i, i - 1] = token[i] & token[i - 1]
+    return d
+
 
 NAME = "previous_token"
 THRESHOLD, LOWER = 0.5, 0.4
@@ -20,6 +33,7 @@ THRESHOLD, LOWER = 0.5, 0.4
 ANALYSIS = pattern_analysis(
     NAME,
     previous_token_pattern,
+    order=50,
     baselines=("random", "first"),
     rule=PatternRule(
         "previous-token",

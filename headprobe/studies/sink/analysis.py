@@ -34,17 +34,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from headprobe.scorers.base import CountScorer, RowIndex
-from headprobe.scorers.registry import PROBE, Analysis, register
-from headprobe.scorers.token_patterns import (
-    CONSOLE,
-    example_key,
-    group_table,
-    head_table,
-    pattern_rule,
-)
+from headprobe.core.seeds import example_key
+from headprobe.scoring.base import CountScorer, RowIndex
 from headprobe.scoring.measures import MASS
+from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.engine import MIN_N
+from headprobe.stats.heads import group_table, head_table
+from headprobe.studies.token_patterns.patterns import CONSOLE, pattern_rule
 
 NAME = "sink"
 EPSILON = 0.3
@@ -138,6 +134,7 @@ ROLE = pattern_rule(
 ANALYSIS = register(
     Analysis(
         name=NAME,
+        order=80,
         scorer=SinkScorer,
         input=PROBE,
         selection=True,
@@ -150,6 +147,6 @@ ANALYSIS = register(
             f"{NAME}_kv_groups": lambda results: group_table(results, NAME),
         },
         console=CONSOLE,
-        homes=("headprobe.scorers.token_patterns",),
+        homes=("headprobe.studies.token_patterns.patterns",),
     )
 )

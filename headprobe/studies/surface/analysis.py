@@ -19,10 +19,9 @@ import pandas as pd
 import torch
 
 from headprobe.inputs.align import WORD
-from headprobe.scorers.base import CountScorer, query_rows
-from headprobe.scorers.positional import UnitLabelRows
-from headprobe.scorers.registry import SENTENCES, Analysis, RoleRule, register
+from headprobe.scoring.base import CountScorer, UnitLabelRows, query_rows
 from headprobe.scoring.measures import MASS
+from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, register
 from headprobe.stats import roles
 
 LABELS = ["self", "prev", "next", "cls", "sep", "punct", "first", "entropy", "entropy_uniform"]
@@ -178,6 +177,32 @@ def surface_table(counts: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+# ---------------------------------------------------------------- derived views
+
+ENTROPY, UNIFORM = "entropy", "entropy_uniform"
+
+
+def derived_views(wide: pd.DataFrame) -> pd.DataFrame:
+    """Per head (or layer) label means with `entropy_ratio` (entropy / uniform entropy) and
+    `sink_mass` (first position + SEP/EOS) added where their labels are there."""
+    wide = wide.copy()
+    if {ENTROPY, UNIFORM} <= set(wide.columns):
+        wide["entropy_ratio"] = wide[ENTROPY] / wide[UNIFORM]
+    if {"first", "sep"} <= set(wide.columns):
+        wide["sink_mass"] = wide["first"].fillna(0) + wide["sep"].fillna(0)
+    return wide
+
+
+def profile_features(wide: pd.DataFrame) -> pd.DataFrame:
+    """A head's surface features for head profiles: every mean mass, and the entropy as a share
+    of the uniform entropy (nats depend on the sentence lengths, so runs on other corpora or
+    tokenizers would not compare)."""
+    features = wide.drop(columns=[c for c in (ENTROPY, UNIFORM) if c in wide.columns])
+    if {ENTROPY, UNIFORM} <= set(wide.columns):
+        features["entropy_ratio"] = wide[ENTROPY] / wide[UNIFORM]
+    return features
+
+
 # ---------------------------------------------------------------- role rules (METHODS §6)
 
 SINK_MASS = 0.5  # mass to the first position + SEP/EOS that makes a head a sink
@@ -245,6 +270,7 @@ BROAD_ROLE = RoleRule(
 ANALYSIS = register(
     Analysis(
         name="surface",
+        order=40,
         scorer=SurfaceScorer,
         input=SENTENCES,
         selection=False,
@@ -253,8 +279,10 @@ ANALYSIS = register(
         "(METHODS §4; Clark et al. 2019 Figures 2 and 4)",
         roles=(SINK_ROLE, BROAD_ROLE),
         tables={"surface": lambda results: surface_table(results.counts)},
-        report="headprobe.scorers.surface_report:surface_section",
-        measures_report="headprobe.scorers.surface_report:measures_blocks",
-        homes=("headprobe.scorers.surface_measures",),
+        views=derived_views,
+        profile=profile_features,
+        report="headprobe.studies.surface.report:surface_section",
+        measures_report="headprobe.studies.surface.report:measures_blocks",
+        homes=("headprobe.studies.surface.measures",),
     )
 )

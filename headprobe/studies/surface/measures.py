@@ -1,6 +1,6 @@
 """The surface analysis under several measures (METHODS §7; Kobayashi et al. 2020): its views.
 
-    from headprobe.scorers.surface_measures import special_share, surface_side_by_side
+    from headprobe.studies.surface.measures import special_share, surface_side_by_side
     special_share(results)            # per layer: share of attention on [CLS]/[SEP] per measure
     surface_side_by_side(results)     # surface statistics per layer, one column per measure
 
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from headprobe.core.seeds import SEED
-from headprobe.scorers.surface import ANALYSIS
 from headprobe.scoring.tally import N_BOOT, unit_weights
 from headprobe.stats.engine import interval
+from headprobe.studies.surface.analysis import ANALYSIS
 
 SURFACE = ANALYSIS.name  # the analysis whose masses these views read
 SURFACE_SIDE = ("cls", "sep", "first", "punct", "self", "prev", "next", "entropy_ratio")

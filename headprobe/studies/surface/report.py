@@ -1,4 +1,4 @@
-"""Report section of the surface analysis (`headprobe.scorers.surface`; Clark et al. 2019 section
+"""Report section of the surface analysis (`headprobe.studies.surface.analysis`; Clark et al. 2019 section
 3, Figures 2 and 4).
 
     section = surface_section(results, "surface")   # registered as the analysis's report
@@ -18,7 +18,7 @@ from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.tables import LEGEND, fmt, fmt_ci, head_name
 from headprobe.results.findings import repeated_columns
-from headprobe.scorers.surface_measures import special_share, surface_side_by_side
+from headprobe.studies.surface.measures import special_share, surface_side_by_side
 
 SURFACE_COLUMNS = [
     ("cls", "CLS/BOS"),

@@ -37,13 +37,13 @@ induction row), with n = the number of those rows:
 - label `argmax`: 1 when the row's argmax (ties: lowest index; every key, specials and
   self included) is a pattern position (stored as mass too: score = hits / n).
 
-TransformerLens's own "mul" score of one sequence, sum(A * D) / sum(A) over the whole
-matrix, divides by *every* row (a softmax row sums to 1), empty ones included: the
-`<analysis>_heads` table has it as `tl_mul` = mass / `queries` (every position of every
-sequence). It is the same number as headprobe's `mul` times (rows with a pattern /
-all rows): for Olsson's repeated random tokens about half, so TL scores run about half
-of headprobe's. Over many sequences `tl_mul` pools sum(A * D) / sum(A), which is
-TransformerLens's per-sequence average when the sequences are equally long (a probe).
+`mul_all_rows` in the `<analysis>_heads` table is the mass over *every* position of every
+sequence (`queries`), empty rows and specials included: `mul` times (rows with a pattern / all
+rows), about half of `mul` on Olsson's repeated random tokens. It is TransformerLens's
+`detect_head` "mul" score (sum(A * D) / sum(A) over the whole matrix, pooled over equally long
+sequences) only on inputs without specials: with a BOS in front TransformerLens counts the
+cells from position 1 to the BOS and divides by the BOS's row too, which headprobe leaves out
+(SmolLM2 head 16-0: 0.865 here against TransformerLens 4.3's 0.8743). Hence its own name.
 
 Baselines, as declared (hits per query row with a pattern, the trials are the rows; a
 baseline predicts one key per row, so its share of the pattern and its argmax hit are the
@@ -83,9 +83,10 @@ import torch
 
 from headprobe.core.seeds import example_key
 from headprobe.inputs.align import WORD
-from headprobe.scorers.base import CountScorer, RowIndex, first_argmax
-from headprobe.scorers.registry import PROBE, Analysis, RoleRule, register
-from headprobe.stats.engine import MIN_N, choose, estimate, paired_gap, ratio
+from headprobe.scoring.base import CountScorer, RowIndex, first_argmax
+from headprobe.scoring.registry import PLUGIN_ORDER, PROBE, Analysis, RoleRule, register
+from headprobe.stats.engine import MIN_N
+from headprobe.stats.heads import group_table, head_table
 from headprobe.stats.roles import MATCH_COLUMNS
 
 MUL, ARGMAX = "mul", "argmax"
@@ -93,56 +94,6 @@ LABELS = (MUL, ARGMAX)
 
 RANDOM, FIRST = "random", "first"
 OFFSET = re.compile(r"offset=([+-]\d+)")
-HEAD_COLUMNS = [
-    "label",
-    "layer",
-    "head",
-    "kv_group",
-    "n",
-    "score",
-    "fold0",
-    "fold1",
-    "ci_low",
-    "ci_high",
-    "baseline_variant",
-    "baseline_score",
-    "gap",
-    "gap_low",
-    "gap_high",
-    "queries",
-    "tl_mul",
-]
-GROUP_COLUMNS = ["label", "layer", "kv_group", "heads", "n", "score", "score_max", "best_head"]
-
-
-# ---------------------------------------------------------------------------- patterns
-
-
-def previous_token_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
-    """[T, T] bool: D[i, i - 1], both positions tokens (not specials)."""
-    t = len(ids)
-    d = np.zeros((t, t), dtype=bool)
-    if t > 1:
-        i = np.arange(1, t)
-        d[i, i - 1] = token[i] & token[i - 1]
-    return d
-
-
-def duplicate_token_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
-    """[T, T] bool: D[i, j] for j < i with ids[j] == ids[i], both tokens."""
-    t = len(ids)
-    same = ids[:, None] == ids[None, :]
-    before = np.tri(t, t, -1, dtype=bool)  # j < i
-    return same & before & token[:, None] & token[None, :]
-
-
-def induction_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
-    """[T, T] bool: D[i, j] for j >= 1, j - 1 < i, ids[j - 1] == ids[i]; i, j and j - 1 tokens."""
-    t = len(ids)
-    d = np.zeros((t, t), dtype=bool)
-    if t > 1:
-        d[:, 1:] = duplicate_token_pattern(ids, token)[:, :-1] & token[None, 1:]
-    return d
 
 
 # ---------------------------------------------------------------------------- scorer
@@ -157,9 +108,13 @@ class PatternScorer(CountScorer):
 
     value = "mass"
     labels = LABELS
-    extras = ("queries",)  # every position of the example: TransformerLens's denominator
+    extras = ("queries",)  # every position of the example: `mul_all_rows`'s denominator
     baselines: tuple[str, ...] = (RANDOM, FIRST)
-    pattern = staticmethod(previous_token_pattern)
+
+    @staticmethod
+    def pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
+        """[T, T] bool D of one example's ids [T] (token [T]: False at specials); a subclass's."""
+        raise NotImplementedError
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -294,102 +249,6 @@ class PatternScorer(CountScorer):
 # ---------------------------------------------------------------------------- tables
 
 
-def kv_groups(results) -> tuple[int, int]:
-    """(KV heads, query heads per KV head): query head h reads KV head h // group (as
-    `capture.eager_probs` repeats them). Without GQA, or when the run did not record it,
-    every head is its own group."""
-    n_heads = results.n_heads
-    n_kv = int(results.summary.get("n_kv_heads") or n_heads)
-    if n_kv <= 0 or n_heads % n_kv:
-        n_kv = n_heads
-    return n_kv, n_heads // n_kv
-
-
-def head_table(results, analysis: str) -> pd.DataFrame:
-    """One row per label x head of a token analysis: score (mass / n), per-fold scores,
-    95% bootstrap interval, in-sample best baseline and the paired gap interval, KV group;
-    `tl_mul` (TransformerLens's normalisation, mass / every position) for `mul`."""
-    tally = results.tallies.get(analysis)
-    if tally is None:
-        return pd.DataFrame(columns=HEAD_COLUMNS)
-    _, group = kv_groups(results)
-    frames = [_label_heads(tally, label, group) for label in tally.sorted_labels()]
-    if not frames:
-        return pd.DataFrame(columns=HEAD_COLUMNS)
-    out = pd.concat(frames, ignore_index=True)
-    for column in HEAD_COLUMNS:
-        if column not in out:
-            out[column] = np.nan
-    return out[HEAD_COLUMNS]
-
-
-def _label_heads(tally, label: str, group: int) -> pd.DataFrame:
-    """`head_table`'s rows of one label (the numbers from `headprobe.stats.engine`)."""
-    a = tally.arrays(label)
-    mass = a["hits"][..., 0]  # [fold, resample, layer, head]
-    n = a["n"][..., 0]  # [fold, resample]
-    whole, whole_n = (
-        mass.sum(0),
-        n.sum(0)[:, None, None],
-    )  # [resample, layer, head], [resample, 1, 1]
-    score, low, high = estimate(whole, whole_n)  # [layer, head]
-    layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(score.shape[1]), indexing="ij")
-    frame = {
-        "label": label,
-        "layer": layer.ravel(),
-        "head": head.ravel(),
-        "kv_group": (head // group).ravel(),
-        "n": float(whole_n[0, 0, 0]),
-        "score": score.ravel(),
-        "fold0": ratio(mass[0, 0], n[0, 0]).ravel(),
-        "fold1": ratio(mass[1, 0], n[1, 0]).ravel(),
-        "ci_low": low.ravel(),
-        "ci_high": high.ravel(),
-    }
-    if a["base"].shape[-1]:
-        best = choose(a["base"], n, (0, 1), default=0)  # in-sample best baseline
-        base = a["base"][..., best].sum(0)[:, None, None]  # [resample, 1, 1]
-        gap, g_low, g_high = paired_gap(whole, base, whole_n)  # [layer, head]
-        frame.update(
-            baseline_variant=tally.variants[best],
-            baseline_score=ratio(base[0], whole_n[0]).item(),
-            gap=gap.ravel(),
-            gap_low=g_low.ravel(),
-            gap_high=g_high.ravel(),
-        )
-    queries = a.get("extra:queries")
-    if queries is not None:
-        frame["queries"] = float(queries.sum())
-        if label == MUL:
-            frame["tl_mul"] = ratio(mass[:, 0].sum(0), float(queries.sum())).ravel()
-    return pd.DataFrame(frame)
-
-
-def group_table(results, analysis: str) -> pd.DataFrame:
-    """Per layer x KV group x label: the mean (and max) of its query heads' scores, for
-    grouped-query models (SmolLM2: 9 heads, 3 KV heads -> groups of 3). Without GQA each
-    group is one head."""
-    heads = results.table(f"{analysis}_heads")
-    if not len(heads):
-        return pd.DataFrame(columns=GROUP_COLUMNS)
-    rows = []
-    for (label, layer, g), sub in heads.groupby(["label", "layer", "kv_group"], sort=True):
-        top = sub.loc[sub["score"].fillna(-1).idxmax()]
-        rows.append(
-            {
-                "label": label,
-                "layer": layer,
-                "kv_group": g,
-                "heads": ",".join(str(h) for h in sub["head"]),
-                "n": sub["n"].max(),
-                "score": sub["score"].mean(),
-                "score_max": sub["score"].max(),
-                "best_head": f"{layer}-{int(top['head'])}",
-            }
-        )
-    return pd.DataFrame(rows, columns=GROUP_COLUMNS)
-
-
 # ---------------------------------------------------------------------------- role rules
 
 
@@ -449,8 +308,8 @@ def _evidence(r, label: str, threshold: float, lower: float, baseline: bool) -> 
     )
     if baseline:
         text += f"; vs {r.baseline_variant} {r.baseline_score:.4f}: gap [{r.gap_low:+.4f}, {r.gap_high:+.4f}]"
-    if label == MUL and np.isfinite(r.tl_mul):
-        text += f"; TransformerLens mul {r.tl_mul:.4f}"
+    if label == MUL and np.isfinite(r.mul_all_rows):
+        text += f"; mul over all rows {r.mul_all_rows:.4f}"
     return text
 
 
@@ -529,6 +388,8 @@ def pattern_analysis(
     input: str = PROBE,
     default: bool = False,
     module: str | None = None,
+    order: float = PLUGIN_ORDER,
+    replace: bool = False,
 ) -> Analysis:
     """Declare a token pattern and register its analysis: the scorer, the tables
     `<name>_heads` and `<name>_kv_groups`, best heads, intervals and (with `rule`) a head role,
@@ -562,18 +423,21 @@ def pattern_analysis(
     (position 0) and "offset=<k>" (key i + k; leave out an offset that is the pattern itself).
     input: "probe" (a probe's sequences where the run has one, else the sentence corpus at
     piece level) or another of `registry.INPUTS`. default: run when no analyses are named.
-    module: where the scorer class says it lives (default: the caller's module; the built-ins'
-    place in the registry's order comes from it). Returns the registered `Analysis`
+    module: where the scorer class says it lives (default: the caller's module). order: its place
+    among the analyses (default: after the built-ins). replace: replace an analysis of the same
+    name (else a second declaration of a name raises). Returns the registered `Analysis`
     (`registry.unregister(name)` removes it).
     """
     module = module or sys._getframe(1).f_globals.get("__name__", "__main__")
     scorer = _pattern_scorer(name, pattern_fn, baselines, module)
-    return _register_pattern(name, scorer, baselines, rule, description, input, default)
+    declared = dict(rule=rule, description=description, input=input, default=default, order=order)
+    return _register_pattern(name, scorer, baselines, declared, replace)
 
 
-def _register_pattern(name, scorer, baselines, rule, description, input, default) -> Analysis:
+def _register_pattern(name, scorer, baselines, declared: dict, replace: bool) -> Analysis:
     """Register the pattern analysis `name` scored by `scorer`, with its two tables and (with
     `rule`) its role; `pattern_analysis` says what each argument is."""
+    rule, description = declared["rule"], declared["description"]
     if description is None:
         description = (
             f"share of attention on the {name} token pattern, and argmax hits on it, per head, at piece "
@@ -583,18 +447,20 @@ def _register_pattern(name, scorer, baselines, rule, description, input, default
         Analysis(
             name=name,
             scorer=scorer,
-            input=input,
+            input=declared["input"],
             selection=True,
-            default=default,
+            default=declared["default"],
+            order=declared["order"],
             description=description,
             roles=(rule.for_analysis(name),) if rule is not None else (),
             tables={
-                f"{name}_heads": lambda results: head_table(results, name),
+                f"{name}_heads": lambda results: head_table(results, name, all_rows_label=MUL),
                 f"{name}_kv_groups": lambda results: group_table(results, name),
             },
             console=CONSOLE,
             homes=(__name__,),  # the pattern, scorer and tables of every token analysis live here
-        )
+        ),
+        replace=replace,
     )
 
 
@@ -627,13 +493,13 @@ def _pattern_scorer(name: str, pattern_fn, baselines, module: str) -> type:
 # ---------------------------------------------------------------------------- console
 
 
-CONSOLE = "headprobe.scorers.token_patterns:top_heads_text"  # a token analysis's `console`
+CONSOLE = "headprobe.studies.token_patterns.patterns:top_heads_text"  # a token analysis's `console`
 
 
 def top_heads_text(results, analysis: str, top: int = 5) -> str:
     """A few lines on token analysis `analysis` of `results` (the CLI prints them after a run):
     its best heads by score (`mul`; the sink rate for `sink`), with interval, per-fold scores
-    and TransformerLens's normalisation; "" when it has no `<analysis>_heads` table."""
+    and the mass over all rows; "" when it has no `<analysis>_heads` table."""
     lines = []
     name = f"{analysis}_heads"
     if name not in results.tables:
@@ -649,7 +515,7 @@ def top_heads_text(results, analysis: str, top: int = 5) -> str:
         f"\n{analysis} ({label}; top {top} of {len(rows)} heads; 95% interval; fold 0 / fold 1):"
     )
     for r in rows.head(top).itertuples(index=False):
-        tl = f"  TransformerLens mul {r.tl_mul:.3f}" if np.isfinite(r.tl_mul) else ""
+        tl = f"  mul over all rows {r.mul_all_rows:.3f}" if np.isfinite(r.mul_all_rows) else ""
         lines.append(
             f"  {r.layer}-{r.head}  {r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]  "
             f"{r.fold0:.3f} / {r.fold1:.3f}  n {int(r.n)}{tl}"
