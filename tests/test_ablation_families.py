@@ -2,7 +2,8 @@
 
 `headprobe.run(..., analyses=["ablation"], heads="all")` on the tiny random model of every
 family of tests/test_architectures.py (ALBERT's one shared layer, the legacy-path families
-DeBERTa-v2, MPNet, BLOOM, Falcon and the fused projections included), and on the encoder,
+DeBERTa-v2, MPNet, BLOOM, Falcon, SqueezeBERT (grouped pointwise convolutions, channels
+first) and the fused projections included), and on the encoder,
 decoder and cross-attention stacks of T5 and BART, must give a per-head table: every head
 of every layer, finite, with effects that differ from head to head.
 
@@ -49,7 +50,8 @@ TREEBANK = """# sent_id = s1
 
 def loud(name: str) -> torch.nn.Module:
     """A copy of the family's model with every site's value and output projection redrawn
-    N(0, 1 / in_features) (unit gain): heads that matter to the output."""
+    N(0, 1 / in_features) (unit gain): heads that matter to the output (a convolution's
+    in_features: its weight's [in / groups, kernel] per output channel)."""
     model = copy.deepcopy(build(name).model)
     torch.manual_seed(7)
     with torch.no_grad():
@@ -57,7 +59,8 @@ def loud(name: str) -> torch.nn.Module:
             for projection in (site.value, site.output):
                 if projection is not None:
                     weight = projection.weight
-                    weight.normal_(0.0, 1.0 / math.sqrt(min(weight.shape)))
+                    fan_in = weight[0].numel() if weight.dim() == 3 else min(weight.shape)
+                    weight.normal_(0.0, 1.0 / math.sqrt(fan_in))
     return model
 
 

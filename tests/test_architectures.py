@@ -1,6 +1,6 @@
 """Every self-attention family transformers can load, never a silent zero (issue 16).
 
-Tiny random models (2 layers, hidden 32, 4 heads) of 25 families, each with a small
+Tiny random models (2 layers, hidden 32, 4 heads) of 26 families, each with a small
 tokenizer from conftest. The query/key projections are redrawn large (`GAIN`) so attention
 is peaky (near-uniform rows would hide a wrong mask, bias or scale); `test_attention_is_peaky`
 checks it. For each family and each of its attention stacks (encoder; decoder; cross for
@@ -13,7 +13,9 @@ T5 and BART):
   relative position bias, DeBERTa-v2's disentangled attention (legacy path), ModernBERT's
   local/global layers, Mistral's and Gemma's sliding windows (3 < the sentence's pieces),
   Gemma-2's soft-capping, GPT-OSS's attention sinks (a keyword `eager_probs` does not know:
-  computed by the family's own eager function), BLOOM's ALiBi (legacy path).
+  computed by the family's own eager function), BLOOM's ALiBi (legacy path), SqueezeBERT's
+  pointwise convolutions, grouped, channels first (legacy path; its `output_attentions` are the
+  scores, mask added, not probabilities: its reference is what its own nn.Softmax modules return).
 - `test_run_by_path`: the model and its tokenizer saved with `save_pretrained`, `headprobe run
   --model DIR` exits 0 with counts that are not zero, per stack.
 
@@ -46,7 +48,7 @@ from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.model.attention import CaptureError
 from headprobe.model.capture import AttentionCapture
-from headprobe.model.sites import attention_sites
+from headprobe.model.sites import attention_sites, projection_in_features
 
 TOL = 1e-5
 GAIN = 2.5  # q/k weights ~ N(0, GAIN^2 / hidden): attention scores with a spread of ~GAIN^2
@@ -329,6 +331,25 @@ FAMILIES = {
         AutoModel,
         ["decoder"],
     ),
+    # every projection a pointwise nn.Conv1d over [batch, channel, piece], grouped (the value and
+    # output projections in 2 groups of 2 heads); output_attentions returns its scores
+    "squeezebert": (
+        "wordpiece",
+        lambda t: tf.SqueezeBertConfig(
+            **H,
+            **ids(t),
+            embedding_size=32,
+            max_position_embeddings=64,
+            q_groups=2,
+            k_groups=2,
+            v_groups=2,
+            post_attention_groups=2,
+            intermediate_groups=4,
+            output_groups=4,
+        ),
+        AutoModel,
+        ["encoder"],
+    ),
     "t5": (
         "t5",
         lambda t: tf.T5Config(
@@ -381,6 +402,7 @@ FAMILIES = {
     ),
 }
 CASES = [(name, stack) for name, (_, _, _, stacks) in FAMILIES.items() for stack in stacks]
+SCORES_RETURNED = {"squeezebert"}  # output_attentions holds the scores: the softmax modules' output
 
 
 @dataclass
@@ -436,10 +458,29 @@ def stack_batch(built: Built, sentences, stack: str) -> tuple[Batch, dict]:
 
 
 def reference(built: Built, inputs: dict, stack: str) -> tuple:
+    if built.name in SCORES_RETURNED:
+        return softmax_outputs(built.eager, inputs)
     with torch.no_grad():
         out = built.eager(**inputs, output_attentions=True)
     field = FIELDS[stack] if attention_sites(built.model).encoder_decoder else "attentions"
     return getattr(out, field)
+
+
+def softmax_outputs(model, inputs: dict) -> tuple:
+    """What the model's own nn.Softmax modules returned in one forward pass, in call order."""
+    got = []
+    handles = [
+        m.register_forward_hook(lambda m, args, out: got.append(out.detach().clone()))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Softmax)
+    ]
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return tuple(got)
 
 
 def capture_all(built: Built, inputs: dict, stack: str) -> dict[int, torch.Tensor]:
@@ -531,6 +572,8 @@ def test_shared_layer_is_one_site_per_call():
 
 
 def test_output_projection_found():
+    """Every site's output projection reads heads x d_head features (SqueezeBERT: input channels
+    of its pointwise convolution)."""
     for name in (
         "bert",
         "albert",
@@ -541,10 +584,12 @@ def test_output_projection_found():
         "bart",
         "modernbert",
         "gpt-neox",
+        "squeezebert",
     ):
         sites = attention_sites(build(name).model)
         assert all(
-            site.output is not None and site.output.weight.shape[-1] in (32, 64)
+            site.output is not None
+            and projection_in_features(site.output) == site.heads * site.d_head == 32
             for site in sites.sites
         ), name
 

@@ -225,6 +225,65 @@ def test_mean_ablation_equals_hand_computed_mean(name):
     assert (gated - zeroed).abs().max() > 1e-3  # mean ablation is not zero ablation
 
 
+def test_convolution_gates_equal_zeroed_channels():
+    """SqueezeBERT's output projection is a grouped pointwise nn.Conv1d reading [batch, channel,
+    piece]: a zero gate on head 2 of layer 1 equals zeroing channels 16..23 of that convolution's
+    input by hand (a pre-hook), on a padded batch; a gate per row ablates its row only; a mean
+    gate equals setting those channels to the head's mean over the real pieces, computed by hand
+    from the convolution's inputs."""
+    from test_ablation_families import loud
+    from test_architectures import build, stack_batch
+    from test_capture import SENTENCES
+
+    from headprobe.model.sites import attention_sites
+
+    model = loud("squeezebert")
+    _, inputs = stack_batch(build("squeezebert"), SENTENCES, "encoder")
+    mask = inputs["attention_mask"].bool()  # [batch, piece]
+    layer, head = 1, 2
+    cut = slice(8 * head, 8 * (head + 1))
+    conv = attention_sites(model).sites[layer].output
+    kept = []
+
+    def by_hand(mean=None):
+        def hook(module, args):
+            kept.append(args[0].detach().clone())  # [batch, channel, piece]
+            x = args[0].clone()
+            x[:, cut, :] = 0.0 if mean is None else mean[:, None]
+            return (x,)
+
+        handle = conv.register_forward_pre_hook(hook)
+        try:
+            return model(**inputs).last_hidden_state
+        finally:
+            handle.remove()
+
+    gates = torch.ones(2, 4)
+    gates[layer, head] = 0.0
+    rows = torch.ones(len(mask), 2, 4)
+    rows[0, layer, head] = 0.0
+    with torch.no_grad():
+        intact = model(**inputs).last_hidden_state
+        expected = by_hand()
+        with HeadGates(model, gates):
+            gated = model(**inputs).last_hidden_state
+        with HeadGates(model, rows):
+            per_row = model(**inputs).last_hidden_state
+    torch.testing.assert_close(gated, expected, atol=1e-6, rtol=0)
+    assert (gated - intact).abs().max() > 1e-2  # the head did matter
+    torch.testing.assert_close(per_row[0], expected[0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(per_row[1:], intact[1:], atol=1e-6, rtol=0)
+
+    hand = kept[0][:, cut, :].transpose(1, 2)[mask].double().mean(0).float()  # [d_head]
+    means = head_means(model, [inputs])  # [layer, head, d_head]
+    torch.testing.assert_close(means[layer, head], hand, atol=1e-6, rtol=1e-6)
+    with torch.no_grad():
+        expected = by_hand(hand)
+        with HeadGates(model, gates, means=means):
+            gated = model(**inputs).last_hidden_state
+    torch.testing.assert_close(gated, expected, atol=1e-5, rtol=0)
+
+
 # ----------------------------------------------------------------------------- objectives
 def test_mlm_positions_deterministic_fifteen_percent_never_special():
     family = get_family("bert")

@@ -2,8 +2,9 @@
 
 Summed over heads, plus the output projection's bias, it must equal the output projection's
 own output (a forward hook on that module), on BERT (`attention.output.dense`, beside the
-self-attention), GPT-2 (Conv1D `c_proj`), Llama with grouped-query attention (`o_proj`) and
-T5 (`o`, encoder and cross attention).
+self-attention), GPT-2 (Conv1D `c_proj`), Llama with grouped-query attention (`o_proj`),
+T5 (`o`, encoder and cross attention) and SqueezeBERT (legacy path: a grouped pointwise
+nn.Conv1d, `post_attention.conv1d`, whose output is channels first, [batch, hidden, query]).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def check_sum(model, inputs, stack=None) -> int:
     sites = attention_sites(model).of(stack)
     projections = [site.output for site in sites]
     expected = module_outputs(model, inputs, projections)  # {layer: [batch, query, hidden]}
+    for layer, projection in enumerate(projections):
+        if isinstance(projection, torch.nn.Conv1d):  # [batch, hidden, query]
+            expected[layer] = expected[layer].transpose(1, 2)
     with torch.no_grad(), headprobe.capture_heads(model, needs={"head_output"}, stack=stack) as got:
         model(**inputs)
     assert sorted(got.head_output) == list(range(len(sites)))
@@ -56,6 +60,16 @@ def test_head_output_of_t5(stack):
     built = build("t5")
     _, inputs = stack_batch(built, SENTENCES, stack)
     assert check_sum(built.model, inputs, stack) == built.model.config.num_layers
+
+
+def test_head_output_of_squeezebert():
+    """A grouped pointwise convolution, channels first, on the legacy path (padded batch)."""
+    from test_architectures import build, stack_batch
+
+    built = build("squeezebert")
+    _, inputs = stack_batch(built, SENTENCES, "encoder")
+    assert inputs["attention_mask"].min() == 0  # padded
+    assert check_sum(built.model, inputs) == 2
 
 
 def test_head_output_with_probs_leaves_the_model_unchanged():

@@ -4,8 +4,10 @@
   output (hooked) and the output projection's weight, for BERT (W_O beside the
   self-attention: `attention.output.dense`), GPT-2 (Conv1D `c_proj`, values from the fused
   `c_attn`), Llama with grouped-query attention (`o_proj`), T5's encoder and cross attention
-  (`o`; cross keys are the encoder's pieces) and a BERT spread over devices by accelerate
-  with a layer offloaded to disk;
+  (`o`; cross keys are the encoder's pieces), a BERT spread over devices by accelerate
+  with a layer offloaded to disk, and two families that compute attention themselves (legacy
+  path): MPNet (`attn.v`, `attn.o`) and SqueezeBERT (grouped pointwise convolutions, channels
+  first; its output_attentions are scores, the capture hands on their softmax);
 - adding `norms` to a run leaves every `weights` count bit-identical;
 - a hand-built 3-piece input whose [SEP] value has norm 0: its mass vanishes under norms.
 """
@@ -207,7 +209,8 @@ def test_named_capture_hands_on_what_is_asked_and_leaves_the_output():
 
 
 def legacy_model(tokenizer):
-    """A tiny MPNet: it calls no attention function (the legacy output_attentions path)."""
+    """A tiny MPNet: it calls no attention function (the legacy output_attentions path); its
+    value projection `attn.v` and output projection `attn.o` are found all the same."""
     from transformers import AutoModel, MPNetConfig
 
     config = MPNetConfig(
@@ -223,17 +226,73 @@ def legacy_model(tokenizer):
     return AutoModel.from_config(config).eval()
 
 
+def norms_by_hand(values: torch.Tensor, weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[batch, head, key]: || W_O[:, h*d:(h+1)*d] @ v_j^h || head by head, from the value
+    projection's output `values` [batch, key, heads * d] and the output projection's weight
+    `weight` [hidden, heads * d]."""
+    d = weight.shape[1] // n_heads
+    norms = []
+    for h in range(n_heads):
+        w_h = weight[:, h * d : (h + 1) * d].detach().double()  # [hidden, d]
+        v_h = values[..., h * d : (h + 1) * d].double()  # [batch, key, d]
+        norms.append(torch.linalg.vector_norm(v_h @ w_h.T, dim=-1))  # [batch, key]
+    return torch.stack(norms, dim=1).float()  # [batch, head, key]
+
+
+def test_value_norms_of_squeezebert_by_hand():
+    """SqueezeBERT (legacy path): values from the value convolution's output ([batch, channel,
+    key], channel h*8+i is head h's feature i), W_O the output convolution's weight written out
+    block-diagonal by hand (2 groups); on a padded batch, with and without probs. The probs
+    are its own softmax modules' output, not the scores its output_attentions returns."""
+    from test_architectures import build, softmax_outputs, stack_batch
+    from test_sites import block_diagonal_by_hand
+
+    built = build("squeezebert")
+    model = built.model
+    _, inputs = stack_batch(built, SENTENCES, "encoder")
+    layers = model.encoder.layers
+    values = module_outputs(model, inputs, [layer.attention.value for layer in layers])
+    for needs in (("value_norms",), ("probs", "value_norms")):
+        with torch.no_grad(), headprobe.capture_heads(model, needs=needs) as heads:
+            model(**inputs)
+        for i, layer in enumerate(layers):
+            weight = block_diagonal_by_hand(layer.post_attention.conv1d)  # [hidden, hidden]
+            expected = norms_by_hand(values[i].transpose(1, 2), weight, 4)  # [batch, head, key]
+            torch.testing.assert_close(heads.value_norms[i], expected, rtol=TOL, atol=TOL)
+            assert expected.std() > 0.05 * expected.mean()
+    probs = softmax_outputs(model, inputs)
+    for i in range(2):
+        torch.testing.assert_close(heads.probs[i], probs[i], rtol=TOL, atol=TOL)
+        assert inputs["attention_mask"].min() == 0 and heads.probs[i].min() == 0  # masked keys
+
+
 def test_bad_needs_and_the_legacy_path(bert_family):
+    """MPNet computes attention itself, yet its value and output projections are found: value
+    norms (by hand) and head outputs are captured. BLOOM's values come out of a fused
+    query_key_value in an interleaved layout: value_norms is refused in one line."""
+    from test_architectures import build
+
     with pytest.raises(ValueError, match="unknown capture quantity 'values'"):
         AttentionCapture(bert_family.sdpa, None, None, needs={"values"})
     legacy = legacy_model(bert_family.tokenizer)
-    with pytest.raises(CaptureUnavailable, match="MPNetModel.*head_output"):
-        AttentionCapture(legacy, None, None, needs={"head_output"})
-    with pytest.raises(CaptureUnavailable, match="MPNetModel.*value_norms.*norms measure"):
-        AttentionCapture(legacy, None, None, needs={"probs", "value_norms"})
-    with torch.no_grad(), headprobe.capture_heads(legacy, needs={"probs"}) as heads:
-        legacy(**inputs_of(bert_family))
-    assert sorted(heads.probs) == [0, 1]
+    inputs = inputs_of(bert_family)
+    values = module_outputs(
+        legacy, inputs, [layer.attention.attn.v for layer in legacy.encoder.layer]
+    )
+    with torch.no_grad(), headprobe.capture_heads(legacy, needs={"probs", "value_norms"}) as heads:
+        legacy(**inputs)
+    assert sorted(heads.probs) == sorted(heads.value_norms) == [0, 1]
+    for i, layer in enumerate(legacy.encoder.layer):
+        expected = norms_by_hand(values[i], layer.attention.attn.o.weight, 4)
+        torch.testing.assert_close(heads.value_norms[i], expected, rtol=TOL, atol=TOL)
+    with torch.no_grad(), headprobe.capture_heads(legacy, needs={"head_output"}) as heads:
+        legacy(**inputs)
+    assert sorted(heads.head_output) == [0, 1]
+    bloom = build("bloom-alibi").model
+    with pytest.raises(
+        CaptureUnavailable, match="BloomModel.*no value projection.*value_norms.*norms measure"
+    ):
+        AttentionCapture(bloom, None, None, needs={"probs", "value_norms"})
 
 
 # ------------------------------------------------------------------------ weights unchanged
@@ -320,10 +379,12 @@ def test_only_norms_and_a_bad_measure(bert_family):
         headprobe.run(
             loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"), measure="weights,norm"
         )
-    legacy = legacy_model(bert_family.tokenizer)  # output_attentions only
-    with pytest.raises(UsageError, match="--measure norms: MPNetModel .* value_norms"):
+    from test_architectures import build
+
+    bloom = build("bloom-alibi")  # output_attentions only, values from a fused projection
+    with pytest.raises(UsageError, match="--measure norms: BloomModel .* value_norms"):
         headprobe.run(
-            loaded=(legacy, bert_family.tokenizer, "bert"), measure="norms", progress=False
+            loaded=(bloom.model, bloom.tokenizer, "bloom"), measure="norms", progress=False
         )
 
 

@@ -190,14 +190,15 @@ def test_cli_refuses_logit_attribution_without_a_language_model_head(tiny_model,
     assert len(err) == 1 and "logit_attribution" in err[0] and "language-model head" in err[0]
 
 
-def test_ov_copying_refuses_a_family_without_a_value_projection(bert_family):
-    """MPNet computes attention itself (legacy path): no value projection is seen."""
-    from test_norms import legacy_model
+def test_ov_copying_refuses_a_family_without_a_value_projection():
+    """BLOOM computes attention itself (legacy path) from a fused query_key_value in an
+    interleaved layout: no value projection is seen."""
+    from test_architectures import build
 
     from headprobe.studies.ov_copying.analysis import ov_heads
 
-    with pytest.raises(UsageError, match="^ov_copying: MPNetModel .*value projection"):
-        ov_heads(legacy_model(bert_family.tokenizer), np.arange(5, 20))
+    with pytest.raises(UsageError, match="^ov_copying: BloomModel .*value projection"):
+        ov_heads(build("bloom-alibi").model, np.arange(5, 20))
 
 
 def test_ov_circuit_of_grouped_heads_against_the_whole_matrix():

@@ -20,9 +20,10 @@ out, extra terms such as T5's position bias or Gemma-2's soft-capping added as e
 a keyword not understood: the family's own eager attention computes them). Every other layer
 runs the model's own implementation (SDPA, or its eager attention; flash/flex run as SDPA).
 
-Legacy path (models that call no attention function: MPNet, DeBERTa-v2, BLOOM): the model
-runs under eager attention for the capture, with `output_attentions=True`; the stack's
-field of the output is handed on layer by layer (all layers of one batch held at once).
+Legacy path (models that call no attention function: MPNet, DeBERTa-v2, SqueezeBERT, BLOOM):
+the model runs under eager attention for the capture, with `output_attentions=True`; the
+stack's field of the output is handed on layer by layer (all layers of one batch held at once),
+softmaxed where the site says the field holds scores (`AttentionSite.softmax`: SqueezeBERT).
 
 Never a silent zero: after every forward pass each asked-for layer must have been
 captured; otherwise `CaptureError` (one line naming the model class and the path).
@@ -56,8 +57,13 @@ per example, nothing of size keys^2. `head_output[b, h, q]` is c_h = z_h W_O^h (
 head h's slice of the output projection's input times its block of W_O, bias left out,
 `[batch, head, query, hidden]`; it is computed in a forward pre-hook on `AttentionSite.output`,
 where the projection reads its input, and arrives in its own callback call after the layer's
-attention (with query blocks: one block of every row). The legacy path has neither values
-nor head outputs: asking it for `value_norms` or `head_output` is an error naming the model
+attention (with query blocks: one block of every row). A pointwise nn.Conv1d output projection
+(SqueezeBERT) reads channels first: its input is read as `features_last` gives it. On the
+legacy path the values are the output of the site's value projection (`AttentionSite.value`,
+found by `headprobe.model.sites`), read in a forward hook and handed on with the layer's
+probabilities after the pass; head outputs arrive during the pass, before the probabilities. A
+legacy site without a value projection (BLOOM's and Falcon's fused ones) or without an output
+projection refuses `value_norms` or `head_output` with one line naming the model
 (`CaptureUnavailable`).
 
 For notebooks, `capture_heads(model, needs=...)` keeps the quantities of one forward pass:
@@ -97,9 +103,11 @@ from headprobe.model.attention import (
 from headprobe.model.sites import (  # noqa: F401 (re-exported)
     LEGACY_FIELDS,
     attention_sites,
+    features_last,
     model_device,
     projection_in_features,
     projection_weight,
+    stored_weight,
     text_config,
 )
 
@@ -118,7 +126,8 @@ RESERVED: dict[str, str] = {}  # names kept for quantities not built yet
 
 
 class CaptureUnavailable(CaptureError):
-    """A quantity asked for cannot be captured from this model (e.g. values on the legacy path)."""
+    """A quantity asked for cannot be captured from this model (e.g. values on the legacy path
+    where no value projection is found)."""
 
 
 def check_needs(needs) -> frozenset[str] | None:
@@ -140,16 +149,31 @@ def check_needs(needs) -> frozenset[str] | None:
     return needs
 
 
+# what a legacy site needs for each quantity beyond the probabilities, and what it is for
+LEGACY_NEEDS = {
+    "value_norms": (("value", "output"), "the norms measure"),
+    "head_output": (("output",), "head outputs"),
+}
+
+
 def check_capturable(model, needs) -> None:
-    """Raise `CaptureUnavailable` (naming the model) when `needs` asks for more than the
-    probabilities of a model on the legacy `output_attentions` path, which has no values."""
-    beyond = sorted(set(needs or ()) - {"probs"})
-    if beyond and attention_sites(model).path != "interface":
-        raise CaptureUnavailable(
-            f"{type(model).__name__} does not route attention through transformers' attention interface; "
-            f"its attention is read from output_attentions, which has no value vectors or head "
-            f"outputs, so {', '.join(beyond)} (the norms measure, head outputs) cannot be captured for it"
-        )
+    """Raise `CaptureUnavailable` (naming the model) when `needs` asks a model on the legacy
+    `output_attentions` path for a quantity one of its sites lacks the projections for (the
+    value and output projections for `value_norms`, the output projection for `head_output`)."""
+    sites = attention_sites(model)
+    if sites.path == "interface":
+        return
+    for need in sorted(set(needs or ()) & set(LEGACY_NEEDS)):
+        parts, use = LEGACY_NEEDS[need]
+        for site in sites.sites:
+            lacking = [part for part in parts if getattr(site, part) is None]
+            if lacking:
+                raise CaptureUnavailable(
+                    f"{type(model).__name__} computes attention itself (read from "
+                    f"output_attentions) and headprobe finds no {' or '.join(lacking)} projection "
+                    f"for its {site.stack} layer {site.layer} ({site.name}), so {need} ({use}) "
+                    "cannot be captured for it"
+                )
 
 
 class Heads(dict):
@@ -174,11 +198,12 @@ def head_factors(projection: nn.Module, n_heads: int, d_head: int) -> torch.Tens
     W_O^h = W[:, h*d_head:(h+1)*d_head] ([hidden, d_head]), so that ||W_O^h v|| = ||R_h v||
     without forming v W_O^h ([hidden] per key). Kept per projection while its weight is
     unchanged (same storage and version)."""
-    weight = projection_weight(projection)  # [hidden, heads * d_head]
-    stamp = (weight.data_ptr(), weight._version, str(weight.device), weight.dtype, n_heads, d_head)
+    stored = stored_weight(projection)  # the module's own tensor (`projection_weight` may copy)
+    stamp = (stored.data_ptr(), stored._version, str(stored.device), stored.dtype, n_heads, d_head)
     kept = _R_CACHE.get(projection)
     if kept is not None and kept[0] == stamp:
         return kept[1]
+    weight = projection_weight(projection)  # [hidden, heads * d_head]
     blocks = (
         weight.detach().double().reshape(weight.shape[0], n_heads, d_head).transpose(0, 1)
     )  # [head, hidden, d]
@@ -215,11 +240,12 @@ def value_norms(site, value: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def head_output(site, z: torch.Tensor, n_heads: int) -> torch.Tensor:
     """[batch, head, query, hidden] float32: c_h = z_h W_O^h (METHODS §9) for every head h of one
-    attention site; `z` [batch, query, heads * d_head], the input of the site's output projection
-    (`site.output`) as the model hands it over (head h's features h*d_head..(h+1)*d_head); the
-    projection's bias belongs to no head. Summed over heads, plus the bias, it is the projection's
-    output."""
+    attention site; `z` the input of the site's output projection (`site.output`) as the model
+    hands it over, [batch, query, heads * d_head] (channels first, [batch, heads * d_head, query],
+    for a pointwise nn.Conv1d; head h's features h*d_head..(h+1)*d_head); the projection's bias
+    belongs to no head. Summed over heads, plus the bias, it is the projection's output."""
     projection = site.output
+    z = features_last(projection, z) if projection is not None else z  # [batch, query, features]
     width = z.shape[-1]
     if projection is None or projection_in_features(projection) != width or width % n_heads:
         raise CaptureUnavailable(
@@ -307,6 +333,8 @@ class AttentionCapture:
         self.interface = self.sites.path == "interface"
         self._seen: dict = {}  # this forward pass: module -> calls so far
         self._out_seen: dict = {}  # this forward pass: output projection -> calls so far
+        self._values_seen: dict = {}  # this forward pass (legacy): value projection -> calls so far
+        self._legacy_norms: dict[int, torch.Tensor] = {}  # this pass (legacy): layer -> value_norms
         self._got: set[int] = set()  # this forward pass: layers captured
         self._exit = contextlib.ExitStack()
 
@@ -439,19 +467,59 @@ class AttentionCapture:
         attentions = (
             getattr(output, self.sites.fields[self.stack], None) or ()
         )  # per layer [b, h, q, k]
+        sites = self.sites.of(self.stack)
         for layer, probs in enumerate(attentions):
             if layer in self.layers and probs is not None:
                 self.calls_[layer] = self.calls_.get(layer, 0) + 1
                 self._got.add(layer)
-                self._hand_on(layer, probs.float())
+                probs = probs.float().softmax(-1) if sites[layer].softmax else probs.float()
+                extra = {}
+                if "value_norms" in self.wanted:
+                    extra["value_norms"] = self._legacy_norms.pop(layer)  # [batch, head, key]
+                if "probs" in self.wanted:
+                    self._hand_on(layer, probs, extra)
+                else:
+                    n = probs.shape[-2]
+                    self._give(
+                        layer, None, extra, QueryBlock(0, n, n) if self.query_block else None
+                    )
         for name in ("attentions", *LEGACY_FIELDS.values()):  # not kept on the output
             if getattr(output, name, None) is not None:
                 setattr(output, name, None)
+
+    def _legacy_values(self, module, args, output):
+        """Forward hook on a legacy site's value projection: keep `value_norms` of an asked-for
+        layer for `_take_legacy` (the output read as heads side by side by `value_index`)."""
+        sites = self._values[module]
+        n = self._values_seen[module] = self._values_seen.get(module, 0) + 1
+        site = sites[(n - 1) % len(sites)]
+        if site.stack != self.stack or site.layer not in self.layers:
+            return None
+        y = features_last(module, output)  # [batch, key, feature]
+        v = y[..., site.value_index.to(y.device)].unflatten(-1, (site.kv_heads, site.d_head))
+        v = v.transpose(1, 2)  # [batch, kv_head, key, d_head]
+        self._legacy_norms[site.layer] = value_norms(site, v, site.heads)  # [batch, head, key]
+        return None
+
+    def _legacy_hooks(self) -> None:
+        """The legacy path: eager attention, a value hook per value projection (`value_norms`)
+        and the output projections' hooks (`head_output`)."""
+        self._exit.enter_context(implementation_set(self.model, "eager"))
+        if "value_norms" in self.wanted:
+            self._values: dict[nn.Module, list] = {}
+            for site in self.sites.sites:
+                self._values.setdefault(site.value, []).append(site)
+            for module in self._values:
+                self._exit.callback(module.register_forward_hook(self._legacy_values).remove)
+        if "head_output" in self.wanted:
+            self._output_hooks()
 
     # -- every forward pass -----------------------------------------------------------
     def _begin(self, module, args, kwargs):
         self._seen.clear()
         self._out_seen.clear()
+        self._values_seen.clear()
+        self._legacy_norms.clear()
         self._got.clear()
         if not self.interface:
             kwargs["output_attentions"] = True
@@ -478,7 +546,7 @@ class AttentionCapture:
                 if "head_output" in self.wanted:
                     self._output_hooks()
             else:
-                self._exit.enter_context(implementation_set(self.model, "eager"))
+                self._legacy_hooks()
             for handle in (
                 self.model.register_forward_pre_hook(self._begin, with_kwargs=True),
                 self.model.register_forward_hook(self._end, with_kwargs=True),

@@ -15,9 +15,10 @@
     grad, = torch.autograd.grad(loss_per_row.sum(), gates)   # [batch, layer, head]: row b's own dL_b/dg
 
 A head's output reaches the residual stream only through the output projection
-(`o_proj`, `attention.output.dense`, `c_proj`, ...), whose input is the heads'
-outputs side by side: features `h*d_head .. (h+1)*d_head` are head `h`'s. A
-forward pre-hook on that module rewrites its input as
+(`o_proj`, `attention.output.dense`, `c_proj`, SqueezeBERT's pointwise convolution, ...),
+whose input is the heads' outputs side by side: features `h*d_head .. (h+1)*d_head` are
+head `h`'s (channels, for a convolution reading [batch, channel, piece]: `sites.features_last`).
+A forward pre-hook on that module rewrites its input as
 
     slice_h <- g * slice_h                        (no means: g = 0 is zero ablation)
     slice_h <- mean_h + g * (slice_h - mean_h)    (with means: g = 0 is mean ablation)
@@ -45,6 +46,7 @@ from torch import nn
 from headprobe.model.sites import (
     AttentionSite,
     attention_sites,
+    features_last,
     model_device,
     projection_in_features,
 )
@@ -120,7 +122,8 @@ class HeadGates:
         self._handles: list = []
 
     def _gate(self, layer: int, args):
-        x = args[0]  # [batch, piece, head * d_head]
+        projection = self.projections[layer]
+        x = features_last(projection, args[0])  # [batch, piece, head * d_head]
         heads = x.unflatten(-1, (self.n_heads, self.d_head))  # [batch, piece, head, d_head]
         g = _gate_view(self.gates, layer, x)
         if self.means is None:
@@ -128,7 +131,7 @@ class HeadGates:
         else:
             mean = self.means[layer].to(device=x.device, dtype=x.dtype)  # [head, d_head]
             heads = mean + g * (heads - mean)
-        return (heads.flatten(-2), *args[1:])
+        return (features_last(projection, heads.flatten(-2)), *args[1:])
 
     def __enter__(self):
         try:
@@ -184,12 +187,13 @@ def head_means(model, batches: Iterable, progress: bool = False, stack=None) -> 
     sites = attention_sites(model)
     stack = sites.resolve(stack)
     n_layers, n_heads = sites.n_layers(stack), sites.n_heads(stack)
-    width = projection_in_features(output_projections(model, stack)[0])
+    projections = output_projections(model, stack)
+    width = projection_in_features(projections[0])
     sums = torch.zeros(n_layers, width, dtype=torch.float64)  # [layer, head * d_head]
     count, mask = 0, None  # mask: [batch, piece] of the batch in the model
 
     def add(layer: int, args):
-        x = args[0]  # [batch, piece, head * d_head]
+        x = features_last(projections[layer], args[0])  # [batch, piece, head * d_head]
         sums[layer] += x[mask.to(x.device).bool()].double().sum(0).cpu()
 
     handles = [

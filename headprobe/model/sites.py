@@ -18,9 +18,22 @@ named `decoder` if its attention is causal, else `encoder`. `causal` is decided 
 from that call's own mask (else its `is_causal`): no key after the query is visible.
 
 A model whose attention does not go through transformers' attention functions (older code:
-MPNet, DeBERTa-v2; ALiBi models such as BLOOM) takes the legacy path: the sites come from
-`output_attentions=True` under eager attention (`module` is then None, `causal` is read off
-the probabilities). A model that gives neither is an error, never a silent zero.
+MPNet, DeBERTa-v2, SqueezeBERT; ALiBi models such as BLOOM) takes the legacy path: the sites
+come from `output_attentions=True` under eager attention (`module` is the innermost module that
+returned the field, `causal` is read off the probabilities). A model that gives neither is an
+error, never a silent zero. Each legacy site is checked against the model's own arithmetic: the
+projection among its module's own whose output, read as heads side by side, times the field
+gives the output projection's input is its value projection; where the field only gives that
+once softmaxed (SqueezeBERT returns the scores, mask added), the site says so (`softmax`) and
+the capture hands on their softmax. A field that is neither probabilities (non-negative, rows
+summing to at most 1) nor so checked is an error.
+
+Projections (`is_projection`): nn.Linear, GPT-2's Conv1D ([in, out]) and a pointwise
+nn.Conv1d (kernel size 1: a linear map over channels, read channels-first, [batch, channel,
+piece]; a grouped one is block-diagonal, `projection_weight` gives it whole). `features_last`
+gives any projection's input or output as [batch, piece, feature]. The output projection is
+found by name beside the attention module (`OUTPUT_NAMES`), else as the projection that reads
+what the attention returned (the heads side by side).
 
 Encoder-decoder inputs (`Sites.model_inputs`): the encoder reads the sentence's pieces; the
 decoder reads the model's `decoder_start_token_id` followed by the same pieces (the sentence
@@ -82,6 +95,9 @@ class AttentionSite:
     d_head: int = 0  # width of one head's value (and of its slice of the output projection's input)
     norm_in: nn.Module | None = (
         None  # the norm the values read, inside the block (pre-norm); else None
+    )
+    softmax: bool = (
+        False  # legacy: the output field holds scores; the probabilities are their softmax
     )
 
 
@@ -279,16 +295,17 @@ def discover(model) -> Sites:
         visible = visible_keys(module, mask, kwargs, query.shape[-2], key.shape[-2])  # [query, key]
         parts = _value_parts(model, names.get(module, ""), module, value, trace)
         shapes = (query.shape[1], key.shape[1], query.shape[-2], key.shape[-2])
-        calls.append((module, *shapes, visible, parts))
-        return fallback(module)(
+        result = fallback(module)(
             module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs
         )
+        calls.append((module, *shapes, visible, parts, result[0]))  # result[0]: the heads' outputs
+        return result
 
     try:
         with torch.no_grad(), _Trace(model) as trace, routed(model, every=record):
             model(**inputs)
         if calls:
-            sites = _interface_sites(model, names, calls, encoder_decoder)
+            sites = _interface_sites(model, names, calls, encoder_decoder, trace)
             return Sites(name, "interface", sites, encoder_decoder, start)
         with (
             torch.no_grad(),
@@ -313,8 +330,27 @@ def discover(model) -> Sites:
 
 
 def is_projection(module: nn.Module) -> bool:
-    """A linear map headprobe reads weights from: nn.Linear or transformers' Conv1D (GPT-2)."""
-    return isinstance(module, (nn.Linear, Conv1D))
+    """A linear map headprobe reads weights from: nn.Linear, transformers' Conv1D (GPT-2), or a
+    pointwise nn.Conv1d (`is_pointwise_conv`: SqueezeBERT's)."""
+    return isinstance(module, (nn.Linear, Conv1D)) or is_pointwise_conv(module)
+
+
+def is_pointwise_conv(module: nn.Module) -> bool:
+    """An nn.Conv1d that is a linear map over channels at each position: kernel size 1, stride 1,
+    no padding (any groups: a grouped one is block-diagonal)."""
+    return (
+        isinstance(module, nn.Conv1d)
+        and module.kernel_size == (1,)
+        and module.stride == (1,)
+        and module.padding in ((0,), "valid", "same")
+    )
+
+
+def features_last(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A projection's input or output `x` as [batch, piece, feature]: a pointwise nn.Conv1d's
+    channels-first [batch, channel, piece] transposed (a view), any other unchanged. Its own
+    inverse: `features_last(module, features_last(module, x))` is x."""
+    return x.transpose(-1, -2) if isinstance(module, nn.Conv1d) else x
 
 
 def is_norm(module: nn.Module) -> bool:
@@ -357,12 +393,8 @@ class _Trace:
         self.tick += 1
         self.last[module] = (self.tick, args[0] if args else None, output)
         if self.keep_outputs:
-            values = output.values() if isinstance(output, dict) else output
-            values = values if isinstance(values, (tuple, list)) else [values]
             passed = {a.data_ptr() for a in args if torch.is_tensor(a)}  # handed through (dropout)
-            self.returned += [
-                (t, module) for t in values if torch.is_tensor(t) and t.data_ptr() not in passed
-            ]
+            self.returned += [(t, module) for t in tensors_of(output) if t.data_ptr() not in passed]
 
     def output_of(self, module) -> torch.Tensor | None:
         kept = self.last.get(module)
@@ -371,11 +403,34 @@ class _Trace:
     def first_returned(self, tensor: torch.Tensor) -> nn.Module | None:
         """The innermost module that returned `tensor` (or a view of its storage, same size)."""
         for kept, module in self.returned:
-            if kept is tensor or (
-                kept.data_ptr() == tensor.data_ptr() and kept.numel() == tensor.numel()
-            ):
+            if same_storage(kept, tensor):
                 return module
         return None
+
+    def reader(self, tensors: list[torch.Tensor], after: int) -> nn.Module | None:
+        """The first projection called after tick `after` whose input is one of `tensors` (or a
+        view of its storage, same size)."""
+        found = [
+            (tick, module)
+            for module, (tick, x, _) in self.last.items()
+            if tick > after
+            and is_projection(module)
+            and torch.is_tensor(x)
+            and any(same_storage(x, t) for t in tensors)
+        ]
+        return min(found, key=lambda pair: pair[0])[1] if found else None
+
+
+def tensors_of(output) -> list[torch.Tensor]:
+    """The tensors a module returned: itself, or those of a tuple, list or dict (ModelOutput)."""
+    values = list(output.values()) if isinstance(output, dict) else output
+    values = values if isinstance(values, (tuple, list)) else [values]
+    return [t for t in values if torch.is_tensor(t)]
+
+
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """`a` is `b` or a view of the same storage and size (a reshape that copied nothing)."""
+    return a is b or (a.data_ptr() == b.data_ptr() and a.numel() == b.numel())
 
 
 def _value_parts(model, name: str, module, value, trace: _Trace) -> tuple:
@@ -388,6 +443,7 @@ def _value_parts(model, name: str, module, value, trace: _Trace) -> tuple:
     v = v.reshape(-1, v.shape[-1])  # [row, feature]
     for candidate in module.modules():
         out = trace.output_of(candidate) if is_projection(candidate) else None
+        out = features_last(candidate, out) if out is not None else None  # [batch, key, feature]
         if out is None or out.shape[-1] < v.shape[-1] or out.numel() // out.shape[-1] != len(v):
             continue
         y = out.detach().reshape(len(v), -1)  # [row, out_feature]
@@ -425,12 +481,15 @@ def _is_causal(visible: torch.Tensor) -> bool:
     return n_query == n_key > 1 and not visible.triu(1).any().item()
 
 
-def _interface_sites(model, names, calls, encoder_decoder: bool) -> tuple[AttentionSite, ...]:
+def _interface_sites(
+    model, names, calls, encoder_decoder: bool, trace: _Trace
+) -> tuple[AttentionSite, ...]:
     causal = [_is_causal(call[5]) for call in calls]
     single = "decoder" if any(causal) else "encoder"
     layers: dict[str, int] = {}
     sites = []
-    for (module, heads, kv_heads, n_query, n_key, _, parts), is_causal in zip(calls, causal):
+    for call, is_causal in zip(calls, causal):
+        module, heads, kv_heads, n_query, n_key, _, parts, returned = call
         stack = _stack_of(n_query, n_key) if encoder_decoder else single
         layer = layers[stack] = layers.get(stack, -1) + 1
         name = names.get(module, "")
@@ -444,7 +503,7 @@ def _interface_sites(model, names, calls, encoder_decoder: bool) -> tuple[Attent
                 int(heads),
                 int(kv_heads),
                 name,
-                _output_projection(model, name, module),
+                _output_projection(model, name, module, trace, [returned]),
                 value,
                 index,
                 d_head,
@@ -454,58 +513,135 @@ def _interface_sites(model, names, calls, encoder_decoder: bool) -> tuple[Attent
     return tuple(sites)
 
 
-def _output_projection(model, name: str, module) -> nn.Module | None:
+def _output_projection(model, name: str, module, trace: _Trace, returned) -> nn.Module | None:
+    """The output projection of attention module `module`: by name (`OUTPUT_NAMES` on it;
+    BERT-style `output.dense` beside it), else the first projection called after the module
+    began whose input is one of the tensors in `returned` (what the attention handed back: the
+    heads' outputs side by side; SqueezeBERT's `post_attention.conv1d`)."""
     for child in OUTPUT_NAMES:
         found = getattr(module, child, None)
         if isinstance(found, nn.Module) and hasattr(found, "weight"):
             return found
     parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else None
     dense = getattr(getattr(parent, "output", None), "dense", None)
-    return dense if isinstance(dense, nn.Module) else None
+    if isinstance(dense, nn.Module):
+        return dense
+    return trace.reader(list(returned), trace.began.get(module, 0))
 
 
 def _legacy_sites(model, names, output, encoder_decoder: bool, trace: _Trace):
     """Sites from `output_attentions` fields: ((AttentionSite, ...), {stack: field}); each
-    site's module is the innermost module that returned its probabilities."""
+    site's module is the innermost module that returned its field (`_legacy_parts`)."""
     wanted = LEGACY_FIELDS if encoder_decoder else {None: "attentions"}
     sites, fields = [], {}
     for stack, field_name in wanted.items():
         layers = getattr(output, field_name, None) or ()  # per layer [batch, head, query, key]
-        layers = [probs for probs in layers if probs is not None]
-        if not layers:
+        parts = [
+            _legacy_parts(model, names, field_name, layer, field, trace)
+            for layer, field in enumerate(f for f in layers if f is not None)
+        ]
+        if not parts:
             continue
-        causal = [_is_causal(probs[0, 0] > 0) for probs in layers]
+        causal = [_is_causal(probs[0, 0] > 0) for *_, probs in parts]
         stack = stack or ("decoder" if any(causal) else "encoder")
         fields[stack] = field_name
-        for layer, (probs, is_causal) in enumerate(zip(layers, causal)):
-            module = trace.first_returned(probs)
-            name = names.get(module, field_name)
-            out = _output_projection(model, name, module) if module is not None else None
+        for layer, (part, is_causal) in enumerate(zip(parts, causal)):
+            module, name, out, value, index, d_head, softmax, probs = part
             heads = int(probs.shape[1])
-            width = projection_in_features(out) if out is not None else None
-            d_head = width // heads if width else 0
             sites.append(
                 AttentionSite(
-                    stack, layer, module, is_causal, heads, heads, name, out, d_head=d_head
+                    stack,
+                    layer,
+                    module,
+                    is_causal,
+                    heads,
+                    heads,
+                    name,
+                    out,
+                    value=value,
+                    value_index=index,
+                    d_head=d_head,
+                    softmax=softmax,
                 )
             )
     return tuple(sites), fields
 
 
+def _legacy_parts(model, names, field_name: str, layer: int, field, trace: _Trace) -> tuple:
+    """(module, name, output projection, value projection, value_index, d_head, softmax,
+    probabilities [batch, head, query, key] float32) of one layer's `output_attentions` field:
+    the module is the innermost one that returned the field; the value projection and whether
+    the field holds scores (`softmax`) come from `_legacy_value`. A field that is not checked
+    against the values must hold probabilities, else `CaptureError`."""
+    module = trace.first_returned(field)
+    name = names.get(module, field_name)
+    heads = int(field.shape[1])
+    out = None
+    if module is not None:
+        returned = tensors_of(trace.last[module][2]) if module in trace.last else []
+        out = _output_projection(model, name, module, trace, returned)
+    width = projection_in_features(out) if out is not None else None
+    d_head = width // heads if width and width % heads == 0 else 0
+    value, softmax = _legacy_value(module, out, field, d_head, trace) if d_head else (None, False)
+    probs = field.float().softmax(-1) if softmax else field.float()  # [batch, head, query, key]
+    tol = max(1e-5, 8 * torch.finfo(field.dtype).eps)
+    if value is None and (probs.min() < -tol or probs.sum(-1).max() > 1 + tol):
+        raise CaptureError(
+            f"{type(model).__name__}: its output_attentions ({field_name}, layer {layer}) are "
+            "not attention probabilities (negative, or rows summing past 1) and cannot be checked "
+            "against its values: headprobe cannot tell what they are"
+        )
+    index = torch.arange(width) if value is not None else None
+    return module, name, out, value, index, d_head, softmax, probs
+
+
+def _legacy_value(module, out, field, d_head: int, trace: _Trace) -> tuple:
+    """(value projection, softmax) of one legacy site: the projection among `module`'s own (not
+    the output projection `out`) whose output, read as heads side by side (head-major, `d_head`
+    each), times the field ([batch, head, query, key]), or where `softmax` times the field's
+    softmax, is what `out` read; (None, False) where none is."""
+    kept = trace.last.get(out)
+    if module is None or kept is None or not torch.is_tensor(kept[1]):
+        return None, False
+    batch, heads, n_query, n_key = field.shape
+    z = features_last(out, kept[1]).float()  # [batch, query, head * d_head]
+    if tuple(z.shape) != (batch, n_query, heads * d_head):
+        return None, False
+    z = z.unflatten(-1, (heads, d_head)).transpose(1, 2)  # [batch, head, query, d_head]
+    tol = max(1e-4, 16 * torch.finfo(kept[1].dtype).eps) * (1.0 + float(z.abs().max()))
+    for candidate in module.modules():
+        y = (
+            trace.output_of(candidate)
+            if is_projection(candidate) and candidate is not out
+            else None
+        )
+        y = features_last(candidate, y) if y is not None else None  # [batch, key, feature]
+        if y is None or tuple(y.shape) != (batch, n_key, heads * d_head):
+            continue
+        v = y.float().unflatten(-1, (heads, d_head)).transpose(1, 2)  # [batch, head, key, d_head]
+        for softmax in (False, True):
+            weights = field.float().softmax(-1) if softmax else field.float()
+            if float((weights @ v - z).abs().max()) <= tol:
+                return candidate, softmax
+    return None, False
+
+
 # ---------------------------------------------------------------------- weights of a site
 def projection_in_features(module: nn.Module) -> int | None:
-    """Input features of a linear map (nn.Linear, GPT-2's Conv1D), else None."""
+    """Input features of a linear map (nn.Linear, GPT-2's Conv1D, a pointwise nn.Conv1d's input
+    channels), else None."""
     if isinstance(module, nn.Linear):
         return module.in_features
     if isinstance(module, Conv1D):
         return module.nx
+    if is_pointwise_conv(module):
+        return module.in_channels
     return None
 
 
-def projection_weight(module: nn.Module) -> torch.Tensor:
-    """[out, in]: the weight of nn.Linear, or of GPT-2's Conv1D (stored [in, out]) transposed.
-    Weights offloaded by accelerate (on the meta device between forwards) are read from the
-    offload map of the module's hook."""
+def stored_weight(module: nn.Module) -> torch.Tensor:
+    """The weight tensor as the module keeps it; one offloaded by accelerate (on the meta device
+    between forwards) is read from the offload map of the module's hook."""
     weight = module.weight
     if weight.device.type == "meta":
         hook = getattr(module, "_hf_hook", None)
@@ -516,7 +652,19 @@ def projection_weight(module: nn.Module) -> torch.Tensor:
                 "cannot be read; place that layer on a device"
             )
         weight = weights_map["weight"]
-    return weight.T if isinstance(module, Conv1D) else weight
+    return weight
+
+
+def projection_weight(module: nn.Module) -> torch.Tensor:
+    """[out, in]: the weight of nn.Linear; of GPT-2's Conv1D (stored [in, out]) transposed; of a
+    pointwise nn.Conv1d (stored [out, in / groups, 1]) whole: with `groups` g, output channel
+    block k reads input channel block k only, so the map is block-diagonal (zeros elsewhere)."""
+    weight = stored_weight(module)
+    if isinstance(module, Conv1D):
+        return weight.T
+    if is_pointwise_conv(module):
+        return torch.block_diag(*weight[..., 0].chunk(module.groups, dim=0))  # [out, in]
+    return weight
 
 
 def _need(site: AttentionSite, what: str) -> nn.Module:
