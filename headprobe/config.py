@@ -25,7 +25,7 @@ from headprobe.core.seeds import SEED
 from headprobe.inputs.align import BOS_MODES, FROM_MODES
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.probes import PROBE_MARKERS, PROBES
-from headprobe.inputs.samples import SAMPLE, SAMPLE_COREF
+from headprobe.inputs.samples import DEFAULT_COREF, DEFAULT_TREEBANK
 from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
 from headprobe.model.sites import STACKS
@@ -316,7 +316,7 @@ class RunConfig:
     )
     treebank: str | Path | None = option(
         None,
-        "CoNLL-U file with gold dependencies (default: the bundled sample.conllu)",
+        "CoNLL-U file with gold dependencies, plain or .gz (default: the bundled UD English EWT dev)",
         flag="--treebank",
         check=_input_file,
         stage="input",
@@ -664,9 +664,11 @@ class RunConfig:
                 + ", ".join(flag(name) for name in SENTENCE_SOURCES)
                 + f", not {' and '.join(flag(name) for name in given)}"
             )
-        if not given and values["coref"] is None and values["probe"] is None:  # the bundled samples
-            values["treebank"] = SAMPLE
-            values["coref"] = SAMPLE_COREF if SAMPLE_COREF.is_file() else None
+        if not given and values["coref"] is None and values["probe"] is None:  # the bundled data
+            values["treebank"] = DEFAULT_TREEBANK  # UD English EWT dev (gold)
+            values["coref"] = (
+                DEFAULT_COREF if DEFAULT_COREF.is_file() else None
+            )  # GUM dev, open part
         for stage in STAGES:
             for f in fields(self):
                 spec = f.metadata

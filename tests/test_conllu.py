@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import warnings
 from pathlib import Path
 
 import pytest
 
 from headprobe.inputs.corpora.base import CorpusError
-from headprobe.inputs.corpora.conllu import read_conllu, stream_conllu
+from headprobe.inputs.corpora.conllu import count_word_lines, read_conllu, stream_conllu
 from headprobe.studies.dependency.analysis import scored_arcs
 
 
@@ -111,6 +112,50 @@ def test_bad_head_names_file_and_line(tmp_path):
     )
     path, message = error_of(tmp_path, text)
     assert message == f"{path}:5: head '9' of word 4 ('day') is not a word index in 0..4"
+
+
+def gzip_copy(path: Path, data: bytes, cut: int = 0) -> Path:
+    """`data` gzip-compressed into `path`, its last `cut` bytes cut off (a broken file)."""
+    packed = gzip.compress(data, mtime=0)
+    path.write_bytes(packed[: len(packed) - cut])
+    return path
+
+
+def test_gzip_file_reads_like_the_plain_one(tmp_path):
+    """A `.conllu.gz` gives the same sentences as the text inside; sources and errors number the
+    lines of that text."""
+    plain = write(tmp_path, GOOD)
+    packed = gzip_copy(tmp_path / "t.conllu.gz", plain.read_bytes())
+
+    def rows(path):
+        return [(e.words, e.heads, e.deprels, e.unit, e.sent_id) for e in read_conllu(path)]
+
+    assert rows(packed) == rows(plain) and len(rows(plain)) == 2
+    assert [e.source for e in stream_conllu(packed)] == [f"{packed}:1", f"{packed}:12"]
+    assert count_word_lines(packed) == count_word_lines(plain) == 9  # 5 + 4 words, no 2-3, no 4.1
+    bad = plain.read_text().replace(
+        "4\ttoys\ttoy\tNOUN\tNNS\tNumber=Plur\t0", "4\ttoys\ttoy\tNOUN\tNNS\tNumber=Plur\t7"
+    )
+    bad_packed = gzip_copy(tmp_path / "bad.conllu.gz", bad.encode("utf-8"))
+    with pytest.raises(CorpusError) as info:
+        read_conllu(bad_packed)
+    assert (
+        str(info.value)
+        == f"{bad_packed}:8: head '7' of word 4 ('toys') is not a word index in 0..5"
+    )
+
+
+def test_broken_gzip_file_names_the_line_where_reading_stopped(tmp_path):
+    """A gzip file without its 8-byte trailer (CRC, size): every line is read, then one error
+    naming the file and the line after the last one read."""
+    data = write(tmp_path, GOOD).read_bytes()
+    n_lines = data.count(b"\n")
+    broken = gzip_copy(tmp_path / "cut.conllu.gz", data, cut=8)
+    with pytest.raises(CorpusError) as info:
+        read_conllu(broken, skip_bad=True)  # not a sentence's fault: never skipped
+    assert str(info.value).startswith(
+        f"{broken}:{n_lines + 1}: the gzip-compressed file cannot be read past line {n_lines} ("
+    )
 
 
 def test_missing_column_names_file_and_line(tmp_path):

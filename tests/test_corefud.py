@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import re
 from pathlib import Path
 
@@ -341,6 +342,28 @@ def test_malformed_brackets_name_file_and_line(tmp_path, value, message):
     )
     with pytest.raises(CorpusError, match=re.escape(f"{path}:4: ") + message):
         read_corefud(path)
+
+
+def test_gzip_corefud_file_reads_like_the_plain_one(tmp_path):
+    """The bundled sample, gzip-compressed: the same documents and mentions, whose sources name
+    the `.gz` file and the lines of the text inside; an error names them too."""
+    packed = tmp_path / "coref.conllu.gz"
+    packed.write_bytes(gzip.compress(SAMPLE.read_bytes(), mtime=0))
+    plain, inside = read_corefud(SAMPLE), read_corefud(packed)
+    assert corpus_summary(inside) == corpus_summary(plain)
+    assert [d.mentions for d in inside] == [d.mentions for d in plain]  # spans, entities, heads
+    assert [m.source for d in inside for m in d.mentions] == [
+        m.source.replace(str(SAMPLE), str(packed)) for d in plain for m in d.mentions
+    ]
+    broken = tmp_path / "open.conllu.gz"
+    broken.write_bytes(
+        gzip.compress(
+            b"# newdoc id = d\n# sent_id = d-1\n1\tA\ta\tDET\t_\t_\t2\tdet\t_\tEntity=(e1-x\n"
+            b"2\tdog\tdog\tNOUN\t_\t_\t0\troot\t_\t_\n\n"
+        )
+    )
+    with pytest.raises(CorpusError, match=re.escape(f"{broken}:3: ") + "mention of entity 'e1'"):
+        read_corefud(broken)
 
 
 def test_unclosed_mention_names_its_opening_line(tmp_path):

@@ -294,7 +294,7 @@ def test_report_of_a_32_by_32_model_stays_small(tmp_path):
     from transformers import AutoModel, LlamaConfig
 
     import headprobe
-    from headprobe.config import SAMPLE
+    from headprobe.inputs.samples import SAMPLE
 
     blocks = Path(SAMPLE).read_text(encoding="utf-8").split("\n\n")
     corpus = tmp_path / "few.conllu"

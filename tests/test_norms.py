@@ -29,6 +29,7 @@ from headprobe.config import RunConfig
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
+from headprobe.inputs.samples import SAMPLE  # the tiny sample: the default corpus is EWT dev
 from headprobe.model.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
 from headprobe.scoring.engine import Engine, measured_attention
 from headprobe.studies.coreference.analysis import CoreferenceScorer
@@ -370,6 +371,7 @@ def test_only_norms_and_a_bad_measure(bert_family):
         pictures=False,
         analyses=["positional"],
         measure="norms",
+        treebank=SAMPLE,
     )
     assert list(results.tallies) == ["positional@norms"] and set(
         results.positional_heads["measure"]
@@ -511,6 +513,7 @@ def test_special_share_and_the_report_section(bert_family, tmp_path):
         measure="weights,norms",
         keep_unit_counts=True,
         control="random-init",
+        treebank=SAMPLE,
     )
     assert "dependency@norms~control" in results.tallies  # the random-init control, per measure too
     assert set(results.control_best_heads["measure"]) == {"weights", "norms"}
@@ -617,6 +620,8 @@ def test_cli_measure(tiny_model, tmp_path, capsys):
                 "dependency,surface",
                 "--measure",
                 "weights,norms",
+                "--treebank",
+                str(SAMPLE),
             ]
         )
         == 0

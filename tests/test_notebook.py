@@ -1,5 +1,5 @@
 """notebooks/explore.ipynb runs top to bottom on the bundled defaults (slow: loads MiniLM and
-scores the bundled sample, about half a minute on a CPU), reading the `Results` query layer."""
+scores the bundled UD English EWT dev), reading the `Results` query layer."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from headprobe.inputs.align import CLS_LIKE, SEP_LIKE, WORD, align_examples, ali
 from headprobe.inputs.batching import prepare
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.probes import make_probe, repeated_random, special_ids, wrap
+from headprobe.inputs.samples import SAMPLE
 from headprobe.results.query import Results
 
 
@@ -106,6 +107,7 @@ def test_token_analyses_read_the_sentence_corpus_without_a_probe(gpt2_family):
         n_boot=20,
         progress=False,
         pictures=False,
+        treebank=SAMPLE,  # the tiny sample (the default is EWT dev)
     )
     assert set(results.summary["analyses"]) == {"positional", "duplicate_token"}
     assert "probe" not in results.summary["corpora"]

@@ -242,8 +242,8 @@ def provenance_section(results, source: str = "") -> Section:
     ]
     s.add(
         Details(
-            "Inputs with their SHA-256, options, conventions, corpora, software versions and run id "
-            f"({len(items)} entries)",
+            "Inputs with their SHA-256, options, conventions, corpora, bundled data's sources and "
+            f"licences, software versions and run id ({len(items)} entries)",
             [BulletList(items)],
         )
     )

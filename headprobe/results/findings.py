@@ -3,7 +3,8 @@
     key_findings(results)          # per selection analysis: ALL and the top labels, held-out
     caveats(results)               # [(kind, text)]: small samples, ties, folds disagreeing, skipped input
     data_sources(results)          # per corpus read: path, examples, words, documents, mentions
-    provenance(results)            # [(key, text)]: run id, inputs and SHA-256, options, conventions
+    provenance(results)            # [(key, text)]: run id, inputs and SHA-256, options, conventions,
+                                   # bundled data's source and licence
     best_heads_export(results, "dependency")   # the full best-heads table per label (for a CSV)
     repeated_columns(frame, ["cls", "first"])  # {"first": "cls"} when they hold the same numbers
 
@@ -223,8 +224,8 @@ def data_sources(results) -> pd.DataFrame:
 
 def provenance(results) -> list[tuple[str, str]]:
     """Everything needed to reproduce or cite the run, as (key, value text): run id, inputs with
-    their sizes and SHA-256, options, conventions, corpora read, and every other summary entry
-    that is no finding."""
+    their sizes and SHA-256, options, conventions, corpora read, the source and licence of each
+    bundled data file read, and every other summary entry that is no finding."""
     summary = results.summary
     out = []
     for key, value in summary.items():
@@ -238,6 +239,7 @@ def provenance(results) -> list[tuple[str, str]]:
             "runs",
             "coreference_corpus",
             "software",
+            "bundled_data",  # each bundled file read: what, source, licence, credit
         ):
             out += [(f"{key}: {k}", flat(v)) for k, v in value.items()]
         else:

@@ -19,7 +19,9 @@ input goes through `Accounting.reject`.
 from __future__ import annotations
 
 import codecs
+import gzip
 import warnings
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -206,10 +208,30 @@ def decode_lines(
             )
 
 
+GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (no UTF-8 text starts with them)
+
+
 def file_lines(path: str | Path) -> Iterator[bytes]:
-    """The raw lines of a file (split at b"\\n" only)."""
-    with open(path, "rb") as handle:
-        yield from handle
+    """The raw lines of a file (split at b"\\n" only); a gzip-compressed file (`x.conllu.gz`, told by
+    its first bytes, whatever its name) is decompressed as it is read, and its line numbers are
+    those of the text inside. A broken compressed stream raises a `CorpusError` naming the line
+    where reading stopped."""
+    with open(path, "rb") as raw:
+        compressed = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+        handle = gzip.GzipFile(fileobj=raw) if compressed else raw
+        number = 0
+        try:
+            for line in handle:
+                number += 1
+                yield line
+        except (OSError, EOFError, zlib.error) as exc:
+            if not compressed:
+                raise
+            raise CorpusError(
+                f"{path}:{number + 1}: the gzip-compressed file cannot be read past line {number} "
+                f"({exc})"
+            ) from None
 
 
 def text_lines(text: str | Iterable[str]) -> Iterator[bytes]:

@@ -7,7 +7,8 @@
         sentence = read_sentence(block, ids)                   # validated rows, heads, sent_id
 
 Lines are read as bytes and decoded one by one (invalid UTF-8 names its line; a UTF-8
-BOM at the start of the file is dropped). Blank (whitespace-only) lines separate
+BOM at the start of the file is dropped); a gzip-compressed file (`en_ewt-ud-dev.conllu.gz`)
+is read the same way, decompressed as it goes, its lines numbered as in the text inside. Blank (whitespace-only) lines separate
 sentence blocks. Syntactic words only: multiword range lines (`3-4`) and empty nodes
 (`5.1`) are rows but not words. A malformed sentence raises a `CorpusError`
 ("path:line: what is wrong"); with `skip_bad=True` it is skipped, warned about and
@@ -294,10 +295,9 @@ def count_word_lines(path: str | Path) -> int:
     """Syntactic word lines of a CoNLL-U file (first column a whole number), counted without
     parsing: a cheap total for a progress bar (malformed sentences included)."""
     n = 0
-    with open(path, "rb") as handle:
-        for line in handle:
-            if line[:1].isdigit() and line.split(b"\t", 1)[0].isdigit():
-                n += 1
+    for line in file_lines(path):  # gzip-compressed files included
+        if line[:1].isdigit() and line.split(b"\t", 1)[0].isdigit():
+            n += 1
     return n
 
 

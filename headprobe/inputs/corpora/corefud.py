@@ -9,7 +9,7 @@ Reading (`read_corefud`, `parse_corefud`)
 -----------------------------------------
 Lines, sentence blocks, rows and trees are read and validated by the treebank reader's
 layer (`headprobe.inputs.corpora.conllu`: `iter_blocks`, `read_sentence`), with the same
-errors; this module adds only coreference: `Entity` brackets, mentions, documents and
+errors (a gzip-compressed `.conllu.gz` is read the same way); this module adds only coreference: `Entity` brackets, mentions, documents and
 windows. A CorefUD file is read into `CorefDocument`s (one per `# newdoc id`), each with
 its sentences (syntactic words only: multiword range lines `3-4` and empty nodes `5.1`
 are not words) and its mentions in **document** word coordinates.
