@@ -3,7 +3,8 @@
 The reference for a step's row: the whole sequence so far (prompt + the tokens generated before
 the step) through an eager twin with `output_attentions=True`, its last query row. The tokens:
 `model.generate(do_sample=False)`. Tiny random causal LMs from configs: a Llama with grouped
-query attention (4 query heads over 2 KV heads) and a GPT-2; seeded, no downloads.
+query attention (4 query heads over 2 KV heads), a GPT-2 and a BLOOM (ALiBi; the capture's
+legacy `output_attentions` path); seeded, no downloads.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ import copy
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    BloomConfig,
+    BloomForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 from headprobe.model.capture import capture_heads
 from headprobe.model.decoding import decode, stop_tokens
@@ -22,6 +30,17 @@ VOCAB = 48
 
 
 def config_of(name: str):
+    if name == "bloom":  # ALiBi, attention computed in the module: the legacy path
+        return BloomForCausalLM, BloomConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            n_layer=2,
+            n_head=4,
+            initializer_range=0.3,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     if name == "llama":
         return LlamaForCausalLM, LlamaConfig(
             vocab_size=VOCAB,
@@ -54,11 +73,12 @@ _TWINS: dict[str, tuple] = {}
 
 
 def twins(name: str):
-    """(SDPA model, eager twin with the same weights), built once per family."""
+    """(the model under SDPA where it has it, an eager twin with the same weights), built once."""
     if name not in _TWINS:
         cls, config = config_of(name)
         torch.manual_seed(7)
-        sdpa = cls._from_config(copy.deepcopy(config), attn_implementation="sdpa").eval()
+        own = "eager" if name == "bloom" else "sdpa"  # BLOOM has no SDPA
+        sdpa = cls._from_config(copy.deepcopy(config), attn_implementation=own).eval()
         eager = cls._from_config(copy.deepcopy(config), attn_implementation="eager").eval()
         eager.load_state_dict(sdpa.state_dict())
         _TWINS[name] = sdpa, eager
@@ -81,7 +101,7 @@ def eager_last_row(eager, sequence: torch.Tensor) -> list[torch.Tensor]:
     return [a[:, :, -1] for a in attentions]  # per layer [batch, head, key]
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bloom"])
 def test_each_step_row_is_eager_attention_last_row(name):
     sdpa, eager = twins(name)
     ids = prompt(11, 0)
@@ -101,7 +121,7 @@ def test_each_step_row_is_eager_attention_last_row(name):
         assert step.token.tolist() == [int(out.ids[0, step.index])]
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bloom"])
 def test_tokens_are_greedy_generate(name):
     sdpa, _ = twins(name)
     ids = prompt(9, 1)
