@@ -284,3 +284,58 @@ def test_cli_one_line_and_exit_2(config_only, tmp_path, capsys):
         )
         err = capsys.readouterr().err.strip()
         assert code == 2 and message in err and len(err.splitlines()) == 1
+
+
+def tiny_causal_lm(tokenizer):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=384,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_a_run_reads_the_needle_probes(llama3_tokenizer):
+    """`headprobe.run(probe="needle")`: the bundled haystack through the model's tokenizer, one
+    example per (needle, length, depth), each prompt within the model's 384 positions less the
+    answer's 32 (the byte-level test vocabulary spells most words byte by byte: 300 tokens of
+    context and the question make prompts of 286 to 354 tokens, too long)."""
+    model = tiny_causal_lm(llama3_tokenizer)
+    results = headprobe.run(
+        probe="needle",
+        needle_lengths="200",
+        needle_depths=2,
+        analyses=["previous_token"],
+        loaded=(model, llama3_tokenizer, "tiny llama"),
+        device="cpu",
+        progress=False,
+        n_boot=5,
+    )
+    assert results.summary["options"]["probe"] == {
+        "name": "needle",
+        "needles": "built-in",
+        "lengths": [200],
+        "depths": 2,
+    }
+    assert results.summary["runs"]["probe"]["examples"] == 2 * len(NEEDLES)
+    with pytest.raises(ValueError, match="more than the 352 the model can read and still answer"):
+        headprobe.run(
+            probe="needle",
+            needle_lengths="300",
+            analyses=["previous_token"],
+            loaded=(model, llama3_tokenizer, "tiny llama"),
+            device="cpu",
+            progress=False,
+        )
+    base = model.base_model  # the same weights without the language-model head
+    with pytest.raises(UsageError, match="tiny base is not a causal language model"):
+        headprobe.run(probe="needle", loaded=(base, llama3_tokenizer, "tiny base"), device="cpu")
