@@ -6,6 +6,8 @@
 - `sample.txt`: an original English paragraph written for headprobe;
 - `sample.conllu`: its silver spaCy parse (written by `data/make_samples.py`);
 - `sample_coref.conllu`: two short original CorefUD documents.
+- `haystack.txt`: two chapters of Thoreau's Walden (public domain), one sentence per line, the
+  needle probe's default haystack (`headprobe.inputs.needle`; source in LICENSES.md).
 
 A wheel installs them as files beside this module, so each is a plain `pathlib.Path`.
 """
