@@ -30,6 +30,7 @@ from headprobe.core import atomic
 from headprobe.inputs.align import apply_bos
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.corpora.base import Stream
+from headprobe.inputs.needle import NEEDLE
 from headprobe.inputs.samples import DEFAULT_TREEBANK, SAMPLE, SAMPLE_COREF, bundled_provenance
 from headprobe.model import loading as models
 from headprobe.model.capture import text_config
@@ -159,8 +160,10 @@ def _check_against_config(config: RunConfig):
     exist fail before the weights load."""
     reference = checks.check_model(config.model) if config.loaded is None else None
     if reference is None:
+        _check_needle(config, config.loaded[0], config.loaded[2])
         return None
     model_config = checks.read_config(*reference)
+    _check_needle(config, model_config, reference[2], reference)
     checks.check_stack_in_config(config.stack, model_config, reference[2])
     n_config_layers, n_config_heads = checks.config_layers_heads(model_config, config.stack)
     if n_config_layers:
@@ -171,12 +174,34 @@ def _check_against_config(config: RunConfig):
     return reference
 
 
+def _check_needle(config: RunConfig, model_or_config, name: str, reference=None) -> None:
+    """--probe needle: the model must be a causal language model whose context holds the longest
+    context length and the answer (`checks.check_needle_model`); a checkpoint is judged by its
+    config (`models.lm_class`), a loaded model by its head (`lm_kind`)."""
+    if config.probe != NEEDLE:
+        return
+    if reference is None:
+        from headprobe.model.objectives import lm_kind
+
+        net = model_or_config
+        checks.check_needle_model(
+            net.config, config.needle_lengths, name, lm_kind(net) == "causal_lm"
+        )
+        return
+    from transformers import AutoModelForCausalLM
+
+    auto = models.lm_class(reference[0], reference[1], model_or_config)
+    checks.check_needle_model(
+        model_or_config, config.needle_lengths, name, auto is AutoModelForCausalLM
+    )
+
+
 def _input_fingerprints(config: RunConfig, reference) -> dict:
     """`_input_fingerprints(config, reference)`: a fingerprint of each input given and of the
     model (its name only for a loaded model)."""
     inputs = {
         key: store.input_fingerprint(flag(key), getattr(config, key))
-        for key in (*SENTENCE_SOURCES, "coref")
+        for key in (*SENTENCE_SOURCES, "coref", "needles")
         if getattr(config, key) is not None
     }
     inputs["model"] = (
@@ -331,17 +356,7 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
     if config.coref is not None and on_coref:
         passes += with_second_pass(lambda now: coref_pass(config, session.tokenizer, now), on_coref)
     if config.probe is not None and on_tokens:
-        from headprobe.inputs.probes import make_probe
-
-        examples = make_probe(
-            config.probe,
-            session.tokenizer,
-            length=config.probe_length,
-            n=config.probe_n,
-            seed=config.seed,
-            specials=config.probe_specials,
-            vocab_size=getattr(text_config(session.net), "vocab_size", None),
-        )
+        examples = probe_stream(config, session)
         passes += with_second_pass(
             lambda now: Pass(
                 PROBE,
@@ -358,6 +373,40 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
             "nothing to score: give a sentence corpus and/or coref for the analyses asked for"
         )
     return passes
+
+
+def probe_stream(config: RunConfig, session: Session) -> Stream:
+    """The probe's examples, read lazily: random tokens, or the needle probes (their haystack the
+    run's sentence corpus where one is given, else the bundled text)."""
+    from headprobe.inputs.probes import make_probe
+
+    if config.probe != NEEDLE:
+        return make_probe(
+            config.probe,
+            session.tokenizer,
+            length=config.probe_length,
+            n=config.probe_n,
+            seed=config.seed,
+            specials=config.probe_specials,
+            vocab_size=getattr(text_config(session.net), "vocab_size", None),
+        )
+    from headprobe.model.decoding import MAX_NEW_TOKENS
+
+    given = any(getattr(config, key) is not None for key in SENTENCE_SOURCES)
+    limit = checks.max_positions(session.net.config)
+    return make_probe(
+        NEEDLE,
+        session.tokenizer,
+        needles=config.needles,
+        lengths=config.needle_lengths,
+        depths=config.needle_depths,
+        haystack=sentence_stream(
+            config.treebank, config.text, config.hf_dataset, config.skip_bad, config.conventions
+        )
+        if given
+        else None,
+        max_prompt=None if limit is None else limit[0] - MAX_NEW_TOKENS,
+    )
 
 
 def sentence_stream(

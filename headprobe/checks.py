@@ -292,3 +292,36 @@ def check_stack_in_config(stack: str | None, config, model: str) -> None:
     """--stack cross needs an encoder-decoder (its config says so)."""
     if stack == "cross" and not getattr(config, "is_encoder_decoder", False):
         raise UsageError(f"--stack cross: {model} is not an encoder-decoder (no cross-attention)")
+
+
+# names transformers' configs give the most positions a model reads
+POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx")
+
+
+def max_positions(config) -> tuple[int, str] | None:
+    """(the most positions the model reads, the config field that says so), or None."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in POSITION_LIMITS:
+        value = getattr(text, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, name
+    return None
+
+
+def check_needle_model(config, lengths, model: str, causal_lm: bool) -> None:
+    """--probe needle needs a causal language model (`causal_lm`: a decoder with its head) whose
+    context holds the longest context length and the answer's tokens (from its config)."""
+    from headprobe.model.decoding import MAX_NEW_TOKENS
+
+    if not causal_lm or getattr(config, "is_encoder_decoder", False):
+        raise UsageError(
+            f"--probe needle: {model} is not a causal language model; the probe asks a question "
+            "and reads the model's answer, which needs a decoder with its language-model head"
+        )
+    limit = max_positions(config)
+    longest = max(lengths)
+    if limit is not None and longest + MAX_NEW_TOKENS > limit[0]:
+        raise UsageError(
+            f"--needle-lengths {longest}: {model} reads at most {limit[0]} positions ({limit[1]}); "
+            f"a probe needs its context, the question and up to {MAX_NEW_TOKENS} answer tokens"
+        )

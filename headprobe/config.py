@@ -24,6 +24,8 @@ from headprobe import checks
 from headprobe.core.seeds import SEED
 from headprobe.inputs.align import BOS_MODES, FROM_MODES
 from headprobe.inputs.conventions import PRESETS
+from headprobe.inputs.corpora.base import CorpusError
+from headprobe.inputs.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS, NEEDLE, read_needles
 from headprobe.inputs.probes import PROBE_MARKERS, PROBES
 from headprobe.inputs.samples import DEFAULT_COREF, DEFAULT_TREEBANK
 from headprobe.model import loading as models
@@ -100,7 +102,12 @@ GIVEN = "given"  # `record`: recorded when the option's value is set (truthy)
 
 
 def _with_probe(config) -> bool:
-    return config.probe is not None
+    """A probe of random tokens (its length, number and specials are recorded)."""
+    return config.probe is not None and config.probe != NEEDLE
+
+
+def _with_needle(config) -> bool:
+    return config.probe == NEEDLE
 
 
 def _blocked_or_mapped(config) -> bool:
@@ -141,6 +148,47 @@ def _figure_formats(flag, value, values) -> tuple[str, ...]:
         return parse_formats(["png", *names])
     except ValueError as err:
         raise checks.UsageError(str(err).replace("--figures", flag, 1)) from None
+
+
+def _needles(flag, value, values):
+    """--needles: a JSONL file of needles, read whole and checked (one line naming file:line)."""
+    if value is None:
+        return None
+    if values["probe"] != NEEDLE:
+        raise checks.UsageError(
+            f"{flag} gives the needles of --probe {NEEDLE}: add --probe {NEEDLE}"
+        )
+    checks.check_input_file(flag, value)
+    try:
+        read_needles(Path(value).expanduser())
+    except (CorpusError, UnicodeDecodeError) as err:
+        raise checks.UsageError(f"{flag}: {err}") from None
+    return value
+
+
+def _needle_lengths(flag, value, values) -> tuple[int, ...]:
+    """'500,1000' (or a list) -> (500, 1000): context lengths in tokens, each at least 1."""
+    parts = str(value).split(",") if isinstance(value, (str, int)) else list(value)
+    lengths = []
+    for part in parts:
+        try:
+            length = int(str(part).strip())
+        except ValueError:
+            raise checks.UsageError(
+                f"{flag} {value!r}: {str(part).strip()!r} is not a whole number of tokens"
+            ) from None
+        lengths.append(checks.check_int(flag, length, 1, " tokens"))
+    lengths = tuple(dict.fromkeys(lengths))
+    if values["probe"] != NEEDLE and lengths != DEFAULT_LENGTHS:
+        raise checks.UsageError(f"{flag} is an option of --probe {NEEDLE}: add --probe {NEEDLE}")
+    return lengths
+
+
+def _needle_depths(flag, value, values) -> int:
+    depths = checks.check_int(flag, value, 1, " (depths, evenly spaced from 0 to 1)")
+    if values["probe"] != NEEDLE and depths != DEFAULT_DEPTHS:
+        raise checks.UsageError(f"{flag} is an option of --probe {NEEDLE}: add --probe {NEEDLE}")
+    return depths
 
 
 def _hf_dataset(flag, value, values):
@@ -256,7 +304,9 @@ def _analyses_help() -> str:
 def _probe_help() -> str:
     return (
         f"a synthetic probe for the token analyses ({', '.join(registry.names(registry.PROBE))}): "
-        "repeated-random = random tokens repeated twice (Olsson et al. 2022); without --analyses every "
+        "repeated-random = random tokens repeated twice (Olsson et al. 2022); needle = a fact hidden "
+        "in a long text and a question about it, answered greedily (causal language models; "
+        "--needles, --needle-lengths, --needle-depths); without --analyses every "
         "token analysis runs on it. Without a probe, token analyses named in --analyses read the "
         "sentence corpus at piece level"
     )
@@ -385,6 +435,43 @@ class RunConfig:
         record=_with_probe,
         record_at=17,
         record_as=("probe", "specials"),
+    )
+    needles: str | Path | None = option(
+        None,
+        f"--probe {NEEDLE}: a JSONL file of needles, one object per line with needle, question "
+        "and answer (a span of needle) (default: the built-in needles)",
+        flag="--needles",
+        metavar="FILE",
+        check=_needles,
+        stage="input",
+        record=_with_needle,
+        record_at=25,
+        record_as=("probe", "needles"),
+        record_value=lambda value: "built-in" if value is None else str(value),
+    )
+    needle_lengths: str | tuple = option(
+        ",".join(map(str, DEFAULT_LENGTHS)),
+        f"--probe {NEEDLE}: context lengths in tokens, a comma list (default: "
+        f"{','.join(map(str, DEFAULT_LENGTHS))})",
+        flag="--needle-lengths",
+        metavar="N[,N]",
+        check=_needle_lengths,
+        record=_with_needle,
+        record_at=26,
+        record_as=("probe", "lengths"),
+        record_value=list,
+    )
+    needle_depths: int = option(
+        DEFAULT_DEPTHS,
+        f"--probe {NEEDLE}: depths of the needle in the context, evenly spaced from 0 (its start) "
+        f"to 1 (its end) (default: {DEFAULT_DEPTHS})",
+        flag="--needle-depths",
+        type=int,
+        metavar="N",
+        check=_needle_depths,
+        record=_with_needle,
+        record_at=27,
+        record_as=("probe", "depths"),
     )
     out: str | Path | None = option(
         None,

@@ -66,6 +66,13 @@ legacy site without a value projection (BLOOM's and Falcon's fused ones) or with
 projection refuses `value_norms` or `head_output` with one line naming the model
 (`CaptureUnavailable`).
 
+`last_row[b, h, j]` is the last query row of `probs` alone, `[batch, head, key]`: at a decoding
+step (one new token over the KV cache; `headprobe.model.decoding`) the whole of that step's
+attention. It is computed from the call's query and keys as `eager_probs` computes any row (each
+query head its own row: grouped-query heads read their KV group's keys), O(heads x keys), while
+the model's own attention (SDPA) computes the layer's output; on the legacy path it is the last
+row of `output_attentions`.
+
 For notebooks, `capture_heads(model, needs=...)` keeps the quantities of one forward pass:
 
     with headprobe.capture_heads(model, needs={"probs", "value_norms"}) as heads:
@@ -121,6 +128,9 @@ QUANTITIES = {
     "head_output": "[batch, head, query, hidden] float32: c_h = z_h W_O^h, head h's write into the "
     "residual stream (its slice of the output projection's input times its block of W_O, bias "
     "left out; METHODS §9)",
+    "last_row": "[batch, head, key] float32: the last query row of probs alone (a decoding step's new "
+    "token over every cached key; `headprobe.model.decoding`), O(heads x keys); the model's own "
+    "attention computes the layer's output",
 }
 RESERVED: dict[str, str] = {}  # names kept for quantities not built yet
 
@@ -258,6 +268,18 @@ def head_output(site, z: torch.Tensor, n_heads: int) -> torch.Tensor:
     return torch.einsum("bqhd,ohd->bhqo", z, blocks)  # [batch, head, query, hidden]
 
 
+def last_row(module, query, key, value, mask, scaling, dropout, kwargs) -> torch.Tensor:
+    """[batch, head, key] float32: the probabilities of the call's last query row alone (a decoding
+    step's single row), as `eager_probs` computes them (grouped query heads repeated: each query
+    head its own row over its KV group's keys); a keyword not understood: the family's eager
+    attention's last row."""
+    if not_understood(kwargs):
+        probs, _ = probs_and_output(module, query, key, value, mask, scaling, dropout, kwargs)
+        return probs[:, :, -1]
+    n = query.shape[-2]
+    return eager_probs(module, query, key, mask, scaling, kwargs, rows=slice(n - 1, n))[:, :, 0]
+
+
 def n_layers_heads(model, stack: str | None = None) -> tuple[int, int]:
     """(layers, query heads) of one attention stack (default: the encoder where there is one)."""
     sites = attention_sites(model)
@@ -357,6 +379,8 @@ class AttentionCapture:
         self.calls_[layer] = self.calls_.get(layer, 0) + 1
         self._got.add(layer)
         extra = {}
+        if "last_row" in self.wanted:
+            extra["last_row"] = last_row(module, query, key, value, mask, scaling, dropout, kwargs)
         if "value_norms" in self.wanted:
             extra["value_norms"] = value_norms(site, value, query.shape[1])  # [batch, head, key]
         if "probs" not in self.wanted:  # nothing else to compute here
@@ -450,6 +474,10 @@ class AttentionCapture:
             del probs
         return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
 
+    def _whole(self, n_query: int) -> QueryBlock | None:
+        """The block of every query row where the callback takes blocks, else None."""
+        return QueryBlock(0, n_query, n_query) if self.query_block else None
+
     def _hand_on(self, layer: int, probs: torch.Tensor, extra: dict | None = None) -> None:
         """A whole layer's probabilities [batch, head, query, key], in blocks if asked."""
         if not self.query_block:
@@ -473,16 +501,13 @@ class AttentionCapture:
                 self.calls_[layer] = self.calls_.get(layer, 0) + 1
                 self._got.add(layer)
                 probs = probs.float().softmax(-1) if sites[layer].softmax else probs.float()
-                extra = {}
+                extra = {"last_row": probs[:, :, -1]} if "last_row" in self.wanted else {}
                 if "value_norms" in self.wanted:
                     extra["value_norms"] = self._legacy_norms.pop(layer)  # [batch, head, key]
                 if "probs" in self.wanted:
                     self._hand_on(layer, probs, extra)
                 else:
-                    n = probs.shape[-2]
-                    self._give(
-                        layer, None, extra, QueryBlock(0, n, n) if self.query_block else None
-                    )
+                    self._give(layer, None, extra, self._whole(probs.shape[-2]))
         for name in ("attentions", *LEGACY_FIELDS.values()):  # not kept on the output
             if getattr(output, name, None) is not None:
                 setattr(output, name, None)

@@ -103,17 +103,18 @@ def load(
     return model, tokenizer, display
 
 
-def lm_class(path: str, extra: dict):
+def lm_class(path: str, extra: dict, config=None):
     """AutoModelForCausalLM or AutoModelForMaskedLM for a checkpoint, or None for a base model.
     The checkpoint's `architectures` decide (`...Model` alone: a base model, no head saved);
-    without them its model type: masked where transformers has a masked-LM class for it."""
+    without them its model type: masked where transformers has a masked-LM class for it.
+    `config`: the checkpoint's config where it was read already."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     )
 
-    config = AutoConfig.from_pretrained(path, **extra)
+    config = AutoConfig.from_pretrained(path, **extra) if config is None else config
     architectures = getattr(config, "architectures", None) or []
     for arch in architectures:
         if arch.endswith(("CausalLM", "LMHeadModel")):

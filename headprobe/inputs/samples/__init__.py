@@ -11,6 +11,8 @@
 - `sample.txt`: an original English paragraph written for headprobe;
 - `sample.conllu`: its silver spaCy parse (written by `data/make_samples.py`);
 - `sample_coref.conllu`: two short original CorefUD documents.
+- `haystack.txt`: two chapters of Thoreau's Walden (public domain), one sentence per line, the
+  needle probe's default haystack (`headprobe.inputs.needle`; source in LICENSES.md).
 
 `BUNDLED` says where each file comes from and under which licence; LICENSES.md (written by
 `data/make_bundled.py` from it) says the same, per GUM document too. A run that reads a bundled
@@ -68,6 +70,16 @@ BUNDLED = {
         "GUM annotators (https://gucorpling.org/gum/) and each document's source (LICENSES.md "
         "beside this file); cite Zeldes (2017), The GUM Corpus: Creating Multilayer Resources in "
         "the Classroom, Language Resources and Evaluation 51(3)",
+    ),
+    "haystack.txt": Bundled(
+        "Henry David Thoreau, Walden; or, Life in the Woods (1854): the chapters 'Where I Lived, and "
+        "What I Lived For' and 'Solitude', one sentence per line (344 sentences, 9,528 words; "
+        "paragraph lines joined, indented verse quotations left out, '--' written ' -- ', nothing "
+        "else changed): the needle probe's default haystack (headprobe.inputs.needle)",
+        "Project Gutenberg eBook #205 ('Walden, and On the Duty of Civil Disobedience'), from a "
+        "plain-text copy with Project Gutenberg's header and footer removed",
+        "public domain (published 1854; the author died in 1862)",
+        "Henry David Thoreau; Project Gutenberg",
     ),
     "sample.txt": Bundled(
         "an original English paragraph (43 sentences) written for headprobe",
