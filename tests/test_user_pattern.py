@@ -19,6 +19,7 @@ from conftest import make_wordpiece
 from transformers import AutoModel, BertConfig
 
 import headprobe
+from headprobe.core.seeds import example_key
 from headprobe.inputs.align import CLS_LIKE, SEP_LIKE, WORD, Alignment
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
@@ -91,9 +92,9 @@ def test_comma_pattern_scores_on_hand_built_attention(unregister):
         batch = Batch(
             [Example(words=list("abcdef"), unit="u", source="u:1")], [a], pad_id=0, causal=False
         )
-        scorer.begin_batch(batch)
-        scorer.update(0, Att(torch.as_tensor(probs, dtype=torch.float32)[None]), batch)
-        scorer.end_batch(batch)
+        state = scorer.prepare(batch)
+        scorer.update(0, Att(torch.as_tensor(probs, dtype=torch.float32)[None, None]), state)
+        scorer.end_batch(state)
     scorer.finish()
     results = Results({NAME: scorer.tally_}, {"n_layers": 1, "n_heads": 2})
     table = results.table(f"{NAME}_heads").set_index(["label", "head"])
@@ -112,8 +113,14 @@ def test_comma_pattern_scores_on_hand_built_attention(unregister):
     base = scorer.tally_.arrays("mul")["base"][:, 0].sum(0)
     assert scorer.tally_.variants == ("random", "first", "offset=-1")
     assert list(base[1:]) == [0, 2]
-    assert table.loc[("mul", 0), "baseline_variant"] == "offset=-1"
-    assert table.loc[("mul", 0), "gap"] == pytest.approx(0.6 - 0.5, abs=1e-6)
+    # random: one key per row drawn from the example's own key (ids and content), all 8 visible
+    draws = np.random.Generator(np.random.PCG64(example_key(0, batch.examples[0])))
+    keys = draws.integers(0, np.full(4, 8))  # rows 3, 4, 5, 6
+    random_hits = int(np.sum(keys == np.array([2, 2, 2, 5])))
+    assert base[0] == random_hits
+    best = max(zip((random_hits, 0, 2), ("random", "first", "offset=-1")), key=lambda x: x[0])
+    assert table.loc[("mul", 0), "baseline_variant"] == best[1]  # ties: the first declared
+    assert table.loc[("mul", 0), "gap"] == pytest.approx(0.6 - best[0] / 4, abs=1e-6)
 
 
 def test_bad_declarations_say_what_is_wrong(unregister):
