@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from test_cli import conllu_text
 
 import headprobe
-from headprobe.core.seeds import content_digest, example_key
+from headprobe.core.seeds import example_key, keyed_hash
 from headprobe.inputs.corpora.base import Example
 
 # the token analyses read the sentences at piece level; previous_token and sink draw the random
@@ -46,25 +45,18 @@ def test_same_corpus_two_directories_byte_identical_tables(tiny_model, tmp_path)
     assert "random" in heads
 
 
-def example(words, source, unit="doc1", sent_id="s1", ids=None):
-    meta = {"input_ids": ids} if ids is not None else {}
-    return Example(words, unit, source, sent_id=sent_id, meta=meta)
+def example(words, source, unit="doc1", sent_id="s1"):
+    return Example(words, unit, source, sent_id=sent_id)
 
 
-def test_example_key_reads_ids_and_content_not_the_source():
+def test_example_key_reads_ids_not_the_directory():
     a = example(["The", "cat", "sat"], "/one/corpus.conllu:3")
     b = example(["The", "cat", "sat"], "/two/deeper/corpus.conllu:3")
     assert example_key(0, a) == example_key(0, b)
+    assert example_key(0, a) == example_key(0, example(a.words, "corpus.conllu:3"))
     assert example_key(0, a) != example_key(1, a)  # the seed
-    assert example_key(0, a) != example_key(0, example(["The", "cat", "ran"], a.source))
+    assert example_key(0, a) != example_key(0, example(a.words, "/one/corpus.conllu:9"))
     assert example_key(0, a) != example_key(0, example(a.words, a.source, sent_id="s2"))
     assert example_key(0, a) != example_key(0, example(a.words, a.source, unit="doc2"))
-    # a probe's own token ids are its content too
-    assert content_digest(example(a.words, a.source, ids=[1, 2, 3])) != content_digest(
-        example(a.words, a.source, ids=[1, 2, 4])
-    )
-
-
-@pytest.mark.parametrize("words", [["a", "bc"], ["ab", "c"]])
-def test_content_digest_separates_words(words):
-    assert content_digest(example(words, "x:1")) != content_digest(example(["abc"], "x:1"))
+    # the key is METHODS §5's keyed hash of "unit:sentence:file:line"
+    assert example_key(7, a) == keyed_hash(7, "random-key", "doc1:s1:corpus.conllu:3")

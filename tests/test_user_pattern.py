@@ -113,7 +113,7 @@ def test_comma_pattern_scores_on_hand_built_attention(unregister):
     base = scorer.tally_.arrays("mul")["base"][:, 0].sum(0)
     assert scorer.tally_.variants == ("random", "first", "offset=-1")
     assert list(base[1:]) == [0, 2]
-    # random: one key per row drawn from the example's own key (ids and content), all 8 visible
+    # random: one key per row drawn from the example's own key (its ids), all 8 keys visible
     draws = np.random.Generator(np.random.PCG64(example_key(0, batch.examples[0])))
     keys = draws.integers(0, np.full(4, 8))  # rows 3, 4, 5, 6
     random_hits = int(np.sum(keys == np.array([2, 2, 2, 5])))

@@ -50,6 +50,7 @@ MATCH_COLUMNS = [
     "depth_b",
 ]
 BEST_COLUMNS = ["run", *(c for c in SHOWN_COLUMNS if c != "selection"), "in_sample_heads"]
+NOT_HELD_OUT = ("run", "analysis", "label", "n", "in_sample_heads")  # the others: held-out figures
 
 
 @dataclass
@@ -270,7 +271,7 @@ def best_heads_side_by_side(runs: list[Run], analysis: str) -> pd.DataFrame:
                     "analysis": analysis,
                     "label": wide["label"],
                     "n": wide["n"],
-                    **{c: wide[f"heldout_{c}"] for c in BEST_COLUMNS[4:-1]},
+                    **{c: wide[f"heldout_{c}"] for c in BEST_COLUMNS if c not in NOT_HELD_OUT},
                     "in_sample_heads": wide["heads"],
                     "note": wide["note"]
                     .fillna("")

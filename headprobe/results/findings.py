@@ -23,6 +23,7 @@ from headprobe.stats.engine import SHOWN_COLUMNS, min_trials
 TOP_LABELS = 5  # labels shown per analysis in the key findings, besides ALL
 RUNNERS_UP = 3
 FINDING_COLUMNS = [c for c in SHOWN_COLUMNS if c != "selection"] + ["folds_agree"]
+WHOLE = ("analysis", "label", "n")  # a finding's columns that are not the held-out figures
 # summary keys that are shown as findings or data, not as provenance
 NOT_PROVENANCE = (
     "model",
@@ -69,7 +70,7 @@ def key_findings(results, top: int = TOP_LABELS) -> pd.DataFrame:
                     "analysis": analysis,
                     "label": r["label"],
                     "n": r["n"],
-                    **{c: r[f"heldout_{c}"] for c in FINDING_COLUMNS[3:]},
+                    **{c: r[f"heldout_{c}"] for c in FINDING_COLUMNS if c not in WHOLE},
                 }
             )
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
