@@ -227,13 +227,7 @@ def _heads(flag, value, values):
 
 
 def _head_groups(flag, value, values):
-    groups = checks.parse_head_groups(value)
-    if groups is not None and values["prune_curve"]:
-        raise checks.UsageError(
-            "--head-groups and --prune-curve each gate groups of heads in a second model pass; "
-            "run them one at a time"
-        )
-    return groups
+    return checks.parse_head_groups(value)
 
 
 def _control(flag, value, values):
