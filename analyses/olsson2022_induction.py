@@ -18,7 +18,8 @@ random one has none above `--control` (0.1); the script says so and exits 0, els
 Do the induction heads matter? (METHODS §8; needs a language-model head.) On the same probe:
 - the induction heads (score >= `--threshold`, or `--induction-heads 18-6,17-3,...`) ablated
   together (gated to 0), as many other heads drawn from the same layers (per layer as many
-  as it has induction heads; a seeded choice) ablated together, and the intact model;
+  as it has induction heads; a seeded choice) ablated together, and the intact model, through
+  `headprobe.run` with `--head-groups` (the `group_ablation` analysis);
 - every head of `--ablate-layers` (default 17-23) ablated alone, through `headprobe.run` with
   the options a CLI user gives (`headprobe run --probe repeated-random --analyses ablation
   --heads ...`).
@@ -111,48 +112,39 @@ def single_heads(net, tokenizer, name, args, induction, out) -> None:
 
 
 def together(net, tokenizer, name, args, induction, out) -> None:
-    """Induction heads vs as many other heads vs intact, each group gated to 0 together (a
-    `GroupScorer`: no run option gates a group of heads together yet), on the same probe and
-    objective (the repeated half's loss, named by the probe's examples)."""
-    from headprobe.config import RunConfig
-    from headprobe.inputs.probes import make_probe
-    from headprobe.model.capture import n_layers_heads, text_config
-    from headprobe.scoring.engine import Engine
-    from headprobe.studies.ablation.analysis import GroupScorer, points_table
+    """Induction heads vs as many other heads vs intact, each group gated to 0 together, through
+    `headprobe.run` with the options of
+
+        headprobe run --model smollm2 --probe repeated-random --probe-length L --n N \\
+            --head-groups "induction=18-6,17-3,...;other=18-1,17-5,..."
+
+    on the same probe and objective (the repeated half's loss, named by the probe's examples)."""
+    import headprobe
+    from headprobe.model.capture import n_layers_heads
 
     others = other_heads(induction, n_layers_heads(net)[1], args.seed)
-    names = lambda heads: " ".join(f"{l}-{h}" for l, h in heads)
-    groups = [("intact", []), ("induction heads", induction), ("other heads", others)]
-    scorer = GroupScorer()
-    scorer.use_groups(groups)
-    examples = make_probe(
-        "repeated-random",
-        tokenizer,
-        length=args.length,
-        n=args.n,
+    names = lambda heads: ",".join(f"{l}-{h}" for l, h in heads)
+    results = headprobe.run(
+        loaded=(net, tokenizer, name),
+        probe="repeated-random",
+        probe_length=args.length,
+        probe_n=args.n,
         seed=args.seed,
-        vocab_size=getattr(text_config(net), "vocab_size", None),
+        n_boot=args.bootstrap,
+        batch_size=args.batch_size,
+        analyses=["induction"],
+        head_groups=f"induction={names(induction)};other={names(others)}",
+        progress=not args.quiet,
+        out=str(out / "groups"),
     )
-    Engine(
-        net,
-        tokenizer,
-        [scorer],
-        RunConfig(
-            batch_size=args.batch_size,
-            seed=args.seed,
-            n_boot=args.bootstrap,
-            progress=not args.quiet,
-        ),
-        desc="ablation",
-    ).run(examples)
-    labels = [label for label, _ in groups]
-    table = points_table(scorer.tally_, labels, "intact")
-    versus_other = points_table(scorer.tally_, labels, "other heads").set_index("label")
-    table["heads"] = [names(heads) for _, heads in groups]
-    table["vs_other"], table["vs_other_low"], table["vs_other_high"] = (
-        [versus_other.loc[label, column] for label in labels]
-        for column in ("change", "change_low", "change_high")
-    )
+    table = results.group_ablation.copy()
+    versus = results.group_ablation_versus.set_index(["group", "versus"])
+    for column, source in (
+        ("vs_other", "change"),
+        ("vs_other_low", "change_low"),
+        ("vs_other_high", "change_high"),
+    ):
+        table[column] = [versus[source].get((g, "other"), float("nan")) for g in table["group"]]
     C.write_table(
         table,
         out,

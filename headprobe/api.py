@@ -46,7 +46,15 @@ from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.scoring.engine import CHUNK, Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import needs_of, tally_key
-from headprobe.scoring.registry import ANY, ARCS, COREFERENCE, MENTIONS, PROBE, SENTENCES
+from headprobe.scoring.registry import (
+    ANY,
+    ARCS,
+    COREFERENCE,
+    MENTIONS,
+    PROBE,
+    SENTENCES,
+    WEIGHTS_ONLY,
+)
 from headprobe.stats.engine import SHOWN_COLUMNS
 
 __all__ = ["RunConfig", "run", "headline", "attention_for_sentence", "SAMPLE", "SAMPLE_COREF"]
@@ -85,9 +93,10 @@ def run(config: RunConfig | str | None = None, /, **options) -> Results | None:
     config, world = validate(RunConfig.of(config, **options))
     with contextlib.ExitStack() as held:
         session = open_session(config, world, held)
-        passes = plan_passes(config, session)
+        weighed = weigh(config, session)
+        passes = plan_passes(config, session, bool(weighed))
         score(config, session, passes)
-        return finish(config, session, passes, started)
+        return finish(config, session, passes, started, weighed)
 
 
 def validate(config: RunConfig) -> tuple[RunConfig, distributed.World]:
@@ -144,9 +153,10 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
     sites = attention_sites(net)
     stack = sites.resolve(config.stack)
     checks.check_layers_exist(config.layers, sites.n_layers(stack), name)
-    checks.check_heads_exist(
-        config.heads, sites.n_layers(stack), sites.n_heads(stack), config.layers, name
-    )
+    shape = (sites.n_layers(stack), sites.n_heads(stack), config.layers, name)
+    checks.check_heads_exist(config.heads, *shape)
+    for heads in (config.head_groups or {}).values():
+        checks.check_heads_exist(heads, *shape, option="--head-groups")
     check_capturable_measures(net, config.measure)
     tokenizer, bos_used = apply_bos(tokenizer, config.bos, sites.causal(stack))
     summary = _start_summary(config, net, name, sites, stack, inputs, settings, bos_used)
@@ -168,9 +178,10 @@ def _check_against_config(config: RunConfig):
     n_config_layers, n_config_heads = checks.config_layers_heads(model_config, config.stack)
     if n_config_layers:
         checks.check_layers_exist(config.layers, n_config_layers, reference[2])
-        checks.check_heads_exist(
-            config.heads, n_config_layers, n_config_heads, config.layers, reference[2]
-        )
+        shape = (n_config_layers, n_config_heads, config.layers, reference[2])
+        checks.check_heads_exist(config.heads, *shape)
+        for heads in (config.head_groups or {}).values():
+            checks.check_heads_exist(heads, *shape, option="--head-groups")
     return reference
 
 
@@ -315,26 +326,44 @@ class Pass:
     control: bool = False
 
 
-def _make_scorers(analyses, heads=None, model: str = TRAINED, measures=DEFAULT_MEASURES) -> list:
-    """A scorer per analysis and measure (counting `model`: default the trained model), measure-major
-    (the first measure's scorers are exactly a one-measure run's); an analysis that takes no
-    attention (it runs the model itself: ablation, importance) once, under the first measure; the
-    ablation analysis's heads set (`use_heads`)."""
-    scorers = [
-        a.make_scorer(model=model, measure=m)
-        for i, m in enumerate(measures)
-        for a in analyses
-        if i == 0 or not issubclass(a.scorer, RunsModel)
-    ]
-    for scorer in scorers:
+def _make_scorers(
+    analyses, config: RunConfig | None = None, model: str = TRAINED, measures=DEFAULT_MEASURES
+) -> list:
+    """A scorer per analysis counting `model` (default the trained model) on every measure at once
+    (an analysis that takes no attention, ablation or importance, on the first); the run options
+    an analysis reads handed over: the heads to ablate (`use_heads`), the groups of heads to gate
+    together (`use_groups`)."""
+    scorers = [a.make_scorer(model=model, measures=measures) for a in analyses]
+    for analysis, scorer in zip(analyses, scorers):
         if isinstance(scorer, TakesHeads):
-            scorer.use_heads(heads)
+            scorer.use_heads(None if config is None else config.heads)
+        if "head_groups" in analysis.options and config is not None:
+            scorer.use_groups(config.head_groups or {})
     return scorers
 
 
-def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
+def weigh(config: RunConfig, session: Session) -> list:
+    """The scorers of the weights-only analyses asked for (`registry.WEIGHTS_ONLY`), each computed
+    once from the loaded model, before any pass."""
+    scorers = []
+    for analysis in registry.analyses(WEIGHTS_ONLY):
+        if analysis.name in session.analyses:
+            scorer = analysis.make_scorer()
+            scorer.use_model(
+                session.net,
+                session.tokenizer,
+                layers=config.layers,
+                stack=session.stack,
+                seed=config.seed,
+            )
+            scorers.append(scorer)
+    return scorers
+
+
+def plan_passes(config: RunConfig, session: Session, weighed: bool = False) -> list[Pass]:
     """The engine passes the analyses asked for need, in order: sentences, coreference, probe.
-    Token analyses read the sentence corpus (in its pass) unless a probe is given."""
+    Token analyses read the sentence corpus (in its pass) unless a probe is given. None, when
+    only weights-only analyses were asked for (`weighed`: they were computed already)."""
     wanted = session.analyses
     on_sentences = [a for a in registry.analyses(SENTENCES) if a.name in wanted]
     on_tokens = [a for a in registry.analyses(PROBE) if a.name in wanted]
@@ -361,14 +390,14 @@ def plan_passes(config: RunConfig, session: Session) -> list[Pass]:
             lambda now: Pass(
                 PROBE,
                 now,
-                _make_scorers(now, config.heads, measures=config.measure),
+                _make_scorers(now, config, measures=config.measure),
                 examples,
                 examples.name,
                 config.batch_size,
             ),
             on_tokens,
         )
-    if not passes:
+    if not passes and not weighed:
         raise ValueError(
             "nothing to score: give a sentence corpus and/or coref for the analyses asked for"
         )
@@ -444,7 +473,7 @@ def sentence_pass(config: RunConfig, analyses) -> Pass:
     return Pass(
         SENTENCES,
         analyses,
-        _make_scorers(analyses, config.heads, measures=config.measure),
+        _make_scorers(analyses, config, measures=config.measure),
         stream,
         stream.name,
         config.batch_size,
@@ -458,12 +487,12 @@ def second_pass(first: Pass, later) -> Pass:
     the same corpus. Under torchrun the counts they read are summed over the ranks first (copies:
     the run's own totals are summed once, at the end)."""
     measure = (
-        first.scorers[0].measure if first.scorers else DEFAULT_MEASURES[0]
+        first.scorers[0].measures[0] if first.scorers else DEFAULT_MEASURES[0]
     )  # the first measure's counts
     scorers = _make_scorers(later, measures=(measure,))
 
     def before(summary: dict) -> None:
-        tallies = {s.analysis: s.tally_.copy() for s in first.scorers if s.measure == measure}
+        tallies = {s.analysis: s.tally_.copy() for s in first.scorers}  # the first measure's
         distributed.all_reduce_tallies(list(tallies.values()))
         for scorer in scorers:
             scorer.use_tallies(tallies)
@@ -508,7 +537,7 @@ def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:
     return Pass(
         COREFERENCE,
         analyses,
-        _make_scorers(analyses, config.heads, measures=config.measure),
+        _make_scorers(analyses, config, measures=config.measure),
         windows,
         str(config.coref),
         max(1, config.batch_size // 4),
@@ -554,7 +583,7 @@ def score(config: RunConfig, session: Session, passes: list[Pass]) -> None:
     summary = session.summary
     for one in passes:
         score_pass(config, session, one)
-    if not any(r["examples"] for r in summary["runs"].values()):
+    if passes and not any(r["examples"] for r in summary["runs"].values()):
         skipped = skipped_counts(summary["skipped"])
         raise checks.UsageError(
             f"nothing was scored: no example of the corpus could be scored "
@@ -609,15 +638,17 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
 
 # ----------------------------------------------------------------------------------- results
 def finish(
-    config: RunConfig, session: Session, passes: list[Pass], started: float
+    config: RunConfig, session: Session, passes: list[Pass], started: float, weighed=()
 ) -> Results | None:
-    """Sum the counts over the ranks; on rank 0: the results (tables, pictures), saved to `out`."""
+    """Sum the counts over the ranks; on rank 0: the results (tables, pictures), saved to `out`.
+    `weighed`: the weights-only analyses' scorers (their records go into the summary)."""
     net, summary, world = session.net, session.summary, session.world
-    trained = [scorer for one in passes if not one.control for scorer in one.scorers]
+    trained = [scorer for one in passes if not one.control for scorer in one.scorers] + [*weighed]
     scorers = trained + [scorer for one in passes if one.control for scorer in one.scorers]
     _describe_run(summary, session, trained)
     stack = session.stack
-    distributed.all_reduce_tallies([s.tally_ for s in scorers])  # torchrun: summed over the ranks
+    tallies = {key: tally for s in scorers for key, tally in s.tallies_.items()}
+    distributed.all_reduce_tallies(list(tallies.values()))  # torchrun: summed over the ranks
     if not world.main:
         return None  # rank 0 writes
     if world.size > 1:
@@ -625,10 +656,12 @@ def finish(
     if getattr(net, "hf_device_map", None):
         summary["device_map"] = {k: str(v) for k, v in net.hf_device_map.items()}
     unit_counts = (
-        merge_unit_counts([s.unit_counts() for s in trained]) if config.keep_unit_counts else None
+        merge_unit_counts([s.unit_counts() for s in trained if s.tallies_])
+        if config.keep_unit_counts
+        else None
     )
     results = Results(
-        {s.key: s.tally_.to("cpu") for s in scorers}, summary, unit_counts=unit_counts
+        {key: tally.to("cpu") for key, tally in tallies.items()}, summary, unit_counts=unit_counts
     )
     pickers = {one.key: one.picker for one in passes if one.picker is not None}
     drawn = lambda kind: any(name in results.tallies for name in registry.pictured(kind))

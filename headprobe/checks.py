@@ -121,17 +121,53 @@ def parse_heads(text) -> list[tuple[int, int]] | None:
     return heads
 
 
-def check_heads_exist(heads, n_layers: int, n_heads: int, layers, model: str) -> None:
+def parse_head_groups(text) -> dict[str, list[tuple[int, int]]] | None:
+    """--head-groups: 'induction=18-6,17-3;other=1-2,3-4' (or a dict of name -> heads) ->
+    {name: [(layer, head), ...]} in the order given; None or '' -> None. Names are letters,
+    digits and '_' (they name table rows), once each; every group holds at least one head."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return None
+    if isinstance(text, str):
+        pairs = []
+        for part in (p.strip() for p in text.split(";") if p.strip()):
+            name, eq, heads = part.partition("=")
+            if not eq:
+                raise UsageError(
+                    f"--head-groups {text!r}: {part!r} is not NAME=HEADS; give groups like "
+                    "induction=18-6,17-3;other=2-1,5-4"
+                )
+            pairs.append((name.strip(), heads.strip()))
+    else:
+        pairs = list(dict(text).items())
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for name, heads in pairs:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", str(name)) or name == "intact":
+            raise UsageError(
+                f"--head-groups: group name {name!r}: use letters, digits and '_' ('intact' is "
+                "the model with no head ablated, always scored)"
+            )
+        if name in groups:
+            raise UsageError(f"--head-groups: group {name!r} is given twice")
+        parsed = parse_heads(heads) if not isinstance(heads, str) or heads.strip() else None
+        if parsed is None:
+            raise UsageError(f"--head-groups: group {name!r} names no heads")
+        groups[str(name)] = parsed
+    return groups
+
+
+def check_heads_exist(
+    heads, n_layers: int, n_heads: int, layers, model: str, option: str = "--heads"
+) -> None:
     """Heads asked for must exist in the model and lie in the layers scored (`--layers`)."""
     for layer, head in heads or ():
         if layer >= n_layers or head >= n_heads:
             raise UsageError(
-                f"--heads: {model} has {n_layers} layers x {n_heads} heads (0-based); "
+                f"{option}: {model} has {n_layers} layers x {n_heads} heads (0-based); "
                 f"head {layer}-{head} does not exist"
             )
         if layers is not None and layer not in layers:
             raise UsageError(
-                f"--heads: head {layer}-{head} is in layer {layer}, which --layers leaves out"
+                f"{option}: head {layer}-{head} is in layer {layer}, which --layers leaves out"
             )
 
 

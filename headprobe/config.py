@@ -274,6 +274,10 @@ def _heads(flag, value, values):
     return heads
 
 
+def _head_groups(flag, value, values):
+    return checks.parse_head_groups(value)
+
+
 def _control(flag, value, values):
     if value is not None and values["device_map"] is not None:
         raise checks.UsageError(
@@ -544,6 +548,19 @@ class RunConfig:
         stage="derived",
         record=GIVEN,
         record_at=22,
+    )
+    head_groups: str | dict | None = option(
+        None,
+        ADDED,
+        flag="--head-groups",
+        metavar="GROUPS",
+        check=_head_groups,
+        stage="derived",
+        record=GIVEN,
+        record_value=lambda groups: {
+            name: [f"{l}-{h}" for l, h in heads] for name, heads in groups.items()
+        },
+        record_at=25,
     )
     control: str | None = option(
         None,

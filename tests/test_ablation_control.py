@@ -399,3 +399,63 @@ def test_head_groups_on_a_restricted_loss_equal_gates_and_labels_by_hand(tmp_pat
         assert table.loc[label, "value"] == pytest.approx(mean, rel=1e-5), label
         assert table.loc[label, "n"] == count
     assert table.loc["intact", "change"] == 0.0 and table.loc["layer 1", "change"] != 0.0
+
+
+def test_group_ablation_equals_heads_gated_by_hand(tmp_path):
+    """--head-groups: each named group gated to 0 together, against the intact model and against
+    each other; every value is the loss with exactly those heads zeroed by hand."""
+    family, model = with_lm_head("llama")
+    path = write_treebank(tmp_path / "t.conllu")
+    groups = {"early": [(0, 1), (0, 2)], "late": [(1, 3)]}
+    results = headprobe.run(
+        loaded=(model, family.tokenizer, "tiny"),
+        treebank=str(path),
+        analyses=["positional"],
+        head_groups="early=0-1,0-2; late=1-3",
+        **PLAIN,
+    )
+    assert "group_ablation" in results.analyses
+    assert results.summary["group_ablation"] == {
+        "intact": [],
+        "early": ["0-1", "0-2"],
+        "late": ["1-3"],
+    }
+    table = results.group_ablation.set_index("group")
+    assert list(table.index) == ["intact", "early", "late"]
+    examples = list(read_conllu(path))
+    intact = hand_losses(model, family, examples, [])
+    assert table.loc["intact", "value"] == pytest.approx(intact, rel=1e-5)
+    assert table.loc["intact", "change"] == 0.0
+    for name, heads in groups.items():
+        value = hand_losses(model, family, examples, heads)
+        assert table.loc[name, "value"] == pytest.approx(value, rel=1e-5)
+        assert table.loc[name, "change"] == pytest.approx(value - intact, rel=1e-4, abs=1e-7)
+        assert table.loc[name, "ci_low"] <= table.loc[name, "value"] <= table.loc[name, "ci_high"]
+        assert table.loc[name, "heads"] == " ".join(f"{l}-{h}" for l, h in heads)
+    versus = results.group_ablation_versus.set_index(["group", "versus"])
+    early_vs_late = table.loc["early", "value"] - table.loc["late", "value"]
+    assert versus.loc[("early", "late"), "change"] == pytest.approx(early_vs_late, rel=1e-4)
+    assert versus.loc[("late", "early"), "change"] == pytest.approx(-early_vs_late, rel=1e-4)
+    text = build_report(results, tmp_path / "report")["markdown"].read_text()
+    assert "## Heads gated in groups" in text and "early" in text
+
+
+@pytest.mark.parametrize(
+    "groups, message",
+    [
+        ("early=0-1;early=1-2", "group 'early' is given twice"),
+        ("early", "is not NAME=HEADS"),
+        ("intact=0-1", "'intact' is the model with no head ablated"),
+        ("early=", "names no heads"),
+        ("early=9-0", "--head-groups: tiny has 2 layers x 4 heads"),
+    ],
+)
+def test_bad_head_groups_are_one_line(tmp_path, groups, message):
+    family, model = with_lm_head("llama")
+    with pytest.raises(UsageError, match=message):
+        headprobe.run(
+            loaded=(model, family.tokenizer, "tiny"),
+            treebank=str(write_treebank(tmp_path / "t.conllu")),
+            head_groups=groups,
+            **PLAIN,
+        )

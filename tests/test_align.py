@@ -297,7 +297,7 @@ def test_word_pooling_without_specials():
     batch = Batch(examples, alignments, pad_id=tok.eos_token_id, causal=True)
     # pieces: 0 Ġun, 1 believ, 2 able | 3 Ġcat  -- causal, rows sum to 1
     p = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.3, 0.5, 0], [0.1, 0.2, 0.3, 0.4]])
-    words = LayerAttention(0, p[None, None], batch).words[0, 0]
+    words = LayerAttention(0, p[None, None, None], batch).words[0, 0, 0]
     # unbelievable row = mean of rows 0-2: to itself (1 + 1 + 1) / 3 = 1, to cat 0
     # cat row = row 3: to unbelievable 0.1 + 0.2 + 0.3 = 0.6, to cat 0.4
     assert batch.special_present.tolist() == [[False, False]]

@@ -102,9 +102,9 @@ def test_scored_arcs_and_dependency_rows(wordpiece_tokenizer):
     ):
         scorer = DependencyScorer(conventions)
         scorer.bind(1, 1, [0], keep_units=True, n_boot=1)
-        scorer.begin_batch(batch)
-        scorer.update(0, LayerAttention(0, pieces, batch), batch)
-        scorer.end_batch(batch)
+        state = scorer.prepare(batch)
+        scorer.update(0, LayerAttention(0, pieces[None], batch), state)
+        scorer.end_batch(state)
         counts = scorer.unit_counts()
         assert set(counts.label.astype(str)) == labels
         assert set(counts.variant.astype(str)) - {""} == set(get_conventions(conventions).variants)

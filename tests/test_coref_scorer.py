@@ -58,10 +58,10 @@ def run(scorer, batches_and_attention):
     for batch, per_layer in batches_and_attention:
         if scorer.n_heads is None:  # the engine calls bind(n_layers, n_heads, layers)
             scorer.bind(len(per_layer), per_layer[0].shape[1], keep_units=True)
-        scorer.begin_batch(batch)
+        state = scorer.prepare(batch)
         for layer, words in enumerate(per_layer):
-            scorer.update(layer, SimpleNamespace(words=words), batch)
-        scorer.end_batch(batch)
+            scorer.update(layer, SimpleNamespace(words=words[None]), state)
+        scorer.end_batch(state)
     return scorer.unit_counts()
 
 

@@ -59,9 +59,9 @@ def run_scorer(wordpiece_tokenizer, examples, maps, n_heads=2):
     pieces = torch.stack([torch.stack([pieces_of(m) for m in per_example]) for per_example in maps])
     scorer = HeadSimilarityScorer()
     scorer.bind(1, n_heads, [0], n_boot=1)
-    scorer.begin_batch(batch)
-    scorer.update(0, LayerAttention(0, pieces, batch), batch)
-    scorer.end_batch(batch)
+    state = scorer.prepare(batch)
+    scorer.update(0, LayerAttention(0, pieces[None], batch), state)
+    scorer.end_batch(state)
     scorer.finish()
     return scorer
 

@@ -391,7 +391,8 @@ def test_only_norms_and_a_bad_measure(bert_family):
 
 
 def test_norms_counts_identical_with_query_blocks():
-    """Causal GQA Llama, --query-block 4: the norms counts equal the unblocked norms counts."""
+    """Causal GQA Llama, --query-block 4: the counts of both measures, scored in one call per
+    layer, equal the unblocked counts."""
     from test_query_block import corpus
 
     family = get_family("llama")
@@ -402,7 +403,7 @@ def test_norms_counts_identical_with_query_blocks():
             cls() for cls in (DependencyScorer, PositionalScorer, SurfaceScorer, CoreferenceScorer)
         ]
         for scorer in scorers:
-            scorer.measure = "norms"
+            scorer.measures = ("weights", "norms")
         engine = Engine(
             family.sdpa,
             family.tokenizer,
@@ -411,15 +412,15 @@ def test_norms_counts_identical_with_query_blocks():
         )
         engine.run(examples)
         assert engine.needs == {"probs", "value_norms"} and engine.query_block == query_block
-        return {s.analysis: s.tally_ for s in scorers}
+        return {key: tally for s in scorers for key, tally in s.tallies_.items()}
 
     whole, blocked = score(None), score(4)
+    assert len(whole) == 8 and {t.measure for t in whole.values()} == {"weights", "norms"}
     for analysis, tally in whole.items():
-        assert tally.measure == "norms"
         for label in tally.sorted_labels():
             for array, value in tally.arrays(label).items():
                 other = blocked[analysis].arrays(label)[array]
-                if analysis == "surface" and array == "hits":
+                if analysis.startswith("surface") and array == "hits":
                     np.testing.assert_allclose(value, other, rtol=1e-5, atol=1e-6)
                 else:
                     assert np.array_equal(value, other), (analysis, label, array)
@@ -446,18 +447,18 @@ def test_a_zero_norm_key_loses_its_mass_under_norms(wordpiece_tokenizer):
     probs[0, :, 1] = row
     value_norms = torch.tensor([[[0.5, 1.0, 0.0], [2.0, 2.0, 2.0]]])  # [batch, head, key]
     heads = Heads(probs=probs, value_norms=value_norms)
-    scorers = []
-    for measure in ("weights", "norms"):
-        for cls in (SurfaceScorer, PositionalScorer):
-            scorer = cls()
-            scorer.measure = measure
-            scorer.bind(1, 2, [0], n_boot=2, keep_units=True)
-            scorer.begin_batch(batch)
-            scorers.append(scorer)
+    scorers, states = [], {}
+    for cls in (SurfaceScorer, PositionalScorer):  # each counts both measures in one call
+        scorer = cls()
+        scorer.measures = ("weights", "norms")
+        scorer.bind(1, 2, [0], n_boot=2, keep_units=True)
+        states[scorer] = scorer.prepare(batch)
+        scorers.append(scorer)
     for scorer, att in measured_attention(scorers, 0, heads, batch):
-        scorer.update(0, att, batch)
+        assert att.measures == ("weights", "norms") and len(att.words) == 2
+        scorer.update(0, att, states[scorer])
     for scorer in scorers:
-        scorer.end_batch(batch)
+        scorer.end_batch(states[scorer])
     counts = pd.concat([s.unit_counts() for s in scorers]).astype(
         {"measure": str, "label": str, "analysis": str}
     )

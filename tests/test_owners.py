@@ -301,3 +301,71 @@ def test_label_test_finds_a_copied_list(tmp_path):
     text = '"""doc: pronoun proper"""\nHEADLINE = ("ALL", "pronoun", "proper")\n'
     assert {"pronoun", "proper"} <= string_constants(text)
     assert "doc: pronoun proper" not in string_constants(text)
+
+
+PER_BATCH = {"batch", "layer", "att", "attention", "state"}  # what a per-batch method takes
+SCORER_CONTRACTS = ("base", "model_scorer", "weights_scorer")  # scoring/'s scorer kinds
+
+
+def assigned_to_self(function: ast.FunctionDef) -> list[str]:
+    """`self.x = ...`, `self.x[k] = ...`, `self.x += ...`, `del self.x` inside a function."""
+    found = []
+    for node in ast.walk(function):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    root = sub
+                    while isinstance(root, (ast.Attribute, ast.Subscript)):
+                        root = root.value
+                    if isinstance(sub, (ast.Attribute, ast.Subscript)) and (
+                        isinstance(root, ast.Name) and root.id == "self"
+                    ):
+                        found.append(f"line {node.lineno}: {ast.unparse(target)}")
+                        break
+    return found
+
+
+def scorer_methods_assigning_to_self(text: str) -> list[str]:
+    """Of the scorer classes (named `...Scorer`, or mixed into one: `...Rows`) of a source."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.ClassDef) or not node.name.endswith(("Scorer", "Rows")):
+            continue
+        for item in node.body:
+            if not isinstance(item, ast.FunctionDef):
+                continue
+            names = {a.arg for a in (*item.args.args, *item.args.kwonlyargs)}
+            if names & PER_BATCH:
+                out += [f"{node.name}.{item.name} {hit}" for hit in assigned_to_self(item)]
+    return out
+
+
+def test_no_scorer_method_that_takes_a_batch_assigns_to_self():
+    """The scorer contract: a method that takes a batch, a layer, attention or a batch's state
+    keeps what it computes in the state it returns or receives, never on the scorer."""
+    contracts = [PACKAGE / "scoring" / f"{name}.py" for name in SCORER_CONTRACTS]
+    found = []
+    for path, text in sources().items():
+        if (PACKAGE / "studies") in path.parents or path in contracts:
+            found += [
+                f"{path.relative_to(PACKAGE.parent)}: {x}"
+                for x in scorer_methods_assigning_to_self(text)
+            ]
+    assert not found, "per-batch state kept on a scorer:\n" + "\n".join(found)
+
+
+def test_the_self_assignment_check_finds_one():
+    text = (
+        "class SScorer:\n"
+        "    def update(self, layer, att, state):\n"
+        "        self._rows = []\n"
+        "        self.cache[layer] = att\n"
+        "        state.own.append(att)\n"
+        "    def bind(self, n):\n"
+        "        self.n = n\n"
+    )
+    assert scorer_methods_assigning_to_self(text) == [
+        "SScorer.update line 3: self._rows",
+        "SScorer.update line 4: self.cache[layer]",
+    ]

@@ -181,9 +181,9 @@ def score_corpus(scorer, tokenizer, sentences, batch_size=40, n_boot=20):
             pad_id=tokenizer.pad_token_id,
         )
         pieces = torch.stack([to_pieces(att) for _, att in part])
-        scorer.begin_batch(batch)
-        scorer.update(0, LayerAttention(0, pieces, batch), batch)
-        scorer.end_batch(batch)
+        state = scorer.prepare(batch)
+        scorer.update(0, LayerAttention(0, pieces[None], batch), state)
+        scorer.end_batch(state)
     scorer.finish()
     return scorer
 

@@ -211,13 +211,14 @@ class WholeMatrixScorer(CountScorer):
 
     analysis = "whole"
 
-    def rows(self, batch):
+    def prepare(self, batch):
         rows = RowIndex()
         for example in batch.examples:
             rows.count(example.unit, "all", 1)
-        return rows.keys, rows.n
+        return self.new_state(batch, rows.keys, rows.n)
 
-    def update(self, layer, att, batch):
+    def update(self, layer, att, state):
+        batch = state.batch
         assert att.pieces.shape[-2] == att.pieces.shape[-1] == batch.n_pieces  # every query row
         assert att.words.shape[-2] == batch.max_words
 

@@ -68,12 +68,12 @@ def attention(per_example_per_head) -> torch.Tensor:
 
 
 def run(scorer, batch, pieces, n_layers=2, n_heads=2, layers=(LAYER,)):
-    """The engine's calls: bind once, then begin_batch, update per layer, end_batch."""
+    """The engine's calls: bind once, then state = prepare(batch), update per layer, end_batch."""
     scorer.bind(n_layers, n_heads, list(layers), keep_units=True)
-    scorer.begin_batch(batch)
-    att = LayerAttention(LAYER, pieces, batch)
-    scorer.update(LAYER, att, batch)
-    scorer.end_batch(batch)
+    state = scorer.prepare(batch)
+    att = LayerAttention(LAYER, pieces[None], batch)
+    scorer.update(LAYER, att, state)
+    scorer.end_batch(state)
     return scorer.unit_counts(), att
 
 
@@ -163,8 +163,8 @@ def test_dependency_hits(batch):
     pieces = attention([[DEP_S1_H0, NEXT_WORD], [DEP_S2_H0, NEXT_WORD]])
     counts, att = run(DependencyScorer(), batch, pieces)
     # the pooled word-level attention is the matrix written above
-    assert torch.allclose(att.words[0, 0], torch.tensor(DEP_S1_H0), atol=1e-6)
-    assert torch.allclose(att.words[1, 1], torch.tensor(NEXT_WORD), atol=1e-6)
+    assert torch.allclose(att.words[0, 0, 0], torch.tensor(DEP_S1_H0), atol=1e-6)
+    assert torch.allclose(att.words[0, 1, 1], torch.tensor(NEXT_WORD), atol=1e-6)
     assert set(counts.analysis) == {"dependency"}
     assert head_rows(counts) == DEP_EXPECTED  # no root / punct rows, nothing else
 
@@ -210,9 +210,9 @@ def test_dependency_two_batches_add_up(batch):
     scorer = DependencyScorer()
     scorer.bind(2, 2, [LAYER], keep_units=True)
     for _ in range(2):
-        scorer.begin_batch(batch)
-        scorer.update(LAYER, LayerAttention(LAYER, pieces, batch), batch)
-        scorer.end_batch(batch)
+        state = scorer.prepare(batch)
+        scorer.update(LAYER, LayerAttention(LAYER, pieces[None], batch), state)
+        scorer.end_batch(state)
     rows = scorer.unit_counts()
     rows = (
         rows[rows.variant == ""]
@@ -225,12 +225,12 @@ def test_dependency_two_batches_add_up(batch):
 
 def test_masked_word_attention(batch):
     pieces = attention([[DEP_S1_H0, NEXT_WORD], [DEP_S2_H0, NEXT_WORD]])
-    att = LayerAttention(LAYER, pieces, batch)
-    scores = masked_word_attention(att, batch, drop_self=True)
+    att = LayerAttention(LAYER, pieces[None], batch)
+    scores = masked_word_attention(att, batch, drop_self=True)[0]  # the one measure
     assert scores.shape == (2, 2, 4, 4)  # specials dropped
     assert torch.all(scores.diagonal(dim1=-2, dim2=-1) == 0)
     assert torch.allclose(scores[0, 0, 0], torch.tensor([0.0, 0.3, 0.5, 0.2]))  # not renormalised
-    kept = masked_word_attention(att, batch, drop_self=False)
+    kept = masked_word_attention(att, batch, drop_self=False)[0]
     assert kept[0, 0, 0, 0].item() == pytest.approx(0.9)
 
 
@@ -249,12 +249,12 @@ def test_dependency_padding_is_masked(wordpiece_tokenizer):
     words[1, 0, 0] = torch.tensor([0.0, 0.1, 9.0, 9.0, 0.0, 0.0])  # "the": cat .1, padding words 9
     words[1, 0, 1] = torch.tensor([0.2, 0.0, 9.0, 9.0, 0.0, 0.0])  # "cat": the .2
     words[1, 0, 2:, :] = 9.0  # padding word rows
-    att = SimpleNamespace(words=words, pieces=None)  # a stand-in for LayerAttention
+    att = SimpleNamespace(words=words[None], pieces=None)  # a stand-in for LayerAttention
     scorer = DependencyScorer()
     scorer.bind(2, 1, [LAYER], keep_units=True)
-    scorer.begin_batch(batch)
-    scorer.update(LAYER, att, batch)
-    scorer.end_batch(batch)
+    state = scorer.prepare(batch)
+    scorer.update(LAYER, att, state)
+    scorer.end_batch(state)
     got = head_rows(scorer.unit_counts())
     # short, det 0 -> 1. dep->head: row 0 = [0 (self), .1, pad, pad] -> 1: hit (9.0 would win unmasked)
     #                    head<-dep: column 0 = [0 (self), .2, pad, pad] -> 1: hit

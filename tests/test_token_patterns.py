@@ -61,9 +61,9 @@ def run_by_hand(scorer, items, n_heads, causal=True, n_boot=50, keep_units=False
     with torch.inference_mode():
         for unit, a, probs in items:
             batch = Batch([example(unit, a)], [a], pad_id=0, causal=causal)
-            scorer.begin_batch(batch)
-            scorer.update(0, Att(torch.as_tensor(probs, dtype=torch.float32)[None]), batch)
-            scorer.end_batch(batch)
+            state = scorer.prepare(batch)
+            scorer.update(0, Att(torch.as_tensor(probs, dtype=torch.float32)[None, None]), state)
+            scorer.end_batch(state)
     scorer.finish()
     return scorer.tally_
 

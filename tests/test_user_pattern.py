@@ -92,9 +92,9 @@ def test_comma_pattern_scores_on_hand_built_attention(unregister):
         batch = Batch(
             [Example(words=list("abcdef"), unit="u", source="u:1")], [a], pad_id=0, causal=False
         )
-        scorer.begin_batch(batch)
-        scorer.update(0, Att(torch.as_tensor(probs, dtype=torch.float32)[None]), batch)
-        scorer.end_batch(batch)
+        state = scorer.prepare(batch)
+        scorer.update(0, Att(torch.as_tensor(probs, dtype=torch.float32)[None, None]), state)
+        scorer.end_batch(state)
     scorer.finish()
     results = Results({NAME: scorer.tally_}, {"n_layers": 1, "n_heads": 2})
     table = results.table(f"{NAME}_heads").set_index(["label", "head"])

@@ -17,26 +17,29 @@ SHARE = 0.5
 
 
 class SelfScorer(CountScorer):
+    """The scorer contract in full: `prepare` returns the batch's state (rows, trials, baselines,
+    and in `own` what `update` needs of the batch); `update` adds one layer's hits of every
+    measure into it; the base's `end_batch` commits them. Nothing of a batch is kept on `self`."""
+
     analysis = "self_attention"
     variants = ("next",)
 
-    def rows(self, batch):
+    def prepare(self, batch):
         rows = RowIndex()
-        self._row = [
+        row_of = [
             rows.count(example.unit, "self", len(example.words)) for example in batch.examples
         ]
-        return rows.keys, rows.n
+        q_b, q_i = batch.word_mask.nonzero(as_tuple=True)  # [query] batch row, word
+        own = (q_b, q_i, torch.tensor(row_of, device=batch.device)[q_b])  # + each query's row
+        return self.new_state(batch, rows.keys, rows.n, own)  # "next" never hits: 0 baselines
 
-    def prepare(self, batch):
-        self._q_b, self._q_i = batch.word_mask.nonzero(as_tuple=True)  # [query]
-        self._rows = torch.tensor(self._row, device=batch.device)[self._q_b]  # [query]
-
-    def update(self, layer, att, batch):
-        scores = masked_word_attention(att, batch, drop_self=False)  # [batch, head, word, word]
-        top = scores.max(dim=-1).indices.permute(0, 2, 1)[self._q_b, self._q_i]  # [query, head]
-        hits = (top == self._q_i[:, None]).float()  # [query, head]
-        self.add(layer, 0, self._rows, hits)
-        self.add_both(layer, 0, self._rows, hits, torch.zeros(len(hits), 1, device=hits.device))
+    def update(self, layer, att, state):
+        q_b, q_i, rows = state.own
+        scores = masked_word_attention(att, state.batch, drop_self=False)  # [m, b, h, w, w]
+        top = scores.max(dim=-1).indices.permute(0, 1, 3, 2)[:, q_b, q_i]  # [m, query, head]
+        hits = (top == q_i[None, :, None]).float()  # [measure, query, head]
+        self.add(state, layer, 0, rows, hits)
+        self.add_both(state, layer, 0, rows, hits, torch.zeros(len(q_b), 1, device=hits.device))
 
 
 def selfish(results):

@@ -1,27 +1,39 @@
-"""The streaming accumulator every scorer builds on.
+"""The scorer contract: the streaming accumulator every analysis's scorer builds on.
 
-A scorer turns one layer's attention into counts and keeps nothing else. For
-each batch it declares its *rows*, one per (unit, label), with the number of
-trials `n` of each row; `update` adds per-head hits (or attention mass) to those
-rows on the device; `end_batch` adds the batch into the scorer's `Tally`
-(per fold and bootstrap resample, METHODS §5) and forgets the rows. With
-`keep_units` the per-unit rows are also kept (`unit_counts()`), for small corpora,
+    state = scorer.prepare(batch)                 # -> BatchState: rows, trials, baselines, own values
+    scorer.update(layer, attention, state)        # per layer: every measure in one call
+    scorer.end_batch(state)                       # the batch's rows into the tallies; state dropped
+
+A scorer turns one layer's attention into counts and keeps nothing else. For each batch it
+declares its *rows*, one per (unit, label), with the number of trials `n` of each row (`prepare`
+returns them in a `BatchState`, with what else the scorer needs of the batch in `state.own`);
+`update` adds per-head hits (or attention mass) of every measure to those rows on the device;
+`end_batch` adds the batch into the scorer's tallies, one per measure (per fold and bootstrap
+resample, METHODS §5). The state is a value: nothing of a batch lives on the scorer, so a batch
+retried after running out of memory, a query block, or a second measure cannot see another's.
+With `keep_units` the per-unit rows are also kept (`unit_counts()`), for small corpora,
 debugging and the exact multinomial bootstrap.
 
-Baselines need no attention: a scorer names them in `variants` and fills
-`self.baseline_hits` ([row, variant], allocated per batch; the trials are the
-row's `n`) in `prepare`; they come out as rows with `variant` set and
-`layer = head = -1`.
+`attention` (`scoring.engine.LayerAttention`) carries a leading measure axis, in the order of
+`scorer.measures`: `attention.words` [measure, batch, head, word, word + 2], `attention.pieces`
+[measure, batch, head, query, key]; `add` and `add_both` take values [measure, item, head].
 
-Optional hooks are declared as protocols (`RunsModel`, `ReadsConventions`, `TakesHeads`): the
-engine and the run ask `isinstance(scorer, RunsModel)` (`issubclass` of a scorer class), never
-`hasattr`. A scorer that runs a second pass over the sentences says so in `second_pass`, and one
-that scores the language-model loss in `needs_lm_head`.
+Baselines need no attention: a scorer names them in `variants` and fills
+`state.baseline_hits` ([row, variant]; the trials are the row's `n`) in `prepare`; they come out
+as rows with `variant` set and `layer = head = -1`.
+
+Scorer kinds: a `CountScorer` reads attention; a `ModelScorer` (`scoring.model_scorer`) runs the
+model itself and returns its state from `model_pass`; a `WeightsScorer` (`scoring.weights_scorer`)
+reads only the weights, once. Optional hooks are declared as protocols (`RunsModel`,
+`ReadsConventions`, `TakesHeads`, `TakesGroups`, `KeepsRecord`): the engine and the run ask
+`isinstance(scorer, RunsModel)`, never `hasattr`. A scorer that runs a second pass over the
+sentences says so in `second_pass`, and one that scores the language-model loss in `needs_lm_head`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -81,11 +93,10 @@ class UnitLabelRows:
 
     labels: list[str] = []
 
-    def unit_rows(self, batch, n_for):
-        """Rows for every unit in the batch; `n_for(example, label)` gives the trials.
-
-        A unit's labels get consecutive rows, so label k of an example sits at its first row + k.
-        """
+    def unit_rows(self, batch, n_for) -> tuple[list, list, torch.Tensor]:
+        """(keys, n, first_row [batch]): rows for every unit in the batch, `n_for(example,
+        label)` giving the trials. A unit's labels get consecutive rows, so label k of example b
+        sits at row first_row[b] + k."""
         rows, first_row = RowIndex(), []
         for example in batch.examples:
             first_row.append(
@@ -93,16 +104,43 @@ class UnitLabelRows:
             )
             for label in self.labels[1:]:
                 rows.count(example.unit, label, n_for(example, label))
-        self._first_row = torch.tensor(first_row, dtype=torch.long, device=batch.device)  # [batch]
-        return rows.keys, rows.n
+        first = torch.tensor(first_row, dtype=torch.long, device=batch.device)  # [batch]
+        return rows.keys, rows.n, first
+
+
+@dataclass
+class BatchState:
+    """What a scorer keeps of one batch, handed as a value from `prepare` to every `update` and to
+    `end_batch` (the scorer itself keeps only its tallies): its (unit, label) rows and their
+    trials, the counts of every measure, layer, direction and head, the baseline hits, the
+    per-label extras, and `own`, the scorer's own per-batch values (arcs, masks, ...)."""
+
+    keys: list[tuple[str, str]]  # (unit, label) per row
+    n: np.ndarray  # [row, direction] trials
+    values: torch.Tensor  # [measure, layer, direction, row, head] hits or mass
+    baseline_hits: np.ndarray  # [row, variant]
+    extra: dict[str, np.ndarray]  # name -> [row, direction]
+    labels: list[str]  # this batch's labels, in order of first use
+    label_of_row: torch.Tensor  # [row]: index into `labels`
+    both: torch.Tensor | None = None  # [measure, layer, direction, label * variant, head]
+    own: Any = None  # the scorer's own per-batch values
+    batch: Any = None  # the batch itself (its word maps, sizes, device)
 
 
 class CountScorer:
-    """Base of every scorer: per-batch (unit, label) rows, streamed into a `Tally`.
+    """Base of every scorer: per-batch (unit, label) rows, streamed into one `Tally` per measure.
+
+        state = scorer.prepare(batch)                 # rows, baselines, the scorer's own values
+        for layer in layers:
+            scorer.update(layer, attention, state)    # attention of every measure at once
+        scorer.end_batch(state)                       # the batch's counts into the tallies
 
     Class attributes a scorer declares (its analysis's registry entry reads them):
     `analysis`, `directions`, `value` ("hits" or "mass"), `variants` (baselines),
     `extras` (per-label counts that do not depend on a head, e.g. `unreachable`).
+    Nothing of a batch is kept on the scorer: `prepare` returns it, `update` and `end_batch`
+    receive it; what the scorer learns (its tallies, and with `keep_units` the per-unit rows) is
+    added to through methods.
     """
 
     analysis = ""
@@ -118,13 +156,15 @@ class CountScorer:
     # A scorer that leaves it False always gets whole matrices (the engine then does not block).
     blocks = False
     # The model this instance counts (`headprobe.model.control`): "trained", or "control" for the
-    # random-init control's instance (its tally is kept apart: `key`).
+    # random-init control's instance (its tallies are kept apart: `tally_key`).
     model = TRAINED
-    # Measures (METHODS §7, `headprobe.scoring.measures`): the measure this scorer instance counts (set per
-    # instance; one instance per measure asked for) and how it reads one: ARGMAX (N = a * ||v W_O||)
-    # or MASS (N with each row normalised to sum 1). Under `weights` both are the weights.
-    measure = WEIGHTS
+    # Measures (METHODS §7, `headprobe.scoring.measures`): the measures this instance counts, all
+    # at once (`attention` carries a leading measure axis in this order; one tally each), and how
+    # it reads one: ARGMAX (N = a * ||v W_O||) or MASS (N with each row normalised to sum 1).
+    # Under `weights` both are the weights.
+    measures: tuple[str, ...] = (WEIGHTS,)
     reads = ARGMAX
+    reads_attention = True  # False: it runs the model itself, or reads only its weights
     # Run shape (`headprobe.api`): scored in a second pass over the sentences, after the first
     # pass's tallies (the pruning curve's order); scores the loss under a language-model head.
     second_pass = False
@@ -133,8 +173,8 @@ class CountScorer:
     def __init__(self):
         self.chunks_: list[tuple] = []  # per-unit rows, only with keep_units
         self.baseline_chunks_: list[tuple] = []
+        self.tallies_: dict[str, Tally] = {}  # tally key -> Tally, one per measure
         self.n_layers = self.n_heads = None
-        self.tally_ = None
 
     # -- the engine calls these -------------------------------------------------------
     def bind(
@@ -148,148 +188,173 @@ class CountScorer:
         keep_units: bool = False,
         device="cpu",
     ) -> None:
+        """Before the run: the layers and heads counted, one tally per measure (kept when the
+        scorer was bound before: a resumed checkpoint's)."""
         self.n_layers, self.n_heads = n_layers, n_heads
         self.layers = list(range(n_layers)) if layers is None else sorted(int(x) for x in layers)
         self.layer_slot = {layer: slot for slot, layer in enumerate(self.layers)}
         self.keep_units = keep_units
-        if self.tally_ is None:
-            self.tally_ = Tally(
-                self.analysis,
-                directions=self.directions,
-                variants=self.variants,
-                layers=self.layers,
-                n_heads=n_heads,
-                value=self.value,
-                resamples=n_boot,
-                bootstrap=self.bootstrap,
-                seed=seed,
-                extras=self.extras,
-                device=device,
-                model=self.model,
-                measure=self.measure,
-            )
+        self.seed = seed
+        for measure, key in zip(self.measures, self.tally_keys()):
+            if key not in self.tallies_:
+                self.tallies_[key] = Tally(
+                    self.analysis,
+                    directions=self.directions,
+                    variants=self.variants,
+                    layers=self.layers,
+                    n_heads=n_heads,
+                    value=self.value,
+                    resamples=n_boot,
+                    bootstrap=self.bootstrap,
+                    seed=seed,
+                    extras=self.extras,
+                    device=device,
+                    model=self.model,
+                    measure=measure,
+                )
+
+    def tally_keys(self) -> list[str]:
+        """The names of this scorer's tallies, one per measure (`measures.tally_key`)."""
+        return [tally_key(self.analysis, measure, self.model) for measure in self.measures]
+
+    @property
+    def tally_(self) -> Tally | None:
+        """The first measure's tally (the only one of a one-measure scorer), None before `bind`."""
+        return next(iter(self.tallies_.values()), None)
 
     @property
     def key(self) -> str:
-        """The name of this scorer's tally (`measures.tally_key`): the analysis, `@<measure>`
+        """The name of the first measure's tally (`measures.tally_key`): the analysis, `@<measure>`
         beyond weights, `~control` for the control's."""
-        return tally_key(self.analysis, self.measure, self.model)
+        return tally_key(self.analysis, self.measures[0], self.model)
 
-    def begin_batch(self, batch) -> None:
-        keys, n = self.rows(batch)  # [(unit, label)], trials per row
-        self._keys = keys
-        self._n = np.asarray(n, dtype=np.float64)  # [row] or [row, direction]
-        if self._n.ndim == 1:
-            self._n = np.repeat(self._n[:, None], len(self.directions), axis=1)
-        self._values = torch.zeros(
-            len(self.layers),
-            len(self.directions),
-            len(keys),
-            self.n_heads,
-            dtype=torch.float64 if self.value == "mass" else torch.float32,
-            device=batch.device,
-        )  # [layer, direction, row, head]
-        self.baseline_hits = np.zeros(
-            (len(keys), len(self.variants)), dtype=np.float32
-        )  # [row, variant]
-        self._both = None  # [layer, direction, label * variant, head]
+    def new_state(self, batch, keys, n, own=None) -> BatchState:
+        """A batch's state with rows `keys` [(unit, label)] and trials `n` ([row] or [row,
+        direction]), zero counts, baseline hits and extras, and the scorer's `own` values."""
+        n = np.asarray(n, dtype=np.float64)
+        if n.ndim == 1:
+            n = np.repeat(n[:, None], len(self.directions), axis=1)
         names = [k[1] for k in keys]
-        self._labels = list(dict.fromkeys(names))  # this batch's labels, in order of first use
-        slot = {name: i for i, name in enumerate(self._labels)}
-        self._label_of_row = torch.tensor(
-            [slot[name] for name in names], dtype=torch.long, device=batch.device
-        )  # [row]
-        self._extra = {
-            name: np.zeros((len(keys), len(self.directions)), dtype=np.int64)
-            for name in self.extras
-        }
-        self.prepare(batch)
+        labels = list(dict.fromkeys(names))  # in order of first use
+        slot = {name: i for i, name in enumerate(labels)}
+        return BatchState(
+            keys=list(keys),
+            n=n.reshape(len(keys), len(self.directions)),
+            values=torch.zeros(
+                len(self.measures),
+                len(self.layers),
+                len(self.directions),
+                len(keys),
+                self.n_heads,
+                dtype=torch.float64 if self.value == "mass" else torch.float32,
+                device=batch.device,
+            ),
+            baseline_hits=np.zeros((len(keys), len(self.variants)), dtype=np.float32),
+            extra={
+                name: np.zeros((len(keys), len(self.directions)), dtype=np.int64)
+                for name in self.extras
+            },
+            labels=labels,
+            label_of_row=torch.tensor(
+                [slot[name] for name in names], dtype=torch.long, device=batch.device
+            ),
+            own=own,
+            batch=batch,
+        )
 
-    def update(self, layer: int, att, batch) -> None:
+    def prepare(self, batch) -> BatchState:
+        """The batch's rows, baseline hits and the scorer's own per-batch values."""
         raise NotImplementedError
 
-    def end_batch(self, batch) -> None:
-        if self._keys:
-            values = self._values.permute(2, 0, 3, 1)  # [row, layer, head, direction]
-            self.tally_.add(
-                [k[0] for k in self._keys],
-                [k[1] for k in self._keys],
-                values,
-                self._n,
-                self.baseline_hits,
-                self._extra,
-            )
-            if self._both is not None:  # -> [label, layer, head, direction, variant]
-                both = self._both.reshape(
+    def update(self, layer: int, att, state: BatchState) -> None:
+        """Add one layer's counts (every measure of `att` at once) into `state`."""
+        raise NotImplementedError
+
+    def end_batch(self, state: BatchState) -> None:
+        """Add the batch's rows into the tallies (and, with `keep_units`, the per-unit rows)."""
+        if not state.keys:
+            return
+        units, labels = [k[0] for k in state.keys], [k[1] for k in state.keys]
+        for m, tally in enumerate(self.tallies_.values()):
+            values = state.values[m].permute(2, 0, 3, 1)  # [row, layer, head, direction]
+            tally.add(units, labels, values, state.n, state.baseline_hits, state.extra)
+            if state.both is not None:  # -> [label, layer, head, direction, variant]
+                both = state.both[m].reshape(
                     len(self.layers),
                     len(self.directions),
-                    len(self._labels),
+                    len(state.labels),
                     len(self.variants),
                     self.n_heads,
                 )
-                self.tally_.add_both(self._labels, both.permute(2, 0, 4, 1, 3))
-            if self.keep_units:
-                kept = self._values.cpu().numpy()  # [layer, direction, row, head]
-                kept = np.ascontiguousarray(kept.astype(smallest_dtype(kept, self.value == "hits")))
-                self.chunks_.append((self._keys, kept, self._n.astype(np.float32)))
-                if self.variants:  # (keys, trials [row], hits [row, variant])
-                    self.baseline_chunks_.append(
-                        (self._keys, self._n[:, 0].astype(np.float32), self.baseline_hits)
-                    )
-        del self._values, self._both
+                tally.add_both(state.labels, both.permute(2, 0, 4, 1, 3))
+        if self.keep_units:
+            kept = state.values.cpu().numpy()  # [measure, layer, direction, row, head]
+            kept = np.ascontiguousarray(kept.astype(smallest_dtype(kept, self.value == "hits")))
+            self.chunks_.append((state.keys, kept, state.n.astype(np.float32)))
+            if self.variants:  # (keys, trials [row], hits [row, variant])
+                self.baseline_chunks_.append(
+                    (state.keys, state.n[:, 0].astype(np.float32), state.baseline_hits)
+                )
 
     def finish(self) -> None:
         """The corpus is done: add what is still buffered into the totals."""
-        self.tally_.flush()
-
-    # -- subclasses implement ---------------------------------------------------------
-    def rows(self, batch) -> tuple[list[tuple[str, str]], list]:
-        raise NotImplementedError
-
-    def prepare(self, batch) -> None:
-        """Build per-batch tensors (arcs, masks) on the device."""
+        for tally in self.tallies_.values():
+            tally.flush()
 
     # -- helpers for subclasses -------------------------------------------------------
-    def add(self, layer: int, direction: int, row: torch.Tensor, values: torch.Tensor) -> None:
-        """Add `values` [item, head] to rows `row` [item] of this layer and direction."""
-        target = self._values[self.layer_slot[layer], direction]  # [row, head]
-        target.index_add_(0, row, values.to(target.dtype))
+    def add(
+        self, state: BatchState, layer: int, direction: int, row: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """Add `values` [measure, item, head] to rows `row` [item] of this layer and direction."""
+        target = state.values[:, self.layer_slot[layer], direction]  # [measure, row, head]
+        target.index_add_(1, row, values.to(target.dtype))
 
     def add_both(
-        self, layer: int, direction: int, row: torch.Tensor, hits: torch.Tensor, base: torch.Tensor
+        self,
+        state: BatchState,
+        layer: int,
+        direction: int,
+        row: torch.Tensor,
+        hits: torch.Tensor,
+        base: torch.Tensor,
     ) -> None:
-        """Count items hit by a head and by a baseline: `hits` [item, head] (0/1), `base`
+        """Count items hit by a head and by a baseline: `hits` [measure, item, head] (0/1), `base`
         [item, variant] (0/1), for the labels of rows `row` [item]; McNemar's discordant
         counts follow (head only = hits - both, baseline only = baseline hits - both).
         Baseline hits are sparse (an arc's head sits at one offset), so only the
         (item, variant) pairs that hit are added."""
         n_variants = len(self.variants)
-        if self._both is None:
-            self._both = torch.zeros(
+        if state.both is None:
+            state.both = torch.zeros(
+                len(self.measures),
                 len(self.layers),
                 len(self.directions),
-                len(self._labels) * n_variants,
+                len(state.labels) * n_variants,
                 self.n_heads,
                 dtype=torch.float32,
                 device=hits.device,
             )
         item, variant = base.nonzero(as_tuple=True)  # [pair]
-        target = self._both[self.layer_slot[layer], direction]  # [label * variant, head]
+        target = state.both[:, self.layer_slot[layer], direction]  # [measure, label*variant, head]
         target.index_add_(
-            0, self._label_of_row[row[item]] * n_variants + variant, hits[item].float()
+            1, state.label_of_row[row[item]] * n_variants + variant, hits[:, item].float()
         )
 
     # -- results ----------------------------------------------------------------------
     def unit_counts(self) -> pd.DataFrame:
         """Per-unit counts as a tidy frame (categorical keys, float32 values); duplicate keys summed."""
-        frames = [self._frame(*chunk) for chunk in self.chunks_]
+        frames = [
+            self._frame(keys, values[m], n, measure)
+            for keys, values, n in self.chunks_
+            for m, measure in enumerate(self.measures)
+        ]
         if self.baseline_chunks_:
-            frames.append(self._baseline_frame())
+            frames += [self._baseline_frame(measure) for measure in self.measures]
         if not frames:
             return pd.DataFrame(columns=UNIT_COLUMNS)
         return sum_duplicates(concat_compact(frames))
 
-    def _baseline_frame(self) -> pd.DataFrame:
+    def _baseline_frame(self, measure: str) -> pd.DataFrame:
         keys = [key for chunk in self.baseline_chunks_ for key in chunk[0]]
         n = np.concatenate([chunk[1] for chunk in self.baseline_chunks_])  # [row]
         hits = np.concatenate([chunk[2] for chunk in self.baseline_chunks_])  # [row, variant]
@@ -301,7 +366,7 @@ class CountScorer:
                 "analysis": pd.Categorical.from_codes(
                     np.zeros(size, dtype=np.int8), [self.analysis]
                 ),
-                "measure": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [self.measure]),
+                "measure": pd.Categorical.from_codes(np.zeros(size, dtype=np.int8), [measure]),
                 "label": pd.Categorical([k[1] for k in keys])[row],
                 "unit": pd.Categorical([k[0] for k in keys])[row],
                 "layer": np.full(size, -1, dtype=np.int16),
@@ -316,7 +381,7 @@ class CountScorer:
             }
         )
 
-    def _frame(self, keys, values: np.ndarray, n: np.ndarray) -> pd.DataFrame:
+    def _frame(self, keys, values: np.ndarray, n: np.ndarray, measure: str) -> pd.DataFrame:
         shape = values.shape  # [layer, direction, row, head]
         n_layers, n_dirs, n_rows, n_heads = shape
         layer = np.broadcast_to(
@@ -338,9 +403,7 @@ class CountScorer:
                 "analysis": pd.Categorical.from_codes(
                     np.zeros(flat.size, dtype=np.int8), [self.analysis]
                 ),
-                "measure": pd.Categorical.from_codes(
-                    np.zeros(flat.size, dtype=np.int8), [self.measure]
-                ),
+                "measure": pd.Categorical.from_codes(np.zeros(flat.size, dtype=np.int8), [measure]),
                 "label": labels[row],
                 "unit": units[row],
                 "layer": layer,
@@ -439,7 +502,8 @@ def _word_fill(batch, drop_self: bool) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def masked_word_attention(att, batch, drop_self: bool = True, prepared=None) -> torch.Tensor:
-    """[batch, head, word, word]: word-to-word attention, specials dropped, padding = -1,
+    """[..., batch, head, word, word] (a leading measure axis kept): word-to-word attention,
+    specials dropped, padding = -1,
     and with `drop_self` the attention a word pays to itself set to 0. Rows are not
     renormalised. `prepared` is `word_fill(batch, drop_self)`, to build it once per batch."""
     keep, fill = prepared if prepared is not None else word_fill(batch, drop_self)
@@ -453,11 +517,12 @@ def masked_word_attention(att, batch, drop_self: bool = True, prepared=None) -> 
 class RunsModel(Protocol):
     """A scorer that runs the model itself and ignores the attention (head ablation, importance):
     the engine hands it the model before the run (`use_model`) and calls `model_pass(model,
-    batch)` for every batch; `objective` says what it scores (`headprobe.model.objectives`)."""
+    batch)` for every batch, which returns the batch's state (in place of `prepare`);
+    `objective` says what it scores (`headprobe.model.objectives`)."""
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None: ...
 
-    def model_pass(self, model, batch) -> None: ...
+    def model_pass(self, model, batch) -> BatchState: ...
 
 
 @runtime_checkable

@@ -94,13 +94,14 @@ class Checkpoint:
         if state is None:
             return None
         for scorer in scorers:
-            path = tally_path(self.dir, key, scorer.key)
-            if not path.is_file():
-                raise UsageError(
-                    f"--resume: the checkpoint in {self.dir} lacks {path.name}; "
-                    "run without --resume to start over"
-                )
-            scorer.tally_ = Tally.load_checkpoint(path, device=device)
+            for name in scorer.tally_keys():
+                path = tally_path(self.dir, key, name)
+                if not path.is_file():
+                    raise UsageError(
+                        f"--resume: the checkpoint in {self.dir} lacks {path.name}; "
+                        "run without --resume to start over"
+                    )
+                scorer.tallies_[name] = Tally.load_checkpoint(path, device=device)
         return state
 
     def save(self, key: str, scorers, state: dict) -> None:
@@ -108,7 +109,8 @@ class Checkpoint:
         with atomic.staging(self.out, of=atomic.CHECKPOINT) as new:
             (new / TALLIES / key).mkdir(parents=True)
             for scorer in scorers:
-                scorer.tally_.save_checkpoint(tally_path(new, key, scorer.key))
+                for name, tally in scorer.tallies_.items():
+                    tally.save_checkpoint(tally_path(new, key, name))
             for other in self.state["passes"]:
                 if other != key and (self.dir / TALLIES / other).is_dir():
                     shutil.copytree(

@@ -12,22 +12,27 @@ batch and device); the word-level block, smaller than the piece-level one, is th
 to the scorers on the batch's device (`capture.model_device`), where their counts live.
 
 Scorers that run the model themselves (head ablation and importance,
-`scorers.ablation`: they have `model_pass`) get each batch first, outside inference
+`scoring.model_scorer`: they have `model_pass`) get each batch first, outside inference
 mode; the attention pass follows (skipped when no scorer needs attention).
 
 Query blocks (`Engine(query_block=N)`): capture hands a layer N query pieces at a time
 (`capture.QueryBlock`); `WordRows` pools them into the word rows that are complete (all
 of a word's pieces seen, in every example of the batch) and each block goes to the
 scorers as a `LayerAttention` with `query_pieces`, `query_words`, `first`, `last` (the
-block API, `scorers.base.CountScorer.blocks`). Only when every scorer supports blocks;
+block API, `scoring.base.CountScorer.blocks`). Only when every scorer supports blocks;
 otherwise the run is unblocked and `stats_["notes"]` says why. Unblocked (the default) is
 one block of every row, computed exactly as before.
 
-Measures (METHODS §7, `headprobe.scoring.measures`): each scorer scores one measure (`scorer.measure`,
-`weights` unless set) and says how it reads it (`scorer.reads`). The capture is asked for
-what the measures need (`value_norms` for `norms`), once per batch; per layer (or block)
-one `LayerAttention` is built per (measure, reading) that some scorer reads, and shared by
-those scorers. With `weights` alone the capture and the attention are exactly as before.
+Measures (METHODS §7, `headprobe.scoring.measures`): each scorer scores every measure of the run
+at once (`scorer.measures`) and says how it reads one (`scorer.reads`). The capture is asked for
+what the measures need (`value_norms` for `norms`), once per batch; per layer (or block) every
+distinct matrix (the weights, N, N by rows) is stacked on a leading axis and pooled to words in
+one call, and each scorer gets the `LayerAttention` of its (measures, reading), shared by the
+scorers that read the same; it counts every measure in one call per layer.
+
+A scorer's per-batch state is a value (`scoring.base.BatchState`): `prepare(batch)` (or, for a
+scorer that runs the model, `model_pass`) returns it, `update(layer, attention, state)` adds to
+it, `end_batch(state)` commits it to the tallies.
 """
 
 from __future__ import annotations
@@ -122,7 +127,11 @@ def pool_words(pieces: torch.Tensor, maps, from_mode: str, max_words: int) -> to
 
 
 class LayerAttention:
-    """One layer of one batch, at piece level and pooled to words (computed once, shared).
+    """One layer of one batch, every measure a scorer reads stacked on a leading axis, at piece
+    level and pooled to words (computed once, shared by the scorers that read the same view).
+
+    `measures` names the leading axis (the scorer's `measures`, in order): `pieces` is
+    [measure, batch, head, query piece, piece], `words` [measure, batch, head, word, word + 2].
 
     Block API (for scorers that declare `blocks = True`): `pieces` holds the query piece rows
     `query_pieces = (start, stop)` (all keys), `words` the word rows `query_words = (start,
@@ -144,28 +153,29 @@ class LayerAttention:
         query_words: tuple[int, int] | None = None,
         first: bool = True,
         last: bool = True,
-        measure: str = WEIGHTS,
+        measures: tuple[str, ...] = (WEIGHTS,),
     ):
         self.layer = layer
-        self.measure = measure  # which measure `pieces` holds (METHODS §7)
-        self.local = pieces  # [batch, head, query piece, piece], layer's device
+        self.measures = measures  # what the leading axis holds (METHODS §7)
+        self.local = pieces  # [measure, batch, head, query piece, piece], layer's device
         self.batch = batch
         self.query_pieces = query_pieces or (0, pieces.shape[-2])
         self.query_words = query_words or (0, batch.max_words)
         self.first, self.last = first, last
         if words is not None:
-            self.__dict__["words"] = words  # pooled already (query blocks)
+            self.__dict__["words"] = words  # pooled already (query blocks, stacked views)
         if pieces.device == batch.device:
             self.__dict__["pieces"] = pieces
 
     @cached_property
     def pieces(self) -> torch.Tensor:
-        """[batch, head, piece, piece] on the batch's device."""
+        """[measure, batch, head, piece, piece] on the batch's device."""
         return self.local.to(self.batch.device)
 
     @cached_property
     def words(self) -> torch.Tensor:
-        """[batch, head, word, word + 2]: to = sum over pieces; from = mean/first/max; + CLS-, SEP-like."""
+        """[measure, batch, head, word, word + 2]: to = sum over pieces; from = mean/first/max; +
+        CLS-, SEP-like."""
         batch = self.batch
         if self.local.device == batch.device:
             return pool_words(self.local, batch, batch.from_mode, batch.max_words)
@@ -203,48 +213,50 @@ class WordRows:
             spans = batch.__dict__["_headprobe_spans"] = (first, last)
         self.first_piece, self.last_piece = spans
         self.done = 0  # rows handed on: words [0, done)
-        self.acc = None  # [batch, head, rows, word + 2]: words [done, ...)
+        self.acc = None  # [..., batch, head, rows, word + 2]: words [done, ...)
 
     def add(
         self, probs: torch.Tensor, start: int, stop: int
     ) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Pool query piece rows `start:stop`; (complete word rows [batch, head, n, word + 2], (w0, w1))."""
-        b, h = probs.shape[:2]
+        """Pool query piece rows `start:stop` of `probs` [..., batch, head, rows, key] (leading
+        axes, e.g. the measures, pooled together); (complete word rows [..., batch, head, n,
+        word + 2], (w0, w1))."""
+        *lead, b, h = probs.shape[:-2]
         k = self.w + 2
         maps = self.maps
-        to = torch.matmul(probs, maps.to_words[:, None])  # [batch, head, rows, word + 2]
+        to = torch.matmul(probs, maps.to_words[:, None])  # [..., batch, head, rows, word + 2]
         touched = ((self.first_piece < stop) & (self.last_piece >= start)).any(axis=0)  # [word]
         if touched.any():
             cols = np.flatnonzero(touched)
             lo, hi = int(cols[0]), int(cols[-1]) + 1
             assert lo >= self.done, "query blocks must come in row order"
             fill = float("-inf") if self.from_mode == "max" else 0.0
-            have = 0 if self.acc is None else self.acc.shape[2]
+            have = 0 if self.acc is None else self.acc.shape[-2]
             if self.done + have < hi:  # rows for newly touched words
-                more = to.new_full((b, h, hi - self.done - have, k), fill)
-                self.acc = more if self.acc is None else torch.cat([self.acc, more], dim=2)
+                more = to.new_full((*lead, b, h, hi - self.done - have, k), fill)
+                self.acc = more if self.acc is None else torch.cat([self.acc, more], dim=-2)
             if self.from_mode != "max":
                 part = torch.matmul(
                     maps.from_words[:, None, lo:hi, start:stop], to
-                )  # [batch, head, hi - lo, k]
-                self.acc[:, :, lo - self.done : hi - self.done] += part
+                )  # [..., batch, head, hi - lo, k]
+                self.acc[..., lo - self.done : hi - self.done, :] += part
             else:
-                n = self.acc.shape[2]
+                n = self.acc.shape[-2]
                 kind, word = maps.piece_kind[:, start:stop], maps.piece_word[:, start:stop]
                 row = torch.where(kind == WORD, word - self.done, torch.full_like(word, n))
-                index = row[:, None, :, None].expand(b, h, stop - start, k)
+                index = row[:, None, :, None].expand(*lead, b, h, stop - start, k)
                 target = torch.cat(
-                    [self.acc, self.acc.new_full((b, h, 1, k), float("-inf"))], dim=2
+                    [self.acc, self.acc.new_full((*lead, b, h, 1, k), float("-inf"))], dim=-2
                 )
-                target.scatter_reduce_(2, index, to, reduce="amax", include_self=True)
-                self.acc = target[:, :, :n]
+                target.scatter_reduce_(-2, index, to, reduce="amax", include_self=True)
+                self.acc = target[..., :n, :]
         incomplete = self.last_piece >= stop  # [batch, word]
         ready = np.where(incomplete.any(axis=1), incomplete.argmax(axis=1), self.w)  # [batch]
         upto = int(ready.min()) if len(ready) else self.w
         w0 = self.done
         if upto <= w0:
-            return to.new_zeros((b, h, 0, k)), (w0, w0)
-        out, self.acc = self.acc[:, :, : upto - w0], self.acc[:, :, upto - w0 :]
+            return to.new_zeros((*lead, b, h, 0, k)), (w0, w0)
+        out, self.acc = self.acc[..., : upto - w0, :], self.acc[..., upto - w0 :, :]
         self.done = upto
         if self.from_mode == "max":
             out = out.clamp_min(0)
@@ -257,11 +269,11 @@ def is_causal(model, stack: str | None = None) -> bool:
     return attention_sites(model).causal(stack)
 
 
-def view_of(scorer) -> tuple[str, str]:
-    """(measure, reading) of the attention a scorer gets; under `weights` every reading is the
-    same matrix, so scorers share one `LayerAttention` as they always did."""
-    measure = getattr(scorer, "measure", WEIGHTS)
-    return (measure, ARGMAX) if measure == WEIGHTS else (measure, getattr(scorer, "reads", ARGMAX))
+def view_of(scorer) -> tuple[tuple[str, ...], str]:
+    """(measures, reading) of the attention a scorer gets; under `weights` alone every reading is
+    the same matrix, so such scorers share one `LayerAttention`."""
+    measures = tuple(scorer.measures)
+    return (measures, ARGMAX) if measures == (WEIGHTS,) else (measures, scorer.reads)
 
 
 def without_rows(heads, block: QueryBlock | None, offset: int):
@@ -281,19 +293,21 @@ def without_rows(heads, block: QueryBlock | None, offset: int):
     return (cut if isinstance(heads, torch.Tensor) else Heads(heads, probs=cut)), block
 
 
-def all_measures(layer: int, pieces: MeasuredPieces, batch: Batch, views) -> dict:
-    """{view: LayerAttention} of every view (measure, reading) in `views`, pooled to words in
-    one pass over a leading measure axis ([view, batch, head, word, word + 2]); {} when there
-    is one view (pooled lazily, as a scorer first reads it) or the layer ran on another device
-    than the batch's (pooled view by view where it ran)."""
-    if len(views) < 2 or pieces.probs.device != batch.device:
-        return {}
-    stacked = torch.stack([pieces.get(*view) for view in views])  # [view, batch, head, q, k]
-    words = pool_words(stacked, batch, batch.from_mode, batch.max_words)  # [view, b, h, w, w+2]
-    return {
-        view: LayerAttention(layer, stacked[i], batch, words=words[i], measure=view[0])
-        for i, view in enumerate(views)
-    }
+def stacked_views(pieces: MeasuredPieces, views) -> tuple[torch.Tensor, dict]:
+    """([matrix, batch, head, query, key] every distinct matrix the views read, stacked once;
+    {view: [index of each of its measures]}): under weights,norms the ARGMAX view reads
+    (weights, N) and the MASS view (weights, N / row sum), three matrices for four slots."""
+    matrices, slots = {}, {}
+    for measures, reads in views:
+        slots[measures, reads] = [
+            matrices.setdefault(measure if measure == WEIGHTS else (measure, reads), len(matrices))
+            for measure in measures
+        ]
+    order = sorted(matrices, key=matrices.get)
+    stacked = torch.stack(
+        [pieces.get(WEIGHTS, ARGMAX) if m == WEIGHTS else pieces.get(*m) for m in order]
+    )  # [matrix, batch, head, query, key]
+    return stacked, slots
 
 
 def measured_attention(
@@ -304,37 +318,46 @@ def measured_attention(
     block: QueryBlock | None = None,
     pooling: dict | None = None,
 ):
-    """(scorer, LayerAttention) for each scorer, in order: one `LayerAttention` per (measure,
+    """(scorer, LayerAttention) for each scorer, in order: one `LayerAttention` per (measures,
     reading) that some scorer reads (`view_of`), built from what the capture handed on (`heads`:
-    the probabilities, or a `capture.Heads`), shared by the scorers that read it. With a query
-    `block`, `pooling` ({(layer, view): WordRows}, kept across the layer's blocks) pools its rows."""
-    pieces, atts = MeasuredPieces(heads), {}
+    the probabilities, or a `capture.Heads`), shared by the scorers that read it. Every distinct
+    matrix is pooled to words once, in one call over a leading axis. With a query `block`,
+    `pooling` ({layer: WordRows}, kept across the layer's blocks) pools its rows."""
+    views = list(dict.fromkeys(map(view_of, scorers)))
+    stacked, slots = stacked_views(MeasuredPieces(heads), views)
     if block is None:
-        atts = all_measures(layer, pieces, batch, dict.fromkeys(map(view_of, scorers)))
+        local = stacked.device == batch.device
+        words = pool_words(stacked, batch, batch.from_mode, batch.max_words) if local else None
+        query_words = None
+    else:
+        if block.first:
+            pooling[layer] = WordRows(batch, stacked.device)
+        words, query_words = pooling[layer].add(stacked, block.start, block.stop)
+        if block.last:
+            del pooling[layer]
+        words = words.to(batch.device)
+    atts = {}
+    for view in views:
+        index = slots[view]
+        whole = index == list(range(len(stacked)))
+        pieces = stacked if whole else stacked[index]  # [measure, batch, head, query, key]
+        if words is not None and not whole:
+            view_words = words[index]  # [measure, batch, head, word, word + 2]
+        else:
+            view_words = words
+        atts[view] = LayerAttention(
+            layer,
+            pieces,
+            batch,
+            words=view_words,
+            query_words=query_words,
+            query_pieces=None if block is None else (block.start, block.stop),
+            first=True if block is None else block.first,
+            last=True if block is None else block.last,
+            measures=view[0],
+        )
     for scorer in scorers:
-        view = view_of(scorer)
-        if view not in atts:
-            probs = pieces.get(*view)  # [batch, head, query rows, key]
-            if block is None:
-                atts[view] = LayerAttention(layer, probs, batch, measure=view[0])
-            else:
-                if block.first:
-                    pooling[layer, view] = WordRows(batch, probs.device)
-                words, query_words = pooling[layer, view].add(probs, block.start, block.stop)
-                if block.last:
-                    del pooling[layer, view]
-                atts[view] = LayerAttention(
-                    layer,
-                    probs,
-                    batch,
-                    words=words.to(batch.device),
-                    query_words=query_words,
-                    query_pieces=(block.start, block.stop),
-                    first=block.first,
-                    last=block.last,
-                    measure=view[0],
-                )
-        yield scorer, atts[view]
+        yield scorer, atts[view_of(scorer)]
 
 
 def max_length(model, tokenizer) -> int:
@@ -462,7 +485,9 @@ class Engine:
         # scorers that run the model themselves (head ablation, importance): `model_pass` per batch
         self.model_scorers = [s for s in self.scorers if isinstance(s, RunsModel)]
         self.measures = tuple(
-            dict.fromkeys(view_of(s)[0] for s in self.scorers if s not in self.model_scorers)
+            dict.fromkeys(
+                m for s in self.scorers if s not in self.model_scorers for m in s.measures
+            )
         )
         self.needs = (
             needs_of(self.measures) if set(self.measures) - {WEIGHTS} else None
@@ -656,20 +681,25 @@ class Engine:
         )
 
     def _score(self, batch: Batch) -> None:
+        """Score one batch: each scorer's state is a value of this call, so a batch retried in
+        halves after running out of memory starts from nothing and commits only in `end_batch`."""
+        states = {}
         for scorer in self.model_scorers:  # each in its own grad mode (importance differentiates)
-            scorer.model_pass(self.model, batch)
-        self._attention_pass(batch)
+            states[scorer] = scorer.model_pass(self.model, batch)
+        states.update(self._attention_pass(batch))
+        with torch.inference_mode():  # the states of the attention pass are inference tensors
+            for scorer in self.scorers:
+                scorer.end_batch(states[scorer])
 
     @torch.inference_mode()
-    def _attention_pass(self, batch: Batch) -> None:
-        for scorer in self.scorers:
-            scorer.begin_batch(batch)
-
+    def _attention_pass(self, batch: Batch) -> dict:
+        """{scorer: its state} of the scorers that read attention, every asked-for layer added."""
+        readers = [s for s in self.scorers if s not in self.model_scorers]
+        states = {scorer: scorer.prepare(batch) for scorer in readers}
+        if not readers:
+            return states
         offset = self.sites.query_offset(self.stack)  # cross-attention: the start token's row
-        pooling: dict[tuple, WordRows] = {}
-        readers = [
-            s for s in self.scorers if s not in self.model_scorers
-        ]  # model scorers take no attention
+        pooling: dict[int, WordRows] = {}
 
         def hand_on(layer: int, heads, block: QueryBlock | None = None) -> None:
             if offset:
@@ -677,17 +707,15 @@ class Engine:
                 if heads is None:
                     return
             for scorer, att in measured_attention(readers, layer, heads, batch, block, pooling):
-                scorer.update(layer, att, batch)
+                scorer.update(layer, att, states[scorer])
 
-        if len(self.model_scorers) < len(self.scorers):  # someone needs the attention
-            with AttentionCapture(
-                self.model,
-                self.layers,
-                hand_on,
-                query_block=self.query_block,
-                stack=self.stack,
-                needs=self.needs,
-            ):
-                self.model(**self.sites.model_inputs(batch, self.stack))
-        for scorer in self.scorers:
-            scorer.end_batch(batch)
+        with AttentionCapture(
+            self.model,
+            self.layers,
+            hand_on,
+            query_block=self.query_block,
+            stack=self.stack,
+            needs=self.needs,
+        ):
+            self.model(**self.sites.model_inputs(batch, self.stack))
+        return states

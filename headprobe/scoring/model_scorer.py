@@ -13,14 +13,17 @@ from __future__ import annotations
 import torch
 
 from headprobe.model.objectives import Objective
-from headprobe.scoring.base import CountScorer
+from headprobe.scoring.base import BatchState, CountScorer
 
 
 class ModelScorer(CountScorer):
-    """A scorer that runs the model itself (`model_pass`) and ignores the attention."""
+    """A scorer that runs the model itself and ignores the attention: `model_pass(model, batch)`
+    computes the batch's values and returns its state (the engine calls it in place of
+    `prepare`); `update` is never called."""
 
     value = "mass"
     blocks = True  # takes no attention, so never stops query blocks
+    reads_attention = False
     needs_lm_head = True
     scored = None  # `objectives.Objective`'s restriction to some pieces (None: all)
 
@@ -35,27 +38,24 @@ class ModelScorer(CountScorer):
             stack=stack,
         )
 
-    def model_pass(self, model, batch) -> None:
-        """Per example [row, layer, head] values and [row] pieces, kept for this batch's rows."""
-        values, tokens = self.compute(model, batch)
-        self._pass = (values, tokens)
+    def model_pass(self, model, batch) -> BatchState:
+        """The batch's state: one row per example, its [layer, head] values and pieces scored."""
+        values, tokens = self.compute(model, batch)  # [row, layer, head], [row]
+        keys = [(example.unit, self.objective.kind) for example in batch.examples]
+        return self.state_of(batch, keys, tokens.tolist(), values[:, self.layers])
+
+    def state_of(self, batch, keys, n, values: torch.Tensor) -> BatchState:
+        """A state whose rows `keys` (trials `n`) hold `values` [row, layer, head] (one measure,
+        one direction)."""
+        state = self.new_state(batch, keys, n)
+        state.values[0, :, 0] = values.permute(1, 0, 2).to(state.values)  # [layer, row, head]
+        return state
 
     def compute(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def rows(self, batch):
-        _, tokens = self._pass
-        return [(example.unit, self.objective.kind) for example in batch.examples], tokens.tolist()
+    def prepare(self, batch) -> BatchState:
+        raise TypeError(f"{type(self).__name__} runs the model: the engine calls model_pass")
 
-    def prepare(self, batch):
-        values, _ = self._pass  # [row, layer, head]
-        self._values[:, 0] = (
-            values[:, self.layers].permute(1, 0, 2).to(self._values)
-        )  # [layer, row, head]
-
-    def update(self, layer, att, batch) -> None:
-        """Attention is not needed."""
-
-    def end_batch(self, batch):
-        super().end_batch(batch)
-        self._pass = None
+    def update(self, layer, att, state) -> None:
+        raise TypeError(f"{type(self).__name__} reads no attention")

@@ -45,7 +45,14 @@ PLUGIN_ORDER = 1000.0  # where an analysis that declares no order goes: after th
 # `run(probe=...)`) where one is given, else the sentence corpus at piece level; "any": whichever
 # the run reads (analyses that run the model itself: head ablation): the sentence corpus where
 # one is given, else the probe, else the coreference windows, else the bundled sample
-SENTENCES, COREFERENCE, PROBE, ANY = INPUTS = ("sentences", "coreference", "probe", "any")
+# "weights": none, it reads only the model's weights (`scoring.weights_scorer`), computed once
+SENTENCES, COREFERENCE, PROBE, ANY, WEIGHTS_ONLY = INPUTS = (
+    "sentences",
+    "coreference",
+    "probe",
+    "any",
+    "weights",
+)
 # the example pictures of an analysis's best heads (`headprobe.results.examples`): a head's attention on a
 # sentence holding its relation, with the gold arcs; on a mention and its nearest antecedent
 ARCS, MENTIONS = PICTURES = ("arcs", "mentions")
@@ -107,13 +114,21 @@ class Analysis:
     def baselines(self) -> tuple[str, ...]:
         return tuple(self.scorer.variants)
 
-    def make_scorer(self, model: str = TRAINED, measure: str = WEIGHTS, **options):
-        """A new scorer for this analysis counting `model` ("trained", or the random-init "control")
-        on `measure` (METHODS §7: "weights" or "norms")."""
+    def make_scorer(self, model: str = TRAINED, measures=(WEIGHTS,), **options):
+        """A new scorer for this analysis counting `model` ("trained", or the random-init
+        "control") on every one of `measures` (METHODS §7: "weights", "norms"; one tally each),
+        all in one pass; a scorer that reads no attention (it runs the model itself, or reads
+        only weights) counts the first."""
         scorer = self.scorer(**options)
         scorer.model = model
-        scorer.measure = measure
+        measures = (measures,) if isinstance(measures, str) else tuple(measures)
+        scorer.measures = measures if self.reads_attention else measures[:1]
         return scorer
+
+    @property
+    def reads_attention(self) -> bool:
+        """Whether its scorer reads the captured attention (not a model or weights scorer)."""
+        return self.scorer.reads_attention
 
     def report_section(self):
         """The callable that renders this analysis's report section, `section(results, name) ->

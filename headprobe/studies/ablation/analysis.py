@@ -111,25 +111,31 @@ class GroupScorer(ModelScorer):
     """Per example, the objective with each named group of heads gated to 0 together (`use_groups`):
     one row per (unit, group) with n = pieces scored, a single whole-model cell (layer
     `MODEL_LEVEL`), so every group's objective has an interval and any two groups a paired
-    difference (`points_table`). Not registered: `analyses/olsson2022_induction.py` runs it
-    through `Engine` (induction heads vs other heads vs intact); the pruning curve is one."""
+    difference (`points_table`). The `head_groups` analysis (`--head-groups`, the intact model
+    always first); the pruning curve is one too."""
 
-    analysis = "head_groups"
+    analysis = "group_ablation"
 
     def __init__(self):
         super().__init__()
         self.groups: list[tuple[str, list]] = []
 
     def use_groups(self, groups) -> None:
-        """groups: [(label, [(layer, head), ...])]; an empty list of heads is the intact model."""
-        self.groups = [
-            (str(label), [(int(l), int(h)) for l, h in heads]) for label, heads in groups
-        ]
+        """groups: {label: [(layer, head), ...]} (or pairs); an empty list of heads is the intact
+        model, which comes first whether named or not."""
+        pairs = list(groups.items()) if isinstance(groups, dict) else list(groups)
+        named = [(str(label), [(int(l), int(h)) for l, h in heads]) for label, heads in pairs]
+        self.groups = ([] if any(not h for _, h in named) else [(INTACT, [])]) + named
 
     def bind(self, n_layers, n_heads, layers=None, **options) -> None:
         super().bind(1, 1, [MODEL_LEVEL], **options)  # one cell: the whole model
 
-    def compute(self, model, batch):
+    def describe(self) -> dict:
+        """What the summary keeps: each group's heads, in order (the tables read it)."""
+        return {self.analysis: {g: [f"{l}-{h}" for l, h in heads] for g, heads in self.groups}}
+
+    def model_pass(self, model, batch):
+        """Rows (unit, group) of every example and group: the objective with the group gated."""
         targets = self.objective.targets(model, batch)
         values = gated_rows(
             model,
@@ -138,16 +144,10 @@ class GroupScorer(ModelScorer):
             [heads for _, heads in self.groups],
             copies=max(1, ROWS_PER_PASS // len(batch)),
         )  # [row, group]
-        return values, self.objective.pieces(targets)  # [row]
-
-    def rows(self, batch):
-        _, tokens = self._pass
+        tokens = self.objective.pieces(targets).cpu().numpy()  # [row]
         keys = [(example.unit, label) for example in batch.examples for label, _ in self.groups]
-        return keys, np.repeat(tokens.cpu().numpy(), len(self.groups)).tolist()
-
-    def prepare(self, batch):
-        values, _ = self._pass  # [row, group]
-        self._values[0, 0] = values.reshape(-1, 1).to(self._values)  # [row x group, 1]
+        n = np.repeat(tokens, len(self.groups))  # [row x group]
+        return self.state_of(batch, keys, n, values.reshape(-1, 1, 1))  # [row x group, 1, 1]
 
 
 class PruneScorer(GroupScorer):
@@ -190,7 +190,51 @@ class PruneScorer(GroupScorer):
         }
 
 
+INTACT = "intact"  # the group of no heads: the model as it is
+GROUPS = "group_ablation"  # the analysis of named groups (`--head-groups`)
 POINT_COLUMNS = ["label", "n", "value", "ci_low", "ci_high", "change", "change_low", "change_high"]
+GROUP_COLUMNS = ["group", "heads", "n_heads", *POINT_COLUMNS[1:], "objective"]
+VERSUS_COLUMNS = ["group", "versus", "n", "change", "change_low", "change_high"]
+
+
+def groups_table(results) -> pd.DataFrame:
+    """One row per group of `--head-groups` (the intact model first): the objective with the group
+    gated to 0 (value, 95% interval) and its paired change from intact."""
+    tally = results.tallies.get(GROUPS)
+    groups = results.summary.get(GROUPS) or {}
+    if tally is None or not tally.labels or not groups:
+        return pd.DataFrame(columns=GROUP_COLUMNS)
+    labels = [label for label in groups if label in tally.labels]
+    table = points_table(tally, labels, INTACT).rename(columns={"label": "group"})
+    table.insert(1, "heads", [" ".join(groups[label]) for label in labels])
+    table.insert(2, "n_heads", [len(groups[label]) for label in labels])
+    table["objective"] = (results.summary.get("objectives") or {}).get(GROUPS, "")
+    return table[GROUP_COLUMNS]
+
+
+def versus_table(results) -> pd.DataFrame:
+    """Every ordered pair of named groups: the paired change of the objective from gating the
+    second to gating the first (same units, same resamples), e.g. induction heads vs others."""
+    tally = results.tallies.get(GROUPS)
+    groups = [g for g in (results.summary.get(GROUPS) or {}) if g != INTACT]
+    rows = []
+    for versus in groups:
+        if tally is None or versus not in tally.labels:
+            continue
+        points = points_table(tally, groups, versus)
+        for r in points.itertuples(index=False):
+            if r.label != versus:
+                rows.append(
+                    {
+                        "group": r.label,
+                        "versus": versus,
+                        "n": r.n,
+                        "change": r.change,
+                        "change_low": r.change_low,
+                        "change_high": r.change_high,
+                    }
+                )
+    return pd.DataFrame(rows, columns=VERSUS_COLUMNS)
 
 
 def points_table(tally, labels: list[str], reference: str) -> pd.DataFrame:
@@ -358,6 +402,26 @@ IMPORTANCE = register(
             "head_ranks": head_ranks,
         },
         report="headprobe.studies.ablation.report:importance_section",
+    )
+)
+
+GROUP_ABLATION = register(
+    Analysis(
+        name=GROUPS,
+        order=125,
+        scorer=GroupScorer,
+        input=ANY,
+        cross=True,
+        selection=False,
+        default=False,
+        added_by="head_groups",
+        options=("head_groups",),
+        homes=HOMES,
+        description="the objective with each named group of heads gated to 0 together, against the intact "
+        "model and against each other, with paired 95% intervals (METHODS §8; e.g. Olsson et al.'s "
+        "induction heads against as many other heads)",
+        tables={GROUPS: groups_table, f"{GROUPS}_versus": versus_table},
+        report="headprobe.studies.ablation.report:groups_section",
     )
 )
 

@@ -189,6 +189,58 @@ def _roles_by_importance(s: Section, results, by: str) -> None:
     )
 
 
+def groups_section(results, analysis: str) -> Section:
+    """Named groups of heads gated together (`analysis`'s declared tables): each group against the
+    intact model, and each named group against the others."""
+    s = Section(slug(analysis), "Heads gated in groups")
+    s.add(Paragraph(described(analysis)))
+    names = _declared_tables(analysis)
+    groups = results.tables.get(names[0]) if names else None
+    if groups is None or not len(groups):
+        s.add(Paragraph("No groups of heads in these results.", note=True))
+        return s
+    s.add(Paragraph(f"Objective: {groups['objective'].iloc[0]}. Changes are paired (same units)."))
+    s.add(
+        Table(
+            f"{slug(analysis)}-groups",
+            "Each group gated to 0 together: the objective and its change from the intact model, "
+            "with 95% intervals. " + LEGEND,
+            ["Group", "Heads", "Objective", "95% CI", "Change", "95% CI (change)"],
+            [
+                [
+                    Cell(r.group),
+                    Cell(r.heads or "—", wrap=True),
+                    Cell(fmt(r.value, 5), numeric=True),
+                    Cell(fmt_ci(r.ci_low, r.ci_high, 5), numeric=True),
+                    Cell(fmt(r.change, 5), numeric=True),
+                    Cell(fmt_ci(r.change_low, r.change_high, 5), numeric=True),
+                ]
+                for r in groups.itertuples(index=False)
+            ],
+        )
+    )
+    versus = results.tables.get(names[1]) if len(names) > 1 else None
+    if versus is not None and len(versus):
+        s.add(
+            Table(
+                f"{slug(analysis)}-versus",
+                "Group against group: the objective's change from gating the second to gating "
+                "the first, paired 95% interval. " + LEGEND,
+                ["Group", "Versus", "Change", "95% CI"],
+                [
+                    [
+                        Cell(r.group),
+                        Cell(r.versus),
+                        Cell(fmt(r.change, 5), numeric=True),
+                        Cell(fmt_ci(r.change_low, r.change_high, 5), numeric=True),
+                    ]
+                    for r in versus.itertuples(index=False)
+                ],
+            )
+        )
+    return s
+
+
 def prune_section(results, analysis: str) -> Section:
     """The pruning curve (`analysis`'s declared table): figure, order used, and every point."""
     s = Section(slug(analysis), "Pruning curve")

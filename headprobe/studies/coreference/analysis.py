@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.base import CountScorer, RowIndex, first_argmax, query_rows
+from headprobe.scoring.base import BatchState, CountScorer, RowIndex, first_argmax, query_rows
 from headprobe.scoring.registry import COREFERENCE, MENTIONS, Analysis, RoleRule, register
 from headprobe.stats import roles
 from headprobe.stats.engine import ALPHA
@@ -182,7 +182,9 @@ class CoreferenceScorer(CountScorer):
             )
         self.variants = tuple(baselines)
 
-    def rows(self, batch):
+    def prepare(self, batch) -> BatchState:
+        """Per scored mention, on the batch's device: batch row, query word (the mention head),
+        candidate mask and gold mask over the batch's words, and its two rows."""
         rows = RowIndex()
         items = []  # (batch row, query word, kind row, ALL row, candidates, gold)
         baseline = []  # per mention: [variant] 0/1
@@ -191,84 +193,78 @@ class CoreferenceScorer(CountScorer):
                 slots = [rows.count(example.unit, label) for label in (sm.kind, ALL)]
                 baseline.append([float(sm.hit(sm.predictions[v])) for v in self.variants])
                 items.append((b, sm.query, slots[0], slots[1], sm.candidates, sm.gold))
-        self._baseline = baseline
-        self._items = items
-        return rows.keys, rows.n
-
-    def prepare(self, batch):
-        """Per scored mention, on the batch's device: batch row, query word (the mention
-        head), candidate mask and gold mask over the batch's words, and its two rows."""
+        state = self.new_state(batch, rows.keys, rows.n)
         device = batch.device
-        items = self._items
-        base = torch.tensor(self._baseline, dtype=torch.float32).reshape(
-            len(items), len(self.variants)
-        )
+        base = torch.tensor(baseline, dtype=torch.float32).reshape(len(items), len(self.variants))
         for column in (2, 3):  # the mention's kind row, its ALL row
-            np.add.at(self.baseline_hits, [it[column] for it in items], base.numpy())
-        self._base = torch.cat([base, base]).to(device)  # [2 * mention, variant]
+            np.add.at(state.baseline_hits, [it[column] for it in items], base.numpy())
         width = int(batch.max_words)
         long = dict(dtype=torch.long, device=device)
-        self._width = width
-        self._b = torch.tensor([it[0] for it in items], **long)  # [mention]
-        self._q = torch.tensor([it[1] for it in items], **long)  # [mention]
-        self._rows = torch.tensor(
-            [it[2] for it in items] + [it[3] for it in items], **long
-        )  # [2 * mention]
+        cand = torch.zeros((len(items), width), dtype=torch.bool, device=device)  # [mention, word]
+        gold = torch.zeros((len(items), width), dtype=torch.bool, device=device)  # [mention, word]
         cand_r = [r for r, it in enumerate(items) for _ in it[4]]
-        cand_c = [c for it in items for c in it[4]]
         gold_r = [r for r, it in enumerate(items) for _ in it[5]]
-        gold_c = [c for it in items for c in it[5]]
-        self._cand = torch.zeros(
-            (len(items), width), dtype=torch.bool, device=device
-        )  # [mention, word]
-        self._gold = torch.zeros(
-            (len(items), width), dtype=torch.bool, device=device
-        )  # [mention, word]
-        self._cand[torch.tensor(cand_r, **long), torch.tensor(cand_c, **long)] = True
-        self._gold[torch.tensor(gold_r, **long), torch.tensor(gold_c, **long)] = True
+        cand[
+            torch.tensor(cand_r, **long), torch.tensor([c for it in items for c in it[4]], **long)
+        ] = True
+        gold[
+            torch.tensor(gold_r, **long), torch.tensor([c for it in items for c in it[5]], **long)
+        ] = True
+        state.own = Mentions(
+            b=torch.tensor([it[0] for it in items], **long),
+            q=torch.tensor([it[1] for it in items], **long),
+            cand=cand,
+            gold=gold,
+            rows=torch.tensor([it[2] for it in items] + [it[3] for it in items], **long),
+            base=torch.cat([base, base]).to(device),
+        )
+        return state
 
-    def update(self, layer, att, batch):
-        if self._b.numel() == 0:
+    def update(self, layer, att, state) -> None:
+        m, batch = state.own, state.batch
+        if m.b.numel() == 0:
             return
-        width = self._width
-        words = att.words  # [batch, head, word, word + 2]
+        width = int(batch.max_words)
+        words = att.words  # [measure, batch, head, word, word + 2]
         if words.shape[-1] - 2 < width:
             raise ValueError(
                 f"att.words has {words.shape[-1] - 2} word columns; the batch has {width} words"
             )
         w0, w1, *_ = query_rows(att, batch)
-        b, q, cand, gold, rows_of, base = (
-            self._b,
-            self._q,
-            self._cand,
-            self._gold,
-            self._rows,
-            self._base,
-        )
+        b, q, cand, gold, rows_of, base = m.b, m.q, m.cand, m.gold, m.rows, m.base
         if (w0, w1) != (0, width):  # a query block: the mentions whose head row is here
             here = ((q >= w0) & (q < w1)).nonzero().squeeze(1)
             if not here.numel():
                 return
-            both = torch.cat([here, here + len(self._b)])
-            b, q, cand, gold, rows_of, base = (
-                b[here],
-                q[here],
-                cand[here],
-                gold[here],
-                rows_of[both],
-                base[both],
-            )
-        rows = words[b, :, q - w0, :width].float()  # [mention, head, word] (a copy)
-        n_heads = rows.shape[1]
+            both = torch.cat([here, here + len(m.b)])
+            b, q, cand, gold = b[here], q[here], cand[here], gold[here]
+            rows_of, base = rows_of[both], base[both]
+        rows = words.permute(1, 3, 0, 2, 4)[
+            b, q - w0
+        ]  # [mention, measure, head, word + 2] (a copy)
+        rows = rows[..., :width].float().transpose(0, 1)  # [measure, mention, head, word]
+        n_measures, n_heads = rows.shape[0], rows.shape[2]
         # METHODS §3: the attention a word pays to itself is 0 before any argmax ...
-        rows.scatter_(2, q.view(-1, 1, 1).expand(-1, n_heads, 1), 0.0)
+        rows.scatter_(3, q.view(1, -1, 1, 1).expand(n_measures, -1, n_heads, 1), 0.0)
         # ... and only candidate words compete (ties -> the lowest index).
-        rows.masked_fill_(~cand[:, None, :], float("-inf"))
-        pred = first_argmax(rows, -1)  # [mention, head]
-        hit = gold.gather(1, pred)  # [mention, head] bool
-        hits = torch.cat([hit, hit])  # [2 * mention, head]
-        self.add(layer, 0, rows_of, hits)
-        self.add_both(layer, 0, rows_of, hits, base)
+        rows.masked_fill_(~cand[None, :, None, :], float("-inf"))
+        pred = first_argmax(rows, -1)  # [measure, mention, head]
+        hit = gold[None].expand(n_measures, -1, -1).gather(2, pred)  # [measure, mention, head]
+        hits = torch.cat([hit, hit], dim=1)  # [measure, 2 * mention, head]
+        self.add(state, layer, 0, rows_of, hits)
+        self.add_both(state, layer, 0, rows_of, hits, base)
+
+
+@dataclass
+class Mentions:
+    """A batch's scored mentions on the device (`CoreferenceScorer.prepare`)."""
+
+    b: torch.Tensor  # [mention] batch row
+    q: torch.Tensor  # [mention] the mention's head word (its query row)
+    cand: torch.Tensor  # [mention, word] bool: candidate antecedent heads
+    gold: torch.Tensor  # [mention, word] bool: candidates heading a mention of its cluster
+    rows: torch.Tensor  # [2 * mention]: the kind's row, then ALL's
+    base: torch.Tensor  # [2 * mention, variant] baseline hits
 
 
 # ---------------------------------------------------------------- role rule (METHODS §6)

@@ -22,6 +22,7 @@ The default is METHODS §2's (the `headprobe` preset).
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,7 @@ import torch
 from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scoring.base import (
+    BatchState,
     CountScorer,
     RowIndex,
     masked_word_attention,
@@ -77,7 +79,7 @@ class DependencyScorer(CountScorer):
         self.conventions = conventions
         self.variants = conventions.variants
 
-    def rows(self, batch):
+    def prepare(self, batch) -> BatchState:
         rows = RowIndex()
         arcs = []  # (batch row, dependent, head, row of rel, row of ALL)
         for b, example in enumerate(batch.examples):
@@ -91,28 +93,26 @@ class DependencyScorer(CountScorer):
             for rel, pairs in by_relation.items():
                 row = rows.count(example.unit, rel, len(pairs))
                 arcs.extend((b, i, h, row, all_row) for i, h in pairs)
-        self._arcs = arcs
-        return rows.keys, rows.n
-
-    def prepare(self, batch):
-        self._fill = word_fill(batch)
-        table = np.array(self._arcs, dtype=np.int64).reshape(
-            -1, 5
-        )  # [arc, (b, dep, head, row, ALL row)]
+        state = self.new_state(batch, rows.keys, rows.n)
+        table = np.array(arcs, dtype=np.int64).reshape(-1, 5)  # [arc, (b, dep, head, row, ALL)]
         n_words = np.array([len(ex.words) for ex in batch.examples], dtype=np.int64)[table[:, 0]]
         base = self.conventions.baseline_hits(
             table[:, 1], table[:, 2], n_words
         )  # [arc, variant]: no attention
         unreachable = self.unreachable(batch, table)  # [arc, direction]
         for column in (3, 4):  # the arc's relation row, its ALL row
-            np.add.at(self.baseline_hits, table[:, column], base)
-            np.add.at(self._extra["unreachable"], table[:, column], unreachable)
-        arcs = torch.from_numpy(table).to(batch.device)
-        self._arc_b, self._arc_dep, self._arc_head = arcs[:, 0], arcs[:, 1], arcs[:, 2]  # [arc]
-        self._arc_rows = torch.cat([arcs[:, 3], arcs[:, 4]])  # [2 * arc]
-        self._arc_base = torch.from_numpy(np.concatenate([base, base])).to(
-            batch.device
-        )  # [2 * arc, variant]
+            np.add.at(state.baseline_hits, table[:, column], base)
+            np.add.at(state.extra["unreachable"], table[:, column], unreachable)
+        tensors = torch.from_numpy(table).to(batch.device)
+        state.own = Arcs(
+            b=tensors[:, 0],
+            dep=tensors[:, 1],
+            head=tensors[:, 2],
+            rows=torch.cat([tensors[:, 3], tensors[:, 4]]),
+            base=torch.from_numpy(np.concatenate([base, base])).to(batch.device),
+            fill=word_fill(batch),
+        )
+        return state
 
     @staticmethod
     def unreachable(batch, table) -> np.ndarray:
@@ -126,70 +126,83 @@ class DependencyScorer(CountScorer):
             out[:, 1] = table[:, 1] == n_words - 1
         return out
 
-    def update(self, layer, att, batch):
-        if self._arc_b.numel() == 0:
+    def update(self, layer, att, state) -> None:
+        arcs, batch = state.own, state.batch
+        if arcs.b.numel() == 0:
             return
         w0, w1, _, _, first, last = query_rows(att, batch)
         if (w0, w1) != (0, batch.max_words):  # one query block of the layer
-            return self._update_block(layer, att, batch, w0, w1, first, last)
-        scores = masked_word_attention(att, batch, prepared=self._fill)  # [batch, head, word, word]
+            return self._update_block(layer, att, state, w0, w1, first, last)
+        scores = masked_word_attention(att, batch, prepared=arcs.fill)  # [m, b, head, word, word]
         # the first maximum (ties -> lowest index); a row or column whose maximum is 0 has no
         # attention left after specials and self are removed: it predicts nothing
-        to_top = scores.max(dim=-1)  # [batch, head, query]
-        from_top = scores.max(dim=-2)  # [batch, head, key]
+        to_top = scores.max(dim=-1)  # [measure, batch, head, query]
+        from_top = scores.max(dim=-2)  # [measure, batch, head, key]
+        everything = torch.arange(len(arcs.b), device=arcs.b.device)
         for direction, top in enumerate((to_top, from_top)):
-            chosen = top.indices.permute(0, 2, 1)[self._arc_b, self._arc_dep]  # [arc, head]
-            alive = top.values.permute(0, 2, 1)[self._arc_b, self._arc_dep] > 0  # [arc, head]
-            hits = ((chosen == self._arc_head[:, None]) & alive).float()  # [arc, head]
-            hits = torch.cat([hits, hits])  # [2 * arc, head]
-            self.add(layer, direction, self._arc_rows, hits)
-            self.add_both(layer, direction, self._arc_rows, hits, self._arc_base)
+            self._add_hits(state, layer, direction, top.values, top.indices, everything, arcs.dep)
 
-    def _update_block(self, layer, att, batch, w0, w1, first, last):
+    def _update_block(self, layer, att, state, w0, w1, first, last):
         """Word rows `w0:w1` of a layer: dep->head for the arcs whose dependent's row is here;
         head<-dep needs whole columns, so each column's maximum and its first row (ties -> the
         lowest index: a later block replaces it only when strictly greater, exactly as the
-        unblocked argmax) run across the blocks and are scored at the layer's last block."""
+        unblocked argmax) run across the blocks (in `state.own.column`) and are scored at the
+        layer's last block."""
+        arcs, batch = state.own, state.batch
         if first:
-            self._column = None
+            arcs.column = None
         if w1 > w0:
-            keep, fill = self._fill  # [batch, 1, word, word]
+            keep, fill = arcs.fill  # [batch, 1, word, word]
             scores = torch.where(
                 keep[:, :, w0:w1], att.words[..., : batch.max_words], fill[:, :, w0:w1]
-            )
-            to_top = scores.max(dim=-1)  # [batch, head, block row]
-            arcs = ((self._arc_dep >= w0) & (self._arc_dep < w1)).nonzero().squeeze(1)  # [arc here]
-            if arcs.numel():
+            )  # [measure, batch, head, block row, word]
+            to_top = scores.max(dim=-1)  # [measure, batch, head, block row]
+            here = ((arcs.dep >= w0) & (arcs.dep < w1)).nonzero().squeeze(1)  # [arc here]
+            if here.numel():
                 self._add_hits(
-                    layer, 0, to_top.values, to_top.indices, arcs, self._arc_dep[arcs] - w0
+                    state, layer, 0, to_top.values, to_top.indices, here, arcs.dep[here] - w0
                 )
-            top = scores.max(dim=-2)  # [batch, head, key]
-            if self._column is None:
-                self._column = (top.values, top.indices + w0)
+            top = scores.max(dim=-2)  # [measure, batch, head, key]
+            if arcs.column is None:
+                arcs.column = (top.values, top.indices + w0)
             else:
-                values, indices = self._column
+                values, indices = arcs.column
                 better = top.values > values
-                self._column = (
+                arcs.column = (
                     torch.where(better, top.values, values),
                     torch.where(better, top.indices + w0, indices),
                 )
-        if last and self._column is not None:
-            values, indices = self._column
-            self._column = None
-            everything = torch.arange(len(self._arc_b), device=values.device)
-            self._add_hits(layer, 1, values, indices, everything, self._arc_dep)
+        if last and arcs.column is not None:
+            values, indices = arcs.column
+            arcs.column = None
+            everything = torch.arange(len(arcs.b), device=values.device)
+            self._add_hits(state, layer, 1, values, indices, everything, arcs.dep)
 
-    def _add_hits(self, layer, direction, values, indices, arcs, position):
-        """Hits of arcs `arcs` [item] whose row (or column) sits at `position` [item] of the
-        [batch, head, position] maxima `values` / `indices`."""
-        b = self._arc_b[arcs]
-        chosen = indices.permute(0, 2, 1)[b, position]  # [item, head]
-        alive = values.permute(0, 2, 1)[b, position] > 0  # [item, head]
-        hits = ((chosen == self._arc_head[arcs][:, None]) & alive).float()  # [item, head]
-        both = torch.cat([arcs, arcs + len(self._arc_b)])  # its relation row, its ALL row
-        hits = torch.cat([hits, hits])  # [2 * item, head]
-        self.add(layer, direction, self._arc_rows[both], hits)
-        self.add_both(layer, direction, self._arc_rows[both], hits, self._arc_base[both])
+    def _add_hits(self, state, layer, direction, values, indices, items, position):
+        """Hits of arcs `items` [item] whose row (or column) sits at `position` [item] of the
+        [measure, batch, head, position] maxima `values` / `indices`."""
+        arcs = state.own
+        b = arcs.b[items]
+        chosen = indices.permute(0, 1, 3, 2)[:, b, position]  # [measure, item, head]
+        alive = values.permute(0, 1, 3, 2)[:, b, position] > 0  # [measure, item, head]
+        hits = ((chosen == arcs.head[items][None, :, None]) & alive).float()
+        both = torch.cat([items, items + len(arcs.b)])  # its relation row, its ALL row
+        hits = torch.cat([hits, hits], dim=1)  # [measure, 2 * item, head]
+        self.add(state, layer, direction, arcs.rows[both], hits)
+        self.add_both(state, layer, direction, arcs.rows[both], hits, arcs.base[both])
+
+
+@dataclass
+class Arcs:
+    """A batch's scored arcs on the device (`DependencyScorer.prepare`)."""
+
+    b: torch.Tensor  # [arc] batch row
+    dep: torch.Tensor  # [arc] dependent word
+    head: torch.Tensor  # [arc] head word
+    rows: torch.Tensor  # [2 * arc]: the relation's row, then ALL's
+    base: torch.Tensor  # [2 * arc, variant] baseline hits
+    fill: tuple  # word_fill(batch)
+    column: tuple | None = None  # head<-dep across query blocks: (max, first row) of each column
 
 
 def baseline_hits(dependent: np.ndarray, head: np.ndarray) -> np.ndarray:

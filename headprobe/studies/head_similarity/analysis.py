@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.scoring.base import CountScorer, RowIndex
+from headprobe.scoring.base import BatchState, CountScorer, RowIndex
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import SENTENCES, Analysis, register
 
@@ -82,7 +82,7 @@ class HeadSimilarityScorer(CountScorer):
     reads = MASS  # norms: row-normalised N (METHODS §7)
     bootstrap = False
 
-    def rows(self, batch):
+    def prepare(self, batch) -> BatchState:
         heads = [(layer, head) for layer in self.layers for head in range(self.n_heads)]
         rows = RowIndex()
         units = {}
@@ -91,34 +91,27 @@ class HeadSimilarityScorer(CountScorer):
                 units[example.unit] = len(units)
             for layer, head in heads:  # rows: unit-major, then first head
                 rows.count(example.unit, head_label(layer, head), len(example.words))
-        self._unit_slot = units
-        return rows.keys, rows.n
+        # own: each unit's slot, and the layers' row-normalised word attention as they come
+        return self.new_state(batch, rows.keys, rows.n, (units, []))
 
-    def prepare(self, batch):
-        self._rows: list[torch.Tensor] = []
-
-    def update(self, layer, att, batch):
-        words = att.words  # [batch, head, word, word + 2]
+    def update(self, layer, att, state) -> None:
+        words = att.words  # [measure, batch, head, word, word + 2]
         total = words.sum(-1, keepdim=True)
-        self._rows.append(words / total.clamp_min(torch.finfo(words.dtype).tiny))
+        state.own[1].append(words / total.clamp_min(torch.finfo(words.dtype).tiny))
 
-    def end_batch(self, batch):
-        if self._keys and self._rows:
-            p = torch.cat(self._rows, dim=1)  # [batch, K, word, key]
-            b, k, w, c = p.shape
-            mask = batch.word_mask  # [batch, word]
-            example, word = mask.nonzero(as_tuple=True)  # real word rows
-            rows = p.permute(1, 0, 2, 3)[:, example, word]  # [K, row, key]
-            slot = torch.tensor(
-                [self._unit_slot[ex.unit] for ex in batch.examples], device=p.device
-            )
-            sums = js_row_sums(rows, slot[example], len(self._unit_slot))  # [unit, K, K]
-            values = sums.reshape(
-                len(self._unit_slot) * k, len(self.layers), self.n_heads
-            )  # [row, layer, head]
-            self._values[:, 0] = values.permute(1, 0, 2).to(self._values.dtype)
-        self._rows = []
-        super().end_batch(batch)
+    def end_batch(self, state) -> None:
+        units, layers = state.own
+        if state.keys and layers:
+            p = torch.cat(layers, dim=2)  # [measure, batch, K, word, key]
+            k = p.shape[2]
+            example, word = state.batch.word_mask.nonzero(as_tuple=True)  # real word rows
+            slot = torch.tensor([units[ex.unit] for ex in state.batch.examples], device=p.device)
+            for m in range(len(p)):
+                rows = p[m].permute(1, 0, 2, 3)[:, example, word]  # [K, row, key]
+                sums = js_row_sums(rows, slot[example], len(units))  # [unit, K, K]
+                values = sums.reshape(len(units) * k, len(self.layers), self.n_heads)
+                state.values[m, :, 0] = values.permute(1, 0, 2).to(state.values.dtype)
+        super().end_batch(state)
 
 
 def distance_frame(tally) -> pd.DataFrame:

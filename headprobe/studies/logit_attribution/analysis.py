@@ -127,14 +127,13 @@ class LogitAttributionScorer(ModelScorer):
         sums.index_add_(1, 2 * row.to(dla.device) + 1, (dla > 0).to(dla.dtype))
         return sums, (labels != IGNORE).sum(-1).float()  # [batch]
 
-    def rows(self, batch):
-        _, tokens = self._pass
+    def model_pass(self, model, batch):
+        """Rows (unit, dla) and (unit, dla>0) of every example, n its scored positions."""
+        sums, tokens = self.compute(model, batch)  # [layer, 2 * batch, head], [batch]
         keys = [(example.unit, label) for example in batch.examples for label in LABELS]
-        return keys, np.repeat(tokens.cpu().numpy(), len(LABELS)).tolist()
-
-    def prepare(self, batch):
-        sums, _ = self._pass  # [layer, 2 * batch, head]
-        self._values[:, 0] = sums.to(self._values)
+        state = self.new_state(batch, keys, np.repeat(tokens.cpu().numpy(), len(LABELS)))
+        state.values[0, :, 0] = sums.to(state.values)
+        return state
 
 
 HEAD_COLUMNS = [

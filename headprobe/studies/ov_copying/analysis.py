@@ -23,8 +23,8 @@ biases and the norms' scalars are dropped (`headprobe.model.unembed`).
   from the low rank: (W_E[t] g_attn W_V^h) -> [d_head], times (W_O^h g_final W_U) -> logits
   over the vocabulary for the sampled rows only, `CHUNK` rows at a time.
 
-It reads no corpus: computed once when the run's model is ready (`use_model`), kept in the
-run's summary (`describe`), and turned into the table from there. A family whose value
+It reads no corpus (a `WeightsScorer`, `input=WEIGHTS_ONLY`): computed once when the run's model
+is ready, kept in the run's summary, and turned into the table from there. A family whose value
 projection cannot be found is refused with one line naming it.
 """
 
@@ -39,8 +39,8 @@ from headprobe.core.seeds import keyed_hash
 from headprobe.inputs.probes import vocabulary
 from headprobe.model.sites import attention_sites, output_weight, value_weight
 from headprobe.model.unembed import fit_norm, unembedding
-from headprobe.scoring.model_scorer import ModelScorer
-from headprobe.scoring.registry import PROBE, Analysis, register
+from headprobe.scoring.registry import WEIGHTS_ONLY, Analysis, register
+from headprobe.scoring.weights_scorer import WeightsScorer
 from headprobe.stats.engine import wilson
 
 NAME = "ov_copying"
@@ -128,40 +128,23 @@ def ov_heads(model, tokens, layers=None, stack: str | None = None) -> pd.DataFra
     return pd.DataFrame(rows, columns=["layer", "head", "kv_group", "copying", "hits", "n"])
 
 
-class OVCopyingScorer(ModelScorer):
-    """Weights only: computed once in `use_model`; no rows per batch (module docstring)."""
+class OVCopyingScorer(WeightsScorer):
+    """Weights only: every head computed once, from the weights (module docstring)."""
 
     analysis = NAME
     sample = SAMPLE
-    objective = None  # it scores no objective (the summary names none for it)
 
-    def use_model(self, model, tokenizer, stack: str | None = None) -> None:
-        """Before the run (`stack` is the engine's; a model with several stacks is refused)."""
-        seed = self.tally_.seed if self.tally_ is not None else 0
+    def compute(self, model, tokenizer, layers, stack, seed: int) -> dict:
+        """The record the run's summary keeps: every head's numbers and how they were drawn."""
         vocab = int(model.get_input_embeddings().weight.shape[0])
-        self.tokens = ordinary_tokens(tokenizer, vocab, self.sample, seed)
-        self.heads_ = ov_heads(model, self.tokens, self.layers)
-        self.w_u = "language-model head" if unembedding(model, NAME, False).has_head else "W_E^T"
-
-    def model_pass(self, model, batch) -> None:
-        """Nothing per batch: the weights were read once."""
-
-    def rows(self, batch):
-        return [], []
-
-    def prepare(self, batch):
-        pass
-
-    def describe(self) -> dict:
-        """What the run's summary keeps: every head's numbers and how they were drawn."""
-        heads = self.heads_
+        tokens = ordinary_tokens(tokenizer, vocab, self.sample, seed)
+        heads = ov_heads(model, tokens, layers, stack)
+        w_u = "language-model head" if unembedding(model, NAME, False).has_head else "W_E^T"
         return {
-            NAME: {
-                "sample": int(len(self.tokens)),
-                "top_k": TOP_K,
-                "unembedding": self.w_u,
-                **{column: heads[column].tolist() for column in heads},
-            }
+            "sample": int(len(tokens)),
+            "top_k": TOP_K,
+            "unembedding": w_u,
+            **{column: heads[column].tolist() for column in heads},
         }
 
 
@@ -199,7 +182,7 @@ ANALYSIS = register(
         name=NAME,
         order=150,
         scorer=OVCopyingScorer,
-        input=PROBE,
+        input=WEIGHTS_ONLY,
         selection=False,
         default=False,
         description="per head, from the weights alone: the OV circuit W_E g_attn W_V W_O g_final W_U's copying "

@@ -46,7 +46,14 @@ import torch
 
 from headprobe.inputs.conventions import Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.base import CountScorer, RowIndex, masked_word_attention, word_fill
+from headprobe.scoring.base import (
+    BatchState,
+    CountScorer,
+    RowIndex,
+    masked_word_attention,
+    word_fill,
+)
+from headprobe.scoring.measures import tally_key
 from headprobe.scoring.registry import SENTENCES, Analysis, register
 from headprobe.stats.engine import estimate, paired_gap, selected
 from headprobe.stats.trees import max_arborescence, max_spanning_tree, undirected_hits
@@ -271,8 +278,9 @@ class ParsingScorer(CountScorer):
         super().__init__()
         self.work_dir, self.l2, self.max_iter = work_dir, l2, max_iter
         self.use_conventions(conventions)
-        self._store = None
-        self.classifier_weights_: dict[int, np.ndarray] = {}  # weights trained on fold k
+        self.stores_: dict[str, dict] = {}  # measure -> fold -> FoldFeatures (opened by `bind`)
+        self._tmp = None
+        self.classifier_weights_: dict[tuple, np.ndarray] = {}  # (measure, k): trained on fold k
         self.notes_: list[str] = []
 
     def use_conventions(self, conventions) -> None:
@@ -285,17 +293,25 @@ class ParsingScorer(CountScorer):
         self.variants = variants
 
     # -- the pass -------------------------------------------------------------------------
-    def _open_store(self):
-        if self._store is None:
+    def bind(self, n_layers, n_heads, layers=None, **options) -> None:
+        """Bound as any scorer, and the classifier's feature files opened (one per measure and
+        fold, in a temporary directory removed by `finish`)."""
+        super().bind(n_layers, n_heads, layers, **options)
+        if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="headprobe-parsing-", dir=self.work_dir)
-            n_features = 2 * len(self.layers) * self.n_heads
-            self._store = {
-                f: FoldFeatures(os.path.join(self._tmp.name, f"fold{f}.f16"), n_features)
-                for f in (0, 1)
-            }
-        return self._store
+        n_features = 2 * len(self.layers) * self.n_heads
+        for measure in self.measures:
+            self.stores_.setdefault(
+                measure,
+                {
+                    f: FoldFeatures(
+                        os.path.join(self._tmp.name, f"{measure}-fold{f}.f16"), n_features
+                    )
+                    for f in (0, 1)
+                },
+            )
 
-    def rows(self, batch):
+    def prepare(self, batch) -> BatchState:
         rows = RowIndex()
         arcs = []  # (batch row, dependent, head, row)
         for b, example in enumerate(batch.examples):
@@ -303,63 +319,59 @@ class ParsingScorer(CountScorer):
             if scored:
                 row = rows.count(example.unit, ALL, len(scored))
                 arcs.extend((b, i, h, row) for i, h, _ in scored)
-        self._arcs = arcs
-        return rows.keys, rows.n
-
-    def prepare(self, batch):
-        self._fill = word_fill(batch)
-        table = np.array(self._arcs, dtype=np.int64).reshape(-1, 4)
+        state = self.new_state(batch, rows.keys, rows.n)
+        table = np.array(arcs, dtype=np.int64).reshape(-1, 4)
         n_words = np.array([len(ex.words) for ex in batch.examples], dtype=np.int64)
         base = self.conventions.baseline_hits(table[:, 1], table[:, 2], n_words[table[:, 0]])
         chain = (np.abs(table[:, 1] - table[:, 2]) == 1).astype(np.float32)[:, None]
         hits = np.zeros((len(table), len(self.variants)), dtype=np.float32)
         hits[:, 2 : 2 + base.shape[1]] = base
         hits[:, -1:] = chain
-        np.add.at(self.baseline_hits, table[:, 3], hits)
-        arcs = torch.from_numpy(table).to(batch.device)
-        self._arc_b, self._arc_dep, self._arc_head, self._arc_row = arcs.unbind(1)
-        self._n_words = torch.from_numpy(n_words).to(batch.device)
-        self._attention: list[torch.Tensor] = []
+        np.add.at(state.baseline_hits, table[:, 3], hits)
+        tensors = torch.from_numpy(table).to(batch.device)
+        b, dep, head, row = tensors.unbind(1)
+        state.own = ParseArcs(
+            arcs, b, dep, head, row, torch.from_numpy(n_words).to(batch.device), word_fill(batch)
+        )
+        return state
 
-    def update(self, layer, att, batch):
-        w = batch.max_words
-        words = att.words[..., :w]  # [batch, head, word, word]
-        self._attention.append(words)
-        if self._arc_b.numel() == 0:
+    def update(self, layer, att, state) -> None:
+        arcs, batch = state.own, state.batch
+        arcs.attention.append(att.words[..., : batch.max_words])  # [measure, batch, head, w, w]
+        if arcs.b.numel() == 0:
             return
-        scores = masked_word_attention(att, batch, prepared=self._fill)
+        scores = masked_word_attention(att, batch, prepared=arcs.fill)
         for direction, top in enumerate((scores.max(dim=-1), scores.max(dim=-2))):
-            chosen = top.indices.permute(0, 2, 1)[self._arc_b, self._arc_dep]  # [arc, head]
-            alive = top.values.permute(0, 2, 1)[self._arc_b, self._arc_dep] > 0
-            self.add(
-                layer,
-                direction,
-                self._arc_row,
-                ((chosen == self._arc_head[:, None]) & alive).float(),
-            )
+            chosen = top.indices.permute(0, 1, 3, 2)[:, arcs.b, arcs.dep]  # [measure, arc, head]
+            alive = top.values.permute(0, 1, 3, 2)[:, arcs.b, arcs.dep] > 0
+            hits = ((chosen == arcs.head[None, :, None]) & alive).float()
+            self.add(state, layer, direction, arcs.row, hits)
 
-    def _trees(self, attention: torch.Tensor) -> None:
-        """`mst` hits: every head's maximum spanning tree over A[d, h] + A[h, d], all layers at once."""
-        b, k, w, _ = attention.shape
-        symmetric = (attention + attention.transpose(-1, -2)).reshape(b * k, w, w)
-        parent = max_spanning_tree(symmetric, self._n_words.repeat_interleave(k)).reshape(b, k, w)
-        at_dep = parent[self._arc_b, :, self._arc_dep]  # [arc, K]
-        at_head = parent[self._arc_b, :, self._arc_head]
-        edge = ((at_dep == self._arc_head[:, None]) | (at_head == self._arc_dep[:, None])).float()
+    def _trees(self, state, attention: torch.Tensor) -> None:
+        """`mst` hits: every head's maximum spanning tree over A[d, h] + A[h, d], all layers and
+        measures at once (`attention` [measure, batch, K, word, word])."""
+        arcs = state.own
+        m, b, k, w, _ = attention.shape
+        symmetric = (attention + attention.transpose(-1, -2)).reshape(m * b * k, w, w)
+        lengths = arcs.n_words.repeat_interleave(k).repeat(m)  # [measure x batch x K]
+        parent = max_spanning_tree(symmetric, lengths).reshape(m, b, k, w)
+        at_dep = parent.permute(0, 1, 3, 2)[:, arcs.b, arcs.dep]  # [measure, arc, K]
+        at_head = parent.permute(0, 1, 3, 2)[:, arcs.b, arcs.head]
+        edge = ((at_dep == arcs.head[None, :, None]) | (at_head == arcs.dep[None, :, None])).float()
         for slot, layer in enumerate(self.layers):
-            self.add(
-                layer, 2, self._arc_row, edge[:, slot * self.n_heads : (slot + 1) * self.n_heads]
-            )
+            heads = edge[..., slot * self.n_heads : (slot + 1) * self.n_heads]
+            self.add(state, layer, 2, arcs.row, heads)
 
-    def end_batch(self, batch):
-        if self._attention:
-            store = self._open_store()
-            attention = torch.cat(self._attention, dim=1)  # [batch, K, word, word]
-            if self._arc_b.numel():
-                self._trees(attention)
+    def end_batch(self, state) -> None:
+        arcs, batch = state.own, state.batch
+        if arcs.attention:
+            attention = torch.cat(arcs.attention, dim=2)  # [measure, batch, K, word, word]
+            if arcs.b.numel():
+                self._trees(state, attention)
             by_example: dict[int, list] = {}
-            for b, i, h, _ in self._arcs:
+            for b, i, h, _ in arcs.table:
                 by_example.setdefault(b, []).append((i, h))
+            tally = self.tally_
             for b, example in enumerate(batch.examples):
                 n = len(example.words)
                 if n < 2:
@@ -372,26 +384,27 @@ class ParsingScorer(CountScorer):
                     np.array([p[0] for p in pairs], dtype=np.int64),
                     np.array([p[1] for p in pairs], dtype=np.int64),
                 )
-                fold = self.tally_.draws(example.unit)[0]
-                store[fold].append(record, pair_features(attention[b], n).cpu().numpy())
-        self._attention = []
-        super().end_batch(batch)
+                fold = tally.draws(example.unit)[0]
+                for m, measure in enumerate(self.measures):
+                    features = pair_features(attention[m, b], n).cpu().numpy()
+                    self.stores_[measure][fold].append(record, features)
+        super().end_batch(state)
 
     # -- after the pass: train, evaluate held-out, decode trees --------------------------------
     def finish(self) -> None:
         super().finish()
-        store = self._open_store() if self.n_layers is not None else None
         try:
-            if store is not None:
-                self._fit_classifiers(store)
+            for measure, store in self.stores_.items():
+                key = tally_key(self.analysis, measure, self.model)
+                self._fit_classifiers(store, self.tallies_[key], measure)
         finally:
-            if getattr(self, "_tmp", None) is not None:
+            if self._tmp is not None:
                 self._tmp.cleanup()
                 self._tmp = None
-            self._store = None
+            self.stores_ = {}
 
-    def _fit_classifiers(self, store) -> None:
-        seen = self.tally_.labels.get(ALL)
+    def _fit_classifiers(self, store, tally, measure: str) -> None:
+        seen = tally.labels.get(ALL)
         streamed = 0 if seen is None else int(seen.n[:, 0, 0].sum())
         stored = store[0].arcs + store[1].arcs
         if streamed != stored:
@@ -410,7 +423,7 @@ class ParsingScorer(CountScorer):
             train = store[1 - fold]
             chunks, n_items = training_chunks(train)
             weights = fit_classifier(chunks, train.n_features, n_items, self.l2, self.max_iter)
-            self.classifier_weights_[1 - fold] = weights
+            self.classifier_weights_[measure, 1 - fold] = weights
             for record, scores in sentence_scores(store[fold], weights):
                 if not len(record.dependents):
                     continue
@@ -423,14 +436,29 @@ class ParsingScorer(CountScorer):
                 units.append(record.unit)
                 base.append(hits)
         if units:
-            self.tally_.add(
+            tally.add(
                 units,
                 [ALL] * len(units),
                 None,
                 np.zeros((len(units), len(self.directions))),
                 np.stack(base),
             )
-            self.tally_.flush()
+            tally.flush()
+
+
+@dataclass
+class ParseArcs:
+    """A batch's arcs on the device, and its layers' word attention as they come
+    (`ParsingScorer.prepare`; the classifier's features and the trees are made in `end_batch`)."""
+
+    table: list  # (batch row, dependent, head, row) per arc
+    b: torch.Tensor  # [arc]
+    dep: torch.Tensor  # [arc]
+    head: torch.Tensor  # [arc]
+    row: torch.Tensor  # [arc]
+    n_words: torch.Tensor  # [batch]
+    fill: tuple  # word_fill(batch)
+    attention: list = field(default_factory=list)  # per layer: [measure, batch, head, word, word]
 
 
 # ---------------------------------------------------------------- derived tables

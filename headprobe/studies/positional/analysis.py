@@ -9,10 +9,18 @@ single non-zero offset takes at least `POSITIONAL_SHARE` (0.9) of the argmaxes (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 import torch
 
-from headprobe.scoring.base import CountScorer, UnitLabelRows, first_argmax, query_rows
+from headprobe.scoring.base import (
+    BatchState,
+    CountScorer,
+    UnitLabelRows,
+    first_argmax,
+    query_rows,
+)
 from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, get, register
 from headprobe.stats import roles
 
@@ -27,34 +35,44 @@ class PositionalScorer(UnitLabelRows, CountScorer):
     bootstrap = False
     blocks = True  # row by row: each query's argmax is in its own row
 
-    def rows(self, batch):
-        return self.unit_rows(batch, lambda example, label: len(example.words))
-
-    def prepare(self, batch):
-        self._q_b, self._q_i = batch.word_mask.nonzero(as_tuple=True)  # [query]
-        w = batch.max_words
+    def prepare(self, batch) -> BatchState:
+        keys, n, first_row = self.unit_rows(batch, lambda example, label: len(example.words))
+        q_b, q_i = batch.word_mask.nonzero(as_tuple=True)  # [query]
         keys_ok = torch.cat([batch.word_mask, batch.special_present], dim=1)  # [batch, word + 2]
-        self._key_ok = keys_ok[:, None, None, :]  # [batch, 1, 1, word + 2]
-        self._w = w
+        own = Queries(first_row, q_b, q_i, keys_ok[:, None, None, :])  # [batch, 1, 1, word + 2]
+        return self.new_state(batch, keys, n, own)
 
-    def update(self, layer, att, batch):
+    def update(self, layer, att, state) -> None:
+        own, batch = state.own, state.batch
         w0, w1, *_ = query_rows(att, batch)
-        q_b, q_i = self._q_b, self._q_i  # [query]
+        q_b, q_i = own.q_b, own.q_i  # [query]
         if (w0, w1) != (0, batch.max_words):  # a query block: its word rows
             here = (q_i >= w0) & (q_i < w1)
             q_b, q_i = q_b[here], q_i[here]
             if not q_b.numel():
                 return
-        scores = torch.where(self._key_ok, att.words, -1.0)  # [batch, head, word, word + 2]
-        target = first_argmax(scores, -1)  # [batch, head, word]
-        target = target.permute(0, 2, 1)[q_b, q_i - w0]  # [query, head]
-        offset = target - q_i[:, None]  # [query, head]
+        scores = torch.where(own.key_ok, att.words, -1.0)  # [measure, batch, head, word, word + 2]
+        target = first_argmax(scores, -1)  # [measure, batch, head, word]
+        target = target.permute(0, 1, 3, 2)[:, q_b, q_i - w0]  # [measure, query, head]
+        offset = target - q_i[None, :, None]  # [measure, query, head]
         bucket = torch.where(offset.abs() <= 2, offset + 2, torch.full_like(offset, OTHER))
-        bucket = torch.where(target >= self._w, torch.full_like(offset, MARKER_BUCKET), bucket)
-        rows = self._first_row[q_b][:, None] + bucket  # [query, head]
-        counts = torch.zeros(len(self._keys), self.n_heads, device=scores.device)
-        counts.scatter_add_(0, rows, torch.ones_like(rows, dtype=counts.dtype))
-        self.add(layer, 0, torch.arange(len(self._keys), device=scores.device), counts)
+        bucket = torch.where(
+            target >= batch.max_words, torch.full_like(offset, MARKER_BUCKET), bucket
+        )
+        rows = own.first_row[q_b][None, :, None] + bucket  # [measure, query, head]
+        counts = torch.zeros(len(scores), len(state.keys), self.n_heads, device=scores.device)
+        counts.scatter_add_(1, rows, torch.ones_like(rows, dtype=counts.dtype))
+        self.add(state, layer, 0, torch.arange(len(state.keys), device=scores.device), counts)
+
+
+@dataclass
+class Queries:
+    """A batch's query words and rows (`PositionalScorer.prepare`)."""
+
+    first_row: torch.Tensor  # [batch] each example's first row (its labels follow)
+    q_b: torch.Tensor  # [query] batch row
+    q_i: torch.Tensor  # [query] word
+    key_ok: torch.Tensor  # [batch, 1, 1, word + 2] words and the specials present
 
 
 POSITIONAL_SHARE = 0.9  # the share of argmaxes at one non-zero offset that makes a head positional

@@ -31,11 +31,13 @@ counts SEP/EOS mass; the two names differ on purpose): sink rate >= 0.5 on each 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from headprobe.core.seeds import example_key
-from headprobe.scoring.base import CountScorer, RowIndex
+from headprobe.scoring.base import BatchState, CountScorer, RowIndex
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.engine import MIN_N
@@ -54,10 +56,9 @@ class SinkScorer(CountScorer):
     reads = MASS  # norms: row-normalised N (METHODS §7)
     variants = ("uniform",)
 
-    def rows(self, batch):
+    def prepare(self, batch) -> BatchState:
         rows = RowIndex()
         scored, first_rows, rate_rows, lengths, base = [], [], [], [], []
-        seed = self.tally_.seed if self.tally_ is not None else 0
         for b, (example, alignment) in enumerate(zip(batch.examples, batch.alignments)):
             t = len(alignment)
             if t < 2:
@@ -67,55 +68,50 @@ class SinkScorer(CountScorer):
             rate_rows.append(rows.count(example.unit, RATE, 1))
             lengths.append(t)
             visible = np.arange(2, t + 1) if batch.causal else np.full(t - 1, t)  # queries 1..T-1
-            drawn = np.random.Generator(np.random.PCG64(example_key(seed, example))).integers(
+            drawn = np.random.Generator(np.random.PCG64(example_key(self.seed, example))).integers(
                 0, visible
             )
             base.append((int(np.sum(drawn == 0)), float(np.mean(1.0 / visible) >= EPSILON)))
-        self._base = base
-        self._scored = np.array(scored, dtype=np.int64)
-        self._first_rows, self._rate_rows = (
-            np.array(first_rows, dtype=np.int64),
-            np.array(rate_rows, dtype=np.int64),
+        state = self.new_state(batch, rows.keys, rows.n)
+        for first_row, rate_row, (first_hits, rate_hit) in zip(first_rows, rate_rows, base):
+            state.baseline_hits[first_row, 0] = first_hits
+            state.baseline_hits[rate_row, 0] = rate_hit
+        put = lambda a: torch.from_numpy(np.asarray(a)).to(batch.device)
+        b = put(np.array(scored, dtype=np.int64))
+        state.own = Sinks(
+            b=b,
+            first_row=put(np.array(first_rows, dtype=np.int64)),
+            rate_row=put(np.array(rate_rows, dtype=np.int64)),
+            after_first=batch.attention_mask[:, 1:].float()[b][
+                :, None, :
+            ],  # [scored, 1, query - 1]
+            queries=put(np.array(lengths, dtype=np.float64) - 1)[:, None],  # [scored, 1]
+            rate_base=put(np.array([r for _, r in base], dtype=np.float32).reshape(-1, 1)),
         )
-        self._lengths = np.array(lengths, dtype=np.float64)
-        return rows.keys, rows.n
+        return state
 
-    def prepare(self, batch):
-        for first_row, rate_row, (first_hits, rate_hit) in zip(
-            self._first_rows, self._rate_rows, self._base
-        ):
-            self.baseline_hits[first_row, 0] = first_hits
-            self.baseline_hits[rate_row, 0] = rate_hit
-        put = lambda a: torch.from_numpy(a).to(batch.device)
-        self._b, self._first_row, self._rate_row = (
-            put(self._scored),
-            put(self._first_rows),
-            put(self._rate_rows),
-        )
-        self._after_first = batch.attention_mask[:, 1:].float()[self._b][
-            :, None, :
-        ]  # [scored, 1, query - 1]
-        self._queries = put(self._lengths - 1)[:, None]  # [scored, 1]
-        self._rate_base = put(
-            np.array([[r] for _, r in self._base], dtype=np.float32).reshape(-1, 1)
-        )  # [scored, 1]
-
-    def update(self, layer, att, batch):
-        if self._b.numel() == 0:
+    def update(self, layer, att, state) -> None:
+        own = state.own
+        if own.b.numel() == 0:
             return
-        to_first = att.pieces[self._b, :, 1:, 0]  # [scored, head, query - 1]
-        mass = (to_first.double() * self._after_first).sum(-1)  # [scored, head]
-        self.add(layer, 0, self._first_row, mass)
-        sink = (mass / self._queries >= EPSILON).float()  # [scored, head]
-        self.add(layer, 0, self._rate_row, sink)
-        self.add_both(layer, 0, self._rate_row, sink, self._rate_base)  # McNemar vs uniform
+        to_first = att.pieces[..., 1:, 0][:, own.b]  # [measure, scored, head, query - 1]
+        mass = (to_first.double() * own.after_first).sum(-1)  # [measure, scored, head]
+        self.add(state, layer, 0, own.first_row, mass)
+        sink = (mass / own.queries >= EPSILON).float()  # [measure, scored, head]
+        self.add(state, layer, 0, own.rate_row, sink)
+        self.add_both(state, layer, 0, own.rate_row, sink, own.rate_base)  # McNemar vs uniform
 
-    def end_batch(self, batch):
-        super().end_batch(batch)
-        self._b = self._first_row = self._rate_row = self._after_first = self._queries = (
-            self._base
-        ) = None
-        self._rate_base = None
+
+@dataclass
+class Sinks:
+    """A batch's scored inputs (two pieces or more) on the device (`SinkScorer.prepare`)."""
+
+    b: torch.Tensor  # [scored] batch row
+    first_row: torch.Tensor  # [scored] its `first` row
+    rate_row: torch.Tensor  # [scored] its `sink_rate` row
+    after_first: torch.Tensor  # [scored, 1, query - 1] the real queries after position 0
+    queries: torch.Tensor  # [scored, 1] how many
+    rate_base: torch.Tensor  # [scored, 1] the uniform baseline's sink hit
 
 
 ROLE = pattern_rule(

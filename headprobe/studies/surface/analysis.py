@@ -13,13 +13,14 @@ uniform attention over the keys that query can see. mean = mass / n.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
 from headprobe.inputs.align import WORD
-from headprobe.scoring.base import CountScorer, UnitLabelRows, query_rows
+from headprobe.scoring.base import BatchState, CountScorer, UnitLabelRows, query_rows
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, register
 from headprobe.stats import roles
@@ -49,7 +50,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
     bootstrap = False
     blocks = True  # row by row (word rows; piece rows for the entropy)
 
-    def rows(self, batch):
+    def prepare(self, batch) -> BatchState:
         pieces = {id(ex): n_pieces(ex, a) for ex, a in zip(batch.examples, batch.alignments)}
         alignment = {id(ex): a for ex, a in zip(batch.examples, batch.alignments)}
 
@@ -63,9 +64,11 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
                 return words - (0 if special_first(alignment[id(example)]) else 1)
             return words
 
-        return self.unit_rows(batch, n_for)
+        keys, n, first_row = self.unit_rows(batch, n_for)
+        return self.new_state(batch, keys, n, self.masks(batch, first_row))
 
-    def prepare(self, batch):
+    def masks(self, batch, first_row: torch.Tensor) -> SurfaceMasks:
+        """What the sums of one batch are taken over, built once per batch."""
         device = batch.device
         w = batch.max_words
         punct = np.zeros((len(batch), w), dtype=np.float32)
@@ -74,99 +77,107 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
             punct[b, : len(example.words)] = [
                 is_punct(word, tag) for word, tag in zip(example.words, upos)
             ]
-        self._punct = torch.from_numpy(punct).to(device)[:, None, None, :]  # [batch, 1, 1, word]
-        self._query = batch.word_mask[:, None, :].float()  # [batch, 1, word]
-        self._second_on = batch.word_mask[
-            :, None, 1:
-        ].float()  # [batch, 1, word - 1]: word 1.. real
-        self._piece_query = (batch.piece_kind == WORD)[:, None, :].float()  # [batch, 1, piece]
+        piece_query = (batch.piece_kind == WORD)[:, None, :].float()  # [batch, 1, piece]
         keys = batch.attention_mask.float()
         visible = (
             keys.cumsum(dim=1) if batch.causal else keys.sum(dim=1, keepdim=True).expand_as(keys)
         )
-        uniform = (visible.clamp_min(1).log() * self._piece_query[:, 0]).sum(-1)  # [batch]
-        self._uniform = uniform[:, None].expand(-1, self.n_heads)  # [batch, head]
-        self._label_row = {label: slot for slot, label in enumerate(LABELS)}
+        uniform = (visible.clamp_min(1).log() * piece_query[:, 0]).sum(-1)  # [batch]
         # first position: a special piece at position 0 (column W: CLS/BOS-like), else word 0;
         # its own row does not count when it is a word
         first_special = batch.piece_kind[:, 0] != WORD  # [batch]
-        self._first_special = first_special[:, None, None]  # [batch, 1, 1]
         after_first = batch.word_mask.clone()
         after_first[:, 0] &= first_special
-        self._after_first = after_first[:, None, :].float()  # [batch, 1, word]
+        return SurfaceMasks(
+            first_row=first_row,
+            punct=torch.from_numpy(punct).to(device)[:, None, None, :],  # [batch, 1, 1, word]
+            query=batch.word_mask[:, None, :].float(),  # [batch, 1, word]
+            second_on=batch.word_mask[:, None, 1:].float(),  # [batch, 1, word - 1]: word 1.. real
+            piece_query=piece_query,
+            uniform=uniform[:, None].expand(-1, self.n_heads),  # [batch, head]
+            first_special=first_special[:, None, None],  # [batch, 1, 1]
+            after_first=after_first[:, None, :].float(),  # [batch, 1, word]
+        )
 
-    def _add(self, layer, label, values):
-        """Add per-example sums `values` [batch, head] to each example's row for `label`."""
-        self.add(layer, 0, self._first_row + self._label_row[label], values)
+    def _add(self, state, layer, label, values):
+        """Add per-example sums `values` [measure, batch, head] to each example's row of `label`."""
+        self.add(state, layer, 0, state.own.first_row + LABEL_ROW[label], values)
 
-    def update(self, layer, att, batch):
+    def update(self, layer, att, state) -> None:
+        own, batch = state.own, state.batch
         w0, w1, p0, p1, first, last = query_rows(att, batch)
         if (w0, w1, p0, p1) != (0, batch.max_words, 0, batch.n_pieces):
-            return self._update_block(layer, att, batch, w0, w1, p0, p1, last)
+            return self._update_block(layer, att, state, w0, w1, p0, p1, last)
         w = batch.max_words
-        words = att.words  # [batch, head, word, word + 2]
-        square = words[..., :w]  # [batch, head, word, word]
-        per_example = lambda x, mask: (x * mask).sum(-1)  # [batch, head]
+        words = att.words  # [measure, batch, head, word, word + 2]
+        square = words[..., :w]  # [measure, batch, head, word, word]
+        per_example = lambda x, mask: (x * mask).sum(-1)  # [measure, batch, head]
         first = torch.where(
-            self._first_special, words[..., w], words[..., 0]
-        )  # [batch, head, word]
-        entropy = torch.special.entr(att.pieces).sum(-1)  # [batch, head, piece], nats
+            own.first_special, words[..., w], words[..., 0]
+        )  # [measure, batch, head, word]
+        entropy = torch.special.entr(att.pieces).sum(-1)  # [measure, batch, head, piece], nats
         sums = {
-            "self": per_example(square.diagonal(0, -2, -1), self._query),
+            "self": per_example(square.diagonal(0, -2, -1), own.query),
             # diagonal -1 holds A[i + 1, i] (word i + 1 to its previous word), +1 A[i, i + 1]
-            "prev": per_example(square.diagonal(-1, -2, -1), self._second_on),
-            "next": per_example(square.diagonal(1, -2, -1), self._second_on),
-            "cls": per_example(words[..., w], self._query),
-            "sep": per_example(words[..., w + 1], self._query),
-            "punct": per_example((square * self._punct).sum(-1), self._query),
-            "first": per_example(first, self._after_first),
-            "entropy": per_example(entropy, self._piece_query),
-            "entropy_uniform": self._uniform,
-        }  # {label: [batch, head]}: each example's row of each label, added in one call
-        rows = torch.cat([self._first_row + self._label_row[label] for label in sums])
-        self.add(layer, 0, rows, torch.cat(list(sums.values())))  # [label * batch, head]
+            "prev": per_example(square.diagonal(-1, -2, -1), own.second_on),
+            "next": per_example(square.diagonal(1, -2, -1), own.second_on),
+            "cls": per_example(words[..., w], own.query),
+            "sep": per_example(words[..., w + 1], own.query),
+            "punct": per_example((square * own.punct).sum(-1), own.query),
+            "first": per_example(first, own.after_first),
+            "entropy": per_example(entropy, own.piece_query),
+            "entropy_uniform": own.uniform.expand(len(words), -1, -1),
+        }  # {label: [measure, batch, head]}: each example's row of each label, added in one call
+        rows = torch.cat([own.first_row + LABEL_ROW[label] for label in sums])
+        self.add(state, layer, 0, rows, torch.cat(list(sums.values()), dim=1))
 
-    def _update_block(self, layer, att, batch, w0, w1, p0, p1, last):
+    def _update_block(self, layer, att, state, w0, w1, p0, p1, last):
         """The same sums over word rows `w0:w1` and piece rows `p0:p1` of one query block
         (word i's row holds self A[i, i], prev A[i, i - 1], next A[i, i + 1])."""
+        own, batch = state.own, state.batch
         w = batch.max_words
-        per_example = lambda x, mask: (x * mask).sum(-1)  # [batch, head]
+        per_example = lambda x, mask: (x * mask).sum(-1)  # [measure, batch, head]
+        add = lambda label, values: self._add(state, layer, label, values)
         if w1 > w0:
-            words = att.words  # [batch, head, rows, word + 2]
-            square = words[..., :w]  # [batch, head, rows, word]
-            query = self._query[:, :, w0:w1]
-            self._add(layer, "self", per_example(square.diagonal(w0, -2, -1), query))
+            words = att.words  # [measure, batch, head, rows, word + 2]
+            square = words[..., :w]  # [measure, batch, head, rows, word]
+            query = own.query[:, :, w0:w1]
+            add("self", per_example(square.diagonal(w0, -2, -1), query))
             start = max(w0, 1)  # words with a previous word
             if w1 > start:
-                self._add(
-                    layer,
-                    "prev",
-                    per_example(
-                        square.diagonal(w0 - 1, -2, -1), batch.word_mask[:, None, start:w1].float()
-                    ),
-                )
+                mask = batch.word_mask[:, None, start:w1].float()
+                add("prev", per_example(square.diagonal(w0 - 1, -2, -1), mask))
             stop = min(w1, w - 1)  # words with a next word
             if stop > w0:
-                self._add(
-                    layer,
-                    "next",
-                    per_example(
-                        square.diagonal(w0 + 1, -2, -1)[..., : stop - w0],
-                        batch.word_mask[:, None, w0 + 1 : stop + 1].float(),
-                    ),
-                )
-            self._add(layer, "cls", per_example(words[..., w], query))
-            self._add(layer, "sep", per_example(words[..., w + 1], query))
-            self._add(layer, "punct", per_example((square * self._punct).sum(-1), query))
-            first = torch.where(
-                self._first_special, words[..., w], words[..., 0]
-            )  # [batch, head, rows]
-            self._add(layer, "first", per_example(first, self._after_first[:, :, w0:w1]))
+                mask = batch.word_mask[:, None, w0 + 1 : stop + 1].float()
+                add("next", per_example(square.diagonal(w0 + 1, -2, -1)[..., : stop - w0], mask))
+            add("cls", per_example(words[..., w], query))
+            add("sep", per_example(words[..., w + 1], query))
+            add("punct", per_example((square * own.punct).sum(-1), query))
+            first = torch.where(own.first_special, words[..., w], words[..., 0])
+            add("first", per_example(first, own.after_first[:, :, w0:w1]))
         if p1 > p0:
-            entropy = torch.special.entr(att.pieces).sum(-1)  # [batch, head, rows], nats
-            self._add(layer, "entropy", per_example(entropy, self._piece_query[:, :, p0:p1]))
+            entropy = torch.special.entr(att.pieces).sum(-1)  # [measure, batch, head, rows], nats
+            add("entropy", per_example(entropy, own.piece_query[:, :, p0:p1]))
         if last:
-            self._add(layer, "entropy_uniform", self._uniform)
+            add("entropy_uniform", own.uniform.expand(len(att.measures), -1, -1))
+
+
+LABEL_ROW = {label: slot for slot, label in enumerate(LABELS)}  # a label's row after the first
+
+
+@dataclass
+class SurfaceMasks:
+    """What one batch's surface sums are taken over (`SurfaceScorer.masks`)."""
+
+    first_row: torch.Tensor  # [batch] each example's first row (its labels follow, LABELS order)
+    punct: torch.Tensor  # [batch, 1, 1, word] punctuation words
+    query: torch.Tensor  # [batch, 1, word] real words
+    second_on: torch.Tensor  # [batch, 1, word - 1] words with a previous word
+    piece_query: torch.Tensor  # [batch, 1, piece] word pieces (the entropy's rows)
+    uniform: torch.Tensor  # [batch, head] the entropy of uniform attention, summed over rows
+    first_special: torch.Tensor  # [batch, 1, 1] the input starts with a special piece
+    after_first: torch.Tensor  # [batch, 1, word] the rows the first position's mass counts in
 
 
 def surface_table(counts: pd.DataFrame) -> pd.DataFrame:

@@ -83,7 +83,7 @@ import torch
 
 from headprobe.core.seeds import example_key
 from headprobe.inputs.align import WORD
-from headprobe.scoring.base import CountScorer, RowIndex, first_argmax
+from headprobe.scoring.base import BatchState, CountScorer, RowIndex, first_argmax
 from headprobe.scoring.registry import PLUGIN_ORDER, PROBE, Analysis, RoleRule, register
 from headprobe.stats.engine import MIN_N
 from headprobe.stats.heads import group_table, head_table
@@ -137,10 +137,9 @@ class PatternScorer(CountScorer):
             )
         return d & token[:, None] & token[None, :]
 
-    def rows(self, batch):
+    def prepare(self, batch) -> BatchState:
         rows = RowIndex()
         pairs, queries = [], []  # (b, q, k) pattern cells; (b, q, mul row, argmax row) rows
-        seed = self.tally_.seed if self.tally_ is not None else 0
         base_rows, totals = [], []
         for b, (example, alignment) in enumerate(zip(batch.examples, batch.alignments)):
             ids = np.asarray(alignment.input_ids, dtype=np.int64)
@@ -166,12 +165,48 @@ class PatternScorer(CountScorer):
                 )
             )
             base_rows.append(
-                (mul_row, arg_row, self._baselines(d, q_rows, batch.causal, seed, example))
+                (mul_row, arg_row, self._baselines(d, q_rows, batch.causal, self.seed, example))
             )
-        self._totals, self._base_rows = totals, base_rows
-        self._pairs = np.concatenate(pairs) if pairs else np.zeros((0, 3), dtype=np.int64)
-        self._queries = np.concatenate(queries) if queries else np.zeros((0, 4), dtype=np.int64)
-        return rows.keys, rows.n
+        state = self.new_state(batch, rows.keys, rows.n)
+        for mul_row, arg_row, hits in base_rows:
+            summed = hits.sum(axis=0)
+            state.baseline_hits[mul_row] += summed
+            state.baseline_hits[arg_row] += summed
+        for mul_row, arg_row, t in totals:
+            state.extra["queries"][mul_row] += t
+            state.extra["queries"][arg_row] += t
+        pairs = np.concatenate(pairs) if pairs else np.zeros((0, 3), dtype=np.int64)
+        queries = np.concatenate(queries) if queries else np.zeros((0, 4), dtype=np.int64)
+        base = (
+            np.concatenate([h for _, _, h in base_rows])
+            if base_rows
+            else np.zeros((0, len(self.variants)), dtype=np.float32)
+        )
+        state.own = self.cells(batch, pairs, queries, base)
+        return state
+
+    @staticmethod
+    def cells(batch, pairs: np.ndarray, queries: np.ndarray, base: np.ndarray) -> PatternCells:
+        """The pattern's cells and rows of one batch on its device."""
+        device = batch.device
+        # pair -> its query row (both sorted by (b, q): np.nonzero walks rows in order)
+        width = batch.n_pieces
+        pair_query = np.searchsorted(
+            queries[:, 0] * width + queries[:, 1], pairs[:, 0] * width + pairs[:, 1]
+        )
+        p = torch.from_numpy(pairs).to(device)
+        q = torch.from_numpy(queries).to(device)
+        return PatternCells(
+            pb=p[:, 0],
+            pq=p[:, 1],
+            pk=p[:, 2],
+            qb=q[:, 0],
+            qq=q[:, 1],
+            q_mul=q[:, 2],
+            q_arg=q[:, 3],
+            pair_query=torch.from_numpy(pair_query.astype(np.int64)).to(device),
+            q_base=torch.from_numpy(base).to(device),
+        )
 
     def _baselines(
         self, d: np.ndarray, q_rows: np.ndarray, causal: bool, seed: int, example
@@ -192,61 +227,43 @@ class PatternScorer(CountScorer):
             out[inside, v] = d[q_rows[inside], key[inside]]
         return out
 
-    def prepare(self, batch):
-        for mul_row, arg_row, hits in self._base_rows:
-            summed = hits.sum(axis=0)
-            self.baseline_hits[mul_row] += summed
-            self.baseline_hits[arg_row] += summed
-        for mul_row, arg_row, t in self._totals:
-            self._extra["queries"][mul_row] += t
-            self._extra["queries"][arg_row] += t
-        device = batch.device
-        pairs = torch.from_numpy(self._pairs).to(device)
-        self._pb, self._pq, self._pk = pairs[:, 0], pairs[:, 1], pairs[:, 2]  # [pair]
-        queries = torch.from_numpy(self._queries).to(device)
-        self._qb, self._qq = queries[:, 0], queries[:, 1]  # [query]
-        self._q_mul, self._q_arg = queries[:, 2], queries[:, 3]  # [query]
-        # pair -> its query row (both sorted by (b, q): np.nonzero walks rows in order)
-        width = batch.n_pieces
-        pair_query = np.searchsorted(
-            self._queries[:, 0] * width + self._queries[:, 1],
-            self._pairs[:, 0] * width + self._pairs[:, 1],
-        )
-        self._pair_query = torch.from_numpy(pair_query.astype(np.int64)).to(device)  # [pair]
-        base = (
-            np.concatenate([h for _, _, h in self._base_rows])
-            if self._base_rows
-            else np.zeros((0, len(self.variants)), dtype=np.float32)
-        )
-        self._q_base = torch.from_numpy(base).to(device)  # [query, variant]
-
-    def update(self, layer, att, batch):
-        if self._pb.numel() == 0:
+    def update(self, layer, att, state) -> None:
+        c = state.own
+        if c.pb.numel() == 0:
             return
-        probs = att.pieces  # [batch, head, query, key]
-        total = probs.sum(-1)  # [batch, head, query]
-        on = probs[self._pb, :, self._pq, self._pk]  # [pair, head]
-        n_query = len(self._qq)
-        share = torch.zeros(n_query, self.n_heads, dtype=torch.float64, device=on.device)
-        share.index_add_(0, self._pair_query, on.double())
-        share /= total[self._qb, :, self._qq].double()  # [query, head]
-        self.add(layer, 0, self._q_mul, share)
-        top = first_argmax(probs, -1)  # [batch, head, query]
-        hit_pair = (top[self._pb, :, self._pq] == self._pk[:, None]).float()  # [pair, head]
-        hits = torch.zeros(n_query, self.n_heads, device=on.device)
-        hits.index_add_(0, self._pair_query, hit_pair)  # 0/1: one argmax per row
-        self.add(layer, 0, self._q_arg, hits)
-        self.add_both(layer, 0, self._q_arg, hits, self._q_base)
-
-    def end_batch(self, batch):
-        super().end_batch(batch)
-        # nothing of the batch stays: only the tally's totals
-        self._pb = self._pq = self._pk = self._qb = self._qq = self._q_mul = self._q_arg = None
-        self._pair_query = self._q_base = None
-        self._pairs = self._queries = self._base_rows = self._totals = None
+        probs = att.pieces  # [measure, batch, head, query, key]
+        total = probs.sum(-1)  # [measure, batch, head, query]
+        by_cell = probs.permute(1, 3, 4, 0, 2)  # [batch, query, key, measure, head] (a view)
+        on = by_cell[c.pb, c.pq, c.pk]  # [pair, measure, head]
+        n_query, n_measures = len(c.qq), len(probs)
+        share = torch.zeros(
+            n_query, n_measures, self.n_heads, dtype=torch.float64, device=on.device
+        )
+        share.index_add_(0, c.pair_query, on.double())
+        share /= total.permute(1, 3, 0, 2)[c.qb, c.qq].double()  # [query, measure, head]
+        self.add(state, layer, 0, c.q_mul, share.transpose(0, 1))
+        top = first_argmax(probs, -1).permute(1, 3, 0, 2)  # [batch, query, measure, head]
+        hit_pair = (top[c.pb, c.pq] == c.pk[:, None, None]).float()  # [pair, measure, head]
+        hits = torch.zeros(n_query, n_measures, self.n_heads, device=on.device)
+        hits.index_add_(0, c.pair_query, hit_pair)  # 0/1: one argmax per row
+        hits = hits.transpose(0, 1)  # [measure, query, head]
+        self.add(state, layer, 0, c.q_arg, hits)
+        self.add_both(state, layer, 0, c.q_arg, hits, c.q_base)
 
 
-# ---------------------------------------------------------------------------- tables
+@dataclass
+class PatternCells:
+    """A batch's pattern cells and scored query rows on the device (`PatternScorer.prepare`)."""
+
+    pb: torch.Tensor  # [pair] batch row of a pattern cell
+    pq: torch.Tensor  # [pair] its query piece
+    pk: torch.Tensor  # [pair] its key piece
+    qb: torch.Tensor  # [query] batch row of a scored query row
+    qq: torch.Tensor  # [query] its piece
+    q_mul: torch.Tensor  # [query] its `mul` row
+    q_arg: torch.Tensor  # [query] its `argmax` row
+    pair_query: torch.Tensor  # [pair] the query row a cell belongs to
+    q_base: torch.Tensor  # [query, variant] baseline hits
 
 
 # ---------------------------------------------------------------------------- role rules
