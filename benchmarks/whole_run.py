@@ -231,7 +231,7 @@ STAGES = {
     "forward": ("torch/nn/modules/module.py", "_call_impl"),
     "capture": ("headprobe/model/capture.py", None),
     "pooling": ("headprobe/scoring/engine.py", "pool_words"),
-    "scorers": ("headprobe/scorers/", None),
+    "scorers": ("headprobe/studies/", None),
     "statistics": ("headprobe/stats/", None),
     "tables": ("headprobe/results/query.py", None),
     "save": ("headprobe/results/store.py", "save"),

@@ -4,7 +4,7 @@
 
 Each analysis names its section in its registry entry (`Analysis.report`, a callable
 `section(results, analysis) -> Section`, given the analysis's registered name); the
-built-in ones live beside their analyses (`headprobe/scorers/<analysis>_report.py`), built
+built-in ones live beside their analyses (`headprobe/studies/<analysis>/report.py`), built
 from the primitives of `headprobe.report` (`selection`, `tables`, `figures`, `document`).
 An analysis without one gets `default_section`: a heatmap per label and, for selection analyses, its best-heads
 table. Sections only render: every number is a stored value of a `Results` table or

@@ -5,7 +5,7 @@
 Every registered analysis may declare role rules (`registry.RoleRule`); a head gets the
 first role (by `order`) whose rule it meets, and every rule it meets is listed beside it.
 Each rule and its thresholds live in the module of the analysis that declares it
-(`headprobe/scorers/<analysis>.py`); this is the role engine, with the tests rules share
+(`headprobe/studies/<analysis>/analysis.py`); this is the role engine, with the tests rules share
 (`tested`, `beats_control`, `mass_of`). A rule reads the data of the analyses that declare it
 (`registry.declaring`), so no analysis is named here.
 """
