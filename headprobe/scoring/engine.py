@@ -304,9 +304,9 @@ def stacked_views(pieces: MeasuredPieces, views) -> tuple[torch.Tensor, dict]:
             for measure in measures
         ]
     order = sorted(matrices, key=matrices.get)
-    stacked = torch.stack(
-        [pieces.get(WEIGHTS, ARGMAX) if m == WEIGHTS else pieces.get(*m) for m in order]
-    )  # [matrix, batch, head, query, key]
+    every = [pieces.get(WEIGHTS, ARGMAX) if m == WEIGHTS else pieces.get(*m) for m in order]
+    # one matrix (weights alone): a view, not a copy
+    stacked = every[0][None] if len(every) == 1 else torch.stack(every)  # [matrix, b, h, q, k]
     return stacked, slots
 
 
