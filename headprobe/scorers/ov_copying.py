@@ -21,7 +21,9 @@ biases and the norms' scalars are dropped (`headprobe.model.unembed`).
   M_h (its rank counts every logit >= its own, itself included: a tie counts against it, so
   a head that writes nothing copies nothing), with a Wilson 95% interval. Rows come
   from the low rank: (W_E[t] g_attn W_V^h) -> [d_head], times (W_O^h g_final W_U) -> logits
-  over the vocabulary for the sampled rows only, `CHUNK` rows at a time.
+  over the vocabulary for the sampled rows only, made a cache-sized block at a time and counted
+  against the token's own logit instead of sorted (`copy_hits`: no [sample, vocab] matrix, no
+  top-k; a token with k rivals is settled, so most are done after the first block).
 
 It reads no corpus: computed once when the run's model is ready (`use_model`), kept in the
 run's summary (`describe`), and turned into the table from there. A family whose value
@@ -46,7 +48,8 @@ from headprobe.stats.engine import wilson
 NAME = "ov_copying"
 SAMPLE = 2000
 TOP_K = 5
-CHUNK = 512
+VOCAB_BLOCK = 2048  # vocabulary columns per logit block
+ROW_BLOCK = 128  # sampled tokens per logit block of one head: [128, 2048] float32, 1 MiB
 
 
 def ordinary_tokens(tokenizer, vocab_size: int, sample: int = SAMPLE, seed: int = 0) -> np.ndarray:
@@ -68,19 +71,71 @@ def copying_score(core: torch.Tensor) -> float:
     return float(eig.real.sum() / total) if total > 0 else float("nan")
 
 
-def copy_hits(rows: torch.Tensor, out: torch.Tensor, tokens: torch.Tensor, k: int = TOP_K) -> int:
-    """How many sampled tokens t have their own id among the top k of their logits
-    rows[t] @ out; rows [sample, d_head] (W_E[t] g_attn W_V^h), out [d_head, vocab]."""
-    if out.shape[1] <= k:
-        return len(tokens)
-    hits = 0
-    for start in range(0, len(tokens), CHUNK):
-        a, ids = rows[start : start + CHUNK], tokens[start : start + CHUNK]  # [chunk, d], [chunk]
-        logits = a @ out  # [chunk, vocab]
-        own = logits.gather(1, ids[:, None])[:, 0]  # [chunk]
-        # at most k logits >= its own (itself included) <=> the (k + 1)-th largest is below it
-        hits += int((logits.topk(k + 1, dim=1).values[:, k] < own).sum())
-    return hits
+def own_logits(read: torch.Tensor, own_out: torch.Tensor) -> torch.Tensor:
+    """[head, sample]: each sampled token's own logit, read[h, i] . own_out[h, :, i] (read
+    [head, sample, d_head]; own_out [head, d_head, sample], the output columns of the sampled
+    ids), off the diagonals of `ROW_BLOCK`-square products: a logit block's arithmetic."""
+    blocks = [
+        torch.diagonal(read[:, s : s + ROW_BLOCK] @ own_out[..., s : s + ROW_BLOCK], 0, 1, 2)
+        for s in range(0, read.shape[1], ROW_BLOCK)
+    ]
+    return torch.cat(blocks, dim=1)  # [head, sample]
+
+
+def rivals(read: torch.Tensor, out: torch.Tensor, own: torch.Tensor, column: torch.Tensor):
+    """[head, rows]: how many logits of one vocabulary block are >= each token's own logit, its
+    own column left out (`column` [rows]: the token's id less the block's first; outside the
+    block where the id is elsewhere); read [head, rows, d_head], out [head, d_head, block],
+    own [head, rows]."""
+    logits = read @ out  # [head, rows, block]
+    inside = ((column >= 0) & (column < out.shape[-1])).nonzero()[:, 0]  # rows whose id is here
+    logits[:, inside, column[inside]] = -torch.inf  # a token is not its own rival
+    return (logits >= own[..., None]).sum(-1)  # [head, rows]
+
+
+def copy_hits(read, w_o, unembed, tokens, k: int = TOP_K) -> torch.Tensor:
+    """[head]: per head, how many sampled tokens t have their own id among the top k of their
+    logits read[h, t] @ w_o[h] @ unembed: read [head, sample, d_head] (W_E[t] g_attn W_V^h),
+    w_o [head, d_head, hidden] (W_O^h), unembed [hidden, vocab] (diag(g_final) W_U), tokens
+    [sample] (ids).
+
+    A token is a hit when fewer than k other logits are >= its own (at most k logits >= it,
+    itself included: the module docstring's rank). The rank is counted, not sorted for: a
+    [sample, vocab] matrix of logits per head and a top-k over it are hundreds of MB that go
+    through memory several times, so the logits are made from the low-rank factors a block of
+    `VOCAB_BLOCK` columns by `ROW_BLOCK` tokens at a time (1 MiB: it stays in cache) and each
+    is only compared with the token's own logit, the same float32 products as a whole row
+    (`own_logits`). A token with k rivals is a miss whatever the rest holds, so later blocks
+    skip it: the first block, taken for every head at once (fewer tokens a product, the same
+    MiB), settles most tokens of a head that does not copy them; the rest of the vocabulary is
+    read only for the tokens still open, head by head, each block's W_O^h g_final W_U made once
+    for the layer's open heads."""
+    if not len(tokens):
+        return torch.zeros(len(w_o), dtype=torch.long)
+    own = own_logits(read, w_o @ unembed[:, tokens])  # [head, sample]
+    found = torch.zeros(own.shape, dtype=torch.long, device=own.device)  # [head, sample]: rivals
+    for start in range(0, unembed.shape[1], VOCAB_BLOCK):
+        open_ = found < k  # [head, sample]
+        heads = open_.any(1).nonzero()[:, 0].tolist()
+        if not heads:
+            break
+        out = w_o[heads] @ unembed[:, start : start + VOCAB_BLOCK]  # [open head, d_head, block]
+        if start == 0:  # every token open: the heads at once, fewer tokens a product
+            step = max(1, ROW_BLOCK // len(heads))
+            for s in range(0, len(tokens), step):
+                rows = slice(s, s + step)
+                found[:, rows] = rivals(read[:, rows], out, own[:, rows], tokens[rows])
+            continue
+        for head, head_out in zip(heads, out):
+            for rows in open_[head].nonzero()[:, 0].split(ROW_BLOCK):
+                count = rivals(
+                    read[head, rows][None],
+                    head_out[None],
+                    own[head, rows][None],
+                    tokens[rows] - start,
+                )  # [1, rows]
+                found[head, rows] += count[0]
+    return (found < k).sum(1)
 
 
 def site_weights(model, site) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -118,13 +173,12 @@ def ov_heads(model, tokens, layers=None, stack: str | None = None) -> pd.DataFra
         w_v, w_o = w_v.to(device), w_o.to(device)
         middle = g_final[:, None] * bridge * g_attn.to(device)[None, :]  # [hidden, hidden]
         embedded = w_e[ids] * g_attn.to(device)  # [sample, hidden]
-        group = site.heads // w_v.shape[0]
-        for kv in range(w_v.shape[0]):
-            read = embedded @ w_v[kv]  # [sample, d_head]
-            for head in range(kv * group, (kv + 1) * group):
-                core = w_o[head] @ middle @ w_v[kv]  # [d_head, d_head]
-                hits = copy_hits(read, w_o[head] @ unembed, ids)
-                rows.append((layer, head, kv, copying_score(core), hits, len(ids)))
+        kv = [head // (site.heads // w_v.shape[0]) for head in range(site.heads)]  # KV groups
+        reads = [embedded @ w_v[group] for group in range(w_v.shape[0])]  # [sample, d_head] each
+        hits = copy_hits(torch.stack([reads[group] for group in kv]), w_o, unembed, ids)  # [head]
+        for head, group in enumerate(kv):
+            core = w_o[head] @ middle @ w_v[group]  # [d_head, d_head]
+            rows.append((layer, head, group, copying_score(core), int(hits[head]), len(ids)))
     return pd.DataFrame(rows, columns=["layer", "head", "kv_group", "copying", "hits", "n"])
 
 
