@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from make_ov_reference import COLUMNS, FIXTURE, cases
 
 from headprobe.scorers import ov_copying
@@ -44,3 +45,34 @@ def test_the_reference_has_copies_misses_and_a_silent_head():
     assert reference["llama/hits"].max() > 100 and reference["llama/hits"].min() == 0
     assert reference["gpt2/hits"].max() > 200 and np.isnan(reference["gpt2/copying"]).sum() == 1
     assert len(set(reference["llama/kv_group"])) == 2  # GQA: 6 heads over 2 KV groups
+
+
+def refuse_three(item: int) -> int:
+    if item == 3:
+        raise ValueError("item 3")
+    return item
+
+
+def test_across_cores_keeps_the_order_and_gives_the_threads_back():
+    """Each item runs in a thread of one intra-op thread, grad off and inference mode as the
+    caller's; results in the items' order; torch's thread count restored, after an error too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode():
+            seen = ov_copying.across_cores(
+                lambda i: (
+                    i,
+                    torch.get_num_threads(),
+                    torch.is_grad_enabled(),
+                    torch.is_inference_mode_enabled(),
+                ),
+                range(7),
+            )
+        assert seen == [(i, 1, False, True) for i in range(7)]
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match="item 3"):
+            ov_copying.across_cores(refuse_three, range(5))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
