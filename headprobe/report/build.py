@@ -51,9 +51,10 @@ from headprobe.results.findings import (
     data_sources,
     key_findings,
     provenance,
+    role_findings,
 )
 from headprobe.scoring import registry
-from headprobe.stats.roles import NONE, role_colors, role_summary
+from headprobe.stats.roles import role_colors, role_summary
 
 HEAD_LEGEND = (
     "Heads are named L-H = layer-head, both 0-based (Clark et al. 2019 print "
@@ -138,25 +139,10 @@ def model_line(results, with_model: bool = True) -> str:
 def summary_section(results) -> Section:
     s = Section("summary", "Summary")
     s.add(Paragraph(model_line(results) + "."))
-    roles = results.roles
-    if len(roles):
-        counts = role_summary(roles, order=list(role_colors(results)))
-        held = [
-            f"{r.heads} {r.role}"
-            for r in counts.itertuples(index=False)
-            if r.heads and r.role != NONE
-        ]
-        empty = [r.role for r in counts.itertuples(index=False) if not r.heads and r.role != NONE]
-        none = int(counts.loc[counts["role"] == NONE, "heads"].sum())
-        s.add(
-            Paragraph(
-                f"Head roles (first matching rule, of {len(roles)} heads): "
-                + (", ".join(held) or "no head meets a rule")
-                + f"; {none} none"
-                + (f"; no {' or '.join(empty)} head" if empty else "")
-                + "."
-            )
-        )
+    for line, heads in role_findings(results):  # the console prints the same lines
+        s.add(Paragraph(line))
+        if heads:
+            s.add(BulletList(heads))
     found = key_findings(results)
     if len(found):
         s.add(_findings_table(found))
