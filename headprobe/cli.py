@@ -13,7 +13,12 @@ from headprobe.core.atomic import OutInUse
 from headprobe.core.errors import UsageError
 from headprobe.inputs.corpora.base import CorpusError
 from headprobe.model.attention import CaptureError
-from headprobe.results.findings import role_findings, selection_analyses, skipped_counts
+from headprobe.results.findings import (
+    model_line,
+    role_findings,
+    selection_analyses,
+    skipped_counts,
+)
 from headprobe.results.store import ResultsError
 from headprobe.scoring import registry
 
@@ -129,10 +134,7 @@ def cmd_run(args) -> int:
     if any(texts):
         print("\n".join(t for t in texts if t))
     summary = results.summary
-    print(
-        f"\nmodel: {summary['model']}  ({summary['n_layers']} layers x {summary['n_heads']} heads; "
-        f"layers and heads are 0-based, shown as layer-head)"
-    )
+    print(f"\n{model_line(results)}\n(heads are named layer-head, both 0-based)")
     for note in summary["notes"]:
         print(f"note: {note}")
     skipped = skipped_counts(summary["skipped"])

@@ -14,8 +14,6 @@ and what it needs to know about it from the registry.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
@@ -48,8 +46,8 @@ from headprobe.report.tables import (
 from headprobe.results.findings import (
     TOP_LABELS,
     caveats,
-    data_sources,
     key_findings,
+    model_line,
     provenance,
     role_findings,
 )
@@ -101,39 +99,6 @@ def _section_of(name: str):
 
 
 # ---------------------------------------------------------------- summary (findings first)
-
-
-def model_line(results, with_model: bool = True) -> str:
-    """Model and data in one line: 'M: encoder, 6 layers x 12 heads; data: a.conllu (2,001
-    sentences, 25,147 words), ...' (the BOS mode where a BOS token is, or could be, used)."""
-    summary = results.summary
-    kind = {True: "decoder (causal attention)", False: "encoder"}.get(summary.get("causal"))
-    shape = ", ".join(
-        x for x in (kind, f"{results.n_layers} layers x {results.n_heads} heads") if x
-    )
-    parts = [f"{summary.get('model', 'unknown model')}: {shape}" if with_model else shape]
-    bos = summary.get("bos")
-    if isinstance(bos, dict):
-        used, asked = bos.get("used"), bos.get("asked")
-        if summary.get("causal") or used not in (None, "none"):
-            parts.append(
-                f"BOS mode: {used}" + (f" (asked: {asked})" if asked not in (None, used) else "")
-            )
-    elif bos is not None:
-        parts.append(f"BOS mode: {bos}")
-    data = []
-    for r in data_sources(results).itertuples(index=False):
-        name = Path(r.path).name or r.input
-        counts = [
-            f"{int(r.examples):,} {r.unit}" if pd.notna(r.examples) else "",
-            f"{int(r.words):,} words" if pd.notna(r.words) else "",
-            f"{int(r.documents):,} documents" if pd.notna(r.documents) else "",
-            f"{int(r.mentions):,} mentions" if pd.notna(r.mentions) else "",
-        ]
-        data.append(f"{name} ({', '.join(c for c in counts if c)})" if any(counts) else name)
-    if data:
-        parts.append("data: " + "; ".join(data))
-    return "; ".join(parts)
 
 
 def summary_section(results) -> Section:

@@ -1,5 +1,6 @@
 """What a run found, in a few rows: the views behind a report's summary, from `Results`.
 
+    model_line(results)            # 'M: encoder, 6 layers x 12 heads; data: a.conllu (2,001 sentences, ...)'
     role_findings(results)         # [(line, [head lines])]: role counts, then each role's heads
     key_findings(results)          # per selection analysis: ALL and the top labels, held-out
     caveats(results)               # [(kind, text)]: small samples, ties, folds disagreeing, skipped input
@@ -14,6 +15,8 @@ recounted. The report renders these views (headprobe.report), and so can a noteb
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -49,6 +52,39 @@ def selection_analyses(results) -> list[str]:
     present = set(results.best_heads["analysis"])
     ordered = [a for a in registry.names() if a in present]
     return ordered + sorted(present - set(ordered))
+
+
+def model_line(results, with_model: bool = True) -> str:
+    """Model and data in one line: 'M: encoder, 6 layers x 12 heads; data: a.conllu (2,001
+    sentences, 25,147 words), ...' (the BOS mode where a BOS token is, or could be, used)."""
+    summary = results.summary
+    kind = {True: "decoder (causal attention)", False: "encoder"}.get(summary.get("causal"))
+    shape = ", ".join(
+        x for x in (kind, f"{results.n_layers} layers x {results.n_heads} heads") if x
+    )
+    parts = [f"{summary.get('model', 'unknown model')}: {shape}" if with_model else shape]
+    bos = summary.get("bos")
+    if isinstance(bos, dict):
+        used, asked = bos.get("used"), bos.get("asked")
+        if summary.get("causal") or used not in (None, "none"):
+            parts.append(
+                f"BOS mode: {used}" + (f" (asked: {asked})" if asked not in (None, used) else "")
+            )
+    elif bos is not None:
+        parts.append(f"BOS mode: {bos}")
+    data = []
+    for r in data_sources(results).itertuples(index=False):
+        name = Path(r.path).name or r.input
+        counts = [
+            f"{int(r.examples):,} {r.unit}" if pd.notna(r.examples) else "",
+            f"{int(r.words):,} words" if pd.notna(r.words) else "",
+            f"{int(r.documents):,} documents" if pd.notna(r.documents) else "",
+            f"{int(r.mentions):,} mentions" if pd.notna(r.mentions) else "",
+        ]
+        data.append(f"{name} ({', '.join(c for c in counts if c)})" if any(counts) else name)
+    if data:
+        parts.append("data: " + "; ".join(data))
+    return "; ".join(parts)
 
 
 def role_findings(results) -> list[tuple[str, list[str]]]:
