@@ -13,10 +13,14 @@ from headprobe.core.atomic import OutInUse
 from headprobe.core.errors import UsageError
 from headprobe.inputs.corpora.base import CorpusError
 from headprobe.model.attention import CaptureError
-from headprobe.results.findings import skipped_counts
+from headprobe.results.findings import (
+    model_line,
+    role_findings,
+    selection_analyses,
+    skipped_counts,
+)
 from headprobe.results.store import ResultsError
 from headprobe.scoring import registry
-from headprobe.stats.engine import SHOWN_COLUMNS
 
 # a bad option, path or input: one line and exit status 2 (anything else unexpected: exit 1)
 # (CaptureError: a model whose attention cannot be captured exactly, or a capture that delivered nothing)
@@ -39,7 +43,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def run_parser(sub):
-    """`headprobe run`: one option per `RunConfig` field that has a flag (`config.cli_options`)."""
+    """`headprobe run`: one option per `RunConfig` field that has a flag (`config.cli_options`),
+    and the command line's own: --verbose (what it prints) and --debug."""
     p = sub.add_parser("run", help="score every attention head of a model on a corpus")
     groups = {}
     for _name, flag, kwargs, group in cli_options():
@@ -47,34 +52,71 @@ def run_parser(sub):
         if group is not None:
             target = groups.get(group) or groups.setdefault(group, p.add_mutually_exclusive_group())
         target.add_argument(flag, **kwargs)
+    # output control only: the run and its results are the same with or without it, so it is no
+    # RunConfig field (Python has the table as `results.best_heads`; the report shows it)
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print the best head of every label, in-sample and held-out side by side",
+    )
     p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
 
 
-def best_table(best_heads, analyses=None, max_rows=12) -> str:
-    """The best heads of `analyses` (default: those the registry marks `headline`) as text."""
+def best_table(results) -> str:
+    """The best head of every label of every selection analysis as text, one row per label:
+    in-sample head and accuracy [95% CI], held-out head(s) and accuracy, the in-sample best
+    baseline, and the held-out gap [95% CI] (`--verbose`); '—' where no head is named (fewer
+    trials than the label needs, METHODS §5)."""
     import pandas as pd
 
-    analyses = registry.headlines() if analyses is None else analyses
-    rows = best_heads[(best_heads["fold"] == "") & best_heads["analysis"].isin(analyses)].copy()
-    if rows.empty:
-        return f"(no {' or '.join(analyses)} rows)"
-    rows = rows.sort_values(["analysis", "n"], ascending=[True, False])
-    keep = []
-    for _analysis, group in rows.groupby("analysis", sort=False):
-        labels = list(dict.fromkeys(group["label"]))[: max_rows // 2]
-        keep.append(group[group["label"].isin(labels)])
-    table = pd.concat(keep)
-    table = table.assign(
-        accuracy=table["accuracy"].map("{:.4f}".format),
-        interval=[f"[{a:.3f}, {b:.3f}]" for a, b in zip(table["ci_low"], table["ci_high"])],
-        baseline=[
-            f"{v:.4f} ({name})" if isinstance(name, str) else ""
-            for v, name in zip(table["baseline_accuracy"], table["baseline_variant"])
-        ],
-        n=table["n"].astype(int),
+    frames = [results.best_heads_wide(name) for name in selection_analyses(results)]
+    rows = pd.concat([f for f in frames if len(f)]) if any(len(f) for f in frames) else None
+    if rows is None:
+        return "(no best heads)"
+    interval = lambda v, lo, hi, sign="": (  # noqa: E731
+        "" if pd.isna(v) else f"{v:{sign}.4f} [{lo:{sign}.3f}, {hi:{sign}.3f}]"
     )
-    cols = [*SHOWN_COLUMNS[: SHOWN_COLUMNS.index("accuracy") + 1], "interval", "baseline"]
-    return table[cols].to_string(index=False)
+    table = pd.DataFrame(
+        {
+            "analysis": rows["analysis"],
+            "label": rows["label"],
+            "n": rows["n"].astype(int),
+            "head": [
+                " ".join(x for x in (h, d) if x) or "—"
+                for h, d in zip(rows["heads"], rows["direction"])
+            ],
+            "accuracy": list(map(interval, rows["accuracy"], rows["ci_low"], rows["ci_high"])),
+            "held-out head": rows["heldout_heads"].fillna("").replace("", "—"),
+            "held-out": list(
+                map(
+                    interval,
+                    rows["heldout_accuracy"],
+                    rows["heldout_ci_low"],
+                    rows["heldout_ci_high"],
+                )
+            ),
+            "baseline": [
+                f"{v:.4f} ({name})" if isinstance(name, str) and name else ""
+                for v, name in zip(rows["baseline_accuracy"], rows["baseline_variant"])
+            ],
+            "held-out gap": [
+                interval(v, lo, hi, "+")
+                for v, lo, hi in zip(
+                    rows["heldout_gap"], rows["heldout_gap_low"], rows["heldout_gap_high"]
+                )
+            ],
+        }
+    )
+    return table.to_string(index=False)
+
+
+def findings_text(results) -> str:
+    """What a run found (`results.findings.role_findings`, the lines the report's summary
+    prints too): the role counts, then each role's heads with their evidence in brief."""
+    lines = []
+    for line, items in role_findings(results.for_measure()):
+        lines += [line] + [f"  {item}" for item in items]
+    return "\n".join(lines)
 
 
 def cmd_run(args) -> int:
@@ -83,20 +125,7 @@ def cmd_run(args) -> int:
     results = run(from_cli(args))
     if results is None:  # torchrun: a rank other than 0 (rank 0 prints and writes)
         return 0
-    summary = results.summary
-    print(
-        f"\nmodel: {summary['model']}  ({summary['n_layers']} layers x {summary['n_heads']} heads; "
-        f"layers and heads are 0-based, shown as layer-head)"
-    )
-    for note in summary["notes"]:
-        print(f"note: {note}")
-    skipped = skipped_counts(summary["skipped"])
-    if skipped:
-        print(f"skipped: {skipped}")
-    print(
-        "\nbest heads (accuracy with 95% bootstrap interval; baseline = best fixed offset / best rule):"
-    )
-    print(best_table(results.best_heads))
+    print("\n" + (findings_text(results) or "roles: none (no role rule in use)"))
     texts = [
         text(results, name)
         for name in results.tallies
@@ -104,14 +133,27 @@ def cmd_run(args) -> int:
     ]
     if any(texts):
         print("\n".join(t for t in texts if t))
+    summary = results.summary
+    print(f"\n{model_line(results)}\n(heads are named layer-head, both 0-based)")
+    for note in summary["notes"]:
+        print(f"note: {note}")
+    skipped = skipped_counts(summary["skipped"])
+    if skipped:
+        print(f"skipped: {skipped}")
+    if args.verbose:
+        print(
+            "\nbest heads (accuracy with 95% bootstrap interval; held-out: chosen on one half of "
+            "the units, scored on the other; baseline = best fixed offset / best rule):"
+        )
+        print(best_table(results))
     out = Path(args.out)
-    paths = getattr(results, "saved_paths", {})
-    if "report_html" in paths:  # built inside the atomic save (a failure was warned about)
-        print(f"\nreport: {paths['report_html']}  {paths.get('report_markdown', '')}")
     print(
         f"\nresults written to {out.resolve()}/ (counts, best_heads, baselines and each analysis's "
         f"tables as .parquet and .csv; summary.json)"
     )
+    paths = getattr(results, "saved_paths", {})
+    if "report_html" in paths:  # built inside the atomic save (a failure was warned about)
+        print(f"report: {paths['report_html']}  {paths.get('report_markdown', '')}")
     return 0
 
 

@@ -385,3 +385,29 @@ def tiny_model(tmp_path_factory, bert_family) -> str:
     bert_family.sdpa.save_pretrained(path)
     bert_family.tokenizer.save_pretrained(path)
     return str(path)
+
+
+@dataclass
+class DefaultRun:
+    """`headprobe run --quiet --out OUT` with no other option (what `make run` runs): its
+    console and its results directory."""
+
+    console: str
+    out: object  # pathlib.Path
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory) -> DefaultRun:
+    """The default run, once per session (slow: the bundled MiniLM on the bundled EWT dev and GUM
+    documents; for tests marked slow only)."""
+    import contextlib
+    import io
+
+    from headprobe.cli import main
+
+    out = tmp_path_factory.mktemp("default-run") / "results"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["run", "--quiet", "--out", str(out)])
+    assert status == 0, printed.getvalue()
+    return DefaultRun(printed.getvalue(), out)

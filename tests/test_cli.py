@@ -18,6 +18,8 @@ import pytest
 from headprobe.checks import parse_layers
 from headprobe.cli import main
 from headprobe.results import store
+from headprobe.results.findings import role_findings
+from headprobe.results.query import Results
 
 # Three sentences. Scored arcs (not root, not punct):
 #   s1  the big red cat sat on the mat .   det amod amod nsubj case det obl   -> 7
@@ -206,10 +208,14 @@ def test_run_treebank_writes_tables(tiny_model, treebank, tmp_path, capsys):
     assert (positional["n"] == 19).all()
     assert positional.groupby(["layer", "head"])["hits"].sum().eq(19).all()
 
-    # the printed best-heads table and where the results went
-    assert "best heads" in printed
-    assert "in-sample" in printed and "held-out" in printed
-    assert "dependency" in printed and "ALL" in printed
+    # what was found leads (the role lines the report's summary prints too); where the results
+    # went; the best-heads table only with --verbose
+    found = role_findings(Results.load(out))
+    lines = printed.strip().splitlines()
+    assert lines[0].startswith("roles of the 12 heads (first rule met):")
+    expected = [x for line, heads in found for x in [line, *(f"  {h}" for h in heads)]]
+    assert lines[: len(expected)] == expected
+    assert "best heads" not in printed and "in-sample" not in printed
     assert str(out.resolve()) in printed
 
 
@@ -354,7 +360,7 @@ def test_text_source(tiny_model, tmp_path, capsys):
     out = tmp_path / "results"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # spaCy / torch deprecation chatter
-        assert run_cli(tiny_model, out, "--text", str(text)) == 0
+        assert run_cli(tiny_model, out, "--text", str(text), extra=["--verbose"]) == 0
     summary = json.loads((out / store.SUMMARY).read_text())
     assert summary["corpora"]["sentences"] == str(text)
     assert summary["runs"]["sentences"]["examples"] == 3
@@ -366,7 +372,29 @@ def test_text_source(tiny_model, tmp_path, capsys):
     )
     # 3 sentences, 18 words, 3 roots, 3 punctuation marks -> 12 scored arcs
     assert (dep.loc[dep["label"] == "ALL", "n"] == 12).all()
-    assert "best heads" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert printed.lstrip().startswith("roles of the 12 heads")
+    # --verbose: the best head of every label, in-sample and held-out side by side, one row each
+    table = printed.split("best heads (")[1].split("\n\n")[0].splitlines()[1:]
+    assert table[0].split() == [
+        "analysis",
+        "label",
+        "n",
+        "head",
+        "accuracy",
+        "held-out",
+        "head",
+        "held-out",
+        "baseline",
+        "held-out",
+        "gap",
+    ]
+    best = Results.load(out).best_heads
+    labels = best.loc[(best["analysis"] == "dependency") & (best["fold"] == ""), "label"]
+    shown = [row.split()[:2] for row in table[1:]]
+    assert sorted(label for analysis, label in shown if analysis == "dependency") == sorted(
+        set(labels)
+    )
 
 
 # ----------------------------------------------------------------------------------------

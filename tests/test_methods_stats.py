@@ -143,6 +143,35 @@ def test_gap_interval_is_paired():
     assert unpaired[1] - unpaired[0] > 2 * (high - low)
 
 
+def test_heldout_gap_interval_of_every_head_is_paired():
+    """`head_tests` gives every head's held-out gap an interval (METHODS §6's evidence). Here the
+    choices are the same on both folds (dep->head is the only direction that hits, `first`
+    never hits), so the held-out gap of a head on resample b is its hits over both folds minus
+    the baseline's, over the same arcs: head 0 (tracks the baseline) and head 1 (hits at random)."""
+    rng = np.random.default_rng(4)
+    t = tally(n_boot=400)
+    for u in range(40):
+        easy = rng.random() < 0.5
+        head = np.zeros((6, 2, 2))  # [arc, head, direction]
+        head[:, 0, 0] = 1 if easy else rng.random(6) < 0.3
+        head[:, 1, 0] = rng.random(6) < 0.6
+        base = np.zeros((6, 2))
+        base[:, 0] = 1 if easy else 0
+        add_unit(t, f"u{u}", "nsubj", head, base)
+    tests = Results({"dependency": t}, {"n_layers": 1, "n_heads": 2}).head_tests
+    a = t.arrays("nsubj")
+    n = a["n"][:, :, 0].sum(0)  # [resample] both folds
+    base = a["base"][:, :, 0].sum(0)  # [resample] offset=-1
+    for h in (0, 1):
+        row = tests[(tests.label == "nsubj") & (tests["head"] == h)].iloc[0]
+        hits = a["hits"][:, :, 0, h, 0].sum(0)  # [resample] dep->head
+        gaps = hits / n - base / n  # the same weights on both sides
+        low, high = np.percentile(gaps[1:], [2.5, 97.5])
+        assert row.heldout_gap == pytest.approx(gaps[0], abs=1e-12)
+        assert (row.heldout_gap_low, row.heldout_gap_high) == pytest.approx((low, high), abs=1e-12)
+        assert low < row.heldout_gap < high
+
+
 def test_paired_gap_function_pairs_resample_by_resample():
     rng = np.random.default_rng(0)
     n = rng.integers(50, 60, size=101).astype(float)  # [resample]

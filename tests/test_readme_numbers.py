@@ -1,8 +1,10 @@
 """The numbers README.md states are the numbers a run gives (slow: MiniLM on EWT and GUM dev).
 
 Each test reads its table out of README.md itself, so the README cannot drift from the code:
-the EWT dependency table (intervals and held-out column included), the GUM coreference table,
-MiniLM's role counts, and the weights-vs-norms shares per layer (METHODS §7).
+the console lines it opens with (those of `headprobe run` with no options, `conftest.default_run`)
+and the sentence that reads one of them, the EWT dependency table (intervals and held-out column
+included), the GUM coreference table, MiniLM's role counts, and the weights-vs-norms shares per
+layer (METHODS §7).
 """
 
 from __future__ import annotations
@@ -93,6 +95,39 @@ def picked(text: str | None, heads: str) -> str:
     """The README's held-out heads ('2-1 / 2-8': chosen on fold 0 / fold 1) as the table writes
     them ('2-1 | 2-8'); none named: the in-sample head."""
     return text.replace(" / ", " | ") if text else heads
+
+
+def readme_console() -> list[str]:
+    """The lines of the README's first code block (the default run's console), '...' left out."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("```\n", 2)[1]
+    return [line for line in block.splitlines() if line.strip() != "..."]
+
+
+def test_readme_opens_with_the_default_runs_console(default_run):
+    lines = readme_console()
+    assert lines[0].startswith("roles of the 72 heads") and len(lines) >= 8
+    printed = default_run.console.splitlines()
+    missing = [line for line in lines if line not in printed]
+    assert not missing, "README lines the default run does not print:\n" + "\n".join(missing)
+    # in the order the console prints them
+    assert sorted(lines, key=printed.index) == lines
+
+
+def test_readme_reads_a_head_as_its_console_line_says():
+    """'In head 2-0 ... for 0.7399 of the objects, ... gets 0.3576; the gap's 95% bootstrap
+    interval is [+0.347, +0.422]': the numbers of that head's console line (itself checked
+    against a run above)."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    m = re.search(
+        r"In head (\d+-\d+) \(.*?\) a direct object attends most to its verb for ([0-9.]+) of "
+        r"the objects.*? gets ([0-9.]+); the gap's 95% bootstrap interval is (\[[^]]+\])",
+        text,
+    )
+    assert m, "the README's reading of a head is gone"
+    line = next(x for x in readme_console() if x.startswith(f"  {m.group(1)} "))
+    assert line.split()[1] == "obj"
+    assert f"{m.group(2)} vs {m.group(3)}, gap " in line and m.group(4) in line
 
 
 def test_readme_ewt_dependency_table(ewt):

@@ -418,6 +418,46 @@ def test_findings_first_provenance_last_in_html_and_markdown(report, html):
     )
 
 
+def test_summary_leads_with_the_planted_roles(results_dir, report, html):
+    """The summary's role lines (`role_findings`, which the console prints too): the counts of
+    the planted roles (one head each, two syntactic), the syntactic heads a line each with their
+    relation and held-out numbers from `head_tests`, strongest first; the same in Markdown."""
+    from html import escape
+
+    from headprobe.results.findings import role_findings
+
+    results = Results.load(results_dir)
+    found = role_findings(results)
+    assert found[0] == (
+        "roles of the 6 heads (first rule met): 1 positional, 2 syntactic, 1 coreference, "
+        "1 sink, 1 broad; 0 none",
+        [],
+    )
+    lines = dict(found[1:])
+    syntactic = next(v for k, v in lines.items() if k.startswith("syntactic ("))
+    tests = results.head_tests.set_index(["label", "layer", "head"])
+    planted = [tests.loc[("det", 1, 0)], tests.loc[("nsubj", 1, 2)]]
+    planted.sort(key=lambda t: -t["heldout_gap"])  # strongest first
+    assert syntactic == [
+        f"{t.name[1]}-{t.name[2]}  {t.name[0]:<10} {t['heldout_accuracy']:.4f} vs "
+        f"{t['heldout_baseline']:.4f}, gap {t['heldout_gap']:+.3f} "
+        f"[{t['heldout_gap_low']:+.3f}, {t['heldout_gap_high']:+.3f}]"
+        for t in planted
+    ]
+    for t in planted:  # the planted heads clear the rule's margin, interval and all
+        assert t["heldout_gap_low"] > 0.1
+    assert any(k.startswith("positional (offset, share of argmaxes): 0-0 +1 0.9") for k in lines)
+    assert any(k.startswith("sink (") and k.endswith(": 1-1 " + k.split()[-1]) for k in lines)
+    summary = html.split('<section id="roles">')[0]
+    md = report["markdown"].read_text(encoding="utf-8").split('<a id="roles">')[0]
+    for line, heads in found:
+        assert escape(line, quote=False) in summary, line
+        assert _md_unescape(line) in _md_unescape(md), line
+        for head in heads:
+            assert f"<li>{escape(head, quote=False)}</li>" in summary, head
+            assert _md_unescape(head) in _md_unescape(md), head
+
+
 def test_key_findings_are_the_held_out_rows(html_tables, results_dir):
     best = pd.read_parquet(results_dir / "best_heads.parquet")
     held = best[(best["selection"] == "held-out") & (best["fold"] == "")].set_index(

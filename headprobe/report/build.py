@@ -14,8 +14,6 @@ and what it needs to know about it from the registry.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
@@ -48,12 +46,13 @@ from headprobe.report.tables import (
 from headprobe.results.findings import (
     TOP_LABELS,
     caveats,
-    data_sources,
     key_findings,
+    model_line,
     provenance,
+    role_findings,
 )
 from headprobe.scoring import registry
-from headprobe.stats.roles import NONE, role_colors, role_summary
+from headprobe.stats.roles import role_colors, role_summary
 
 HEAD_LEGEND = (
     "Heads are named L-H = layer-head, both 0-based (Clark et al. 2019 print "
@@ -102,61 +101,13 @@ def _section_of(name: str):
 # ---------------------------------------------------------------- summary (findings first)
 
 
-def model_line(results, with_model: bool = True) -> str:
-    """Model and data in one line: 'M: encoder, 6 layers x 12 heads; data: a.conllu (2,001
-    sentences, 25,147 words), ...' (the BOS mode where a BOS token is, or could be, used)."""
-    summary = results.summary
-    kind = {True: "decoder (causal attention)", False: "encoder"}.get(summary.get("causal"))
-    shape = ", ".join(
-        x for x in (kind, f"{results.n_layers} layers x {results.n_heads} heads") if x
-    )
-    parts = [f"{summary.get('model', 'unknown model')}: {shape}" if with_model else shape]
-    bos = summary.get("bos")
-    if isinstance(bos, dict):
-        used, asked = bos.get("used"), bos.get("asked")
-        if summary.get("causal") or used not in (None, "none"):
-            parts.append(
-                f"BOS mode: {used}" + (f" (asked: {asked})" if asked not in (None, used) else "")
-            )
-    elif bos is not None:
-        parts.append(f"BOS mode: {bos}")
-    data = []
-    for r in data_sources(results).itertuples(index=False):
-        name = Path(r.path).name or r.input
-        counts = [
-            f"{int(r.examples):,} {r.unit}" if pd.notna(r.examples) else "",
-            f"{int(r.words):,} words" if pd.notna(r.words) else "",
-            f"{int(r.documents):,} documents" if pd.notna(r.documents) else "",
-            f"{int(r.mentions):,} mentions" if pd.notna(r.mentions) else "",
-        ]
-        data.append(f"{name} ({', '.join(c for c in counts if c)})" if any(counts) else name)
-    if data:
-        parts.append("data: " + "; ".join(data))
-    return "; ".join(parts)
-
-
 def summary_section(results) -> Section:
     s = Section("summary", "Summary")
     s.add(Paragraph(model_line(results) + "."))
-    roles = results.roles
-    if len(roles):
-        counts = role_summary(roles, order=list(role_colors(results)))
-        held = [
-            f"{r.heads} {r.role}"
-            for r in counts.itertuples(index=False)
-            if r.heads and r.role != NONE
-        ]
-        empty = [r.role for r in counts.itertuples(index=False) if not r.heads and r.role != NONE]
-        none = int(counts.loc[counts["role"] == NONE, "heads"].sum())
-        s.add(
-            Paragraph(
-                f"Head roles (first matching rule, of {len(roles)} heads): "
-                + (", ".join(held) or "no head meets a rule")
-                + f"; {none} none"
-                + (f"; no {' or '.join(empty)} head" if empty else "")
-                + "."
-            )
-        )
+    for line, heads in role_findings(results):  # the console prints the same lines
+        s.add(Paragraph(line))
+        if heads:
+            s.add(BulletList(heads))
     found = key_findings(results)
     if len(found):
         s.add(_findings_table(found))

@@ -19,7 +19,7 @@ import pandas as pd
 from headprobe.report import figures as F
 from headprobe.report import html as _html
 from headprobe.report import markdown as _markdown
-from headprobe.report.build import HEAD_LEGEND, model_line
+from headprobe.report.build import HEAD_LEGEND
 from headprobe.report.document import (
     BulletList,
     Cell,
@@ -34,7 +34,7 @@ from headprobe.report.document import (
 )
 from headprobe.report.tables import LEGEND, fmt, fmt_est, fmt_int, fmt_signed_est
 from headprobe.results.comparison import Run, compare_runs, unique_names
-from headprobe.results.findings import provenance
+from headprobe.results.findings import model_line, provenance
 from headprobe.stats.roles import NONE, role_colors
 
 

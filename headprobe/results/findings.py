@@ -1,5 +1,7 @@
 """What a run found, in a few rows: the views behind a report's summary, from `Results`.
 
+    model_line(results)            # 'M: encoder, 6 layers x 12 heads; data: a.conllu (2,001 sentences, ...)'
+    role_findings(results)         # [(line, [head lines])]: role counts, then each role's heads
     key_findings(results)          # per selection analysis: ALL and the top labels, held-out
     caveats(results)               # [(kind, text)]: small samples, ties, folds disagreeing, skipped input
     data_sources(results)          # per corpus read: path, examples, words, documents, mentions
@@ -14,15 +16,20 @@ recounted. The report renders these views (headprobe.report), and so can a noteb
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scoring import registry
 from headprobe.stats.engine import SHOWN_COLUMNS, min_trials
+from headprobe.stats.roles import NONE, role_colors, role_summary
 
 TOP_LABELS = 5  # labels shown per analysis in the key findings, besides ALL
 RUNNERS_UP = 3
+MAX_ITEMISED = 15  # heads of an itemised role given a line each (the strongest first)
+MAX_INLINE = 8  # heads named on the one line of another role (the strongest first)
 FINDING_COLUMNS = [c for c in SHOWN_COLUMNS if c != "selection"] + ["folds_agree"]
 WHOLE = ("analysis", "label", "n")  # a finding's columns that are not the held-out figures
 # summary keys that are shown as findings or data, not as provenance
@@ -45,6 +52,107 @@ def selection_analyses(results) -> list[str]:
     present = set(results.best_heads["analysis"])
     ordered = [a for a in registry.names() if a in present]
     return ordered + sorted(present - set(ordered))
+
+
+def model_line(results, with_model: bool = True) -> str:
+    """Model and data in one line: 'M: encoder, 6 layers x 12 heads; data: a.conllu (2,001
+    sentences, 25,147 words), ...' (the BOS mode where a BOS token is, or could be, used)."""
+    summary = results.summary
+    kind = {True: "decoder (causal attention)", False: "encoder"}.get(summary.get("causal"))
+    shape = ", ".join(
+        x for x in (kind, f"{results.n_layers} layers x {results.n_heads} heads") if x
+    )
+    parts = [f"{summary.get('model', 'unknown model')}: {shape}" if with_model else shape]
+    bos = summary.get("bos")
+    if isinstance(bos, dict):
+        used, asked = bos.get("used"), bos.get("asked")
+        if summary.get("causal") or used not in (None, "none"):
+            parts.append(
+                f"BOS mode: {used}" + (f" (asked: {asked})" if asked not in (None, used) else "")
+            )
+    elif bos is not None:
+        parts.append(f"BOS mode: {bos}")
+    data = []
+    for r in data_sources(results).itertuples(index=False):
+        name = Path(r.path).name or r.input
+        counts = [
+            f"{int(r.examples):,} {r.unit}" if pd.notna(r.examples) else "",
+            f"{int(r.words):,} words" if pd.notna(r.words) else "",
+            f"{int(r.documents):,} documents" if pd.notna(r.documents) else "",
+            f"{int(r.mentions):,} mentions" if pd.notna(r.mentions) else "",
+        ]
+        data.append(f"{name} ({', '.join(c for c in counts if c)})" if any(counts) else name)
+    if data:
+        parts.append("data: " + "; ".join(data))
+    return "; ".join(parts)
+
+
+def role_findings(results) -> list[tuple[str, list[str]]]:
+    """What the run found, as (line, [lines under it]): the heads per role first, then per role
+    that any head holds, in the order roles are tried, its heads with their evidence in brief
+    (`RoleRule.brief` says what it is): an itemised role (`RoleRule.itemised`: a syntactic head's
+    relation) gives each head a line under its own, strongest first (at most MAX_ITEMISED),
+    another role names its heads on its one line (at most MAX_INLINE). The console after a run
+    and the report's summary both print these; [] for results without roles.
+
+        [("roles of the 72 heads (first rule met): 11 syntactic, 14 sink, 3 broad; 44 none; no ...", []),
+         ("syntactic (relation, held-out accuracy vs baseline, gap [95% CI]; ...):",
+          ["2-8  case       0.6744 vs 0.3772, gap +0.297 [+0.273, +0.319]; also cop, ...", ...]),
+         ("sink (mean mass to the first position + SEP/EOS): 2-9 0.796, 2-7 0.778, ...", []), ...]
+    """
+    roles = results.roles
+    if not len(roles):
+        return []
+    rules = {rule.role: rule for rule in results.role_rules()}
+    counts = role_summary(roles, order=list(role_colors(results)))
+    out = [(_counts_line(counts, len(roles)), [])]
+    for role in counts.loc[(counts["heads"] > 0) & (counts["role"] != NONE), "role"]:
+        heads = roles[roles["role"] == role].sort_values(
+            ["score", "layer", "head"], ascending=[False, True, True], kind="stable"
+        )
+        rule = rules.get(role)
+        what = f"{role} ({rule.brief})" if rule is not None and rule.brief else role
+        briefs = [(name, _brief(r)) for name, r in zip(heads["name"], heads.to_dict("records"))]
+        if rule is not None and rule.itemised:
+            width = max(len(name) for name, _ in briefs)
+            lines = [f"{name:<{width}}  {brief}" for name, brief in briefs[:MAX_ITEMISED]]
+            lines += _more(len(briefs), MAX_ITEMISED)
+            out.append((f"{what}:", lines))
+        else:
+            shown = ", ".join(f"{name} {brief}".strip() for name, brief in briefs[:MAX_INLINE])
+            more = f", and {len(briefs) - MAX_INLINE} more" if len(briefs) > MAX_INLINE else ""
+            out.append((f"{what}: {shown}{more}", []))
+    return out
+
+
+def _counts_line(counts: pd.DataFrame, total: int) -> str:
+    """'roles of the 72 heads (first rule met): 11 syntactic, 14 sink; 47 none; no broad head'."""
+    held = [
+        f"{r.heads} {r.role}" for r in counts.itertuples(index=False) if r.heads and r.role != NONE
+    ]
+    empty = [r.role for r in counts.itertuples(index=False) if not r.heads and r.role != NONE]
+    none = int(counts.loc[counts["role"] == NONE, "heads"].sum())
+    return (
+        f"roles of the {total} heads (first rule met): "
+        + (", ".join(held) or "no head meets a rule")
+        + f"; {none} {NONE}"
+        + (f"; no {' or '.join(empty)} head" if empty else "")
+    )
+
+
+def _brief(role_row: dict) -> str:
+    """A head's evidence in brief (the `brief` column of `roles`; its evidence where a table has
+    no brief, results saved before it was kept)."""
+    brief = role_row.get("brief")
+    return str(brief) if isinstance(brief, str) and brief else str(role_row.get("evidence") or "")
+
+
+def _more(count: int, shown: int) -> list[str]:
+    return (
+        [f"... and {count - shown} more (the report's role map lists every head)"]
+        if count > shown
+        else []
+    )
 
 
 def key_findings(results, top: int = TOP_LABELS) -> pd.DataFrame:

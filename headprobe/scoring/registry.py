@@ -62,13 +62,19 @@ ARCS, MENTIONS = PICTURES = ("arcs", "mentions")
 class RoleRule:
     """A head role: `match(results)` gives one row per head that meets the rule, with columns
     layer, head, detail (what the role names), short (a cell label), evidence (the numbers
-    that decided it). Roles are tried in `order`; a head gets the first it meets."""
+    that decided it), score (the number that decided it) and, optionally, brief (the evidence
+    in a few words; `brief` below says what they are). Roles are tried in `order`; a head gets
+    the first it meets. What a run found (`results.findings.role_findings`: the console after a
+    run and the report's summary) gives an `itemised` role's heads a line each (heads that each
+    name something different: a relation), and another role's heads one line together."""
 
     role: str
     order: float
     color: str
     description: str
     match: Callable
+    brief: str = ""  # what a match's `brief` column says: "relation: held-out accuracy ..."
+    itemised: bool = False  # one line per head in the findings (else one line per role)
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,7 @@ class Analysis:
     measures_report: str | Callable | None = None
     default: bool = True  # run when no analyses are named
     cross: bool = False  # defined on cross-attention (decoder queries, encoder keys)
-    headline: tuple = ()  # labels the run summary's headline keeps; the CLI prints its best heads
+    headline: tuple = ()  # labels the run summary's headline keeps (`summary.json`: "headline")
     pictures: str | None = None  # one of PICTURES: example pictures of its best heads
     # items(window) -> its scored items the pictures may show (MENTIONS: the scored mentions,
     # each with `kind`, `query`, `gold`, `index`), "module:name" or a callable
@@ -256,11 +262,6 @@ def analyses(input: str | None = None) -> list[Analysis]:
 
 def names(input: str | None = None) -> list[str]:
     return [a.name for a in analyses(input)]
-
-
-def headlines() -> list[str]:
-    """Names of the analyses whose best heads the CLI prints after a run (`Analysis.headline`)."""
-    return [a.name for a in analyses() if a.headline]
 
 
 def headline_labels() -> list[str]:

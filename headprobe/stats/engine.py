@@ -109,6 +109,8 @@ TEST_COLUMNS = [
     "heldout_accuracy",
     "heldout_baseline",
     "heldout_gap",
+    "heldout_gap_low",
+    "heldout_gap_high",
 ]
 
 
@@ -333,20 +335,23 @@ class LabelTotals:
     def heldout_heads(self, cand: np.ndarray):
         """Per head (`cand`: its candidates [head] in one direction each), evaluated on each fold
         in the direction, and against the baseline, chosen on the other fold, pooled:
-        (accuracy [head], baseline accuracy); NaN when a fold has no trials."""
+        (accuracy [head], baseline accuracy, gap [head], gap low [head], gap high [head]), the
+        gap's interval paired over the resamples (`paired_gap`); NaN when a fold has no trials."""
         n_dirs = self.shape[2]
         first = cand - cand % n_dirs  # [head] direction 0
         hits, n, base, base_n = 0.0, 0.0, 0.0, 0.0
         for f in (0, 1):
             other = self.accuracy((1 - f,)).reshape(len(cand), n_dirs)  # [head, dir]
             if not np.isfinite(other).any() or self.trials((1 - f,)) <= 0:
-                return np.full(len(cand), np.nan), np.nan
+                empty = np.full(len(cand), np.nan)
+                return empty, np.nan, empty, empty, empty
             chosen = first + first_best_along(other)  # [head]
-            hits = hits + self.hits[f, 0, chosen]
-            n = n + self.n[f, 0, chosen]
-            base += self.base[f, 0, self.select((1 - f,))[1]]
-            base_n += self.base_n[f, 0]
-        return ratio(hits, n), ratio(base, base_n).item()
+            hits = hits + self.hits[f, :, chosen].T  # [resample, head]
+            n = n + self.n[f, :, chosen].T  # [resample, head]
+            base = base + self.base[f, :, self.select((1 - f,))[1]]  # [resample]
+            base_n = base_n + self.base_n[f]  # [resample]
+        gap, low, high = paired_gap(hits, base[:, None], n, base_n[:, None])
+        return ratio(hits[0], n[0]), ratio(base[0], base_n[0]).item(), gap, low, high
 
 
 def _row(analysis, label, totals, selection, fold, picks, cand, base_idx):
@@ -528,7 +533,7 @@ def head_tests(analysis: str, label: str, totals: LabelTotals) -> pd.DataFrame:
     base_hits = totals.base[:, 0, base].sum()
     concordant = totals.both[cand, base]
     head_only, baseline_only = hits - concordant, base_hits - concordant
-    held_acc, held_bacc = totals.heldout_heads(cand)
+    held_acc, held_bacc, held_gap, gap_low, gap_high = totals.heldout_heads(cand)
     accuracy, baseline_accuracy = ratio(hits, n), ratio(base_hits, n)
     layer_head = [totals.candidates[c][:3] for c in cand]
     return pd.DataFrame(
@@ -551,7 +556,9 @@ def head_tests(analysis: str, label: str, totals: LabelTotals) -> pd.DataFrame:
             "p_holm": np.nan,
             "heldout_accuracy": held_acc,
             "heldout_baseline": held_bacc,
-            "heldout_gap": held_acc - held_bacc,
+            "heldout_gap": held_gap,
+            "heldout_gap_low": gap_low,
+            "heldout_gap_high": gap_high,
         },
         columns=TEST_COLUMNS,
     )

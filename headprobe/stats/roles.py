@@ -20,7 +20,7 @@ from headprobe.stats.engine import ALPHA
 
 NONE = "none"
 NONE_COLOR = "#f2f2f2"
-MATCH_COLUMNS = ["layer", "head", "detail", "short", "evidence", "score"]
+MATCH_COLUMNS = ["layer", "head", "detail", "short", "evidence", "score", "brief"]
 # a derived table with these columns ranks every head by importance (`scorers.ablation.head_ranks`)
 RANK_COLUMNS = {"layer", "head", "by", "score", "rank", "of"}
 
@@ -49,6 +49,16 @@ def beats_control(results, rule: RoleRule, passed: pd.DataFrame) -> pd.DataFrame
     best = [bar.get((a, l), float("nan")) for a, l in zip(passed["analysis"], passed["label"])]
     passed = passed.assign(control_heldout=best)
     return passed[passed["heldout_accuracy"] > passed["control_heldout"]]
+
+
+def gap_interval(test) -> str:
+    """A head test's held-out gap interval (`head_tests`' heldout_gap_low, heldout_gap_high) as
+    text: '[+0.273, +0.319]'; '[—]' where it has none (results saved before they were kept)."""
+    low, high = (
+        test.get("heldout_gap_low", float("nan")),
+        test.get("heldout_gap_high", float("nan")),
+    )
+    return "[—]" if pd.isna(low) or pd.isna(high) else f"[{low:+.3f}, {high:+.3f}]"
 
 
 def control_text(value: float) -> str:
@@ -83,7 +93,7 @@ def role_colors(results=None) -> dict[str, str]:
 def head_roles(results) -> pd.DataFrame:
     """One row per head: layer, head, name, role, detail, short, evidence, score (the number that
     decided its role: offset share, held-out gap, sink mass, entropy ratio, a pattern's score),
-    all_roles, one `<role>_evidence` column per rule in use and, where the run ranks heads by
+    brief (its evidence in a few words, `RoleRule.brief`), all_roles, one `<role>_evidence` column per rule in use and, where the run ranks heads by
     importance (`head_ranks`), importance_score, importance_rank, importance_of, importance_by."""
     n_heads = results.n_heads
     layers = results.layers
@@ -112,6 +122,7 @@ def head_roles(results) -> pd.DataFrame:
             "short": first[1].short if first else "",
             "evidence": first[1].evidence if first else "",
             "score": float(getattr(first[1], "score", float("nan"))) if first else float("nan"),
+            "brief": brief_of(first[1]) if first else "",
             "all_roles": ", ".join(rule.role for rule, _ in met),
         }
         for rule in rules:
@@ -119,6 +130,15 @@ def head_roles(results) -> pd.DataFrame:
             row[f"{rule.role}_evidence"] = hit.evidence if hit is not None else ""
         rows.append(row)
     return with_importance(pd.DataFrame(rows), results)
+
+
+def brief_of(match) -> str:
+    """A match row's `brief` (its evidence in a few words), else its score to 4 places, else ""."""
+    brief = getattr(match, "brief", None)
+    if isinstance(brief, str) and brief:
+        return brief
+    score = float(getattr(match, "score", float("nan")))
+    return "" if pd.isna(score) else f"{score:.4f}"
 
 
 def importance_ranks(results) -> pd.DataFrame | None:

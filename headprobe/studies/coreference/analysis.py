@@ -281,6 +281,7 @@ def family(label: str, n: float) -> bool:
 def coreference_match(results) -> pd.DataFrame:
     """The heads that pass the coreference rule (`ROLE.description`)."""
     passed = roles.tested(results, ROLE, COREF_GAP)
+    tests = [r for _, r in passed.iterrows()]
     return pd.DataFrame(
         {
             "layer": passed["layer"],
@@ -289,16 +290,16 @@ def coreference_match(results) -> pd.DataFrame:
             "short": "coref",
             "score": passed["heldout_gap"],
             "evidence": [
-                f"held-out {a:.4f} vs strongest baseline {b:.4f} (gap {g:+.4f}); McNemar vs "
-                f"{v} p = {p:.2g}, Holm {q:.2g}"
-                for a, b, g, v, p, q in zip(
-                    passed["heldout_accuracy"],
-                    passed["heldout_baseline"],
-                    passed["heldout_gap"],
-                    passed["baseline_variant"],
-                    passed["p_value"],
-                    passed["p_holm"],
-                )
+                f"held-out {t['heldout_accuracy']:.4f} vs strongest baseline "
+                f"{t['heldout_baseline']:.4f} (gap {t['heldout_gap']:+.4f}, 95% CI "
+                f"{roles.gap_interval(t)}); McNemar vs {t['baseline_variant']} p = "
+                f"{t['p_value']:.2g}, Holm {t['p_holm']:.2g}"
+                for t in tests
+            ],
+            "brief": [
+                f"{t['heldout_accuracy']:.4f} vs {t['heldout_baseline']:.4f}, gap "
+                f"{t['heldout_gap']:+.3f} {roles.gap_interval(t)}"
+                for t in tests
             ],
         },
         columns=roles.MATCH_COLUMNS,
@@ -313,6 +314,8 @@ ROLE = RoleRule(
     f"the strongest baseline (nearest, head_match, rules) is at least {COREF_GAP:g}, and the "
     f"McNemar test has a Holm-adjusted p below {ALPHA:g} (family: every head).",
     coreference_match,
+    brief="held-out accuracy vs the strongest baseline, gap [95% CI] (kind ALL)",
+    itemised=True,
 )
 
 

@@ -245,13 +245,20 @@ def syntactic_match(results) -> pd.DataFrame:
                 "short": f"{top['label']}{more}",
                 "score": top["heldout_gap"],
                 "evidence": f"{top['label']}: held-out {top['heldout_accuracy']:.4f} vs baseline "
-                f"{top['heldout_baseline']:.4f} (gap {top['heldout_gap']:+.4f}); in-sample "
+                f"{top['heldout_baseline']:.4f} (gap {top['heldout_gap']:+.4f}, 95% CI "
+                f"{roles.gap_interval(top)}); in-sample "
                 f"{top['direction']} {top['accuracy']:.4f} vs {top['baseline_variant']} "
                 f"{top['baseline_accuracy']:.4f}, McNemar p = {top['p_value']:.2g}, "
                 f"Holm {top['p_holm']:.2g}" + roles.control_text(top["control_heldout"]),
+                "brief": f"{top['label']:<{BRIEF_WIDTH}} {top['heldout_accuracy']:.4f} vs "
+                f"{top['heldout_baseline']:.4f}, gap {top['heldout_gap']:+.3f} {roles.gap_interval(top)}"
+                + (f"; also {', '.join(group['label'].iloc[1:])}" if more else ""),
             }
         )
     return pd.DataFrame(rows, columns=roles.MATCH_COLUMNS)
+
+
+BRIEF_WIDTH = 10  # a relation's name padded to this width in a brief, so the numbers line up
 
 
 ROLE = RoleRule(
@@ -266,6 +273,8 @@ ROLE = RoleRule(
     "accuracy is also above the control's held-out best head for the relation; the role names "
     "the relation(s) with the largest held-out gap.",
     syntactic_match,
+    brief="relation, held-out accuracy vs baseline, gap [95% CI]; the other relations it passes",
+    itemised=True,
 )
 
 

@@ -129,6 +129,9 @@ def positional_match(results) -> pd.DataFrame:
                 f"share of argmaxes at {o} = {s:.4f}"
                 for o, s in zip(heads.get("offset", []), heads.get("share", []))
             ],
+            "brief": [
+                f"{o} {s:.3f}" for o, s in zip(heads.get("offset", []), heads.get("share", []))
+            ],
         },
         columns=roles.MATCH_COLUMNS,
     )
@@ -141,6 +144,7 @@ ROLE = RoleRule(
     f"positional: a single non-zero offset (-2, -1, +1, +2) takes at least {POSITIONAL_SHARE:g} "
     "of the head's argmaxes (Voita et al. 2019).",
     positional_match,
+    brief="offset, share of argmaxes",
 )
 
 

@@ -237,6 +237,7 @@ def sink_match(results) -> pd.DataFrame:
                 f"mean mass to the first position {f:.4f} + SEP/EOS {s:.4f} = {t:.4f}"
                 for f, s, t in zip(hit["first"], hit["sep"], hit["sink_mass"])
             ],
+            "brief": [f"{t:.3f}" for t in hit["sink_mass"]],
         },
         columns=roles.MATCH_COLUMNS,
     )
@@ -256,6 +257,7 @@ def broad_match(results) -> pd.DataFrame:
             "short": "broad",
             "score": hit["entropy_ratio"],
             "evidence": [f"entropy / uniform entropy = {r:.4f}" for r in hit["entropy_ratio"]],
+            "brief": [f"{r:.3f}" for r in hit["entropy_ratio"]],
         },
         columns=roles.MATCH_COLUMNS,
     )
@@ -268,6 +270,7 @@ SINK_ROLE = RoleRule(
     f"sink: mean attention mass to the first position (BOS/CLS, else the first word) plus SEP/EOS "
     f"is at least {SINK_MASS:g}.",
     sink_match,
+    brief="mean mass to the first position + SEP/EOS",
 )
 BROAD_ROLE = RoleRule(
     "broad",
@@ -275,6 +278,7 @@ BROAD_ROLE = RoleRule(
     "#dd8452",
     f"broad: mean row entropy is at least {BROAD_RATIO:g} of the uniform entropy.",
     broad_match,
+    brief="mean row entropy / uniform entropy",
 )
 
 

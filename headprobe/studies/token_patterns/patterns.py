@@ -309,12 +309,16 @@ def pattern_rule(
                 "short": short,
                 "evidence": evidence,
                 "score": hit["score"],
+                "brief": [
+                    f"{r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in hit.itertuples()
+                ],
             },
             columns=MATCH_COLUMNS,
         )
 
     description = _rule_description(role, what, label, threshold, lower, baseline, min_n)
-    return RoleRule(role, order, color, description, match)
+    brief = f"{label} score [95% CI]"
+    return RoleRule(role, order, color, description, match, brief=brief)
 
 
 def _evidence(r, label: str, threshold: float, lower: float, baseline: bool) -> str:
