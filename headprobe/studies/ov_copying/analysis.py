@@ -30,18 +30,21 @@ projection cannot be found is refused with one line naming it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.core.errors import UsageError
 from headprobe.core.seeds import keyed_hash
+from headprobe.core.torch_modes import no_grad
 from headprobe.inputs.probes import vocabulary
-from headprobe.model.sites import attention_sites, output_weight, value_weight
-from headprobe.model.unembed import fit_norm, unembedding
 from headprobe.scoring.registry import WEIGHTS_ONLY, Analysis, register
 from headprobe.scoring.weights_scorer import WeightsScorer
 from headprobe.stats.engine import wilson
+
+if TYPE_CHECKING:
+    import torch
 
 NAME = "ov_copying"
 SAMPLE = 2000
@@ -63,6 +66,8 @@ def ordinary_tokens(tokenizer, vocab_size: int, sample: int = SAMPLE, seed: int 
 
 def copying_score(core: torch.Tensor) -> float:
     """sum Re(lambda) / sum |lambda| over the eigenvalues of a square matrix ([d_head, d_head])."""
+    import torch
+
     eig = torch.linalg.eigvals(core.double())  # [d_head] complex
     total = eig.abs().sum()
     return float(eig.real.sum() / total) if total > 0 else float("nan")
@@ -86,6 +91,11 @@ def copy_hits(rows: torch.Tensor, out: torch.Tensor, tokens: torch.Tensor, k: in
 def site_weights(model, site) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(W_V [kv_head, hidden, d_head], W_O [head, d_head, hidden], g_attn [hidden]) of one site,
     float32; one line naming the family where its value projection cannot be found."""
+    import torch
+
+    from headprobe.model.sites import output_weight, value_weight
+    from headprobe.model.unembed import fit_norm
+
     if getattr(site, "value", None) is None:
         raise UsageError(
             f"{NAME}: {type(model).__name__} ({site.name or site.stack}): its value projection "
@@ -98,10 +108,15 @@ def site_weights(model, site) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     return w_v, w_o, g_attn.to(w_v.device)
 
 
-@torch.no_grad()
+@no_grad
 def ov_heads(model, tokens, layers=None, stack: str | None = None) -> pd.DataFrame:
     """Per head of the stack's `layers` (default all): copying score, copy-rate hits over the
     sampled `tokens` (ids), n (see the module docstring)."""
+    import torch
+
+    from headprobe.model.sites import attention_sites
+    from headprobe.model.unembed import unembedding
+
     out = unembedding(model, NAME, need_norm=False)
     sites = attention_sites(model).of(stack)
     layers = range(len(sites)) if layers is None else layers
@@ -136,6 +151,8 @@ class OVCopyingScorer(WeightsScorer):
 
     def compute(self, model, tokenizer, layers, stack, seed: int) -> dict:
         """The record the run's summary keeps: every head's numbers and how they were drawn."""
+        from headprobe.model.unembed import unembedding
+
         vocab = int(model.get_input_embeddings().weight.shape[0])
         tokens = ordinary_tokens(tokenizer, vocab, self.sample, seed)
         heads = ov_heads(model, tokens, layers, stack)
