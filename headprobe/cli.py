@@ -1,5 +1,10 @@
 """Command line: `headprobe run ...`, `headprobe report RESULTS_DIR` and
-`headprobe compare RUN_DIR RUN_DIR ... [--out DIR]`."""
+`headprobe compare RUN_DIR RUN_DIR ... [--out DIR]`.
+
+Only `run` imports a run's modules (torch, transformers: `headprobe.config` for its options,
+`headprobe.api` for the run); `report` and `compare` read results and import neither, `--help`
+included (tests/test_light_imports.py).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from headprobe.config import cli_options, from_cli
 from headprobe.core.atomic import OutInUse
-from headprobe.core.errors import UsageError
+from headprobe.core.errors import CaptureError, UsageError
 from headprobe.inputs.corpora.base import CorpusError
-from headprobe.model.attention import CaptureError
 from headprobe.results.findings import (
     model_line,
     role_findings,
@@ -42,10 +45,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"headprobe: error: {message} (see `{self.prog} --help`)\n")
 
 
-def run_parser(sub):
+def run_parser(sub, options: bool = True):
     """`headprobe run`: one option per `RunConfig` field that has a flag (`config.cli_options`),
-    and the command line's own: --verbose (what it prints) and --debug."""
+    and the command line's own: --verbose (what it prints) and --debug. Without `options`, the
+    command alone: building its options imports `headprobe.config` and the run's modules behind
+    it (torch, transformers), which a command line that is not `run` skips."""
     p = sub.add_parser("run", help="score every attention head of a model on a corpus")
+    if not options:
+        return
+    from headprobe.config import cli_options
+
     groups = {}
     for _name, flag, kwargs, group in cli_options():
         target = p
@@ -121,6 +130,7 @@ def findings_text(results) -> str:
 
 def cmd_run(args) -> int:
     from headprobe.api import run  # a run's modules (torch, transformers): only for `run`
+    from headprobe.config import from_cli
 
     results = run(from_cli(args))
     if results is None:  # torchrun: a rank other than 0 (rank 0 prints and writes)
@@ -225,13 +235,15 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 1000 else text[:997] + "..."
 
 
-def build_parser() -> Parser:
-    """`headprobe run ...`, `headprobe report ...`, `headprobe compare ...`: `build_parser().parse_args(argv)`."""
+def build_parser(run_options: bool = True) -> Parser:
+    """`headprobe run ...`, `headprobe report ...`, `headprobe compare ...`: `build_parser().parse_args(argv)`.
+    `run_options=False` leaves out the options of `run` (they import torch; `main` builds them
+    only for a command line that names `run`)."""
     parser = Parser(
         prog="headprobe", description="What do the attention heads of a Transformer do?"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run_parser(sub)
+    run_parser(sub, options=run_options)
     rep = sub.add_parser("report", help="HTML + Markdown report of a results directory")
     report_arguments(rep)
     rep.add_argument(
@@ -252,13 +264,20 @@ def build_parser() -> Parser:
     return parser
 
 
+def command_of(argv) -> str | None:
+    """The command a command line names: its first word that is not an option (`headprobe` has
+    no options of its own before the command but --help), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv=None) -> int:
     """The `headprobe` command. Never a traceback: a bad option, path or input is one line
     and exit status 2; anything unexpected is one line and exit status 1 (its traceback with
     --debug or HEADPROBE_DEBUG=1). An analysis plugin that fails to import is one line each
     (`registry.plugin_errors`), printed before anything else, `--help` included; `run` then
     stops with exit status 2 (its analyses would be incomplete)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(run_options=command_of(argv) == "run")
     broken = registry.plugin_errors()
     for line in broken:
         print(f"headprobe: error: {line}", file=sys.stderr)

@@ -67,12 +67,15 @@ def string_constants(text: str) -> set[str]:
 
 
 def homes(analysis) -> set[Path]:
-    """An analysis's own modules: its scorer's, its report section's where it names one, and the
-    others it declares (`Analysis.homes`)."""
+    """An analysis's own modules: every module of its folder (`headprobe/studies/<analysis>/`),
+    its report section's where it names one, and the others it declares (`Analysis.homes`)."""
     modules = {analysis.scorer.__module__, *analysis.homes}
     if isinstance(analysis.report, str):
         modules.add(analysis.report.partition(":")[0])
-    return {(PACKAGE.parent / (m.replace(".", "/") + ".py")).resolve() for m in modules}
+    paths = {(PACKAGE.parent / (m.replace(".", "/") + ".py")).resolve() for m in modules}
+    studies = (PACKAGE / "studies").resolve()
+    folders = {p.parent for p in paths if p.parent.parent == studies}
+    return paths | {p.resolve() for folder in folders for p in folder.glob("*.py")}
 
 
 def roles_made(text: str) -> set[str]:

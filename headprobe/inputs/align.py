@@ -14,9 +14,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tokenizers import Tokenizer
-from transformers import AutoTokenizer
-
 FROM_MODES = ("mean", "first", "max")
 
 # piece kinds
@@ -34,6 +31,8 @@ def is_byte_level(tokenizer) -> bool:
 
 def load_tokenizer(name_or_path: str, **kwargs):
     """The model's fast tokenizer, with `add_prefix_space=True` for byte-level BPE."""
+    from transformers import AutoTokenizer
+
     return prepare_tokenizer(AutoTokenizer.from_pretrained(name_or_path, **kwargs))
 
 
@@ -61,6 +60,8 @@ def prepare_tokenizer(tokenizer):
       (setting the ByteLevel flag there would give every split its own space: "Ġdon", "Ġ't").
     Calling it twice changes nothing more.
     """
+    from tokenizers import Tokenizer
+
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(
             f"{tokenizer.name_or_path}: headprobe needs a fast tokenizer (for word_ids())"

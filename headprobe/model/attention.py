@@ -33,6 +33,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+from headprobe.core.errors import CaptureError
+
 # keyword arguments `eager_probs` computes with
 EXTRA_TERMS = ("position_bias", "softcap", "is_causal", "sliding_window")
 # keyword arguments that do not change eager attention's numbers (positions are already in q/k;
@@ -63,11 +65,6 @@ HARMLESS = frozenset(
 _ROUTES: dict[nn.Module, Callable] = {}
 _EVERY: list[Callable] = []  # handlers for every module (discovery), innermost last
 _FALLBACK: dict[nn.Module, Callable] = {}  # module -> the function the model would have used
-
-
-class CaptureError(ValueError):
-    """Attention that cannot be captured exactly, or a capture that delivered less than asked
-    (the CLI: one line, exit status 2)."""
 
 
 def not_understood(kwargs: dict) -> list[str]:

@@ -32,15 +32,17 @@ decoder's last hidden state; gating heads of any stack (`stack`) changes it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from headprobe.core.seeds import SEED, keyed_hash
+from headprobe.core.torch_modes import no_grad
 from headprobe.inputs.align import WORD
 from headprobe.inputs.probes import LOSS_WORDS
-from headprobe.model.gates import model_inputs
+
+if TYPE_CHECKING:
+    import torch
 
 OBJECTIVES = ("causal_lm", "masked_lm", "representation")
 DESCRIPTIONS = {
@@ -75,6 +77,8 @@ def mlm_positions(
     """[batch, piece] bool: the word pieces masked for the MLM loss. Piece `p` of the row keyed
     `keys[b]` is chosen iff keyed_hash(seed, "mask", f"{key}:{p}") < rate * 2**64 and it is a
     word piece (`piece_kind == WORD`: never a special piece or padding)."""
+    import torch
+
     # piece_kind: [batch, piece]
     kind = piece_kind.cpu().numpy()
     limit = int(rate * 2**64)
@@ -97,6 +101,8 @@ class Targets:
 def scored_sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) [batch, piece] of the sequence the model's output covers: the decoder's
     where the model has one, else the input's."""
+    import torch
+
     if "decoder_input_ids" in inputs:
         ids = inputs["decoder_input_ids"]
         mask = inputs.get("decoder_attention_mask")
@@ -107,6 +113,7 @@ def scored_sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
 def feeding(model, batch, stack: str | None) -> dict:
     """The model's inputs for `batch` on its device: an encoder-decoder's decoder reads its
     start token and the sentence (the decoder stack's batch holds them already)."""
+    from headprobe.model.gates import model_inputs
     from headprobe.model.sites import attention_sites, model_device
 
     sites = attention_sites(model)
@@ -177,7 +184,7 @@ class Objective:
             return DESCRIPTIONS[self.kind]
         return f"{DESCRIPTIONS[self.kind]}; loss on {self.restriction}"
 
-    @torch.no_grad()
+    @no_grad
     def targets(self, model, batch) -> Targets:
         """A batch's targets. Call it outside any `HeadGates`: `representation` runs the intact
         model here. `batch`: a headprobe `Batch` (a mapping needs `piece_kind` and `keys` for MLM)."""
@@ -197,6 +204,8 @@ class Objective:
     def _restricted(self, labels: torch.Tensor, batch) -> torch.Tensor:
         """labels [batch, piece] with the pieces outside `scored(batch)` (else the examples'
         own `loss_words`, `loss_pieces`) IGNOREd."""
+        import torch
+
         keep = self.scored(batch) if self.scored is not None else loss_pieces(batch)
         if keep is None:
             return labels
@@ -210,6 +219,8 @@ class Objective:
     def per_row(self, model, targets: Targets) -> tuple[torch.Tensor, torch.Tensor]:
         """([batch] summed objective, [batch] pieces it is summed over), float32; differentiable
         (run it under `torch.no_grad()` where no gradient is wanted)."""
+        import torch.nn.functional as F
+
         _, mask = scored_sequence(targets.inputs)  # [batch, piece]
         if self.kind == "representation":
             h = last_hidden(model, targets.inputs).float()  # [batch, piece, hidden]
@@ -235,6 +246,8 @@ class Objective:
 
     def pieces(self, targets: Targets) -> torch.Tensor:
         """[batch] float32: the pieces `per_row` sums over, without running the model."""
+        import torch
+
         if self.kind == "representation":
             return scored_sequence(targets.inputs)[1].to(torch.float32).sum(-1)
         return (self.scored_labels(targets) != IGNORE).sum(-1).to(torch.float32)
@@ -244,6 +257,8 @@ def loss_pieces(batch) -> torch.Tensor | None:
     """[batch, piece] bool: the word pieces of the words each example names in
     `meta["loss_words"]` (first, stop) (a probe's repeated half, `headprobe.inputs.probes`);
     None where no example of a `Batch` names any (every piece counts)."""
+    import torch
+
     examples = getattr(batch, "examples", None) or []
     spans = [example.meta.get(LOSS_WORDS) for example in examples]
     if all(span is None for span in spans):

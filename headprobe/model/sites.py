@@ -54,9 +54,9 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from headprobe.core.errors import CaptureError
 from headprobe.inputs.align import CLS_LIKE, Alignment
 from headprobe.model.attention import (
-    CaptureError,
     fallback,
     implementation_set,
     routed,

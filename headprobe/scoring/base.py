@@ -33,16 +33,18 @@ sentences says so in `second_pass`, and one that scores the language-model loss 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.core.seeds import SEED
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, tally_key
 from headprobe.scoring.tally import N_BOOT, Tally
+
+if TYPE_CHECKING:
+    import torch
 
 UNIT_COLUMNS = [
     "analysis",
@@ -97,6 +99,8 @@ class UnitLabelRows:
         """(keys, n, first_row [batch]): rows for every unit in the batch, `n_for(example,
         label)` giving the trials. A unit's labels get consecutive rows, so label k of example b
         sits at row first_row[b] + k."""
+        import torch
+
         rows, first_row = RowIndex(), []
         for example in batch.examples:
             first_row.append(
@@ -231,6 +235,8 @@ class CountScorer:
     def new_state(self, batch, keys, n, own=None) -> BatchState:
         """A batch's state with rows `keys` [(unit, label)] and trials `n` ([row] or [row,
         direction]), zero counts, baseline hits and extras, and the scorer's `own` values."""
+        import torch
+
         n = np.asarray(n, dtype=np.float64)
         if n.ndim == 1:
             n = np.repeat(n[:, None], len(self.directions), axis=1)
@@ -323,6 +329,8 @@ class CountScorer:
         counts follow (head only = hits - both, baseline only = baseline hits - both).
         Baseline hits are sparse (an arc's head sits at one offset), so only the
         (item, variant) pairs that hit are added."""
+        import torch
+
         n_variants = len(self.variants)
         if state.both is None:
             state.both = torch.zeros(
@@ -491,6 +499,8 @@ def word_fill(batch, drop_self: bool = True) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _word_fill(batch, drop_self: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     valid = (
         batch.word_mask[:, None, :, None] & batch.word_mask[:, None, None, :]
     )  # [batch, 1, word, word]
@@ -506,6 +516,8 @@ def masked_word_attention(att, batch, drop_self: bool = True, prepared=None) -> 
     specials dropped, padding = -1,
     and with `drop_self` the attention a word pays to itself set to 0. Rows are not
     renormalised. `prepared` is `word_fill(batch, drop_self)`, to build it once per batch."""
+    import torch
+
     keep, fill = prepared if prepared is not None else word_fill(batch, drop_self)
     return torch.where(keep, att.words[..., : batch.max_words], fill)
 

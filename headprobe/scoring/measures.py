@@ -23,10 +23,13 @@ asked for from one forward pass: each (analysis, measure) has its own scorer and
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from headprobe.model.attention import norm_attention, row_shares
 from headprobe.model.control import KEY_MARK, TRAINED
+
+if TYPE_CHECKING:
+    import torch
 
 WEIGHTS, NORMS = "weights", "norms"
 MEASURES = (WEIGHTS, NORMS)
@@ -78,13 +81,15 @@ class MeasuredPieces:
 
     @property
     def probs(self) -> torch.Tensor:
-        return self.heads if isinstance(self.heads, torch.Tensor) else self.heads["probs"]
+        return self.heads["probs"] if isinstance(self.heads, Mapping) else self.heads
 
     def get(self, measure: str, reads: str) -> torch.Tensor:
         if measure == WEIGHTS:
             return self.probs  # rows of weights sum to 1 already: one matrix
         key = (measure, reads)
         if key not in self._cache:
+            from headprobe.model.attention import norm_attention, row_shares
+
             if reads == MASS:
                 self._cache[key] = row_shares(self.get(measure, ARGMAX))
             else:

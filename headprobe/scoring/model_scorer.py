@@ -10,10 +10,12 @@ engine calls `use_model` once and `model_pass` per batch, before the attention p
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from headprobe.model.objectives import Objective
 from headprobe.scoring.base import BatchState, CountScorer
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ModelScorer(CountScorer):
@@ -30,6 +32,8 @@ class ModelScorer(CountScorer):
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
         """Called by the engine before the run: the objective, from the model as loaded, gating
         the heads of attention stack `stack` (None: the model's default)."""
+        from headprobe.model.objectives import Objective
+
         self.objective = Objective.for_model(
             model,
             tokenizer,

@@ -26,6 +26,10 @@ theirs through the `headprobe.analyses` entry-point group (a plugin that fails t
 line of `plugin_errors()`, which the CLI prints), or by importing a module that calls `register`
 before `headprobe.run`. A name is registered once: a second `register` of it raises unless it
 says `replace=True`. See docs/ARCHITECTURE.md, "Adding an analysis".
+
+Reports read the registry too (sections, tables, roles), so discovery imports every analysis in
+`headprobe report`: an analysis's module imports torch, transformers and the model layer only
+inside the functions that compute on tensors (tests/test_light_imports.py).
 """
 
 from __future__ import annotations

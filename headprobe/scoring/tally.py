@@ -21,18 +21,27 @@ Per label the tally keeps:
           (whole data; the McNemar discordant counts are hits - both and base - both)
 - `extra` {name: [fold, direction]}: per-label counts that do not depend on a head
           (e.g. `unreachable` arcs)
+
+The totals are torch tensors on the tally's device while rows are added; a tally read from a
+file (`Tally.load`) holds NumPy arrays, and only adding to it, moving it (`to`) or summing it
+across processes (`tensors`) makes them tensors. So a report reads saved tallies, whose readers
+take `arrays(label)`, without importing torch.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from headprobe.core.seeds import SEED, keyed_hash
+from headprobe.core.torch_modes import inference_mode
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import WEIGHTS, tally_key
+
+if TYPE_CHECKING:
+    import torch
 
 N_BOOT = 1000
 N_FOLDS = 2
@@ -74,10 +83,18 @@ class UnitDraws:
 
 
 class LabelCounts:
-    """The running totals of one label (see the module docstring for the shapes)."""
+    """The running totals of one label (see the module docstring for the shapes): tensors while
+    rows are added, NumPy arrays as read from a file (`on(device)` makes them tensors)."""
 
-    def __init__(
-        self,
+    TOTALS = ("hits", "n", "base", "both")
+
+    def __init__(self, hits, n, base, both, extra: dict):
+        self.hits, self.n, self.base, self.both = hits, n, base, both
+        self.extra = dict(extra)
+
+    @classmethod
+    def zeros(
+        cls,
         resamples: int,
         n_layers: int,
         n_heads: int,
@@ -86,40 +103,62 @@ class LabelCounts:
         mass: bool,
         device,
         extras=(),
-    ):
+    ) -> LabelCounts:
+        import torch
+
         r = resamples
-        value = (
-            torch.float64 if mass else torch.int32
-        )  # int32: exact to 2**31, half of int64's memory
-        self.hits = torch.zeros(N_FOLDS, r, n_layers, n_heads, n_dirs, dtype=value, device=device)
-        self.n = torch.zeros(N_FOLDS, r, n_dirs, dtype=torch.float64, device=device)
-        self.base = torch.zeros(N_FOLDS, r, n_variants, dtype=torch.int64, device=device)
-        self.both = torch.zeros(
-            n_layers, n_heads, n_dirs, n_variants, dtype=torch.int64, device=device
+        value = torch.float64 if mass else torch.int32  # int32: exact to 2**31, half of int64's
+        return cls(
+            hits=torch.zeros(N_FOLDS, r, n_layers, n_heads, n_dirs, dtype=value, device=device),
+            n=torch.zeros(N_FOLDS, r, n_dirs, dtype=torch.float64, device=device),
+            base=torch.zeros(N_FOLDS, r, n_variants, dtype=torch.int64, device=device),
+            both=torch.zeros(
+                n_layers, n_heads, n_dirs, n_variants, dtype=torch.int64, device=device
+            ),
+            extra={
+                name: torch.zeros(N_FOLDS, n_dirs, dtype=torch.int64, device=device)
+                for name in extras
+            },
         )
-        self.extra = {
-            name: torch.zeros(N_FOLDS, n_dirs, dtype=torch.int64, device=device) for name in extras
-        }
 
     def arrays(self) -> dict[str, np.ndarray]:
-        out = {"hits": self.hits, "n": self.n, "base": self.base, "both": self.both}
+        out = {name: getattr(self, name) for name in self.TOTALS}
         out.update({f"extra:{k}": v for k, v in self.extra.items()})
-        return {k: v.cpu().numpy() for k, v in out.items()}
+        return {k: _numpy(v) for k, v in out.items()}
+
+    def on(self, device) -> LabelCounts:
+        """These totals as tensors on `device`, in place (arrays read from a file become tensors;
+        tensors already there stay as they are); returns self."""
+        import torch
+
+        for name in self.TOTALS:
+            setattr(self, name, torch.as_tensor(getattr(self, name)).to(device))
+        self.extra = {k: torch.as_tensor(v).to(device) for k, v in self.extra.items()}
+        return self
 
     def add_(self, other: LabelCounts) -> None:
-        for name in ("hits", "n", "base", "both"):
-            getattr(self, name).add_(getattr(other, name).to(getattr(self, name).device))
+        import torch
+
+        for name in self.TOTALS:
+            mine = getattr(self, name)
+            mine.add_(torch.as_tensor(getattr(other, name)).to(mine.device))
         for name, value in other.extra.items():
+            value = torch.as_tensor(value).to(self.n.device)
             if name not in self.extra:
-                self.extra[name] = torch.zeros_like(value, device=self.n.device)
-            self.extra[name].add_(value.to(self.n.device))
+                self.extra[name] = torch.zeros_like(value)
+            self.extra[name].add_(value)
+
+
+def _numpy(total) -> np.ndarray:
+    """A total as a NumPy array (CPU): a tensor's copy, an array itself."""
+    return total if isinstance(total, np.ndarray) else total.detach().cpu().numpy()
 
 
 class Tally:
     """Streaming totals of one analysis, per label; see the module docstring.
 
     Totals change only inside `torch.inference_mode()` (the engine's), so every method that
-    adds runs in it."""
+    adds runs in it. `device`: a torch device or its name ("cpu", "cuda:0")."""
 
     def __init__(
         self,
@@ -149,7 +188,7 @@ class Tally:
         self.n_boot = int(resamples) if bootstrap else 0
         self.seed = int(seed)
         self.extras = tuple(extras)
-        self.device = torch.device(device)
+        self.device = device
         self.labels: dict[str, LabelCounts] = {}
         self.draws = UnitDraws(self.seed, max(self.n_boot, 1))
         self._pending: list[tuple] = []
@@ -162,9 +201,11 @@ class Tally:
         return 1 + self.n_boot
 
     def label(self, name: str) -> LabelCounts:
+        """The totals of label `name` as tensors on the tally's device, to add to (zeros for a
+        new label)."""
         counts = self.labels.get(name)
         if counts is None:
-            counts = self.labels[name] = LabelCounts(
+            counts = self.labels[name] = LabelCounts.zeros(
                 self.resamples,
                 len(self.layers),
                 self.n_heads,
@@ -174,7 +215,7 @@ class Tally:
                 self.device,
                 self.extras,
             )
-        return counts
+        return counts.on(self.device)
 
     # -- streaming --------------------------------------------------------------------
     def add(self, units, labels, values=None, n=None, base=None, extra=None) -> None:
@@ -205,17 +246,21 @@ class Tally:
         if self._pending_rows >= FLUSH_ROWS:
             self.flush()
 
-    @torch.inference_mode()
+    @inference_mode
     def add_both(self, labels, both) -> None:
         """Add head-and-baseline hits `both` [label, layer, head, direction, variant] of `labels`."""
+        import torch
+
         for i, name in enumerate(labels):
             self.label(name).both += both[i].round().to(torch.int64).to(self.device)
 
-    @torch.inference_mode()
+    @inference_mode
     def flush(self) -> None:
         """Add the buffered rows into the totals."""
         if not self._pending:
             return
+        import torch
+
         pending, self._pending, self._pending_rows = self._pending, [], 0
         units = [u for p in pending for u in p[0]]
         labels = [l for p in pending for l in p[1]]
@@ -257,7 +302,7 @@ class Tally:
             for key, value in extra.items():
                 counts.extra[key][f] += torch.as_tensor(value[members].sum(0), device=self.device)
 
-    @torch.inference_mode()
+    @inference_mode
     def merge(self, other: Tally) -> Tally:
         """Add another tally of the same analysis (a shard, another process) into this one."""
         self.flush()
@@ -318,12 +363,11 @@ class Tally:
         return self.labels[name].arrays()
 
     def to(self, device) -> Tally:
+        """This tally with its totals as tensors on `device` (in place)."""
         self.flush()
-        self.device = torch.device(device)
+        self.device = device
         for counts in self.labels.values():
-            for attr in ("hits", "n", "base", "both"):
-                setattr(counts, attr, getattr(counts, attr).to(self.device))
-            counts.extra = {k: v.to(self.device) for k, v in counts.extra.items()}
+            counts.on(device)
         return self
 
     def tensors(self) -> list[torch.Tensor]:
@@ -331,7 +375,7 @@ class Tally:
         self.flush()
         out = []
         for name in self.sorted_labels():
-            counts = self.labels[name]
+            counts = self.label(name)
             out += [counts.hits, counts.n, counts.base, counts.both]
             out += [counts.extra[k] for k in sorted(counts.extra)]
         return out
@@ -387,15 +431,11 @@ class Tally:
                 model=meta.get("model", TRAINED),
                 measure=meta.get("measure", WEIGHTS),
             )
-            for i, name in enumerate(meta["labels"]):
-                counts = tally.label(name)
-                counts.hits = torch.from_numpy(data[f"{i}/hits"].copy())
-                counts.n = torch.from_numpy(data[f"{i}/n"].copy())
-                counts.base = torch.from_numpy(data[f"{i}/base"].copy())
-                counts.both = torch.from_numpy(data[f"{i}/both"].copy())
-                counts.extra = {
-                    k: torch.from_numpy(data[f"{i}/extra:{k}"].copy()) for k in meta["extras"]
-                }
+            for i, name in enumerate(meta["labels"]):  # NumPy arrays: no torch to read them
+                tally.labels[name] = LabelCounts(
+                    **{total: data[f"{i}/{total}"].copy() for total in LabelCounts.TOTALS},
+                    extra={k: data[f"{i}/extra:{k}"].copy() for k in meta["extras"]},
+                )
         return tally
 
     # -- checkpoints (resume after a kill) ----------------------------------------------
@@ -421,7 +461,7 @@ class Tally:
                 "extra": sorted(pending[0][5]),
             }
             if pending[0][2] is not None:
-                arrays["pending/values"] = torch.cat([p[2].detach().cpu() for p in pending]).numpy()
+                arrays["pending/values"] = np.concatenate([_numpy(p[2]) for p in pending])
             arrays["pending/n"] = np.concatenate([p[3] for p in pending])
             if pending[0][4] is not None:
                 arrays["pending/base"] = np.concatenate([p[4] for p in pending])
@@ -435,6 +475,8 @@ class Tally:
     def load_checkpoint(cls, path, device="cpu") -> Tally:
         """A tally written by `save_checkpoint`, buffered rows included, on `device`."""
         import json
+
+        import torch
 
         tally = cls.load(path).to(device)
         with np.load(path) as data:

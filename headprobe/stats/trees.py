@@ -20,8 +20,12 @@ Ties go to the lowest index (argmax), so the trees are deterministic.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = -1
 
@@ -103,6 +107,8 @@ def max_spanning_tree(scores: torch.Tensor, n_words: torch.Tensor) -> torch.Tens
     spanning tree of each graph's first `n_words[g]` words. scores [graph, word, word]:
     symmetric edge scores (the diagonal is ignored). Prim's algorithm from word 0, all
     graphs at once; ties go to the lowest index."""
+    import torch
+
     g, w, _ = scores.shape
     device = scores.device
     index = torch.arange(g, device=device)

@@ -44,16 +44,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.core.errors import UsageError
-from headprobe.model.head_effects import (
-    ablation_rows,
-    gated_rows,
-    importance_rows,
-    prune_order,
-    prune_steps,
-)
 from headprobe.model.objectives import DESCRIPTIONS
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import ANY, Analysis, register
@@ -77,6 +69,10 @@ class AblationScorer(ModelScorer):
         return every if self.heads is None else [x for x in every if x in set(self.heads)]
 
     def compute(self, model, batch):
+        import torch
+
+        from headprobe.model.head_effects import ablation_rows
+
         heads = self.ablated()
         delta, tokens = ablation_rows(
             model, batch, self.objective, heads, copies=max(1, ROWS_PER_PASS // len(batch))
@@ -104,6 +100,8 @@ class ImportanceScorer(ModelScorer):
             )
 
     def compute(self, model, batch):
+        from headprobe.model.head_effects import importance_rows
+
         return importance_rows(model, batch, self.objective)  # [row, layer, head], [row]
 
 
@@ -136,6 +134,8 @@ class GroupScorer(ModelScorer):
 
     def model_pass(self, model, batch):
         """Rows (unit, group) of every example and group: the objective with the group gated."""
+        from headprobe.model.head_effects import gated_rows
+
         targets = self.objective.targets(model, batch)
         values = gated_rows(
             model,
@@ -175,6 +175,8 @@ class PruneScorer(GroupScorer):
 
     def use_tallies(self, tallies: dict) -> None:
         """Order the heads by the first pass's `importance` (else `ablation`) tally, least first."""
+        from headprobe.model.head_effects import prune_order, prune_steps
+
         self.order_by = "importance" if "importance" in tallies else "ablation"
         self.order = prune_order(tally_scores(tallies[self.order_by]))
         self.use_groups(prune_steps(self.order))

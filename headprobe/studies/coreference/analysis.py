@@ -34,16 +34,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scoring.base import BatchState, CountScorer, RowIndex, first_argmax, query_rows
 from headprobe.scoring.registry import COREFERENCE, MENTIONS, Analysis, RoleRule, register
 from headprobe.stats import roles
 from headprobe.stats.engine import ALPHA
+
+if TYPE_CHECKING:
+    import torch
 
 MENTION_KINDS = ("pronoun", "proper", "nominal")
 LABELS = (ALL,) + MENTION_KINDS
@@ -185,6 +188,8 @@ class CoreferenceScorer(CountScorer):
     def prepare(self, batch) -> BatchState:
         """Per scored mention, on the batch's device: batch row, query word (the mention head),
         candidate mask and gold mask over the batch's words, and its two rows."""
+        import torch
+
         rows = RowIndex()
         items = []  # (batch row, query word, kind row, ALL row, candidates, gold)
         baseline = []  # per mention: [variant] 0/1
@@ -221,6 +226,8 @@ class CoreferenceScorer(CountScorer):
         return state
 
     def update(self, layer, att, state) -> None:
+        import torch
+
         m, batch = state.own, state.batch
         if m.b.numel() == 0:
             return

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
@@ -41,6 +41,9 @@ from headprobe.scoring.base import (
 from headprobe.scoring.registry import ARCS, SENTENCES, Analysis, RoleRule, register
 from headprobe.stats import roles
 from headprobe.stats.engine import ALPHA
+
+if TYPE_CHECKING:
+    import torch
 
 UNSCORED = HEADPROBE.unscored  # ("root", "punct")
 FIRST = "first"
@@ -80,6 +83,8 @@ class DependencyScorer(CountScorer):
         self.variants = conventions.variants
 
     def prepare(self, batch) -> BatchState:
+        import torch
+
         rows = RowIndex()
         arcs = []  # (batch row, dependent, head, row of rel, row of ALL)
         for b, example in enumerate(batch.examples):
@@ -127,6 +132,8 @@ class DependencyScorer(CountScorer):
         return out
 
     def update(self, layer, att, state) -> None:
+        import torch
+
         arcs, batch = state.own, state.batch
         if arcs.b.numel() == 0:
             return
@@ -148,6 +155,8 @@ class DependencyScorer(CountScorer):
         lowest index: a later block replaces it only when strictly greater, exactly as the
         unblocked argmax) run across the blocks (in `state.own.column`) and are scored at the
         layer's last block."""
+        import torch
+
         arcs, batch = state.own, state.batch
         if first:
             arcs.column = None
@@ -181,6 +190,8 @@ class DependencyScorer(CountScorer):
     def _add_hits(self, state, layer, direction, values, indices, items, position):
         """Hits of arcs `items` [item] whose row (or column) sits at `position` [item] of the
         [measure, batch, head, position] maxima `values` / `indices`."""
+        import torch
+
         arcs = state.own
         b = arcs.b[items]
         chosen = indices.permute(0, 1, 3, 2)[:, b, position]  # [measure, item, head]

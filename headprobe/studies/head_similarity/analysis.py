@@ -24,13 +24,17 @@ of a batch until the batch ends and costs (layers x heads)^2 / 2 divergences per
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.scoring.base import BatchState, CountScorer, RowIndex
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import SENTENCES, Analysis, register
+
+if TYPE_CHECKING:
+    import torch
 
 PREFIX = "js:"
 CHUNK_BYTES = 64 * 2**20  # working memory of one block of pairwise mixtures
@@ -51,6 +55,8 @@ def js_row_sums(p: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Te
 
     p: [head, row, key] distributions (rows sum to 1); group: [row] group index.
     Returns [group, head, head] (symmetric, zero diagonal), float64."""
+    import torch
+
     k, r, c = p.shape
     entropy = torch.special.entr(p).sum(-1)  # [head, row]
     out = torch.zeros(n_groups, k, k, dtype=torch.float64, device=p.device)
@@ -95,11 +101,15 @@ class HeadSimilarityScorer(CountScorer):
         return self.new_state(batch, rows.keys, rows.n, (units, []))
 
     def update(self, layer, att, state) -> None:
+        import torch
+
         words = att.words  # [measure, batch, head, word, word + 2]
         total = words.sum(-1, keepdim=True)
         state.own[1].append(words / total.clamp_min(torch.finfo(words.dtype).tiny))
 
     def end_batch(self, state) -> None:
+        import torch
+
         units, layers = state.own
         if state.keys and layers:
             p = torch.cat(layers, dim=2)  # [measure, batch, K, word, key]

@@ -33,19 +33,21 @@ Defined for causal language models with a final norm before their head; anything
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.core.errors import UsageError
+from headprobe.core.torch_modes import no_grad
 from headprobe.inputs.align import WORD
-from headprobe.model.capture import AttentionCapture
 from headprobe.model.objectives import IGNORE, Objective, lm_kind
-from headprobe.model.sites import attention_sites
-from headprobe.model.unembed import base_of, unembedding
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.heads import head_table
+
+if TYPE_CHECKING:
+    import torch
 
 NAME = "logit_attribution"
 DLA, RAISES = "dla", "dla>0"
@@ -57,6 +59,8 @@ def repeated_half(batch) -> torch.Tensor:
     """[batch, piece] bool: the target pieces scored. A repeated-random probe's row: the word
     pieces of its second half after that half's first word (word index > length); any other
     row: every piece."""
+    import torch
+
     keep = torch.ones_like(batch.piece_kind, dtype=torch.bool)  # [batch, piece]
     for b, example in enumerate(batch.examples):
         if (example.meta or {}).get("probe") == "repeated-random":
@@ -67,6 +71,8 @@ def repeated_half(batch) -> torch.Tensor:
 
 def refusal(model) -> str | None:
     """Why DLA is not defined on `model` (one line), or None."""
+    from headprobe.model.sites import attention_sites
+
     name = type(model).__name__
     if attention_sites(model).encoder_decoder:
         return f"{NAME}: {name} is an encoder-decoder; direct logit attribution is defined for one-stack causal language models"
@@ -87,15 +93,22 @@ class LogitAttributionScorer(ModelScorer):
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
         """Before the run (`stack` is the engine's; a model with several stacks is refused)."""
+        from headprobe.model.unembed import unembedding
+
         why = refusal(model)
         if why is not None:
             raise UsageError(why)
         self.unembed = unembedding(model, NAME)
         self.lm = Objective("causal_lm", scored=self.scored)  # its targets: the scored positions
 
-    @torch.no_grad()
+    @no_grad
     def compute(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """([layer, 2 * batch, head] sums: DLA and DLA > 0 per example, [batch] positions)."""
+        import torch
+
+        from headprobe.model.capture import AttentionCapture
+        from headprobe.model.unembed import base_of
+
         targets = self.lm.targets(model, batch)
         labels = self.lm.scored_labels(targets)  # [batch, piece - 1]
         row, pos = (labels != IGNORE).nonzero(as_tuple=True)  # [scored]

@@ -39,10 +39,10 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.inputs.conventions import Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
@@ -57,6 +57,9 @@ from headprobe.scoring.measures import tally_key
 from headprobe.scoring.registry import SENTENCES, Analysis, register
 from headprobe.stats.engine import estimate, paired_gap, selected
 from headprobe.stats.trees import max_arborescence, max_spanning_tree, undirected_hits
+
+if TYPE_CHECKING:
+    import torch
 
 UNSCORED = ("root", "punct")
 # the classifier's rows in the tables keep the papers' name, "probe" (a trained classifier, not the
@@ -121,6 +124,8 @@ class FoldFeatures:
 def pair_features(attention: torch.Tensor, n: int) -> torch.Tensor:
     """[n (n - 1), 2K]: for each pair (i, j), i != j (i-major), every head's A[i, j] then A[j, i].
     attention: [K, n, n] word-level attention of one sentence."""
+    import torch
+
     a = attention[:, :n, :n]
     forward = a.permute(1, 2, 0)  # [i, j, K]: A[i, j]
     backward = a.transpose(1, 2).permute(1, 2, 0)  # [i, j, K]: A[j, i]
@@ -145,6 +150,8 @@ def fit_classifier(
     chunks(): an iterable of (features [row, feature] float tensor, group [row] (item index
     within the chunk), n_groups, gold [group] (the gold candidate's row)), covering
     `n_items` items in all; read again for every evaluation of the loss (L-BFGS)."""
+    import torch
+
     w = torch.zeros(n_features, dtype=torch.float64, device=device, requires_grad=True)
     optimizer = torch.optim.LBFGS(
         [w],
@@ -183,6 +190,8 @@ def training_chunks(
     """A `fit_classifier` chunk source over a fold's scored dependents (their candidate rows), and the
     number of dependents. Chunks are read from the fold's file; when all of them fit in
     `cache_bytes` (as float64) they are read once and kept, else read again on every pass."""
+    import torch
+
     spans = []  # (first row, candidates, gold position) per item
     for s in fold.sentences:
         for d, h in zip(s.dependents, s.heads):
@@ -312,6 +321,8 @@ class ParsingScorer(CountScorer):
             )
 
     def prepare(self, batch) -> BatchState:
+        import torch
+
         rows = RowIndex()
         arcs = []  # (batch row, dependent, head, row)
         for b, example in enumerate(batch.examples):
@@ -363,6 +374,8 @@ class ParsingScorer(CountScorer):
             self.add(state, layer, 2, arcs.row, heads)
 
     def end_batch(self, state) -> None:
+        import torch
+
         arcs, batch = state.own, state.batch
         if arcs.attention:
             attention = torch.cat(arcs.attention, dim=2)  # [measure, batch, K, word, word]

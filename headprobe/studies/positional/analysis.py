@@ -10,9 +10,9 @@ single non-zero offset takes at least `POSITIONAL_SHARE` (0.9) of the argmaxes (
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
-import torch
 
 from headprobe.scoring.base import (
     BatchState,
@@ -23,6 +23,9 @@ from headprobe.scoring.base import (
 )
 from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, get, register
 from headprobe.stats import roles
+
+if TYPE_CHECKING:
+    import torch
 
 OFFSET_LABELS = ["-2", "-1", "0", "+1", "+2"]
 LABELS = OFFSET_LABELS + ["special", "other"]
@@ -36,6 +39,8 @@ class PositionalScorer(UnitLabelRows, CountScorer):
     blocks = True  # row by row: each query's argmax is in its own row
 
     def prepare(self, batch) -> BatchState:
+        import torch
+
         keys, n, first_row = self.unit_rows(batch, lambda example, label: len(example.words))
         q_b, q_i = batch.word_mask.nonzero(as_tuple=True)  # [query]
         keys_ok = torch.cat([batch.word_mask, batch.special_present], dim=1)  # [batch, word + 2]
@@ -43,6 +48,8 @@ class PositionalScorer(UnitLabelRows, CountScorer):
         return self.new_state(batch, keys, n, own)
 
     def update(self, layer, att, state) -> None:
+        import torch
+
         own, batch = state.own, state.batch
         w0, w1, *_ = query_rows(att, batch)
         q_b, q_i = own.q_b, own.q_i  # [query]

@@ -32,9 +32,9 @@ counts SEP/EOS mass; the two names differ on purpose): sink rate >= 0.5 on each 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from headprobe.core.seeds import example_key
 from headprobe.scoring.base import BatchState, CountScorer, RowIndex
@@ -43,6 +43,9 @@ from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.engine import MIN_N
 from headprobe.stats.heads import group_table, head_table
 from headprobe.studies.token_patterns.patterns import CONSOLE, pattern_rule
+
+if TYPE_CHECKING:
+    import torch
 
 NAME = "sink"
 EPSILON = 0.3
@@ -57,6 +60,8 @@ class SinkScorer(CountScorer):
     variants = ("uniform",)
 
     def prepare(self, batch) -> BatchState:
+        import torch
+
         rows = RowIndex()
         scored, first_rows, rate_rows, lengths, base = [], [], [], [], []
         for b, (example, alignment) in enumerate(zip(batch.examples, batch.alignments)):

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.inputs.align import WORD
 from headprobe.scoring.base import BatchState, CountScorer, UnitLabelRows, query_rows
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, register
 from headprobe.stats import roles
+
+if TYPE_CHECKING:
+    import torch
 
 LABELS = ["self", "prev", "next", "cls", "sep", "punct", "first", "entropy", "entropy_uniform"]
 _PUNCT = re.compile(r"^[^\w\s]+$")
@@ -69,6 +72,8 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
 
     def masks(self, batch, first_row: torch.Tensor) -> SurfaceMasks:
         """What the sums of one batch are taken over, built once per batch."""
+        import torch
+
         device = batch.device
         w = batch.max_words
         punct = np.zeros((len(batch), w), dtype=np.float32)
@@ -104,6 +109,8 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         self.add(state, layer, 0, state.own.first_row + LABEL_ROW[label], values)
 
     def update(self, layer, att, state) -> None:
+        import torch
+
         own, batch = state.own, state.batch
         w0, w1, p0, p1, first, last = query_rows(att, batch)
         if (w0, w1, p0, p1) != (0, batch.max_words, 0, batch.n_pieces):
@@ -134,6 +141,8 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
     def _update_block(self, layer, att, state, w0, w1, p0, p1, last):
         """The same sums over word rows `w0:w1` and piece rows `p0:p1` of one query block
         (word i's row holds self A[i, i], prev A[i, i - 1], next A[i, i + 1])."""
+        import torch
+
         own, batch = state.own, state.batch
         w = batch.max_words
         per_example = lambda x, mask: (x * mask).sum(-1)  # [measure, batch, head]

@@ -76,10 +76,10 @@ import re
 import sys
 from dataclasses import dataclass
 from hashlib import blake2b
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.core.seeds import example_key
 from headprobe.inputs.align import WORD
@@ -88,6 +88,9 @@ from headprobe.scoring.registry import PLUGIN_ORDER, PROBE, Analysis, RoleRule, 
 from headprobe.stats.engine import MIN_N
 from headprobe.stats.heads import group_table, head_table
 from headprobe.stats.roles import MATCH_COLUMNS
+
+if TYPE_CHECKING:
+    import torch
 
 MUL, ARGMAX = "mul", "argmax"
 LABELS = (MUL, ARGMAX)
@@ -188,6 +191,8 @@ class PatternScorer(CountScorer):
     @staticmethod
     def cells(batch, pairs: np.ndarray, queries: np.ndarray, base: np.ndarray) -> PatternCells:
         """The pattern's cells and rows of one batch on its device."""
+        import torch
+
         device = batch.device
         # pair -> its query row (both sorted by (b, q): np.nonzero walks rows in order)
         width = batch.n_pieces
@@ -228,6 +233,8 @@ class PatternScorer(CountScorer):
         return out
 
     def update(self, layer, att, state) -> None:
+        import torch
+
         c = state.own
         if c.pb.numel() == 0:
             return
