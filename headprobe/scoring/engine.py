@@ -538,8 +538,8 @@ class Engine:
         """Score `examples` (any iterable, read once: a lazy `corpora.base.Stream` is never held
         whole). The corpus is read and tokenized `CHUNK` examples at a time; each example then
         waits in a `batching.Pool` with the others of its exact piece count, across chunks, until
-        they make a batch (the batch size, or `FULL_AT` pieces per example of it), the pool
-        grows past `POOL_BATCHES` full batches of pieces, or the corpus ends. Memory does not
+        they make a full batch (the batch size, or fewer within batch size x `FULL_AT` pieces),
+        the pool grows past `POOL_BATCHES` full batches of pieces, or the corpus ends. Memory does not
         grow with the corpus (a chunk, the pool, one batch), and counts do not depend on the
         batching (no padding: a sentence's attention is the same in any batch).
 
