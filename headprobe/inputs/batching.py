@@ -165,7 +165,7 @@ def iter_batches(
 class Pool:
     """Examples waiting for a batch, by exact length, kept across chunks of the corpus.
 
-        pool = Pool(batch_size=64, budget=64 * 64, bound=64 * 64 * 32)
+        pool = Pool(batch_size=64, budget=64 * 64, bound=16 * 64 * 64)
         for item, length in items:              # in corpus order; an item is anything
             for batch in pool.add(item, length):    # batches: lists of items of one length
                 score(batch)
@@ -178,8 +178,9 @@ class Pool:
     most `bound` pieces: past it, the fullest length (most pieces waiting; the longer on a tie)
     goes out as it is, until the pool is back within the bound. What goes out depends only on
     what the pool holds, never on when it was added: refilling an empty pool with the items
-    `waiting()` lists (in that order) gives back the same pool, and so the same batches
-    (`restore`: a resumed run). Within a length, items stay in the order they came.
+    `waiting()` lists (in any order that keeps each length's items in theirs, e.g. corpus
+    order) gives back the same pool, and so the same batches (`restore`: a resumed run).
+    Within a length, items stay in the order they came.
     """
 
     def __init__(self, batch_size: int, budget: int, bound: int):
