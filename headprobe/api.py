@@ -43,7 +43,7 @@ from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scoring import distributed, registry
 from headprobe.scoring.base import KeepsRecord, RunsModel, TakesHeads
 from headprobe.scoring.checkpoint import Checkpoint
-from headprobe.scoring.engine import CHUNK, Engine
+from headprobe.scoring.engine import CHUNK, FULL_AT, POOL_BATCHES, Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import needs_of, tally_key
 from headprobe.scoring.registry import (
@@ -230,7 +230,7 @@ def _open_checkpoint(config: RunConfig, inputs: dict, settings: dict) -> Checkpo
     fingerprint = {
         "inputs": inputs,
         "options": settings,
-        "chunk": CHUNK,
+        "batching": {"chunk": CHUNK, "full_at": FULL_AT, "pool_batches": POOL_BATCHES},
         "version": store.version(),
     }
     checkpoint = Checkpoint(config.out, fingerprint, config.checkpoint_every, config.resume)
@@ -624,7 +624,7 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
             else None
         )
         stats = distributed.reduce_stats(
-            engine.run(distributed.shard(examples, block=CHUNK), checkpoint=hook)
+            engine.run(examples, checkpoint=hook, world=distributed.current())
         )
         if checkpoint is not None:
             checkpoint.save(one.key, one.scorers, {"finished": True, "stats": stats})

@@ -1,6 +1,7 @@
-"""Data parallelism with torch.distributed (issue 12): shards, label union, one all-reduce.
+"""Data parallelism with torch.distributed (issue 12): batches dealt, label union, one all-reduce.
 
-- unit tests: round-robin shards, one process unchanged, refusals under torchrun;
+- unit tests: batches dealt round-robin, one process unchanged, refusals under torchrun (two
+  ranks' engine passes together against one process: tests/test_pool.py);
 - two gloo processes (spawned here) merge tallies whose labels differ between ranks into
   exactly what `Tally.merge` gives, and pool their run statistics;
 - slow: `torchrun --nproc_per_node 2 -m headprobe run` on UD English EWT dev with the bundled
@@ -34,8 +35,7 @@ EWT_DEV = REPO.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
 def test_one_process_is_untouched(monkeypatch):
     for name in distributed.ENV:
         monkeypatch.delenv(name, raising=False)
-    examples = list(range(7))
-    assert distributed.shard(examples) is examples
+    assert all(distributed.owns(batch) for batch in range(7))
     world, device, out, every, progress = distributed.for_run(
         "cpu", out="x", progress=True, checkpoint_every=5, resume=False, keep_unit_counts=True
     )
@@ -45,25 +45,13 @@ def test_one_process_is_untouched(monkeypatch):
     distributed.all_reduce_tallies([Tally("x")])  # nothing to do
 
 
-def test_round_robin_shards_cover_the_corpus_once():
-    examples = [f"e{i}" for i in range(11)]
-    shards = [distributed.Shard(examples, rank, 3) for rank in range(3)]
-    assert [list(s) for s in shards] == [examples[0::3], examples[1::3], examples[2::3]]
-    assert [len(s) for s in shards] == [4, 4, 3]
-    assert sorted(x for s in shards for x in s) == sorted(examples)
-    # lazy over any iterable, in corpus order
-    assert list(distributed.Shard(iter(examples), 1, 2)) == examples[1::2]
-
-
-def test_block_shards_deal_whole_chunks():
-    examples = [f"e{i}" for i in range(11)]
-    shards = [distributed.Shard(examples, rank, 2, block=3) for rank in range(2)]
-    assert [list(s) for s in shards] == [
-        examples[0:3] + examples[6:9],
-        examples[3:6] + examples[9:11],
+def test_batches_are_dealt_round_robin():
+    world = distributed.World(3, 1)
+    assert [b for b in range(11) if distributed.owns(b, world)] == [1, 4, 7, 10]
+    dealt = [
+        [b for b in range(11) if distributed.owns(b, distributed.World(3, r))] for r in range(3)
     ]
-    assert [len(s) for s in shards] == [6, 5]
-    assert sorted(x for s in shards for x in s) == sorted(examples)
+    assert sorted(b for batches in dealt for b in batches) == list(range(11))  # each once
 
 
 @pytest.mark.parametrize("option", ["keep_unit_counts", "resume", "device_map"])
@@ -196,8 +184,8 @@ def headprobe_run(out: Path, launcher: list[str]) -> None:
         str(out),
     ]
     # one intra-op thread in both runs: torchrun gives each rank one, and float sums (an argmax
-    # near a tie) depend on the thread count; with it, and ranks dealt whole engine chunks, the
-    # runs' batches and sums are the same, so even the masses are bit-identical
+    # near a tie) depend on the thread count; with it, and ranks dealt the one-process run's
+    # batches, the runs' batches and sums are the same, so even the masses are bit-identical
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

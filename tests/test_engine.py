@@ -111,13 +111,16 @@ def test_batch_size_and_order_do_not_change_counts(tiny):
         assert (pos.groupby(["layer", "head"]).hits.sum() == len(ex.words)).all()
 
 
-def test_a_one_shot_iterable_is_read_one_chunk_ahead(bert_family, monkeypatch):
-    """A generator (no len, read once) gives the list's counts, and the engine never takes more
-    than one chunk (`engine.CHUNK`) of examples ahead of those it has scored."""
+def test_a_one_shot_iterable_is_read_a_chunk_and_the_pool_ahead(bert_family, monkeypatch):
+    """A generator (no len, read once) gives the list's counts. The engine takes at most one
+    chunk (`engine.CHUNK`) of examples ahead of those it has scored, besides those waiting in
+    its pool, which holds at most `POOL_BATCHES` full batches of pieces; batches mix chunks."""
     examples = random_sentences(20)
     _, reference = run(bert_family.sdpa, bert_family.tokenizer, examples, batch_size=4)
     monkeypatch.setattr(engine_module, "CHUNK", 6)
-    taken, scored, ahead = [], [], []
+    monkeypatch.setattr(engine_module, "FULL_AT", 4)  # a full batch: 4 x 4 = 16 pieces
+    monkeypatch.setattr(engine_module, "POOL_BATCHES", 2)  # the pool: 32 pieces at most
+    taken, scored, ahead, batches = [], [], [], []
 
     def stream():
         for example in examples:
@@ -127,15 +130,20 @@ def test_a_one_shot_iterable_is_read_one_chunk_ahead(bert_family, monkeypatch):
     score = Engine._score
 
     def watched(self, batch):
-        ahead.append(len(taken) - len(scored))
+        pool = self._pass.pool
+        assert pool.pieces <= 32
+        ahead.append(len(taken) - len(scored) - len(pool))
+        batches.append(list(self._pass.queue[0]))
         score(self, batch)
         scored.extend(batch.examples)
 
     monkeypatch.setattr(Engine, "_score", watched)
     engine, counts = run(bert_family.sdpa, bert_family.tokenizer, stream(), batch_size=4)
     assert_same_counts(reference, counts)
-    assert engine.stats_["examples"] == len(scored) == 20
-    assert max(ahead) == 6 and len(taken) == 20
+    assert engine.stats_["examples"] == len(scored) == 20 and len(taken) == 20
+    assert max(ahead) <= 6
+    assert sorted(i for ordinals in batches for i in ordinals) == list(range(20))
+    assert any(len({i // 6 for i in ordinals}) > 1 for ordinals in batches)  # across chunks
 
 
 def test_layer_subset(bert_family):

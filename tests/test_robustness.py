@@ -162,12 +162,27 @@ def assert_same_tables(a: Results, b: Results) -> None:
         pd.testing.assert_frame_equal(a.table(name), b.table(name), check_exact=True, obj=name)
 
 
+def assert_same_table_files(a: Path, b: Path) -> None:
+    """Byte-identical table files (every table's .parquet and .csv)."""
+    names = sorted(p.name for p in a.iterdir() if p.suffix in store.TABLE_SUFFIXES)
+    assert names and names == sorted(
+        p.name for p in b.iterdir() if p.suffix in store.TABLE_SUFFIXES
+    )
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
 @pytest.fixture(scope="module")
-def clean(tiny_model, corpora, tmp_path_factory) -> Results:
+def clean_out(tiny_model, corpora, tmp_path_factory) -> Path:
     """One uninterrupted run: what a resumed run must give."""
     out = tmp_path_factory.mktemp("clean") / "results"
     assert main(run_args(tiny_model, out, corpora)) == 0
-    return Results.load(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def clean(clean_out) -> Results:
+    return Results.load(clean_out)
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +240,9 @@ def kill(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize("where", ["scoring", "saving"])
-def test_kill_then_resume(tiny_model, corpora, clean, old_results, tmp_path, capsys, where):
+def test_kill_then_resume(
+    tiny_model, corpora, clean, clean_out, old_results, tmp_path, capsys, where
+):
     """SIGKILL while scoring the sentences (after a checkpoint and two more batches), or
     half-way through writing the results (both scoring passes finished and checkpointed):
     --out still holds the complete old results, and --resume gives tables identical to an
@@ -244,7 +261,9 @@ def test_kill_then_resume(tiny_model, corpora, clean, old_results, tmp_path, cap
     state = json.loads((checkpoint / STATE).read_text())
     if where == "scoring":
         assert not state["passes"]["sentences"]["finished"] and "coreference" not in state["passes"]
-        assert len(state["passes"]["sentences"]["done_in_chunk"]) == EVERY * BATCH
+        sentences = state["passes"]["sentences"]
+        assert sentences["stats"]["examples"] == EVERY * BATCH  # 40 examples: one chunk
+        assert sentences["read"] == 40 and sentences["queued"] and sentences["waiting"]
     else:
         assert (
             state["passes"]["sentences"]["finished"] and state["passes"]["coreference"]["finished"]
@@ -257,6 +276,7 @@ def test_kill_then_resume(tiny_model, corpora, clean, old_results, tmp_path, cap
     resumed = Results.load(out)
     assert resumed.summary["run_id"] != old.summary["run_id"]
     assert_same_tables(resumed, clean)
+    assert_same_table_files(out, clean_out)
     for key in ("sentences", "coreference"):
         assert resumed.summary["runs"][key]["examples"] == clean.summary["runs"][key]["examples"]
     assert resumed.summary["skipped"] == clean.summary["skipped"]

@@ -25,12 +25,16 @@ class Prepared:
     alignments: list[Alignment]
     skipped: Counter = field(default_factory=Counter)
     skipped_sources: list[str] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)  # each kept example's index in the input list
 
 
 def prepare(examples: list[Example], tokenizer, max_length: int) -> Prepared:
-    kept, aligned, skipped, sources = [], [], Counter(), []
+    """`examples` tokenized (one batched call; an example's pieces do not depend on the others)
+    and checked: those that fit, with their alignments and their indices in `examples`, and the
+    skipped ones counted by reason."""
+    kept, aligned, skipped, sources, indices = [], [], Counter(), [], []
     alignments = align_examples(tokenizer, examples)  # words, or a probe's own token ids
-    for example, alignment in zip(examples, alignments):
+    for index, (example, alignment) in enumerate(zip(examples, alignments)):
         if len(alignment) > max_length:
             skipped["too_long"] += 1
             sources.append(f"{example.source}: {len(alignment)} pieces > {max_length}")
@@ -40,7 +44,8 @@ def prepare(examples: list[Example], tokenizer, max_length: int) -> Prepared:
         else:
             kept.append(example)
             aligned.append(alignment)
-    return Prepared(kept, aligned, skipped, sources)
+            indices.append(index)
+    return Prepared(kept, aligned, skipped, sources, indices)
 
 
 def bucket(prepared: Prepared, batch_size: int) -> list[list[int]]:
@@ -155,3 +160,71 @@ def iter_batches(
             from_mode=from_mode,
             causal=causal,
         )
+
+
+class Pool:
+    """Examples waiting for a batch, by exact length, kept across chunks of the corpus.
+
+        pool = Pool(batch_size=64, budget=64 * 64, bound=16 * 64 * 64)
+        for item, length in items:              # in corpus order; an item is anything
+            for batch in pool.add(item, length):    # batches: lists of items of one length
+                score(batch)
+        for batch in pool.drain():              # at the end of the corpus: the rest
+            score(batch)
+
+    A length's batch goes out when its waiting items reach `size(length)` = the batch size, or
+    fewer where `budget` (pieces x examples) is reached first, so long inputs make smaller
+    batches: a batch holds at most max(budget, length) pieces. The pool as a whole holds at
+    most `bound` pieces: past it, the fullest length (most pieces waiting; the longer on a tie)
+    goes out as it is, until the pool is back within the bound. What goes out depends only on
+    what the pool holds, never on when it was added: refilling an empty pool with the items
+    `waiting()` lists (in any order that keeps each length's items in theirs, e.g. corpus
+    order) gives back the same pool, and so the same batches (`restore`: a resumed run).
+    Within a length, items stay in the order they came.
+    """
+
+    def __init__(self, batch_size: int, budget: int, bound: int):
+        self.batch_size, self.budget, self.bound = int(batch_size), int(budget), int(bound)
+        self.by_length: dict[int, list] = {}  # length -> its waiting items, in order
+        self.pieces = 0  # sum of the waiting items' lengths
+
+    def size(self, length: int) -> int:
+        """Examples of `length` pieces in a full batch: the batch size, or fewer within the budget."""
+        return max(1, min(self.batch_size, self.budget // max(1, length)))
+
+    def add(self, item, length: int) -> list[list]:
+        """Add one item of `length` pieces; the batches that are due now (often none)."""
+        waiting = self.by_length.setdefault(length, [])
+        waiting.append(item)
+        self.pieces += length
+        out = [self._take(length)] if len(waiting) >= self.size(length) else []
+        while self.pieces > self.bound:
+            out.append(self._take(self._fullest()))
+        return out
+
+    def drain(self) -> list[list]:
+        """Every waiting item, as batches of one length each (longest first); the pool is empty."""
+        return [self._take(length) for length in sorted(self.by_length, reverse=True)]
+
+    def waiting(self) -> list[tuple]:
+        """(item, length) of every waiting item, in an order that `restore` rebuilds the pool from."""
+        return [(item, n) for n, items in self.by_length.items() for item in items]
+
+    def restore(self, waiting) -> None:
+        """Refill an empty pool with what `waiting()` listed (no batch is due on the way)."""
+        assert not self.by_length, "restore fills an empty pool"
+        for item, length in waiting:
+            self.by_length.setdefault(length, []).append(item)
+            self.pieces += length
+
+    def __len__(self) -> int:
+        return sum(map(len, self.by_length.values()))
+
+    def _fullest(self) -> int:
+        """The length with the most pieces waiting (the longer on a tie)."""
+        return max(self.by_length, key=lambda n: (len(self.by_length[n]) * n, n))
+
+    def _take(self, length: int) -> list:
+        items = self.by_length.pop(length)
+        self.pieces -= length * len(items)
+        return items

@@ -2,18 +2,20 @@
 
     <out's lock area>/checkpoint/
         state.json                   fingerprint of the run + per engine pass (`sentences`,
-                                     `coreference`): finished?, the chunk being scored, the
-                                     examples of that chunk already scored, engine stats
+                                     `coreference`): finished?, where the pass is
+                                     (`Engine.state`), engine stats
         tallies/<pass>/<tally key>.npz  the scorers' totals (constant size), buffered rows included
 
 A checkpoint is written whole into a new directory and swapped in (`atomic.replace_dir`),
-so a kill while writing leaves the previous checkpoint. What is done is kept as "every
-chunk before `chunk`, and these prepared-example indices of `chunk`" (chunks are
-`engine.CHUNK` consecutive examples in corpus order); the fingerprint holds the input
-files' SHA-256, the model and every option that changes a count, so `--resume` only
-continues a run with the same inputs and options. Totals add up in any order, and the
-engine rebuilds the batches of the interrupted chunk exactly, so a resumed run's tables
-are identical to an uninterrupted run's. The checkpoint is removed after a successful save.
+so a kill while writing leaves the previous checkpoint. Where a pass is, every example named
+by its ordinal in the corpus: the first `read` examples were read (each scored, skipped, or
+held), and of those held, the batches dealt and not yet scored (`queued`) and the examples
+`waiting` in the engine's pool for a batch (`inputs.batching.Pool`). The fingerprint holds the
+input files' SHA-256, the model, the batching and every option that changes a count, so
+`--resume` only continues a run with the same inputs and options. Totals add up in any order,
+and the engine rebuilds the queued batches and the pool exactly (the pool's batches depend on
+what it holds, not on when it was filled), so a resumed run makes the uninterrupted run's
+batches and its tables are identical. The checkpoint is removed after a successful save.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class Checkpoint:
         return state
 
     def save(self, key: str, scorers, state: dict) -> None:
-        """Write the totals of pass `key` and its `state` (chunk, done_in_chunk, stats, finished)."""
+        """Write the totals of pass `key` and its `state` (`Engine.state`, finished)."""
         with atomic.staging(self.out, of=atomic.CHECKPOINT) as new:
             (new / TALLIES / key).mkdir(parents=True)
             for scorer in scorers:

@@ -11,12 +11,14 @@ one) nothing here does anything, and a run is exactly the single-process run.
 
 What each rank does (`headprobe.api.run` calls these):
 
-- **shard**: rank r scores chunks r, r + N, r + 2N, ... of each corpus, in corpus order
-  (round-robin over the engine's chunks of `CHUNK` examples, N = world size; `shard`).
-  Deterministic and lazy (nothing is copied); each rank's chunks are chunks of the
-  one-process run, so its batches, and the float sums inside them, are the same. A unit (document) may span ranks: its
-  fold and bootstrap weights are functions of its id (METHODS §5), so its counts land in
-  the same cells on whichever rank scores them, and tallies add linearly.
+- **deal**: every rank reads and tokenizes the whole corpus and makes the one-process run's
+  batches (the engine's pool, `inputs.batching.Pool`, decides them from the corpus alone);
+  rank r scores batches r, r + N, r + 2N, ... of them (round-robin, N = world size; `owns`).
+  Each batch is a one-process batch, so the float sums inside it are the same; tokenizing is
+  repeated on every rank (EWT dev: a fraction of a second), the model passes are not. A unit
+  (document) may span ranks: its fold and bootstrap weights are functions of its id
+  (METHODS §5), so its counts land in the same cells on whichever rank scores them, and
+  tallies add linearly.
 - **merge**: after every pass, the per-pass statistics (examples, words, skipped inputs)
   are gathered (`reduce_stats`); at the end the ranks agree on the union of their
   labels (`all_gather_object`), create the labels they lack, and sum every total of every
@@ -61,7 +63,7 @@ class World:
         return {
             "world_size": self.size,
             "backend": self.backend,
-            "sharding": "round-robin over chunks of examples in corpus order (rank r: chunks r, r + N, ...)",
+            "sharding": "round-robin over the one-process run's batches (rank r: batches r, r + N, ...)",
             "merge": "all-reduce (sum) of every tally total; rank 0 writes",
         }
 
@@ -154,35 +156,11 @@ def for_run(
     return world, device, (out if world.main else None), 0, progress and world.main
 
 
-class Shard:
-    """Blocks `rank`, `rank + size`, ... of `block` consecutive examples of an iterable (lazily;
-    `len` when the source has one). With `block` = the engine's chunk, each rank's chunks are
-    chunks of the one-process run, so every batch, and every float sum, is the same."""
-
-    def __init__(self, examples, rank: int, size: int, block: int = 1):
-        self.examples, self.rank, self.size, self.block = examples, rank, size, block
-        for name in ("name", "skipped", "counts"):  # what a corpus object carries besides examples
-            if hasattr(examples, name):
-                setattr(self, name, getattr(examples, name))
-
-    def __iter__(self):
-        for index, example in enumerate(self.examples):
-            if index // self.block % self.size == self.rank:
-                yield example
-
-    def __len__(self) -> int:
-        n = len(self.examples)
-        return sum(
-            min(start + self.block, n) - start
-            for start in range(self.rank * self.block, n, self.size * self.block)
-        )
-
-
-def shard(examples, world: World | None = None, block: int = 1):
-    """This rank's share of `examples`: blocks of `block` examples dealt round-robin in corpus
-    order (`block` = `engine.CHUNK` in a run); all of it in one process."""
+def owns(batch: int, world: World | None = None) -> bool:
+    """Does this rank score batch number `batch` (from 0, in the order the engine makes them)?
+    Rank r scores batches r, r + N, ...; one process scores every batch."""
     world = world or current()
-    return examples if world.size <= 1 else Shard(examples, world.rank, world.size, block)
+    return world.size <= 1 or batch % world.size == world.rank
 
 
 def _source_key(text: str):

@@ -38,11 +38,12 @@ it, `end_batch(state)` commits it to the tallies.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -52,7 +53,7 @@ from tqdm.auto import tqdm
 
 from headprobe.core.atomic import test_pause
 from headprobe.inputs.align import WORD
-from headprobe.inputs.batching import Batch, bucket, prepare
+from headprobe.inputs.batching import Batch, Pool, prepare
 from headprobe.inputs.conventions import get_conventions
 from headprobe.model.capture import (
     AttentionCapture,
@@ -64,16 +65,23 @@ from headprobe.model.capture import (
 )
 from headprobe.model.sites import attention_sites
 from headprobe.scoring.base import ReadsConventions, RunsModel
+from headprobe.scoring.distributed import World, owns
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
 
 if TYPE_CHECKING:
     from headprobe.config import RunConfig
 
 TRIM_EVERY = 64  # batches between heap trims on CPU
-# examples tokenized and bucketed together: the prepared chunk is the part of the corpus held
-# in memory (EWT dev x8, MiniLM: peak 849 MB at 1,024 vs 989 MB at 4,096, against 771 / 777 MB
-# for EWT dev x1; benchmarks/whole_run.py memory)
+# examples read and tokenized together (one batched tokenizer call); they then wait in the pool
 CHUNK = 1024
+# a batch is full at the batch size or at batch size x FULL_AT pieces, whichever comes first:
+# sentences up to 64 pieces (99.3% of EWT dev's with MiniLM) fill whole batches, a longer input
+# makes a smaller one, so the largest batch (activations ~ pieces x examples) does not grow as
+# the pool fills batches of long inputs that a chunk rarely filled
+FULL_AT = 64
+# the pool holds at most this many full batches of pieces (65,536 at batch size 64), then lets
+# its fullest lengths go: examples held do not grow with the corpus (benchmarks/batch_fill.py)
+POOL_BATCHES = 16
 
 
 def chunked(items, size: int):
@@ -399,13 +407,22 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 @dataclass
 class _Pass:
-    """One `Engine.run` in progress: when it started, its checkpoint hook, heap trimmer, bar, batches done."""
+    """One `Engine.run` in progress: when it started, its checkpoint hook, heap trimmer, bar,
+    batches done; the examples read so far (`read`, counted in corpus order), those read and
+    not yet scored (`held`: ordinal -> (example, alignment)), the pool they wait in, the batches
+    dealt so far (`dealt`) and those this rank is to score next (`queue`: lists of ordinals)."""
 
     start: float
     checkpoint: object
     trim: object
     bar: object
+    pool: Pool
+    world: World
     batches: int = 0
+    read: int = 0
+    dealt: int = 0
+    held: dict = field(default_factory=dict)
+    queue: list = field(default_factory=list)
 
 
 def total_words(examples) -> int | None:
@@ -517,43 +534,50 @@ class Engine:
         for scorer in self.model_scorers:
             scorer.use_model(self.model, self.tokenizer, stack=self.stack)
 
-    def run(self, examples, checkpoint=None) -> dict:
+    def run(self, examples, checkpoint=None, world: World | None = None) -> dict:
         """Score `examples` (any iterable, read once: a lazy `corpora.base.Stream` is never held
-        whole), `CHUNK` examples at a time: each chunk is tokenized, bucketed by exact length and
-        scored, then let go, so memory does not grow with the corpus. Counts do not depend on the
-        chunking (no padding: a sentence's attention is the same in any batch).
+        whole). The corpus is read and tokenized `CHUNK` examples at a time; each example then
+        waits in a `batching.Pool` with the others of its exact piece count, across chunks, until
+        they make a full batch (the batch size, or fewer within batch size x `FULL_AT` pieces),
+        the pool grows past `POOL_BATCHES` full batches of pieces, or the corpus ends. Memory does not
+        grow with the corpus (a chunk, the pool, one batch), and counts do not depend on the
+        batching (no padding: a sentence's attention is the same in any batch).
 
         checkpoint: None, or an object with `every` (batches), `start` (None, or the state a
-        previous `save` was given: chunks before `chunk` are done, and the prepared examples
-        `done_in_chunk` of chunk `chunk`; `stats`) and `save(engine, state)`, called every
-        `every` batches with that state. A run started from a state rebuilds the batches of
-        the interrupted chunk exactly as they were, leaving out the examples already scored."""
+        previous `save` was given: `Engine.state`) and `save(engine, state)`, called every
+        `every` batches. A run started from a state reads past the examples read before,
+        tokenizes again those it held unscored, and rebuilds the same batches.
+
+        world: the torchrun world (`distributed.World`; None: one process). Every rank reads
+        the whole corpus and makes the same batches; it scores those `distributed.owns` deals
+        it, so each batch is a one-process batch."""
         resume = checkpoint.start if checkpoint is not None else None
         start = self._start_stats(resume)
-        self._pass = _Pass(
+        budget = self.batch_size * FULL_AT  # pieces x examples of a full batch
+        run = self._pass = _Pass(
             start,
             checkpoint,
             heap_trimmer() if self.device.type == "cpu" else None,
             tqdm(
                 total=total_words(examples), unit="word", desc=self.desc, disable=not self.progress
             ),
+            Pool(self.batch_size, budget, POOL_BATCHES * budget),
+            world or World(),
         )
         # the decoder reads the start token and the sentence: one piece more
         limit = max_length(self.model, self.tokenizer) - (
             self.sites.encoder_decoder and self.stack != "encoder"
         )
-        for number, chunk in enumerate(chunked(examples, CHUNK)):
-            if resume and number < resume["chunk"]:  # scored before the checkpoint
-                self._pass.bar.update(sum(len(ex.words) for ex in chunk))
-                continue
-            resumed = (
-                bool(resume) and number == resume["chunk"]
-            )  # its skips and sizes are in the stats
-            finished = set(resume["done_in_chunk"]) if resumed else set()
-            self._score_chunk(
-                number, chunk, prepare(chunk, self.tokenizer, limit), finished, resumed
-            )
-        self._pass.bar.close()
+        chunks = chunked(examples, CHUNK)
+        if resume:
+            self._resume(chunks, resume, limit)
+            self._score_queue()
+        for chunk in chunks:
+            self._read(chunk, limit)
+            self._score_queue()
+        self._deal(run.pool.drain())  # the corpus ended: what waits, in partial batches
+        self._score_queue()
+        run.bar.close()
         for scorer in self.scorers:
             scorer.finish()
         self.stats_.update(
@@ -588,56 +612,82 @@ class Engine:
             start -= saved["seconds"]
         return start
 
-    def _score_chunk(
-        self, number: int, chunk: list, prepared, finished: set[int], resumed: bool
-    ) -> None:
-        """Score one prepared chunk; `resumed`: the chunk a checkpoint stopped in (its skips and sizes
-        are in the restored stats already), `finished`: its examples scored before."""
-        bar = self._pass.bar
-        unscored = sum(len(ex.words) for ex in chunk)  # words never scored: skipped examples
-        if resumed:
-            unscored -= sum(
-                prepared.alignments[i].n_words
-                for i in range(len(prepared.examples))
-                if i not in finished
-            )
-        else:
+    def _read(self, chunk: list, limit: int) -> None:
+        """Tokenize one chunk of the corpus, count its skipped examples (one rank counts them:
+        every rank reads them), and add the others to the pool; the batches due are dealt."""
+        run = self._pass
+        first, run.read = run.read, run.read + len(chunk)
+        prepared = prepare(chunk, self.tokenizer, limit)
+        if run.world.main:
             self.stats_["skipped"].update(prepared.skipped)
             self.stats_["skipped_sources"] += prepared.skipped_sources
-            self.stats_["examples"] += len(prepared.examples)
-            self.stats_["words"] += sum(a.n_words for a in prepared.alignments)
-            unscored -= sum(a.n_words for a in prepared.alignments)
-        bar.update(unscored)
-        queue = bucket(prepared, self.batch_size)
-        if finished:
-            queue = [
-                kept
-                for kept in ([i for i in batch if i not in finished] for batch in queue)
-                if kept
-            ]
-        while queue:
-            indices = queue.pop(0)
-            batch = self._batch(prepared, indices)
-            words = batch.n_real_words
+        unscored = sum(len(ex.words) for ex in chunk)  # the skipped examples' words
+        run.bar.update(unscored - sum(a.n_words for a in prepared.alignments))
+        for index, example, alignment in zip(prepared.kept, prepared.examples, prepared.alignments):
+            run.held[first + index] = (example, alignment)
+            self._deal(run.pool.add(first + index, len(alignment)))
+
+    def _deal(self, batches: list[list[int]]) -> None:
+        """Queue the batches (lists of ordinals) this rank scores; let go of the others."""
+        run = self._pass
+        for ordinals in batches:
+            if owns(run.dealt, run.world):
+                run.queue.append(ordinals)
+            else:
+                run.bar.update(sum(run.held.pop(i)[1].n_words for i in ordinals))
+            run.dealt += 1
+
+    def _resume(self, chunks, resume: dict, limit: int) -> None:
+        """Continue from a checkpoint's `state`: read past the examples it had read, keeping those
+        it held unscored (`queued` batches, `waiting` in the pool), tokenize them again (an
+        example's pieces do not depend on its chunk) and put them back where they were."""
+        run = self._pass
+        queued, waiting = resume["queued"], resume["waiting"]
+        wanted = {i for ordinals in queued for i in ordinals} | set(waiting)
+        kept = {}  # ordinal -> example, in corpus order
+        for chunk in itertools.islice(chunks, -(-resume["read"] // CHUNK)):
+            for example in chunk:
+                if run.read in wanted:
+                    kept[run.read] = example
+                else:  # scored or skipped before
+                    run.bar.update(len(example.words))
+                run.read += 1
+        prepared = prepare(list(kept.values()), self.tokenizer, limit)
+        if len(prepared.kept) != len(wanted) or run.read != resume["read"]:
+            raise RuntimeError("the checkpoint's examples are not those of this corpus")
+        run.held = dict(zip(kept, zip(prepared.examples, prepared.alignments)))
+        run.queue = [list(ordinals) for ordinals in queued]
+        run.pool.restore([(i, len(run.held[i][1])) for i in waiting])
+
+    def _score_queue(self) -> None:
+        """Score the queued batches in order. A batch that runs out of memory is retried in
+        halves (each its own batch; nothing is committed twice: a batch's state is a value of
+        `_score`, committed only at its end)."""
+        run = self._pass
+        while run.queue:
+            ordinals = run.queue[0]
+            batch = self._batch(ordinals)
             try:
                 self._score(batch)
             except (torch.OutOfMemoryError, RuntimeError) as exc:
-                if not is_out_of_memory(exc) or len(indices) == 1:
+                if not is_out_of_memory(exc) or len(ordinals) == 1:
                     raise
                 del batch
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
-                half = len(indices) // 2
+                half = len(ordinals) // 2
                 self.batch_size_ = max(1, half)
-                queue[:0] = [indices[:half], indices[half:]]
+                run.queue[:1] = [ordinals[:half], ordinals[half:]]
                 continue
-            for i in indices:  # scored: this run needs its pieces no more
-                prepared.alignments[i] = None
-            finished.update(indices)
-            bar.update(words)
-            self._batch_done(number, finished)
+            run.queue.pop(0)
+            for i in ordinals:  # scored: this run needs its pieces no more
+                del run.held[i]
+            self.stats_["examples"] += len(batch)
+            self.stats_["words"] += batch.n_real_words
+            run.bar.update(batch.n_real_words)
+            self._batch_done()
 
-    def _batch_done(self, number: int, finished: set[int]) -> None:
+    def _batch_done(self) -> None:
         """After each batch: the occasional heap trim and checkpoint, and the test pause point."""
         run = self._pass
         run.batches += 1
@@ -648,31 +698,34 @@ class Engine:
             and run.checkpoint.every
             and run.batches % run.checkpoint.every == 0
         ):
-            run.checkpoint.save(self, self.state(number, finished, run.start))
+            run.checkpoint.save(self, self.state())
         test_pause("scoring")
 
-    def state(self, chunk: int, finished, start: float) -> dict:
-        """Where the run is (for a checkpoint): chunks before `chunk` done, `finished` of it."""
+    def state(self) -> dict:
+        """Where the run is (for a checkpoint), every example by its ordinal in the corpus:
+        `read` examples read (each scored, skipped, or held); of those held, the batches dealt
+        to this rank and not yet scored (`queued`, in order) and those `waiting` in the pool."""
+        run = self._pass
         stats = dict(
             self.stats_,
             skipped=dict(self.stats_["skipped"]),
             skipped_sources=list(self.stats_["skipped_sources"]),
-            seconds=time.perf_counter() - start,
+            seconds=time.perf_counter() - run.start,
             batch_size=self.batch_size_,
         )
         return {
-            "chunk": chunk,
+            "read": run.read,
             "chunk_size": CHUNK,
-            "done_in_chunk": sorted(finished),
+            "queued": [list(ordinals) for ordinals in run.queue],
+            "waiting": sorted(i for i, _ in run.pool.waiting()),
             "stats": stats,
         }
 
-    def _batch(self, prepared, indices) -> Batch:
-        alignments = [
-            self.sites.scoring_alignment(prepared.alignments[i], self.stack) for i in indices
-        ]
+    def _batch(self, ordinals: list[int]) -> Batch:
+        held = self._pass.held
+        alignments = [self.sites.scoring_alignment(held[i][1], self.stack) for i in ordinals]
         return Batch(
-            [prepared.examples[i] for i in indices],
+            [held[i][0] for i in ordinals],
             alignments,
             self.pad_id,
             device=self.device,
