@@ -220,7 +220,21 @@ def _analyses(flag, value, values) -> list[str]:
         for a in registry.analyses()
         if a.added_by and values.get(a.added_by) and a.name not in wanted
     ]
+    _check_probes(wanted + added, values["probe"])
     return wanted + added
+
+
+def _check_probes(names: list[str], probe) -> None:
+    """An analysis defined on one probe only (`Analysis.probe`) needs that probe."""
+    for name in names:
+        analysis = registry.get(name)
+        if analysis.probe is not None and probe != analysis.probe:
+            asked = f"{flag(analysis.added_by)} (analysis {name})" if analysis.added_by else name
+            raise checks.UsageError(
+                f"{asked} reads the {analysis.probe} probe, not "
+                f"{'a sentence corpus' if probe is None else f'--probe {probe}'}: "
+                f"add --probe {analysis.probe}"
+            )
 
 
 def _on_stack(stack, wanted: list[str], named: bool, probe) -> list[str]:
@@ -580,6 +594,16 @@ class RunConfig:
         flag="--prune-curve",
         action="store_true",
         check=_switch,
+    )
+    retrieval_check: int | None = option(
+        None,
+        ADDED,
+        flag="--retrieval-check",
+        type=int,
+        metavar="K",
+        check=_maybe_at_least(1, " heads"),
+        record=GIVEN,
+        record_at=28,
     )
     measure: str | tuple = option(
         ",".join(DEFAULT_MEASURES),
