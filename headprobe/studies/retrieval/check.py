@@ -29,9 +29,12 @@ a paired one (same probes, same resamples). The conditions and their heads are i
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from headprobe.core.errors import UsageError
 from headprobe.core.seeds import keyed_hash
@@ -39,7 +42,7 @@ from headprobe.inputs.needle import NEEDLE, recalled
 from headprobe.model.decoding import decode, stop_tokens
 from headprobe.model.gates import HeadGates
 from headprobe.model.head_effects import gated_rows
-from headprobe.model.objectives import Objective
+from headprobe.model.objectives import IGNORE
 from headprobe.model.sites import attention_sites, model_device
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, register
@@ -55,6 +58,7 @@ from headprobe.studies.retrieval.analysis import (
 
 CHECK = "retrieval_check"
 DRAWS = 5  # random draws of k heads
+ROWS = 16  # rows (probe x condition) decoded or scored in one call at most
 NONE, TOP, RANDOM = "none", "retrieval", "random"
 RECALL, LOGPROB = "recalled", "logprob"
 OBJECTIVE = (
@@ -96,6 +100,36 @@ def conditions(scores: pd.DataFrame, k: int, seed: int, draws: int = DRAWS) -> l
         picked = rng.choice(len(others), size=k, replace=False)
         out.append((f"{RANDOM} {d}", sorted(others[i] for i in picked)))
     return out
+
+
+class AnswerLogProb:
+    """The objective `head_effects.gated_rows` scores here: per row, minus the summed log p of the
+    answer's tokens of `Prompts.forced` targets (an NLL, as `objectives.Objective.per_row` gives),
+    with logits only where an answer token is predicted: the answers end every row (left
+    padding), so the model is asked for the last `width` positions' logits (`logits_to_keep`, where
+    its forward takes it), not [row, piece, vocabulary]."""
+
+    def __init__(self, stack: str | None = None):
+        self.stack = stack
+
+    def per_row(self, model, targets) -> tuple[torch.Tensor, torch.Tensor]:
+        """([row] summed NLL of the answer's tokens, [row] tokens)."""
+        labels = targets.labels  # [row, piece]: the answer's tokens, IGNORE elsewhere
+        scored = (labels != IGNORE).any(0).nonzero()  # columns holding an answer token
+        width = labels.shape[1] - int(scored.min()) + 1  # from the position before the first
+        keep = {"logits_to_keep": width} if _takes(model, "logits_to_keep") else {}
+        logits = model(**targets.inputs, **keep).logits[:, -width:].float()  # [row, width, vocab]
+        nll = F.cross_entropy(
+            logits[:, :-1].transpose(1, 2),
+            labels[:, -width + 1 :],
+            ignore_index=IGNORE,
+            reduction="none",
+        )  # [row, width - 1]
+        return nll.sum(-1), (labels != IGNORE).sum(-1).to(nll.dtype)
+
+
+def _takes(model, name: str) -> bool:
+    return name in inspect.signature(model.forward).parameters
 
 
 class RetrievalCheckScorer(ModelScorer):
@@ -153,7 +187,7 @@ class RetrievalCheckScorer(ModelScorer):
         self.stack = stack
         sites = attention_sites(model)
         self.shape = (sites.n_layers(stack), sites.n_heads(stack))
-        self.lm = Objective("causal_lm", stack=stack)
+        self.lm = AnswerLogProb(stack)
 
     def gates(self, rows: int, device) -> torch.Tensor:
         """[condition * rows, layer, head]: each condition's gates (its heads 0), `rows` times,
@@ -166,18 +200,26 @@ class RetrievalCheckScorer(ModelScorer):
 
     def recalled_under(self, model, examples, prompts: Prompts) -> np.ndarray:
         """[probe, condition] 0/1: the greedy response under each condition recalls the answer;
-        every condition's copy of the batch decoded together."""
+        the conditions' copies of the batch decoded together, up to `ROWS` rows at a time."""
         c, b = len(self.groups), len(prompts)
-        with HeadGates(model, self.gates(b, prompts.ids.device), stack=self.stack):
-            out = decode(
-                model,
-                prompts.ids.repeat(c, 1),
-                attention_mask=prompts.mask.repeat(c, 1),
-                stop=self.stops,
-                layers=[],
-                pad_id=self.pad_id,
-            )
-        texts = [self.tokenizer.decode(out.row(r), skip_special_tokens=True) for r in range(c * b)]
+        gates = self.gates(b, prompts.ids.device)  # [condition * probe, layer, head]
+        step = max(1, ROWS // b) * b
+        texts = []
+        for start in range(0, c * b, step):
+            rows = slice(start, min(start + step, c * b))
+            with HeadGates(model, gates[rows], stack=self.stack):
+                out = decode(
+                    model,
+                    prompts.ids.repeat(c, 1)[rows],
+                    attention_mask=prompts.mask.repeat(c, 1)[rows],
+                    stop=self.stops,
+                    layers=[],
+                    pad_id=self.pad_id,
+                )
+            texts += [
+                self.tokenizer.decode(out.row(r), skip_special_tokens=True)
+                for r in range(len(out.ids))
+            ]
         answers = [example.meta["answer"] for example in examples] * c
         got = [recalled(text, answer) for text, answer in zip(texts, answers)]
         return np.asarray(got, dtype=np.float64).reshape(c, b).T
@@ -193,7 +235,7 @@ class RetrievalCheckScorer(ModelScorer):
             prompts.forced(self.pad_id),
             self.lm,
             [heads for _, heads in self.groups],
-            copies=len(self.groups),
+            copies=max(1, ROWS // len(prompts)),
         )  # [probe, condition]: summed over the answer's tokens
         keys, n, values = [], [], []
         for b, example in enumerate(batch.examples):
