@@ -204,11 +204,12 @@ def _analyses(flag, value, values) -> list[str]:
         value = [name.strip() for name in value.split(",") if name.strip()]
     if not value:
         wanted = [a.name for a in registry.analyses() if a.default]
-        if values["probe"] is not None:  # the token analyses that read attention
-            wanted += [
+        if values["probe"] is not None:  # the token analyses that read attention, and those
+            wanted += [  # defined on this probe alone (the needle probe's retrieval heads)
                 a.name
                 for a in registry.analyses(registry.PROBE)
                 if not issubclass(a.scorer, RunsModel)
+                or (a.probe == values["probe"] and not a.added_by)
             ]
     else:
         for name in value:
@@ -325,7 +326,7 @@ def _probe_help() -> str:
         "repeated-random = random tokens repeated twice (Olsson et al. 2022); needle = a fact hidden "
         "in a long text and a question about it, answered greedily (causal language models; "
         "--needles, --needle-lengths, --needle-depths); without --analyses every "
-        "token analysis runs on it. Without a probe, token analyses named in --analyses read the "
+        "token analysis that reads attention runs on it, and those defined on that probe alone. Without a probe, token analyses named in --analyses read the "
         "sentence corpus at piece level"
     )
 

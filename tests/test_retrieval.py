@@ -415,3 +415,29 @@ def test_empty_haystack_refused_before_the_model_loads(tmp_path):
     model = SimpleNamespace()  # not a model: a run that got past the checks would fail on it
     with pytest.raises(headprobe.checks.UsageError, match="holds no sentence: an empty haystack"):
         headprobe.run(probe="needle", treebank=str(empty), loaded=(model, TOK, "x"), device="cpu")
+
+
+def test_nothing_recalled_no_heads_and_no_check(files):
+    """A model that never answers right: every probe in the success map, no head scored, the
+    check not run and saying why."""
+    model = answering(planted_llama(), {ID[":"]: ID["dog"]})  # the last hook decides: "dog"
+    results = headprobe.run(
+        probe="needle",
+        needles=str(files / "needles.jsonl"),
+        treebank=str(files / "hay.conllu"),
+        needle_lengths="25",
+        needle_depths=2,
+        retrieval_check=1,
+        loaded=(model, TOK, "wrong"),
+        device="cpu",
+        progress=False,
+        n_boot=5,
+    )
+    assert results.summary["analyses"][-2:] == ["retrieval", "retrieval_check"]  # the default
+    assert results.retrieval_success["recalled"].sum() == 0
+    assert results.retrieval_success["probes"].sum() == 4
+    assert not len(results.retrieval_heads) and not len(results.retrieval_check)
+    assert "no probe was recalled" in results.summary["retrieval_check"]["note"]
+    from headprobe.studies.retrieval.check import console_text
+
+    assert "not run (no probe was recalled" in console_text(results, "retrieval_check")

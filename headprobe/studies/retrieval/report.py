@@ -105,8 +105,9 @@ def _held_out(results, analysis: str) -> str:
     if not len(rows):
         return ""
     r = rows.iloc[0]
-    if pd.isna(r["accuracy"]):
-        return f"Held out: {r['note']}." if r.get("note") else ""
+    if pd.isna(r["accuracy"]) or not r["heads"] or pd.isna(r["heads"]):
+        note = r.get("note")
+        return f"Held out: {note}." if isinstance(note, str) and note else ""
     return (
         f"Held out (the best head chosen on one half of the recalled probes, its score read on the "
         f"other, both halves pooled): heads {r['heads']}, mean copy score "
