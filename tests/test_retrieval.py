@@ -1,14 +1,16 @@
 """Retrieval heads and their causal check (`headprobe.studies.retrieval`, METHODS §16).
 
-The copy rule on hand-built rows (every number worked out by hand), and a planted model end to
-end: a tiny Llama with grouped-query attention (4 query heads over 2 KV heads) whose layer-0
-weights are set by hand so that query head 0 attends most to the token "blue" wherever it is
-(its query a constant along one feature, the keys of KV head 0 that feature of "blue"'s
-embedding alone; RoPE's rotation made negligible on those dimensions), while query head 1,
-sharing its KV head, has a zero query (uniform attention: its argmax is position 0). A forward
-hook makes the model answer "blue" and stop at every needle probe, so a probe whose answer is
-"blue" is recalled and one whose answer is "red" is not. Word-level tokenizer: every word and
-punctuation mark one token.
+The copy rule on hand-built rows (every number worked out by hand), and planted models end to
+end. A forward hook makes the model answer "dark blue" and stop at every needle probe (at a
+decoding step, one token in, it picks the next token of a script), so a probe whose answer is
+"dark blue" is recalled and one whose answer is "bright red" is not. The layer-0 weights of a
+tiny Llama with grouped-query attention (4 query heads over 2 KV heads) are set by hand so that
+query head 0 copies the answer: its key features mark "dark" and "blue", its query from ":"
+(the prompt's last token, fed at step 0) looks for "dark" and its query from "dark" (fed at
+step 1) looks for "blue" (RoPE's rotation made negligible on those dimensions); query head 1,
+sharing its KV head, has a zero query (uniform attention: its argmax is position 0). So head 0
+copies at both steps of a two-token answer (score 2 / 2 = 1) and head 1 never (0). The same
+plant in a tiny GPT-2. Word-level tokenizer: every word and punctuation mark one token.
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ from headprobe.studies.retrieval.analysis import (
 
 HAY = ["The dog ran home .", "A cat sat down .", "We ate two pears .", "It rained all day ."]
 NEEDLES = [
-    dict(needle="The key is blue .", question="What colour is the key ?", answer="blue"),
-    dict(needle="The box is red .", question="What colour is the box ?", answer="red"),
+    dict(needle="The key is dark blue .", question="What colour is the key ?", answer="dark blue"),
+    dict(
+        needle="The box is bright red .", question="What colour is the box ?", answer="bright red"
+    ),
 ]
 
 
@@ -81,31 +85,35 @@ def answering(model, script: dict[int, int]):
     return model
 
 
-SCRIPT = {ID[":"]: ID["blue"], ID["blue"]: ID["</s>"]}  # answer "blue", then stop
+SCRIPT = {ID[":"]: ID["dark"], ID["dark"]: ID["blue"]}  # answer "dark blue", then </s>
+# hidden features 0-3 (zeroed for every other token): the keys "dark" (0) and "blue" (1), the
+# queries of ":" (2, looking for "dark") and of "dark" (3, looking for "blue")
+FEATURES = {"dark": (0, 3), "blue": (1,), ":": (2,)}
+
+
+def mark(embedding: torch.Tensor) -> None:
+    embedding[:, :4] = 0.0
+    for word, features in FEATURES.items():
+        for feature in features:
+            embedding[ID[word], feature] = 4.0
 
 
 def planted_gpt2(seed: int = 0) -> GPT2LMHeadModel:
-    """The same plant in GPT-2 (no GQA, absolute positions zeroed, LayerNorm before attention):
-    query head 0 along key feature 0 of "blue", query head 1 zero."""
+    """GPT-2 (no GQA, absolute positions zeroed, LayerNorm before attention), head_dim 4: query
+    head 0 reads features 2, 3 onto dims 0, 1, its keys features 0, 1; query head 1 zero."""
     config = GPT2Config(
-        vocab_size=len(TOK),
-        n_embd=16,
-        n_layer=2,
-        n_head=4,
-        n_positions=128,
-        eos_token_id=ID["</s>"],
+        vocab_size=len(TOK), n_embd=16, n_layer=2, n_head=4, n_positions=128, eos_token_id=1
     )
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config).eval()
     with torch.no_grad():
         model.transformer.wpe.weight.zero_()
-        model.transformer.wte.weight[:, 0] = 0.0
-        model.transformer.wte.weight[ID["blue"], 0] = 4.0
+        mark(model.transformer.wte.weight)
         c_attn = model.transformer.h[0].attn.c_attn  # Conv1D [in, q | k | v]
         c_attn.weight[:, 0:8], c_attn.bias[0:8] = 0.0, 0.0  # queries of heads 0, 1
-        c_attn.bias[0] = 10.0  # head 0: along dim 0; head 1: zero
         c_attn.weight[:, 16:20], c_attn.bias[16:20] = 0.0, 0.0  # keys of head 0
-        c_attn.weight[0, 16] = 10.0  # its key: feature 0 on dim 0
+        for query, key, dim in ((2, 0, 0), (3, 1, 1)):
+            c_attn.weight[query, dim], c_attn.weight[key, 16 + dim] = 10.0, 10.0
     return answering(model, SCRIPT)
 
 
@@ -114,6 +122,8 @@ def planted(name: str):
 
 
 def planted_llama(seed: int = 0) -> LlamaForCausalLM:
+    """Llama, head_dim 8, RoPE's slowest pair (dims 3, 7) turning 1e-6 rad per position: query
+    head 0 reads features 2, 3 onto dims 3, 7, KV head 0's keys features 0, 1; query head 1 zero."""
     config = LlamaConfig(
         vocab_size=len(TOK),
         hidden_size=16,
@@ -123,8 +133,7 @@ def planted_llama(seed: int = 0) -> LlamaForCausalLM:
         num_key_value_heads=2,  # query heads 0, 1 read KV head 0
         head_dim=8,
         max_position_embeddings=128,
-        attention_bias=True,
-        rope_theta=1e8,  # dims 3 and 7 turn by 1e-6 rad per position: no rotation to speak of
+        rope_theta=1e8,
         bos_token_id=None,
         eos_token_id=ID["</s>"],
         pad_token_id=None,
@@ -132,13 +141,12 @@ def planted_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] = 0.0
-        model.model.embed_tokens.weight[ID["blue"], 0] = 4.0  # feature 0: "blue" alone
+        mark(model.model.embed_tokens.weight)
         attention = model.model.layers[0].self_attn
-        attention.k_proj.weight[:8], attention.k_proj.bias[:8] = 0.0, 0.0  # KV head 0
-        attention.k_proj.weight[3, 0] = 10.0  # its key: feature 0 on dim 3
-        attention.q_proj.weight[:16], attention.q_proj.bias[:16] = 0.0, 0.0  # query heads 0, 1
-        attention.q_proj.bias[3] = 10.0  # query head 0: along dim 3; query head 1: zero
+        attention.k_proj.weight[:8] = 0.0  # KV head 0
+        attention.q_proj.weight[:16] = 0.0  # query heads 0, 1
+        for query, key, dim in ((2, 0, 3), (3, 1, 7)):
+            attention.q_proj.weight[dim, query], attention.k_proj.weight[dim, key] = 10.0, 10.0
     return answering(model, SCRIPT)
 
 
@@ -175,7 +183,7 @@ def run(files, depths: int, name: str = "llama", **options):
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def results(files, request):
-    """32 depths x 2 needles: the 32 "blue" probes are recalled, the 32 "red" ones are not."""
+    """32 depths x 2 needles: the 32 "dark blue" probes are recalled, the 32 others are not."""
     return run(files, 32, request.param, analyses=["retrieval"])
 
 
@@ -241,7 +249,7 @@ def test_role_needs_mean_lower_end_and_probes():
 # ------------------------------------------------------------------------------ planted model
 def test_planted_head_scores_one_and_its_kv_partner_zero(results):
     heads = results.retrieval_heads.set_index(["layer", "head"])
-    # only the 32 recalled ("blue") probes count: the 32 failed ones add nothing
+    # only the 32 recalled ("dark blue") probes count: the 32 failed ones add nothing
     assert (heads["n"] == 32).all()
     assert heads.loc[(0, 0), ["score", "ci_low", "ci_high", "fold0", "fold1"]].tolist() == [1.0] * 5
     assert heads.loc[(0, 1), "score"] == 0.0  # (Llama: the same KV head) its own query
@@ -307,23 +315,20 @@ def _needles():
     ]
 
 
-def test_forced_targets_score_the_answer_alone():
+def test_forced_tokens_are_each_answers_own():
     examples = [
         next(iter(needle_stream(TOK, [n], [length], 1, HAY)))
         for n, length in zip(_needles(), (25, 15))
     ]
     prompts = Prompts.of(examples, pad_id=0, device="cpu")
-    targets = prompts.forced(pad_id=0)
-    ids, mask = targets.inputs["input_ids"], targets.inputs["attention_mask"]
-    for row, example in enumerate(examples):
+    for row, example in enumerate(examples):  # the prompts, left-padded
         prompt = example.meta["input_ids"]
+        assert prompts.ids[row][prompts.mask[row].bool()].tolist() == prompt
         a, b = example.meta["answer_span"]
-        real = ids[row][mask[row].bool()].tolist()
-        assert real == prompt + prompt[a:b]  # the prompt, then the answer's own tokens
-        scored = targets.labels[row][targets.labels[row] >= 0].tolist()
-        assert scored == prompt[a:b]
-        positions = targets.inputs["position_ids"][row][mask[row].bool()].tolist()
-        assert positions == list(range(len(real)))
+        assert prompts.ids[row, prompts.start[row] : prompts.stop[row]].tolist() == prompt[a:b]
+    tokens, mask = prompts.forced(pad_id=0)
+    assert tokens.tolist() == [[ID["dark"], ID["blue"]], [ID["bright"], ID["red"]]]
+    assert mask.tolist() == [[1, 1], [1, 1]]
 
 
 # ------------------------------------------------------------------------------ the causal check
@@ -359,8 +364,8 @@ def test_check_against_weights_zeroed_by_hand(checked, files):
                 total += float(logp[len(prompt) + k - a - 1, prompt[k]])
                 tokens += 1
         assert table.loc[name, "logprob"] == pytest.approx(total / tokens, abs=1e-5)
-        assert table.loc[name, "answer_tokens"] == tokens == 6
-        assert table.loc[name, "success"] == 0.5  # the hooked answer: "blue" on every probe
+        assert table.loc[name, "answer_tokens"] == tokens == 12
+        assert table.loc[name, "success"] == 0.5  # the hooked answer: "dark blue" on every probe
     assert table.loc["none", "logprob_change"] == 0.0
     mean = np.mean(
         [table.loc[name, "logprob"] for name in conditions if name.startswith("random ")]

@@ -40,7 +40,7 @@ import torch
 from headprobe.core.errors import UsageError
 from headprobe.inputs.needle import NEEDLE, recalled
 from headprobe.model.decoding import decode, stop_tokens
-from headprobe.model.objectives import IGNORE, Targets, lm_kind
+from headprobe.model.objectives import lm_kind
 from headprobe.model.sites import attention_sites, model_device
 from headprobe.scoring.base import first_argmax
 from headprobe.scoring.model_scorer import ModelScorer
@@ -119,32 +119,16 @@ class Prompts:
     def span_length(self) -> torch.Tensor:
         return (self.stop - self.start).float()  # [probe]
 
-    def forced(self, pad_id: int) -> Targets:
-        """Each prompt followed by its answer's tokens, left-padded, as `objectives.Targets` whose
-        labels are the answer's tokens alone (teacher-forced: the answer given the right prefix)."""
-        rows = [
-            (ids[mask.bool()].tolist(), answer)
-            for ids, mask, answer in zip(self.ids, self.mask, self.answers)
-        ]
-        width = max(len(p) + len(a) for p, a in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        labels = torch.full_like(ids, IGNORE)
-        for row, (prompt, answer) in enumerate(rows):
-            ids[row, width - len(prompt) - len(answer) :] = torch.tensor(prompt + answer)
-            labels[row, width - len(answer) :] = torch.tensor(answer)
-        mask = _left_mask(width, [len(p) + len(a) for p, a in rows])  # [row, piece]
-        device = self.ids.device
-        inputs = {
-            "input_ids": ids.to(device),
-            "attention_mask": mask.to(device),
-            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0).to(device),
-        }
-        return Targets(inputs, labels=labels.to(device))
-
-
-def _left_mask(width: int, lengths: list[int]) -> torch.Tensor:
-    """[row, width] long: 1 on the last `lengths[row]` positions of each row."""
-    return (torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]).long()
+    def forced(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, mask), each [probe, answer]: the answer's tokens of each prompt (its span's
+        ids), right-padded with `pad_id`, to read teacher-forced after the prompt
+        (`decoding.decode(forced=...)`: the answer given the right prefix)."""
+        width = max(len(a) for a in self.answers)
+        tokens = torch.full((len(self.answers), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(tokens)
+        for row, answer in enumerate(self.answers):
+            tokens[row, : len(answer)], mask[row, : len(answer)] = torch.tensor(answer), 1
+        return tokens.to(self.ids.device), mask.to(self.ids.device)
 
 
 def step_copies(rows: torch.Tensor, token, active, ids, start, stop) -> torch.Tensor:

@@ -15,10 +15,12 @@ seed and the draw), and none. Under each condition, on every probe (recalled or 
 
 - success: the greedy response (`headprobe.model.decoding.decode`, the gates on) recalls more
   than half of the answer's words (`headprobe.inputs.needle.recalled`);
-- the answer's log-probability: the prompt followed by the answer's own tokens (those of its
-  span in the needle), teacher-forced, no decoding; the sum of log p over the answer's tokens
-  (`objectives.Objective` on `objectives.Targets` whose labels are those tokens, every condition
-  in one forward pass: `head_effects.gated_rows`).
+- the answer's log-probability: the answer's own tokens (those of its span in the needle)
+  teacher-forced after the prompt, no decoding: the sum of log p over them, read from the same
+  prefill as the decoding (`decode(forced=...)`: the prompt's cache, copied, then the answer).
+
+Each condition's copy of the batch runs in one call, a gate per row (`HeadGates`), up to `ROWS`
+rows at a time.
 
 Rows per (probe, condition): `recalled@<condition>` with n = 1 and mass 0/1, `logprob@<condition>`
 with n = the answer's tokens and mass the summed log p, in one whole-model cell (as the groups of
@@ -29,20 +31,15 @@ a paired one (same probes, same resamples). The conditions and their heads are i
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from headprobe.core.errors import UsageError
 from headprobe.core.seeds import keyed_hash
 from headprobe.inputs.needle import NEEDLE, recalled
 from headprobe.model.decoding import decode, stop_tokens
 from headprobe.model.gates import HeadGates
-from headprobe.model.head_effects import gated_rows
-from headprobe.model.objectives import IGNORE
 from headprobe.model.sites import attention_sites, model_device
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, register
@@ -102,36 +99,6 @@ def conditions(scores: pd.DataFrame, k: int, seed: int, draws: int = DRAWS) -> l
     return out
 
 
-class AnswerLogProb:
-    """The objective `head_effects.gated_rows` scores here: per row, minus the summed log p of the
-    answer's tokens of `Prompts.forced` targets (an NLL, as `objectives.Objective.per_row` gives),
-    with logits only where an answer token is predicted: the answers end every row (left
-    padding), so the model is asked for the last `width` positions' logits (`logits_to_keep`, where
-    its forward takes it), not [row, piece, vocabulary]."""
-
-    def __init__(self, stack: str | None = None):
-        self.stack = stack
-
-    def per_row(self, model, targets) -> tuple[torch.Tensor, torch.Tensor]:
-        """([row] summed NLL of the answer's tokens, [row] tokens)."""
-        labels = targets.labels  # [row, piece]: the answer's tokens, IGNORE elsewhere
-        scored = (labels != IGNORE).any(0).nonzero()  # columns holding an answer token
-        width = labels.shape[1] - int(scored.min()) + 1  # from the position before the first
-        keep = {"logits_to_keep": width} if _takes(model, "logits_to_keep") else {}
-        logits = model(**targets.inputs, **keep).logits[:, -width:].float()  # [row, width, vocab]
-        nll = F.cross_entropy(
-            logits[:, :-1].transpose(1, 2),
-            labels[:, -width + 1 :],
-            ignore_index=IGNORE,
-            reduction="none",
-        )  # [row, width - 1]
-        return nll.sum(-1), (labels != IGNORE).sum(-1).to(nll.dtype)
-
-
-def _takes(model, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
-
-
 class RetrievalCheckScorer(ModelScorer):
     """Success and the answer's log-probability with the top-k retrieval heads, k random heads
     (several draws) and no head ablated (module docstring)."""
@@ -187,7 +154,6 @@ class RetrievalCheckScorer(ModelScorer):
         self.stack = stack
         sites = attention_sites(model)
         self.shape = (sites.n_layers(stack), sites.n_heads(stack))
-        self.lm = AnswerLogProb(stack)
 
     def gates(self, rows: int, device) -> torch.Tensor:
         """[condition * rows, layer, head]: each condition's gates (its heads 0), `rows` times,
@@ -198,51 +164,51 @@ class RetrievalCheckScorer(ModelScorer):
                 gates[c, layer, head] = 0.0
         return gates.repeat_interleave(rows, dim=0)
 
-    def recalled_under(self, model, examples, prompts: Prompts) -> np.ndarray:
-        """[probe, condition] 0/1: the greedy response under each condition recalls the answer;
-        the conditions' copies of the batch decoded together, up to `ROWS` rows at a time."""
+    def under_conditions(self, model, examples, prompts: Prompts):
+        """([probe, condition] 0/1: the greedy response recalls the answer, [probe, condition] the
+        answer's summed log p teacher-forced after the prompt), under each condition's gates; the
+        conditions' copies of the batch decoded together, up to `ROWS` rows at a time."""
         c, b = len(self.groups), len(prompts)
         gates = self.gates(b, prompts.ids.device)  # [condition * probe, layer, head]
+        forced, forced_mask = (x.repeat(c, 1) for x in prompts.forced(self.pad_id))
+        ids, mask = prompts.ids.repeat(c, 1), prompts.mask.repeat(c, 1)
         step = max(1, ROWS // b) * b
-        texts = []
+        texts, logp = [], []
         for start in range(0, c * b, step):
             rows = slice(start, min(start + step, c * b))
             with HeadGates(model, gates[rows], stack=self.stack):
                 out = decode(
                     model,
-                    prompts.ids.repeat(c, 1)[rows],
-                    attention_mask=prompts.mask.repeat(c, 1)[rows],
+                    ids[rows],
+                    attention_mask=mask[rows],
                     stop=self.stops,
                     layers=[],
                     pad_id=self.pad_id,
+                    forced=forced[rows],
+                    forced_mask=forced_mask[rows],
                 )
             texts += [
                 self.tokenizer.decode(out.row(r), skip_special_tokens=True)
                 for r in range(len(out.ids))
             ]
+            logp.append(out.forced.double().sum(-1).cpu())  # [row]
         answers = [example.meta["answer"] for example in examples] * c
         got = [recalled(text, answer) for text, answer in zip(texts, answers)]
-        return np.asarray(got, dtype=np.float64).reshape(c, b).T
+        got = np.asarray(got, dtype=np.float64).reshape(c, b).T
+        return got, torch.cat(logp).reshape(c, b).T.numpy()
 
     def model_pass(self, model, batch):
         """Rows (unit, recalled@condition) and (unit, logprob@condition) of every probe."""
         if not self.groups:
             return self.new_state(batch, [], np.zeros(0))
         prompts = Prompts.of(batch.examples, self.pad_id, model_device(model))
-        got = self.recalled_under(model, batch.examples, prompts)  # [probe, condition]
-        nll = gated_rows(
-            model,
-            prompts.forced(self.pad_id),
-            self.lm,
-            [heads for _, heads in self.groups],
-            copies=max(1, ROWS // len(prompts)),
-        )  # [probe, condition]: summed over the answer's tokens
+        got, logp = self.under_conditions(model, batch.examples, prompts)  # [probe, condition]
         keys, n, values = [], [], []
         for b, example in enumerate(batch.examples):
             for c, (label, _) in enumerate(self.groups):
                 keys += [(example.unit, f"{RECALL}@{label}"), (example.unit, f"{LOGPROB}@{label}")]
                 n += [1, len(prompts.answers[b])]
-                values += [got[b, c], -float(nll[b, c])]
+                values += [got[b, c], logp[b, c]]
         values = torch.tensor(values, dtype=torch.float64).reshape(-1, 1, 1)  # [row, 1, 1]
         return self.state_of(batch, keys, np.asarray(n, dtype=np.float64), values)
 
