@@ -110,7 +110,7 @@ def _held_out(results, analysis: str) -> str:
         return f"Held out: {note}." if isinstance(note, str) and note else ""
     return (
         f"Held out (the best head chosen on one half of the recalled probes, its score read on the "
-        f"other, both halves pooled): heads {r['heads']}, mean copy score "
+        f"other, both halves pooled): heads {str(r['heads']).replace(' | ', ' and ')}, mean copy score "
         f"{fmt_est(r['accuracy'], r['ci_low'], r['ci_high'])}."
     )
 
