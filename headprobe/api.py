@@ -41,7 +41,7 @@ from headprobe.results.examples import MentionPicker, SentencePicker
 from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scoring import distributed, registry
-from headprobe.scoring.base import KeepsRecord, RunsModel, TakesHeads
+from headprobe.scoring.base import KeepsRecord, ReadsOptions, RunsModel, TakesHeads
 from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.scoring.engine import CHUNK, FULL_AT, POOL_BATCHES, Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
@@ -191,6 +191,7 @@ def _check_needle(config: RunConfig, model_or_config, name: str, reference=None)
     config (`models.lm_class`), a loaded model by its head (`lm_kind`)."""
     if config.probe != NEEDLE:
         return
+    _check_haystack(config)
     if reference is None:
         from headprobe.model.objectives import lm_kind
 
@@ -205,6 +206,22 @@ def _check_needle(config: RunConfig, model_or_config, name: str, reference=None)
     checks.check_needle_model(
         model_or_config, config.needle_lengths, name, auto is AutoModelForCausalLM
     )
+
+
+def _check_haystack(config: RunConfig) -> None:
+    """--probe needle with a sentence corpus as its haystack: the corpus has a sentence (its first
+    is read before the model loads; a malformed one is its `CorpusError`, naming file:line)."""
+    given = [key for key in SENTENCE_SOURCES if getattr(config, key) is not None]
+    if not given:
+        return
+    stream = sentence_stream(
+        config.treebank, config.text, config.hf_dataset, config.skip_bad, config.conventions
+    )
+    if next(iter(stream), None) is None:
+        raise checks.UsageError(
+            f"--probe {NEEDLE}: {flag(given[0])} {getattr(config, given[0])} holds no sentence: an "
+            "empty haystack, nothing to build a context of"
+        )
 
 
 def _input_fingerprints(config: RunConfig, reference) -> dict:
@@ -332,13 +349,15 @@ def _make_scorers(
     """A scorer per analysis counting `model` (default the trained model) on every measure at once
     (an analysis that takes no attention, ablation or importance, on the first); the run options
     an analysis reads handed over: the heads to ablate (`use_heads`), the groups of heads to gate
-    together (`use_groups`)."""
+    together (`use_groups`), the options it declares (`use_options`)."""
     scorers = [a.make_scorer(model=model, measures=measures) for a in analyses]
     for analysis, scorer in zip(analyses, scorers):
         if isinstance(scorer, TakesHeads):
             scorer.use_heads(None if config is None else config.heads)
         if "head_groups" in analysis.options and config is not None:
             scorer.use_groups(config.head_groups or {})
+        if isinstance(scorer, ReadsOptions) and config is not None:
+            scorer.use_options({name: getattr(config, name) for name in analysis.options})
     return scorers
 
 
@@ -381,9 +400,11 @@ def plan_passes(config: RunConfig, session: Session, weighed: bool = False) -> l
         on_coref += on_any
     passes = []
     if on_sentences and reads_sentences:
-        passes += with_second_pass(lambda now: sentence_pass(config, now), on_sentences)
+        passes += with_second_pass(lambda now: sentence_pass(config, now), on_sentences, config)
     if config.coref is not None and on_coref:
-        passes += with_second_pass(lambda now: coref_pass(config, session.tokenizer, now), on_coref)
+        passes += with_second_pass(
+            lambda now: coref_pass(config, session.tokenizer, now), on_coref, config
+        )
     if config.probe is not None and on_tokens:
         examples = probe_stream(config, session)
         passes += with_second_pass(
@@ -396,6 +417,7 @@ def plan_passes(config: RunConfig, session: Session, weighed: bool = False) -> l
                 config.batch_size,
             ),
             on_tokens,
+            config,
         )
     if not passes and not weighed:
         raise ValueError(
@@ -482,14 +504,14 @@ def sentence_pass(config: RunConfig, analyses) -> Pass:
     )
 
 
-def second_pass(first: Pass, later) -> Pass:
+def second_pass(first: Pass, later, config: RunConfig | None = None) -> Pass:
     """The analyses that need the first pass's counts (`second_pass`: the pruning curve's order), on
     the same corpus. Under torchrun the counts they read are summed over the ranks first (copies:
     the run's own totals are summed once, at the end)."""
     measure = (
         first.scorers[0].measures[0] if first.scorers else DEFAULT_MEASURES[0]
     )  # the first measure's counts
-    scorers = _make_scorers(later, measures=(measure,))
+    scorers = _make_scorers(later, config, measures=(measure,))
 
     def before(summary: dict) -> None:
         tallies = {s.analysis: s.tally_.copy() for s in first.scorers}  # the first measure's
@@ -509,12 +531,14 @@ def second_pass(first: Pass, later) -> Pass:
     )
 
 
-def with_second_pass(make_pass: Callable[[list], Pass], analyses) -> list[Pass]:
+def with_second_pass(
+    make_pass: Callable[[list], Pass], analyses, config: RunConfig | None = None
+) -> list[Pass]:
     """`make_pass(analyses)` of the analyses scored in one pass over a corpus, and after it the
     second pass of those that need its counts (`second_pass`), on the same corpus."""
     later = [a for a in analyses if getattr(a.scorer, "second_pass", False)]
     first = make_pass([a for a in analyses if a not in later])
-    return [first] + ([second_pass(first, later)] if later else [])
+    return [first] + ([second_pass(first, later, config)] if later else [])
 
 
 def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:

@@ -204,11 +204,12 @@ def _analyses(flag, value, values) -> list[str]:
         value = [name.strip() for name in value.split(",") if name.strip()]
     if not value:
         wanted = [a.name for a in registry.analyses() if a.default]
-        if values["probe"] is not None:  # the token analyses that read attention
-            wanted += [
+        if values["probe"] is not None:  # the token analyses that read attention, and those
+            wanted += [  # defined on this probe alone (the needle probe's retrieval heads)
                 a.name
                 for a in registry.analyses(registry.PROBE)
                 if not issubclass(a.scorer, RunsModel)
+                or (a.probe == values["probe"] and not a.added_by)
             ]
     else:
         for name in value:
@@ -220,7 +221,21 @@ def _analyses(flag, value, values) -> list[str]:
         for a in registry.analyses()
         if a.added_by and values.get(a.added_by) and a.name not in wanted
     ]
+    _check_probes(wanted + added, values["probe"])
     return wanted + added
+
+
+def _check_probes(names: list[str], probe) -> None:
+    """An analysis defined on one probe only (`Analysis.probe`) needs that probe."""
+    for name in names:
+        analysis = registry.get(name)
+        if analysis.probe is not None and probe != analysis.probe:
+            asked = f"{flag(analysis.added_by)} (analysis {name})" if analysis.added_by else name
+            raise checks.UsageError(
+                f"{asked} reads the {analysis.probe} probe, not "
+                f"{'a sentence corpus' if probe is None else f'--probe {probe}'}: "
+                f"add --probe {analysis.probe}"
+            )
 
 
 def _on_stack(stack, wanted: list[str], named: bool, probe) -> list[str]:
@@ -311,7 +326,7 @@ def _probe_help() -> str:
         "repeated-random = random tokens repeated twice (Olsson et al. 2022); needle = a fact hidden "
         "in a long text and a question about it, answered greedily (causal language models; "
         "--needles, --needle-lengths, --needle-depths); without --analyses every "
-        "token analysis runs on it. Without a probe, token analyses named in --analyses read the "
+        "token analysis that reads attention runs on it, and those defined on that probe alone. Without a probe, token analyses named in --analyses read the "
         "sentence corpus at piece level"
     )
 
@@ -580,6 +595,16 @@ class RunConfig:
         flag="--prune-curve",
         action="store_true",
         check=_switch,
+    )
+    retrieval_check: int | None = option(
+        None,
+        ADDED,
+        flag="--retrieval-check",
+        type=int,
+        metavar="K",
+        check=_maybe_at_least(1, " heads"),
+        record=GIVEN,
+        record_at=28,
     )
     measure: str | tuple = option(
         ",".join(DEFAULT_MEASURES),

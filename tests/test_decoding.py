@@ -170,6 +170,32 @@ def test_prefill_in_chunks_changes_nothing():
         assert (a.rows[1] - b.rows[1]).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_forced_tokens_are_a_whole_forwards_log_p(name):
+    """`forced`: each forced token's log p after the prompt and the forced tokens before it, as
+    one forward pass over prompt + forced gives it; a left-padded batch with right-padded forced
+    tokens; the greedy answer the same as without them."""
+    sdpa, _ = twins(name)
+    long, short = prompt(10, 8), prompt(7, 9)
+    ids = torch.cat([long, torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    forced = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    forced_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])  # row 1 forces two tokens
+    out, _ = run(sdpa, ids, attention_mask=mask, forced=forced, forced_mask=forced_mask)
+    plain, _ = run(sdpa, ids, attention_mask=mask)
+    assert out.ids.tolist() == plain.ids.tolist()
+    for b, (alone, k) in enumerate([(long, 3), (short, 2)]):
+        sequence = torch.cat([alone, forced[b : b + 1, :k]], 1)
+        with torch.no_grad():
+            logp = sdpa(sequence).logits[0].float().log_softmax(-1)  # [piece, vocab]
+        n = alone.shape[1]
+        reference = [logp[n - 1 + i, forced[b, i]].item() for i in range(k)]
+        assert out.forced[b, :k].tolist() == pytest.approx(reference, abs=1e-5)
+        assert out.forced[b, k:].abs().sum().item() == 0.0
+    assert plain.forced is None
+
+
 def test_last_row_quantity_of_a_whole_forward():
     sdpa, eager = twins("llama")
     ids = prompt(8, 6)

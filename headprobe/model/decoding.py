@@ -11,6 +11,8 @@
     out = decode(model, input_ids, on_step, stop=stop_tokens(tokenizer, model))
     out.ids, out.lengths, out.stopped        # [batch, steps], [batch], [batch]
     tokenizer.decode(out.row(0), skip_special_tokens=True)   # the response
+    out = decode(model, input_ids, forced=answer_ids, forced_mask=answer_mask)
+    out.forced                               # [batch, answer] log p of each forced token
 
 `model` has a language-model head (`load_lm`); `input_ids` `[batch, piece]` is the prompt
 (several prompts: left-padded, with `attention_mask`; positions count the real tokens only).
@@ -23,6 +25,13 @@ logits choose the token greedily (argmax). So `step.rows` is the attention of th
 `step.token`, as in Wu et al.'s (2024) released code. A row stops after it chose a token of
 `stop` (kept in its ids) or after `max_new_tokens`; decoding ends when every row has stopped.
 
+With `forced` ([batch, k] tokens, right-padded, `forced_mask` 1 on the real ones), the same
+prefill also gives those tokens' teacher-forced log-probabilities after the prompt (`out.forced`,
+0 where masked): the prompt's last token and the forced ones but the last are run over a copy
+of the prompt's cache, nothing captured, and the copy is dropped; decoding then goes on from the
+prompt as without them (the answer given the right prefix, at the cost of k tokens, not of a
+second pass over the prompt).
+
 The rows are the capture's `last_row` quantity (`headprobe.model.capture`): recomputed from the
 step's query and the cached keys as eager attention would (each query head its own row; grouped
 query heads read their KV group's keys), in float32, while the model's own attention (SDPA by
@@ -34,6 +43,7 @@ rows, O(layers x heads x keys) per row; the prefill holds O(prefill_chunk x keys
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -64,6 +74,7 @@ class Decoded:
     ids: torch.Tensor  # [batch, steps] long, pad after a row's last token
     lengths: torch.Tensor  # [batch] long: tokens each row generated
     stopped: torch.Tensor  # [batch] bool: the row ended on a stop token
+    forced: torch.Tensor | None = None  # [batch, k] float32: log p of each forced token, 0 masked
 
     def row(self, b: int) -> list[int]:
         """The tokens row `b` generated, its stop token included."""
@@ -111,6 +122,24 @@ def _prefill(model, ids, mask, positions, chunk: int):
     return cache
 
 
+def _forced(model, cache, last, mask, position, forced, forced_mask) -> torch.Tensor:
+    """[batch, k] float32 log p of `forced` [batch, k] after the prompt whose cache is `cache` (all
+    but its last token `last` [batch, 1], at `position` [batch, 1]; `mask` its attention mask),
+    over a copy of the cache; 0 where `forced_mask` is 0."""
+    fed = torch.cat([last, forced[:, :-1]], dim=1)  # [batch, k]
+    fed_mask = torch.cat([mask, forced_mask[:, :-1]], dim=1)  # [batch, piece + k - 1]
+    steps = torch.arange(fed.shape[1], device=fed.device)[None, :]
+    out = model(
+        input_ids=fed,
+        attention_mask=fed_mask,
+        position_ids=position + steps,
+        use_cache=True,
+        **{_cache_name(model): copy.deepcopy(cache)},
+    )
+    logp = out.logits.float().log_softmax(-1).gather(-1, forced[..., None])[..., 0]  # [batch, k]
+    return logp.masked_fill(forced_mask == 0, 0.0)
+
+
 def decode(
     model,
     input_ids: torch.Tensor,
@@ -122,9 +151,13 @@ def decode(
     layers: Iterable[int] | None = None,
     prefill_chunk: int = PREFILL_CHUNK,
     pad_id: int = 0,
+    forced: torch.Tensor | None = None,
+    forced_mask: torch.Tensor | None = None,
 ) -> Decoded:
     """Greedy decoding of `input_ids` ([batch, piece], left-padded) with the KV cache; each step's
-    query row in `layers` (default all) goes to `callback(step)` (a `Step`) and is then dropped."""
+    query row in `layers` (default all) goes to `callback(step)` (a `Step`) and is then dropped.
+    `forced` ([batch, k], `forced_mask` 1 on its real tokens): read those tokens' log p after the
+    prompt first, teacher-forced (`Decoded.forced`)."""
     if max_new_tokens < 1 or prefill_chunk < 1:
         raise ValueError("decode needs max_new_tokens >= 1 and prefill_chunk >= 1")
     device = model_device(model)
@@ -140,6 +173,11 @@ def decode(
     with torch.inference_mode():
         cache = _prefill(model, ids[:, :-1], mask, positions[:, :-1], prefill_chunk)
         token, position = ids[:, -1:], positions[:, -1:]  # [batch, 1]
+        forced_logp = None
+        if forced is not None:
+            forced = forced.to(device)
+            given = torch.ones_like(forced) if forced_mask is None else forced_mask.to(device)
+            forced_logp = _forced(model, cache, token, mask, position, forced, given)
         name = _cache_name(model)
         keep = lambda layer, heads: rows.__setitem__(layer, heads["last_row"])  # noqa: E731
         with AttentionCapture(model, layers, keep, needs={"last_row"}):
@@ -165,4 +203,4 @@ def decode(
                     break
                 token, position = pick[:, None], position + 1
                 mask = torch.cat([mask, torch.ones_like(token)], dim=1)
-    return Decoded(torch.stack(chosen, dim=1), lengths, stopped)  # ids: [batch, steps]
+    return Decoded(torch.stack(chosen, dim=1), lengths, stopped, forced_logp)  # ids: [batch, steps]

@@ -103,7 +103,7 @@ class Results:
             analysis = _registered(name)
             if analysis is not None and analysis.selection:
                 b, bl, t = stats.selection_tables(
-                    tally, analysis.family, stats.min_trials(analysis.name)
+                    tally, analysis.family, stats.min_trials(analysis.name), analysis.selects
                 )
                 best.append(b), base.append(bl), tests.append(t)
         self._tables["counts"] = _concat(counts, stats.COUNT_COLUMNS)

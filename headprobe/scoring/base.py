@@ -25,7 +25,7 @@ as rows with `variant` set and `layer = head = -1`.
 Scorer kinds: a `CountScorer` reads attention; a `ModelScorer` (`scoring.model_scorer`) runs the
 model itself and returns its state from `model_pass`; a `WeightsScorer` (`scoring.weights_scorer`)
 reads only the weights, once. Optional hooks are declared as protocols (`RunsModel`,
-`ReadsConventions`, `TakesHeads`, `TakesGroups`, `KeepsRecord`): the engine and the run ask
+`ReadsConventions`, `TakesHeads`, `TakesGroups`, `ReadsOptions`, `KeepsRecord`): the engine and the run ask
 `isinstance(scorer, RunsModel)`, never `hasattr`. A scorer that runs a second pass over the
 sentences says so in `second_pass`, and one that scores the language-model loss in `needs_lm_head`.
 """
@@ -550,6 +550,14 @@ class TakesHeads(Protocol):
     """A scorer that scores some heads only (`--heads`): the run hands them over, None for all."""
 
     def use_heads(self, heads) -> None: ...
+
+
+@runtime_checkable
+class ReadsOptions(Protocol):
+    """A scorer that reads run options of its own (`Analysis.options`): the run hands them over
+    by name before the pass, {option: value} (e.g. the causal check's number of heads)."""
+
+    def use_options(self, options: dict) -> None: ...
 
 
 @runtime_checkable

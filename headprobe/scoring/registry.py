@@ -87,6 +87,13 @@ class Analysis:
     scorer: type
     input: str = SENTENCES
     selection: bool = True
+    # the labels whose best heads are selected (`selection`: best heads, held-out, head tests):
+    # selects(label) -> bool; None: every label (a label that only counts, e.g. a probe's
+    # outcome per grid cell, is left out)
+    selects: Callable | None = None
+    # the probe (`--probe`) it is defined on, None: any input; a run without it is refused
+    # before the model loads
+    probe: str | None = None
     description: str = ""
     family: Callable | None = None
     # the fewest trials a label needs to name a best head or a role; None: the statistics

@@ -567,8 +567,9 @@ def head_tests(analysis: str, label: str, totals: LabelTotals) -> pd.DataFrame:
 # ------------------------------------------------------------------------ one analysis
 
 
-def selection_tables(tally, family=None, min_n: int = MIN_N):
-    """(best_heads, baselines, head_tests) of one analysis's tally.
+def selection_tables(tally, family=None, min_n: int = MIN_N, selects=None):
+    """(best_heads, baselines, head_tests) of one analysis's tally (of the labels `selects(label)`
+    keeps; None: every label).
 
     `family(label, n) -> bool` names the labels whose (head, label) tests form the
     analysis's role family (METHODS §6: Holm runs over all of them together); every other
@@ -578,6 +579,8 @@ def selection_tables(tally, family=None, min_n: int = MIN_N):
     analysis = tally.analysis
     best, base, tests = [], [], []
     for label in tally.sorted_labels():
+        if selects is not None and not selects(label):
+            continue
         totals = LabelTotals(tally, label)
         base += baseline_rows(analysis, label, totals)
         best += label_rows(analysis, label, totals, min_n)
