@@ -165,11 +165,6 @@ def decode(
     mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [batch, piece]: real tokens counted
     stops = torch.tensor(sorted(set(stop)), dtype=torch.long, device=device)
-    rows: dict[int, torch.Tensor] = {}
-    chosen: list[torch.Tensor] = []
-    active = torch.ones(ids.shape[0], dtype=torch.bool, device=device)  # [batch]
-    stopped = torch.zeros_like(active)
-    lengths = torch.zeros(ids.shape[0], dtype=torch.long, device=device)
     with torch.inference_mode():
         cache = _prefill(model, ids[:, :-1], mask, positions[:, :-1], prefill_chunk)
         token, position = ids[:, -1:], positions[:, -1:]  # [batch, 1]
@@ -178,29 +173,46 @@ def decode(
             forced = forced.to(device)
             given = torch.ones_like(forced) if forced_mask is None else forced_mask.to(device)
             forced_logp = _forced(model, cache, token, mask, position, forced, given)
-        name = _cache_name(model)
-        keep = lambda layer, heads: rows.__setitem__(layer, heads["last_row"])  # noqa: E731
-        with AttentionCapture(model, layers, keep, needs={"last_row"}):
-            for index in range(max_new_tokens):
-                out = model(
-                    input_ids=token,
-                    attention_mask=mask,
-                    position_ids=position,
-                    use_cache=True,
-                    **{name: cache},
-                )
-                cache = _cache_of(out)
-                pick = out.logits[:, -1].argmax(-1).masked_fill(~active, pad_id)  # [batch]
-                chosen.append(pick)
-                if callback is not None:
-                    callback(Step(index, pick, active.clone(), dict(rows)))
-                rows.clear()
-                lengths += active
-                ends = active & torch.isin(pick, stops)
-                stopped |= ends
-                active &= ~ends
-                if not active.any():
-                    break
-                token, position = pick[:, None], position + 1
-                mask = torch.cat([mask, torch.ones_like(token)], dim=1)
-    return Decoded(torch.stack(chosen, dim=1), lengths, stopped, forced_logp)  # ids: [batch, steps]
+        start = (cache, token, mask, position)
+        chosen, lengths, stopped = _steps(
+            model, start, callback, layers, max_new_tokens, stops, pad_id
+        )
+    return Decoded(chosen, lengths, stopped, forced_logp)
+
+
+def _steps(model, start, callback, layers, max_new_tokens: int, stops, pad_id: int):
+    """(ids [batch, steps], lengths [batch], stopped [batch]) of greedy steps from `start` =
+    (cache, token [batch, 1], mask, position [batch, 1]): each step's query rows in `layers` go to
+    `callback` and are dropped; a row ends at a token in `stops` ([stop] long)."""
+    cache, token, mask, position = start
+    rows: dict[int, torch.Tensor] = {}
+    chosen: list[torch.Tensor] = []
+    active = torch.ones(token.shape[0], dtype=torch.bool, device=token.device)  # [batch]
+    stopped = torch.zeros_like(active)
+    lengths = torch.zeros(token.shape[0], dtype=torch.long, device=token.device)
+    name = _cache_name(model)
+    keep = lambda layer, heads: rows.__setitem__(layer, heads["last_row"])  # noqa: E731
+    with AttentionCapture(model, layers, keep, needs={"last_row"}):
+        for index in range(max_new_tokens):
+            out = model(
+                input_ids=token,
+                attention_mask=mask,
+                position_ids=position,
+                use_cache=True,
+                **{name: cache},
+            )
+            cache = _cache_of(out)
+            pick = out.logits[:, -1].argmax(-1).masked_fill(~active, pad_id)  # [batch]
+            chosen.append(pick)
+            if callback is not None:
+                callback(Step(index, pick, active.clone(), dict(rows)))
+            rows.clear()
+            lengths += active
+            ends = active & torch.isin(pick, stops)
+            stopped |= ends
+            active &= ~ends
+            if not active.any():
+                break
+            token, position = pick[:, None], position + 1
+            mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+    return torch.stack(chosen, dim=1), lengths, stopped  # ids: [batch, steps]

@@ -32,22 +32,23 @@ none) is `headprobe.studies.retrieval.check`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.core.errors import UsageError
 from headprobe.inputs.needle import NEEDLE, recalled
-from headprobe.model.decoding import decode, stop_tokens
 from headprobe.model.objectives import lm_kind
-from headprobe.model.sites import attention_sites, model_device
 from headprobe.scoring.base import first_argmax
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, RoleRule, register
 from headprobe.stats.engine import min_trials, wilson
 from headprobe.stats.heads import head_table
 from headprobe.stats.roles import MATCH_COLUMNS
+
+if TYPE_CHECKING:  # torch and the model modules are imported where a probe is decoded, so a
+    import torch  # report that reads this analysis's tables imports neither
 
 NAME = "retrieval"
 SCORE = "retrieval"  # the label of a recalled probe's row: each head's copy score
@@ -69,6 +70,8 @@ def pad_of(tokenizer) -> int:
 
 def refusal(model) -> str | None:
     """Why the needle probe cannot be decoded on `model` (one line), or None."""
+    from headprobe.model.sites import attention_sites
+
     name = type(model).__name__
     if attention_sites(model).encoder_decoder or lm_kind(model) != "causal_lm":
         return (
@@ -91,6 +94,8 @@ class Prompts:
     @classmethod
     def of(cls, examples, pad_id: int, device) -> Prompts:
         """The prompts of needle-probe `examples` (`UsageError` for any other example)."""
+        import torch
+
         for example in examples:
             meta = example.meta or {}
             if meta.get("probe") != NEEDLE or "answer_span" not in meta:
@@ -123,6 +128,8 @@ class Prompts:
         """(tokens, mask), each [probe, answer]: the answer's tokens of each prompt (its span's
         ids), right-padded with `pad_id`, to read teacher-forced after the prompt
         (`decoding.decode(forced=...)`: the answer given the right prefix)."""
+        import torch
+
         width = max(len(a) for a in self.answers)
         tokens = torch.full((len(self.answers), width), pad_id, dtype=torch.long)
         mask = torch.zeros_like(tokens)
@@ -159,6 +166,8 @@ class RetrievalScorer(ModelScorer):
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
         """Before the run: a causal language model is needed (`refusal`); its stop tokens."""
+        from headprobe.model.decoding import stop_tokens
+
         why = refusal(model)
         if why is not None:
             raise UsageError(why)
@@ -174,6 +183,11 @@ class RetrievalScorer(ModelScorer):
 
     def model_pass(self, model, batch):
         """Decode the batch's probes, count each head's copying steps; the batch's rows."""
+        import torch
+
+        from headprobe.model.decoding import decode
+        from headprobe.model.sites import model_device
+
         prompts = Prompts.of(batch.examples, self.pad_id, model_device(model))
         copies = torch.zeros(
             len(prompts), len(self.layers), self.n_heads, device=prompts.ids.device
@@ -208,6 +222,8 @@ class RetrievalScorer(ModelScorer):
     def probe_rows(self, batch, scores: torch.Tensor, ok: list[bool]):
         """The state of a batch: per probe its grid row, and its `retrieval` row where recalled
         (scores [probe, layer, head])."""
+        import torch
+
         keys, values, got = [], [], []
         zero = scores.new_zeros(scores.shape[1:])  # [layer, head]
         for b, example in enumerate(batch.examples):

@@ -31,16 +31,14 @@ a paired one (same probes, same resamples). The conditions and their heads are i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.core.errors import UsageError
 from headprobe.core.seeds import keyed_hash
 from headprobe.inputs.needle import NEEDLE, recalled
-from headprobe.model.decoding import decode, stop_tokens
-from headprobe.model.gates import HeadGates
-from headprobe.model.sites import attention_sites, model_device
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.engine import estimate, paired_gap, ratio
@@ -52,6 +50,9 @@ from headprobe.studies.retrieval.analysis import (
     pad_of,
     refusal,
 )
+
+if TYPE_CHECKING:  # imported where the probes are decoded (a report imports no torch)
+    import torch
 
 CHECK = "retrieval_check"
 DRAWS = 5  # random draws of k heads
@@ -146,6 +147,9 @@ class RetrievalCheckScorer(ModelScorer):
         super().bind(1, 1, [MODEL_LEVEL], **options)  # one cell: the whole model
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
+        from headprobe.model.decoding import stop_tokens
+        from headprobe.model.sites import attention_sites
+
         why = refusal(model)
         if why is not None:
             raise UsageError(why.replace(NAME, CHECK, 1))
@@ -158,6 +162,8 @@ class RetrievalCheckScorer(ModelScorer):
     def gates(self, rows: int, device) -> torch.Tensor:
         """[condition * rows, layer, head]: each condition's gates (its heads 0), `rows` times,
         condition-major."""
+        import torch
+
         gates = torch.ones(len(self.groups), *self.shape, device=device)
         for c, (_, heads) in enumerate(self.groups):
             for layer, head in heads:
@@ -168,6 +174,11 @@ class RetrievalCheckScorer(ModelScorer):
         """([probe, condition] 0/1: the greedy response recalls the answer, [probe, condition] the
         answer's summed log p teacher-forced after the prompt), under each condition's gates; the
         conditions' copies of the batch decoded together, up to `ROWS` rows at a time."""
+        import torch
+
+        from headprobe.model.decoding import decode
+        from headprobe.model.gates import HeadGates
+
         c, b = len(self.groups), len(prompts)
         gates = self.gates(b, prompts.ids.device)  # [condition * probe, layer, head]
         forced, forced_mask = (x.repeat(c, 1) for x in prompts.forced(self.pad_id))
@@ -199,6 +210,10 @@ class RetrievalCheckScorer(ModelScorer):
 
     def model_pass(self, model, batch):
         """Rows (unit, recalled@condition) and (unit, logprob@condition) of every probe."""
+        import torch
+
+        from headprobe.model.sites import model_device
+
         if not self.groups:
             return self.new_state(batch, [], np.zeros(0))
         prompts = Prompts.of(batch.examples, self.pad_id, model_device(model))
