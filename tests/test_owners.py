@@ -36,6 +36,43 @@ def test_no_function_longer_than_60_lines():
     assert not long, f"functions longer than {MAX_LINES} lines:\n" + "\n".join(long)
 
 
+SUFFIXES = (
+    "s",
+    "es",
+    "er",
+    "ers",
+    "ing",
+    "ed",
+    "_",
+)  # scorer/scorers, scoring/scorers, check/checks
+
+
+def stem(name: str) -> str:
+    for suffix in sorted(SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix) and len(name) - len(suffix) >= 3:
+            return name[: -len(suffix)]
+    return name
+
+
+def test_no_two_names_differ_only_by_a_suffix():
+    """Folder and module names of the package: none is another's plus (or minus) a suffix such as
+    -s or -ing (`scorers/` beside `scoring/`, `check.py` beside `checks.py`); the same name in two
+    places (an analysis's `report.py` and `report/`) is one name, not two."""
+    names = {p.stem for p in PACKAGE.rglob("*.py") if p.stem != "__init__"}
+    names |= {p.name for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+    by_stem: dict[str, set[str]] = {}
+    for name in names:
+        by_stem.setdefault(stem(name), set()).add(name)
+    clashes = sorted(sorted(group) for group in by_stem.values() if len(group) > 1)
+    assert not clashes, f"names that differ only by a suffix: {clashes}"
+
+
+def test_the_suffix_rule_catches_the_old_names():
+    assert stem("scorers") == stem("scoring") == stem("scorer")
+    assert stem("check") == stem("checks")
+    assert stem("core") != stem("corefud")
+
+
 def test_percentiles_only_in_stats():
     pattern = re.compile(r"np\.(nan)?(percentile|quantile)")
     found = [

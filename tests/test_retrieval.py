@@ -443,6 +443,6 @@ def test_nothing_recalled_no_heads_and_no_check(files):
     assert results.retrieval_success["probes"].sum() == 4
     assert not len(results.retrieval_heads) and not len(results.retrieval_check)
     assert "no probe was recalled" in results.summary["retrieval_check"]["note"]
-    from headprobe.studies.retrieval.check import console_text
+    from headprobe.studies.retrieval.causal import console_text
 
     assert "not run (no probe was recalled" in console_text(results, "retrieval_check")

@@ -26,7 +26,7 @@ interval over probes and per-fold means, and best heads (in-sample and held-out)
 on the `retrieval` label alone (`Analysis.selects`). Nothing of a probe's attention is kept.
 
 The causal check (`--retrieval-check K`: the top-k heads ablated against k random heads and
-none) is `headprobe.studies.retrieval.check`.
+none) is `headprobe.studies.retrieval.causal`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ GRID = "grid"  # labels grid:<length>:<depth>: every probe, for the success map
 RECALLED = "recalled"  # the extra counting recalled probes
 LABELS = (SCORE,)
 THRESHOLD = 0.1  # Wu et al.'s: a head copying at least a tenth of the answer, on average
-CHECK_MODULE = "headprobe.studies.retrieval.check"
+CHECK_MODULE = "headprobe.studies.retrieval.causal"
 
 
 # ------------------------------------------------------------------------------ the probes
