@@ -438,6 +438,13 @@ def test_group_ablation_equals_heads_gated_by_hand(tmp_path):
     assert versus.loc[("late", "early"), "change"] == pytest.approx(-early_vs_late, rel=1e-4)
     text = build_report(results, tmp_path / "report")["markdown"].read_text()
     assert "## Heads gated in groups" in text and "early" in text
+    console = registry.get("group_ablation").console_text()(results, "group_ablation")
+    late = table.loc["late"]
+    assert (
+        f"late (1-3): {late['value']:.3f} [{late['ci_low']:.3f}, {late['ci_high']:.3f}]" in console
+    )
+    assert f"change {late['change']:+.3f}" in console
+    assert console.count(" - ") == 1  # one line per pair of groups
 
 
 @pytest.mark.parametrize(

@@ -361,6 +361,44 @@ def prune_table(results) -> pd.DataFrame:
     return table[PRUNE_COLUMNS]
 
 
+def ablation_console(results, analysis: str, top: int = 5) -> str:
+    """The heads whose ablation changes the objective most (at most `top`), with intervals."""
+    table = results.tables.get(f"{analysis}_heads")
+    if table is None or not len(table):
+        return ""
+    table = table.sort_values("score", ascending=False, kind="stable").head(top)
+    lines = [f"\n{analysis}: largest effects ({table['objective'].iloc[0]}; 95% intervals):"]
+    for r in table.itertuples(index=False):
+        lines.append(f"  {r.layer}-{r.head}  {r.score:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]")
+    return "\n".join(lines)
+
+
+def groups_console(results, analysis: str) -> str:
+    """Each group's objective and its paired change from intact, then group against group."""
+    table = results.tables.get(analysis)
+    if table is None or not len(table):
+        return ""
+    lines = [f"\n{analysis} ({table['objective'].iloc[0]}; paired 95% intervals):"]
+    for r in table.itertuples(index=False):
+        line = f"  {r.group}: {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        if r.n_heads:  # a group, not the intact model
+            line = (
+                f"  {r.group} ({r.heads}): {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}], "
+                f"change {r.change:+.3f} [{r.change_low:+.3f}, {r.change_high:+.3f}]"
+            )
+        lines.append(line)
+    versus = results.tables.get(f"{analysis}_versus")
+    pairs = set()
+    for r in versus.itertuples(index=False) if versus is not None else []:
+        if frozenset((r.group, r.versus)) in pairs:
+            continue  # one direction of each pair
+        pairs.add(frozenset((r.group, r.versus)))
+        lines.append(
+            f"  {r.group} - {r.versus}: {r.change:+.3f} [{r.change_low:+.3f}, {r.change_high:+.3f}]"
+        )
+    return "\n".join(lines)
+
+
 # their own module beside this one: headprobe.model.head_effects computes the rows they count (ablation_rows,
 # importance_rows, gated_rows), and its head_importance names its column and progress bar `importance`
 # (a public table users and tests read), so it spells their names as its own
@@ -383,6 +421,7 @@ ABLATION = register(
             "ablation_heads": lambda results: objective_table(results, "ablation"),
             "head_ranks": head_ranks,
         },
+        console=ablation_console,
         report="headprobe.studies.ablation.report:importance_section",
     )
 )
@@ -423,6 +462,7 @@ GROUP_ABLATION = register(
         "model and against each other, with paired 95% intervals (METHODS §8; e.g. Olsson et al.'s "
         "induction heads against as many other heads)",
         tables={GROUPS: groups_table, f"{GROUPS}_versus": versus_table},
+        console=groups_console,
         report="headprobe.studies.ablation.report:groups_section",
     )
 )
