@@ -285,3 +285,42 @@ def test_dla_of_a_layernorm_model_adds_up_to_the_logit():
     total = sums[:, 0].double().sum() + rest_dla + b @ u
     assert total.item() == pytest.approx((logits[9] - logits.mean()).item(), abs=1e-4)
     assert sums[:, 0].abs().min() > 1e-4  # every head contributes something
+
+
+@pytest.mark.parametrize("measure", ["weights", "weights,norms"])
+def test_a_run_writes_the_ov_copying_table_once(tmp_path, measure):
+    """ov_copying reads only weights: it has no tally, so its table comes from the run's record of
+    it; it is written and read back, one row per head whatever the measures, with the numbers
+    `ov_heads` gives on the same sampled tokens."""
+    from test_ablation_control import write_treebank
+    from test_gates import with_lm_head
+
+    import headprobe
+    from headprobe.results.query import load_results
+    from headprobe.studies.ov_copying.analysis import ordinary_tokens
+    from headprobe.studies.ov_copying.circuits import ov_heads
+    from headprobe.studies.ov_copying.counts import SAMPLED_TOKENS
+
+    family, model = with_lm_head("llama")
+    results = headprobe.run(
+        loaded=(model, family.tokenizer, "tiny"),
+        treebank=str(write_treebank(tmp_path / "t.conllu")),
+        analyses=["positional", "ov_copying"],
+        measure=measure,
+        out=str(tmp_path / "out"),
+        n_boot=20,
+        pictures=False,
+        progress=False,
+        report=False,
+    )
+    table = results.ov_copying_heads
+    n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    assert len(table) == n_layers * n_heads and "measure" not in table.columns
+    vocab = model.get_input_embeddings().weight.shape[0]
+    tokens = ordinary_tokens(family.tokenizer, vocab, SAMPLED_TOKENS, results.summary["seed"])
+    expected = ov_heads(model, tokens)
+    np.testing.assert_array_equal(table["hits"].to_numpy(), expected["hits"].to_numpy())
+    np.testing.assert_allclose(table["copying"], expected["copying"], atol=1e-6, equal_nan=True)
+    assert (tmp_path / "out" / "ov_copying_heads.csv").exists()
+    back = load_results(tmp_path / "out").ov_copying_heads
+    np.testing.assert_array_equal(back["hits"].to_numpy(), table["hits"].to_numpy())

@@ -86,13 +86,25 @@ class Results:
             self._tables = {
                 name: with_measure(table, order[0]) for name, table in self._tables.items()
             }
-            return
-        parts = [Results(groups[m], dict(self.summary), self.examples).tables for m in order]
-        for name in dict.fromkeys(name for part in parts for name in part):
-            self._tables[name] = _concat(
-                [part[name] for part in parts if name in part],
-                list(next(part[name] for part in parts if name in part).columns),
-            )
+        else:
+            parts = [Results(groups[m], dict(self.summary), self.examples).tables for m in order]
+            for name in dict.fromkeys(name for part in parts for name in part):
+                self._tables[name] = _concat(
+                    [part[name] for part in parts if name in part],
+                    list(next(part[name] for part in parts if name in part).columns),
+                )
+        self._tables.update(self._weights_only_tables())
+
+    def _weights_only_tables(self) -> dict[str, pd.DataFrame]:
+        """The tables of the weights-only analyses the run computed: they have no tally (their
+        record is the summary's entry under their name) and no measure (they read no attention)."""
+        done = self.summary.get("analyses", ())
+        return {
+            table: make(self)
+            for analysis in registry.analyses(registry.WEIGHTS_ONLY)
+            if analysis.name in done and self.summary.get(analysis.name)
+            for table, make in analysis.tables.items()
+        }
 
     def _compute_tables(self) -> None:
         """The tables of tallies of one measure, keyed by analysis name (`~control` for the control's)."""
