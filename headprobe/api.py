@@ -734,8 +734,9 @@ def _describe_run(summary: dict, session: Session, trained: list) -> None:
     """The summary's model shape, causality, analyses, objectives and what the trained model's
     scorers keep beside their counts."""
     summary["causal"] = session.sites.causal(session.stack)
-    if summary["causal"]:
-        summary["notes"].append(CAUSAL_NOTE.format(model=session.name))
+    on_words = {a.name for a in registry.analyses() if a.input in (SENTENCES, COREFERENCE)}
+    if summary["causal"] and any(s.analysis in on_words for s in trained):
+        summary["notes"].append(CAUSAL_NOTE.format(model=session.name))  # arcs and mentions only
     sites, stack = session.sites, session.stack
     summary["n_layers"], summary["n_heads"] = sites.n_layers(stack), sites.n_heads(stack)
     summary["n_kv_heads"] = sites.n_kv_heads(stack)

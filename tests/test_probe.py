@@ -88,6 +88,7 @@ def test_run_with_a_probe(gpt2_family, tmp_path):
     ]
     assert "probe" in results.summary["corpora"] and "sentences" not in results.summary["corpora"]
     assert results.summary["n_kv_heads"] == 4
+    assert not any("dep->head" in note for note in results.summary["notes"])  # no arcs scored
     for name in ("previous_token", "duplicate_token", "induction", "sink"):
         assert len(results.table(f"{name}_heads")) and len(results.table(f"{name}_kv_groups"))
     induction = results.table("induction_heads")
@@ -111,6 +112,7 @@ def test_token_analyses_read_the_sentence_corpus_without_a_probe(gpt2_family):
     )
     assert set(results.summary["analyses"]) == {"positional", "duplicate_token"}
     assert "probe" not in results.summary["corpora"]
+    assert sum("is a causal (decoder) model" in note for note in results.summary["notes"]) == 1
     assert results.table("duplicate_token_heads")["n"].max() > 0
 
 
