@@ -309,7 +309,7 @@ def test_adding_norms_leaves_every_weights_row_bit_identical(name):
     family = get_family(name)
     readers = [
         a.name for a in registry.analyses() if not hasattr(a.scorer, "model_pass")
-    ]  # read attention
+    ]  # read attention (or only weights: ov_copying, given once under the first measure)
     options = dict(
         loaded=(family.sdpa, family.tokenizer, name),
         progress=False,

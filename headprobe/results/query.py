@@ -93,11 +93,14 @@ class Results:
                     [part[name] for part in parts if name in part],
                     list(next(part[name] for part in parts if name in part).columns),
                 )
-        self._tables.update(self._weights_only_tables())
+        self._tables.update(
+            {name: with_measure(t, order[0]) for name, t in self._weights_only_tables().items()}
+        )
 
     def _weights_only_tables(self) -> dict[str, pd.DataFrame]:
         """The tables of the weights-only analyses the run computed: they have no tally (their
-        record is the summary's entry under their name) and no measure (they read no attention)."""
+        record is the summary's entry under their name); they read no attention, so they are
+        given once, under the first measure (as the gated passes are)."""
         done = self.summary.get("analyses", ())
         return {
             table: make(self)
