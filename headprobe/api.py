@@ -342,6 +342,14 @@ class Pass:
     net: torch.nn.Module | None = None
     control: bool = False
 
+    @property
+    def label(self) -> str:
+        """Its progress bar's name: the corpus (`probe`, `sentences`, ...), or for a second pass
+        the analyses it runs (`retrieval_check`, `prune_curve`)."""
+        if self.key.endswith(SECOND_PASS):
+            return ", ".join(a.name for a in self.analyses)
+        return self.key
+
 
 def _make_scorers(
     analyses, config: RunConfig | None = None, model: str = TRAINED, measures=DEFAULT_MEASURES
@@ -634,7 +642,7 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
         else None
     )
     engine = Engine(
-        net, session.tokenizer, one.scorers, config, batch_size=one.batch_size, desc=one.key
+        net, session.tokenizer, one.scorers, config, batch_size=one.batch_size, desc=one.label
     )
     examples = one.picker.watch(one.examples) if one.picker is not None else one.examples
     if state is not None and state.get("finished"):

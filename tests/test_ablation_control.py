@@ -466,3 +466,17 @@ def test_bad_head_groups_are_one_line(tmp_path, groups, message):
             head_groups=groups,
             **PLAIN,
         )
+
+
+def test_a_second_pass_is_named_by_its_analyses_in_the_progress_bar(tmp_path, capsys):
+    """The pruning curve runs after importance, on the same sentences: its bar says what it runs
+    (`prune_curve`), not the pass's key (`sentences_second_pass`)."""
+    family, model = with_lm_head("llama")
+    headprobe.run(
+        loaded=(model, family.tokenizer, "tiny"),
+        treebank=str(write_treebank(tmp_path / "t.conllu")),
+        analyses=["prune_curve"],
+        **{**PLAIN, "progress": True},
+    )
+    bars = capsys.readouterr().err
+    assert "prune_curve:" in bars and "sentences:" in bars and "second_pass" not in bars
