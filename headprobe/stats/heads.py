@@ -48,6 +48,19 @@ def kv_groups(results) -> tuple[int, int]:
     return n_kv, n_heads // n_kv
 
 
+def tally_scores(tally, label: str | None = None) -> pd.DataFrame:
+    """layer, head, score (mass / n, all folds and units) of one label of a per-head mass tally
+    (default its first label): what a second pass ranks heads by (the pruning curve's order, the
+    retrieval check's top heads), read from tallies before any results exist."""
+    a = tally.arrays(label if label is not None else tally.sorted_labels()[0])
+    mass = a["hits"][:, 0, ..., 0].sum(0)  # [layer, head]
+    n = a["n"][:, 0, 0].sum()
+    layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(mass.shape[1]), indexing="ij")
+    return pd.DataFrame(
+        {"layer": layer.ravel(), "head": head.ravel(), "score": ratio(mass, n).ravel()}
+    )
+
+
 def head_table(results, analysis: str, all_rows_label: str | None = None) -> pd.DataFrame:
     """One row per label x head of a token analysis: score (mass / n), per-fold scores,
     95% bootstrap interval, in-sample best baseline and the paired gap interval, KV group;

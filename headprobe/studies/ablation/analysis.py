@@ -49,8 +49,8 @@ from headprobe.core.errors import UsageError
 from headprobe.model.objectives import DESCRIPTIONS
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import ANY, Analysis, register
-from headprobe.stats.engine import estimate, paired_gap, ratio
-from headprobe.stats.heads import head_table
+from headprobe.stats.engine import estimate, paired_gap
+from headprobe.stats.heads import head_table, tally_scores
 
 ROWS_PER_PASS = 64  # ablation: heads side by side in one forward pass, up to this many rows
 MODEL_LEVEL = -1  # the layer of a whole-model cell (the pruning curve), never a head
@@ -264,17 +264,6 @@ def points_table(tally, labels: list[str], reference: str) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows, columns=POINT_COLUMNS)
-
-
-def tally_scores(tally) -> pd.DataFrame:
-    """Per head of a one-label mass tally (importance, ablation): layer, head, score = mass / n."""
-    a = tally.arrays(tally.sorted_labels()[0])
-    mass = a["hits"][:, 0, ..., 0].sum(0)  # [layer, head]
-    n = a["n"][:, 0, 0].sum()
-    layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(mass.shape[1]), indexing="ij")
-    return pd.DataFrame(
-        {"layer": layer.ravel(), "head": head.ravel(), "score": ratio(mass, n).ravel()}
-    )
 
 
 def objective_table(results, analysis: str):

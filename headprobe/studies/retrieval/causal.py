@@ -41,7 +41,8 @@ from headprobe.core.seeds import keyed_hash
 from headprobe.inputs.needle import NEEDLE, recalled
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, register
-from headprobe.stats.engine import estimate, paired_gap, ratio
+from headprobe.stats.engine import estimate, paired_gap
+from headprobe.stats.heads import tally_scores
 from headprobe.studies.ablation.analysis import MODEL_LEVEL
 from headprobe.studies.retrieval.analysis import (
     NAME,
@@ -70,13 +71,7 @@ def head_scores(tally) -> pd.DataFrame:
     where no probe was recalled."""
     if tally is None or SCORE not in tally.labels:
         return pd.DataFrame(columns=["layer", "head", "score"])
-    a = tally.arrays(SCORE)
-    mass = a["hits"][:, 0, ..., 0].sum(0)  # [layer, head]
-    n = a["n"][:, 0, 0].sum()
-    layer, head = np.meshgrid(np.asarray(tally.layers), np.arange(mass.shape[1]), indexing="ij")
-    return pd.DataFrame(
-        {"layer": layer.ravel(), "head": head.ravel(), "score": ratio(mass, n).ravel()}
-    )
+    return tally_scores(tally, SCORE)
 
 
 def conditions(scores: pd.DataFrame, k: int, seed: int, draws: int = DRAWS) -> list:
