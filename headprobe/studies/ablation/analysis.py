@@ -239,14 +239,19 @@ def versus_table(results) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=VERSUS_COLUMNS)
 
 
+def model_level_totals(tally, label: str) -> tuple[np.ndarray, np.ndarray]:
+    """(mass, n), each [resample], summed over folds, of one label of a whole-model tally (one
+    cell, layer `MODEL_LEVEL`: the group ablations, the retrieval check)."""
+    a = tally.arrays(label)
+    return a["hits"][..., 0, 0, 0].sum(0), a["n"][..., 0].sum(0)
+
+
 def points_table(tally, labels: list[str], reference: str) -> pd.DataFrame:
     """Per label of a whole-model tally (`GroupScorer`), in `labels` order: the objective (mass / n)
     with its 95% interval, and its change from `reference`'s with a paired interval (same
     bootstrap weights: the same units)."""
-    mass = {
-        label: tally.arrays(label)["hits"][..., 0, 0, 0].sum(0) for label in labels
-    }  # [resample]
-    n = tally.arrays(labels[0])["n"][..., 0].sum(0)  # [resample]
+    mass = {label: model_level_totals(tally, label)[0] for label in labels}  # [resample]
+    n = model_level_totals(tally, labels[0])[1]  # [resample]
     rows = []
     for label in labels:
         value, low, high = estimate(mass[label], n)

@@ -43,7 +43,7 @@ from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.engine import estimate, paired_gap
 from headprobe.stats.heads import tally_scores
-from headprobe.studies.ablation.analysis import MODEL_LEVEL
+from headprobe.studies.ablation.analysis import MODEL_LEVEL, model_level_totals
 from headprobe.studies.retrieval.analysis import (
     NAME,
     SCORE,
@@ -258,9 +258,7 @@ def _totals(results) -> tuple[dict, dict, dict] | None:
     mass, n = {}, {}
     for what in (RECALL, LOGPROB):
         for label in info:
-            a = tally.arrays(f"{what}@{label}")
-            mass[what, label] = a["hits"][..., 0, 0, 0].sum(0)  # [resample]
-            n[what, label] = a["n"][..., 0].sum(0)  # [resample]
+            mass[what, label], n[what, label] = model_level_totals(tally, f"{what}@{label}")
         draws = [label for label in info if label.startswith(RANDOM)]
         if draws:
             mass[what, MEAN] = sum(mass[what, d] for d in draws) / len(draws)
