@@ -356,14 +356,12 @@ def _make_scorers(
 ) -> list:
     """A scorer per analysis counting `model` (default the trained model) on every measure at once
     (an analysis that takes no attention, ablation or importance, on the first); the run options
-    an analysis reads handed over: the heads to ablate (`use_heads`), the groups of heads to gate
-    together (`use_groups`), the options it declares (`use_options`)."""
+    an analysis reads handed over: the heads to ablate (`use_heads`), the options it declares
+    (`use_options`: e.g. the groups of heads to gate together, the causal check's k)."""
     scorers = [a.make_scorer(model=model, measures=measures) for a in analyses]
     for analysis, scorer in zip(analyses, scorers):
         if isinstance(scorer, TakesHeads):
             scorer.use_heads(None if config is None else config.heads)
-        if "head_groups" in analysis.options and config is not None:
-            scorer.use_groups(config.head_groups or {})
         if isinstance(scorer, ReadsOptions) and config is not None:
             scorer.use_options({name: getattr(config, name) for name in analysis.options})
     return scorers

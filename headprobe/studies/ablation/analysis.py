@@ -125,6 +125,12 @@ class GroupScorer(ModelScorer):
         named = [(str(label), [(int(l), int(h)) for l, h in heads]) for label, heads in pairs]
         self.groups = ([] if any(not h for _, h in named) else [(INTACT, [])]) + named
 
+    def use_options(self, options: dict) -> None:
+        """The groups of `--head-groups` (the run's `head_groups` option), where the analysis
+        reads it (the pruning curve makes its own groups: `use_tallies`)."""
+        if "head_groups" in options:
+            self.use_groups(options["head_groups"] or {})
+
     def bind(self, n_layers, n_heads, layers=None, **options) -> None:
         super().bind(1, 1, [MODEL_LEVEL], **options)  # one cell: the whole model
 
