@@ -47,7 +47,7 @@ def main() -> None:
         started = time.perf_counter()
         out = decode(model, torch.tensor([meta["input_ids"]]), stop=stops)
         seconds = time.perf_counter() - started
-        response = tokenizer.decode(out.row(0), skip_special_tokens=True).strip()
+        response = out.texts(tokenizer)[0].strip()
         rows.append(
             dict(
                 needle=meta["needle"],

@@ -62,7 +62,7 @@ def main() -> None:
         "prompt_tokens": ids.shape[1],
         "prefill_chunk": args.prefill_chunk,
         "steps": len(argmax_keys),
-        "response": tokenizer.decode(out.row(0), skip_special_tokens=True).strip(),
+        "response": out.texts(tokenizer)[0].strip(),
         "rss_after_loading_mb": round(loaded, 1),
         "peak_rss_mb": round(sampler.peak, 1),
         "peak_above_loading_mb": round(sampler.peak - loaded, 1),

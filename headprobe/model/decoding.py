@@ -10,7 +10,7 @@
     model, tokenizer, name, kind = headprobe.model.loading.load_lm("smollm2")
     out = decode(model, input_ids, on_step, stop=stop_tokens(tokenizer, model))
     out.ids, out.lengths, out.stopped        # [batch, steps], [batch], [batch]
-    tokenizer.decode(out.row(0), skip_special_tokens=True)   # the response
+    out.texts(tokenizer)                     # each row's response
     out = decode(model, input_ids, forced=answer_ids, forced_mask=answer_mask)
     out.forced                               # [batch, answer] log p of each forced token
 
@@ -79,6 +79,12 @@ class Decoded:
     def row(self, b: int) -> list[int]:
         """The tokens row `b` generated, its stop token included."""
         return self.ids[b, : int(self.lengths[b])].tolist()
+
+    def texts(self, tokenizer) -> list[str]:
+        """Each row's response: its tokens decoded, special tokens left out."""
+        return [
+            tokenizer.decode(self.row(b), skip_special_tokens=True) for b in range(len(self.ids))
+        ]
 
 
 def stop_tokens(tokenizer, model=None) -> frozenset[int]:

@@ -68,17 +68,18 @@ def pad_of(tokenizer) -> int:
     return 0
 
 
-def refusal(model) -> str | None:
-    """Why the needle probe cannot be decoded on `model` (one line), or None."""
+def decoding_setup(model, tokenizer, analysis: str) -> tuple[int, frozenset[int]]:
+    """(pad id, stop tokens) to decode the needle probe on `model`; a `UsageError` naming
+    `analysis` (one line) where it is not a one-stack causal language model with its head."""
+    from headprobe.model.decoding import stop_tokens
     from headprobe.model.sites import attention_sites
 
-    name = type(model).__name__
     if attention_sites(model).encoder_decoder or lm_kind(model) != "causal_lm":
-        return (
-            f"{NAME}: {name} is not a one-stack causal language model with its language-model "
-            "head; the needle probe is answered by greedy decoding"
+        raise UsageError(
+            f"{analysis}: {type(model).__name__} is not a one-stack causal language model with "
+            "its language-model head; the needle probe is answered by greedy decoding"
         )
-    return None
+    return pad_of(tokenizer), stop_tokens(tokenizer, model)
 
 
 @dataclass
@@ -165,21 +166,9 @@ class RetrievalScorer(ModelScorer):
     objective = None  # it scores no objective (the summary names none for it)
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
-        """Before the run: a causal language model is needed (`refusal`); its stop tokens."""
-        from headprobe.model.decoding import stop_tokens
-
-        why = refusal(model)
-        if why is not None:
-            raise UsageError(why)
-        self.tokenizer, self.pad_id = tokenizer, pad_of(tokenizer)
-        self.stops = stop_tokens(tokenizer, model)
-
-    def responses(self, decoded) -> list[str]:
-        """The text of each row `decode` generated, special tokens left out."""
-        return [
-            self.tokenizer.decode(decoded.row(b), skip_special_tokens=True)
-            for b in range(decoded.ids.shape[0])
-        ]
+        """Before the run: a causal language model is needed; its pad and stop tokens."""
+        self.tokenizer = tokenizer
+        self.pad_id, self.stops = decoding_setup(model, tokenizer, NAME)
 
     def model_pass(self, model, batch):
         """Decode the batch's probes, count each head's copying steps; the batch's rows."""
@@ -215,7 +204,7 @@ class RetrievalScorer(ModelScorer):
         )
         ok = [
             recalled(text, example.meta["answer"])
-            for text, example in zip(self.responses(out), batch.examples)
+            for text, example in zip(out.texts(self.tokenizer), batch.examples)
         ]
         return self.probe_rows(batch, copies / prompts.span_length[:, None, None], ok)
 

@@ -48,8 +48,7 @@ from headprobe.studies.retrieval.analysis import (
     NAME,
     SCORE,
     Prompts,
-    pad_of,
-    refusal,
+    decoding_setup,
 )
 
 if TYPE_CHECKING:  # imported where the probes are decoded (a report imports no torch)
@@ -142,15 +141,10 @@ class RetrievalCheckScorer(ModelScorer):
         super().bind(1, 1, [MODEL_LEVEL], **options)  # one cell: the whole model
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
-        from headprobe.model.decoding import stop_tokens
         from headprobe.model.sites import attention_sites
 
-        why = refusal(model)
-        if why is not None:
-            raise UsageError(why.replace(NAME, CHECK, 1))
-        self.tokenizer, self.pad_id = tokenizer, pad_of(tokenizer)
-        self.stops = stop_tokens(tokenizer, model)
-        self.stack = stack
+        self.tokenizer, self.stack = tokenizer, stack
+        self.pad_id, self.stops = decoding_setup(model, tokenizer, CHECK)
         sites = attention_sites(model)
         self.shape = (sites.n_layers(stack), sites.n_heads(stack))
 
@@ -193,10 +187,7 @@ class RetrievalCheckScorer(ModelScorer):
                     forced=forced[rows],
                     forced_mask=forced_mask[rows],
                 )
-            texts += [
-                self.tokenizer.decode(out.row(r), skip_special_tokens=True)
-                for r in range(len(out.ids))
-            ]
+            texts += out.texts(self.tokenizer)
             logp.append(out.forced.double().sum(-1).cpu())  # [row]
         answers = [example.meta["answer"] for example in examples] * c
         got = [recalled(text, answer) for text, answer in zip(texts, answers)]
