@@ -380,13 +380,11 @@ def groups_console(results, analysis: str) -> str:
         return ""
     lines = [f"\n{analysis} ({table['objective'].iloc[0]}; paired 95% intervals):"]
     for r in table.itertuples(index=False):
-        line = f"  {r.group}: {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        heads, change = "", ""
         if r.n_heads:  # a group, not the intact model
-            line = (
-                f"  {r.group} ({r.heads}): {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}], "
-                f"change {r.change:+.3f} [{r.change_low:+.3f}, {r.change_high:+.3f}]"
-            )
-        lines.append(line)
+            heads = f" ({r.heads})"
+            change = f", change {r.change:+.3f} [{r.change_low:+.3f}, {r.change_high:+.3f}]"
+        lines.append(f"  {r.group}{heads}: {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]{change}")
     versus = results.tables.get(f"{analysis}_versus")
     pairs = set()
     for r in versus.itertuples(index=False) if versus is not None else []:
