@@ -150,14 +150,17 @@ def _figure_formats(flag, value, values) -> tuple[str, ...]:
         raise checks.UsageError(str(err).replace("--figures", flag, 1)) from None
 
 
+def _needle_only(flag, values, given: bool, what: str = "is an option of") -> None:
+    """An option of the needle probe, `given` a value of its own, needs --probe needle."""
+    if given and values["probe"] != NEEDLE:
+        raise checks.UsageError(f"{flag} {what} --probe {NEEDLE}: add --probe {NEEDLE}")
+
+
 def _needles(flag, value, values):
     """--needles: a JSONL file of needles, read whole and checked (one line naming file:line)."""
     if value is None:
         return None
-    if values["probe"] != NEEDLE:
-        raise checks.UsageError(
-            f"{flag} gives the needles of --probe {NEEDLE}: add --probe {NEEDLE}"
-        )
+    _needle_only(flag, values, True, "gives the needles of")
     checks.check_input_file(flag, value)
     try:
         read_needles(Path(value).expanduser())
@@ -179,15 +182,13 @@ def _needle_lengths(flag, value, values) -> tuple[int, ...]:
             ) from None
         lengths.append(checks.check_int(flag, length, 1, " tokens"))
     lengths = tuple(dict.fromkeys(lengths))
-    if values["probe"] != NEEDLE and lengths != DEFAULT_LENGTHS:
-        raise checks.UsageError(f"{flag} is an option of --probe {NEEDLE}: add --probe {NEEDLE}")
+    _needle_only(flag, values, lengths != DEFAULT_LENGTHS)
     return lengths
 
 
 def _needle_depths(flag, value, values) -> int:
     depths = checks.check_int(flag, value, 1, " (depths, evenly spaced from 0 to 1)")
-    if values["probe"] != NEEDLE and depths != DEFAULT_DEPTHS:
-        raise checks.UsageError(f"{flag} is an option of --probe {NEEDLE}: add --probe {NEEDLE}")
+    _needle_only(flag, values, depths != DEFAULT_DEPTHS)
     return depths
 
 
