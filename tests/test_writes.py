@@ -325,3 +325,26 @@ def test_a_run_writes_the_ov_copying_table_once(tmp_path, measure):
     assert (tmp_path / "out" / "ov_copying_heads.csv").exists()
     back = load_results(tmp_path / "out").ov_copying_heads
     np.testing.assert_array_equal(back["hits"].to_numpy(), table["hits"].to_numpy())
+
+
+def test_the_control_has_no_ov_copying_table_of_its_own(tmp_path):
+    """With --control random-init, ov_copying is still read off the trained model's weights only:
+    no `control_ov_copying_heads` (it would be the trained model's numbers under the control's
+    name)."""
+    from test_ablation_control import write_treebank
+    from test_gates import with_lm_head
+
+    import headprobe
+
+    family, model = with_lm_head("llama")
+    results = headprobe.run(
+        loaded=(model, family.tokenizer, "tiny"),
+        treebank=str(write_treebank(tmp_path / "t.conllu")),
+        analyses=["positional", "ov_copying"],
+        control="random-init",
+        n_boot=20,
+        pictures=False,
+        progress=False,
+    )
+    assert "ov_copying_heads" in results.tables and "control_positional_heads" in results.tables
+    assert "control_ov_copying_heads" not in results.tables

@@ -33,7 +33,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headprobe.model.control import TABLE_PREFIX, by_model, control_tables, with_control
+from headprobe.model.control import (
+    CONTROL,
+    TABLE_PREFIX,
+    by_model,
+    control_tables,
+    with_control,
+)
 from headprobe.results import store
 from headprobe.scoring import registry
 from headprobe.scoring.base import compact, concat_compact, sum_duplicates
@@ -100,7 +106,10 @@ class Results:
     def _weights_only_tables(self) -> dict[str, pd.DataFrame]:
         """The tables of the weights-only analyses the run computed: they have no tally (their
         record is the summary's entry under their name); they read no attention, so they are
-        given once, under the first measure (as the gated passes are)."""
+        given once, under the first measure (as the gated passes are). None in the random-init
+        control's own results (only control tallies): the weights read were the trained model's."""
+        if self.tallies and all(t.model == CONTROL for t in self.tallies.values()):
+            return {}
         done = self.summary.get("analyses", ())
         return {
             table: make(self)
