@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout this script is in, not an installed headprobe
 EWT = ROOT.parent / "shared" / "data" / "en_ewt-ud-dev.conllu"
 
 
