@@ -279,14 +279,15 @@ def test_word_pooling(wordpiece_tokenizer, mode):
     batch = pooling_batch(wordpiece_tokenizer, mode)
     att = LayerAttention(5, pooling_attention(), batch)
     words = att.words
-    assert words.shape == (2, 2, 3, 5)  # [batch, head, word, word + 2]
+    assert words.shape == (1, 2, 2, 3, 5)  # [layer, batch, head, word, word + 2]
+    words = words[0]
     head0, head1 = EXPECTED[mode]
     assert torch.allclose(words[0, 0], torch.tensor(head0), atol=1e-4)
     assert torch.allclose(words[0, 1], torch.tensor(head1), atol=1e-6)
     for head in range(2):
         assert torch.allclose(words[1, head], torch.tensor(EX1), atol=1e-6)
-    assert att.words is words  # computed once, shared
-    assert att.pieces.shape == (2, 2, 7, 7) and att.layer == 5
+    assert att.words is att.words  # computed once, shared
+    assert att.pieces.shape == (1, 2, 2, 7, 7) and att.layers == (5,)
 
 
 def test_word_pooling_without_specials():
@@ -297,7 +298,7 @@ def test_word_pooling_without_specials():
     batch = Batch(examples, alignments, pad_id=tok.eos_token_id, causal=True)
     # pieces: 0 Ġun, 1 believ, 2 able | 3 Ġcat  -- causal, rows sum to 1
     p = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.3, 0.5, 0], [0.1, 0.2, 0.3, 0.4]])
-    words = LayerAttention(0, p[None, None, None], batch).words[0, 0, 0]
+    words = LayerAttention(0, p[None, None, None], batch).words[0, 0, 0, 0]
     # unbelievable row = mean of rows 0-2: to itself (1 + 1 + 1) / 3 = 1, to cat 0
     # cat row = row 3: to unbelievable 0.1 + 0.2 + 0.3 = 0.6, to cat 0.4
     assert batch.special_present.tolist() == [[False, False]]

@@ -103,7 +103,7 @@ def test_scored_arcs_and_dependency_rows(wordpiece_tokenizer):
         scorer = DependencyScorer(conventions)
         scorer.bind(1, 1, [0], keep_units=True, n_boot=1)
         state = scorer.prepare(batch)
-        scorer.update(0, LayerAttention(0, pieces[None], batch), state)
+        scorer.update(LayerAttention(0, pieces[None], batch), state)
         scorer.end_batch(state)
         counts = scorer.unit_counts()
         assert set(counts.label.astype(str)) == labels

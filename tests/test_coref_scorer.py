@@ -60,7 +60,7 @@ def run(scorer, batches_and_attention):
             scorer.bind(len(per_layer), per_layer[0].shape[1], keep_units=True)
         state = scorer.prepare(batch)
         for layer, words in enumerate(per_layer):
-            scorer.update(layer, SimpleNamespace(words=words[None]), state)
+            scorer.update(SimpleNamespace(words=words[None, None], layers=(layer,)), state)
         scorer.end_batch(state)
     return scorer.unit_counts()
 

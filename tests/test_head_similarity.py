@@ -60,7 +60,7 @@ def run_scorer(wordpiece_tokenizer, examples, maps, n_heads=2):
     scorer = HeadSimilarityScorer()
     scorer.bind(1, n_heads, [0], n_boot=1)
     state = scorer.prepare(batch)
-    scorer.update(0, LayerAttention(0, pieces[None], batch), state)
+    scorer.update(LayerAttention(0, pieces[None], batch), state)
     scorer.end_batch(state)
     scorer.finish()
     return scorer

@@ -31,7 +31,7 @@ from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.samples import SAMPLE  # the tiny sample: the default corpus is EWT dev
 from headprobe.model.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
-from headprobe.scoring.engine import Engine, measured_attention
+from headprobe.scoring.engine import Engine, measured_attention, with_layer_axis
 from headprobe.studies.coreference.analysis import CoreferenceScorer
 from headprobe.studies.dependency.analysis import DependencyScorer
 from headprobe.studies.positional.analysis import PositionalScorer
@@ -454,9 +454,9 @@ def test_a_zero_norm_key_loses_its_mass_under_norms(wordpiece_tokenizer):
         scorer.bind(1, 2, [0], n_boot=2, keep_units=True)
         states[scorer] = scorer.prepare(batch)
         scorers.append(scorer)
-    for scorer, att in measured_attention(scorers, 0, heads, batch):
-        assert att.measures == ("weights", "norms") and len(att.words) == 2
-        scorer.update(0, att, states[scorer])
+    for scorer, att in measured_attention(scorers, (0,), with_layer_axis(heads), batch):
+        assert att.measures == ("weights", "norms") and att.words.shape[1] == 2
+        scorer.update(att, states[scorer])
     for scorer in scorers:
         scorer.end_batch(states[scorer])
     counts = pd.concat([s.unit_counts() for s in scorers]).astype(

@@ -182,7 +182,7 @@ def score_corpus(scorer, tokenizer, sentences, batch_size=40, n_boot=20):
         )
         pieces = torch.stack([to_pieces(att) for _, att in part])
         state = scorer.prepare(batch)
-        scorer.update(0, LayerAttention(0, pieces[None], batch), state)
+        scorer.update(LayerAttention(0, pieces[None], batch), state)
         scorer.end_batch(state)
     scorer.finish()
     return scorer

@@ -217,7 +217,7 @@ class WholeMatrixScorer(CountScorer):
             rows.count(example.unit, "all", 1)
         return self.new_state(batch, rows.keys, rows.n)
 
-    def update(self, layer, att, state):
+    def update(self, att, state):
         batch = state.batch
         assert att.pieces.shape[-2] == att.pieces.shape[-1] == batch.n_pieces  # every query row
         assert att.words.shape[-2] == batch.max_words

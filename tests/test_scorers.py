@@ -72,7 +72,7 @@ def run(scorer, batch, pieces, n_layers=2, n_heads=2, layers=(LAYER,)):
     scorer.bind(n_layers, n_heads, list(layers), keep_units=True)
     state = scorer.prepare(batch)
     att = LayerAttention(LAYER, pieces[None], batch)
-    scorer.update(LAYER, att, state)
+    scorer.update(att, state)
     scorer.end_batch(state)
     return scorer.unit_counts(), att
 
@@ -163,8 +163,8 @@ def test_dependency_hits(batch):
     pieces = attention([[DEP_S1_H0, NEXT_WORD], [DEP_S2_H0, NEXT_WORD]])
     counts, att = run(DependencyScorer(), batch, pieces)
     # the pooled word-level attention is the matrix written above
-    assert torch.allclose(att.words[0, 0, 0], torch.tensor(DEP_S1_H0), atol=1e-6)
-    assert torch.allclose(att.words[0, 1, 1], torch.tensor(NEXT_WORD), atol=1e-6)
+    assert torch.allclose(att.words[0, 0, 0, 0], torch.tensor(DEP_S1_H0), atol=1e-6)
+    assert torch.allclose(att.words[0, 0, 1, 1], torch.tensor(NEXT_WORD), atol=1e-6)
     assert set(counts.analysis) == {"dependency"}
     assert head_rows(counts) == DEP_EXPECTED  # no root / punct rows, nothing else
 
@@ -211,7 +211,7 @@ def test_dependency_two_batches_add_up(batch):
     scorer.bind(2, 2, [LAYER], keep_units=True)
     for _ in range(2):
         state = scorer.prepare(batch)
-        scorer.update(LAYER, LayerAttention(LAYER, pieces[None], batch), state)
+        scorer.update(LayerAttention(LAYER, pieces[None], batch), state)
         scorer.end_batch(state)
     rows = scorer.unit_counts()
     rows = (
@@ -226,11 +226,11 @@ def test_dependency_two_batches_add_up(batch):
 def test_masked_word_attention(batch):
     pieces = attention([[DEP_S1_H0, NEXT_WORD], [DEP_S2_H0, NEXT_WORD]])
     att = LayerAttention(LAYER, pieces[None], batch)
-    scores = masked_word_attention(att, batch, drop_self=True)[0]  # the one measure
+    scores = masked_word_attention(att, batch, drop_self=True)[0, 0]  # the one layer and measure
     assert scores.shape == (2, 2, 4, 4)  # specials dropped
     assert torch.all(scores.diagonal(dim1=-2, dim2=-1) == 0)
     assert torch.allclose(scores[0, 0, 0], torch.tensor([0.0, 0.3, 0.5, 0.2]))  # not renormalised
-    kept = masked_word_attention(att, batch, drop_self=False)[0]
+    kept = masked_word_attention(att, batch, drop_self=False)[0, 0]
     assert kept[0, 0, 0, 0].item() == pytest.approx(0.9)
 
 
@@ -249,11 +249,13 @@ def test_dependency_padding_is_masked(wordpiece_tokenizer):
     words[1, 0, 0] = torch.tensor([0.0, 0.1, 9.0, 9.0, 0.0, 0.0])  # "the": cat .1, padding words 9
     words[1, 0, 1] = torch.tensor([0.2, 0.0, 9.0, 9.0, 0.0, 0.0])  # "cat": the .2
     words[1, 0, 2:, :] = 9.0  # padding word rows
-    att = SimpleNamespace(words=words[None], pieces=None)  # a stand-in for LayerAttention
+    att = SimpleNamespace(
+        words=words[None, None], pieces=None, layers=(LAYER,)
+    )  # a stand-in for LayerAttention
     scorer = DependencyScorer()
     scorer.bind(2, 1, [LAYER], keep_units=True)
     state = scorer.prepare(batch)
-    scorer.update(LAYER, att, state)
+    scorer.update(att, state)
     scorer.end_batch(state)
     got = head_rows(scorer.unit_counts())
     # short, det 0 -> 1. dep->head: row 0 = [0 (self), .1, pad, pad] -> 1: hit (9.0 would win unmasked)

@@ -39,7 +39,8 @@ class Att:
     """What the engine hands a scorer for one layer: only `pieces` is read by token scorers."""
 
     def __init__(self, pieces):
-        self.pieces = pieces
+        self.pieces = pieces  # [layer, measure, batch, head, query, key]
+        self.layers = (0,)
 
 
 def alignment(ids, kinds=None) -> Alignment:
@@ -62,7 +63,7 @@ def run_by_hand(scorer, items, n_heads, causal=True, n_boot=50, keep_units=False
         for unit, a, probs in items:
             batch = Batch([example(unit, a)], [a], pad_id=0, causal=causal)
             state = scorer.prepare(batch)
-            scorer.update(0, Att(torch.as_tensor(probs, dtype=torch.float32)[None, None]), state)
+            scorer.update(Att(torch.as_tensor(probs, dtype=torch.float32)[None, None, None]), state)
             scorer.end_batch(state)
     scorer.finish()
     return scorer.tally_

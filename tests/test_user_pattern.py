@@ -68,7 +68,8 @@ def unregister():
 
 class Att:
     def __init__(self, pieces):
-        self.pieces = pieces  # [batch, head, query, key]
+        self.pieces = pieces  # [layer, measure, batch, head, query, key]
+        self.layers = (0,)
 
 
 def test_comma_pattern_scores_on_hand_built_attention(unregister):
@@ -93,7 +94,7 @@ def test_comma_pattern_scores_on_hand_built_attention(unregister):
             [Example(words=list("abcdef"), unit="u", source="u:1")], [a], pad_id=0, causal=False
         )
         state = scorer.prepare(batch)
-        scorer.update(0, Att(torch.as_tensor(probs, dtype=torch.float32)[None, None]), state)
+        scorer.update(Att(torch.as_tensor(probs, dtype=torch.float32)[None, None, None]), state)
         scorer.end_batch(state)
     scorer.finish()
     results = Results({NAME: scorer.tally_}, {"n_layers": 1, "n_heads": 2})

@@ -8,6 +8,7 @@ accuracy is 0), a role rule and no report section of its own (the generic one).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from headprobe.scoring.base import CountScorer, RowIndex, masked_word_attention
@@ -18,8 +19,9 @@ SHARE = 0.5
 
 class SelfScorer(CountScorer):
     """The scorer contract in full: `prepare` returns the batch's state (rows, trials, baselines,
-    and in `own` what `update` needs of the batch); `update` adds one layer's hits of every
-    measure into it; the base's `end_batch` commits them. Nothing of a batch is kept on `self`."""
+    and in `own` what `update` needs of the batch, built on the host and copied once); `update`
+    adds the hits of every layer it is handed and every measure into it, in one call, reading
+    nothing back; the base's `end_batch` commits them. Nothing of a batch is kept on `self`."""
 
     analysis = "self_attention"
     variants = ("next",)
@@ -29,17 +31,23 @@ class SelfScorer(CountScorer):
         row_of = [
             rows.count(example.unit, "self", len(example.words)) for example in batch.examples
         ]
-        q_b, q_i = batch.word_mask.nonzero(as_tuple=True)  # [query] batch row, word
-        own = (q_b, q_i, torch.tensor(row_of, device=batch.device)[q_b])  # + each query's row
-        return self.new_state(batch, rows.keys, rows.n, own)  # "next" never hits: 0 baselines
+        q_b = np.repeat(np.arange(len(batch)), batch.words_each)  # [query] batch row
+        q_i = np.concatenate([np.arange(n) for n in batch.words_each])  # [query] word
+        q_row = np.asarray(row_of, dtype=np.int64)[q_b]  # [query] each query's row
+        state = self.new_state(batch, rows.keys, rows.n)
+        put = lambda a: torch.from_numpy(a).to(batch.device)
+        # "next" never hits: no (query, baseline) pair, 0 baselines
+        both = self.both_index(state, q_row, np.zeros((len(q_b), 1), dtype=np.float32))
+        state.own = (put(q_b), put(q_i), put(q_row), both)
+        return state
 
-    def update(self, layer, att, state):
-        q_b, q_i, rows = state.own
-        scores = masked_word_attention(att, state.batch, drop_self=False)  # [m, b, h, w, w]
-        top = scores.max(dim=-1).indices.permute(0, 1, 3, 2)[:, q_b, q_i]  # [m, query, head]
-        hits = (top == q_i[None, :, None]).float()  # [measure, query, head]
-        self.add(state, layer, 0, rows, hits)
-        self.add_both(state, layer, 0, rows, hits, torch.zeros(len(q_b), 1, device=hits.device))
+    def update(self, att, state):
+        q_b, q_i, rows, both = state.own
+        scores = masked_word_attention(att, state.batch, drop_self=False)  # [l, m, b, h, w, w]
+        top = scores.max(dim=-1).indices.transpose(-1, -2)[..., q_b, q_i, :]  # [l, m, query, h]
+        hits = (top == q_i[:, None]).float()  # [layer, measure, query, head]
+        self.add(state, att, 0, rows, hits)
+        self.add_both(state, att, 0, both, hits)
 
 
 def selfish(results):

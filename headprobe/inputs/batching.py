@@ -65,6 +65,14 @@ def bucket(prepared: Prepared, batch_size: int) -> list[list[int]]:
     return batches
 
 
+def on_device(array: np.ndarray, device) -> torch.Tensor:
+    """A host array as a tensor on `device`: on the CPU the array's own memory (nothing is
+    dispatched), elsewhere one copy. What a batch's scorers need of it is built on the host and
+    moved with this, once per batch."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor if torch.device(device).type == "cpu" else tensor.to(device)
+
+
 class Batch:
     """Padded model inputs and word maps for a list of examples (tensors on `device`)."""
 
@@ -107,18 +115,22 @@ class Batch:
         rows, pieces = np.nonzero(column >= 0)
         to_words[rows, pieces, column[rows, pieces]] = 1.0
 
-        put = lambda array: torch.from_numpy(array).to(self.device)
-        self.input_ids = put(input_ids)  # [batch, piece]
-        self.attention_mask = put((piece_kind != PAD).astype(np.int64))  # [batch, piece]
-        self.piece_word = put(piece_word)  # [batch, piece]
-        self.piece_kind = put(piece_kind)  # [batch, piece]
-        self.n_words = put(np.array([a.n_words for a in alignments]))  # [batch]
-        self.word_mask = (
-            torch.arange(n_words, device=self.device)[None, :] < self.n_words[:, None]
-        )  # [batch, word]
+        # every mask is made here on the host and copied once: nothing in the batch loop reads a
+        # device value back
+        put = lambda array: on_device(array, self.device)
+        self.words_each = np.array([a.n_words for a in alignments], dtype=np.int64)  # [batch], host
+        word_mask = np.arange(n_words)[None, :] < self.words_each[:, None]  # [batch, word], host
+        self.piece_kind_host = piece_kind  # [batch, piece], host
+        mask = (piece_kind != PAD).astype(np.int64)
+        # [batch, piece] each: one copy for the four
+        self.input_ids, self.attention_mask, self.piece_word, self.piece_kind = put(
+            np.stack([input_ids, mask, piece_word, piece_kind])
+        ).unbind(0)
+        self.n_words = put(self.words_each)  # [batch]
+        self.word_mask = put(word_mask)  # [batch, word]
         self.to_words = put(to_words)  # [batch, piece, word + 2]
         # which of the two special key columns (CLS-like, SEP-like) exist in each example
-        self.special_present = self.to_words[:, :, n_words:].amax(dim=1) > 0  # [batch, 2]
+        self.special_present = put(to_words[:, :, n_words:].max(axis=1) > 0)  # [batch, 2]
         self.from_words = self._from_weights(
             piece_word, piece_kind, n_words
         )  # [batch, word, piece]
@@ -138,7 +150,7 @@ class Batch:
                 first.setdefault((r, w), p)
             for (r, w), p in first.items():
                 weights[r, w, p] = 1.0
-        return torch.from_numpy(weights).to(self.device)
+        return on_device(weights, self.device)
 
     def __len__(self) -> int:
         return len(self.examples)

@@ -92,14 +92,38 @@ def _rebuild_causal(scores, module, kwargs, start: int, n_total: int) -> None:
         scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)
 
 
+def _apply_mask(scores, attention_mask, module, kwargs, start: int, n_total: int) -> None:
+    """Mask `scores` [batch, head, rows, key] in place: a boolean mask (True = attend), an
+    additive float mask, or none (the causal mask rebuilt where the call is causal)."""
+    n_key = scores.shape[-1]
+    if attention_mask is None:
+        _rebuild_causal(scores, module, kwargs, start, n_total)
+    elif attention_mask.dtype == torch.bool:  # [batch, 1, query, key], True = attend
+        scores.masked_fill_(~attention_mask[..., :n_key], torch.finfo(scores.dtype).min)
+    else:  # additive float mask
+        mask = attention_mask if attention_mask.shape[-1] == n_key else attention_mask[..., :n_key]
+        if mask.dtype != torch.float32:
+            mask = mask.float()
+        scores.add_(mask.clamp_min(torch.finfo(scores.dtype).min))
+
+
 def eager_probs(
-    module, query, key, attention_mask, scaling, kwargs, rows: slice | None = None
+    module,
+    query,
+    key,
+    attention_mask,
+    scaling,
+    kwargs,
+    rows: slice | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(Q K^T * scale [softcapped] + position_bias + mask) as eager attention computes
     it, in float32: `[batch, head, query, key]`.
 
     rows: only these query rows (`slice(start, stop)`, a query block); the mask and the bias
-    are cut to them and a rebuilt causal mask is shifted by `start`. None: every row."""
+    are cut to them and a rebuilt causal mask is shifted by `start`. None: every row.
+    out: a float32 tensor of that shape to write the probabilities into (a slot of a buffer
+    that holds several layers, so that stacking them costs no copy)."""
     # query: [batch, head, query, dim]; key: [batch, kv_head, key, dim]
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention
@@ -110,7 +134,10 @@ def eager_probs(
         scaling = query.shape[-1] ** -0.5
     # scores in float32 even when the model runs in bfloat16/float16: the probabilities we hand on
     # are as exact as the inputs allow (eager attention in fp32 is matched to <= 1e-5)
-    query, key = query[:, :, start:stop].float(), key.float()
+    if rows is not None:
+        query = query[:, :, start:stop]
+    if query.dtype != torch.float32:  # no op where the model runs in float32
+        query, key = query.float(), key.float()
     scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)  # [batch, head, rows, key]
     softcap = kwargs.get("softcap")
     if softcap is not None:
@@ -130,12 +157,9 @@ def eager_probs(
         and rows is not None
     ):
         attention_mask = attention_mask[..., start:stop, :]  # the block's rows of the mask
-    if attention_mask is None:
-        _rebuild_causal(scores, module, kwargs, start, n_total)
-    elif attention_mask.dtype == torch.bool:  # [batch, 1, query, key], True = attend
-        scores.masked_fill_(~attention_mask[..., :n_key], torch.finfo(scores.dtype).min)
-    else:  # additive float mask
-        scores.add_(attention_mask[..., :n_key].float().clamp_min(torch.finfo(scores.dtype).min))
+    _apply_mask(scores, attention_mask, module, kwargs, start, n_total)
+    if out is not None:  # `_softmax.out`: the probabilities written where the caller keeps them
+        return torch._softmax(scores, -1, False, out=out)  # [batch, head, rows, key]
     return torch.softmax(scores, dim=-1, dtype=torch.float32)  # [batch, head, rows, key]
 
 
@@ -155,7 +179,9 @@ def attend(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     groups = probs.shape[1] // value.shape[1]
     if groups > 1:
         value = value.repeat_interleave(groups, dim=1)  # [batch, head, key, dim]
-    output = torch.matmul(probs.to(value.dtype), value)  # [batch, head, query, dim]
+    if probs.dtype != value.dtype:
+        probs = probs.to(value.dtype)
+    output = torch.matmul(probs, value)  # [batch, head, query, dim]
     return output.transpose(1, 2).contiguous()
 
 
@@ -280,9 +306,12 @@ def routed(model, routes: dict[nn.Module, Callable] | None = None, every: Callab
 def norm_attention(
     probs: torch.Tensor, value_norms: torch.Tensor, rows: bool = False
 ) -> torch.Tensor:
-    """N = a * ||v W_O|| per head: probs [batch, head, query, key] (or a block of query rows),
-    value_norms [batch, head, key]; with `rows`, each row divided by its sum (zero rows stay 0)."""
-    n = probs * value_norms[:, :, None, :].to(probs.dtype)  # [batch, head, query, key]
+    """N = a * ||v W_O|| per head: probs [..., batch, head, query, key] (or a block of query
+    rows; leading axes such as layers kept), value_norms [..., batch, head, key]; with `rows`,
+    each row divided by its sum (zero rows stay 0)."""
+    if value_norms.dtype != probs.dtype:
+        value_norms = value_norms.to(probs.dtype)
+    n = probs * value_norms[..., None, :]  # [..., batch, head, query, key]
     return row_shares(n) if rows else n
 
 

@@ -319,6 +319,9 @@ class AttentionCapture:
     needs: None (the callback gets the probabilities), or names from `QUANTITIES`: the
       callback gets a `Heads` mapping of exactly those (`(layer, heads)`, or with query
       blocks `(layer, heads, QueryBlock)`); nothing not asked for is computed.
+    into: None, or `into(layer, shape, device)` -> a float32 tensor of `shape` [batch, head, query, key]
+      (or None) where a whole layer's probabilities are written as they are computed (a slot of
+      the caller's buffer of several layers: stacked without a copy).
     After use, `calls_` counts the captured calls per layer.
     """
 
@@ -330,8 +333,10 @@ class AttentionCapture:
         query_block: int | None = None,
         stack: str | None = None,
         needs=None,
+        into: Callable | None = None,
     ):
         self.model = model
+        self.into = into
         self.needs = check_needs(needs)
         self.wanted = self.needs if self.needs is not None else frozenset({"probs"})
         check_capturable(model, self.wanted)
@@ -400,7 +405,9 @@ class AttentionCapture:
             return self._attend_in_blocks(
                 layer, module, query, key, value, mask, scaling, kwargs, extra
             ), None
-        probs = eager_probs(module, query, key, mask, scaling, kwargs)  # [batch, head, query, key]
+        shape = (query.shape[0], query.shape[1], query.shape[-2], key.shape[-2])
+        out = self.into(layer, shape, query.device) if self.into is not None else None
+        probs = eager_probs(module, query, key, mask, scaling, kwargs, out=out)  # [b, h, q, k]
         output = attend(probs, value)
         self._give(layer, probs, extra)
         return output, None

@@ -19,6 +19,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -61,14 +62,34 @@ def layers_word_attention(
 ) -> dict[int, torch.Tensor]:
     """{layer: [head, word, word + 2]} word-level attention of `layers` of `stack`, one forward
     pass (last columns: CLS-, SEP-like)."""
+    return sentences_word_attention(model, tokenizer, [words], layers, from_mode, stack)[0]
+
+
+@torch.inference_mode()
+def sentences_word_attention(
+    model,
+    tokenizer,
+    sentences: list[list[str]],
+    layers: list[int],
+    from_mode: str = "mean",
+    stack: str | None = None,
+) -> list[dict[int, torch.Tensor]]:
+    """Per sentence, {layer: [head, word, word + 2]} word-level attention of `layers` of `stack`:
+    every sentence in one forward pass, padded to the longest (padding is masked: no real piece
+    attends to it, and its rows and columns are pooled into no word)."""
+    if not sentences:
+        return []
     sites = attention_sites(model)
     stack = sites.resolve(stack)
-    alignment = sites.scoring_alignment(align_words(tokenizer, [list(words)])[0], stack)
+    alignments = [
+        sites.scoring_alignment(a, stack)
+        for a in align_words(tokenizer, [list(words) for words in sentences])
+    ]
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = Batch(
-        [Example(list(words), unit="sentence", source="<input>")],
-        [alignment],
+        [Example(list(words), unit="sentence", source="<input>") for words in sentences],
+        alignments,
         pad,
         device=device,
         from_mode=from_mode,
@@ -77,13 +98,25 @@ def layers_word_attention(
     kept = {}
 
     def keep(layer_index, probs):  # probs: [batch, head, query, key]
-        kept[layer_index] = (
-            LayerAttention(layer_index, probs[:, :, offset:], batch).words[0].float().cpu()
-        )
+        # [batch, head, word, word + 2]
+        kept[layer_index] = LayerAttention(layer_index, probs[:, :, offset:], batch).words[0]
 
     with AttentionCapture(model, list(layers), keep, stack=stack):
         model(**sites.model_inputs(batch, stack))
-    return kept
+    # on the host once, then cut per sentence with NumPy: [batch, head, word, word + 2] a layer
+    every = {layer: words.float().cpu().numpy() for layer, words in kept.items()}
+    out = []
+    for i, alignment in enumerate(alignments):
+        n = alignment.n_words  # its words, then the CLS-like and SEP-like columns
+        out.append(
+            {
+                layer: torch.from_numpy(
+                    np.concatenate([words[i, :, :n, :n], words[i, :, :n, -2:]], axis=-1)
+                )
+                for layer, words in every.items()
+            }
+        )
+    return out
 
 
 # ---------------------------------------------------------------- choosing examples

@@ -4,7 +4,7 @@
     kept = collect(model, tokenizer, sentences, layers=[0, 1], n_heads=12)
     kept = collect_for_run(model, tokenizer, results, picker, "mean", None)
 
-One forward per sentence, every layer captured at once, after the main pass: the engine's hot
+One forward pass for all of them (padded), every layer captured at once, after the main pass: the engine's hot
 loop is not touched, and the sentences are known only once the main pass has drawn them
 (`examples.SentencePicker`, seeded). What is kept, and its file: `headprobe.results.head_attention`.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from headprobe.inputs.corpora.base import ALL, Example
-from headprobe.results.examples import _best_rows, layers_word_attention
+from headprobe.results.examples import _best_rows, sentences_word_attention
 from headprobe.results.head_attention import BUDGET, MAX_SENTENCES, SCALE, fit_budget
 from headprobe.scoring.registry import ARCS
 
@@ -51,9 +51,9 @@ def collect(
     if not lengths or not layers:
         return None
     blocks, meta = [], []
-    for example, n in zip(sentences, lengths):
-        words = list(example.words[:n])
-        per_layer = layers_word_attention(model, tokenizer, words, layers, from_mode, stack)
+    cut = [list(example.words[:n]) for example, n in zip(sentences, lengths)]
+    every = sentences_word_attention(model, tokenizer, cut, layers, from_mode, stack)
+    for example, n, per_layer in zip(sentences, lengths, every):
         stacked = np.stack([per_layer[layer][:, :n, :n].numpy() for layer in layers])
         blocks.append(stacked.reshape(len(layers), n_heads, n * n))  # [layer, head, n * n]
         meta.append(_sentence_meta(example, n))

@@ -1,22 +1,30 @@
 """The scorer contract: the streaming accumulator every analysis's scorer builds on.
 
     state = scorer.prepare(batch)                 # -> BatchState: rows, trials, baselines, own values
-    scorer.update(layer, attention, state)        # per layer: every measure in one call
+    scorer.update(attention, state)               # a batch's layers and measures in one call
     scorer.end_batch(state)                       # the batch's rows into the tallies; state dropped
 
 A scorer turns one layer's attention into counts and keeps nothing else. For each batch it
 declares its *rows*, one per (unit, label), with the number of trials `n` of each row (`prepare`
 returns them in a `BatchState`, with what else the scorer needs of the batch in `state.own`);
-`update` adds per-head hits (or attention mass) of every measure to those rows on the device;
+`update` adds per-head hits (or attention mass) of every layer it is handed and every measure to
+those rows on the device, in one call (so the launches per batch do not grow with depth);
 `end_batch` adds the batch into the scorer's tallies, one per measure (per fold and bootstrap
 resample, METHODS §5). The state is a value: nothing of a batch lives on the scorer, so a batch
 retried after running out of memory, a query block, or a second measure cannot see another's.
 With `keep_units` the per-unit rows are also kept (`unit_counts()`), for small corpora,
 debugging and the exact multinomial bootstrap.
 
-`attention` (`scoring.engine.LayerAttention`) carries a leading measure axis, in the order of
-`scorer.measures`: `attention.words` [measure, batch, head, word, word + 2], `attention.pieces`
-[measure, batch, head, query, key]; `add` and `add_both` take values [measure, item, head].
+`attention` (`scoring.engine.LayerAttention`) carries two leading axes: the layers it holds
+(`attention.layers`: every layer of the batch where memory allows, else a group of them, or one
+layer in query blocks) and the measures, in the order of `scorer.measures`: `attention.words`
+[layer, measure, batch, head, word, word + 2], `attention.pieces` [layer, measure, batch, head,
+query, key]. A scorer computes with `...` for those axes; `add` and `add_both` take values
+[layer, measure, item, head].
+
+Nothing in `update` reads a value back to the host (no `.item()`, `nonzero`, boolean indexing,
+`if tensor`): whatever depends only on the batch (rows, indices, the baselines' hit pairs) is
+built once, in `prepare`, from host arrays (`both_index` for `add_both`).
 
 Baselines need no attention: a scorer names them in `variants` and fills
 `state.baseline_hits` ([row, variant]; the trials are the row's `n`) in `prepare`; they come out
@@ -95,12 +103,10 @@ class UnitLabelRows:
 
     labels: list[str] = []
 
-    def unit_rows(self, batch, n_for) -> tuple[list, list, torch.Tensor]:
-        """(keys, n, first_row [batch]): rows for every unit in the batch, `n_for(example,
+    def unit_rows(self, batch, n_for) -> tuple[list, list, np.ndarray]:
+        """(keys, n, first_row [batch], host): rows for every unit in the batch, `n_for(example,
         label)` giving the trials. A unit's labels get consecutive rows, so label k of example b
         sits at row first_row[b] + k."""
-        import torch
-
         rows, first_row = RowIndex(), []
         for example in batch.examples:
             first_row.append(
@@ -108,8 +114,15 @@ class UnitLabelRows:
             )
             for label in self.labels[1:]:
                 rows.count(example.unit, label, n_for(example, label))
-        first = torch.tensor(first_row, dtype=torch.long, device=batch.device)  # [batch]
-        return rows.keys, rows.n, first
+        return rows.keys, rows.n, np.array(first_row, dtype=np.int64)
+
+
+@dataclass
+class BothIndex:
+    """A batch's (item, baseline) pairs where the baseline hits, for `CountScorer.add_both`."""
+
+    item: torch.Tensor  # [pair] the item (index into the hits' item axis)
+    slot: torch.Tensor  # [pair] label x variant slot of `BatchState.both`
 
 
 @dataclass
@@ -125,8 +138,9 @@ class BatchState:
     baseline_hits: np.ndarray  # [row, variant]
     extra: dict[str, np.ndarray]  # name -> [row, direction]
     labels: list[str]  # this batch's labels, in order of first use
-    label_of_row: torch.Tensor  # [row]: index into `labels`
+    label_index: np.ndarray  # [row]: index into `labels` (host)
     both: torch.Tensor | None = None  # [measure, layer, direction, label * variant, head]
+    # (`add_both`)
     own: Any = None  # the scorer's own per-batch values
     batch: Any = None  # the batch itself (its word maps, sizes, device)
 
@@ -135,8 +149,7 @@ class CountScorer:
     """Base of every scorer: per-batch (unit, label) rows, streamed into one `Tally` per measure.
 
         state = scorer.prepare(batch)                 # rows, baselines, the scorer's own values
-        for layer in layers:
-            scorer.update(layer, attention, state)    # attention of every measure at once
+        scorer.update(attention, state)               # its layers (attention.layers) and measures
         scorer.end_batch(state)                       # the batch's counts into the tallies
 
     Class attributes a scorer declares (its analysis's registry entry reads them):
@@ -261,9 +274,7 @@ class CountScorer:
                 for name in self.extras
             },
             labels=labels,
-            label_of_row=torch.tensor(
-                [slot[name] for name in names], dtype=torch.long, device=batch.device
-            ),
+            label_index=np.array([slot[name] for name in names], dtype=np.int64),
             own=own,
             batch=batch,
         )
@@ -272,8 +283,9 @@ class CountScorer:
         """The batch's rows, baseline hits and the scorer's own per-batch values."""
         raise NotImplementedError
 
-    def update(self, layer: int, att, state: BatchState) -> None:
-        """Add one layer's counts (every measure of `att` at once) into `state`."""
+    def update(self, att, state: BatchState) -> None:
+        """Add the counts of the layers `att.layers` (every measure of `att` at once) into
+        `state`; called once per batch, or once per group of layers where memory asks for it."""
         raise NotImplementedError
 
     def end_batch(self, state: BatchState) -> None:
@@ -308,44 +320,57 @@ class CountScorer:
             tally.flush()
 
     # -- helpers for subclasses -------------------------------------------------------
-    def add(
-        self, state: BatchState, layer: int, direction: int, row: torch.Tensor, values: torch.Tensor
-    ) -> None:
-        """Add `values` [measure, item, head] to rows `row` [item] of this layer and direction."""
-        target = state.values[:, self.layer_slot[layer], direction]  # [measure, row, head]
-        target.index_add_(1, row, values.to(target.dtype))
+    def slots(self, att) -> slice:
+        """The slots of `att.layers` (or of a tuple of layers) in this scorer's layers (a slice:
+        the layers a batch hands on together are consecutive among those scored)."""
+        layers = att if isinstance(att, tuple) else att.layers
+        first = self.layer_slot[layers[0]]
+        return slice(first, first + len(layers))
 
-    def add_both(
-        self,
-        state: BatchState,
-        layer: int,
-        direction: int,
-        row: torch.Tensor,
-        hits: torch.Tensor,
-        base: torch.Tensor,
-    ) -> None:
-        """Count items hit by a head and by a baseline: `hits` [measure, item, head] (0/1), `base`
-        [item, variant] (0/1), for the labels of rows `row` [item]; McNemar's discordant
-        counts follow (head only = hits - both, baseline only = baseline hits - both).
-        Baseline hits are sparse (an arc's head sits at one offset), so only the
-        (item, variant) pairs that hit are added."""
+    def add(self, state: BatchState, att, direction: int, row, values) -> None:
+        """Add `values` [layer, measure, item, head] (the layers of `att`, or of a tuple of
+        layers) to rows `row` [item] of this direction."""
+        target = state.values[:, self.slots(att), direction]  # [measure, layer, row, head]
+        if values.dtype != target.dtype:
+            values = values.to(target.dtype)
+        target.index_add_(2, row, values.transpose(0, 1))
+
+    def add_both(self, state: BatchState, att, direction: int, index: BothIndex, hits) -> None:
+        """Count items hit by a head and by a baseline: `hits` [layer, measure, item, head] (0/1)
+        of the items that `index` (`both_index`, built in `prepare`) pairs with the baselines that
+        hit them; McNemar's discordant counts follow (head only = hits - both, baseline only =
+        baseline hits - both)."""
         import torch
 
-        n_variants = len(self.variants)
         if state.both is None:
             state.both = torch.zeros(
                 len(self.measures),
                 len(self.layers),
                 len(self.directions),
-                len(state.labels) * n_variants,
+                len(state.labels) * len(self.variants),
                 self.n_heads,
                 dtype=torch.float32,
                 device=hits.device,
             )
-        item, variant = base.nonzero(as_tuple=True)  # [pair]
-        target = state.both[:, self.layer_slot[layer], direction]  # [measure, label*variant, head]
-        target.index_add_(
-            1, state.label_of_row[row[item]] * n_variants + variant, hits[:, item].float()
+        target = state.both[:, self.slots(att), direction]  # [measure, layer, label*variant, head]
+        picked = hits.index_select(2, index.item)  # [layer, measure, pair, head]
+        if picked.dtype != target.dtype:
+            picked = picked.to(target.dtype)
+        target.index_add_(2, index.slot, picked.transpose(0, 1))
+
+    def both_index(self, state: BatchState, rows: np.ndarray, base: np.ndarray) -> BothIndex:
+        """The (item, baseline) pairs where baseline hits `base` [item, variant] (host, 0/1) are 1,
+        items in rows `rows` [item] (host): built once per batch, so `add_both` reads nothing
+        back. Baseline hits are sparse (an arc's head sits at one offset)."""
+
+        from headprobe.inputs.batching import on_device
+
+        item, variant = np.nonzero(np.asarray(base))
+        label = state.label_index[np.asarray(rows, dtype=np.int64)[item]]
+        device = state.batch.device if state.batch is not None else "cpu"
+        return BothIndex(
+            item=on_device(item.astype(np.int64), device),
+            slot=on_device((label * len(self.variants) + variant).astype(np.int64), device),
         )
 
     # -- results ----------------------------------------------------------------------
@@ -499,16 +524,14 @@ def word_fill(batch, drop_self: bool = True) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _word_fill(batch, drop_self: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    import torch
+    """Built on the host from the batch's word counts, then moved once."""
+    from headprobe.inputs.batching import on_device
 
-    valid = (
-        batch.word_mask[:, None, :, None] & batch.word_mask[:, None, None, :]
-    )  # [batch, 1, word, word]
-    keep = valid.clone()
-    if drop_self:
-        keep &= ~torch.eye(batch.max_words, dtype=torch.bool, device=batch.device)
-    fill = torch.where(valid, 0.0, -1.0)
-    return keep, fill
+    mask = np.arange(batch.max_words)[None, :] < batch.words_each[:, None]  # [batch, word]
+    valid = mask[:, None, :, None] & mask[:, None, None, :]  # [batch, 1, word, word]
+    keep = valid & ~np.eye(batch.max_words, dtype=bool) if drop_self else valid
+    fill = np.where(valid, 0.0, -1.0).astype(np.float32)
+    return on_device(keep, batch.device), on_device(fill, batch.device)
 
 
 def masked_word_attention(att, batch, drop_self: bool = True, prepared=None) -> torch.Tensor:

@@ -82,6 +82,10 @@ FULL_AT = 64
 # the pool holds at most this many full batches of pieces (65,536 at batch size 64), then lets
 # its fullest lengths go: examples held do not grow with the corpus (benchmarks/batch_fill.py)
 POOL_BATCHES = 16
+# a batch's layers are captured into one buffer and scored together while their probabilities
+# (times the matrices the measures stack) fit this many bytes; longer inputs go in smaller groups
+# of layers, down to one layer at a time (and query blocks, `--query-block`, below that)
+STACK_BYTES = {"cpu": 256 * 2**20, "cuda": 2 * 2**30}
 
 
 def chunked(items, size: int):
@@ -135,15 +139,18 @@ def pool_words(pieces: torch.Tensor, maps, from_mode: str, max_words: int) -> to
 
 
 class LayerAttention:
-    """One layer of one batch, every measure a scorer reads stacked on a leading axis, at piece
-    level and pooled to words (computed once, shared by the scorers that read the same view).
+    """A batch's attention at some of its layers (every layer where memory allows: a scorer then
+    counts a batch in one call), every measure a scorer reads stacked on a second leading axis, at
+    piece level and pooled to words (computed once, shared by the scorers that read the same view).
 
-    `measures` names the leading axis (the scorer's `measures`, in order): `pieces` is
-    [measure, batch, head, query piece, piece], `words` [measure, batch, head, word, word + 2].
+    `layers` names the first axis (consecutive layers of those scored), `measures` the second (the
+    scorer's `measures`, in order): `pieces` is [layer, measure, batch, head, query piece, piece],
+    `words` [layer, measure, batch, head, word, word + 2]. `LayerAttention(layer, pieces)` with one
+    layer (an int) takes `pieces` [measure, batch, head, query, key] and adds the layer axis.
 
     Block API (for scorers that declare `blocks = True`): `pieces` holds the query piece rows
-    `query_pieces = (start, stop)` (all keys), `words` the word rows `query_words = (start,
-    stop)` (all key columns); `first` / `last` mark a layer's first and last block. Without
+    `query_pieces = (start, stop)` (all keys) of one layer, `words` the word rows `query_words =
+    (start, stop)` (all key columns); `first` / `last` mark a layer's first and last block. Without
     query blocks there is one block of every row: `(0, pieces)`, `(0, words)`, both True.
 
     On a model spread over devices `pieces` arrives on the layer's device: `words` is pooled
@@ -152,7 +159,7 @@ class LayerAttention:
 
     def __init__(
         self,
-        layer: int,
+        layers: int | tuple[int, ...],
         pieces: torch.Tensor,
         batch: Batch,
         *,
@@ -163,9 +170,12 @@ class LayerAttention:
         last: bool = True,
         measures: tuple[str, ...] = (WEIGHTS,),
     ):
-        self.layer = layer
-        self.measures = measures  # what the leading axis holds (METHODS §7)
-        self.local = pieces  # [measure, batch, head, query piece, piece], layer's device
+        if isinstance(layers, int):
+            layers, pieces = (layers,), pieces[None]
+            words = None if words is None else words[None]
+        self.layers = tuple(layers)
+        self.measures = measures  # what the second axis holds (METHODS §7)
+        self.local = pieces  # [layer, measure, batch, head, query piece, piece], layer's device
         self.batch = batch
         self.query_pieces = query_pieces or (0, pieces.shape[-2])
         self.query_words = query_words or (0, batch.max_words)
@@ -177,13 +187,13 @@ class LayerAttention:
 
     @cached_property
     def pieces(self) -> torch.Tensor:
-        """[measure, batch, head, piece, piece] on the batch's device."""
+        """[layer, measure, batch, head, piece, piece] on the batch's device."""
         return self.local.to(self.batch.device)
 
     @cached_property
     def words(self) -> torch.Tensor:
-        """[measure, batch, head, word, word + 2]: to = sum over pieces; from = mean/first/max; +
-        CLS-, SEP-like."""
+        """[layer, measure, batch, head, word, word + 2]: to = sum over pieces; from =
+        mean/first/max; + CLS-, SEP-like."""
         batch = self.batch
         if self.local.device == batch.device:
             return pool_words(self.local, batch, batch.from_mode, batch.max_words)
@@ -302,9 +312,10 @@ def without_rows(heads, block: QueryBlock | None, offset: int):
 
 
 def stacked_views(pieces: MeasuredPieces, views) -> tuple[torch.Tensor, dict]:
-    """([matrix, batch, head, query, key] every distinct matrix the views read, stacked once;
-    {view: [index of each of its measures]}): under weights,norms the ARGMAX view reads
-    (weights, N) and the MASS view (weights, N / row sum), three matrices for four slots."""
+    """([layer, matrix, batch, head, query, key] every distinct matrix the views read, stacked
+    once; {view: [index of each of its measures]}): under weights,norms the ARGMAX view reads
+    (weights, N) and the MASS view (weights, N / row sum), three matrices for four slots.
+    `pieces` holds layers on a leading axis."""
     matrices, slots = {}, {}
     for measures, reads in views:
         slots[measures, reads] = [
@@ -314,23 +325,25 @@ def stacked_views(pieces: MeasuredPieces, views) -> tuple[torch.Tensor, dict]:
     order = sorted(matrices, key=matrices.get)
     every = [pieces.get(WEIGHTS, ARGMAX) if m == WEIGHTS else pieces.get(*m) for m in order]
     # one matrix (weights alone): a view, not a copy
-    stacked = every[0][None] if len(every) == 1 else torch.stack(every)  # [matrix, b, h, q, k]
-    return stacked, slots
+    if len(every) == 1:
+        return every[0].unsqueeze(1), slots  # [layer, 1, b, h, q, k]
+    return torch.stack(every, dim=1), slots  # [layer, matrix, b, h, q, k]
 
 
 def measured_attention(
     scorers,
-    layer: int,
+    layers: tuple[int, ...],
     heads,
     batch: Batch,
     block: QueryBlock | None = None,
     pooling: dict | None = None,
 ):
     """(scorer, LayerAttention) for each scorer, in order: one `LayerAttention` per (measures,
-    reading) that some scorer reads (`view_of`), built from what the capture handed on (`heads`:
-    the probabilities, or a `capture.Heads`), shared by the scorers that read it. Every distinct
-    matrix is pooled to words once, in one call over a leading axis. With a query `block`,
-    `pooling` ({layer: WordRows}, kept across the layer's blocks) pools its rows."""
+    reading) that some scorer reads (`view_of`), built from what the capture handed on for
+    `layers` (`heads`: the probabilities, or a `capture.Heads`, each with a leading layer axis),
+    shared by the scorers that read it. Every distinct matrix of every layer is pooled to words
+    once, in one call over the leading axes. With a query `block` (one layer), `pooling`
+    ({layer: WordRows}, kept across the layer's blocks) pools its rows."""
     views = list(dict.fromkeys(map(view_of, scorers)))
     stacked, slots = stacked_views(MeasuredPieces(heads), views)
     if block is None:
@@ -338,6 +351,7 @@ def measured_attention(
         words = pool_words(stacked, batch, batch.from_mode, batch.max_words) if local else None
         query_words = None
     else:
+        layer = layers[0]
         if block.first:
             pooling[layer] = WordRows(batch, stacked.device)
         words, query_words = pooling[layer].add(stacked, block.start, block.stop)
@@ -345,16 +359,14 @@ def measured_attention(
             del pooling[layer]
         words = words.to(batch.device)
     atts = {}
+    n_matrices = stacked.shape[1]
     for view in views:
         index = slots[view]
-        whole = index == list(range(len(stacked)))
-        pieces = stacked if whole else stacked[index]  # [measure, batch, head, query, key]
-        if words is not None and not whole:
-            view_words = words[index]  # [measure, batch, head, word, word + 2]
-        else:
-            view_words = words
+        whole = index == list(range(n_matrices))
+        pieces = stacked if whole else stacked[:, index]  # [layer, measure, b, h, query, key]
+        view_words = words if words is None or whole else words[:, index]
         atts[view] = LayerAttention(
-            layer,
+            layers,
             pieces,
             batch,
             words=view_words,
@@ -491,6 +503,7 @@ class Engine:
             query_block = None
         self.query_block = int(query_block) if query_block else None
         self.progress = config.progress
+        self.stack_bytes = STACK_BYTES.get(self.device.type, STACK_BYTES["cpu"])
         self.desc = desc
         self.sites = attention_sites(model)
         self.stack = self.sites.resolve(config.stack)
@@ -746,7 +759,9 @@ class Engine:
 
     @torch.inference_mode()
     def _attention_pass(self, batch: Batch) -> dict:
-        """{scorer: its state} of the scorers that read attention, every asked-for layer added."""
+        """{scorer: its state} of the scorers that read attention, every asked-for layer added:
+        the layers in groups as large as `stack_bytes` allows (all of them for short inputs),
+        each group scored in one call per scorer; query blocks one layer at a time."""
         readers = [s for s in self.scorers if s not in self.model_scorers]
         states = {scorer: scorer.prepare(batch) for scorer in readers}
         if not readers:
@@ -754,13 +769,24 @@ class Engine:
         offset = self.sites.query_offset(self.stack)  # cross-attention: the start token's row
         pooling: dict[int, WordRows] = {}
 
+        def score(layers: tuple[int, ...], heads, block: QueryBlock | None = None) -> None:
+            for scorer, att in measured_attention(readers, layers, heads, batch, block, pooling):
+                scorer.update(att, states[scorer])
+
+        per_layer = len(batch) * self.n_heads * batch.n_pieces**2 * 4 * self._matrices(readers)
+        stack = LayerStack(self._scored_layers(), max(1, self.stack_bytes // max(per_layer, 1)))
+
         def hand_on(layer: int, heads, block: QueryBlock | None = None) -> None:
             if offset:
                 heads, block = without_rows(heads, block, offset)
                 if heads is None:
                     return
-            for scorer, att in measured_attention(readers, layer, heads, batch, block, pooling):
-                scorer.update(layer, att, states[scorer])
+            if block is not None:  # a query block: one layer
+                score((layer,), with_layer_axis(heads), block)
+                return
+            group = stack.add(layer, heads)
+            if group is not None:
+                score(*group)
 
         with AttentionCapture(
             self.model,
@@ -769,6 +795,110 @@ class Engine:
             query_block=self.query_block,
             stack=self.stack,
             needs=self.needs,
+            into=None if offset or self.query_block else stack.into,
         ):
             self.model(**self.sites.model_inputs(batch, self.stack))
+        for group in stack.leftovers():
+            score(*group)
         return states
+
+    def _scored_layers(self) -> list[int]:
+        return list(range(self.n_layers)) if self.layers is None else sorted(self.layers)
+
+    def _matrices(self, readers) -> int:
+        """How many piece-level matrices per layer the readers' views stack (weights alone: 1;
+        weights and norms under both readings: 3)."""
+        views = dict.fromkeys(map(view_of, readers))
+        return len({m if m == WEIGHTS else (m, r) for ms, r in views for m in ms})
+
+
+def with_layer_axis(heads):
+    """The capture's payload of one layer with a leading layer axis of 1 (probs, or a `Heads`)."""
+    if isinstance(heads, torch.Tensor):
+        return heads[None]
+    return Heads({name: value[None] for name, value in heads.items()})
+
+
+class LayerStack:
+    """One batch's captured layers, gathered into groups of consecutive layers (`size` each) that
+    are scored together: a group's probabilities are written by the capture straight into one
+    buffer [layer, batch, head, query, key] (`into`: no copy to stack them), other quantities
+    (value norms) stacked when the group is complete.
+
+        stack = LayerStack([0, 1, 2, 3], size=2)
+        stack.add(0, probs0)      # None: the group (0, 1) is not complete
+        stack.add(1, probs1)      # ((0, 1), probs [2, batch, head, query, key])
+    """
+
+    def __init__(self, layers: list[int], size: int):
+        self.groups = [tuple(layers[i : i + size]) for i in range(0, len(layers), size)]
+        self.group_of = {layer: group for group in self.groups for layer in group}
+        self.buffers: dict[tuple[int, ...], torch.Tensor] = {}  # [layer, b, h, q, k] per group
+        self.slots: dict[tuple[int, ...], tuple] = {}  # each layer's view of its group's buffer
+        self.written: set[int] = set()  # layers the capture wrote into their slot
+        self.extra: dict[tuple[int, ...], dict[int, dict]] = {}  # group -> layer -> other names
+
+    def _allocate(self, group, shape, device) -> torch.Tensor:
+        buffer = self.buffers[group] = torch.empty(
+            (len(group), *shape), dtype=torch.float32, device=device
+        )
+        self.slots[group] = buffer.unbind(0)  # one call for every layer's view
+        return buffer
+
+    def into(self, layer: int, shape, device) -> torch.Tensor | None:
+        """The slot of `layer` in its group's buffer, allocated on `device` at the group's first
+        layer; None where the group's buffer is elsewhere (a model over several devices: `add`
+        copies the layer in)."""
+        group = self.group_of.get(layer)
+        if group is None:
+            return None
+        buffer = self.buffers.get(group)
+        if buffer is None:
+            buffer = self._allocate(group, shape, device)
+        if tuple(buffer.shape[1:]) != tuple(shape) or buffer.device != torch.device(device):
+            return None
+        self.written.add(layer)
+        return self.slots[group][group.index(layer)]
+
+    def add(self, layer: int, heads):
+        """Take one layer's payload; (layers, payload with a leading layer axis) when its group
+        is complete, else None."""
+        group = self.group_of[layer]
+        probs = heads if isinstance(heads, torch.Tensor) else heads.get("probs")
+        if probs is not None and layer not in self.written:  # not written in place: copy it in
+            buffer = self.buffers.get(group)
+            if buffer is None or buffer.shape[1:] != probs.shape:
+                buffer = self._allocate(group, probs.shape, probs.device)
+            # (across devices where the group's buffer is elsewhere)
+            self.slots[group][group.index(layer)].copy_(probs)
+        others = self.extra.setdefault(group, {})
+        others[layer] = {} if isinstance(heads, torch.Tensor) else heads
+        if len(others) < len(group):
+            return None
+        del self.extra[group]
+        self.written.difference_update(group)
+        self.slots.pop(group, None)
+        buffer = self.buffers.pop(group, None)
+        if isinstance(heads, torch.Tensor):
+            return group, buffer
+        names = [name for name in heads if name != "probs"]
+        payload = Heads({name: torch.stack([others[x][name] for x in group]) for name in names})
+        if buffer is not None:
+            payload["probs"] = buffer
+        return group, payload
+
+    def leftovers(self):
+        """(layers, payload) of each layer of a group that never completed (a layer the model did
+        not run in this pass), one layer at a time."""
+        for group, others in self.extra.items():
+            buffer = self.buffers.get(group)
+            for layer, heads in sorted(others.items()):
+                probs = None if buffer is None else buffer[group.index(layer)]
+                if isinstance(heads, torch.Tensor) or not heads:
+                    yield (layer,), probs[None]
+                else:
+                    payload = with_layer_axis(Heads(heads))
+                    if probs is not None:
+                        payload["probs"] = probs[None]
+                    yield (layer,), payload
+        self.extra, self.buffers, self.slots, self.written = {}, {}, {}, set()

@@ -61,5 +61,5 @@ class ModelScorer(CountScorer):
     def prepare(self, batch) -> BatchState:
         raise TypeError(f"{type(self).__name__} runs the model: the engine calls model_pass")
 
-    def update(self, layer, att, state) -> None:
+    def update(self, att, state) -> None:
         raise TypeError(f"{type(self).__name__} reads no attention")

@@ -88,9 +88,11 @@ class LabelCounts:
 
     TOTALS = ("hits", "n", "base", "both")
 
-    def __init__(self, hits, n, base, both, extra: dict):
+    def __init__(self, hits, n, base, both, extra: dict, host: dict | None = None):
         self.hits, self.n, self.base, self.both = hits, n, base, both
         self.extra = dict(extra)
+        # on the CPU: the NumPy arrays that share the tensors' memory, read with no op
+        self.host = host
 
     @classmethod
     def zeros(
@@ -107,30 +109,41 @@ class LabelCounts:
         import torch
 
         r = resamples
-        value = torch.float64 if mass else torch.int32  # int32: exact to 2**31, half of int64's
-        return cls(
-            hits=torch.zeros(N_FOLDS, r, n_layers, n_heads, n_dirs, dtype=value, device=device),
-            n=torch.zeros(N_FOLDS, r, n_dirs, dtype=torch.float64, device=device),
-            base=torch.zeros(N_FOLDS, r, n_variants, dtype=torch.int64, device=device),
-            both=torch.zeros(
-                n_layers, n_heads, n_dirs, n_variants, dtype=torch.int64, device=device
+        arrays = {
+            # int32: exact to 2**31, half of int64's
+            "hits": np.zeros(
+                (N_FOLDS, r, n_layers, n_heads, n_dirs), dtype=np.float64 if mass else np.int32
             ),
-            extra={
-                name: torch.zeros(N_FOLDS, n_dirs, dtype=torch.int64, device=device)
-                for name in extras
-            },
-        )
+            "n": np.zeros((N_FOLDS, r, n_dirs), dtype=np.float64),
+            "base": np.zeros((N_FOLDS, r, n_variants), dtype=np.int64),
+            "both": np.zeros((n_layers, n_heads, n_dirs, n_variants), dtype=np.int64),
+            **{f"extra:{name}": np.zeros((N_FOLDS, n_dirs), dtype=np.int64) for name in extras},
+        }
+        if torch.device(device).type == "cpu":  # tensors over the arrays' memory
+            t = {name: torch.from_numpy(array) for name, array in arrays.items()}
+            host = arrays
+        else:
+            t = {name: torch.from_numpy(array).to(device) for name, array in arrays.items()}
+            host = None
+        extra = {name: t[f"extra:{name}"] for name in extras}
+        return cls(t["hits"], t["n"], t["base"], t["both"], extra, host)
 
     def arrays(self) -> dict[str, np.ndarray]:
+        if self.host is not None:  # the tensors' own memory (CPU): nothing to copy
+            return dict(self.host)
         out = {name: getattr(self, name) for name in self.TOTALS}
         out.update({f"extra:{k}": v for k, v in self.extra.items()})
         return {k: _numpy(v) for k, v in out.items()}
 
     def on(self, device) -> LabelCounts:
         """These totals as tensors on `device`, in place (arrays read from a file become tensors;
-        tensors already there stay as they are); returns self."""
+        tensors already there stay as they are: no op); returns self."""
         import torch
 
+        hits = self.hits
+        if isinstance(hits, torch.Tensor) and hits.device == torch.device(device):
+            return self
+        self.host = None
         for name in self.TOTALS:
             setattr(self, name, torch.as_tensor(getattr(self, name)).to(device))
         self.extra = {k: torch.as_tensor(v).to(device) for k, v in self.extra.items()}
@@ -146,12 +159,16 @@ class LabelCounts:
             value = torch.as_tensor(value).to(self.n.device)
             if name not in self.extra:
                 self.extra[name] = torch.zeros_like(value)
+                self.host = None  # a new total the arrays do not hold
             self.extra[name].add_(value)
 
 
 def _numpy(total) -> np.ndarray:
-    """A total as a NumPy array (CPU): a tensor's copy, an array itself."""
-    return total if isinstance(total, np.ndarray) else total.detach().cpu().numpy()
+    """A total as a NumPy array (CPU): a tensor's copy (a CPU tensor's own memory, no op), an
+    array itself. Totals are made in inference mode: nothing to detach."""
+    if isinstance(total, np.ndarray):
+        return total
+    return total.numpy() if total.device.type == "cpu" else total.cpu().numpy()
 
 
 class Tally:
@@ -192,6 +209,7 @@ class Tally:
         self.labels: dict[str, LabelCounts] = {}
         self.draws = UnitDraws(self.seed, max(self.n_boot, 1))
         self._pending: list[tuple] = []
+        self._pending_both: list[tuple] = []  # (labels, [label, layer, head, direction, variant])
         self._pending_rows = 0
 
     # -- the shape of one label's totals ------------------------------------------------
@@ -246,17 +264,15 @@ class Tally:
         if self._pending_rows >= FLUSH_ROWS:
             self.flush()
 
-    @inference_mode
     def add_both(self, labels, both) -> None:
-        """Add head-and-baseline hits `both` [label, layer, head, direction, variant] of `labels`."""
-        import torch
-
-        for i, name in enumerate(labels):
-            self.label(name).both += both[i].round().to(torch.int64).to(self.device)
+        """Add head-and-baseline hits `both` [label, layer, head, direction, variant] of `labels`
+        (buffered with the rows: added per label when the totals are)."""
+        self._pending_both.append((list(labels), both))
 
     @inference_mode
     def flush(self) -> None:
         """Add the buffered rows into the totals."""
+        self._flush_both()
         if not self._pending:
             return
         import torch
@@ -301,6 +317,24 @@ class Tally:
                 counts.base[f] += (w.T @ base_t.index_select(0, index)).round().to(torch.int64)
             for key, value in extra.items():
                 counts.extra[key][f] += torch.as_tensor(value[members].sum(0), device=self.device)
+
+    def _flush_both(self) -> None:
+        """Add the buffered head-and-baseline hits: every batch's summed per label in one call,
+        then one addition per label."""
+        if not self._pending_both:
+            return
+        import torch
+
+        pending, self._pending_both = self._pending_both, []
+        names = list(dict.fromkeys(name for labels, _ in pending for name in labels))
+        slot = {name: i for i, name in enumerate(names)}
+        index = [slot[name] for labels, _ in pending for name in labels]
+        every = torch.cat([both for _, both in pending]).to(self.device)  # [row, l, h, d, v]
+        summed = every.new_zeros((len(names), *every.shape[1:]), dtype=torch.float64)
+        summed.index_add_(0, torch.as_tensor(index, device=every.device), every.double())
+        summed = summed.round().to(torch.int64)  # [label, layer, head, direction, variant]
+        for name, total in zip(names, summed.unbind(0)):
+            self.label(name).both += total
 
     @inference_mode
     def merge(self, other: Tally) -> Tally:
@@ -444,6 +478,8 @@ class Tally:
         added first, so that a resumed run adds them into the totals at the same moment as an
         uninterrupted run would: float sums (attention mass) stay bit-identical."""
         import json
+
+        self._flush_both()  # whole counts: adding them now or later gives the same totals
 
         labels = sorted(self.labels)
         meta = self._meta(labels)

@@ -40,7 +40,14 @@ import numpy as np
 import pandas as pd
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.base import BatchState, CountScorer, RowIndex, first_argmax, query_rows
+from headprobe.scoring.base import (
+    BatchState,
+    BothIndex,
+    CountScorer,
+    RowIndex,
+    first_argmax,
+    query_rows,
+)
 from headprobe.scoring.registry import COREFERENCE, MENTIONS, Analysis, RoleRule, register
 from headprobe.stats import roles
 from headprobe.stats.engine import ALPHA
@@ -215,51 +222,55 @@ class CoreferenceScorer(CountScorer):
         gold[
             torch.tensor(gold_r, **long), torch.tensor([c for it in items for c in it[5]], **long)
         ] = True
+        rows = np.array([it[2] for it in items] + [it[3] for it in items], dtype=np.int64)
+        both = torch.cat([base, base])  # [2 * mention, variant]
         state.own = Mentions(
             b=torch.tensor([it[0] for it in items], **long),
             q=torch.tensor([it[1] for it in items], **long),
             cand=cand,
             gold=gold,
-            rows=torch.tensor([it[2] for it in items] + [it[3] for it in items], **long),
-            base=torch.cat([base, base]).to(device),
+            rows=torch.from_numpy(rows).to(device),
+            base=both.to(device),
+            both=self.both_index(state, rows, both.numpy()),
+            n=len(items),
         )
         return state
 
-    def update(self, layer, att, state) -> None:
+    def update(self, att, state) -> None:
         import torch
 
         m, batch = state.own, state.batch
-        if m.b.numel() == 0:
+        if m.n == 0:
             return
         width = int(batch.max_words)
-        words = att.words  # [measure, batch, head, word, word + 2]
+        words = att.words  # [layer, measure, batch, head, word, word + 2]
         if words.shape[-1] - 2 < width:
             raise ValueError(
                 f"att.words has {words.shape[-1] - 2} word columns; the batch has {width} words"
             )
         w0, w1, *_ = query_rows(att, batch)
-        b, q, cand, gold, rows_of, base = m.b, m.q, m.cand, m.gold, m.rows, m.base
+        b, q, cand, gold, rows_of, index = m.b, m.q, m.cand, m.gold, m.rows, m.both
         if (w0, w1) != (0, width):  # a query block: the mentions whose head row is here
             here = ((q >= w0) & (q < w1)).nonzero().squeeze(1)
             if not here.numel():
                 return
-            both = torch.cat([here, here + len(m.b)])
+            both = torch.cat([here, here + m.n])
             b, q, cand, gold = b[here], q[here], cand[here], gold[here]
-            rows_of, base = rows_of[both], base[both]
-        rows = words.permute(1, 3, 0, 2, 4)[
-            b, q - w0
-        ]  # [mention, measure, head, word + 2] (a copy)
-        rows = rows[..., :width].float().transpose(0, 1)  # [measure, mention, head, word]
-        n_measures, n_heads = rows.shape[0], rows.shape[2]
+            rows_of = rows_of[both]
+            index = self.both_index(state, rows_of.cpu().numpy(), m.base[both].cpu().numpy())
+        # [layer, measure, mention, head, word + 2] (a copy)
+        rows = words.movedim(-2, 3)[:, :, b, q - w0]
+        rows = rows[..., :width].float()  # [layer, measure, mention, head, word]
         # METHODS §3: the attention a word pays to itself is 0 before any argmax ...
-        rows.scatter_(3, q.view(1, -1, 1, 1).expand(n_measures, -1, n_heads, 1), 0.0)
+        rows.scatter_(-1, q.view(1, 1, -1, 1, 1).expand(*rows.shape[:-1], 1), 0.0)
         # ... and only candidate words compete (ties -> the lowest index).
-        rows.masked_fill_(~cand[None, :, None, :], float("-inf"))
-        pred = first_argmax(rows, -1)  # [measure, mention, head]
-        hit = gold[None].expand(n_measures, -1, -1).gather(2, pred)  # [measure, mention, head]
-        hits = torch.cat([hit, hit], dim=1)  # [measure, 2 * mention, head]
-        self.add(state, layer, 0, rows_of, hits)
-        self.add_both(state, layer, 0, rows_of, hits, base)
+        rows.masked_fill_(~cand[:, None, :], float("-inf"))
+        pred = first_argmax(rows, -1)  # [layer, measure, mention, head]
+        # [layer, measure, mention, head]
+        hit = gold.expand(*pred.shape[:2], -1, -1).gather(-1, pred)
+        hits = torch.cat([hit, hit], dim=-2)  # [layer, measure, 2 * mention, head]
+        self.add(state, att, 0, rows_of, hits)
+        self.add_both(state, att, 0, index, hits)
 
 
 @dataclass
@@ -272,6 +283,8 @@ class Mentions:
     gold: torch.Tensor  # [mention, word] bool: candidates heading a mention of its cluster
     rows: torch.Tensor  # [2 * mention]: the kind's row, then ALL's
     base: torch.Tensor  # [2 * mention, variant] baseline hits
+    both: BothIndex  # the (mention row, baseline) pairs where the baseline hits (`add_both`)
+    n: int  # scored mentions
 
 
 # ---------------------------------------------------------------- role rule (METHODS §6)

@@ -32,6 +32,7 @@ from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scoring.base import (
     BatchState,
+    BothIndex,
     CountScorer,
     RowIndex,
     masked_word_attention,
@@ -83,7 +84,8 @@ class DependencyScorer(CountScorer):
         self.variants = conventions.variants
 
     def prepare(self, batch) -> BatchState:
-        import torch
+
+        from headprobe.inputs.batching import on_device
 
         rows = RowIndex()
         arcs = []  # (batch row, dependent, head, row of rel, row of ALL)
@@ -108,14 +110,17 @@ class DependencyScorer(CountScorer):
         for column in (3, 4):  # the arc's relation row, its ALL row
             np.add.at(state.baseline_hits, table[:, column], base)
             np.add.at(state.extra["unreachable"], table[:, column], unreachable)
-        tensors = torch.from_numpy(table).to(batch.device)
+        columns = on_device(table.T, batch.device)  # [5, arc]
+        rows = np.concatenate([table[:, 3], table[:, 4]])  # [2 * arc]: its relation's, its ALL
         state.own = Arcs(
-            b=tensors[:, 0],
-            dep=tensors[:, 1],
-            head=tensors[:, 2],
-            rows=torch.cat([tensors[:, 3], tensors[:, 4]]),
-            base=torch.from_numpy(np.concatenate([base, base])).to(batch.device),
+            b=columns[0],
+            dep=columns[1],
+            head=columns[2],
+            rows=on_device(rows, batch.device),
+            base=on_device(np.concatenate([base, base]), batch.device),
             fill=word_fill(batch),
+            both=self.both_index(state, rows, np.concatenate([base, base])),
+            n=len(table),
         )
         return state
 
@@ -131,25 +136,25 @@ class DependencyScorer(CountScorer):
             out[:, 1] = table[:, 1] == n_words - 1
         return out
 
-    def update(self, layer, att, state) -> None:
-        import torch
-
+    def update(self, att, state) -> None:
         arcs, batch = state.own, state.batch
-        if arcs.b.numel() == 0:
+        if arcs.n == 0:
             return
         w0, w1, _, _, first, last = query_rows(att, batch)
         if (w0, w1) != (0, batch.max_words):  # one query block of the layer
-            return self._update_block(layer, att, state, w0, w1, first, last)
-        scores = masked_word_attention(att, batch, prepared=arcs.fill)  # [m, b, head, word, word]
+            return self._update_block(att, state, w0, w1, first, last)
+        # [layer, measure, batch, head, word, word]
+        scores = masked_word_attention(att, batch, prepared=arcs.fill)
         # the first maximum (ties -> lowest index); a row or column whose maximum is 0 has no
         # attention left after specials and self are removed: it predicts nothing
-        to_top = scores.max(dim=-1)  # [measure, batch, head, query]
-        from_top = scores.max(dim=-2)  # [measure, batch, head, key]
-        everything = torch.arange(len(arcs.b), device=arcs.b.device)
+        to_top = scores.max(dim=-1)  # [layer, measure, batch, head, query]
+        from_top = scores.max(dim=-2)  # [layer, measure, batch, head, key]
         for direction, top in enumerate((to_top, from_top)):
-            self._add_hits(state, layer, direction, top.values, top.indices, everything, arcs.dep)
+            hits = self._hits(state, top.values, top.indices, arcs.b, arcs.dep, arcs.head)
+            self.add(state, att, direction, arcs.rows, hits)
+            self.add_both(state, att, direction, arcs.both, hits)
 
-    def _update_block(self, layer, att, state, w0, w1, first, last):
+    def _update_block(self, att, state, w0, w1, first, last):
         """Word rows `w0:w1` of a layer: dep->head for the arcs whose dependent's row is here;
         head<-dep needs whole columns, so each column's maximum and its first row (ties -> the
         lowest index: a later block replaces it only when strictly greater, exactly as the
@@ -165,13 +170,13 @@ class DependencyScorer(CountScorer):
             scores = torch.where(
                 keep[:, :, w0:w1], att.words[..., : batch.max_words], fill[:, :, w0:w1]
             )  # [measure, batch, head, block row, word]
-            to_top = scores.max(dim=-1)  # [measure, batch, head, block row]
+            to_top = scores.max(dim=-1)  # [layer, measure, batch, head, block row]
             here = ((arcs.dep >= w0) & (arcs.dep < w1)).nonzero().squeeze(1)  # [arc here]
             if here.numel():
-                self._add_hits(
-                    state, layer, 0, to_top.values, to_top.indices, here, arcs.dep[here] - w0
+                self._add_block_hits(
+                    state, att, 0, to_top.values, to_top.indices, here, arcs.dep[here] - w0
                 )
-            top = scores.max(dim=-2)  # [measure, batch, head, key]
+            top = scores.max(dim=-2)  # [layer, measure, batch, head, key]
             if arcs.column is None:
                 arcs.column = (top.values, top.indices + w0)
             else:
@@ -184,23 +189,34 @@ class DependencyScorer(CountScorer):
         if last and arcs.column is not None:
             values, indices = arcs.column
             arcs.column = None
-            everything = torch.arange(len(arcs.b), device=values.device)
-            self._add_hits(state, layer, 1, values, indices, everything, arcs.dep)
+            hits = self._hits(state, values, indices, arcs.b, arcs.dep, arcs.head)
+            self.add(state, att, 1, arcs.rows, hits)
+            self.add_both(state, att, 1, arcs.both, hits)
 
-    def _add_hits(self, state, layer, direction, values, indices, items, position):
-        """Hits of arcs `items` [item] whose row (or column) sits at `position` [item] of the
-        [measure, batch, head, position] maxima `values` / `indices`."""
+    @staticmethod
+    def _hits(state, values, indices, b, position, head):
+        """[layer, measure, 2 * item, head] 0/1: is the arc whose row (or column) sits at
+        `position` [item] of batch row `b` [item] hit by the [layer, measure, batch, head,
+        position] maxima `values` / `indices`? Twice over: its relation's row, then ALL's."""
+        import torch
+
+        chosen = indices.transpose(-1, -2)[..., b, position, :]  # [layer, measure, item, head]
+        alive = values.transpose(-1, -2)[..., b, position, :] > 0  # [layer, measure, item, head]
+        hits = ((chosen == head[:, None]) & alive).float()
+        return torch.cat([hits, hits], dim=-2)  # [layer, measure, 2 * item, head]
+
+    def _add_block_hits(self, state, att, direction, values, indices, items, position):
+        """Hits of arcs `items` [item] (those of one query block) whose row sits at `position`
+        [item] of the maxima; their baselines' pairs found here (query blocks only)."""
         import torch
 
         arcs = state.own
-        b = arcs.b[items]
-        chosen = indices.permute(0, 1, 3, 2)[:, b, position]  # [measure, item, head]
-        alive = values.permute(0, 1, 3, 2)[:, b, position] > 0  # [measure, item, head]
-        hits = ((chosen == arcs.head[items][None, :, None]) & alive).float()
-        both = torch.cat([items, items + len(arcs.b)])  # its relation row, its ALL row
-        hits = torch.cat([hits, hits], dim=1)  # [measure, 2 * item, head]
-        self.add(state, layer, direction, arcs.rows[both], hits)
-        self.add_both(state, layer, direction, arcs.rows[both], hits, arcs.base[both])
+        hits = self._hits(state, values, indices, arcs.b[items], position, arcs.head[items])
+        both = torch.cat([items, items + arcs.n])  # its relation row, its ALL row
+        rows = arcs.rows[both]
+        self.add(state, att, direction, rows, hits)
+        index = self.both_index(state, rows.cpu().numpy(), arcs.base[both].cpu().numpy())
+        self.add_both(state, att, direction, index, hits)
 
 
 @dataclass
@@ -213,6 +229,8 @@ class Arcs:
     rows: torch.Tensor  # [2 * arc]: the relation's row, then ALL's
     base: torch.Tensor  # [2 * arc, variant] baseline hits
     fill: tuple  # word_fill(batch)
+    both: BothIndex  # the (item, baseline) pairs where the baseline hits (`add_both`)
+    n: int  # arcs
     column: tuple | None = None  # head<-dep across query blocks: (max, first row) of each column
 
 

@@ -100,12 +100,17 @@ class HeadSimilarityScorer(CountScorer):
         # own: each unit's slot, and the layers' row-normalised word attention as they come
         return self.new_state(batch, rows.keys, rows.n, (units, []))
 
-    def update(self, layer, att, state) -> None:
+    def update(self, att, state) -> None:
         import torch
 
-        words = att.words  # [measure, batch, head, word, word + 2]
+        words = att.words  # [layer, measure, batch, head, word, word + 2]
         total = words.sum(-1, keepdim=True)
-        state.own[1].append(words / total.clamp_min(torch.finfo(words.dtype).tiny))
+        shares = words / total.clamp_min(torch.finfo(words.dtype).tiny)
+        layers, measures, batch, heads, *rest = shares.shape
+        # [measure, batch, layer x head, word, word + 2]: heads layer-major, as `prepare`'s rows
+        state.own[1].append(
+            shares.permute(1, 2, 0, 3, 4, 5).reshape(measures, batch, layers * heads, *rest)
+        )
 
     def end_batch(self, state) -> None:
         import torch
@@ -114,7 +119,11 @@ class HeadSimilarityScorer(CountScorer):
         if state.keys and layers:
             p = torch.cat(layers, dim=2)  # [measure, batch, K, word, key]
             k = p.shape[2]
-            example, word = state.batch.word_mask.nonzero(as_tuple=True)  # real word rows
+            counts = state.batch.words_each  # [batch], host: the real word rows
+            example_np = np.repeat(np.arange(len(counts)), counts)
+            word_np = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+            example = torch.from_numpy(example_np).to(p.device)
+            word = torch.from_numpy(word_np).to(p.device)
             slot = torch.tensor([units[ex.unit] for ex in state.batch.examples], device=p.device)
             for m in range(len(p)):
                 rows = p[m].permute(1, 0, 2, 3)[:, example, word]  # [K, row, key]

@@ -346,17 +346,23 @@ class ParsingScorer(CountScorer):
         )
         return state
 
-    def update(self, layer, att, state) -> None:
+    def update(self, att, state) -> None:
         arcs, batch = state.own, state.batch
-        arcs.attention.append(att.words[..., : batch.max_words])  # [measure, batch, head, w, w]
-        if arcs.b.numel() == 0:
+        words = att.words[..., : batch.max_words]  # [layer, measure, batch, head, w, w]
+        n_layers, n_measures, n_batch, n_heads, w, _ = words.shape
+        # [measure, batch, layer x head, w, w]: heads layer-major
+        arcs.attention.append(
+            words.permute(1, 2, 0, 3, 4, 5).reshape(n_measures, n_batch, n_layers * n_heads, w, w)
+        )
+        if len(arcs.table) == 0:
             return
         scores = masked_word_attention(att, batch, prepared=arcs.fill)
         for direction, top in enumerate((scores.max(dim=-1), scores.max(dim=-2))):
-            chosen = top.indices.permute(0, 1, 3, 2)[:, arcs.b, arcs.dep]  # [measure, arc, head]
-            alive = top.values.permute(0, 1, 3, 2)[:, arcs.b, arcs.dep] > 0
-            hits = ((chosen == arcs.head[None, :, None]) & alive).float()
-            self.add(state, layer, direction, arcs.row, hits)
+            # [layer, measure, arc, head]
+            chosen = top.indices.transpose(-1, -2)[..., arcs.b, arcs.dep, :]
+            alive = top.values.transpose(-1, -2)[..., arcs.b, arcs.dep, :] > 0
+            hits = ((chosen == arcs.head[:, None]) & alive).float()
+            self.add(state, att, direction, arcs.row, hits)
 
     def _trees(self, state, attention: torch.Tensor) -> None:
         """`mst` hits: every head's maximum spanning tree over A[d, h] + A[h, d], all layers and
@@ -369,9 +375,10 @@ class ParsingScorer(CountScorer):
         at_dep = parent.permute(0, 1, 3, 2)[:, arcs.b, arcs.dep]  # [measure, arc, K]
         at_head = parent.permute(0, 1, 3, 2)[:, arcs.b, arcs.head]
         edge = ((at_dep == arcs.head[None, :, None]) | (at_head == arcs.dep[None, :, None])).float()
-        for slot, layer in enumerate(self.layers):
-            heads = edge[..., slot * self.n_heads : (slot + 1) * self.n_heads]
-            self.add(state, layer, 2, arcs.row, heads)
+        n_layers = len(self.layers)
+        # [measure, arc, layer, head] -> [layer, measure, arc, head]: every layer in one call
+        every = edge.reshape(m, len(arcs.b), n_layers, self.n_heads).permute(2, 0, 1, 3)
+        self.add(state, tuple(self.layers), 2, arcs.row, every)
 
     def end_batch(self, state) -> None:
         import torch

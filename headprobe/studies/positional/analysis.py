@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from headprobe.scoring.base import (
@@ -41,35 +42,46 @@ class PositionalScorer(UnitLabelRows, CountScorer):
     def prepare(self, batch) -> BatchState:
         import torch
 
+        from headprobe.inputs.batching import on_device
+
         keys, n, first_row = self.unit_rows(batch, lambda example, label: len(example.words))
-        q_b, q_i = batch.word_mask.nonzero(as_tuple=True)  # [query]
+        counts = batch.words_each  # [batch], host
+        q_b = np.repeat(np.arange(len(counts)), counts)  # [query]: every real word, in order
+        q_i = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        put = lambda array: on_device(array, batch.device)
         keys_ok = torch.cat([batch.word_mask, batch.special_present], dim=1)  # [batch, word + 2]
-        own = Queries(first_row, q_b, q_i, keys_ok[:, None, None, :])  # [batch, 1, 1, word + 2]
+        own = Queries(
+            put(first_row),
+            put(q_b),
+            put(q_i),
+            keys_ok[:, None, None, :],  # [batch, 1, 1, word + 2]
+            put(first_row[q_b]),
+            put(np.arange(len(keys), dtype=np.int64)),
+        )
         return self.new_state(batch, keys, n, own)
 
-    def update(self, layer, att, state) -> None:
+    def update(self, att, state) -> None:
         import torch
 
         own, batch = state.own, state.batch
         w0, w1, *_ = query_rows(att, batch)
-        q_b, q_i = own.q_b, own.q_i  # [query]
+        q_b, q_i, q_row = own.q_b, own.q_i, own.q_row  # [query]
         if (w0, w1) != (0, batch.max_words):  # a query block: its word rows
             here = (q_i >= w0) & (q_i < w1)
-            q_b, q_i = q_b[here], q_i[here]
+            q_b, q_i, q_row = q_b[here], q_i[here], q_row[here]
             if not q_b.numel():
                 return
-        scores = torch.where(own.key_ok, att.words, -1.0)  # [measure, batch, head, word, word + 2]
-        target = first_argmax(scores, -1)  # [measure, batch, head, word]
-        target = target.permute(0, 1, 3, 2)[:, q_b, q_i - w0]  # [measure, query, head]
-        offset = target - q_i[None, :, None]  # [measure, query, head]
-        bucket = torch.where(offset.abs() <= 2, offset + 2, torch.full_like(offset, OTHER))
-        bucket = torch.where(
-            target >= batch.max_words, torch.full_like(offset, MARKER_BUCKET), bucket
-        )
-        rows = own.first_row[q_b][None, :, None] + bucket  # [measure, query, head]
-        counts = torch.zeros(len(scores), len(state.keys), self.n_heads, device=scores.device)
-        counts.scatter_add_(1, rows, torch.ones_like(rows, dtype=counts.dtype))
-        self.add(state, layer, 0, torch.arange(len(state.keys), device=scores.device), counts)
+        # [layer, measure, batch, head, word, word + 2]
+        scores = torch.where(own.key_ok, att.words, -1.0)
+        target = first_argmax(scores, -1)  # [layer, measure, batch, head, word]
+        target = target.transpose(-1, -2)[..., q_b, q_i - w0, :]  # [layer, measure, query, head]
+        offset = target - q_i[:, None]  # [layer, measure, query, head]
+        bucket = torch.where(offset.abs() <= 2, offset + 2, OTHER)
+        bucket = torch.where(target >= batch.max_words, MARKER_BUCKET, bucket)
+        rows = q_row[:, None] + bucket  # [layer, measure, query, head]
+        counts = rows.new_zeros((*rows.shape[:2], len(state.keys), self.n_heads), dtype=torch.float)
+        counts.scatter_add_(2, rows, torch.ones_like(rows, dtype=counts.dtype))
+        self.add(state, att, 0, own.every_row, counts)
 
 
 @dataclass
@@ -80,6 +92,8 @@ class Queries:
     q_b: torch.Tensor  # [query] batch row
     q_i: torch.Tensor  # [query] word
     key_ok: torch.Tensor  # [batch, 1, 1, word + 2] words and the specials present
+    q_row: torch.Tensor  # [query] its example's first row
+    every_row: torch.Tensor  # [row] 0, 1, ...
 
 
 POSITIONAL_SHARE = 0.9  # the share of argmaxes at one non-zero offset that makes a head positional

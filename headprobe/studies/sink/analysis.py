@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from headprobe.core.seeds import example_key
-from headprobe.scoring.base import BatchState, CountScorer, RowIndex
+from headprobe.scoring.base import BatchState, BothIndex, CountScorer, RowIndex
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.engine import MIN_N
@@ -60,7 +60,8 @@ class SinkScorer(CountScorer):
     variants = ("uniform",)
 
     def prepare(self, batch) -> BatchState:
-        import torch
+
+        from headprobe.inputs.batching import on_device
 
         rows = RowIndex()
         scored, first_rows, rate_rows, lengths, base = [], [], [], [], []
@@ -81,7 +82,7 @@ class SinkScorer(CountScorer):
         for first_row, rate_row, (first_hits, rate_hit) in zip(first_rows, rate_rows, base):
             state.baseline_hits[first_row, 0] = first_hits
             state.baseline_hits[rate_row, 0] = rate_hit
-        put = lambda a: torch.from_numpy(np.asarray(a)).to(batch.device)
+        put = lambda a: on_device(np.asarray(a), batch.device)
         b = put(np.array(scored, dtype=np.int64))
         state.own = Sinks(
             b=b,
@@ -92,19 +93,26 @@ class SinkScorer(CountScorer):
             ],  # [scored, 1, query - 1]
             queries=put(np.array(lengths, dtype=np.float64) - 1)[:, None],  # [scored, 1]
             rate_base=put(np.array([r for _, r in base], dtype=np.float32).reshape(-1, 1)),
+            both=self.both_index(
+                state,
+                np.array(rate_rows, dtype=np.int64),
+                np.array([r for _, r in base], dtype=np.float32).reshape(-1, 1),
+            ),
+            n=len(scored),
         )
         return state
 
-    def update(self, layer, att, state) -> None:
+    def update(self, att, state) -> None:
         own = state.own
-        if own.b.numel() == 0:
+        if own.n == 0:
             return
-        to_first = att.pieces[..., 1:, 0][:, own.b]  # [measure, scored, head, query - 1]
-        mass = (to_first.double() * own.after_first).sum(-1)  # [measure, scored, head]
-        self.add(state, layer, 0, own.first_row, mass)
-        sink = (mass / own.queries >= EPSILON).float()  # [measure, scored, head]
-        self.add(state, layer, 0, own.rate_row, sink)
-        self.add_both(state, layer, 0, own.rate_row, sink, own.rate_base)  # McNemar vs uniform
+        # [layer, measure, scored, head, query - 1]
+        to_first = att.pieces[..., 1:, 0].index_select(2, own.b)
+        mass = (to_first.double() * own.after_first).sum(-1)  # [layer, measure, scored, head]
+        self.add(state, att, 0, own.first_row, mass)
+        sink = (mass / own.queries >= EPSILON).float()  # [layer, measure, scored, head]
+        self.add(state, att, 0, own.rate_row, sink)
+        self.add_both(state, att, 0, own.both, sink)  # McNemar vs uniform
 
 
 @dataclass
@@ -117,6 +125,8 @@ class Sinks:
     after_first: torch.Tensor  # [scored, 1, query - 1] the real queries after position 0
     queries: torch.Tensor  # [scored, 1] how many
     rate_base: torch.Tensor  # [scored, 1] the uniform baseline's sink hit
+    both: BothIndex  # the scored inputs where the uniform baseline is a sink (`add_both`)
+    n: int  # scored inputs
 
 
 ROLE = pattern_rule(

@@ -70,9 +70,10 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         keys, n, first_row = self.unit_rows(batch, n_for)
         return self.new_state(batch, keys, n, self.masks(batch, first_row))
 
-    def masks(self, batch, first_row: torch.Tensor) -> SurfaceMasks:
+    def masks(self, batch, first_row: np.ndarray) -> SurfaceMasks:
         """What the sums of one batch are taken over, built once per batch."""
-        import torch
+
+        from headprobe.inputs.batching import on_device
 
         device = batch.device
         w = batch.max_words
@@ -82,47 +83,56 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
             punct[b, : len(example.words)] = [
                 is_punct(word, tag) for word, tag in zip(example.words, upos)
             ]
-        piece_query = (batch.piece_kind == WORD)[:, None, :].float()  # [batch, 1, piece]
         keys = batch.attention_mask.float()
         visible = (
             keys.cumsum(dim=1) if batch.causal else keys.sum(dim=1, keepdim=True).expand_as(keys)
         )
-        uniform = (visible.clamp_min(1).log() * piece_query[:, 0]).sum(-1)  # [batch]
+        kind = batch.piece_kind_host  # [batch, piece], host: the masks are made there
+        piece_query = (kind == WORD)[:, None, :].astype(np.float32)  # [batch, 1, piece]
+        put = lambda array: on_device(array, device)
+        piece_query_t = put(piece_query)
+        uniform = (visible.clamp_min(1).log() * piece_query_t[:, 0]).sum(-1)  # [batch]
         # first position: a special piece at position 0 (column W: CLS/BOS-like), else word 0;
         # its own row does not count when it is a word
-        first_special = batch.piece_kind[:, 0] != WORD  # [batch]
-        after_first = batch.word_mask.clone()
+        first_special = kind[:, 0] != WORD  # [batch]
+        words = np.arange(w)[None, :] < batch.words_each[:, None]  # [batch, word]
+        after_first = words.copy()
         after_first[:, 0] &= first_special
+        every_row = first_row[None, :] + np.arange(len(LABELS))[:, None]  # [label, batch]
+        f32 = lambda array: put(array.astype(np.float32))
         return SurfaceMasks(
-            first_row=first_row,
-            punct=torch.from_numpy(punct).to(device)[:, None, None, :],  # [batch, 1, 1, word]
-            query=batch.word_mask[:, None, :].float(),  # [batch, 1, word]
-            second_on=batch.word_mask[:, None, 1:].float(),  # [batch, 1, word - 1]: word 1.. real
-            piece_query=piece_query,
+            first_row=put(first_row),
+            every_row=put(every_row.ravel()),
+            punct=put(punct[:, None, None, :]),  # [batch, 1, 1, word]
+            query=f32(words[:, None, :]),  # [batch, 1, word]
+            second_on=f32(words[:, None, 1:]),  # [batch, 1, word - 1]: word 1.. real
+            piece_query=piece_query_t,
             uniform=uniform[:, None].expand(-1, self.n_heads),  # [batch, head]
-            first_special=first_special[:, None, None],  # [batch, 1, 1]
-            after_first=after_first[:, None, :].float(),  # [batch, 1, word]
+            first_special=put(first_special[:, None, None]),  # [batch, 1, 1]
+            after_first=f32(after_first[:, None, :]),  # [batch, 1, word]
         )
 
-    def _add(self, state, layer, label, values):
-        """Add per-example sums `values` [measure, batch, head] to each example's row of `label`."""
-        self.add(state, layer, 0, state.own.first_row + LABEL_ROW[label], values)
+    def _add(self, state, att, label, values):
+        """Add per-example sums `values` [layer, measure, batch, head] to each example's row of
+        `label`."""
+        self.add(state, att, 0, state.own.first_row + LABEL_ROW[label], values)
 
-    def update(self, layer, att, state) -> None:
+    def update(self, att, state) -> None:
         import torch
 
         own, batch = state.own, state.batch
         w0, w1, p0, p1, first, last = query_rows(att, batch)
         if (w0, w1, p0, p1) != (0, batch.max_words, 0, batch.n_pieces):
-            return self._update_block(layer, att, state, w0, w1, p0, p1, last)
+            return self._update_block(att, state, w0, w1, p0, p1, last)
         w = batch.max_words
-        words = att.words  # [measure, batch, head, word, word + 2]
-        square = words[..., :w]  # [measure, batch, head, word, word]
-        per_example = lambda x, mask: (x * mask).sum(-1)  # [measure, batch, head]
+        words = att.words  # [layer, measure, batch, head, word, word + 2]
+        square = words[..., :w]  # [layer, measure, batch, head, word, word]
+        per_example = lambda x, mask: (x * mask).sum(-1)  # [layer, measure, batch, head]
         first = torch.where(
             own.first_special, words[..., w], words[..., 0]
-        )  # [measure, batch, head, word]
-        entropy = torch.special.entr(att.pieces).sum(-1)  # [measure, batch, head, piece], nats
+        )  # [layer, measure, batch, head, word]
+        # [layer, measure, batch, head, piece], nats
+        entropy = torch.special.entr(att.pieces).sum(-1)
         sums = {
             "self": per_example(square.diagonal(0, -2, -1), own.query),
             # diagonal -1 holds A[i + 1, i] (word i + 1 to its previous word), +1 A[i, i + 1]
@@ -133,23 +143,22 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
             "punct": per_example((square * own.punct).sum(-1), own.query),
             "first": per_example(first, own.after_first),
             "entropy": per_example(entropy, own.piece_query),
-            "entropy_uniform": own.uniform.expand(len(words), -1, -1),
-        }  # {label: [measure, batch, head]}: each example's row of each label, added in one call
-        rows = torch.cat([own.first_row + LABEL_ROW[label] for label in sums])
-        self.add(state, layer, 0, rows, torch.cat(list(sums.values()), dim=1))
+            "entropy_uniform": own.uniform.expand(*words.shape[:2], -1, -1),
+        }  # {label: [layer, measure, batch, head]}: each example's row of each label, in one call
+        self.add(state, att, 0, own.every_row, torch.cat(list(sums.values()), dim=-2))
 
-    def _update_block(self, layer, att, state, w0, w1, p0, p1, last):
+    def _update_block(self, att, state, w0, w1, p0, p1, last):
         """The same sums over word rows `w0:w1` and piece rows `p0:p1` of one query block
         (word i's row holds self A[i, i], prev A[i, i - 1], next A[i, i + 1])."""
         import torch
 
         own, batch = state.own, state.batch
         w = batch.max_words
-        per_example = lambda x, mask: (x * mask).sum(-1)  # [measure, batch, head]
-        add = lambda label, values: self._add(state, layer, label, values)
+        per_example = lambda x, mask: (x * mask).sum(-1)  # [layer, measure, batch, head]
+        add = lambda label, values: self._add(state, att, label, values)
         if w1 > w0:
-            words = att.words  # [measure, batch, head, rows, word + 2]
-            square = words[..., :w]  # [measure, batch, head, rows, word]
+            words = att.words  # [layer, measure, batch, head, rows, word + 2]
+            square = words[..., :w]  # [layer, measure, batch, head, rows, word]
             query = own.query[:, :, w0:w1]
             add("self", per_example(square.diagonal(w0, -2, -1), query))
             start = max(w0, 1)  # words with a previous word
@@ -166,10 +175,11 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
             first = torch.where(own.first_special, words[..., w], words[..., 0])
             add("first", per_example(first, own.after_first[:, :, w0:w1]))
         if p1 > p0:
-            entropy = torch.special.entr(att.pieces).sum(-1)  # [measure, batch, head, rows], nats
+            # [layer, measure, batch, head, rows], nats
+            entropy = torch.special.entr(att.pieces).sum(-1)
             add("entropy", per_example(entropy, own.piece_query[:, :, p0:p1]))
         if last:
-            add("entropy_uniform", own.uniform.expand(len(att.measures), -1, -1))
+            add("entropy_uniform", own.uniform.expand(len(att.layers), len(att.measures), -1, -1))
 
 
 LABEL_ROW = {label: slot for slot, label in enumerate(LABELS)}  # a label's row after the first
@@ -180,6 +190,7 @@ class SurfaceMasks:
     """What one batch's surface sums are taken over (`SurfaceScorer.masks`)."""
 
     first_row: torch.Tensor  # [batch] each example's first row (its labels follow, LABELS order)
+    every_row: torch.Tensor  # [label x batch] the rows of each label (LABELS order), each example
     punct: torch.Tensor  # [batch, 1, 1, word] punctuation words
     query: torch.Tensor  # [batch, 1, word] real words
     second_on: torch.Tensor  # [batch, 1, word - 1] words with a previous word

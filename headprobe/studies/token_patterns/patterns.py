@@ -83,7 +83,7 @@ import pandas as pd
 
 from headprobe.core.seeds import example_key
 from headprobe.inputs.align import WORD
-from headprobe.scoring.base import BatchState, CountScorer, RowIndex, first_argmax
+from headprobe.scoring.base import BatchState, BothIndex, CountScorer, RowIndex, first_argmax
 from headprobe.scoring.registry import PLUGIN_ORDER, PROBE, Analysis, RoleRule, register
 from headprobe.stats.engine import MIN_N
 from headprobe.stats.heads import group_table, head_table
@@ -186,12 +186,14 @@ class PatternScorer(CountScorer):
             else np.zeros((0, len(self.variants)), dtype=np.float32)
         )
         state.own = self.cells(batch, pairs, queries, base)
+        state.own.both = self.both_index(state, queries[:, 3], base)
         return state
 
     @staticmethod
     def cells(batch, pairs: np.ndarray, queries: np.ndarray, base: np.ndarray) -> PatternCells:
         """The pattern's cells and rows of one batch on its device."""
-        import torch
+
+        from headprobe.inputs.batching import on_device
 
         device = batch.device
         # pair -> its query row (both sorted by (b, q): np.nonzero walks rows in order)
@@ -199,18 +201,19 @@ class PatternScorer(CountScorer):
         pair_query = np.searchsorted(
             queries[:, 0] * width + queries[:, 1], pairs[:, 0] * width + pairs[:, 1]
         )
-        p = torch.from_numpy(pairs).to(device)
-        q = torch.from_numpy(queries).to(device)
+        p = on_device(pairs.T, device)  # [3, pair]
+        q = on_device(queries.T, device)  # [4, query]
         return PatternCells(
-            pb=p[:, 0],
-            pq=p[:, 1],
-            pk=p[:, 2],
-            qb=q[:, 0],
-            qq=q[:, 1],
-            q_mul=q[:, 2],
-            q_arg=q[:, 3],
-            pair_query=torch.from_numpy(pair_query.astype(np.int64)).to(device),
-            q_base=torch.from_numpy(base).to(device),
+            pb=p[0],
+            pq=p[1],
+            pk=p[2],
+            qb=q[0],
+            qq=q[1],
+            q_mul=q[2],
+            q_arg=q[3],
+            pair_query=on_device(pair_query.astype(np.int64), device),
+            q_base=on_device(base, device),
+            n_pairs=len(pairs),
         )
 
     def _baselines(
@@ -232,30 +235,30 @@ class PatternScorer(CountScorer):
             out[inside, v] = d[q_rows[inside], key[inside]]
         return out
 
-    def update(self, layer, att, state) -> None:
+    def update(self, att, state) -> None:
         import torch
 
         c = state.own
-        if c.pb.numel() == 0:
+        if c.n_pairs == 0:
             return
-        probs = att.pieces  # [measure, batch, head, query, key]
-        total = probs.sum(-1)  # [measure, batch, head, query]
-        by_cell = probs.permute(1, 3, 4, 0, 2)  # [batch, query, key, measure, head] (a view)
-        on = by_cell[c.pb, c.pq, c.pk]  # [pair, measure, head]
-        n_query, n_measures = len(c.qq), len(probs)
-        share = torch.zeros(
-            n_query, n_measures, self.n_heads, dtype=torch.float64, device=on.device
-        )
+        probs = att.pieces  # [layer, measure, batch, head, query, key]
+        total = probs.sum(-1)  # [layer, measure, batch, head, query]
+        by_cell = probs.permute(2, 4, 5, 0, 1, 3)  # [batch, query, key, layer, measure, head]
+        on = by_cell[c.pb, c.pq, c.pk]  # [pair, layer, measure, head]
+        n_query = len(c.qq)
+        share = on.new_zeros((n_query, *on.shape[1:]), dtype=torch.float64)
         share.index_add_(0, c.pair_query, on.double())
-        share /= total.permute(1, 3, 0, 2)[c.qb, c.qq].double()  # [query, measure, head]
-        self.add(state, layer, 0, c.q_mul, share.transpose(0, 1))
-        top = first_argmax(probs, -1).permute(1, 3, 0, 2)  # [batch, query, measure, head]
-        hit_pair = (top[c.pb, c.pq] == c.pk[:, None, None]).float()  # [pair, measure, head]
-        hits = torch.zeros(n_query, n_measures, self.n_heads, device=on.device)
+        # [query, layer, measure, head]
+        share /= total.permute(2, 4, 0, 1, 3)[c.qb, c.qq].double()
+        self.add(state, att, 0, c.q_mul, share.permute(1, 2, 0, 3))
+        # [batch, query, layer, measure, head]
+        top = first_argmax(probs, -1).permute(2, 4, 0, 1, 3)
+        hit_pair = (top[c.pb, c.pq] == c.pk[:, None, None, None]).float()  # [pair, l, m, head]
+        hits = hit_pair.new_zeros((n_query, *hit_pair.shape[1:]))
         hits.index_add_(0, c.pair_query, hit_pair)  # 0/1: one argmax per row
-        hits = hits.transpose(0, 1)  # [measure, query, head]
-        self.add(state, layer, 0, c.q_arg, hits)
-        self.add_both(state, layer, 0, c.q_arg, hits, c.q_base)
+        hits = hits.permute(1, 2, 0, 3)  # [layer, measure, query, head]
+        self.add(state, att, 0, c.q_arg, hits)
+        self.add_both(state, att, 0, c.both, hits)
 
 
 @dataclass
@@ -271,6 +274,8 @@ class PatternCells:
     q_arg: torch.Tensor  # [query] its `argmax` row
     pair_query: torch.Tensor  # [pair] the query row a cell belongs to
     q_base: torch.Tensor  # [query, variant] baseline hits
+    n_pairs: int = 0  # pattern cells
+    both: BothIndex | None = None  # (query, baseline) pairs where the baseline hits (`add_both`)
 
 
 # ---------------------------------------------------------------------------- role rules
