@@ -112,14 +112,17 @@ def test_batch_size_and_order_do_not_change_counts(tiny):
 
 
 def test_a_one_shot_iterable_is_read_a_chunk_and_the_pool_ahead(bert_family, monkeypatch):
-    """A generator (no len, read once) gives the list's counts. The engine takes at most one
-    chunk (`engine.CHUNK`) of examples ahead of those it has scored, besides those waiting in
-    its pool, which holds at most `POOL_BATCHES` full batches of pieces; batches mix chunks."""
+    """A generator (no len, read once) gives the list's counts. The engine takes at most
+    `PREFETCH` + 2 chunks (`engine.CHUNK`) of examples ahead of those it has scored (the one it
+    works on, those its reader has tokenized ahead, the one the reader works on), besides those
+    waiting in its pool, which holds at most `POOL_BATCHES` full batches of pieces; batches mix
+    chunks."""
     examples = random_sentences(20)
     _, reference = run(bert_family.sdpa, bert_family.tokenizer, examples, batch_size=4)
     monkeypatch.setattr(engine_module, "CHUNK", 6)
     monkeypatch.setattr(engine_module, "FULL_AT", 4)  # a full batch: 4 x 4 = 16 pieces
     monkeypatch.setattr(engine_module, "POOL_BATCHES", 2)  # the pool: 32 pieces at most
+    monkeypatch.setattr(engine_module, "PREFETCH", 1)
     taken, scored, ahead, batches = [], [], [], []
 
     def stream():
@@ -141,7 +144,7 @@ def test_a_one_shot_iterable_is_read_a_chunk_and_the_pool_ahead(bert_family, mon
     engine, counts = run(bert_family.sdpa, bert_family.tokenizer, stream(), batch_size=4)
     assert_same_counts(reference, counts)
     assert engine.stats_["examples"] == len(scored) == 20 and len(taken) == 20
-    assert max(ahead) <= 6
+    assert max(ahead) <= 6 * (1 + 2)
     assert sorted(i for ordinals in batches for i in ordinals) == list(range(20))
     assert any(len({i // 6 for i in ordinals}) > 1 for ordinals in batches)  # across chunks
 

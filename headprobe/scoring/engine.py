@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 
 from headprobe.core.atomic import test_pause
 from headprobe.inputs.align import WORD
-from headprobe.inputs.batching import Batch, Pool, prepare
+from headprobe.inputs.batching import Batch, Pool, prefetched, prepare
 from headprobe.inputs.conventions import get_conventions
 from headprobe.model.capture import (
     AttentionCapture,
@@ -74,6 +74,9 @@ if TYPE_CHECKING:
 TRIM_EVERY = 64  # batches between heap trims on CPU
 # examples read and tokenized together (one batched tokenizer call); they then wait in the pool
 CHUNK = 1024
+# chunks read and tokenized ahead by the worker (`batching.prefetched`), besides the one it works
+# on and the one the engine takes from: at most (PREFETCH + 2) x CHUNK examples ahead of the pool
+PREFETCH = 2
 # a batch is full at the batch size or at batch size x FULL_AT pieces, whichever comes first:
 # sentences up to 64 pieces (99.3% of EWT dev's with MiniLM) fill whole batches, a longer input
 # makes a smaller one, so the largest batch (activations ~ pieces x examples) does not grow as
@@ -585,8 +588,10 @@ class Engine:
         if resume:
             self._resume(chunks, resume, limit)
             self._score_queue()
-        for chunk in chunks:
-            self._read(chunk, limit)
+        # reading and tokenizing run ahead of the model, in a worker (`batching.prefetched`)
+        tokenize = lambda c: prepare(c, self.tokenizer, limit)
+        for chunk, prepared in prefetched(chunks, tokenize, depth=PREFETCH):
+            self._read(chunk, prepared)
             self._score_queue()
         self._deal(run.pool.drain())  # the corpus ended: what waits, in partial batches
         self._score_queue()
@@ -625,12 +630,12 @@ class Engine:
             start -= saved["seconds"]
         return start
 
-    def _read(self, chunk: list, limit: int) -> None:
-        """Tokenize one chunk of the corpus, count its skipped examples (one rank counts them:
-        every rank reads them), and add the others to the pool; the batches due are dealt."""
+    def _read(self, chunk: list, prepared) -> None:
+        """Take one chunk of the corpus and its tokenization (`batching.prepare`), count its
+        skipped examples (one rank counts them: every rank reads them), and add the others to the
+        pool; the batches due are dealt."""
         run = self._pass
         first, run.read = run.read, run.read + len(chunk)
-        prepared = prepare(chunk, self.tokenizer, limit)
         if run.world.main:
             self.stats_["skipped"].update(prepared.skipped)
             self.stats_["skipped_sources"] += prepared.skipped_sources

@@ -60,11 +60,27 @@ def unit_weights(unit: str, seed: int = SEED, n_boot: int = N_BOOT) -> np.ndarra
 
 
 class UnitDraws:
-    """Fold and weights per unit id, cached for the most recent units (documents recur)."""
+    """Fold and weights per unit id, cached for the most recent units (documents recur).
 
-    def __init__(self, seed: int = SEED, n_boot: int = N_BOOT, size: int = 8192):
+    One cache per (seed, resamples) for the whole process (`UnitDraws.shared`): every tally of a
+    run draws the same weights for a unit, so they share them. The cache is small: a flush needs
+    each unit's weights once (they are recomputed from the unit's id when evicted), and a cache
+    as large as the corpus's units would grow with it (1,001 float32 a unit)."""
+
+    SIZE = 1024
+    _shared: dict[tuple[int, int], UnitDraws] = {}
+
+    def __init__(self, seed: int = SEED, n_boot: int = N_BOOT, size: int = SIZE):
         self.seed, self.n_boot, self.size = seed, n_boot, size
         self._cache: OrderedDict[str, tuple[int, np.ndarray]] = OrderedDict()
+
+    @classmethod
+    def shared(cls, seed: int = SEED, n_boot: int = N_BOOT) -> UnitDraws:
+        """The process's draws for (seed, n_boot)."""
+        key = (int(seed), int(n_boot))
+        if key not in cls._shared:
+            cls._shared[key] = cls(*key)
+        return cls._shared[key]
 
     def __call__(self, unit: str) -> tuple[int, np.ndarray]:
         """(fold, [1 + n_boot] weights with weight 1 first: resample 0 is the data itself)."""
@@ -207,7 +223,7 @@ class Tally:
         self.extras = tuple(extras)
         self.device = device
         self.labels: dict[str, LabelCounts] = {}
-        self.draws = UnitDraws(self.seed, max(self.n_boot, 1))
+        self.draws = UnitDraws.shared(self.seed, max(self.n_boot, 1))
         self._pending: list[tuple] = []
         self._pending_both: list[tuple] = []  # (labels, [label, layer, head, direction, variant])
         self._pending_rows = 0
