@@ -29,11 +29,8 @@ from headprobe.core.errors import UsageError
 from headprobe.results import store
 from headprobe.scoring import registry
 from headprobe.training import series as checkpoints_of
-from headprobe.training.tables import TABLES, timeline_tables
+from headprobe.training.tables import CHECKPOINTS, FORMAT, RECORD, TABLES, timeline_tables
 
-RECORD = "timeline.json"  # OUT/timeline.json: what the timeline is (its checkpoints, its options)
-FORMAT = "headprobe-timeline"
-CHECKPOINTS = "checkpoints"  # OUT/checkpoints/<label>/: one results directory each
 OBJECTIVE_OPTION = "head_groups"  # the run option whose analysis gates groups (no group: intact)
 
 

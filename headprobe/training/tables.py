@@ -30,6 +30,9 @@ from headprobe.scoring import registry
 from headprobe.stats.engine import min_trials, percentiles, ratio
 from headprobe.stats.roles import NONE
 
+RECORD = "timeline.json"  # OUT/timeline.json: what the timeline is (its checkpoints, its options)
+FORMAT = "headprobe-timeline"
+CHECKPOINTS = "checkpoints"  # OUT/checkpoints/<label>/: one results directory each
 KEY = ["step", "checkpoint"]
 HEAD_COLUMNS = [*KEY, "analysis", "label", "measure", "layer", "head", "score", "ci_low", "ci_high"]
 OBJECTIVE_COLUMNS = [*KEY, "objective", "value", "ci_low", "ci_high"]
