@@ -73,6 +73,7 @@ def build_timeline_report(directory, out_dir=None, formats=None) -> dict:
     doc = compose_timeline(record, tables, results)
     out = Path(out_dir) if out_dir is not None else directory / store.REPORT_DIR
     paths = {"out_dir": out, "figures_dir": out / store.REPORT_FIGURES}
+    formats = F.DEFAULT_FORMATS if formats is None else F.parse_formats(formats)
     paths["figures"], paths["vector_figures"] = write_figures(doc, paths["figures_dir"], formats)
     paths["html"] = out / REPORT_HTML
     paths["html"].write_text(_html.render(doc), encoding="utf-8")
