@@ -271,3 +271,64 @@ def test_the_report_renders_a_timeline_directory(whole, capsys):
         assert (whole.directory / "report" / "figures" / figure).is_file()
         assert figure in html  # listed in the report
     assert "Onsets" in html and "METHODS §17" in html
+
+
+# --------------------------------------------------------------------- analyses/chen2024 script
+def test_the_syntax_onset_script_on_tiny_masked_lm_checkpoints(tmp_path, capsys):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from conftest import make_wordpiece
+    from transformers import BertConfig, BertForMaskedLM
+
+    from headprobe.inputs.samples import SAMPLE
+
+    tok = make_wordpiece()
+    paths = []
+    for k, step in enumerate([0, 20000, 40000]):
+        torch.manual_seed(k)
+        config = BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            pad_token_id=tok.pad_token_id,
+            initializer_range=0.3,
+        )
+        path = tmp_path / f"multiberts-seed_0-step_{step // 1000}k"
+        BertForMaskedLM(config).save_pretrained(path)
+        tok.save_pretrained(path)
+        paths.append(str(path))
+    analyses = Path(__file__).resolve().parents[1] / "analyses"
+    sys.path.insert(0, str(analyses))
+    try:
+        spec = importlib.util.spec_from_file_location("chen", analyses / "chen2024_syntax_onset.py")
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        out = tmp_path / "out"
+        assert (
+            script.main(
+                [*reversed(paths), "--treebank", str(SAMPLE), "--out", str(out), "--no-report"]
+            )
+            == 0
+        )
+    finally:
+        sys.path.remove(str(analyses))
+    table = pd.read_csv(out / "syntax_onset.csv")
+    assert list(table["step"]) == [0, 20000, 40000]
+    tl = Timeline.load(out / "timeline")
+    for row in table.itertuples(index=False):
+        results = tl.results(row.checkpoint)
+        best = results.best_head("dependency", "ALL", selection="held-out")
+        assert row.dependency_heldout == pytest.approx(best["accuracy"])
+        uas = results.tables["parse_scores"]
+        uas = uas.loc[(uas["metric"] == "UAS") & (uas["predictor"] == "probe"), "accuracy"]
+        assert any(abs(row.uas - v) < 1e-12 for v in uas)
+        assert row.mlm_low < row.mlm_loss < row.mlm_high
+    assert set(tl.objective["objective"].str.startswith("masked LM")) == {True}
+    printed = capsys.readouterr().out
+    assert "dependency ALL best score rises most between steps" in printed
+    assert "MLM loss falls most" in printed
