@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import make_gpt2
+from test_report import check_page_in_chromium, chromium_binary
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import headprobe
@@ -332,3 +333,18 @@ def test_the_syntax_onset_script_on_tiny_masked_lm_checkpoints(tmp_path, capsys)
     printed = capsys.readouterr().out
     assert "dependency ALL best score rises most between steps" in printed
     assert "MLM loss falls most" in printed
+
+
+@pytest.mark.skipif(
+    chromium_binary() is None, reason="chromium not installed (apt-get install chromium)"
+)
+def test_the_timeline_report_fits_in_chromium(whole):
+    from headprobe.training.page import build_timeline_report
+
+    paths = build_timeline_report(whole.directory)
+    info = check_page_in_chromium(paths["html"], paths["out_dir"] / "timeline_screenshot.png")
+    assert not info["layout"], info["layout"]  # nothing scrolls sideways at 1280 px
+    assert not info["errors"], info["errors"]
+    assert len(info["images"]) == len(paths["figures"]) >= 3
+    broken = [i for i in info["images"] if not (i["complete"] and i["w"] > 0 and i["h"] > 0)]
+    assert not broken, broken
