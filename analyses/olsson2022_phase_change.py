@@ -228,6 +228,7 @@ def main(argv=None) -> int:
         probe_length=PROBE,
         probe_n=args.n,
         analyses=["induction"],
+        report=True,
     )
     table, problems = compare(tl, paths, args.n)
     C.write_table(
