@@ -33,7 +33,7 @@ from headprobe.report.document import (
 )
 from headprobe.results import store
 from headprobe.stats.roles import role_colors
-from headprobe.training.tables import CHECKPOINTS, RECORD, TABLES, role_counts
+from headprobe.training.tables import CHECKPOINTS, RECORD, TABLES, objective_analysis, role_counts
 
 REPORT_HTML, REPORT_MARKDOWN = "timeline.html", "timeline.md"
 MAPS_PER_FIGURE = 6  # role maps side by side in one figure
@@ -88,7 +88,7 @@ def compose_timeline(record: dict, tables: dict, results) -> Document:
     doc = Document(
         "headprobe timeline: heads over training",
         f"{len(steps)} checkpoints, steps {steps[0]:,} to {steps[-1]:,}; "
-        f"{', '.join(results.analyses)}",
+        f"{', '.join(a for a in results.analyses if a != objective_analysis())}",
     )
     doc.sections += [
         checkpoints_section(record, tables),
@@ -342,7 +342,9 @@ def _role_map_chunks(roles: pd.DataFrame, results) -> list:
         (f"step {step:,}", sub, results.n_layers, results.n_heads)
         for step, sub in roles[roles["measure"] == measure].groupby("step", sort=True)
     ]
-    return [maps[k : k + MAPS_PER_FIGURE] for k in range(0, len(maps), MAPS_PER_FIGURE)]
+    figures = -(-len(maps) // MAPS_PER_FIGURE)
+    size = -(-len(maps) // figures) if maps else 1  # as even as can be: 13 maps -> 5, 5, 3
+    return [maps[k : k + size] for k in range(0, len(maps), size)]
 
 
 def objective_section(objective: pd.DataFrame, steps) -> Section:

@@ -27,16 +27,15 @@ from headprobe.config import RunConfig
 from headprobe.core import atomic
 from headprobe.core.errors import UsageError
 from headprobe.results import store
-from headprobe.scoring import registry
 from headprobe.training import series as checkpoints_of
-from headprobe.training.tables import CHECKPOINTS, FORMAT, RECORD, TABLES, timeline_tables
-
-OBJECTIVE_OPTION = "head_groups"  # the run option whose analysis gates groups (no group: intact)
-
-
-def objective_analysis() -> str:
-    """The analysis whose first group is the intact model: the objective of every checkpoint."""
-    return next(a.name for a in registry.analyses() if a.added_by == OBJECTIVE_OPTION)
+from headprobe.training.tables import (
+    CHECKPOINTS,
+    FORMAT,
+    RECORD,
+    TABLES,
+    objective_analysis,
+    timeline_tables,
+)
 
 
 class Timeline:

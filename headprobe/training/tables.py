@@ -56,6 +56,7 @@ ONSET_COLUMNS = [
     "same_interval",
 ]
 BEST, ROLE = "best score", "role count"  # the quantities an onset is found for
+OBJECTIVE_OPTION = "head_groups"  # the run option whose analysis gates groups (no group: intact)
 TABLES = (
     "timeline_heads",
     "timeline_best",
@@ -63,6 +64,11 @@ TABLES = (
     "timeline_objective",
     "timeline_onsets",
 )
+
+
+def objective_analysis() -> str:
+    """The analysis whose first group is the intact model: the objective of every checkpoint."""
+    return next(a.name for a in registry.analyses() if a.added_by == OBJECTIVE_OPTION)
 
 
 def timeline_tables(runs: list[tuple[dict, object]], objective: str | None) -> dict:
