@@ -7,6 +7,9 @@ path from one random init towards another (`step_0` ... `step_300`), saved with 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -25,6 +28,7 @@ from headprobe.training.tables import CHECKPOINTS
 
 STEPS = [0, 100, 200, 300]
 LENGTH, N = 12, 40
+PROBE_ARGS = ["--probe", "repeated-random", "--length", str(LENGTH), "--n", str(N)]
 OPTIONS = dict(
     probe="repeated-random",
     probe_length=LENGTH,
@@ -278,7 +282,6 @@ def test_the_report_renders_a_timeline_directory(whole, capsys):
 def test_the_syntax_onset_script_on_tiny_masked_lm_checkpoints(tmp_path, capsys):
     import importlib.util
     import sys
-    from pathlib import Path
 
     from conftest import make_wordpiece
     from transformers import BertConfig, BertForMaskedLM
@@ -348,3 +351,56 @@ def test_the_timeline_report_fits_in_chromium(whole):
     assert len(info["images"]) == len(paths["figures"]) >= 3
     broken = [i for i in info["images"] if not (i["complete"] and i["w"] > 0 and i["h"] > 0)]
     assert not broken, broken
+
+
+def test_a_checkpoint_that_fails_to_load_stops_in_one_line_and_keeps_the_rest(
+    series, tmp_path, capsys
+):
+    import shutil
+
+    broken = tmp_path / "step_400"
+    shutil.copytree(series[0], broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    out = tmp_path / "T"
+    status, err = cli([*series, str(broken), "--out", str(out), *PROBE_ARGS], capsys)
+    assert status == 2 and len(err.splitlines()) == 1 and f"checkpoint {broken}" in err
+    assert sorted(p.name for p in (out / CHECKPOINTS).iterdir()) == [Path(p).name for p in series]
+
+
+def test_reporting_a_timeline_imports_no_run_library(whole):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json\nfrom headprobe.cli import main\n"
+        f"status = main(['report', {str(whole.directory)!r}])\n"
+        "print(json.dumps([status, [m for m in ('torch', 'transformers') if m in sys.modules]]))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(root)}
+    )
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, []], done.stderr
+
+
+@pytest.mark.slow
+def test_the_phase_change_script(tmp_path, capsys):
+    """Acceptance: a causal LM trained here, never seen before; the script checks the timeline
+    against independent code on other sequences and exits 0 when the onsets agree."""
+    import importlib.util
+    import sys
+
+    analyses = Path(__file__).resolve().parents[1] / "analyses"
+    sys.path.insert(0, str(analyses))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "olsson", analyses / "olsson2022_phase_change.py"
+        )
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        assert script.main(["--out", str(tmp_path)]) == 0
+    finally:
+        sys.path.remove(str(analyses))
+    table = pd.read_csv(tmp_path / "phase_change.csv")
+    assert (table["max_head_difference"] <= 0.06).all()
+    assert "same interval: yes" in capsys.readouterr().out
