@@ -404,3 +404,32 @@ def test_the_phase_change_script(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "phase_change.csv")
     assert (table["max_head_difference"] <= 0.06).all()
     assert "same interval: yes" in capsys.readouterr().out
+
+
+def test_name_at_revision_is_a_hub_name_at_that_revision():
+    from headprobe.checks import check_model
+    from headprobe.model.loading import resolve, split_revision
+
+    name = "EleutherAI/pythia-70m@step1000"
+    assert check_model(name) == ("EleutherAI/pythia-70m", {"revision": "step1000"}, name)
+    assert resolve(name) == ("EleutherAI/pythia-70m", {"revision": "step1000"}, name)
+    assert split_revision("EleutherAI/pythia-70m") == ("EleutherAI/pythia-70m", None)
+    with pytest.raises(UsageError, match="neither a local model directory nor"):
+        check_model("bad name@rev")
+
+
+def test_a_model_without_a_language_model_head_has_no_objective(tiny_model, tmp_path):
+    import shutil
+
+    from headprobe.inputs.samples import SAMPLE
+
+    paths = [shutil.copytree(tiny_model, tmp_path / f"step{k}") for k in (1, 2)]
+    tl = timeline(
+        [str(p) for p in paths],
+        out=str(tmp_path / "T"),
+        treebank=str(SAMPLE),
+        analyses=["positional"],
+        progress=False,
+    )
+    assert tl.objective.empty and list(tl.heads["step"].unique()) == [1, 2]
+    assert tl.onsets["objective_fall"].isna().all()

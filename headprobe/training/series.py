@@ -144,7 +144,10 @@ def check_series(series: list[Checkpoint]) -> dict:
             reference = check_model(c.model)
         except UsageError as err:
             raise UsageError(f"checkpoint {c.spec}: {_without_flag(err)}") from None
-        config = read_config(*reference)
+        try:
+            config = read_config(*reference)
+        except UsageError as err:
+            raise UsageError(f"checkpoint {c.spec}: {_without_flag(err)}") from None
         seen = {"architecture": architecture(config), "tokenizer": tokenizer_hash(c, reference)}
         if first is None:
             first = (c, seen)

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from headprobe.model.control import TRAINED
+from headprobe.model.objectives import DESCRIPTIONS
 from headprobe.scoring import registry
 from headprobe.stats.engine import min_trials, percentiles, ratio
 from headprobe.stats.roles import NONE
@@ -34,6 +35,7 @@ RECORD = "timeline.json"  # OUT/timeline.json: what the timeline is (its checkpo
 FORMAT = "headprobe-timeline"
 CHECKPOINTS = "checkpoints"  # OUT/checkpoints/<label>/: one results directory each
 KEY = ["step", "checkpoint"]
+NO_LOSS = DESCRIPTIONS["representation"]  # a model without a language-model head: 0 when intact
 HEAD_COLUMNS = [*KEY, "analysis", "label", "measure", "layer", "head", "score", "ci_low", "ci_high"]
 OBJECTIVE_COLUMNS = [*KEY, "objective", "value", "ci_low", "ci_high"]
 CHANGE = ["from_step", "to_step", "from_checkpoint", "to_checkpoint"]
@@ -180,8 +182,9 @@ def objective_values(runs, objective: str | None) -> list[np.ndarray | None]:
             (t for t in results.tallies.values() if t.analysis == objective and t.model == TRAINED),
             None,
         )
-        if tally is None or not tally.labels:
-            values.append(None)
+        kind = (results.summary.get("objectives") or {}).get(objective, "")
+        if tally is None or not tally.labels or kind.startswith(NO_LOSS):
+            values.append(None)  # not scored, or no language-model head: no loss to follow
             continue
         groups = list((results.summary.get(objective) or {}) or tally.sorted_labels())
         a = tally.arrays(groups[0])
