@@ -433,3 +433,10 @@ def test_a_model_without_a_language_model_head_has_no_objective(tiny_model, tmp_
     )
     assert tl.objective.empty and list(tl.heads["step"].unique()) == [1, 2]
     assert tl.onsets["objective_fall"].isna().all()
+
+
+def test_a_log_axis_where_the_steps_span_decades():
+    from headprobe.training.page import log_steps
+
+    assert log_steps([0, 1000, 8000, 143000]) and log_steps([1, 512, 1000])
+    assert not log_steps([0, 100, 200, 1200]) and not log_steps([0, 5])

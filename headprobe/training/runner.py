@@ -123,10 +123,9 @@ def _check_resumable(root: Path, summary: dict) -> None:
                     f"--out {root}: a directory that holds something else than a timeline"
                 )
         return
+    now = json.loads(json.dumps(summary, default=atomic.json_default))  # as written
     for key in ("options", "series"):
-        if json.loads(json.dumps(before.get(key), default=str)) != json.loads(
-            json.dumps(summary[key], default=atomic.json_default)
-        ):
+        if before.get(key) != now[key]:
             raise UsageError(
                 f"--out {root}: holds a timeline of other {key} (see its {RECORD}): give a new --out"
             )
