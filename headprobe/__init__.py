@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # for type checkers and the import graph (tests/test_imports.
     from headprobe.model.sites import AttentionSite, attention_sites  # noqa: F401
     from headprobe.results.query import Results, load_results  # noqa: F401
     from headprobe.studies.token_patterns.patterns import PatternRule, pattern_analysis  # noqa: F401
+    from headprobe.training.runner import Timeline, timeline  # noqa: F401
 
 # public name -> (module, name there), imported by `__getattr__` on first use
 _EXPORTS = {
@@ -37,6 +38,8 @@ _EXPORTS = {
     "load_results": ("headprobe.results.query", "load_results"),
     "PatternRule": ("headprobe.studies.token_patterns.patterns", "PatternRule"),
     "pattern_analysis": ("headprobe.studies.token_patterns.patterns", "pattern_analysis"),
+    "timeline": ("headprobe.training.runner", "timeline"),
+    "Timeline": ("headprobe.training.runner", "Timeline"),
 }
 
 

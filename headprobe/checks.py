@@ -279,6 +279,9 @@ def check_model(name):
         return str(path), {}, name
     if looks_like_path(name):
         raise UsageError(f"--model {name}: no such model directory")
+    hub, revision = models.split_revision(name)  # NAME@REVISION: a hub name at a revision
+    if revision is not None and HUB_NAME.match(hub) and "--" not in hub and ".." not in hub:
+        return hub, {"revision": revision}, name
     if not HUB_NAME.match(name) or "--" in name or ".." in name:
         raise UsageError(
             f"--model {name!r}: neither a local model directory nor a Hugging Face hub name "

@@ -1,7 +1,8 @@
-"""Command line: `headprobe run ...`, `headprobe report RESULTS_DIR` and
-`headprobe compare RUN_DIR RUN_DIR ... [--out DIR]`.
+"""Command line: `headprobe run ...`, `headprobe report RESULTS_DIR` (or a timeline directory),
+`headprobe compare RUN_DIR RUN_DIR ... [--out DIR]` and
+`headprobe timeline CHECKPOINT... --out DIR [run options]`.
 
-Only `run` imports a run's modules (torch, transformers: `headprobe.config` for its options,
+Only `run` and `timeline` import a run's modules (torch, transformers: `headprobe.config` for its options,
 `headprobe.api` for the run); `report` and `compare` read results and import neither, `--help`
 included (tests/test_light_imports.py).
 """
@@ -53,14 +54,7 @@ def run_parser(sub, options: bool = True):
     p = sub.add_parser("run", help="score every attention head of a model on a corpus")
     if not options:
         return
-    from headprobe.config import cli_options
-
-    groups = {}
-    for _name, flag, kwargs, group in cli_options():
-        target = p
-        if group is not None:
-            target = groups.get(group) or groups.setdefault(group, p.add_mutually_exclusive_group())
-        target.add_argument(flag, **kwargs)
+    add_run_options(p)
     # output control only: the run and its results are the same with or without it, so it is no
     # RunConfig field (Python has the table as `results.best_heads`; the report shows it)
     p.add_argument(
@@ -69,6 +63,53 @@ def run_parser(sub, options: bool = True):
         help="also print the best head of every label, in-sample and held-out side by side",
     )
     p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+
+
+def timeline_parser(sub, options: bool = True):
+    """`headprobe timeline CHECKPOINT... --out DIR`: the checkpoints, --revisions and --steps, and
+    every option of `run` but --model (METHODS §17; `headprobe.training.runner.timeline`)."""
+    p = sub.add_parser(
+        "timeline",
+        help="score a model's checkpoints alike and show when each head's role appears",
+    )
+    if not options:
+        return
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CHECKPOINT",
+        help="local directories, hub names or NAME@REVISION (e.g. google/multiberts-seed_0-step_20k, "
+        "EleutherAI/pythia-70m@step1000), any order: the timeline is ordered by step",
+    )
+    p.add_argument(
+        "--revisions",
+        default=None,
+        metavar="REVS",
+        help="comma list of revisions of the one CHECKPOINT named (e.g. step0,step1000,step2000)",
+    )
+    p.add_argument(
+        "--steps",
+        default=None,
+        metavar="STEPS",
+        help="comma list of the checkpoints' training steps, in the order given (default: parsed from "
+        "their names: step_01000, step1000, step_20k)",
+    )
+    add_run_options(p, skip=("model",))
+    p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+
+
+def add_run_options(p, skip=()) -> None:
+    """The options of `run` (`config.cli_options`) but those named in `skip`, on parser `p`."""
+    from headprobe.config import cli_options
+
+    groups = {}
+    for name, flag, kwargs, group in cli_options():
+        if name in skip:
+            continue
+        target = p
+        if group is not None:
+            target = groups.get(group) or groups.setdefault(group, p.add_mutually_exclusive_group())
+        target.add_argument(flag, **kwargs)
 
 
 def best_table(results) -> str:
@@ -167,9 +208,53 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_timeline(args) -> int:
+    from headprobe.config import cli_options
+    from headprobe.training.runner import timeline
+
+    options = {name: getattr(args, name) for name, *_ in cli_options() if name != "model"}
+    found = timeline(args.checkpoints, revisions=args.revisions, steps=args.steps, **options)
+    print(timeline_text(found))
+    return 0
+
+
+def timeline_text(found) -> str:
+    """The onsets beside the objective's steepest fall, one line each, and where things are."""
+    lines = ["", "onsets (largest rise between consecutive checkpoints; paired 95% intervals):"]
+    for r in found.onsets.itertuples(index=False):
+        interval = "" if r.rise_low != r.rise_low else f" [{r.rise_low:+.3f}, {r.rise_high:+.3f}]"
+        fall = (
+            ""
+            if r.objective_from_step != r.objective_from_step
+            else f"; objective falls most {int(r.objective_from_step):,} -> "
+            f"{int(r.objective_to_step):,} ({'same' if r.same_interval else 'another'} interval)"
+        )
+        lines.append(
+            f"  {r.quantity} {r.analysis} {r.label}: steps {r.from_step:,} -> {r.to_step:,}, "
+            f"{r.rise:+.3f}{interval}{fall}"
+        )
+    lines.append(
+        f"\ntimeline written to {found.directory.resolve()}/ (timeline_*.parquet and .csv)"
+    )
+    report = found.directory / "report"
+    if report.is_dir():
+        lines.append(
+            f"report: {report}/ ({', '.join(sorted(p.name for p in report.glob('timeline.*')))})"
+        )
+    return "\n".join(lines)
+
+
 def cmd_report(args) -> int:
     from headprobe.report import UnreadableResults, build_report
+    from headprobe.training.page import build_timeline_report, is_timeline
 
+    if is_timeline(args.results):
+        _print_paths(
+            build_timeline_report(
+                Path(args.results), Path(args.out) if args.out else None, args.figures
+            )
+        )
+        return 0
     try:
         paths = build_report(
             Path(args.results),
@@ -235,15 +320,17 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 1000 else text[:997] + "..."
 
 
-def build_parser(run_options: bool = True) -> Parser:
-    """`headprobe run ...`, `headprobe report ...`, `headprobe compare ...`: `build_parser().parse_args(argv)`.
-    `run_options=False` leaves out the options of `run` (they import torch; `main` builds them
-    only for a command line that names `run`)."""
+def build_parser(run_options: bool | str = True) -> Parser:
+    """`headprobe run ...`, `headprobe report ...`, `headprobe compare ...`, `headprobe timeline ...`:
+    `build_parser().parse_args(argv)`. `run_options=False` leaves out the options of `run` and
+    `timeline` (they import torch); "run" or "timeline" builds them for that command alone (what
+    `main` does for a command line that names it)."""
     parser = Parser(
         prog="headprobe", description="What do the attention heads of a Transformer do?"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run_parser(sub, options=run_options)
+    run_parser(sub, options=run_options == "run" or run_options is True)
+    timeline_parser(sub, options=run_options == "timeline" or run_options is True)
     rep = sub.add_parser("report", help="HTML + Markdown report of a results directory")
     report_arguments(rep)
     rep.add_argument(
@@ -277,15 +364,21 @@ def main(argv=None) -> int:
     (`registry.plugin_errors`), printed before anything else, `--help` included; `run` then
     stops with exit status 2 (its analyses would be incomplete)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(run_options=command_of(argv) == "run")
+    command = command_of(argv)
+    parser = build_parser(run_options=command if command in ("run", "timeline") else False)
     broken = registry.plugin_errors()
     for line in broken:
         print(f"headprobe: error: {line}", file=sys.stderr)
     args = parser.parse_args(argv)
-    if broken and args.command == "run":
+    if broken and args.command in ("run", "timeline"):
         return 2
     debug = args.debug or os.environ.get("HEADPROBE_DEBUG", "") not in ("", "0")
-    commands = {"run": cmd_run, "report": cmd_report, "compare": cmd_compare}
+    commands = {
+        "run": cmd_run,
+        "report": cmd_report,
+        "compare": cmd_compare,
+        "timeline": cmd_timeline,
+    }
     try:
         return commands[args.command](args)
     except USER_ERRORS as exc:

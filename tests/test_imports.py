@@ -117,6 +117,7 @@ LAYERS = [
     "checks",  # checks of options, paths and the model's config, before a model loads
     "config",  # RunConfig: every option
     "api",  # a run
+    "training",  # a run per checkpoint of a model's training, and its tables and report
     "cli",  # the command
     "__main__",
     "__init__",  # the public API

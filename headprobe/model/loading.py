@@ -15,6 +15,7 @@ the objective head ablation uses with it (`headprobe.model.objectives`, METHODS 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 from transformers import AutoModel, AutoTokenizer
@@ -43,12 +44,24 @@ def smollm2_dir() -> str:
 
 
 def resolve(name: str | None) -> tuple[str, dict, str]:
-    """(path or hub name, extra from_pretrained kwargs, display name)."""
+    """(path or hub name, extra from_pretrained kwargs, display name); a hub name's revision is
+    written `NAME@REVISION` (`EleutherAI/pythia-70m@step1000`: `revision="step1000"`)."""
+    hub, revision = split_revision(name)
+    if revision is not None:
+        return hub, {"revision": revision}, name
     if name is None or name.lower() in ("minilm", "all-minilm-l6-v2", "bundled"):
         return minilm_path(), {}, "all-MiniLM-L6-v2 (bundled)"
     if name.lower() in ("smollm2", "smollm2-135m", "smollm2-135m-instruct"):
         return smollm2_dir(), {"gguf_file": SMOLLM2_GGUF}, "SmolLM2-135M-Instruct (bundled GGUF)"
     return name, {}, name
+
+
+def split_revision(name: str | None) -> tuple[str | None, str | None]:
+    """`NAME@REVISION` -> (NAME, REVISION); a name without `@`, or an existing path, -> (name, None)."""
+    if name is None or "@" not in str(name) or os.path.exists(os.path.expanduser(str(name))):
+        return name, None
+    hub, _, revision = str(name).rpartition("@")
+    return (hub, revision) if hub and revision else (name, None)
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -181,7 +194,7 @@ def _load(
     if "gguf_file" in extra:
         tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path, **extra))
     else:
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(path, **extra)
     return model, tokenizer, display, sorted(info.get("missing_keys", ()))
 
 
