@@ -88,7 +88,7 @@ POOL_BATCHES = 16
 # a batch's layers are captured into one buffer and scored together while their probabilities
 # (times the matrices the measures stack) fit this many bytes; longer inputs go in smaller groups
 # of layers, down to one layer at a time (and query blocks, `--query-block`, below that)
-STACK_BYTES = {"cpu": 256 * 2**20, "cuda": 2 * 2**30}
+STACK_BYTES = {"cpu": 64 * 2**20, "cuda": 2 * 2**30}
 
 
 def chunked(items, size: int):
