@@ -5,7 +5,14 @@ The reference tallies (tests/data/reference_tallies.npz) were made by
 tests/make_reference_tallies.py with the code before the one-pass scoring. Counts must be
 identical, except argmax flips at float near-ties: at most 1 hit per (tally, label, layer, head,
 direction) in the data itself (resample 0), where the resamples may then differ too; masses
-(float totals) equal to 1e-6; trials, baselines, joint and extra counts exactly equal.
+(float totals) equal to a relative 5e-5; trials, baselines, joint and extra counts exactly equal.
+
+The masses' tolerance: they are sums of float32 attention in float64, and the library versions
+under them move their last bits. The fixtures were made with an earlier torch, transformers and
+gguf; with today's (torch 2.13, transformers 5.24, gguf 0.19) the code from before the
+one-call-per-batch scoring (0df53c6) differs from them by up to 6.2e-7 relative on MiniLM and
+1.2e-5 on SmolLM2's sink masses (its weights are dequantized from GGUF), with every count equal,
+exactly as the code after it does (`RELATIVE`).
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ def test_smollm2_token_patterns_equal_the_reference(tmp_path):
     assert_equal_to(FIXTURE_SMOLLM2, flatten(smollm2_tallies(tmp_path, pictures=False)))
 
 
+RELATIVE = 5e-5  # masses: float sums (see the module docstring)
+
+
 def assert_equal_to(fixture, new: dict) -> None:
     old = dict(np.load(fixture))
     assert sorted(new) == sorted(old)
@@ -55,7 +65,7 @@ def assert_equal_to(fixture, new: dict) -> None:
         got = new[name]
         assert got.shape == reference.shape, name
         if name.endswith("|hits") and reference.dtype.kind == "f":  # masses
-            np.testing.assert_allclose(got, reference, rtol=0, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(got, reference, rtol=RELATIVE, atol=1e-6, err_msg=name)
         elif name.endswith("|hits"):
             flipped += flips(name, got, reference)
         else:
