@@ -198,9 +198,9 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights", report: bool =
             )
             return results.summary["runs"]["sentences"]["seconds"]
 
-        small = Path(tmp) / "ewt-5.conllu"
-        blocks = EWT.read_text(encoding="utf-8").strip().split("\n\n")[:5]
-        small.write_text("\n\n".join(blocks) + "\n\n", encoding="utf-8")
+        from ops import first_sentences  # benchmarks/ops.py, beside this script
+
+        small = first_sentences(EWT, 5, Path(tmp) / "ewt-5.conllu")
 
         def startup(out):  # what a run costs however little it scores: 5 sentences, no report
             headprobe.run(

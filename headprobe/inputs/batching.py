@@ -123,10 +123,16 @@ def bucket(prepared: Prepared, batch_size: int) -> list[list[int]]:
 
 def on_device(array: np.ndarray, device) -> torch.Tensor:
     """A host array as a tensor on `device`: on the CPU the array's own memory (nothing is
-    dispatched), elsewhere one copy. What a batch's scorers need of it is built on the host and
-    moved with this, once per batch."""
+    dispatched); on a GPU one copy from pinned memory that does not wait for the device (a copy
+    from pageable memory would wait for every kernel queued before it). What a batch's scorers
+    need of it is built on the host and moved with this, once per batch."""
     tensor = torch.from_numpy(np.ascontiguousarray(array))
-    return tensor if torch.device(device).type == "cpu" else tensor.to(device)
+    device = torch.device(device)
+    if device.type == "cpu":
+        return tensor
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 class Batch:

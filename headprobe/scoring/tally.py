@@ -293,22 +293,19 @@ class Tally:
             return
         import torch
 
+        from headprobe.inputs.batching import on_device
+
         pending, self._pending, self._pending_rows = self._pending, [], 0
         units = [u for p in pending for u in p[0]]
         labels = [l for p in pending for l in p[1]]
         drawn = [self.draws(u) for u in units]
         fold = np.array([d[0] for d in drawn])
-        w_all = torch.from_numpy(np.stack([d[1][: self.resamples] for d in drawn])).to(
-            self.device
-        )  # [row, resample]
-        n_t = torch.from_numpy(np.concatenate([p[3] for p in pending])).to(
-            self.device
-        )  # [row, direction]
+        put = lambda array: on_device(array, self.device)  # pinned, not waiting on a GPU
+        w_all = put(np.stack([d[1][: self.resamples] for d in drawn]))  # [row, resample]
+        n_t = put(np.concatenate([p[3] for p in pending]))  # [row, direction]
         base_t = None
         if self.variants and pending[0][4] is not None:
-            base_t = torch.from_numpy(np.concatenate([p[4] for p in pending])).to(
-                self.device
-            )  # [row, variant]
+            base_t = put(np.concatenate([p[4] for p in pending]))  # [row, variant]
         flat = None
         if pending[0][2] is not None:
             dtype = torch.float64 if self.value == "mass" else torch.float32
