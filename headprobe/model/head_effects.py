@@ -55,6 +55,22 @@ def importance_rows(
             "importance needs a language-model loss: the representation change "
             "1 - cos has zero gradient at g = 1 (load the model with its LM head)"
         )
+    grad, tokens = gate_gradients(model, batch, objective, means, targets)
+    return grad.abs(), tokens
+
+
+def gate_gradients(
+    model,
+    batch,
+    objective: Objective,
+    means: torch.Tensor | None = None,
+    targets: Targets | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([batch, layer, head] dL_row/dg, signed, at g = 1, [batch] pieces scored): one backward
+    pass, the gate g of `slice = b + g (slice - b)` with b = 0 or `means` (`HeadGates`). Then
+    dL/dg = (a - b) . dL/da at the slice a, so -dL/dg is attribution patching's first-order
+    estimate of the effect of setting the slice to b (`atp`), and |dL/dg| with b = 0 Michel
+    et al.'s importance."""
     targets = targets if targets is not None else objective.targets(model, batch)
     n_layers, n_heads = n_layers_heads(model, objective.stack)
     rows = targets.inputs["input_ids"].shape[0]
@@ -64,7 +80,49 @@ def importance_rows(
     with torch.enable_grad(), HeadGates(model, gates, means, objective.stack):
         values, tokens = objective.per_row(model, targets)  # [batch], [batch]
         (grad,) = torch.autograd.grad(values.sum(), gates)  # [batch, layer, head]
-    return grad.abs().detach(), tokens.detach()
+    return grad.detach(), tokens.detach()
+
+
+def graddrop_rows(
+    model, batch, objective: Objective, means: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([batch, layer, head] AtP* with GradDrop, [batch] pieces scored; Kramar et al. 2024): for
+    each layer l, one forward and one backward pass with l's residual gradient dropped (its
+    block's output is input + (output - input).detach(): the same values, the gradient only
+    through the skip connection), each head's attribution-patching estimate |(b - a) . dL/da|
+    taken; their sum over the L dropped layers / (L - 1) (a head's own layer gives it 0)."""
+    from headprobe.model.sites import attention_sites
+
+    targets = objective.targets(model, batch)
+    sites = [s for s in attention_sites(model).sites if s.stack == objective.stack]
+    total, tokens = None, None
+    for site in sites:
+        handle = _block_of(model, site).register_forward_hook(
+            _drop_residual_gradient, with_kwargs=True
+        )
+        try:
+            grad, tokens = gate_gradients(model, batch, objective, means, targets)
+        finally:
+            handle.remove()
+        total = grad.abs() if total is None else total + grad.abs()
+    return total / max(1, len(sites) - 1), tokens
+
+
+def _block_of(model, site) -> torch.nn.Module:
+    """The residual block an attention site sits in: its attention module's parent."""
+    parent = site.name.rsplit(".", 1)[0] if "." in site.name else ""
+    if not site.name or not parent:
+        raise ValueError(f"atp*: no residual block found around attention {site.name!r}")
+    return model.get_submodule(parent)
+
+
+def _drop_residual_gradient(module, args, kwargs, output):
+    """A block's output with the gradient through the block dropped (GradDrop): input +
+    (output - input).detach()."""
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    out = output[0] if isinstance(output, tuple) else output
+    dropped = hidden + (out - hidden).detach()
+    return (dropped, *output[1:]) if isinstance(output, tuple) else dropped
 
 
 def _tile(targets: Targets, copies: int) -> Targets:
@@ -101,7 +159,10 @@ def gated_rows(
             for layer, head in heads:
                 gates[copy, :, layer, head] = 0.0
         tiled = _tile(targets, len(group)) if len(group) > 1 else targets
-        with HeadGates(model, gates.flatten(0, 1), means, objective.stack):
+        base = means  # a baseline per row (resample) is tiled with the rows
+        if means is not None and means.dim() == 5 and len(group) > 1:
+            base = means.repeat(len(group), *([1] * (means.dim() - 1)))
+        with HeadGates(model, gates.flatten(0, 1), base, objective.stack):
             values, _ = objective.per_row(model, tiled)  # [copy * batch]
         out[:, start : start + len(group)] = values.view(len(group), rows).T.to(out.dtype)
     return out
