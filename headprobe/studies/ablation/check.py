@@ -132,7 +132,7 @@ def check_table(results) -> pd.DataFrame:
     drawn = {tuple(map(int, h.split("-"))) for h in info.get("random", [])}
     sampled = drawn | {h for *_, top in _estimates(results) for h in top}
     rows = []
-    for label, objective, by, kind, top in _estimates(results):
+    for _, _, by, kind, top in _estimates(results):
         est = scores[(scores["estimate"] == by) & (scores["ablation"] == kind)]
         ex = effects[effects["ablation"] == kind]
         for l, h in sorted(sampled):  # every head ablated exactly: the tops and the draw
