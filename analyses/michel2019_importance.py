@@ -148,18 +148,21 @@ def exact_zero_effects(seed: int = 1, n: int = 20, length: int = 50):
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from headprobe.inputs.batching import prepare
     from headprobe.inputs.probes import make_probe
-    from headprobe.model.loading import smollm2_dir
+    from headprobe.model.loading import load_lm
 
-    path = smollm2_dir()
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    model, tok, _, _ = load_lm("smollm2")  # the bundled GGUF, under its (tied) LM head
+    model = model.float().eval()
     examples = list(
         make_probe(
-            "repeated-random", tok, length=length, n=n, seed=seed, vocab_size=model.config.vocab_size
+            "repeated-random",
+            tok,
+            length=length,
+            n=n,
+            seed=seed,
+            vocab_size=model.config.vocab_size,
         )
     )
     prepared = prepare(examples, tok, 4096)

@@ -257,3 +257,59 @@ def test_resample_without_partner_is_refused_and_counted(tmp_path):
             pictures=False,
             progress=False,
         )
+
+
+def test_atp_star_equals_one_forward_and_backward_per_dropped_layer():
+    """AtP* as Kramar et al. write it, computed here the slow way: for each layer l, a forward
+    pass whose block l outputs x + (y - x).detach() (hook of this test's own), one backward
+    pass, |(0 - a) . dL/da| per row and head; the sum over l divided by L - 1."""
+    from headprobe.inputs.batching import Batch, prepare
+    from headprobe.inputs.probes import make_probe
+    from headprobe.model.head_effects import graddrop_rows
+    from headprobe.model.objectives import Objective
+
+    family, model = with_lm_head("gpt2")
+    examples = list(make_probe("repeated-random", family.tokenizer, length=LENGTH, n=3, seed=2))
+    prepared = prepare(examples, family.tokenizer, 512)
+    batch = Batch(prepared.examples, prepared.alignments, family.pad_id, causal=True)
+    objective = Objective.for_model(model, family.tokenizer)
+    got, _ = graddrop_rows(model, batch, objective)  # [row, layer, head]
+    ids, _, keep = probe_rows_of(prepared)
+    d, blocks = model.config.n_embd // model.config.n_head, model.transformer.h
+    want = torch.zeros_like(got)
+    for dropped in range(len(blocks)):
+        slices = {}
+
+        def drop(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            new = args[0] + (out - args[0]).detach()
+            return (new, *output[1:]) if isinstance(output, tuple) else new
+
+        hooks = [blocks[dropped].register_forward_hook(drop)] + [
+            p.register_forward_pre_hook(lambda m, a, l=l: slices.__setitem__(l, a[0]))
+            for l, p in enumerate(projections(model))
+        ]
+        logits = model(input_ids=ids).logits[:, :-1]
+        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        layers = sorted(slices)
+        grads = torch.autograd.grad(
+            (nll * keep[:, 1:]).sum(), [slices[l] for l in layers], allow_unused=True
+        )
+        for h in hooks:
+            h.remove()
+        for l, g in zip(layers, grads):
+            if g is None:
+                continue
+            a = slices[l].detach().unflatten(-1, (-1, d))  # [row, piece, head, d]
+            want[:, l] += ((0 - a) * g.unflatten(-1, (-1, d))).sum((1, 3)).abs()
+    want /= len(blocks) - 1
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def probe_rows_of(prepared):
+    ids = torch.tensor([a.input_ids for a in prepared.alignments])
+    keep = torch.zeros_like(ids, dtype=torch.bool)
+    for i, (example, a) in enumerate(zip(prepared.examples, prepared.alignments)):
+        first, stop = example.meta["loss_words"]
+        keep[i] = torch.tensor([first <= w < stop for w in a.piece_word])
+    return ids, [e.sent_id for e in prepared.examples], keep

@@ -87,42 +87,69 @@ def graddrop_rows(
     model, batch, objective: Objective, means: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([batch, layer, head] AtP* with GradDrop, [batch] pieces scored; Kramar et al. 2024): for
-    each layer l, one forward and one backward pass with l's residual gradient dropped (its
-    block's output is input + (output - input).detach(): the same values, the gradient only
-    through the skip connection), each head's attribution-patching estimate |(b - a) . dL/da|
-    taken; their sum over the L dropped layers / (L - 1) (a head's own layer gives it 0)."""
+    each layer l, the attribution-patching estimate |(b - a) . dL/da| with l's residual gradient
+    dropped (the gradient reaches l's input only through the skip connection), summed over the
+    L layers and divided by L - 1 (a head's own layer gives it 0).
+
+    Dropping l leaves dL/dy_l (y_l: block l's output) and every gradient above l as they are, and
+    makes dL/dx_l = dL/dy_l at its input x_l; so one forward pass, one backward pass (the plain
+    gradients and every dL/dy_l), and per layer a backward pass from x_l down with dL/dy_l as its
+    seed give every layer's drop: about L / 2 backward passes, not L forward and L backward."""
     from headprobe.model.sites import attention_sites
 
     targets = objective.targets(model, batch)
-    sites = [s for s in attention_sites(model).sites if s.stack == objective.stack]
-    total, tokens = None, None
-    for site in sites:
-        handle = _block_of(model, site).register_forward_hook(
-            _drop_residual_gradient, with_kwargs=True
+    found = attention_sites(model)
+    stack = found.resolve(objective.stack)
+    sites = [s for s in found.sites if s.stack == stack]
+    n_layers, n_heads = n_layers_heads(model, objective.stack)
+    ins, outs = {}, {}
+    hooks = [
+        _block_of(model, site).register_forward_hook(
+            _keep_block(ins, outs, layer), with_kwargs=True
         )
-        try:
-            grad, tokens = gate_gradients(model, batch, objective, means, targets)
-        finally:
-            handle.remove()
-        total = grad.abs() if total is None else total + grad.abs()
-    return total / max(1, len(sites) - 1), tokens
+        for layer, site in enumerate(sites)
+    ]
+    rows = targets.inputs["input_ids"].shape[0]
+    gates = torch.ones(
+        rows, n_layers, n_heads, device=targets.inputs["input_ids"].device, requires_grad=True
+    )  # [batch, layer, head]
+    try:
+        with torch.enable_grad(), HeadGates(model, gates, means, objective.stack):
+            values, tokens = objective.per_row(model, targets)  # [batch], [batch]
+            ys = [outs[layer] for layer in range(n_layers)]
+            plain, *seeds = torch.autograd.grad(values.sum(), [gates, *ys], retain_graph=True)
+            total = torch.zeros_like(plain)
+            for layer in range(n_layers):
+                dropped = plain.clone()
+                dropped[:, layer] = 0.0  # the block's own heads get no gradient
+                if layer:
+                    (below,) = torch.autograd.grad(
+                        ins[layer], gates, grad_outputs=seeds[layer], retain_graph=True
+                    )
+                    dropped[:, :layer] = below[:, :layer]
+                total += dropped.abs()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return (total / max(1, n_layers - 1)).detach(), tokens.detach()
 
 
 def _block_of(model, site) -> torch.nn.Module:
     """The residual block an attention site sits in: its attention module's parent."""
     parent = site.name.rsplit(".", 1)[0] if "." in site.name else ""
-    if not site.name or not parent:
+    if not parent:
         raise ValueError(f"atp*: no residual block found around attention {site.name!r}")
     return model.get_submodule(parent)
 
 
-def _drop_residual_gradient(module, args, kwargs, output):
-    """A block's output with the gradient through the block dropped (GradDrop): input +
-    (output - input).detach()."""
-    hidden = args[0] if args else kwargs.get("hidden_states")
-    out = output[0] if isinstance(output, tuple) else output
-    dropped = hidden + (out - hidden).detach()
-    return (dropped, *output[1:]) if isinstance(output, tuple) else dropped
+def _keep_block(ins: dict, outs: dict, layer: int):
+    """A forward hook keeping block `layer`'s input and output hidden states."""
+
+    def hook(module, args, kwargs, output):
+        ins[layer] = args[0] if args else kwargs["hidden_states"]
+        outs[layer] = output[0] if isinstance(output, tuple) else output
+
+    return hook
 
 
 def _tile(targets: Targets, copies: int) -> Targets:
