@@ -154,7 +154,7 @@ def exact_zero_effects(seed: int = 1, n: int = 20, length: int = 50):
     from headprobe.model.loading import load_lm
 
     model, tok, _, _ = load_lm("smollm2")  # the bundled GGUF, under its (tied) LM head
-    model = model.float().eval()
+    model.eval()
     examples = list(
         make_probe(
             "repeated-random",

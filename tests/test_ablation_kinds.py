@@ -286,7 +286,7 @@ def test_atp_star_equals_one_forward_and_backward_per_dropped_layer():
             return (new, *output[1:]) if isinstance(output, tuple) else new
 
         hooks = [blocks[dropped].register_forward_hook(drop)] + [
-            p.register_forward_pre_hook(lambda m, a, l=l: slices.__setitem__(l, a[0]))
+            p.register_forward_pre_hook(lambda m, a, l=l, s=slices: s.__setitem__(l, a[0]))
             for l, p in enumerate(projections(model))
         ]
         logits = model(input_ids=ids).logits[:, :-1]
