@@ -307,7 +307,8 @@ def _kinds(allowed: tuple, default: str):
         readers = registry.reading(flag.lstrip("-"))
         if names != [default] and not set(readers) & set(values["analyses"]):
             raise checks.UsageError(
-                f"{flag} is read by the {', '.join(readers)} analyses: add --analyses {readers[0]}"
+                f"{flag} is read by the {', '.join(readers)} "
+                f"analys{'i' if len(readers) == 1 else 'e'}s: add --analyses {readers[0]}"
             )
         return tuple(dict.fromkeys(names))
 

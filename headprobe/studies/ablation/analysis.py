@@ -182,6 +182,10 @@ class ImportanceScorer(WithKinds):
         super().use_options(options)
         self.estimates = tuple(options.get("estimate") or ("michel",))
 
+    def use_inputs(self, examples) -> None:
+        if set(self.estimates) - {"michel"}:  # michel reads no baseline
+            super().use_inputs(examples)
+
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
         super().use_model(model, tokenizer, stack)
         if self.objective.kind == "representation":
@@ -200,14 +204,14 @@ class ImportanceScorer(WithKinds):
         if "michel" in self.estimates:
             zero = gate_gradients(model, batch, self.objective)
             parts.append((row_label(kind), batch.examples, zero[0].abs(), zero[1]))
-        for ablation in self.baselines.kinds:
+        for ablation in self.baselines.kinds if set(self.estimates) - {"michel"} else ():
             sub, means, examples = self.kind_rows(model, batch, ablation)
             if not examples:
                 continue
             if "atp" in self.estimates:
                 grad, tokens = (
                     zero
-                    if ablation == "zero" and zero
+                    if ablation == "zero" and zero is not None
                     else gate_gradients(model, sub, self.objective, means)
                 )
                 parts.append((row_label(kind, ablation, "atp"), examples, -grad, tokens))
