@@ -68,6 +68,13 @@ def main(argv=None) -> int:
         help="SmolLM2 on the repeated-random probe: importance, AtP and exact ablation per head",
     )
     p.add_argument("--graddrop", action="store_true", help="with --side-by-side: also atp*")
+    p.add_argument(
+        "--exact-n",
+        type=int,
+        default=20,
+        help="with --side-by-side: probe sequences of the exact computation (default: 20; "
+        "270 heads x one forward pass each)",
+    )
     args = p.parse_args(argv)
     out = C.out_dir(args, "michel2019_importance")
     if args.side_by_side:
@@ -148,6 +155,7 @@ def exact_zero_effects(seed: int = 1, n: int = 20, length: int = 50):
     import numpy as np
     import torch
     import torch.nn.functional as F
+    from tqdm.auto import tqdm
 
     from headprobe.inputs.batching import prepare
     from headprobe.inputs.probes import make_probe
@@ -196,7 +204,7 @@ def exact_zero_effects(seed: int = 1, n: int = 20, length: int = 50):
     intact = loss()
     pieces = float(scored.sum())
     out = np.zeros((len(layers), n_heads))
-    for layer in range(len(layers)):
+    for layer in tqdm(range(len(layers)), desc="exact zero ablation", unit="layer"):
         for head in range(n_heads):
             out[layer, head] = (loss(layer, head) - intact) / pieces
     return out, intact / pieces
@@ -223,7 +231,7 @@ def side_by_side(args, out: Path) -> int:
             n_boot=args.bootstrap,
             out=str(out / "smollm2_probe"),
         )
-    exact, intact = exact_zero_effects(seed=args.seed + 1)
+    exact, intact = exact_zero_effects(seed=args.seed + 1, n=args.exact_n)
     table = results.importance_heads
     table = table[table["ablation"] == "zero"]
     wide = pd.DataFrame(

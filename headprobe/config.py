@@ -304,6 +304,11 @@ def _kinds(allowed: tuple, default: str):
                 f"{flag}: {', '.join(unknown) or 'nothing'} is not one of {', '.join(allowed)} "
                 "(a comma list)"
             )
+        if flag == "--ablation" and names != ["zero"] and values.get("retrieval_check"):
+            raise checks.UsageError(
+                "--ablation: the retrieval check (--retrieval-check) ablates by zero only (the "
+                "tokens it decodes have no mean or partner at their positions); run it apart"
+            )
         readers = registry.reading(flag.lstrip("-"))
         if names != [default] and not set(readers) & set(values["analyses"]):
             raise checks.UsageError(
@@ -603,6 +608,35 @@ class RunConfig:
         },
         record_at=25,
     )
+    control: str | None = option(
+        None,
+        "random-init: also score the attention analyses on the same architecture re-initialised with "
+        "--seed (same tokenizer); best heads gain the control's best, and a role rule may ask for a "
+        "head above the control's held-out best",
+        flag="--control",
+        choices=CONTROLS,
+        check=_control,
+        stage="derived",
+        record=GIVEN,
+        record_at=23,
+    )
+    prune_curve: bool = option(
+        False,
+        ADDED,
+        flag="--prune-curve",
+        action="store_true",
+        check=_switch,
+    )
+    retrieval_check: int | None = option(
+        None,
+        ADDED,
+        flag="--retrieval-check",
+        type=int,
+        metavar="K",
+        check=_maybe_at_least(1, " heads"),
+        record=GIVEN,
+        record_at=28,
+    )
     ablation: str | tuple = option(
         "zero",
         "the kinds of head ablation, a comma list of zero (the head's slice of the output "
@@ -633,35 +667,6 @@ class RunConfig:
         record=lambda config: tuple(config.estimate) != ("michel",),
         record_value=",".join,
         record_at=30,
-    )
-    control: str | None = option(
-        None,
-        "random-init: also score the attention analyses on the same architecture re-initialised with "
-        "--seed (same tokenizer); best heads gain the control's best, and a role rule may ask for a "
-        "head above the control's held-out best",
-        flag="--control",
-        choices=CONTROLS,
-        check=_control,
-        stage="derived",
-        record=GIVEN,
-        record_at=23,
-    )
-    prune_curve: bool = option(
-        False,
-        ADDED,
-        flag="--prune-curve",
-        action="store_true",
-        check=_switch,
-    )
-    retrieval_check: int | None = option(
-        None,
-        ADDED,
-        flag="--retrieval-check",
-        type=int,
-        metavar="K",
-        check=_maybe_at_least(1, " heads"),
-        record=GIVEN,
-        record_at=28,
     )
     measure: str | tuple = option(
         ",".join(DEFAULT_MEASURES),

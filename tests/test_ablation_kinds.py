@@ -313,3 +313,11 @@ def probe_rows_of(prepared):
         first, stop = example.meta["loss_words"]
         keep[i] = torch.tensor([first <= w < stop for w in a.piece_word])
     return ids, [e.sent_id for e in prepared.examples], keep
+
+
+def test_retrieval_check_refuses_other_kinds():
+    import headprobe
+    from headprobe.core.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape("--ablation: the retrieval check")):
+        headprobe.run(probe="needle", analyses="ablation", ablation="mean", retrieval_check=5)
