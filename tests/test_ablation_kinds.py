@@ -321,3 +321,45 @@ def test_retrieval_check_refuses_other_kinds():
 
     with pytest.raises(UsageError, match=re.escape("--ablation: the retrieval check")):
         headprobe.run(probe="needle", analyses="ablation", ablation="mean", retrieval_check=5)
+
+
+def test_group_ablation_takes_the_first_kind():
+    """Two heads set to their per-position means together, by hand, against `group_ablation`."""
+    import headprobe
+
+    family, model = with_lm_head("gpt2")
+    results = headprobe.run(
+        loaded=(model, family.tokenizer, "tiny"),
+        probe="repeated-random",
+        probe_n=N,
+        probe_length=LENGTH,
+        analyses=["ablation"],
+        heads=["0-0"],
+        head_groups="pair=0-1,1-2",
+        ablation="mean,zero",
+        n_boot=50,
+        pictures=False,
+        progress=False,
+    )
+    ids, _, keep = probe_rows(family)
+    d = model.config.n_embd // model.config.n_head
+    slices = captured(model, ids)
+    hooks = []
+    for layer, head in ((0, 1), (1, 2)):
+        cut = slice(head * d, (head + 1) * d)
+        mean = slices[layer][..., cut].mean(0, keepdim=True)
+
+        def replace(module, args, cut=cut, mean=mean):
+            x = args[0].clone()
+            x[..., cut] = mean
+            return (x,)
+
+        hooks.append(projections(model)[layer].register_forward_pre_hook(replace))
+    gated = losses(model, ids, keep)
+    for h in hooks:
+        h.remove()
+    change = float((gated - losses(model, ids, keep)).sum() / keep[:, 1:].sum())
+    table = results.group_ablation
+    row = table[table["group"] == "pair"]
+    assert set(table["ablation"]) == {"mean"}
+    assert row["change"].iloc[0] == pytest.approx(change, abs=2e-5, rel=1e-4)

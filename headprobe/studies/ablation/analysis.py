@@ -326,7 +326,14 @@ class PruneScorer(GroupScorer):
 INTACT = "intact"  # the group of no heads: the model as it is
 GROUPS = "group_ablation"  # the analysis of named groups (`--head-groups`)
 POINT_COLUMNS = ["label", "n", "value", "ci_low", "ci_high", "change", "change_low", "change_high"]
-GROUP_COLUMNS = ["group", "heads", "n_heads", *POINT_COLUMNS[1:], "objective"]
+GROUP_COLUMNS = ["group", "heads", "n_heads", *POINT_COLUMNS[1:], "objective", "ablation"]
+
+
+def kind_used(results, analysis: str) -> str:
+    """The kind of ablation a whole-model analysis gated by (the first of `--ablation`)."""
+    return next(iter(results.summary.get(f"{analysis}_ablation") or {"zero": ""}))
+
+
 VERSUS_COLUMNS = ["group", "versus", "n", "change", "change_low", "change_high"]
 
 
@@ -342,6 +349,7 @@ def groups_table(results) -> pd.DataFrame:
     table.insert(1, "heads", [" ".join(groups[label]) for label in labels])
     table.insert(2, "n_heads", [len(groups[label]) for label in labels])
     table["objective"] = (results.summary.get("objectives") or {}).get(GROUPS, "")
+    table["ablation"] = kind_used(results, GROUPS)
     return table[GROUP_COLUMNS]
 
 
@@ -474,6 +482,7 @@ PRUNE_COLUMNS = [
     "change_low",
     "change_high",
     "order_by",
+    "ablation",
 ]
 
 
@@ -498,6 +507,7 @@ def prune_table(results) -> pd.DataFrame:
     table["heads_total"] = len(order) or np.nan
     table["objective"] = (results.summary.get("objectives") or {}).get("prune_curve", "")
     table["order_by"] = info.get("order_by", "")
+    table["ablation"] = kind_used(results, "prune_curve")
     return table[PRUNE_COLUMNS]
 
 
