@@ -295,24 +295,31 @@ def _kinds(allowed: tuple, default: str):
     """The check of a comma list of `allowed` names (--ablation, --estimate): known, each once, and
     only where an analysis that reads the option runs (`Analysis.options`)."""
 
-    def check(flag, value, values) -> tuple[str, ...]:
+    def check(option, value, values) -> tuple[str, ...]:
         names = [value] if isinstance(value, str) else list(value or [default])
         names = [x.strip() for name in names for x in str(name).split(",") if x.strip()]
         unknown = [name for name in names if name not in allowed]
         if unknown or not names:
             raise checks.UsageError(
-                f"{flag}: {', '.join(unknown) or 'nothing'} is not one of {', '.join(allowed)} "
+                f"{option}: {', '.join(unknown) or 'nothing'} is not one of {', '.join(allowed)} "
                 "(a comma list)"
             )
-        if flag == "--ablation" and names != ["zero"] and values.get("retrieval_check"):
+        zero_only = [  # switched on, gating heads, reading no --ablation: the retrieval check
+            a
+            for a in registry.analyses()
+            if a.added_by and values.get(a.added_by) and issubclass(a.scorer, RunsModel)
+        ]
+        zero_only = [a for a in zero_only if a.name not in registry.reading(option.lstrip("-"))]
+        if option == "--ablation" and names != ["zero"] and zero_only:
             raise checks.UsageError(
-                "--ablation: the retrieval check (--retrieval-check) ablates by zero only (the "
-                "tokens it decodes have no mean or partner at their positions); run it apart"
+                f"--ablation: {zero_only[0].name} ({flag(zero_only[0].added_by)}) ablates by "
+                "zero only (the tokens it decodes have no mean or partner at their positions); "
+                "run it apart"
             )
-        readers = registry.reading(flag.lstrip("-"))
+        readers = registry.reading(option.lstrip("-"))
         if names != [default] and not set(readers) & set(values["analyses"]):
             raise checks.UsageError(
-                f"{flag} is read by the {', '.join(readers)} "
+                f"{option} is read by the {', '.join(readers)} "
                 f"analys{'i' if len(readers) == 1 else 'e'}s: add --analyses {readers[0]}"
             )
         return tuple(dict.fromkeys(names))

@@ -319,7 +319,10 @@ def test_retrieval_check_refuses_other_kinds():
     import headprobe
     from headprobe.core.errors import UsageError
 
-    with pytest.raises(UsageError, match=re.escape("--ablation: the retrieval check")):
+    with pytest.raises(
+        UsageError,
+        match=re.escape("--ablation: retrieval_check (--retrieval-check) ablates by zero only"),
+    ):
         headprobe.run(probe="needle", analyses="ablation", ablation="mean", retrieval_check=5)
 
 
