@@ -27,13 +27,7 @@ def probe_rows(family):
     examples = list(
         make_probe("repeated-random", family.tokenizer, length=LENGTH, n=N, seed=0, vocab_size=None)
     )
-    prepared = prepare(examples, family.tokenizer, 512)
-    ids = torch.tensor([a.input_ids for a in prepared.alignments])
-    keep = torch.zeros_like(ids, dtype=torch.bool)
-    for i, (example, a) in enumerate(zip(prepared.examples, prepared.alignments)):
-        first, stop = example.meta["loss_words"]
-        keep[i] = torch.tensor([first <= w < stop for w in a.piece_word])
-    return ids, [e.sent_id for e in prepared.examples], keep
+    return probe_rows_of(prepare(examples, family.tokenizer, 512))
 
 
 def projections(model):
