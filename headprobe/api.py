@@ -41,7 +41,7 @@ from headprobe.results.examples import MentionPicker, SentencePicker
 from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scoring import distributed, registry
-from headprobe.scoring.base import KeepsRecord, ReadsOptions, RunsModel, TakesHeads
+from headprobe.scoring.base import KeepsRecord, ReadsInputs, ReadsOptions, RunsModel, TakesHeads
 from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.scoring.engine import CHUNK, FULL_AT, POOL_BATCHES, Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
@@ -648,6 +648,9 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
         for _ in examples:  # read, not scored: fills the skip accounting and pictures
             pass
     else:
+        for scorer in one.scorers:  # mean and resample ablation: one pass over the inputs first
+            if isinstance(scorer, ReadsInputs):
+                scorer.use_inputs(one.examples)
         hook = (
             _CheckpointHook(checkpoint, one.key, one.scorers, state)
             if checkpoint is not None

@@ -30,6 +30,7 @@ from headprobe.inputs.probes import PROBE_MARKERS, PROBES
 from headprobe.inputs.samples import DEFAULT_COREF, DEFAULT_TREEBANK
 from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
+from headprobe.model.objectives import ABLATIONS, ESTIMATES
 from headprobe.model.sites import STACKS
 from headprobe.results import store
 from headprobe.scoring import registry
@@ -220,7 +221,7 @@ def _analyses(flag, value, values) -> list[str]:
     added = [
         a.name
         for a in registry.analyses()
-        if a.added_by and values.get(a.added_by) and a.name not in wanted
+        if a.added_by and (values.get(a.added_by) or a.added_by in wanted) and a.name not in wanted
     ]
     _check_probes(wanted + added, values["probe"])
     return wanted + added
@@ -288,6 +289,42 @@ def _heads(flag, value, values):
             f"add --analyses {readers[0]}"
         )
     return heads
+
+
+def _kinds(allowed: tuple, default: str):
+    """The check of a comma list of `allowed` names (--ablation, --estimate): known, each once, and
+    only where an analysis that reads the option runs (`Analysis.options`)."""
+
+    def check(option, value, values) -> tuple[str, ...]:
+        names = [value] if isinstance(value, str) else list(value or [default])
+        names = [x.strip() for name in names for x in str(name).split(",") if x.strip()]
+        unknown = [name for name in names if name not in allowed]
+        if unknown or not names:
+            raise checks.UsageError(
+                f"{option}: {', '.join(unknown) or 'nothing'} is not one of {', '.join(allowed)} "
+                "(a comma list)"
+            )
+        zero_only = [  # switched on, gating heads, reading no --ablation: the retrieval check
+            a
+            for a in registry.analyses()
+            if a.added_by and values.get(a.added_by) and issubclass(a.scorer, RunsModel)
+        ]
+        zero_only = [a for a in zero_only if a.name not in registry.reading(option.lstrip("-"))]
+        if option == "--ablation" and names != ["zero"] and zero_only:
+            raise checks.UsageError(
+                f"--ablation: {zero_only[0].name} ({flag(zero_only[0].added_by)}) ablates by "
+                "zero only (the tokens it decodes have no mean or partner at their positions); "
+                "run it apart"
+            )
+        readers = registry.reading(option.lstrip("-"))
+        if names != [default] and not set(readers) & set(values["analyses"]):
+            raise checks.UsageError(
+                f"{option} is read by the {', '.join(readers)} "
+                f"analys{'i' if len(readers) == 1 else 'e'}s: add --analyses {readers[0]}"
+            )
+        return tuple(dict.fromkeys(names))
+
+    return check
 
 
 def _head_groups(flag, value, values):
@@ -606,6 +643,37 @@ class RunConfig:
         check=_maybe_at_least(1, " heads"),
         record=GIVEN,
         record_at=28,
+    )
+    ablation: str | tuple = option(
+        "zero",
+        "the kinds of head ablation, a comma list of zero (the head's slice of the output "
+        "projection's input set to 0), mean (set to its mean over the inputs' pieces: per "
+        "position on a fixed-length probe), resample (taken from another input of the same "
+        "length, paired by a keyed hash); every table names its kind; several give a table each "
+        "and the paired difference per head; groups and the pruning curve use the first (METHODS "
+        "§8) (default: zero)",
+        flag="--ablation",
+        metavar="KIND[,KIND]",
+        check=_kinds(ABLATIONS, "zero"),
+        stage="derived",
+        record=lambda config: tuple(config.ablation) != ("zero",),
+        record_value=",".join,
+        record_at=29,
+    )
+    estimate: str | tuple = option(
+        "michel",
+        "the importance analysis's estimates of a head's effect, a comma list of michel "
+        "(E|dL/dg|, Michel et al. 2019), atp (attribution patching: (b - a) . dL/da, the signed "
+        "first-order estimate of --ablation's effect), atp* (AtP with GradDrop, Kramar et al. "
+        "2024: one backward pass per layer); each is checked against the exact effect of 20 heads "
+        "(METHODS §8) (default: michel)",
+        flag="--estimate",
+        metavar="E[,E]",
+        check=_kinds(ESTIMATES, "michel"),
+        stage="derived",
+        record=lambda config: tuple(config.estimate) != ("michel",),
+        record_value=",".join,
+        record_at=30,
     )
     measure: str | tuple = option(
         ",".join(DEFAULT_MEASURES),

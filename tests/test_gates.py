@@ -493,6 +493,7 @@ def test_ablation_and_importance_analyses_stream_into_tables(tmp_path, name):
     assert results.summary["objectives"] == {
         "ablation": objective.description,
         "importance": objective.description,
+        "importance_check": objective.description,  # importance brings its exact check
     }
     # the same sums, computed directly batch by batch
     prepared = prepare(read_conllu(treebank), family.tokenizer, max_length(model, family.tokenizer))

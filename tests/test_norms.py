@@ -341,6 +341,8 @@ def test_adding_norms_leaves_every_weights_row_bit_identical(name):
     ):
         assert set(both.table(table_name)["measure"]) == {"weights", "norms"}, table_name
     for table_name, table in both.tables.items():
+        if not len(table):  # e.g. ablation_kinds of a run with one kind of ablation
+            continue
         assert "weights" in set(table["measure"]), table_name  # ablation's tables: weights only
         rows = table[table["measure"] == "weights"].reset_index(drop=True)
         pd.testing.assert_frame_equal(

@@ -90,13 +90,37 @@ def _gate_view(gates: torch.Tensor, layer: int, x: torch.Tensor) -> torch.Tensor
     return g.reshape(g.shape[0], *([1] * (x.dim() - 2)), g.shape[1], 1)  # [batch, 1.., head, 1]
 
 
+def _checked_means(means, n_layers: int, n_heads: int, d_head: int):
+    """`means` as HeadGates takes them: None, [layer, head, d_head] (one mean per head),
+    [layer, piece, head, d_head] (one per head and position) or [batch, layer, piece, head,
+    d_head] (one baseline per row: resample ablation); anything else is refused."""
+    if means is None:
+        return None
+    shape = tuple(means.shape)
+    if means.dim() not in (3, 4, 5) or shape[-2:] != (n_heads, d_head):
+        raise ValueError(
+            f"means must be [layer, head, d_head], [layer, piece, head, d_head] or [batch, layer, "
+            f"piece, head, d_head] with {n_heads} heads of {d_head}, not {list(shape)}"
+        )
+    if shape[means.dim() == 5] != n_layers:
+        raise ValueError(f"means of {shape[means.dim() == 5]} layers, but the model has {n_layers}")
+    return means
+
+
+def _means_of(means: torch.Tensor, layer: int) -> torch.Tensor:
+    """Layer `layer`'s baseline, broadcasting over [batch, piece, head, d_head]."""
+    return means[:, layer] if means.dim() == 5 else means[layer]
+
+
 class HeadGates:
     """Context manager: gate every head's output (see the module docstring).
 
     gates: [layer, head] (one gate per head) or [batch, layer, head] (one per example row);
       1 = intact, 0 = ablated, any float; may require grad.
     means: None (g = 0 zeroes the slice), or [layer, head, d_head] (`head_means`): g = 0
-      replaces the slice by the head's mean.
+      replaces the slice by the head's mean; [layer, piece, head, d_head]: by its mean at that
+      position (`head_means(per_position=True)`); [batch, layer, piece, head, d_head]: by the
+      row's own baseline (resample ablation: the partner's slices, `head_slices`).
     stack: the attention stack gated (`headprobe.model.sites`; None: the capture's default).
     """
 
@@ -113,12 +137,7 @@ class HeadGates:
         self.gates = gates
         self.projections = output_projections(model, self.stack)
         self.d_head = projection_in_features(self.projections[0]) // self.n_heads
-        if means is not None and tuple(means.shape) != (self.n_layers, self.n_heads, self.d_head):
-            raise ValueError(
-                f"means must be [layer, head, d_head] = [{self.n_layers}, {self.n_heads}, "
-                f"{self.d_head}], not {list(means.shape)}"
-            )
-        self.means = means
+        self.means = _checked_means(means, self.n_layers, self.n_heads, self.d_head)
         self._handles: list = []
 
     def _gate(self, layer: int, args):
@@ -129,7 +148,7 @@ class HeadGates:
         if self.means is None:
             heads = heads * g
         else:
-            mean = self.means[layer].to(device=x.device, dtype=x.dtype)  # [head, d_head]
+            mean = _means_of(self.means, layer).to(device=x.device, dtype=x.dtype)
             heads = mean + g * (heads - mean)
         return (features_last(projection, heads.flatten(-2)), *args[1:])
 
@@ -177,43 +196,64 @@ def query_mask(inputs: dict, stack: str) -> torch.Tensor:
     return inputs["attention_mask"]
 
 
-@torch.inference_mode()
-def head_means(model, batches: Iterable, progress: bool = False, stack=None) -> torch.Tensor:
+@torch.no_grad()
+def head_means(
+    model, batches: Iterable, progress: bool = False, stack=None, per_position: bool = False
+) -> torch.Tensor:
     """[layer, head, d_head]: each head's slice of the output projection's input, averaged
     over every non-padding piece of `batches` (headprobe `Batch`es or mappings with
-    `input_ids`, `attention_mask`), streaming; the `means` of mean ablation (of `stack`)."""
+    `input_ids`, `attention_mask`), streaming; the `means` of mean ablation (of `stack`).
+    `per_position`: [layer, piece, head, d_head], the mean at each position over the rows
+    (inputs of one length: a fixed-length probe)."""
     from tqdm.auto import tqdm
 
+    stack = attention_sites(model).resolve(stack)
+    sums, count = None, 0
+    for batch in tqdm(batches, desc="head means", unit="batch", disable=not progress):
+        inputs = model_inputs(batch, model_device(model), model, stack)
+        mask = query_mask(inputs, stack).to(torch.float64).cpu()  # [batch, piece]
+        slices = (
+            head_slices(model, batch, stack).double().cpu()
+        )  # [batch, layer, piece, head, d_head]
+        weighted = slices * mask[:, None, :, None, None]
+        part = weighted.sum(0) if per_position else weighted.sum((0, 2))
+        if per_position and sums is not None and part.shape != sums.shape:
+            raise ValueError("head_means(per_position=True): inputs of different lengths")
+        sums = part if sums is None else sums + part
+        count += mask.sum(0) if per_position else mask.sum()
+    if sums is None or float(torch.as_tensor(count).min()) == 0:
+        raise ValueError("head_means: no pieces in the batches")
+    if per_position:
+        return (sums / count[None, :, None, None]).float()  # [layer, piece, head, d_head]
+    return (sums / count).float()  # [layer, head, d_head]
+
+
+@torch.no_grad()
+def head_slices(model, batch, stack=None) -> torch.Tensor:
+    """[batch, layer, piece, head, d_head]: every head's slice of the output projection's input
+    in one intact forward pass over `batch` (a `Batch` or a mapping); resample ablation's
+    baselines (a partner's slices) and the pieces of `head_means`."""
     sites = attention_sites(model)
     stack = sites.resolve(stack)
-    n_layers, n_heads = sites.n_layers(stack), sites.n_heads(stack)
+    n_heads = sites.n_heads(stack)
     projections = output_projections(model, stack)
-    width = projection_in_features(projections[0])
-    sums = torch.zeros(n_layers, width, dtype=torch.float64)  # [layer, head * d_head]
-    count, mask = 0, None  # mask: [batch, piece] of the batch in the model
+    found: dict[int, torch.Tensor] = {}
 
-    def add(layer: int, args):
+    def keep(layer: int, args):
         x = features_last(projections[layer], args[0])  # [batch, piece, head * d_head]
-        sums[layer] += x[mask.to(x.device).bool()].double().sum(0).cpu()
+        found[layer] = x.detach().unflatten(-1, (n_heads, x.shape[-1] // n_heads))
 
     handles = [
-        module.register_forward_pre_hook(_counted(order, stack, add))
+        module.register_forward_pre_hook(_counted(order, stack, keep))
         for module, order in call_order(model).items()
         if any(site.stack == stack for site in order)
     ]
     try:
-        for batch in tqdm(batches, desc="head means", unit="batch", disable=not progress):
-            inputs = model_inputs(batch, model_device(model), model, stack)
-            mask = query_mask(inputs, stack)
-            count += int(mask.sum())
-            model(**inputs)
+        model(**model_inputs(batch, model_device(model), model, stack))
     finally:
         for handle in handles:
             handle.remove()
-    if count == 0:
-        raise ValueError("head_means: no pieces in the batches")
-    means = (sums / count).float()  # [layer, head * d_head]
-    return means.unflatten(-1, (n_heads, means.shape[-1] // n_heads))  # [layer, head, d_head]
+    return torch.stack([found[layer] for layer in sorted(found)], 1)
 
 
 def _counted(sites: list[AttentionSite], stack: str, action):

@@ -55,6 +55,22 @@ def importance_rows(
             "importance needs a language-model loss: the representation change "
             "1 - cos has zero gradient at g = 1 (load the model with its LM head)"
         )
+    grad, tokens = gate_gradients(model, batch, objective, means, targets)
+    return grad.abs(), tokens
+
+
+def gate_gradients(
+    model,
+    batch,
+    objective: Objective,
+    means: torch.Tensor | None = None,
+    targets: Targets | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([batch, layer, head] dL_row/dg, signed, at g = 1, [batch] pieces scored): one backward
+    pass, the gate g of `slice = b + g (slice - b)` with b = 0 or `means` (`HeadGates`). Then
+    dL/dg = (a - b) . dL/da at the slice a, so -dL/dg is attribution patching's first-order
+    estimate of the effect of setting the slice to b (`atp`), and |dL/dg| with b = 0 Michel
+    et al.'s importance."""
     targets = targets if targets is not None else objective.targets(model, batch)
     n_layers, n_heads = n_layers_heads(model, objective.stack)
     rows = targets.inputs["input_ids"].shape[0]
@@ -64,7 +80,76 @@ def importance_rows(
     with torch.enable_grad(), HeadGates(model, gates, means, objective.stack):
         values, tokens = objective.per_row(model, targets)  # [batch], [batch]
         (grad,) = torch.autograd.grad(values.sum(), gates)  # [batch, layer, head]
-    return grad.abs().detach(), tokens.detach()
+    return grad.detach(), tokens.detach()
+
+
+def graddrop_rows(
+    model, batch, objective: Objective, means: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([batch, layer, head] AtP* with GradDrop, [batch] pieces scored; Kramar et al. 2024): for
+    each layer l, the attribution-patching estimate |(b - a) . dL/da| with l's residual gradient
+    dropped (the gradient reaches l's input only through the skip connection), summed over the
+    L layers and divided by L - 1 (a head's own layer gives it 0).
+
+    Dropping l leaves dL/dy_l (y_l: block l's output) and every gradient above l as they are, and
+    makes dL/dx_l = dL/dy_l at its input x_l; so one forward pass, one backward pass (the plain
+    gradients and every dL/dy_l), and per layer a backward pass from x_l down with dL/dy_l as its
+    seed give every layer's drop: about L / 2 backward passes, not L forward and L backward."""
+    from headprobe.model.sites import attention_sites
+
+    targets = objective.targets(model, batch)
+    found = attention_sites(model)
+    stack = found.resolve(objective.stack)
+    sites = [s for s in found.sites if s.stack == stack]
+    n_layers, n_heads = n_layers_heads(model, objective.stack)
+    ins, outs = {}, {}
+    hooks = [
+        _block_of(model, site).register_forward_hook(
+            _keep_block(ins, outs, layer), with_kwargs=True
+        )
+        for layer, site in enumerate(sites)
+    ]
+    rows = targets.inputs["input_ids"].shape[0]
+    gates = torch.ones(
+        rows, n_layers, n_heads, device=targets.inputs["input_ids"].device, requires_grad=True
+    )  # [batch, layer, head]
+    try:
+        with torch.enable_grad(), HeadGates(model, gates, means, objective.stack):
+            values, tokens = objective.per_row(model, targets)  # [batch], [batch]
+            ys = [outs[layer] for layer in range(n_layers)]
+            plain, *seeds = torch.autograd.grad(values.sum(), [gates, *ys], retain_graph=True)
+            total = torch.zeros_like(plain)
+            for layer in range(n_layers):
+                dropped = plain.clone()
+                dropped[:, layer] = 0.0  # the block's own heads get no gradient
+                if layer:
+                    (below,) = torch.autograd.grad(
+                        ins[layer], gates, grad_outputs=seeds[layer], retain_graph=True
+                    )
+                    dropped[:, :layer] = below[:, :layer]
+                total += dropped.abs()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return (total / max(1, n_layers - 1)).detach(), tokens.detach()
+
+
+def _block_of(model, site) -> torch.nn.Module:
+    """The residual block an attention site sits in: its attention module's parent."""
+    parent = site.name.rsplit(".", 1)[0] if "." in site.name else ""
+    if not parent:
+        raise ValueError(f"atp*: no residual block found around attention {site.name!r}")
+    return model.get_submodule(parent)
+
+
+def _keep_block(ins: dict, outs: dict, layer: int):
+    """A forward hook keeping block `layer`'s input and output hidden states."""
+
+    def hook(module, args, kwargs, output):
+        ins[layer] = args[0] if args else kwargs["hidden_states"]
+        outs[layer] = output[0] if isinstance(output, tuple) else output
+
+    return hook
 
 
 def _tile(targets: Targets, copies: int) -> Targets:
@@ -101,7 +186,10 @@ def gated_rows(
             for layer, head in heads:
                 gates[copy, :, layer, head] = 0.0
         tiled = _tile(targets, len(group)) if len(group) > 1 else targets
-        with HeadGates(model, gates.flatten(0, 1), means, objective.stack):
+        base = means  # a baseline per row (resample) is tiled with the rows
+        if means is not None and means.dim() == 5 and len(group) > 1:
+            base = means.repeat(len(group), *([1] * (means.dim() - 1)))
+        with HeadGates(model, gates.flatten(0, 1), base, objective.stack):
             values, _ = objective.per_row(model, tiled)  # [copy * batch]
         out[:, start : start + len(group)] = values.view(len(group), rows).T.to(out.dtype)
     return out

@@ -274,3 +274,7 @@ def _kinds_and_keys(batch):
     if isinstance(batch, dict):
         return batch["piece_kind"], list(batch["keys"])
     return batch.piece_kind, [mask_key(example) for example in batch.examples]
+
+
+ABLATIONS = ("zero", "mean", "resample")  # kinds of ablation (METHODS §8), `--ablation`
+ESTIMATES = ("michel", "atp", "atp*")  # estimates of a head's effect without one pass per head

@@ -584,6 +584,14 @@ class ReadsOptions(Protocol):
 
 
 @runtime_checkable
+class ReadsInputs(Protocol):
+    """A scorer that reads the pass's inputs once before scoring them (mean and resample
+    ablation: the heads' means, the partners): the run hands it the examples after binding."""
+
+    def use_inputs(self, examples) -> None: ...
+
+
+@runtime_checkable
 class KeepsRecord(Protocol):
     """A scorer that keeps numbers beside its counts (a weights-only analysis such as the OV
     circuits; the pruning curve's order): `describe()` is what the run's summary records."""

@@ -119,7 +119,9 @@ class Analysis:
     # `results.comparison.head_profiles`); None: every label's mean
     profile: str | Callable | None = None
     options: tuple = ()  # RunConfig fields only it reads: given without it, a usage error
-    added_by: str | None = None  # a RunConfig switch that adds it to the analyses run
+    added_by: str | None = (
+        None  # a RunConfig switch, or an analysis, that adds it to the analyses run
+    )
     homes: tuple = ()  # other modules of its own (beside its scorer's and report's)
     order: float = PLUGIN_ORDER  # its place among the analyses (reports, tables, the CLI)
 

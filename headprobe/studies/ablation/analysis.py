@@ -56,7 +56,78 @@ ROWS_PER_PASS = 64  # ablation: heads side by side in one forward pass, up to th
 MODEL_LEVEL = -1  # the layer of a whole-model cell (the pruning curve), never a head
 
 
-class AblationScorer(ModelScorer):
+def row_label(objective: str, ablation: str = "zero", estimate: str = "michel") -> str:
+    """A tally label: the objective's kind, then the kind of ablation and the estimate where they
+    are not the defaults (`causal_lm`, `causal_lm:mean`, `causal_lm:zero:atp`)."""
+    if estimate != "michel":
+        return f"{objective}:{ablation}:{estimate}"
+    return objective if ablation == "zero" else f"{objective}:{ablation}"
+
+
+def label_parts(label: str) -> tuple[str, str, str]:
+    """(objective, ablation, estimate) of a `row_label`."""
+    parts = str(label).split(":")
+    return (
+        parts[0],
+        parts[1] if len(parts) > 1 else "zero",
+        parts[2] if len(parts) > 2 else "michel",
+    )
+
+
+class WithKinds(ModelScorer):
+    """A model scorer that ablates by the kinds of `--ablation` (`kinds.Baselines`): it reads
+    the run's options and, where a kind needs them, the pass's inputs once before scoring."""
+
+    kinds_option = ("zero",)
+
+    def use_options(self, options: dict) -> None:
+        self.kinds_option = tuple(options.get("ablation") or ("zero",))
+
+    def use_model(self, model, tokenizer, stack: str | None = None) -> None:
+        from headprobe.studies.ablation.kinds import Baselines
+
+        super().use_model(model, tokenizer, stack)
+        self.model_, self.tokenizer_ = model, tokenizer
+        self.baselines = Baselines(self.kinds_option, self.tally_.seed if self.tally_ else 0)
+
+    def use_inputs(self, examples) -> None:
+        if self.baselines.needs_inputs:
+            self.baselines.read(self.model_, self.tokenizer_, examples, self.objective.stack)
+            if "resample" in self.baselines.kinds and not self.baselines.partners:
+                raise UsageError(
+                    "--ablation resample: no input has a partner of its length in pieces "
+                    f"({len(self.baselines.unpaired)} inputs, each alone at its length)"
+                )
+
+    def describe(self) -> dict:
+        """What the summary keeps: the kinds of ablation and what they replaced (per analysis)."""
+        from headprobe.studies.ablation.kinds import Baselines
+
+        baselines = getattr(self, "baselines", None) or Baselines(self.kinds_option)
+        return {f"{self.analysis}_ablation": baselines.describe()}
+
+    def kind_rows(self, model, batch, kind: str):
+        """(the rows of `batch` that `kind` scores, as a batch; their baseline; their examples)."""
+        from headprobe.studies.ablation.kinds import rows_of
+
+        kept = self.baselines.kept(kind, batch)
+        sub = rows_of(batch, kept)
+        means = self.baselines.of(kind, model, sub, self.objective.stack) if kept else None
+        return sub, means, [batch.examples[i] for i in kept]
+
+    def kinds_state(self, batch, parts: list):
+        """The state of rows `parts`: [(label, examples, [row, layer, head] values, [row] n)]."""
+        import torch
+
+        keys = [(e.unit, label) for label, examples, _, _ in parts for e in examples]
+        if not keys:
+            return self.state_of(batch, [], [], torch.zeros(0, len(self.layers), self.n_heads))
+        values = torch.cat([v.float().cpu() for _, ex, v, _ in parts if len(ex)])
+        n = [float(t) for _, ex, _, tokens in parts if len(ex) for t in tokens.tolist()]
+        return self.state_of(batch, keys, n, values[:, self.layers])
+
+
+class AblationScorer(WithKinds):
     analysis = "ablation"
     heads = None  # None: every head of the scored layers; else [(layer, head)]
 
@@ -68,17 +139,32 @@ class AblationScorer(ModelScorer):
         every = [(layer, head) for layer in self.layers for head in range(self.n_heads)]
         return every if self.heads is None else [x for x in every if x in set(self.heads)]
 
-    def compute(self, model, batch):
+    def model_pass(self, model, batch):
+        """One row per (example, kind of ablation): every ablated head's effect of that kind."""
+        parts = []
+        for kind in self.baselines.kinds:
+            sub, means, examples = self.kind_rows(model, batch, kind)
+            if examples:
+                values, tokens = self.compute(model, sub, means)
+                parts.append((row_label(self.objective.kind, kind), examples, values, tokens))
+        return self.kinds_state(batch, parts)
+
+    def compute(self, model, batch, means=None):
         import torch
 
         from headprobe.model.head_effects import ablation_rows
 
         heads = self.ablated()
         delta, tokens = ablation_rows(
-            model, batch, self.objective, heads, copies=max(1, ROWS_PER_PASS // len(batch))
+            model,
+            batch,
+            self.objective,
+            heads,
+            means,
+            copies=max(1, ROWS_PER_PASS // len(batch.examples)),
         )
         values = torch.full(
-            (len(batch), self.n_layers, self.n_heads),
+            (len(batch.examples), self.n_layers, self.n_heads),
             float("nan"),
             dtype=delta.dtype,
             device=delta.device,
@@ -88,8 +174,17 @@ class AblationScorer(ModelScorer):
         return values, tokens
 
 
-class ImportanceScorer(ModelScorer):
+class ImportanceScorer(WithKinds):
     analysis = "importance"
+    estimates = ("michel",)
+
+    def use_options(self, options: dict) -> None:
+        super().use_options(options)
+        self.estimates = tuple(options.get("estimate") or ("michel",))
+
+    def use_inputs(self, examples) -> None:
+        if set(self.estimates) - {"michel"}:  # michel reads no baseline
+            super().use_inputs(examples)
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
         super().use_model(model, tokenizer, stack)
@@ -99,13 +194,34 @@ class ImportanceScorer(ModelScorer):
                 "trained language-model head (its representation change has zero gradient at g = 1)"
             )
 
-    def compute(self, model, batch):
-        from headprobe.model.head_effects import importance_rows
+    def model_pass(self, model, batch):
+        """One row per (example, estimate[, kind]): michel |dL/dg| (zero gate); atp -dL/dg with
+        the kind's baseline; atp* the GradDrop estimate of the kind's effect."""
+        from headprobe.model.head_effects import gate_gradients, graddrop_rows
 
-        return importance_rows(model, batch, self.objective)  # [row, layer, head], [row]
+        kind, parts = self.objective.kind, []
+        zero = None
+        if "michel" in self.estimates:
+            zero = gate_gradients(model, batch, self.objective)
+            parts.append((row_label(kind), batch.examples, zero[0].abs(), zero[1]))
+        for ablation in self.baselines.kinds if set(self.estimates) - {"michel"} else ():
+            sub, means, examples = self.kind_rows(model, batch, ablation)
+            if not examples:
+                continue
+            if "atp" in self.estimates:
+                grad, tokens = (
+                    zero
+                    if ablation == "zero" and zero is not None
+                    else gate_gradients(model, sub, self.objective, means)
+                )
+                parts.append((row_label(kind, ablation, "atp"), examples, -grad, tokens))
+            if "atp*" in self.estimates:
+                values, tokens = graddrop_rows(model, sub, self.objective, means)
+                parts.append((row_label(kind, ablation, "atp*"), examples, values, tokens))
+        return self.kinds_state(batch, parts)
 
 
-class GroupScorer(ModelScorer):
+class GroupScorer(WithKinds):
     """Per example, the objective with each named group of heads gated to 0 together (`use_groups`):
     one row per (unit, group) with n = pieces scored, a single whole-model cell (layer
     `MODEL_LEVEL`), so every group's objective has an interval and any two groups a paired
@@ -128,6 +244,7 @@ class GroupScorer(ModelScorer):
     def use_options(self, options: dict) -> None:
         """The groups of `--head-groups` (the run's `head_groups` option), where the analysis
         reads it (the pruning curve makes its own groups: `use_tallies`)."""
+        super().use_options(options)
         if "head_groups" in options:
             self.use_groups(options["head_groups"] or {})
 
@@ -136,22 +253,28 @@ class GroupScorer(ModelScorer):
 
     def describe(self) -> dict:
         """What the summary keeps: each group's heads, in order (the tables read it)."""
-        return {self.analysis: {g: [f"{l}-{h}" for l, h in heads] for g, heads in self.groups}}
+        groups = {g: [f"{l}-{h}" for l, h in heads] for g, heads in self.groups}
+        return {**super().describe(), self.analysis: groups}
 
     def model_pass(self, model, batch):
-        """Rows (unit, group) of every example and group: the objective with the group gated."""
+        """Rows (unit, group) of every example and group: the objective with the group gated by
+        the first kind of `--ablation` (resample: the examples with a partner only)."""
         from headprobe.model.head_effects import gated_rows
 
-        targets = self.objective.targets(model, batch)
+        sub, means, examples = self.kind_rows(model, batch, self.baselines.kinds[0])
+        if not examples:
+            return self.kinds_state(batch, [])
+        targets = self.objective.targets(model, sub)
         values = gated_rows(
             model,
             targets,
             self.objective,
             [heads for _, heads in self.groups],
-            copies=max(1, ROWS_PER_PASS // len(batch)),
+            means,
+            copies=max(1, ROWS_PER_PASS // len(examples)),
         )  # [row, group]
         tokens = self.objective.pieces(targets).cpu().numpy()  # [row]
-        keys = [(example.unit, label) for example in batch.examples for label, _ in self.groups]
+        keys = [(example.unit, label) for example in examples for label, _ in self.groups]
         n = np.repeat(tokens, len(self.groups))  # [row x group]
         return self.state_of(batch, keys, n, values.reshape(-1, 1, 1))  # [row x group, 1, 1]
 
@@ -183,25 +306,34 @@ class PruneScorer(GroupScorer):
         """Order the heads by the first pass's `importance` (else `ablation`) tally, least first."""
         from headprobe.model.head_effects import prune_order, prune_steps
 
-        self.order_by = "importance" if "importance" in tallies else "ablation"
+        exact = "ablation" in tallies and tally_scores(tallies["ablation"])["score"].notna().all()
+        self.order_by = "ablation" if exact or "importance" not in tallies else "importance"
         self.order = prune_order(tally_scores(tallies[self.order_by]))
         self.use_groups(prune_steps(self.order))
 
     def describe(self) -> dict:
         """What the summary keeps of this pass (`prune_table` reads it)."""
         return {
+            **WithKinds.describe(self),
             "prune_curve": {
                 "order_by": self.order_by,
                 "order": [f"{l}-{h}" for l, h in self.order],
                 "points": {label: len(heads) for label, heads in self.groups},
-            }
+            },
         }
 
 
 INTACT = "intact"  # the group of no heads: the model as it is
 GROUPS = "group_ablation"  # the analysis of named groups (`--head-groups`)
 POINT_COLUMNS = ["label", "n", "value", "ci_low", "ci_high", "change", "change_low", "change_high"]
-GROUP_COLUMNS = ["group", "heads", "n_heads", *POINT_COLUMNS[1:], "objective"]
+GROUP_COLUMNS = ["group", "heads", "n_heads", *POINT_COLUMNS[1:], "objective", "ablation"]
+
+
+def kind_used(results, analysis: str) -> str:
+    """The kind of ablation a whole-model analysis gated by (the first of `--ablation`)."""
+    return next(iter(results.summary.get(f"{analysis}_ablation") or {"zero": ""}))
+
+
 VERSUS_COLUMNS = ["group", "versus", "n", "change", "change_low", "change_high"]
 
 
@@ -217,6 +349,7 @@ def groups_table(results) -> pd.DataFrame:
     table.insert(1, "heads", [" ".join(groups[label]) for label in labels])
     table.insert(2, "n_heads", [len(groups[label]) for label in labels])
     table["objective"] = (results.summary.get("objectives") or {}).get(GROUPS, "")
+    table["ablation"] = kind_used(results, GROUPS)
     return table[GROUP_COLUMNS]
 
 
@@ -291,8 +424,23 @@ def objective_table(results, analysis: str):
             "mul_all_rows",
         ]
     )
+    parts = [label_parts(label) for label in table["label"]]
+    table["label"] = [p[0] for p in parts]
     table.insert(1, "objective", table["label"].map(DESCRIPTIONS))
+    table.insert(2, "ablation", [p[1] for p in parts])
+    if analysis == "importance":
+        table.insert(2, "estimate", [p[2] for p in parts])
     return table[table["score"].notna()].reset_index(drop=True)
+
+
+def first_kind(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a per-head table's first (ablation, estimate): the one the ranks and the
+    pruning order read (zero ablation, Michel's importance, where the run has them)."""
+    if not len(table):
+        return table
+    keys = [c for c in ("ablation", "estimate") if c in table]
+    first = table.iloc[0][keys]
+    return table[(table[keys] == first).all(axis=1)].reset_index(drop=True)
 
 
 RANK_COLUMNS = ["layer", "head", "by", "score", "rank", "of", "objective"]
@@ -302,7 +450,7 @@ def head_ranks(results) -> pd.DataFrame:
     """Every head ranked by importance (where the run has it) else by its ablation effect: rank 1
     is the most important (ties share the best rank), `of` the heads ranked, `by` the score."""
     by = "importance" if "importance" in results.tallies else "ablation"
-    table = objective_table(results, by)
+    table = first_kind(objective_table(results, by))
     if not len(table):
         return pd.DataFrame(columns=RANK_COLUMNS)
     rank = table["score"].rank(method="min", ascending=False).astype(int)
@@ -334,6 +482,7 @@ PRUNE_COLUMNS = [
     "change_low",
     "change_high",
     "order_by",
+    "ablation",
 ]
 
 
@@ -358,6 +507,7 @@ def prune_table(results) -> pd.DataFrame:
     table["heads_total"] = len(order) or np.nan
     table["objective"] = (results.summary.get("objectives") or {}).get("prune_curve", "")
     table["order_by"] = info.get("order_by", "")
+    table["ablation"] = kind_used(results, "prune_curve")
     return table[PRUNE_COLUMNS]
 
 
@@ -366,10 +516,75 @@ def ablation_console(results, analysis: str, top: int = 5) -> str:
     table = results.tables.get(f"{analysis}_heads")
     if table is None or not len(table):
         return ""
-    table = table.sort_values("score", ascending=False, kind="stable").head(top)
-    lines = [f"\n{analysis}: largest effects ({table['objective'].iloc[0]}; 95% intervals):"]
-    for r in table.itertuples(index=False):
-        lines.append(f"  {r.layer}-{r.head}  {r.score:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]")
+    lines = []
+    for kind, sub in table.groupby("ablation", sort=False):
+        sub = sub.sort_values("score", ascending=False, kind="stable").head(top)
+        lines.append(
+            f"\n{analysis}: largest effects, {kind} ablation ({sub['objective'].iloc[0]}; 95% intervals):"
+        )
+        for r in sub.itertuples(index=False):
+            lines.append(
+                f"  {r.layer}-{r.head}  {r.score:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+            )
+    return "\n".join(lines) + kinds_console(results)
+
+
+KINDS_COLUMNS = ["ablation", "versus", "layer", "head", "n", "difference", "diff_low", "diff_high"]
+
+
+def kinds_table(results, analysis: str = "ablation") -> pd.DataFrame:
+    """Per head and each kind of ablation after the first: its effect minus the first kind's,
+    with a paired 95% interval (the same units' bootstrap weights on both sides)."""
+    tally = results.tallies.get(analysis)
+    if tally is None:
+        return pd.DataFrame(columns=KINDS_COLUMNS)
+    labels = tally.sorted_labels()
+    kinds = {label_parts(label)[1]: label for label in labels}
+    order = [k for k in (results.summary.get("options") or {}).get("ablation", "").split(",") if k]
+    order = [k for k in order if k in kinds] or sorted(kinds)
+    if len(order) < 2:
+        return pd.DataFrame(columns=KINDS_COLUMNS)
+    first = tally.arrays(kinds[order[0]])
+    rows = []
+    for kind in order[1:]:
+        other = tally.arrays(kinds[kind])
+        gap, low, high = paired_gap(
+            other["hits"][..., 0].sum(0),
+            first["hits"][..., 0].sum(0),
+            other["n"][..., 0].sum(0)[:, None, None],
+            first["n"][..., 0].sum(0)[:, None, None],
+        )  # [layer, head]
+        for i, layer in enumerate(tally.layers):
+            for head in range(gap.shape[1]):
+                if np.isfinite(gap[i, head]):
+                    rows.append(
+                        {
+                            "ablation": kind,
+                            "versus": order[0],
+                            "layer": int(layer),
+                            "head": head,
+                            "n": float(other["n"][..., 0].sum(0)[0]),
+                            "difference": float(gap[i, head]),
+                            "diff_low": float(low[i, head]),
+                            "diff_high": float(high[i, head]),
+                        }
+                    )
+    return pd.DataFrame(rows, columns=KINDS_COLUMNS)
+
+
+def kinds_console(results, top: int = 5) -> str:
+    """The heads whose effect changes most between two kinds of ablation."""
+    table = results.tables.get("ablation_kinds")
+    if table is None or not len(table):
+        return ""
+    lines = []
+    for (kind, versus), sub in table.groupby(["ablation", "versus"], sort=False):
+        sub = sub.reindex(sub["difference"].abs().sort_values(ascending=False).index).head(top)
+        lines.append(f"\nablation: {kind} - {versus}, the heads that change most (paired 95%):")
+        for r in sub.itertuples(index=False):
+            lines.append(
+                f"  {r.layer}-{r.head}  {r.difference:+.3f} [{r.diff_low:+.3f}, {r.diff_high:+.3f}]"
+            )
     return "\n".join(lines)
 
 
@@ -411,12 +626,13 @@ ABLATION = register(
         cross=True,
         selection=False,
         default=False,
-        options=("heads",),
+        options=("heads", "ablation"),
         homes=HOMES,
         description="per head: objective(head zeroed) - objective(intact) per piece (METHODS §8): the LM loss where "
         "the model has a language-model head, else the last hidden state's 1 - cos",
         tables={
             "ablation_heads": lambda results: objective_table(results, "ablation"),
+            "ablation_kinds": kinds_table,
             "head_ranks": head_ranks,
         },
         console=ablation_console,
@@ -433,6 +649,7 @@ IMPORTANCE = register(
         cross=True,
         selection=False,
         default=False,
+        options=("ablation", "estimate"),
         homes=HOMES,
         description="per head: |dL/dg| at g = 1 per piece, a gate per example and head, one backward pass "
         "(Michel et al. 2019; METHODS §8); needs a language-model head",
@@ -454,7 +671,7 @@ GROUP_ABLATION = register(
         selection=False,
         default=False,
         added_by="head_groups",
-        options=("head_groups",),
+        options=("head_groups", "ablation"),
         homes=HOMES,
         description="the objective with each named group of heads gated to 0 together, against the intact "
         "model and against each other, with paired 95% intervals (METHODS §8; e.g. Olsson et al.'s "
@@ -475,6 +692,7 @@ PRUNE_CURVE = register(
         selection=False,
         default=False,
         added_by="prune_curve",
+        options=("ablation",),
         homes=HOMES,
         description="the objective as 0%, 10%, ... 100% of the heads are gated to 0, cumulatively, least important "
         "first (Michel et al. 2019): ordered by importance, else by single-head ablation effect",

@@ -255,7 +255,8 @@ def prune_section(results, analysis: str) -> Section:
     by = curve["order_by"].iloc[0]
     s.add(
         Paragraph(
-            f"Heads removed in order of their {by} score, least important first ({by}: "
+            f"Heads removed in order of their {by} score, least important first"
+            f"{' (an estimate, not the exact effect: METHODS §8)' if by == 'importance' else ' (exact effects)'} ({by}: "
             f"{described(by) or 'see its section'}); each point gates that share of all "
             f"{fmt_int(curve['heads_total'].iloc[0])} heads to 0 together. Objective: "
             f"{curve['objective'].iloc[0]}. The change from 0% is paired (same bootstrap weights)."
