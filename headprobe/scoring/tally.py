@@ -331,6 +331,7 @@ class Tally:
             for key, value in extra.items():
                 counts.extra[key][f] += torch.as_tensor(value[members].sum(0), device=self.device)
 
+    @inference_mode
     def _flush_both(self) -> None:
         """Add the buffered head-and-baseline hits: every batch's summed per label in one call,
         then one addition per label."""
