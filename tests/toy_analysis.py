@@ -31,8 +31,7 @@ class SelfScorer(CountScorer):
         row_of = [
             rows.count(example.unit, "self", len(example.words)) for example in batch.examples
         ]
-        q_b = np.repeat(np.arange(len(batch)), batch.words_each)  # [query] batch row
-        q_i = np.concatenate([np.arange(n) for n in batch.words_each])  # [query] word
+        q_b, q_i = batch.word_rows()  # [query] batch row, word (host)
         q_row = np.asarray(row_of, dtype=np.int64)[q_b]  # [query] each query's row
         state = self.new_state(batch, rows.keys, rows.n)
         put = lambda a: torch.from_numpy(a).to(batch.device)

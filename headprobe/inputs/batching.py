@@ -181,7 +181,7 @@ class Batch:
         # device value back
         put = lambda array: on_device(array, self.device)
         self.words_each = np.array([a.n_words for a in alignments], dtype=np.int64)  # [batch], host
-        word_mask = np.arange(n_words)[None, :] < self.words_each[:, None]  # [batch, word], host
+        self.word_mask_host = np.arange(n_words)[None, :] < self.words_each[:, None]  # [b, word]
         self.piece_kind_host = piece_kind  # [batch, piece], host
         mask = (piece_kind != PAD).astype(np.int64)
         # [batch, piece] each: one copy for the four
@@ -189,7 +189,7 @@ class Batch:
             np.stack([input_ids, mask, piece_word, piece_kind])
         ).unbind(0)
         self.n_words = put(self.words_each)  # [batch]
-        self.word_mask = put(word_mask)  # [batch, word]
+        self.word_mask = put(self.word_mask_host)  # [batch, word]
         self.to_words = put(to_words)  # [batch, piece, word + 2]
         # which of the two special key columns (CLS-like, SEP-like) exist in each example
         self.special_present = put(to_words[:, :, n_words:].max(axis=1) > 0)  # [batch, 2]
@@ -216,6 +216,13 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.examples)
+
+    def word_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(batch row [query], word [query]) of every real word, example by example, in order:
+        host arrays, so a scorer indexes the device without reading a mask back."""
+        counts = self.words_each
+        row = np.repeat(np.arange(len(counts)), counts)
+        return row, np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
 
     @property
     def n_real_words(self) -> int:

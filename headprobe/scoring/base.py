@@ -527,7 +527,7 @@ def _word_fill(batch, drop_self: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Built on the host from the batch's word counts, then moved once."""
     from headprobe.inputs.batching import on_device
 
-    mask = np.arange(batch.max_words)[None, :] < batch.words_each[:, None]  # [batch, word]
+    mask = batch.word_mask_host  # [batch, word]
     valid = mask[:, None, :, None] & mask[:, None, None, :]  # [batch, 1, word, word]
     keep = valid & ~np.eye(batch.max_words, dtype=bool) if drop_self else valid
     fill = np.where(valid, 0.0, -1.0).astype(np.float32)

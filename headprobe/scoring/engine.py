@@ -899,7 +899,7 @@ class LayerStack:
             buffer = self.buffers.get(group)
             for layer, heads in sorted(others.items()):
                 probs = None if buffer is None else buffer[group.index(layer)]
-                if isinstance(heads, torch.Tensor) or not heads:
+                if not heads:  # the capture handed on the probabilities alone
                     yield (layer,), probs[None]
                 else:
                     payload = with_layer_axis(Heads(heads))

@@ -119,9 +119,7 @@ class HeadSimilarityScorer(CountScorer):
         if state.keys and layers:
             p = torch.cat(layers, dim=2)  # [measure, batch, K, word, key]
             k = p.shape[2]
-            counts = state.batch.words_each  # [batch], host: the real word rows
-            example_np = np.repeat(np.arange(len(counts)), counts)
-            word_np = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+            example_np, word_np = state.batch.word_rows()  # the real word rows (host)
             example = torch.from_numpy(example_np).to(p.device)
             word = torch.from_numpy(word_np).to(p.device)
             slot = torch.tensor([units[ex.unit] for ex in state.batch.examples], device=p.device)

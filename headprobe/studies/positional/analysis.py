@@ -45,9 +45,7 @@ class PositionalScorer(UnitLabelRows, CountScorer):
         from headprobe.inputs.batching import on_device
 
         keys, n, first_row = self.unit_rows(batch, lambda example, label: len(example.words))
-        counts = batch.words_each  # [batch], host
-        q_b = np.repeat(np.arange(len(counts)), counts)  # [query]: every real word, in order
-        q_i = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        q_b, q_i = batch.word_rows()  # [query]: every real word, in order (host)
         put = lambda array: on_device(array, batch.device)
         keys_ok = torch.cat([batch.word_mask, batch.special_present], dim=1)  # [batch, word + 2]
         own = Queries(

@@ -95,7 +95,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
         # first position: a special piece at position 0 (column W: CLS/BOS-like), else word 0;
         # its own row does not count when it is a word
         first_special = kind[:, 0] != WORD  # [batch]
-        words = np.arange(w)[None, :] < batch.words_each[:, None]  # [batch, word]
+        words = batch.word_mask_host  # [batch, word]
         after_first = words.copy()
         after_first[:, 0] &= first_special
         every_row = first_row[None, :] + np.arange(len(LABELS))[:, None]  # [label, batch]
