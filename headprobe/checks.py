@@ -345,22 +345,3 @@ def max_positions(config) -> tuple[int, str] | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value, name
     return None
-
-
-def check_needle_model(config, lengths, model: str, causal_lm: bool) -> None:
-    """--probe needle needs a causal language model (`causal_lm`: a decoder with its head) whose
-    context holds the longest context length and the answer's tokens (from its config)."""
-    from headprobe.model.decoding import MAX_NEW_TOKENS
-
-    if not causal_lm or getattr(config, "is_encoder_decoder", False):
-        raise UsageError(
-            f"--probe needle: {model} is not a causal language model; the probe asks a question "
-            "and reads the model's answer, which needs a decoder with its language-model head"
-        )
-    limit = max_positions(config)
-    longest = max(lengths)
-    if limit is not None and longest + MAX_NEW_TOKENS > limit[0]:
-        raise UsageError(
-            f"--needle-lengths {longest}: {model} reads at most {limit[0]} positions ({limit[1]}); "
-            f"a probe needs its context, the question and up to {MAX_NEW_TOKENS} answer tokens"
-        )

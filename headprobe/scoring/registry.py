@@ -118,12 +118,20 @@ class Analysis:
     # profile(wide) -> the per-head features it gives head profiles (runs side by side,
     # `results.comparison.head_profiles`); None: every label's mean
     profile: str | Callable | None = None
-    options: tuple = ()  # RunConfig fields only it reads: given without it, a usage error
+    # the run options it reads: an `Option` it declares (`headprobe.scoring.options`), or the
+    # name of one declared elsewhere; given without any of their readers, a check may refuse it
+    options: tuple = ()
+    # checks of the model, before its weights load: check(config, ModelFacts) raises UsageError
+    model_checks: tuple = ()
     added_by: str | None = (
         None  # a RunConfig switch, or an analysis, that adds it to the analyses run
     )
     homes: tuple = ()  # other modules of its own (beside its scorer's and report's)
     order: float = PLUGIN_ORDER  # its place among the analyses (reports, tables, the CLI)
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(getattr(option, "name", option) for option in self.options)
 
     @property
     def directions(self) -> tuple[str, ...]:
@@ -180,7 +188,29 @@ def _resolve(ref: str | Callable | None):
     return getattr(importlib.import_module(module), name)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A synthetic input an analysis may read (`--probe NAME`), declared in its analysis's folder:
+    its `options` (`Option`s, as an analysis's), `model_checks` (check(config, ModelFacts), before
+    the weights load), `corpus_checks` (check(config, sentences): the run's sentence corpus, or
+    None, before the model loads) and `stream(config, tokenizer, net, sentences) -> Stream` (its
+    examples, read lazily; `sentences` the run's sentence corpus, or None). "repeated-random" is
+    the inputs' own (`headprobe.inputs.probes`)."""
+
+    name: str
+    stream: Callable
+    description: str = ""
+    options: tuple = ()
+    model_checks: tuple = ()
+    corpus_checks: tuple = ()
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(getattr(option, "name", option) for option in self.options)
+
+
 _REGISTRY: dict[str, Analysis] = {}
+_PROBES: dict[str, Probe] = {}
 _loaded = False
 _plugin_errors: list[str] = []
 
@@ -214,6 +244,52 @@ def register(analysis: Analysis, *, replace: bool = False) -> Analysis:
 
 def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
+
+
+def register_probe(probe: Probe, *, replace: bool = False) -> Probe:
+    """Add a probe (`--probe NAME`); returns it. A name already registered is refused unless
+    `replace=True`."""
+    old = _PROBES.get(probe.name)
+    if old is not None and old is not probe and not replace:
+        raise ValueError(f"probe {probe.name!r} is registered already")
+    _PROBES[probe.name] = probe
+    return probe
+
+
+def probes() -> list[Probe]:
+    """The registered probes, in registration order."""
+    _load()
+    return list(_PROBES.values())
+
+
+def probe(name: str) -> Probe | None:
+    """The registered probe `name`, or None (the inputs' own repeated-random probe)."""
+    _load()
+    return _PROBES.get(name)
+
+
+def declared_options() -> list:
+    """Every `Option` an analysis or a probe declares, in the analyses' order then the probes';
+    an option declared twice is a bug (`ValueError` naming both)."""
+    found, owner = {}, {}
+    for what in [*analyses(), *probes()]:
+        for option in what.options:
+            if isinstance(option, str):
+                continue
+            if option.name in found and found[option.name] is not option:
+                raise ValueError(
+                    f"option {option.name!r} is declared by {owner[option.name]} and {what.name}"
+                )
+            found[option.name], owner[option.name] = option, what.name
+    return list(found.values())
+
+
+def model_checks(names, probe_name: str | None) -> list:
+    """The model checks of the probe `probe_name`, then of the analyses `names`, in order."""
+    found = list(getattr(probe(probe_name), "model_checks", ())) if probe_name else []
+    for name in ordered(names):
+        found += [check for check in get(name).model_checks if check not in found]
+    return found
 
 
 def _load() -> None:
@@ -313,7 +389,7 @@ def profile_of(name: str):
 
 def reading(option: str) -> list[str]:
     """Names of the analyses that read run option `option` (a RunConfig field; `Analysis.options`)."""
-    return [a.name for a in analyses() if option in a.options]
+    return [a.name for a in analyses() if option in a.option_names]
 
 
 def get(name: str) -> Analysis:
