@@ -46,6 +46,7 @@ from headprobe.scoring.engine import CHUNK, FULL_AT, POOL_BATCHES, Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import needs_of, tally_key
 from headprobe.scoring.options import ModelFacts
+from headprobe.scoring.pass_settings import PassSettings
 from headprobe.scoring.registry import (
     ANY,
     ARCS,
@@ -131,6 +132,7 @@ class Session:
     summary: dict
     checkpoint: Checkpoint | None
     world: distributed.World
+    settings: PassSettings  # the passes' settings, built once from the config, the stack resolved
 
 
 def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Session:
@@ -162,7 +164,8 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
     tokenizer, bos_used = apply_bos(tokenizer, config.bos, sites.causal(stack))
     summary = _start_summary(config, net, name, sites, stack, inputs, settings, bos_used)
     analyses = _with_prerequisites(config.analyses, net, config.heads)
-    return Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world)
+    passes = dataclasses.replace(config.pass_settings(), stack=stack)
+    return Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world, passes)
 
 
 def _check_against_config(config: RunConfig):
@@ -640,7 +643,12 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
         else None
     )
     engine = Engine(
-        net, session.tokenizer, one.scorers, config, batch_size=one.batch_size, desc=one.label
+        net,
+        session.tokenizer,
+        one.scorers,
+        session.settings,
+        batch_size=one.batch_size,
+        desc=one.label,
     )
     examples = one.picker.watch(one.examples) if one.picker is not None else one.examples
     if state is not None and state.get("finished"):

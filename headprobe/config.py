@@ -38,6 +38,7 @@ from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
 from headprobe.scoring.options import ADDED, GIVEN, STAGES, Option
+from headprobe.scoring.pass_settings import PassSettings
 from headprobe.scoring.tally import N_BOOT
 
 SENTENCE_SOURCES = ("treebank", "text", "hf_dataset")
@@ -625,6 +626,22 @@ class CoreOptions:
                 "(per-unit rows are not checkpointed)"
             )
         return dataclasses.replace(self, **values)
+
+    def pass_settings(self) -> PassSettings:
+        """The settings of a scoring pass (`headprobe.scoring.pass_settings`), built once from
+        this checked config: the pass reads them and imports nothing of the configuration."""
+        return PassSettings(
+            layers=self.layers,
+            batch_size=self.batch_size,
+            from_mode=self.from_mode,
+            progress=self.progress,
+            seed=self.seed,
+            n_boot=self.n_boot,
+            keep_unit_counts=self.keep_unit_counts,
+            conventions=self.conventions,
+            query_block=self.query_block,
+            stack=self.stack,
+        )
 
     def options_record(self, device: str) -> dict:
         """The options as results record them (`summary["options"]`, and the checkpoint fingerprint

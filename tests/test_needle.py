@@ -8,7 +8,6 @@ tokens ("The dog ran home ."), the needle five ("The key is blue ."), the answer
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import re
 

@@ -69,7 +69,7 @@ from headprobe.scoring.distributed import World, owns
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
 
 if TYPE_CHECKING:
-    from headprobe.config import RunConfig
+    from headprobe.scoring.pass_settings import PassSettings
 
 TRIM_EVERY = 64  # batches between heap trims on CPU
 # examples read and tokenized together (one batched tokenizer call); they then wait in the pool
@@ -452,17 +452,18 @@ def total_words(examples) -> int | None:
 class Engine:
     """Run `scorers` over `examples` with `model`.
 
-        engine = Engine(model, tokenizer, scorers, RunConfig(progress=False, n_boot=10))
+        engine = Engine(model, tokenizer, scorers, PassSettings(progress=False, n_boot=10))
         stats = engine.run(examples)             # the scorers' tallies hold the counts
 
     After `run`: `stats_` holds examples/words scored, skipped counts and seconds;
     `batch_size_` is the batch size in use at the end (smaller after an OOM backoff).
 
-    The options are a `RunConfig`'s (`headprobe.config`), read whole: `layers`, `batch_size`,
-    `from_mode`, `progress`, `seed`, `n_boot`, `keep_unit_counts`, `conventions`, `query_block`,
-    `stack`. `headprobe.run` hands over its checked config; a caller of its own gives one
-    (`RunConfig(...)`, unchecked plain values are fine): the engine sits below the options and
-    imports no default of them. `batch_size` overrides the config's
+    The settings are the pass's own value (`headprobe.scoring.pass_settings.PassSettings`), read
+    whole: `layers`, `batch_size`, `from_mode`, `progress`, `seed`, `n_boot`, `keep_unit_counts`,
+    `conventions`, `query_block`, `stack`. `headprobe.run` hands over the one its checked
+    configuration builds (`RunConfig.pass_settings`); a caller of its own builds one: the engine
+    sits below the options and imports nothing of them. `batch_size` overrides the settings'
+
     for one pass (coreference windows: a quarter); `desc` names the progress bar. The batches go
     where the model takes its inputs (`capture.model_device`).
 
@@ -482,7 +483,7 @@ class Engine:
         model,
         tokenizer,
         scorers,
-        config: RunConfig,
+        config: PassSettings,
         *,
         batch_size: int | None = None,
         desc: str = "scoring",

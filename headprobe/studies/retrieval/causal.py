@@ -344,7 +344,7 @@ def _k(flag, value, values):
     value = checks.check_int(flag, value, 1, " heads")
     if tuple(values[ABLATION.name]) != ("zero",):
         raise UsageError(
-            f"--ablation: {CHECK} ({flag}) ablates by zero only (the tokens it decodes have no "
+            f"{ABLATION.flag}: {CHECK} ({flag}) ablates by zero only (the tokens it decodes have no "
             "mean or partner at their positions); run it apart"
         )
     return value
