@@ -23,9 +23,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from headprobe.studies.retrieval.needles import needle_stream, recalled, word_recall  # noqa: E402
 from headprobe.model.decoding import decode, stop_tokens  # noqa: E402
 from headprobe.model.loading import load_lm  # noqa: E402
+from headprobe.studies.retrieval.needles import needle_stream, recalled, word_recall  # noqa: E402
 
 
 def main() -> None:

@@ -14,10 +14,11 @@ What is counted, with `torch.profiler` (CPU activity, every thread):
 The run is `headprobe.run` on the first `--sentences` sentences of UD English EWT dev, report
 included, with the model loaded once before. Its start-up (whatever a run does however few
 sentences it scores) is the same run on the first 5 sentences, subtracted. The plain forward is
-the model on the same sentences in exact-length batches of up to 64 (`inputs.batching`). Both
+the model on the same sentences in exact-length batches of up to 64 (`inputs.batching`), fed no
+attention mask (the batches have no padding), as a user's fastest code would run it: a given
+mask costs a sync a batch (transformers reads it back to see whether it can skip it). Both
 are divided by the plain forward's batches: ops per plain batch, and the run's over the plain's.
-The model's own forward has syncs of its own (transformers checks its mask: one `is_nonzero` a
-batch for MiniLM); `added_syncs` is the run's count less the plain forward's.
+`added_syncs` is the run's count less the plain forward's.
 Counts do not depend on the machine's load; they do on the corpus, the model and torch's version.
 """
 
@@ -115,7 +116,7 @@ def count(sentences: int, analyses: str | None, top: int) -> dict:
         @torch.inference_mode()
         def plain():
             for batch in batches:
-                model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                model(input_ids=batch.input_ids)  # exact-length batches: no padding, no mask
 
         def whole(path, out):
             extra = {"analyses": analyses} if analyses else {}

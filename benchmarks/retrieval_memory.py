@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from query_block_memory import RssSampler, current_rss_mb  # noqa: E402
 
-from headprobe.studies.retrieval.needles import NEEDLES, needle_stream  # noqa: E402
 from headprobe.model.decoding import decode, stop_tokens  # noqa: E402
 from headprobe.model.loading import load_lm  # noqa: E402
+from headprobe.studies.retrieval.needles import NEEDLES, needle_stream  # noqa: E402
 
 
 def main() -> None:

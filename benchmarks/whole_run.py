@@ -184,7 +184,7 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights", report: bool =
         def plain():
             prepared = prepare(list(corpus), tokenizer, max_length(model, tokenizer))
             for batch in iter_batches(prepared, 64, pad):
-                model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                model(input_ids=batch.input_ids)  # exact-length batches: no padding, no mask
 
         def whole(out):
             extra = {} if measure == "weights" else {"measure": measure}

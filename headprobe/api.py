@@ -41,6 +41,7 @@ from headprobe.results.findings import skipped_counts
 from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scoring import distributed, registry
 from headprobe.scoring.base import KeepsRecord, ReadsInputs, ReadsOptions, RunsModel, TakesHeads
+from headprobe.scoring.batch_size import auto_batch_size
 from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.scoring.engine import CHUNK, FULL_AT, POOL_BATCHES, Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
@@ -93,7 +94,7 @@ def run(config: RunConfig | str | None = None, /, **options) -> Results | None:
     started = time.perf_counter()
     config, world = validate(RunConfig.of(config, **options))
     with contextlib.ExitStack() as held:
-        session = open_session(config, world, held)
+        config, session = open_session(config, world, held)
         weighed = weigh(config, session)
         passes = plan_passes(config, session, bool(weighed))
         score(config, session, passes)
@@ -135,9 +136,10 @@ class Session:
     settings: PassSettings  # the passes' settings, built once from the config, the stack resolved
 
 
-def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Session:
+def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> tuple[RunConfig, Session]:
     """Lock `out` (released by `held`), check `layers` against the model's config, open the
-    checkpoint, load the model (unless `loaded`) and start the summary."""
+    checkpoint, load the model (unless `loaded`), decide the batch size and start the summary:
+    the config with its batch size, and the session."""
     if config.out is not None:
         lock = held.enter_context(atomic.OutLock(config.out))
         for note in lock.notes + atomic.recover(config.out):
@@ -152,6 +154,8 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
     settings = config.options_record(device)
     checkpoint = _open_checkpoint(config, inputs, settings)
     net, tokenizer, name = _load_model(config)
+    config = _with_batch_size(config, checkpoint, net)
+    settings["batch_size"] = config.batch_size
     sites = attention_sites(net)
     stack = sites.resolve(config.stack)
     checks.check_layers_exist(config.layers, sites.n_layers(stack), name)
@@ -165,7 +169,20 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> Sessio
     summary = _start_summary(config, net, name, sites, stack, inputs, settings, bos_used)
     analyses = _with_prerequisites(config.analyses, net, config.heads)
     passes = dataclasses.replace(config.pass_settings(), stack=stack)
-    return Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world, passes)
+    return config, Session(
+        net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world, passes
+    )
+
+
+def _with_batch_size(config: RunConfig, checkpoint: Checkpoint | None, net) -> RunConfig:
+    """`config` with its batch size decided: the one given, else the interrupted run's when
+    resuming, else `scoring.batch_size.auto_batch_size` (64 on the CPU, from free memory on a
+    GPU); the checkpoint records it."""
+    size = config.batch_size or (checkpoint.batch_size if checkpoint is not None else None)
+    size = size or auto_batch_size(net, next(net.parameters()).device)
+    if checkpoint is not None:
+        checkpoint.batch_size = size
+    return dataclasses.replace(config, batch_size=size)
 
 
 def _check_against_config(config: RunConfig):
@@ -263,11 +280,15 @@ def _open_checkpoint(config: RunConfig, inputs: dict, settings: dict) -> Checkpo
         return None
     fingerprint = {
         "inputs": inputs,
-        "options": settings,
+        # the batch size is the checkpoint's own record (`Checkpoint.batch_size`): left out on
+        # --resume, the interrupted run's is used
+        "options": {key: value for key, value in settings.items() if key != "batch_size"},
         "batching": {"chunk": CHUNK, "full_at": FULL_AT, "pool_batches": POOL_BATCHES},
         "version": store.version(),
     }
-    checkpoint = Checkpoint(config.out, fingerprint, config.checkpoint_every, config.resume)
+    checkpoint = Checkpoint(
+        config.out, fingerprint, config.checkpoint_every, config.resume, config.batch_size
+    )
     for note in checkpoint.notes:
         _note(note)
     return checkpoint

@@ -435,12 +435,13 @@ class CoreOptions:
         record=True,
         record_at=7,
     )
-    batch_size: int = option(
-        64,
-        "sentences per batch (default: 64; coreference windows: a quarter)",
+    batch_size: int | None = option(
+        None,
+        "sentences per batch (default: 64 on the CPU; on a GPU as many as half its free memory "
+        "holds, 64 to 1,024; --resume uses the interrupted run's; coreference windows: a quarter)",
         flag="--batch-size",
         type=int,
-        check=_at_least(1),
+        check=_maybe_at_least(1),
         record=True,
         record_at=2,
     )

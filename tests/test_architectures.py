@@ -497,7 +497,9 @@ def capture_all(built: Built, inputs: dict, stack: str) -> dict[int, torch.Tenso
 
 def real_lengths(inputs: dict, stack: str) -> tuple[list[int], list[int]]:
     """Real query and key positions per example."""
-    encoder = inputs["attention_mask"].sum(1).tolist()
+    mask = inputs.get("attention_mask")  # none: an unpadded batch, every position real
+    ids = inputs["input_ids"]
+    encoder = mask.sum(1).tolist() if mask is not None else [ids.shape[1]] * len(ids)
     decoder = inputs.get("decoder_attention_mask")
     decoder = (
         decoder.sum(1).tolist()

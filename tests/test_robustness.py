@@ -102,7 +102,9 @@ def corpora(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def run_args(model, out, corpora, *extra, coref=True) -> list[str]:
+def run_args(model, out, corpora, *extra, coref=True, batch=True) -> list[str]:
+    """The run's arguments; `batch` False leaves out --batch-size (--resume then uses the
+    checkpoint's)."""
     args = [
         "run",
         "--model",
@@ -115,8 +117,7 @@ def run_args(model, out, corpora, *extra, coref=True) -> list[str]:
         "--quiet",
         "--bootstrap",
         "20",
-        "--batch-size",
-        str(BATCH),
+        *(["--batch-size", str(BATCH)] if batch else []),
         "--checkpoint-every",
         str(EVERY),
         "--device",
@@ -270,7 +271,8 @@ def test_kill_then_resume(
         )
         assert list(atomic.area(out).glob("stage-*"))  # the half-written staging directory
 
-    assert main(run_args(tiny_model, out, corpora, "--resume")) == 0
+    # the batch size (2, not the default) is not given again: the checkpoint's is used
+    assert main(run_args(tiny_model, out, corpora, "--resume", batch=False)) == 0
     err = capsys.readouterr().err
     assert "resuming from the checkpoint" in err
     resumed = Results.load(out)
@@ -304,6 +306,15 @@ def test_kill_on_a_new_out_then_resume_another_run(tiny_model, corpora, tmp_path
     errors = [line for line in err.strip().splitlines() if not line.startswith("headprobe: note:")]
     assert len(errors) == 1 and errors[0].startswith("headprobe: error:")
     assert "took over the stale lock" in err  # the killed run could not remove its lock
+    # the same run resumed with another batch size: refused in one line, naming the one it used
+    other = run_args(tiny_model, out, corpora, "--resume", coref=False)
+    other[other.index("--batch-size") + 1] = str(BATCH + 1)
+    assert main(other) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"headprobe: error: --resume: the checkpoint in {atomic.area(out) / atomic.CHECKPOINT} "
+        f"was made with --batch-size {BATCH}; give --batch-size {BATCH} or leave it out"
+    ]
     # without --resume the run starts over (and says it dropped the checkpoint)
     assert main(args[:-1] if args[-1] == "--resume" else [a for a in args if a != "--resume"]) == 0
     assert "discarded the checkpoint" in capsys.readouterr().err

@@ -184,6 +184,8 @@ class Batch:
         self.word_mask_host = np.arange(n_words)[None, :] < self.words_each[:, None]  # [b, word]
         self.piece_kind_host = piece_kind  # [batch, piece], host
         mask = (piece_kind != PAD).astype(np.int64)
+        # exact-length batches have no padding: the model is then fed no mask (`Sites.model_inputs`)
+        self.padded = not mask.all()
         # [batch, piece] each: one copy for the four
         self.input_ids, self.attention_mask, self.piece_word, self.piece_kind = put(
             np.stack([input_ids, mask, piece_word, piece_kind])

@@ -171,20 +171,24 @@ class HeadGates:
 
 def model_inputs(batch, device=None, model=None, stack: str | None = None) -> dict:
     """The forward pass's keyword arguments for a headprobe `Batch` or a mapping, on `device`:
-    `input_ids` and `attention_mask` ([batch, piece]); for an encoder-decoder `model` and a
-    `Batch`, as the capture feeds `stack` (`Sites.model_inputs`, decoder inputs included)."""
-    if model is not None and not isinstance(batch, dict):
+    `input_ids` ([batch, piece]) and, where the batch is padded, `attention_mask`; for an
+    encoder-decoder `model` and a `Batch`, as the capture feeds `stack` (`Sites.model_inputs`,
+    decoder inputs included). A mapping is fed as given, with a mask of ones where it has none."""
+    if isinstance(batch, dict):
+        ids = batch["input_ids"]  # [batch, piece]
+        mask = batch.get("attention_mask")  # [batch, piece]
+        inputs = {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids) if mask is None else mask,
+        }
+    elif model is not None:
         sites = attention_sites(model)
-        if sites.encoder_decoder:
-            inputs = sites.model_inputs(batch, sites.resolve(stack))
-            return {k: v.to(device) if device is not None else v for k, v in inputs.items()}
-    get = batch.get if isinstance(batch, dict) else (lambda key: getattr(batch, key, None))
-    ids = get("input_ids")  # [batch, piece]
-    mask = get("attention_mask")  # [batch, piece]
-    mask = torch.ones_like(ids) if mask is None else mask
-    if device is not None:
-        ids, mask = ids.to(device), mask.to(device)
-    return {"input_ids": ids, "attention_mask": mask}
+        inputs = sites.model_inputs(batch, sites.resolve(stack))
+    else:
+        inputs = {"input_ids": batch.input_ids}  # [batch, piece]
+        if getattr(batch, "padded", True):
+            inputs["attention_mask"] = batch.attention_mask
+    return {k: v.to(device) for k, v in inputs.items()} if device is not None else inputs
 
 
 def query_mask(inputs: dict, stack: str) -> torch.Tensor:
@@ -193,7 +197,8 @@ def query_mask(inputs: dict, stack: str) -> torch.Tensor:
     if stack != "encoder" and "decoder_input_ids" in inputs:
         mask = inputs.get("decoder_attention_mask")
         return torch.ones_like(inputs["decoder_input_ids"]) if mask is None else mask
-    return inputs["attention_mask"]
+    mask = inputs.get("attention_mask")  # None: an unpadded batch
+    return torch.ones_like(inputs["input_ids"]) if mask is None else mask
 
 
 @torch.no_grad()

@@ -107,7 +107,8 @@ def scored_sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         ids = inputs["decoder_input_ids"]
         mask = inputs.get("decoder_attention_mask")
         return ids, torch.ones_like(ids) if mask is None else mask
-    return inputs["input_ids"], inputs["attention_mask"]
+    ids, mask = inputs["input_ids"], inputs.get("attention_mask")  # no mask: an unpadded batch
+    return ids, torch.ones_like(ids) if mask is None else mask
 
 
 def feeding(model, batch, stack: str | None) -> dict:

@@ -185,26 +185,40 @@ class Sites:
         )
 
     def model_inputs(self, batch, stack: str) -> dict:
-        """The forward pass's keyword arguments for `batch` (built on `scoring_alignment`)."""
-        ids, mask = batch.input_ids, batch.attention_mask  # [batch, piece]
+        """The forward pass's keyword arguments for `batch` (built on `scoring_alignment`).
+
+        A batch with no padding (`batch.padded` False: every batch of the pass, which groups
+        examples of one exact length) is fed no attention mask, as a plain forward would be: the
+        model then makes no mask of its own to check (transformers reads a given mask back to the
+        host to see whether it can skip it: one sync a forward pass), and the attention is the
+        same (no key is masked either way)."""
+        ids = batch.input_ids  # [batch, piece]
+        mask = batch.attention_mask if batch.padded else None  # [batch, piece]
         if not self.encoder_decoder:
-            return dict(input_ids=ids, attention_mask=mask)
+            return _given(input_ids=ids, attention_mask=mask)
         if stack == "decoder":  # ids: start + sentence
-            return dict(
+            return _given(
                 input_ids=ids[:, 1:],
-                attention_mask=mask[:, 1:],
+                attention_mask=None if mask is None else mask[:, 1:],
                 decoder_input_ids=ids,
                 decoder_attention_mask=mask,
             )
         start = ids.new_full((ids.shape[0], 1), self.decoder_start)  # [batch, 1]
         if stack == "encoder":
-            return dict(input_ids=ids, attention_mask=mask, decoder_input_ids=start)
-        return dict(
+            return _given(input_ids=ids, attention_mask=mask, decoder_input_ids=start)
+        return _given(
             input_ids=ids,
             attention_mask=mask,
             decoder_input_ids=torch.cat([start, ids], dim=1),
-            decoder_attention_mask=torch.cat([torch.ones_like(start), mask], dim=1),
+            decoder_attention_mask=None
+            if mask is None
+            else torch.cat([torch.ones_like(start), mask], dim=1),
         )
+
+
+def _given(**inputs) -> dict:
+    """The keyword arguments that are not None."""
+    return {key: value for key, value in inputs.items() if value is not None}
 
 
 def text_config(model):

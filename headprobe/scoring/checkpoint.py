@@ -1,9 +1,9 @@
 """Resumable runs: the counts of a run, checkpointed every N batches in `--out`'s lock area.
 
     <out's lock area>/checkpoint/
-        state.json                   fingerprint of the run + per engine pass (`sentences`,
-                                     `coreference`): finished?, where the pass is
-                                     (`Engine.state`), engine stats
+        state.json                   fingerprint of the run, the batch size it uses, and per
+                                     engine pass (`sentences`, `coreference`): finished?, where
+                                     the pass is (`Engine.state`), engine stats
         tallies/<pass>/<tally key>.npz  the scorers' totals (constant size), buffered rows included
 
 A checkpoint is written whole into a new directory and swapped in (`atomic.replace_dir`),
@@ -12,10 +12,11 @@ by its ordinal in the corpus: the first `read` examples were read (each scored, 
 held), and of those held, the batches dealt and not yet scored (`queued`) and the examples
 `waiting` in the engine's pool for a batch (`inputs.batching.Pool`). The fingerprint holds the
 input files' SHA-256, the model, the batching and every option that changes a count, so
-`--resume` only continues a run with the same inputs and options. Totals add up in any order,
-and the engine rebuilds the queued batches and the pool exactly (the pool's batches depend on
-what it holds, not on when it was filled), so a resumed run makes the uninterrupted run's
-batches and its tables are identical. The checkpoint is removed after a successful save.
+`--resume` only continues a run with the same inputs and options; the batch size is recorded
+beside it, and a resumed run uses it (a different `--batch-size` is refused). Totals add up in
+any order, and the engine rebuilds the queued batches and the pool exactly (the pool's batches
+depend on what it holds, not on when it was filled), so a resumed run makes the uninterrupted
+run's batches and its tables are identical. The checkpoint is removed after a successful save.
 """
 
 from __future__ import annotations
@@ -41,8 +42,18 @@ def tally_path(root: Path, key: str, analysis: str) -> Path:
 class Checkpoint:
     """The checkpoint of a run to `out` (the caller holds `out`'s lock)."""
 
-    def __init__(self, out, fingerprint: dict, every: int = DEFAULT_EVERY, resume: bool = False):
+    def __init__(
+        self,
+        out,
+        fingerprint: dict,
+        every: int = DEFAULT_EVERY,
+        resume: bool = False,
+        batch_size: int | None = None,
+    ):
+        """batch_size: the one asked for (None: the run decides; `batch_size` is then the
+        interrupted run's when resuming, else None until the run sets it)."""
         self.out = Path(out)
+        self.batch_size = batch_size
         self.dir = atomic.area(out) / atomic.CHECKPOINT
         self.every = int(every)
         self.fingerprint = json.loads(json.dumps(fingerprint, default=str))
@@ -67,6 +78,13 @@ class Checkpoint:
                         f"--resume: the checkpoint in {self.dir} is of another run ({differs}); "
                         "give the same inputs and options, or run without --resume to start over"
                     )
+                used = saved.get("batch_size")
+                if batch_size is not None and used is not None and batch_size != used:
+                    raise UsageError(
+                        f"--resume: the checkpoint in {self.dir} was made with --batch-size "
+                        f"{used}; give --batch-size {used} or leave it out"
+                    )
+                self.batch_size = batch_size or used
                 self.state = saved
                 self.resumed = True
                 done = sum(1 for p in saved["passes"].values() if p.get("finished"))
@@ -121,6 +139,7 @@ class Checkpoint:
                         copy_function=_link_or_copy,
                     )
             self.state["passes"][key] = state
+            self.state["batch_size"] = self.batch_size
             atomic.write_json(new / STATE, self.state)
             atomic.replace_dir(new, self.dir)
 

@@ -65,6 +65,7 @@ from headprobe.model.capture import (
 )
 from headprobe.model.sites import attention_sites
 from headprobe.scoring.base import ReadsConventions, RunsModel
+from headprobe.scoring.batch_size import auto_batch_size
 from headprobe.scoring.distributed import World, owns
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
 
@@ -72,6 +73,8 @@ if TYPE_CHECKING:
     from headprobe.scoring.pass_settings import PassSettings
 
 TRIM_EVERY = 64  # batches between heap trims on CPU
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 2**20  # bytes: blocks this large are mapped, not taken from the heap (CPU)
 # examples read and tokenized together (one batched tokenizer call); they then wait in the pool
 CHUNK = 1024
 # chunks read and tokenized ahead by the worker (`batching.prefetched`), besides the one it works
@@ -401,18 +404,27 @@ def max_length(model, tokenizer) -> int:
 
 
 def heap_trimmer():
-    """A function that hands freed heap memory back to the OS (Linux / glibc), or None.
+    """A function that hands freed heap memory back to the OS (Linux / glibc), or None; the heap
+    set up so that the pass does not fragment it.
 
-    Attention blocks of many shapes are allocated and freed per layer; the small, long-lived
-    count arrays in between pin the freed space, so without an occasional trim the process
-    grows with the corpus. Set HEADPROBE_KEEP_MALLOC=1 to leave the allocator alone.
+    A batch allocates and frees tensors of many sizes (the model's activations, the attention
+    of a group of layers), each batch's shapes its own. glibc serves a block below its mmap
+    threshold from the heap, and raises that threshold (up to 32 MiB) each time a larger mapped
+    block is freed, so after the first batches the megabyte-sized blocks come from the heap too;
+    the heap's free space then fragments between longer-lived allocations and the heap grows with
+    the corpus (benchmarks/README.md, "What grew": 230 MB of free heap after EWT dev x4).
+    `MMAP_THRESHOLD` is fixed here (which also stops the raising): blocks of a mebibyte or more
+    are mapped and unmapped whole. The occasional trim returns the free pages of what stays.
+    Set HEADPROBE_KEEP_MALLOC=1 to leave the allocator alone.
     """
     if os.environ.get("HEADPROBE_KEEP_MALLOC") or not sys.platform.startswith("linux"):
         return None
     try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
+        libc = ctypes.CDLL("libc.so.6")
+        trim, mallopt = libc.malloc_trim, libc.mallopt
     except (OSError, AttributeError):
         return None
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     return lambda: trim(0)
 
 
@@ -493,10 +505,10 @@ class Engine:
         self.tokenizer = tokenizer
         self.scorers = list(scorers)
         self.layers = config.layers
-        self.batch_size = batch_size or config.batch_size
+        self.device = model_device(model)
+        self.batch_size = batch_size or config.batch_size or auto_batch_size(model, self.device)
         self.conventions = get_conventions(conventions)
         self.from_mode = config.from_mode or self.conventions.from_mode
-        self.device = model_device(model)
         self.notes: list[str] = []
         unblocked = [type(s).__name__ for s in self.scorers if not getattr(s, "blocks", False)]
         if query_block and unblocked:
@@ -581,22 +593,25 @@ class Engine:
             Pool(self.batch_size, budget, POOL_BATCHES * budget),
             world or World(),
         )
-        # the decoder reads the start token and the sentence: one piece more
-        limit = max_length(self.model, self.tokenizer) - (
-            self.sites.encoder_decoder and self.stack != "encoder"
-        )
-        chunks = chunked(examples, CHUNK)
-        if resume:
-            self._resume(chunks, resume, limit)
+        try:
+            # the decoder reads the start token and the sentence: one piece more
+            limit = max_length(self.model, self.tokenizer) - (
+                self.sites.encoder_decoder and self.stack != "encoder"
+            )
+            chunks = chunked(examples, CHUNK)
+            if resume:
+                self._resume(chunks, resume, limit)
+                self._score_queue()
+            # reading and tokenizing run ahead of the model, in a worker (`batching.prefetched`)
+            tokenize = lambda c: prepare(c, self.tokenizer, limit)
+            for chunk, prepared in prefetched(chunks, tokenize, depth=PREFETCH):
+                self._read(chunk, prepared)
+                self._score_queue()
+            self._deal(run.pool.drain())  # the corpus ended: what waits, in partial batches
             self._score_queue()
-        # reading and tokenizing run ahead of the model, in a worker (`batching.prefetched`)
-        tokenize = lambda c: prepare(c, self.tokenizer, limit)
-        for chunk, prepared in prefetched(chunks, tokenize, depth=PREFETCH):
-            self._read(chunk, prepared)
-            self._score_queue()
-        self._deal(run.pool.drain())  # the corpus ended: what waits, in partial batches
-        self._score_queue()
-        run.bar.close()
+            run.bar.close()
+        finally:  # the pass's bookkeeping (held examples, pool, bar) ends with it
+            self._pass = None
         for scorer in self.scorers:
             scorer.finish()
         self.stats_.update(

@@ -27,7 +27,7 @@ class PassSettings:
     `stack`: the attention stack scored (None: the model's default)."""
 
     layers: list[int] | None = None
-    batch_size: int = 64
+    batch_size: int | None = 64
     from_mode: str | None = None
     progress: bool = True
     seed: int = SEED

@@ -70,8 +70,9 @@ class UnitDraws:
     SIZE = 1024
     _shared: dict[tuple[int, int], UnitDraws] = {}
 
-    def __init__(self, seed: int = SEED, n_boot: int = N_BOOT, size: int = SIZE):
-        self.seed, self.n_boot, self.size = seed, n_boot, size
+    def __init__(self, seed: int = SEED, n_boot: int = N_BOOT, size: int | None = None):
+        self.seed, self.n_boot = seed, n_boot
+        self.size = self.SIZE if size is None else size
         self._cache: OrderedDict[str, tuple[int, np.ndarray]] = OrderedDict()
 
     @classmethod
