@@ -1,0 +1,293 @@
+"""Heads that work together (METHODS §18): each effect of `edge_sums` equals a direct hooked
+forward of the real model (its eager twin) that patches only that channel of that receiver.
+
+The reference is built here, independently of `model.layer_cache`, `model.channels` and the
+study: the sender's slice of the output projection's input is replaced and the projection run
+again (its change, through Gemma's norm on the attention output where the family has one, and
+for post-norm families through the layer's own norms frozen at their clean scale, named below);
+the receiver's channel projection (a module of its own, or the features of a fused one) is then
+fed the changed input in a second forward, and the model's own `output_attentions` and the
+receiver's slice of its output projection are read.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from test_architectures import CASES, FIELDS, build, stack_batch
+from test_capture import SENTENCES
+
+from headprobe.core.errors import UsageError
+from headprobe.model.gates import query_mask
+from headprobe.model.layer_cache import clean_cache
+from headprobe.model.sites import attention_sites, features_last
+from headprobe.studies.composition.intervention import check_receivers, edge_sums, role_targets
+from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
+
+LEGACY = {"deberta-v2", "mpnet", "bloom-alibi", "falcon-alibi", "squeezebert"}
+INTERFACE = [(n, s) for n, s in CASES if n not in LEGACY and s != "cross"]
+BERT_POST = ["encoder.layer.0.attention.output.LayerNorm", "encoder.layer.0.output.LayerNorm"]
+ALBERT = "encoder.albert_layer_groups.0.albert_layers.0."
+# the norms a write of layer 0 passes before layer 1 reads it, in order (post-norm families)
+POST_NORMS = {
+    ("bert", "encoder"): BERT_POST,
+    ("roberta", "encoder"): BERT_POST,
+    ("electra", "encoder"): BERT_POST,
+    ("xlm-roberta", "encoder"): BERT_POST,
+    ("distilbert", "encoder"): [
+        "transformer.layer.0.sa_layer_norm",
+        "transformer.layer.0.output_layer_norm",
+    ],
+    ("albert", "encoder"): [ALBERT + "attention.LayerNorm", ALBERT + "full_layer_layer_norm"],
+    ("bart", "encoder"): [
+        "encoder.layers.0.self_attn_layer_norm",
+        "encoder.layers.0.final_layer_norm",
+    ],
+    ("bart", "decoder"): [
+        "decoder.layers.0.self_attn_layer_norm",
+        "decoder.layers.0.encoder_attn_layer_norm",
+        "decoder.layers.0.final_layer_norm",
+    ],
+}
+WRITE_NORMS = {
+    "gemma2-softcap": "layers.0.post_attention_layernorm",
+    "gemma3": "layers.0.post_attention_layernorm",
+}
+SEPARATE = {
+    "q": ("q_proj", "query", "q_lin", "q"),
+    "k": ("k_proj", "key", "k_lin", "k"),
+    "v": ("v_proj", "value", "v_lin", "v"),
+}
+CHANNELS = ("q", "k", "v")
+TOL = 1e-5
+
+
+def channel_projection(module, channel: str, heads: int, kv_heads: int, d_head: int):
+    """(projection, output features of the channel or None for all) inside attention `module`."""
+    for name in SEPARATE[channel]:
+        found = getattr(module, name, None)
+        if isinstance(found, torch.nn.Module):
+            return found, None
+    i = CHANNELS.index(channel)
+    if hasattr(module, "c_attn"):  # GPT-2: q | k | v
+        width = heads * d_head
+        return module.c_attn, torch.arange(i * width, (i + 1) * width)
+    if hasattr(module, "Wqkv"):  # ModernBERT: [3, head, d_head]
+        width = heads * d_head
+        return module.Wqkv, torch.arange(i * width, (i + 1) * width)
+    if hasattr(module, "query_key_value"):  # GPT-NeoX: [head, 3, d_head]
+        idx = torch.arange(heads * 3 * d_head).view(heads, 3, d_head)[:, i]
+        return module.query_key_value, idx.flatten()
+    if hasattr(module, "qkv_proj"):  # Phi-3: q | k | v with key/value heads
+        sizes = [heads * d_head, kv_heads * d_head, kv_heads * d_head]
+        start = sum(sizes[:i])
+        return module.qkv_proj, torch.arange(start, start + sizes[i])
+    raise AssertionError(f"no {channel} projection in {type(module).__name__}")
+
+
+class Calls:
+    """Hooks that act on one call of a (possibly shared) module only."""
+
+    def __init__(self):
+        self.handles = []
+
+    def pre(self, module, call: int, fn, with_kwargs=False):
+        count = [0]
+
+        def hook(m, *a):
+            count[0] += 1
+            return fn(m, *a) if count[0] - 1 == call else None
+
+        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
+
+    def post(self, module, call: int, fn):
+        count = [0]
+
+        def hook(m, args, out):
+            count[0] += 1
+            return fn(m, args, out) if count[0] - 1 == call else None
+
+        self.handles.append(module.register_forward_hook(hook))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+
+def probs_of(out, model, stack: str, layer: int) -> torch.Tensor:
+    field = FIELDS[stack] if attention_sites(model).encoder_decoder else "attentions"
+    return getattr(out, field)[layer].float()  # [batch, head, query, key]
+
+
+def call_index(sites, module, layer: int) -> int:
+    """Which call of `module` in a pass is `layer`'s (ALBERT's module serves every layer)."""
+    return [s.layer for s in sites if s.module is module or s.output is module].index(layer)
+
+
+@torch.no_grad()
+def reference(built, inputs, stack, sender, receiver, channel, baseline):
+    """([batch, query] total variation, [batch, query] relative write change, [batch, query]
+    drop of the attention to the previous key) of receiver head r when channel `channel` of
+    its layer reads the residual stream with sender s's slice replaced by `baseline` [d_head]."""
+    model, name = built.eager, built.name
+    sites = attention_sites(model).of(stack)
+    (l, hs), (layer, r) = sender, receiver
+    s_site, r_site = sites[l], sites[layer]
+    kept: dict = {}
+    with Calls() as c:
+        c.pre(s_site.output, call_index(sites, s_site.output, l), lambda m, a: kept.update(z=a[0]))
+        c.post(s_site.output, call_index(sites, s_site.output, l), lambda m, a, o: kept.update(a=o))
+        c.pre(
+            r_site.output,
+            call_index(sites, r_site.output, layer),
+            lambda m, a: kept.update(zr=a[0]),
+        )
+        if r_site.norm_in is not None:
+            c.pre(r_site.norm_in, 0, lambda m, a: kept.update(x=a[0]))
+        else:
+            c.pre(
+                r_site.module,
+                call_index(sites, r_site.module, layer),
+                lambda m, a, k: kept.update(x=a[0] if a else k["hidden_states"]),
+                with_kwargs=True,
+            )
+        for norm in POST_NORMS.get((name, stack), []):
+            c.pre(model.get_submodule(norm), 0, lambda m, a, n=norm: kept.update({n: a[0]}))
+        out = model(**inputs, output_attentions=True)
+    probs0 = probs_of(out, model, stack, layer)[:, r]
+    z = features_last(s_site.output, kept["z"]).clone()  # [batch, piece, head * d_head]
+    d = s_site.d_head
+    z[..., hs * d : (hs + 1) * d] = baseline
+    change = (
+        features_last(s_site.output, s_site.output(features_last(s_site.output, z))) - kept["a"]
+    )
+    if name in WRITE_NORMS:
+        norm = model.get_submodule(WRITE_NORMS[name])
+        change = norm(kept["a"] + change) - norm(kept["a"])
+    for norm_name in POST_NORMS.get((name, stack), []):
+        norm, x = model.get_submodule(norm_name), kept[norm_name]
+        change = change - change.mean(-1, keepdim=True)
+        change = (
+            change * norm.weight / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
+        )
+    x = kept["x"] + change
+    hidden = r_site.norm_in(x) if r_site.norm_in is not None else x
+    proj, feats = channel_projection(
+        r_site.module, channel, r_site.heads, r_site.kv_heads, r_site.d_head
+    )
+
+    def patch(m, a, o):
+        new = m(hidden)
+        if feats is None:
+            return new
+        o = o.clone()
+        o[..., feats] = new[..., feats]
+        return o
+
+    with Calls() as c:
+        c.post(proj, call_index(sites, r_site.module, layer), patch)
+        c.pre(
+            r_site.output,
+            call_index(sites, r_site.output, layer),
+            lambda m, a: kept.update(zp=a[0]),
+        )
+        out = model(**inputs, output_attentions=True)
+    probs = probs_of(out, model, stack, layer)[:, r]  # [batch, query, key]
+    tv = 0.5 * (probs - probs0).abs().sum(-1)
+    write = lambda zz: head_write(r_site.output, zz, r, d)
+    o0, o1 = write(kept["zr"]), write(kept["zp"])
+    size = o0.norm(dim=-1)  # a row whose write is 0 (a zero embedding, e.g. a padding BOS) counts 0
+    rel = torch.where(size > 0, (o1 - o0).norm(dim=-1) / size, 0.0)
+    prev = torch.arange(probs.shape[1]).clamp_min(1) - 1
+    drop = (probs0 - probs)[:, torch.arange(probs.shape[1]), prev]
+    drop[:, 0] = 0.0
+    return tv, rel, drop
+
+
+def head_write(output, z, r: int, d: int) -> torch.Tensor:
+    """[batch, piece, hidden]: head r's slice through the real output projection, bias removed."""
+    z = features_last(output, z)
+    only = torch.zeros_like(z)
+    only[..., r * d : (r + 1) * d] = z[..., r * d : (r + 1) * d]
+    run = lambda t: features_last(output, output(features_last(output, t)))
+    return run(only) - run(torch.zeros_like(z))
+
+
+@pytest.mark.parametrize("name,stack", INTERFACE)
+def test_effects_equal_hooked_forward(name, stack):
+    built = build(name)
+    batch, inputs = stack_batch(built, SENTENCES, stack)
+    sites = attention_sites(built.model).of(stack)
+    rows = query_mask(inputs, stack).float()  # [batch, piece]
+    cache = clean_cache(built.model, inputs, stack)
+    rng = random.Random(f"composition:{name}:{stack}")
+    gen = torch.Generator().manual_seed(0)
+    means = torch.randn(len(sites), sites[0].heads, sites[0].d_head, generator=gen)
+    for k in range(5):
+        l, layer = 0, rng.randrange(1, len(sites))
+        hs, r, channel = (
+            rng.randrange(sites[0].heads),
+            rng.randrange(sites[0].heads),
+            rng.choice(CHANNELS),
+        )
+        baseline = means if k % 2 else None
+        ids = inputs.get("decoder_input_ids") if stack == "decoder" else None
+        targets = role_targets(PREVIOUS_TOKEN, inputs["input_ids"] if ids is None else ids)
+        got = edge_sums(
+            built.model, cache, layer, [(l, hs)], baseline, rows, {"prev": targets}, heads=[r]
+        )
+        tv, rel, drop = reference(
+            built,
+            inputs,
+            stack,
+            (l, hs),
+            (layer, r),
+            channel,
+            0.0 if baseline is None else means[l, hs],
+        )
+        c = CHANNELS.index(channel)
+        real = lambda t: torch.where(rows > 0, t, 0.0).sum(-1)  # padding rows left out
+        triple = f"{name} {stack}: {l}-{hs} -> {layer}-{r} {channel}"
+        torch.testing.assert_close(
+            got.pattern[:, 0, 0, c], real(tv), atol=TOL, rtol=TOL, msg=triple
+        )
+        torch.testing.assert_close(
+            got.output[:, 0, 0, c], real(rel), atol=TOL, rtol=TOL, msg=triple
+        )
+        torch.testing.assert_close(
+            got.role["prev"][:, 0, 0, c], real(drop), atol=TOL, rtol=TOL, msg=triple
+        )
+
+
+@pytest.mark.parametrize("name", sorted(LEGACY))
+def test_legacy_family_refused_in_one_line(name):
+    built = build(name)
+    _, inputs = stack_batch(built, SENTENCES[:1], "decoder" if "alibi" in name else "encoder")
+    with pytest.raises(UsageError, match="legacy path") as err:
+        clean_cache(built.model, inputs)
+    assert "\n" not in str(err.value) and type(built.model).__name__ in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "receiver,message",
+    [((0, 1), "first layer has no senders"), ((5, 0), "has 2 layers"), ((1, 9), "of 4 heads")],
+)
+def test_bad_receiver_refused_in_one_line(receiver, message):
+    built = build("llama-gqa")
+    _, inputs = stack_batch(built, SENTENCES[:1], "decoder")
+    cache = clean_cache(built.model, inputs)
+    with pytest.raises(UsageError, match=message) as err:
+        check_receivers(cache, [receiver])
+    assert "\n" not in str(err.value)
+
+
+def test_cross_attention_refused():
+    built = build("t5")
+    _, inputs = stack_batch(built, SENTENCES[:1], "cross")
+    with pytest.raises(UsageError, match="cross-attention"):
+        clean_cache(built.model, inputs, "cross")
