@@ -291,3 +291,43 @@ def test_cross_attention_refused():
     _, inputs = stack_batch(built, SENTENCES[:1], "cross")
     with pytest.raises(UsageError, match="cross-attention"):
         clean_cache(built.model, inputs, "cross")
+
+
+def test_weights_only_scores_equal_a_hand_computation():
+    from headprobe.studies.composition.weights import composition_weights
+
+    built = build("llama-gqa")
+    model = built.model
+    table = composition_weights(model, token_id=5)
+    layers = model.layers
+    d, heads, kv = 8, 4, 2
+
+    def parts(i):
+        a = layers[i].self_attn
+        g = layers[i].input_layernorm.weight.double()[:, None]
+        q = (g * a.q_proj.weight.double().T).unflatten(1, (heads, d)).transpose(0, 1)
+        k = (g * a.k_proj.weight.double().T).unflatten(1, (kv, d)).transpose(0, 1)
+        v = (g * a.v_proj.weight.double().T).unflatten(1, (kv, d)).transpose(0, 1)
+        o = a.o_proj.weight.double().T.unflatten(0, (heads, d))  # [head, d_head, hidden]
+        return q, k.repeat_interleave(2, 0), v.repeat_interleave(2, 0), o
+
+    q1, k1, v1, o1 = parts(1)
+    _, _, v0, o0 = parts(0)
+    ratio = lambda a, b: float(
+        torch.linalg.norm(a @ b) / (torch.linalg.norm(a) * torch.linalg.norm(b))
+    )
+    for row in table.itertuples():
+        ov_s = v0[row.sender_head] @ o0[row.sender_head]  # [hidden, hidden]
+        qk_r = q1[row.head] @ k1[row.head].T
+        ov_r = v1[row.head] @ o1[row.head]
+        pair = {"q": (ov_s, qk_r), "k": (qk_r, ov_s.T), "v": (ov_s, ov_r)}[row.channel]
+        assert abs(row.score - ratio(*pair)) < 1e-6, row
+    assert len(table) == 3 * 16 and (table["null_sd"] > 0).all()
+    assert table["null_mean"].between(0, 1).all()
+
+
+def test_weights_only_refuses_q_k_norms():
+    from headprobe.studies.composition.weights import composition_weights
+
+    with pytest.raises(UsageError, match="q/k norms"):
+        composition_weights(build("qwen3").model, token_id=5)

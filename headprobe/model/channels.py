@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from headprobe.core.errors import UsageError
 from headprobe.model.attention import attend, probs_and_output, routed
 from headprobe.model.layer_cache import CACHE_KWARGS, LayerCache
 
@@ -128,3 +129,36 @@ def layer_input(cache: LayerCache, layer: int, x: torch.Tensor) -> torch.Tensor:
     [..., piece, hidden]: its norm of x (pre-norm), else x itself."""
     norm = cache.sites[layer].norm_in
     return x if norm is None else norm(x.to(cache.calls[layer].hidden().dtype))
+
+
+@torch.no_grad()
+def projection_weights(model, cache: LayerCache, layer: int) -> tuple:
+    """(W_Q [head, hidden, d_head], W_K [kv_head, hidden, d_head], W_V [kv_head, hidden, d_head])
+    of layer `layer`, read off its own projections: the module called on the basis vectors at one
+    position (`cache` of a one-piece input, where RoPE is the identity), biases taken out. A
+    family that normalises each head's query or key (Qwen-3's, Gemma-3's q/k norms) has no such
+    matrices: UsageError (one line)."""
+    call = cache.calls[layer]
+    hidden = call.hidden().shape[-1]
+    if call.hidden().shape[:2] != (1, 1):
+        raise ValueError("projection_weights needs the cache of a one-piece input")
+    basis = torch.eye(hidden, dtype=torch.float32, device=call.hidden().device)
+    probe = torch.cat([basis, 2 * basis[:1], torch.zeros_like(basis[:1])])  # [hidden + 2, hidden]
+    got = {}
+
+    def handler(module, query, key, value, mask, scaling, extra):
+        got["qkv"] = (query, key, value)
+        shape = (query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+        return torch.zeros(shape, dtype=query.dtype, device=query.device), None
+
+    recall(model, cache, layer, probe[:, None, :], handler)
+    out = []
+    for t in got["qkv"]:  # [hidden + 2, head, 1, d_head]
+        t = t[:, :, 0].float() - t[-1:, :, 0].float()  # bias out
+        if not torch.allclose(t[hidden], 2 * t[0], rtol=1e-4, atol=1e-5):
+            raise UsageError(
+                f"composition weights: {type(model).__name__} normalises each head's query or key "
+                "(q/k norms), so its heads have no W_Q, W_K matrices"
+            )
+        out.append(t[:hidden].transpose(0, 1))  # [head, hidden, d_head]
+    return tuple(out)
