@@ -62,6 +62,7 @@ SEPARATE = {
 }
 CHANNELS = ("q", "k", "v")
 TOL = 1e-5
+kept_slices: dict = {}  # the last reference's receiver layer slices (path patching)
 
 
 def channel_projection(module, channel: str, heads: int, kv_heads: int, d_head: int):
@@ -206,6 +207,7 @@ def reference(built, inputs, stack, sender, receiver, channel, baseline):
     prev = torch.arange(probs.shape[1]).clamp_min(1) - 1
     drop = (probs0 - probs)[:, torch.arange(probs.shape[1]), prev]
     drop[:, 0] = 0.0
+    kept_slices[0] = kept["zp"]
     return tv, rel, drop
 
 
@@ -331,3 +333,41 @@ def test_weights_only_refuses_q_k_norms():
 
     with pytest.raises(UsageError, match="q/k norms"):
         composition_weights(build("qwen3").model, token_id=5)
+
+
+def test_exact_path_patching_equals_hooked_forward():
+    from headprobe.model.objectives import Objective
+    from headprobe.studies.composition.path_patching import exact_rows
+
+    built = build("llama-gqa")
+    batch, inputs = stack_batch(built, SENTENCES, "decoder")
+    model = built.model
+    cache = clean_cache(model, inputs, "decoder")
+    objective = Objective.for_model(model)
+    targets = objective.targets(model, batch)
+    edges = [((0, 3), (1, 1), "k"), ((0, 0), (1, 2), "q"), ((0, 1), (1, 0), "v")]
+    got, tokens = exact_rows(model, cache, objective, targets, edges)
+    site = attention_sites(built.eager).of("decoder")[1]
+    rows = query_mask(inputs, "decoder").float()
+    with torch.no_grad():
+        h0 = built.eager(**inputs).last_hidden_state
+    for e, (sender, receiver, channel) in enumerate(edges):
+        reference(built, inputs, "decoder", sender, receiver, channel, 0.0)
+        zp, r, d = kept_slices[0], receiver[1], site.d_head
+
+        def put(m, a, zp=zp, r=r):
+            z = a[0].clone()
+            z[..., r * d : (r + 1) * d] = zp[..., r * d : (r + 1) * d]
+            return (z,)
+
+        handle = site.output.register_forward_pre_hook(put)
+        try:
+            with torch.no_grad():
+                h1 = built.eager(**inputs).last_hidden_state
+        finally:
+            handle.remove()
+        change = 1 - torch.nn.functional.cosine_similarity(h1, h0, dim=-1)
+        live = rows * (h0.norm(dim=-1) > 0)  # a zero hidden state (a padding BOS) has no angle
+        want = (change * live).sum(-1)
+        torch.testing.assert_close(got[:, e], want, atol=TOL, rtol=1e-4)
+        assert float(want.abs().sum()) > 0
