@@ -355,7 +355,7 @@ def test_exact_path_patching_equals_hooked_forward():
         reference(built, inputs, "decoder", sender, receiver, channel, 0.0)
         zp, r, d = kept_slices[0], receiver[1], site.d_head
 
-        def put(m, a, zp=zp, r=r):
+        def put(m, a, zp=zp, r=r, d=d):
             z = a[0].clone()
             z[..., r * d : (r + 1) * d] = zp[..., r * d : (r + 1) * d]
             return (z,)
