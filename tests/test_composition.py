@@ -335,30 +335,35 @@ def test_weights_only_refuses_q_k_norms():
         composition_weights(build("qwen3").model, token_id=5)
 
 
-def test_exact_path_patching_equals_hooked_forward():
+@pytest.mark.parametrize(
+    "name,stack", [("llama-gqa", "decoder"), ("bert", "encoder"), ("t5-encoder", "encoder")]
+)
+def test_exact_path_patching_equals_hooked_forward(name, stack):
+    """Pre-norm with grouped-query attention, post-norm (frozen-norm reference) and T5's
+    relative position bias."""
     from headprobe.model.objectives import Objective
     from headprobe.studies.composition.path_patching import exact_rows
 
-    built = build("llama-gqa")
-    batch, inputs = stack_batch(built, SENTENCES, "decoder")
+    built = build(name)
+    batch, inputs = stack_batch(built, SENTENCES, stack)
     model = built.model
-    cache = clean_cache(model, inputs, "decoder")
-    objective = Objective.for_model(model)
+    cache = clean_cache(model, inputs, stack)
+    objective = Objective.for_model(model, kind="representation", stack=stack)
     targets = objective.targets(model, batch)
     edges = [((0, 3), (1, 1), "k"), ((0, 0), (1, 2), "q"), ((0, 1), (1, 0), "v")]
     got, tokens = exact_rows(model, cache, objective, targets, edges)
-    site = attention_sites(built.eager).of("decoder")[1]
-    rows = query_mask(inputs, "decoder").float()
+    site = attention_sites(built.eager).of(stack)[1]
+    rows = query_mask(inputs, stack).float()
     with torch.no_grad():
         h0 = built.eager(**inputs).last_hidden_state
     for e, (sender, receiver, channel) in enumerate(edges):
-        reference(built, inputs, "decoder", sender, receiver, channel, 0.0)
+        reference(built, inputs, stack, sender, receiver, channel, 0.0)
         zp, r, d = kept_slices[0], receiver[1], site.d_head
 
         def put(m, a, zp=zp, r=r, d=d):
-            z = a[0].clone()
-            z[..., r * d : (r + 1) * d] = zp[..., r * d : (r + 1) * d]
-            return (z,)
+            z = features_last(m, a[0]).clone()
+            z[..., r * d : (r + 1) * d] = features_last(m, zp)[..., r * d : (r + 1) * d]
+            return (features_last(m, z),)
 
         handle = site.output.register_forward_pre_hook(put)
         try:
@@ -369,5 +374,95 @@ def test_exact_path_patching_equals_hooked_forward():
         change = 1 - torch.nn.functional.cosine_similarity(h1, h0, dim=-1)
         live = rows * (h0.norm(dim=-1) > 0)  # a zero hidden state (a padding BOS) has no angle
         want = (change * live).sum(-1)
-        torch.testing.assert_close(got[:, e], want, atol=TOL, rtol=1e-4)
+        torch.testing.assert_close(got[:, e], want, atol=TOL, rtol=1e-4, msg=f"{name} {e}")
         assert float(want.abs().sum()) > 0
+
+
+class Readout:
+    """A test objective with a gradient at the clean state: a fixed random readout of the last
+    hidden state, summed over each row's real pieces (`per_row` as `Objective.per_row`)."""
+
+    def __init__(self, hidden: int):
+        self.v = torch.randn(hidden, generator=torch.Generator().manual_seed(3))
+
+    def per_row(self, model, targets):
+        h = model(**targets.inputs).last_hidden_state.float()  # [batch, piece, hidden]
+        mask = targets.inputs["attention_mask"].float()
+        return ((h @ self.v) * mask).sum(-1), mask.sum(-1)
+
+
+def hand_first_order(built, inputs, sender, receiver, channel, readout) -> torch.Tensor:
+    """[batch]: d readout_b / dt at t = 0 when only head r's channel reads x + t * d_s (d_s: the
+    sender's zero-ablation change of the residual), by autograd through the eager model."""
+    from types import SimpleNamespace
+
+    model = built.eager
+    sites = attention_sites(model).of("decoder")
+    (l, hs), (layer, r) = sender, receiver
+    s_site, r_site = sites[l], sites[layer]
+    kept: dict = {}
+    with torch.no_grad(), Calls() as c:
+        c.pre(s_site.output, 0, lambda m, a: kept.update(z=a[0]))
+        c.post(s_site.output, 0, lambda m, a, o: kept.update(a=o))
+        c.pre(r_site.norm_in, 0, lambda m, a: kept.update(x=a[0]))
+        model(**inputs)
+        d = s_site.d_head
+        z = kept["z"].clone()
+        z[..., hs * d : (hs + 1) * d] = 0.0
+        change = s_site.output(z) - kept["a"]  # [batch, piece, hidden]
+    proj, feats = channel_projection(
+        r_site.module, channel, r_site.heads, r_site.kv_heads, r_site.d_head
+    )
+    k = r if channel == "q" else r // (r_site.heads // r_site.kv_heads)  # its key/value group
+    own = torch.arange(k * d, (k + 1) * d)
+    own = own if feats is None else feats[own]
+    t = torch.zeros((), requires_grad=True)
+
+    def patch(m, a, o):
+        new = m(r_site.norm_in(kept["x"] + t * change))
+        o = o.clone()
+        o[..., own] = new[..., own]
+        return o
+
+    with torch.enable_grad(), Calls() as c:
+        c.post(proj, 0, patch)
+        values, _ = readout.per_row(model, SimpleNamespace(inputs=inputs))
+        return torch.stack(
+            [torch.autograd.grad(v, t, retain_graph=True)[0] for v in values]
+        ).detach()
+
+
+@pytest.mark.parametrize(
+    "name,channels", [("llama-gqa", "q"), ("gpt-neox", "qkv"), ("llama-gqa", "kv")]
+)
+def test_first_order_estimate_equals_autograd(name, channels):
+    """The estimate of each edge is the objective's derivative along the sender's change of
+    the receiver's channel input. Separate or fused projections; a grouped-query key or value
+    is its group's, so there the hand computation gives the sum over the group's heads."""
+    from types import SimpleNamespace
+
+    from headprobe.studies.composition.first_order import input_gradients, slice_gradients
+
+    built = build(name)
+    _, inputs = stack_batch(built, SENTENCES, "decoder")
+    model = built.model
+    site = attention_sites(model).of("decoder")[1]
+    readout = Readout(model.config.hidden_size)
+    cache = clean_cache(model, inputs, "decoder")
+    grad_z = slice_gradients(model, cache, readout, SimpleNamespace(inputs=inputs))
+    grads = input_gradients(model, cache, 1, grad_z)  # [channel, head, batch, piece, hidden]
+    groups = site.heads // site.kv_heads
+    rows = query_mask(inputs, "decoder").float()
+    for sender, r in [((0, 1), 2), ((0, 3), 0)]:
+        got = edge_sums(model, cache, 1, [sender], None, rows, grads=grads).estimate
+        for channel in channels:
+            c = CHANNELS.index(channel)
+            want = hand_first_order(built, inputs, sender, (1, r), channel, readout)
+            shared = channel != "q" and groups > 1
+            if shared:  # the hand patch moves the group's key (value) for all of its heads
+                group = range(r // groups * groups, (r // groups + 1) * groups)
+                mine = got[:, 0, list(group), c].sum(-1)
+            else:
+                mine = got[:, 0, r, c]
+            torch.testing.assert_close(mine, want, atol=1e-4, rtol=1e-4, msg=f"{sender} {r}")
+            assert float(want.abs().sum()) > 1e-3

@@ -7,6 +7,7 @@
     sums.role[INDUCTION]     # [batch, sender, head, channel]: drop of the role's attention, summed
     sums.rows, sums.role_rows[INDUCTION]   # [batch]: the rows each sum is over
     sums.senders      # [(layer, head)] in the order of the sender axis
+    sums.estimate     # [batch, sender, head, channel]: first-order objective change (with `grads`)
 
 For each sender s (every head of an earlier layer), the residual stream entering the receiver's
 layer becomes x' = x - w_s + b_s, with w_s = c_s the sender's write (its slice of the output
@@ -50,6 +51,7 @@ class EdgeSums:
     rows: torch.Tensor  # [batch] scored rows
     role: dict = field(default_factory=dict)  # name -> [batch, sender, head, channel]
     role_rows: dict = field(default_factory=dict)  # name -> [batch]
+    estimate: torch.Tensor | None = None  # [batch, sender, head, channel] (`first_order`)
 
 
 def check_receivers(cache: LayerCache, receivers) -> list[tuple[int, int]]:
@@ -125,10 +127,14 @@ def edge_sums(
     roles: dict | None = None,
     heads=None,
     budget: int = BUDGET,
+    grads: torch.Tensor | None = None,
 ) -> EdgeSums:
     """See the module docstring. senders: [(layer, head)] of earlier layers (default every head
     of layers 0 .. layer - 1); heads: the receiver heads kept (default all); roles: name ->
-    [batch, piece] long, each query row's role target key (-1: none), e.g. `role_targets`."""
+    [batch, piece] long, each query row's role target key (-1: none), e.g. `role_targets`;
+    grads: [channel, head (as `heads`), batch, piece, hidden] the objective's gradient with
+    respect to each receiver channel's input (`first_order.input_gradients`): then `estimate`
+    is its dot product with each sender's change, summed over the row's pieces."""
     site = cache.sites[layer]
     heads = list(range(site.heads)) if heads is None else list(heads)
     check_receivers(cache, [(layer, h) for h in heads] or [(layer, 0)])
@@ -141,6 +147,7 @@ def edge_sums(
     norm0 = _write_norm(z0, gram)  # [batch, query, head]
     step = block_size(batch, piece, hidden, site.heads, z0.shape[-1], budget)
     pattern, output, role = [], [], {name: [] for name in roles or {}}
+    estimate = []
     for start in range(0, len(senders), step):
         block = senders[start : start + step]
         d = sender_changes(cache, layer, block, baseline)  # [sender, batch, piece, hidden]
@@ -152,10 +159,12 @@ def edge_sums(
         p, o, r = _block_effects(out, probs0, z0, norm0, gram, rows, roles or {}, n)
         pattern.append(p)
         output.append(o)
+        if grads is not None:  # [batch, sender, head, channel]
+            estimate.append(torch.einsum("crbte,sbte->bsrc", grads.to(d), d))
         for name in role:
             role[name].append(r[name])
     keep = lambda t: torch.cat(t, 1)[:, :, heads]  # [batch, sender, head, channel]
-    return EdgeSums(
+    sums = EdgeSums(
         layer,
         heads,
         list(senders),
@@ -165,6 +174,8 @@ def edge_sums(
         {name: keep(v) for name, v in role.items()},
         {name: (rows * (t >= 0)).sum(-1) for name, t in (roles or {}).items()},
     )
+    sums.estimate = torch.cat(estimate, 1) if estimate else None  # grads are `heads`' already
+    return sums
 
 
 def _rows(rows, x: torch.Tensor) -> torch.Tensor:
