@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from test_architectures import CASES, FIELDS, build, stack_batch
@@ -385,6 +386,16 @@ class Readout:
     def __init__(self, hidden: int):
         self.v = torch.randn(hidden, generator=torch.Generator().manual_seed(3))
 
+    def targets(self, model, batch):
+        from types import SimpleNamespace
+
+        from headprobe.model.gates import model_inputs
+
+        return SimpleNamespace(inputs=model_inputs(batch, None, model))
+
+    def pieces(self, targets):
+        return targets.inputs["attention_mask"].float().sum(-1)
+
     def per_row(self, model, targets):
         h = model(**targets.inputs).last_hidden_state.float()  # [batch, piece, hidden]
         mask = targets.inputs["attention_mask"].float()
@@ -466,3 +477,41 @@ def test_first_order_estimate_equals_autograd(name, channels):
                 mine = got[:, 0, r, c]
             torch.testing.assert_close(mine, want, atol=1e-4, rtol=1e-4, msg=f"{sender} {r}")
             assert float(want.abs().sum()) > 1e-3
+
+
+def test_streamed_sums_add_up_per_unit_and_make_tables():
+    """Two batches stream into the same per unit sums as one; the tables come out with their
+    intervals, p_holm and the check of the estimate against exact path patching."""
+    from headprobe.model.gates import head_means
+    from headprobe.studies.composition.sweep import composition_sums
+    from headprobe.studies.composition.tables import composition, edges_frame
+
+    built = build("llama-gqa")
+    model = built.model
+    whole, _ = stack_batch(built, SENTENCES, "decoder")
+    halves = [stack_batch(built, SENTENCES[:2], "decoder")[0]]
+    halves.append(stack_batch(built, SENTENCES[2:], "decoder")[0])
+    for i, e in enumerate(halves[1].examples):  # the same unit ids as in `whole`
+        e.unit = f"s{i + 2}"
+    readout = Readout(model.config.hidden_size)
+    means = head_means(model, [whole])
+    one = composition_sums(model, [whole], baseline=means, objective=readout)
+    two = composition_sums(model, halves, baseline=means, objective=readout)
+    assert one.units == two.units and one.edges == two.edges
+    for key in ("pattern", "output", "estimate", "rows", "tokens"):
+        np.testing.assert_allclose(getattr(one, key), getattr(two, key), rtol=1e-4, atol=1e-5)
+    assert len(one.edges) == 4 * 4 * 3 and one.pattern.shape == (len(SENTENCES), 48)
+    table = edges_frame(one, "mean", roles={(1, 0): PREVIOUS_TOKEN})
+    for effect in ("pattern_effect", "output_effect", "role_effect"):
+        assert {f"{effect}_low", f"{effect}_high"} <= set(table.columns)
+    assert table["pattern_effect"].notna().all() and table["p_holm"].between(0, 1).all()
+    want = one.pattern.sum(0) / one.rows.sum()
+    np.testing.assert_allclose(table["pattern_effect"], want, rtol=1e-6)
+    assert (table["pattern_effect_low"] <= table["pattern_effect_high"]).all()
+    assert table.loc[table["head"] == 0, "role_effect"].notna().all()
+    assert table.loc[table["head"] != 0, "role_effect"].isna().all()
+    frames = composition(model, [whole], baseline=means, objective=readout, token_id=5)
+    check, corr = frames["composition_check"], frames["composition_check_correlation"]
+    assert len(check) == 30 and set(check["sample"]) == {"top", "random"}
+    assert len(corr) == 1 and -1 <= corr["spearman"].iloc[0] <= 1
+    assert len(frames["composition_weights"]) == 48

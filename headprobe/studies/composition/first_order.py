@@ -32,16 +32,18 @@ from headprobe.model.channels import CHANNELS, channel_attention, layer_input
 from headprobe.model.gates import _counted, call_order
 from headprobe.model.sites import features_last
 from headprobe.stats.engine import percentiles, ratio
+from headprobe.studies.ablation.analysis import ABLATION
 from headprobe.studies.ablation.validation import WEAK, _spearman
 from headprobe.studies.composition.intervention import BUDGET, block_size
 
+KIND = ABLATION.name  # the column naming the kind of ablation (the option of the same name)
 CHECK_COLUMNS = [
     "layer",
     "head",
     "channel",
     "sender_layer",
     "sender_head",
-    "ablation",
+    KIND,
     "sample",
     "estimate",
     "exact",
@@ -49,7 +51,7 @@ CHECK_COLUMNS = [
     "ci_high",
     "objective",
 ]
-CORRELATION_COLUMNS = ["ablation", "edges", "spearman", "ci_low", "ci_high", "warning"]
+CORRELATION_COLUMNS = [KIND, "edges", "spearman", "ci_low", "ci_high", "warning"]
 
 
 class SliceProbe:
