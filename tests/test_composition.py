@@ -13,6 +13,8 @@ receiver's slice of its output projection are read.
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from headprobe.model.gates import query_mask
 from headprobe.model.layer_cache import clean_cache
 from headprobe.model.sites import attention_sites, features_last
 from headprobe.studies.composition.intervention import check_receivers, edge_sums, role_targets
+from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
 
 LEGACY = {"deberta-v2", "mpnet", "bloom-alibi", "falcon-alibi", "squeezebert"}
@@ -515,3 +518,109 @@ def test_streamed_sums_add_up_per_unit_and_make_tables():
     assert len(check) == 30 and set(check["sample"]) == {"top", "random"}
     assert len(corr) == 1 and -1 <= corr["spearman"].iloc[0] <= 1
     assert len(frames["composition_weights"]) == 48
+
+
+ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
+
+
+@pytest.mark.slow
+def test_olsson_model_finds_the_textbook_k_composition(tmp_path):
+    """Acceptance 3: on the Olsson script's trained 2-layer model the best induction head's top
+    key sender is the best previous-token head, with an interval that excludes 0."""
+    sys.path.insert(0, str(ANALYSES))
+    try:
+        import elhage2021_composition as script
+    finally:
+        sys.path.remove(str(ANALYSES))
+    assert script.main(["--skip-smollm2", "--out", str(tmp_path)]) == 0
+
+
+def independent_drops(model, batch, length, sender, receiver, means):
+    """[batch] summed drop of receiver's induction attention (repeated half) when only its key
+    projection reads the residual with the sender's slice of o_proj's input set to its mean;
+    Llama modules and hooks only (no headprobe code), the forward stopped after the receiver."""
+    (ls, hs), (lr, hr) = sender, receiver
+    layers = model.model.layers
+    s_attn, r_layer = layers[ls].self_attn, layers[lr]
+    d = s_attn.head_dim
+
+    class Stop(Exception):
+        pass
+
+    def forward(extra=None):
+        kept = {}
+        hooks = [
+            s_attn.o_proj.register_forward_pre_hook(lambda m, a: kept.update(z=a[0])),
+            r_layer.input_layernorm.register_forward_pre_hook(lambda m, a: kept.update(x=a[0])),
+        ]
+
+        def stop(m, a, o):
+            kept["p"] = o[1][:, hr].float()  # [batch, query, key]
+            raise Stop
+
+        hooks.append(r_layer.self_attn.register_forward_hook(stop))
+        if extra is not None:
+            hooks.append(r_layer.self_attn.k_proj.register_forward_hook(lambda m, a, o: extra))
+        try:
+            with torch.no_grad():
+                model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        except Stop:
+            pass
+        finally:
+            for h in hooks:
+                h.remove()
+        return kept
+
+    clean = forward()
+    z = clean["z"].clone()
+    z[..., hs * d : (hs + 1) * d] = means[ls, :, hs]
+    with torch.no_grad():
+        change = s_attn.o_proj(z) - s_attn.o_proj(clean["z"])
+        k = r_layer.self_attn.k_proj(r_layer.input_layernorm(clean["x"] + change))
+    patched = forward(k)
+    i = torch.arange(clean["p"].shape[1])
+    ids = batch.input_ids[0].tolist()
+    half = next(p for p in range(length, len(ids)) if ids[p - length : p] == ids[p : p + length])
+    target = (i - length + 1).clamp_min(0)  # the key after the earlier copy
+    rows = (i >= half) & (batch.attention_mask[0] > 0)
+    drop = clean["p"][:, i, target] - patched["p"][:, i, target]  # [batch, query]
+    return (drop * rows).sum(-1)
+
+
+@pytest.mark.slow
+def test_smollm2_key_edges_match_independent_hooks():
+    """Held out in spirit (acceptance 2): for SmolLM2's strongest induction head, the drop of
+    its induction attention per key sender (every head of the three layers below it) ranks
+    the senders as an independent hooked implementation does (Spearman >= 0.8), with the same
+    top sender."""
+    from scipy.stats import spearmanr
+
+    from headprobe.model.gates import head_means
+    from headprobe.model.loading import load_lm
+    from headprobe.studies.composition.sweep import composition_sums, probe_batches
+    from headprobe.studies.composition.tables import edges_frame, role_score_table
+
+    model, tokenizer, _, _ = load_lm("smollm2", attn_implementation="eager")
+    length = 30
+    batches = probe_batches(model, tokenizer, length, 6, 6)
+    means = head_means(model, batches, per_position=True)
+    scout = composition_sums(model, batches, [(1, 0)], means)
+    scores = role_score_table(scout)
+    ind = scores[(scores["role"] == INDUCTION) & (scores["layer"] >= 3)]
+    top = ind.sort_values("score", ascending=False).iloc[0]
+    receiver = (int(top.layer), int(top.head))
+    sums = composition_sums(model, batches, [receiver], means)
+    edges = edges_frame(sums, "mean", {receiver: INDUCTION})
+    keys = edges[(edges["channel"] == "k") & (edges["sender_layer"] >= receiver[0] - 3)]
+    mine, theirs = [], []
+    for r in keys.itertuples():
+        drops = independent_drops(
+            model, batches[0], length, (r.sender_layer, r.sender_head), receiver, means
+        )
+        rows = sums.role_rows[INDUCTION].sum()
+        mine.append(r.role_effect)
+        theirs.append(float(drops.sum()) / rows)
+    rho = spearmanr(mine, theirs).statistic
+    assert rho >= 0.8, (receiver, rho)
+    assert int(np.argmax(mine)) == int(np.argmax(theirs))
+    np.testing.assert_allclose(mine, theirs, atol=1e-4)

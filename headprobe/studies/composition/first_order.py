@@ -84,6 +84,25 @@ class SliceProbe:
         return False
 
 
+class FrozenWeights:
+    """Context manager: the model's parameters need no gradient inside (so the backward pass
+    keeps no layer inputs for weight gradients), as they were after."""
+
+    def __init__(self, model):
+        self.model, self.kept = model, []
+
+    def __enter__(self):
+        self.kept = [(p, p.requires_grad) for p in self.model.parameters()]
+        for p, _ in self.kept:
+            p.requires_grad_(False)
+        return self
+
+    def __exit__(self, *exc):
+        for p, wanted in self.kept:
+            p.requires_grad_(wanted)
+        return False
+
+
 def slice_gradients(model, cache, objective, targets) -> torch.Tensor:
     """[batch, layer, piece, head, d_head] float32: d objective_b / d z_b for every head's slice
     z of every layer of `cache.stack` (row b's own summed objective; rows do not interact), with
@@ -91,7 +110,7 @@ def slice_gradients(model, cache, objective, targets) -> torch.Tensor:
     first = cache.slices[0]  # [batch, piece, head, d_head]
     shape = (first.shape[0], len(cache.sites), *first.shape[1:])
     delta = torch.zeros(shape, device=first.device, requires_grad=True)
-    with torch.enable_grad(), SliceProbe(model, delta, cache.stack):
+    with torch.enable_grad(), FrozenWeights(model), SliceProbe(model, delta, cache.stack):
         values, _ = objective.per_row(model, targets)  # [batch]
         (grad,) = torch.autograd.grad(values.sum(), delta)
     return grad.detach()
@@ -118,7 +137,7 @@ def input_gradients(
         for i, h in enumerate(block):
             mask[i, :, :, h] = g[:, :, h]
         mask = mask.flatten(0, 1)
-        with torch.enable_grad():
+        with torch.enable_grad(), FrozenWeights(model):
             att = channel_attention(model, cache, layer, layer_input(cache, layer, copies))
             grads = [
                 torch.autograd.grad(att.z[c], copies, mask, retain_graph=c != CHANNELS[-1])[0]

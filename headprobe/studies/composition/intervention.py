@@ -216,11 +216,13 @@ def role_drop(probs, probs0, targets: torch.Tensor, rows: torch.Tensor) -> torch
     return torch.einsum("sbhq,bq->bsh", clean - changed, keep)
 
 
-def role_targets(role: str, ids: torch.Tensor, half: int | None = None) -> torch.Tensor:
+def role_targets(role: str, ids: torch.Tensor, half=None, period=None) -> torch.Tensor:
     """[batch, piece] long: each query row's target key for a pattern role (-1: none).
 
     previous_token: the key before the row; induction (the repeated-random probe, its second
-    half starting at piece `half`): the key after the row's earlier copy, i - half + 1. Another
+    half starting at piece `half`, the sequence repeating after `period` pieces; `period`
+    defaults to `half`, an input without a BOS): the key after the row's earlier copy,
+    i - period + 1, for rows i >= half. `half`, `period`: ints or [batch, 1] tensors. Another
     role (a dependency relation) gives its own targets in the same form."""
     batch, piece = ids.shape
     i = torch.arange(piece, device=ids.device).expand(batch, piece)
@@ -229,5 +231,6 @@ def role_targets(role: str, ids: torch.Tensor, half: int | None = None) -> torch
     if role == INDUCTION:
         if half is None:
             raise ValueError("induction targets need the repeated half's first piece")
-        return torch.where(i >= half, i - half + 1, -1)
+        period = half if period is None else period
+        return torch.where(i >= half, i - period + 1, -1)
     raise ValueError(f"no pattern targets for role {role!r}")

@@ -1,6 +1,6 @@
 """The whole composition over a stream of batches, summed per unit (METHODS §5, §18).
 
-    batches = list(iter_batches(prepare(examples, tokenizer, 512), 20, pad_id))
+    batches = probe_batches(model, tokenizer, length=50, n=20)   # or iter_batches(prepare(...))
     means = head_means(model, batches, per_position=True)            # mean ablation's values
     sums = composition_sums(model, batches, baseline=means)           # every receiver, every sender
     sums.pattern           # [unit, edge]: total variation summed over the unit's scored rows
@@ -69,15 +69,28 @@ def memory_budget(device=None) -> int:
     return int(max(16 * 2**20, min(BUDGET, free // 8)))
 
 
-def repeated_half(batch) -> torch.Tensor | None:
-    """[batch, 1] long: the first piece of each row's repeated half on the repeated-random
-    probe (the piece of word `length`), else None."""
+def probe_batches(model, tokenizer, length: int = 50, n: int = 20, batch_size: int = 20, seed=0):
+    """The repeated-random probe (`inputs.probes`), `n` sequences of `length` tokens twice, as
+    a list of `Batch`es (`inputs.batching`) on the model's device."""
+    from headprobe.inputs.batching import iter_batches, prepare
+    from headprobe.inputs.probes import repeated_random
+
+    examples = list(repeated_random(tokenizer, length=length, n=n, seed=seed))
+    prepared = prepare(examples, tokenizer, max_length=2 * length + 8)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    return list(iter_batches(prepared, batch_size, pad, device=device, causal=True))
+
+
+def repeated_half(batch) -> tuple | None:
+    """([batch, 1] the first piece of each row's repeated half, [batch, 1] its period, the
+    probe's length) on the repeated-random probe, else None."""
     metas = [e.meta for e in getattr(batch, "examples", [])]
     if not metas or any(m.get("probe") != REPEATED_RANDOM for m in metas):
         return None
     length = torch.tensor([m[LOSS_WORDS][0] - 1 for m in metas])[:, None]  # [batch, 1]
     word = batch.piece_word.cpu()  # [batch, piece]
-    return (word < length).sum(-1, keepdim=True)  # pieces before it: BOS and the first half
+    return (word < length).sum(-1, keepdim=True), length  # before it: BOS and the first half
 
 
 def scored_rows(batch, half: torch.Tensor | None) -> torch.Tensor:
@@ -85,7 +98,7 @@ def scored_rows(batch, half: torch.Tensor | None) -> torch.Tensor:
     kind = batch.piece_kind.cpu()
     rows = kind == WORD
     if half is not None:
-        rows &= torch.arange(kind.shape[1])[None, :] >= half
+        rows &= torch.arange(kind.shape[1])[None, :] >= half[0]
     return rows.float()
 
 
@@ -93,7 +106,7 @@ def batch_roles(ids: torch.Tensor, half) -> dict:
     """name -> [batch, piece] each row's role target (-1: none)."""
     out = {PREVIOUS_TOKEN: role_targets(PREVIOUS_TOKEN, ids.cpu())}
     if half is not None:
-        out[INDUCTION] = role_targets(INDUCTION, ids.cpu(), half)
+        out[INDUCTION] = role_targets(INDUCTION, ids.cpu(), *half)
     return out
 
 
