@@ -120,7 +120,7 @@ def verdict(name: str, edges, scores, out: Path, receivers: int = 1) -> bool:
     previous-token head, with the interval; True where every one is and excludes 0."""
     induction, previous = role_names()
     prev = best(scores, previous).iloc[0]
-    prev_head = (int(prev.layer), int(prev.head))
+    prev_head = (int(prev["layer"]), int(prev["head"]))
     print(
         f"\n{name}: best previous-token head {prev_head[0]}-{prev_head[1]} (share {prev.score:.3f})"
     )
