@@ -45,17 +45,19 @@ def parse_args(argv=None):
     )
     p.add_argument("--steps", type=int, default=1200, help="training steps (default 1200)")
     p.add_argument("--n", type=int, default=100, help="probe sequences, 2-layer model")
+    p.add_argument("--trained", default=None, help="a saved 2-layer model (skip the training)")
     p.add_argument("--skip-smollm2", action="store_true", help="the 2-layer model only")
     p.add_argument("--out", default=None, help="output directory (default: out/<script name>)")
     return p.parse_args(argv)
 
 
-def trained(steps: int, root: Path):
-    """The Olsson script's model after `steps` steps (its `train`), eager attention."""
+def trained(steps: int, root: Path, path: str | None = None):
+    """The Olsson script's model after `steps` steps (its `train`; or saved at `path`),
+    eager attention."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    args = SimpleNamespace(steps=steps, checkpoints=2, lr=1e-3)
-    path = olsson.train(args, root)[-1]
+    if path is None:
+        path = olsson.train(SimpleNamespace(steps=steps, checkpoints=2, lr=1e-3), root)[-1]
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     return model, AutoTokenizer.from_pretrained(path)
 
@@ -63,16 +65,23 @@ def trained(steps: int, root: Path):
 def run(model, tokenizer, n: int, length: int, receivers=None, batch_size: int = 10):
     """(edges table, role scores) of the composition on the repeated-random probe."""
     from headprobe.model.gates import head_means
-    from headprobe.studies.composition.sweep import composition_sums, probe_batches
-    from headprobe.studies.composition.tables import edges_frame, role_score_table
+    from headprobe.studies.composition.sweep import probe_batches
+    from headprobe.studies.composition.tables import composition, role_score_table
 
     batches = probe_batches(model, tokenizer, length, n, batch_size)
     means = head_means(model, batches, per_position=True)  # [layer, piece, head, d_head]
-    sums = composition_sums(model, batches, receivers, means)
-    scores = role_score_table(sums)
     induction = role_names()[0]
-    roles = {receiver: induction for _, receiver, _ in sums.edges}  # its induction attention
-    return edges_frame(sums, "mean", roles), scores, sums, batches, means
+    roles = lambda sums: {r: induction for _, r, _ in sums.edges}  # its induction attention
+    frames = composition(model, batches, "mean", means, receivers, roles=roles)
+    corr = frames["composition_check_correlation"]
+    for r in corr.itertuples():
+        print(
+            f"first-order estimate against exact path patching, {r.edges} edges: Spearman "
+            f"{r.spearman:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
+            + (f"  WARNING: {r.warning}" if r.warning else "")
+        )
+    scores = role_score_table(frames["sums"])
+    return frames["composition_edges"], scores, frames["sums"], batches, means
 
 
 def clean_role_scores(model, tokenizer, n: int, length: int):
@@ -154,7 +163,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.manual_seed(0)
-    model, tokenizer = trained(args.steps, out / "checkpoints")
+    model, tokenizer = trained(args.steps, out / "checkpoints", args.trained)
     edges, scores, *_ = run(model, tokenizer, args.n, olsson.PROBE)
     found = verdict("olsson-2layer", edges, scores, out)
     print(

@@ -163,6 +163,7 @@ def composition(
     stack=None,
     seed: int = 0,
     progress=None,
+    roles: dict | None = None,
 ) -> dict:
     """Every table of the composition (module docstring) over `batches` (a list: the check
     streams them a second time). baseline: the ablation values of `ablation` (None: zero);
@@ -172,7 +173,9 @@ def composition(
     sums = composition_sums(
         model, batches, receivers, baseline, objective, stack, progress=progress
     )
-    edges = edges_frame(sums, ablation, seed=seed)
+    if callable(roles):  # a function of the sums: the receivers' roles from the run itself
+        roles = roles(sums)
+    edges = edges_frame(sums, ablation, roles, seed=seed)
     sample, kinds = check_sample(edges, seed)
     units, exact, tokens = exact_sums(model, batches, sample, baseline, objective, stack)
     index = {e: i for i, e in enumerate(sums.edges)}
