@@ -608,7 +608,7 @@ def test_smollm2_key_edges_match_independent_hooks():
     scores = role_score_table(scout)
     ind = scores[(scores["role"] == INDUCTION) & (scores["layer"] >= 3)]
     top = ind.sort_values("score", ascending=False).iloc[0]
-    receiver = (int(top.layer), int(top.head))
+    receiver = (int(top["layer"]), int(top["head"]))
     sums = composition_sums(model, batches, [receiver], means)
     edges = edges_frame(sums, "mean", {receiver: INDUCTION})
     keys = edges[(edges["channel"] == "k") & (edges["sender_layer"] >= receiver[0] - 3)]
