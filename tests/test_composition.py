@@ -397,11 +397,11 @@ class Readout:
         return SimpleNamespace(inputs=model_inputs(batch, None, model))
 
     def pieces(self, targets):
-        return targets.inputs["attention_mask"].float().sum(-1)
+        return query_mask(targets.inputs, "encoder").float().sum(-1)
 
     def per_row(self, model, targets):
         h = model(**targets.inputs).last_hidden_state.float()  # [batch, piece, hidden]
-        mask = targets.inputs["attention_mask"].float()
+        mask = query_mask(targets.inputs, "encoder").float()  # [batch, piece]
         return ((h @ self.v) * mask).sum(-1), mask.sum(-1)
 
 
