@@ -1,0 +1,77 @@
+"""Cost of the composition on the bundled SmolLM2 (issue 44, acceptance 4): every receiver, every
+sender, 3 channels, Olsson's probe (repeated-random) 20 x 50, mean ablation (per position),
+including the first-order estimates and the check (exact path patching of the validation
+sample), with the peak RSS of the process. Target: under 10 minutes and 2.5 GB on 2 idle cores.
+
+    .venv/bin/python benchmarks/composition_cost.py [--threads 2] [--n 20] [--length 50]
+
+Prints one JSON line: seconds per stage and in all, peak RSS (MB), edges, the check's Spearman.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(REPO))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--n", type=int, default=20)
+    p.add_argument("--length", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=5, help="sequences per batch (default 5)")
+    p.add_argument("--receivers", default="all", help="all, or L-H,L-H,...")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from headprobe.model.gates import head_means
+    from headprobe.model.loading import load_lm
+    from headprobe.studies.composition.sweep import probe_batches
+    from headprobe.studies.composition.tables import composition
+
+    torch.set_num_threads(args.threads)
+    times = {}
+    start = time.perf_counter()
+    model, tokenizer, display, _ = load_lm("smollm2")
+    times["load_s"] = time.perf_counter() - start
+    t = time.perf_counter()
+    batches = probe_batches(model, tokenizer, args.length, args.n, batch_size=args.batch_size)
+    means = head_means(model, batches, per_position=True)
+    times["means_s"] = time.perf_counter() - t
+    receivers = None
+    if args.receivers != "all":
+        receivers = [tuple(map(int, r.split("-"))) for r in args.receivers.split(",")]
+    t = time.perf_counter()
+    tick = lambda i: print(
+        f"batch {i + 1}/{len(batches)} {time.perf_counter() - t:.0f} s", file=sys.stderr
+    )
+    frames = composition(model, batches, "mean", means, receivers, token_id=None, progress=tick)
+    times["composition_s"] = time.perf_counter() - t
+    times["total_s"] = time.perf_counter() - start
+    corr = frames["composition_check_correlation"]
+    out = {
+        "model": display,
+        "threads": args.threads,
+        "batch_size": args.batch_size,
+        "probe": f"repeated-random {args.n} x {args.length}",
+        **{k: round(v, 1) for k, v in times.items()},
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "edges": len(frames["composition_edges"]),
+        "check_edges": len(frames["composition_check"]),
+        "check_spearman": None if not len(corr) else round(float(corr["spearman"].iloc[0]), 3),
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,182 @@
+"""The first-order estimate of every edge's effect through the model (METHODS §18 "Through the
+model"), and its check against exact path patching on the validation sample.
+
+    grad_z = slice_gradients(model, cache, objective, targets)   # [batch, layer, piece, head, d_head]
+    grads = input_gradients(model, cache, layer, grad_z)         # [channel, head, batch, piece, hidden]
+    sums = edge_sums(model, cache, layer, baseline=means, grads=grads)
+    sums.estimate                                                # [batch, sender, head, channel]
+
+The objective (METHODS §8, per example row) depends on receiver r's channel c only through r's
+slice z_r of its layer's output projection's input. So one backward pass gives every slice's
+gradient dO/dz (`slice_gradients`: a zero added to every slice, every layer above live), and
+the gradient with respect to the residual stream x entering r's layer, as r's channel c reads it
+(through the layer's own norm, projection, q/k norms and position encoding), is one local
+vector-Jacobian product through the recomputed attention (`input_gradients`: z_r as
+`model.channels` computes it, the other channels clean). The estimate of edge (s, r, c) is that
+gradient dotted with the sender's change d_s = b_s - c_s as it reaches r's layer (the same d_s
+`intervention.sender_changes` gives the exact intervention), summed over the row's pieces.
+
+The check (`check_frames`) puts the estimate beside the exact change (`path_patching.exact_rows`)
+for each edge of the validation sample, both per unit, with Spearman's rho over the sample and
+its interval over the units' bootstrap resamples, as the importance check does (its helpers are
+reused: `_spearman`, `WEAK`; the interval's ends from `stats.engine.percentiles`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headprobe.model.channels import CHANNELS, channel_attention, layer_input
+from headprobe.model.gates import _counted, call_order
+from headprobe.model.sites import features_last
+from headprobe.stats.engine import percentiles, ratio
+from headprobe.studies.ablation.analysis import ABLATION
+from headprobe.studies.ablation.validation import WEAK, _spearman
+from headprobe.studies.composition.intervention import BUDGET, block_size
+
+KIND = ABLATION.name  # the column naming the kind of ablation (the option of the same name)
+CHECK_COLUMNS = [
+    "layer",
+    "head",
+    "channel",
+    "sender_layer",
+    "sender_head",
+    KIND,
+    "sample",
+    "estimate",
+    "exact",
+    "ci_low",
+    "ci_high",
+    "objective",
+]
+CORRELATION_COLUMNS = [KIND, "edges", "spearman", "ci_low", "ci_high", "warning"]
+
+
+class SliceProbe:
+    """Context manager: adds `delta` [batch, layer, piece, head, d_head] (zeros that require
+    grad) to every head's slice of its output projection's input, in the stack `stack`."""
+
+    def __init__(self, model, delta: torch.Tensor, stack: str):
+        self.model, self.delta, self.stack, self.handles = model, delta, stack, []
+
+    def _add(self, layer: int, args):
+        projection = self.projections[layer]
+        z = features_last(projection, args[0])  # [batch, piece, head * d_head]
+        z = z + self.delta[:, layer].flatten(-2).to(z)
+        return (features_last(projection, z), *args[1:])
+
+    def __enter__(self):
+        self.projections = {}
+        for module, sites in call_order(self.model).items():
+            for site in sites:
+                if site.stack == self.stack:
+                    self.projections[site.layer] = module
+            if any(site.stack == self.stack for site in sites):
+                hook = _counted(sites, self.stack, self._add)
+                self.handles.append(module.register_forward_pre_hook(hook))
+        return self
+
+    def __exit__(self, *exc):
+        while self.handles:
+            self.handles.pop().remove()
+        return False
+
+
+class FrozenWeights:
+    """Context manager: the model's parameters need no gradient inside (so the backward pass
+    keeps no layer inputs for weight gradients), as they were after."""
+
+    def __init__(self, model):
+        self.model, self.kept = model, []
+
+    def __enter__(self):
+        self.kept = [(p, p.requires_grad) for p in self.model.parameters()]
+        for p, _ in self.kept:
+            p.requires_grad_(False)
+        return self
+
+    def __exit__(self, *exc):
+        for p, wanted in self.kept:
+            p.requires_grad_(wanted)
+        return False
+
+
+def slice_gradients(model, cache, objective, targets) -> torch.Tensor:
+    """[batch, layer, piece, head, d_head] float32: d objective_b / d z_b for every head's slice
+    z of every layer of `cache.stack` (row b's own summed objective; rows do not interact), with
+    every layer above each slice recomputed. `cache` must be of `targets.inputs`."""
+    first = cache.slices[0]  # [batch, piece, head, d_head]
+    shape = (first.shape[0], len(cache.sites), *first.shape[1:])
+    delta = torch.zeros(shape, device=first.device, requires_grad=True)
+    with torch.enable_grad(), FrozenWeights(model), SliceProbe(model, delta, cache.stack):
+        values, _ = objective.per_row(model, targets)  # [batch]
+        (grad,) = torch.autograd.grad(values.sum(), delta)
+    return grad.detach()
+
+
+def input_gradients(
+    model, cache, layer: int, grad_z: torch.Tensor, heads=None, budget: int = BUDGET
+) -> torch.Tensor:
+    """[channel, head, batch, piece, hidden]: the objective's gradient with respect to the
+    residual stream entering `layer` (before its norm; post-norm: the module's input) as each
+    receiver head's channel reads it, from `grad_z` (`slice_gradients`). Heads go in blocks,
+    each head one copy of the batch."""
+    site, x = cache.sites[layer], cache.x[layer]  # x [batch, piece, hidden]
+    heads = list(range(site.heads)) if heads is None else list(heads)
+    batch, piece, hidden = x.shape
+    g = grad_z[:, layer].to(x)  # [batch, piece, head, d_head]
+    step = block_size(batch, piece, hidden, site.heads, g.shape[-1], budget)
+    out = []
+    for start in range(0, len(heads), step):
+        block = heads[start : start + step]
+        n = len(block)
+        copies = x.repeat(n, 1, 1).requires_grad_()  # [head * batch, piece, hidden]
+        mask = torch.zeros(n, *g.shape, device=g.device)  # [head, batch, piece, head, d_head]
+        for i, h in enumerate(block):
+            mask[i, :, :, h] = g[:, :, h]
+        mask = mask.flatten(0, 1)
+        with torch.enable_grad(), FrozenWeights(model):
+            att = channel_attention(model, cache, layer, layer_input(cache, layer, copies))
+            grads = [
+                torch.autograd.grad(att.z[c], copies, mask, retain_graph=c != CHANNELS[-1])[0]
+                for c in CHANNELS
+            ]
+        out.append(torch.stack(grads).view(3, n, batch, piece, hidden).detach())
+    return torch.cat(out, 1)
+
+
+def per_resample(values: np.ndarray, count: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[resample, ...]: sum_u w_u values_u / sum_u w_u count_u, values [unit, ...], count [unit]
+    (or [unit, ...]), weights [resample, unit] (resample 0: all 1, the data itself)."""
+    top = np.tensordot(weights, values, axes=(1, 0))
+    bottom = np.tensordot(weights, count, axes=(1, 0))
+    if bottom.ndim < top.ndim:
+        bottom = bottom.reshape(bottom.shape + (1,) * (top.ndim - bottom.ndim))
+    return ratio(top, bottom)
+
+
+def check_frames(edges, sample, exact, estimate, tokens, weights, ablation: str, objective: str):
+    """(composition_check, composition_check_correlation) DataFrames. edges: the sampled edges;
+    sample: "top" / "random" per edge; exact, estimate [unit, edge] summed objective changes;
+    tokens [unit] the pieces they are summed over; weights [resample, unit]."""
+    ex = per_resample(exact, tokens, weights)  # [resample, edge]
+    est = per_resample(estimate, tokens, weights)
+    low, high = percentiles(ex[1:])
+    rows = []
+    for i, ((sl, sh), (l, h), c) in enumerate(edges):
+        rows.append(
+            [l, h, c, sl, sh, ablation, sample[i], est[0, i], ex[0, i], low[i], high[i], objective]
+        )
+    check = pd.DataFrame(rows, columns=CHECK_COLUMNS)
+    correlation = pd.DataFrame(columns=CORRELATION_COLUMNS)
+    if len(edges) >= 3:
+        rho = _spearman(est, ex)  # [resample]
+        r_low, r_high = percentiles(rho[1:])
+        warning = f"rank correlation {rho[0]:.2f} < {WEAK}" if not rho[0] >= WEAK else ""
+        correlation = pd.DataFrame(
+            [[ablation, len(edges), rho[0], float(r_low), float(r_high), warning]],
+            columns=CORRELATION_COLUMNS,
+        )
+    return check, correlation

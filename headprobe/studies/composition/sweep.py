@@ -1,0 +1,271 @@
+"""The whole composition over a stream of batches, summed per unit (METHODS §5, §18).
+
+    batches = probe_batches(model, tokenizer, length=50, n=20)   # or iter_batches(prepare(...))
+    means = head_means(model, batches, per_position=True)            # mean ablation's values
+    sums = composition_sums(model, batches, baseline=means)           # every receiver, every sender
+    sums.pattern           # [unit, edge]: total variation summed over the unit's scored rows
+    sums.rows              # [unit]: the scored rows
+    sums.edges[e]          # ((sender layer, sender head), (layer, head), channel)
+    exact, tokens = exact_sums(model, batches, sample, baseline=means)  # [unit, edge], [unit]
+
+Per batch: one clean pass kept per layer (`clean_cache`, on the inputs the objective reads), one
+backward pass for the objective's gradient at every head's slice (`first_order`), then per
+receiver layer every sender at once (`intervention.edge_sums`, blocks sized from memory:
+`memory_budget`). Each batch row's sums are added into its unit's (a unit: the example's
+`unit`, a document or a probe sequence), so nothing per row is kept. Rows: a sentence's word
+pieces; on the repeated-random probe, the repeated half's. Role targets: the previous token on
+every input, induction on the repeated-random probe (`intervention.role_targets`); `scores`
+holds every head's clean attention to each role's targets, summed per unit, so a role's best
+head can be named from the same run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from headprobe.inputs.align import WORD
+from headprobe.inputs.probes import LOSS_WORDS, REPEATED_RANDOM
+from headprobe.model.channels import CHANNELS, clean_attention
+from headprobe.model.layer_cache import check_supported, clean_cache
+from headprobe.model.objectives import Objective
+from headprobe.studies.composition.first_order import input_gradients, slice_gradients
+from headprobe.studies.composition.intervention import BUDGET, edge_sums, role_targets
+from headprobe.studies.composition.path_patching import exact_rows
+from headprobe.studies.induction.analysis import NAME as INDUCTION
+from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
+
+
+@dataclass
+class UnitSums:
+    """Per unit sums of every edge's effects (see the module docstring)."""
+
+    units: list[str]  # unit ids, in the order of the unit axis
+    edges: list[tuple]  # ((sender layer, sender head), (layer, head), channel)
+    pattern: np.ndarray  # [unit, edge]
+    output: np.ndarray  # [unit, edge]
+    rows: np.ndarray  # [unit] scored rows
+    estimate: np.ndarray | None = None  # [unit, edge] first-order objective change, summed
+    tokens: np.ndarray | None = None  # [unit] pieces the objective is summed over
+    role: dict = field(default_factory=dict)  # name -> [unit, edge] drop of the role's attention
+    role_rows: dict = field(default_factory=dict)  # name -> [unit] rows with a role target
+    scores: dict = field(default_factory=dict)  # name -> [unit, layer, head] clean attention
+
+
+def memory_budget(device=None) -> int:
+    """Bytes for one block of senders' intermediate tensors: an eighth of the free memory of
+    `device` (CUDA), else of the machine's available memory, at most `BUDGET`."""
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            free = 8 * BUDGET
+    return int(max(16 * 2**20, min(BUDGET, free // 8)))
+
+
+def probe_batches(model, tokenizer, length: int = 50, n: int = 20, batch_size: int = 20, seed=0):
+    """The repeated-random probe (`inputs.probes`), `n` sequences of `length` tokens twice, as
+    a list of `Batch`es (`inputs.batching`) on the model's device."""
+    from headprobe.inputs.batching import iter_batches, prepare
+    from headprobe.inputs.probes import repeated_random
+
+    examples = list(repeated_random(tokenizer, length=length, n=n, seed=seed))
+    prepared = prepare(examples, tokenizer, max_length=2 * length + 8)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    return list(iter_batches(prepared, batch_size, pad, device=device, causal=True))
+
+
+def repeated_half(batch) -> tuple | None:
+    """([batch, 1] the first piece of each row's repeated half, [batch, 1] its period, the
+    probe's length) on the repeated-random probe, else None."""
+    metas = [e.meta for e in getattr(batch, "examples", [])]
+    if not metas or any(m.get("probe") != REPEATED_RANDOM for m in metas):
+        return None
+    length = torch.tensor([m[LOSS_WORDS][0] - 1 for m in metas])[:, None]  # [batch, 1]
+    word = batch.piece_word.cpu()  # [batch, piece]
+    return (word < length).sum(-1, keepdim=True), length  # before it: BOS and the first half
+
+
+def scored_rows(batch, half: torch.Tensor | None) -> torch.Tensor:
+    """[batch, piece] float: the receivers' scored query rows (METHODS §18)."""
+    kind = batch.piece_kind.cpu()
+    rows = kind == WORD
+    if half is not None:
+        rows &= torch.arange(kind.shape[1])[None, :] >= half[0]
+    return rows.float()
+
+
+def batch_roles(ids: torch.Tensor, half) -> dict:
+    """name -> [batch, piece] each row's role target (-1: none)."""
+    out = {PREVIOUS_TOKEN: role_targets(PREVIOUS_TOKEN, ids.cpu())}
+    if half is not None:
+        out[INDUCTION] = role_targets(INDUCTION, ids.cpu(), *half)
+    return out
+
+
+def _receivers(cache, receivers) -> dict:
+    """layer -> [head] (default: every head above the first layer)."""
+    if receivers is None:
+        receivers = [
+            (l, h) for l in range(1, len(cache.sites)) for h in range(cache.sites[l].heads)
+        ]
+    out: dict = {}
+    for l, h in receivers:
+        out.setdefault(int(l), []).append(int(h))
+    return {l: sorted(set(hs)) for l, hs in sorted(out.items())}
+
+
+def clean_scores(model, cache, targets: dict, rows: torch.Tensor) -> dict:
+    """name -> [batch, layer, head]: each head's clean attention to the row's role target,
+    summed over the scored rows with a target."""
+    out = {name: [] for name in targets}
+    for layer in range(len(cache.sites)):
+        probs, _ = clean_attention(model, cache, layer)  # [batch, head, query, key]
+        for name, t in targets.items():
+            keep = (rows * (t >= 0)).to(probs)  # [batch, query]
+            index = t.clamp_min(0).to(probs.device)[:, None, :, None]
+            got = probs.gather(-1, index.expand(-1, probs.shape[1], -1, 1))[..., 0]
+            out[name].append(torch.einsum("bhq,bq->bh", got, keep))
+    return {name: torch.stack(v, 1).cpu().numpy() for name, v in out.items()}
+
+
+def batch_sums(model, batch, receivers, baseline, objective, stack, budget) -> dict:
+    """One batch's row sums: {"edges", "pattern", "output", "estimate", "role", "rows",
+    "role_rows", "tokens", "scores"}, arrays [batch, ...] (edges: the edge list)."""
+    targets = objective.targets(model, batch)
+    cache = clean_cache(model, targets.inputs, stack)
+    half = repeated_half(batch)
+    rows = scored_rows(batch, half).to(cache.x[0].device)  # [batch, piece]
+    ids = targets.inputs["input_ids"]
+    roles = {k: v.to(rows.device) for k, v in batch_roles(ids, half).items()}
+    grad_z = slice_gradients(model, cache, objective, targets)
+    got: dict = {"edges": [], "pattern": [], "output": [], "estimate": []}
+    got["role"] = {name: [] for name in roles}
+    with torch.no_grad():
+        for layer, heads in _receivers(cache, receivers).items():
+            grads = input_gradients(model, cache, layer, grad_z, heads, budget)
+            s = edge_sums(model, cache, layer, None, baseline, rows, roles, heads, budget, grads)
+            got["edges"] += [
+                (snd, (layer, h), c) for snd in s.senders for h in heads for c in CHANNELS
+            ]
+            flat = lambda t: t.flatten(1).cpu().numpy()  # [batch, sender * head * channel]
+            got["pattern"].append(flat(s.pattern))
+            got["output"].append(flat(s.output))
+            got["estimate"].append(flat(s.estimate))
+            for name in roles:
+                got["role"][name].append(flat(s.role[name]))
+        got["scores"] = clean_scores(model, cache, roles, rows)
+        tokens = objective.pieces(targets)  # [batch]
+    cat = lambda v: np.concatenate(v, 1)
+    out = {k: cat(got[k]) for k in ("pattern", "output", "estimate")}
+    out["role"] = {name: cat(v) for name, v in got["role"].items()}
+    out["role_rows"] = {n: (rows * (t >= 0)).sum(-1).cpu().numpy() for n, t in roles.items()}
+    out.update(edges=got["edges"], rows=rows.sum(-1).cpu().numpy(), scores=got["scores"])
+    out["tokens"] = tokens.cpu().numpy()
+    return out
+
+
+class _ByUnit:
+    """Adds per row arrays [batch, ...] into per unit arrays [unit, ...]."""
+
+    def __init__(self):
+        self.units: list[str] = []
+        self.index: dict[str, int] = {}
+        self.sums: dict = {}
+
+    def add(self, units, key: str, values: np.ndarray) -> None:
+        for u in units:
+            if u not in self.index:
+                self.index[u] = len(self.units)
+                self.units.append(u)
+        at = np.array([self.index[u] for u in units])
+        total = self.sums.get(key)
+        size = len(self.units)
+        if total is None or total.shape[0] < size:
+            grown = np.zeros((size, *values.shape[1:]))
+            if total is not None:
+                grown[: total.shape[0]] = total
+            total = grown
+        np.add.at(total, at, values)
+        self.sums[key] = total
+
+    def get(self, key: str) -> np.ndarray:
+        total = self.sums[key]
+        if total.shape[0] < len(self.units):
+            total = np.concatenate(
+                [total, np.zeros((len(self.units) - total.shape[0], *total.shape[1:]))]
+            )
+        return total
+
+
+def composition_sums(
+    model,
+    batches,
+    receivers=None,
+    baseline=None,
+    objective: Objective | None = None,
+    stack: str | None = None,
+    budget: int | None = None,
+    progress=None,
+) -> UnitSums:
+    """See the module docstring. receivers: [(layer, head)] (default every head above the first
+    layer); baseline: the ablation values as `edge_sums` takes them (None: zero ablation);
+    objective: `Objective.for_model(model)` by default; progress: a callable given each
+    batch's index, or None."""
+    stack = check_supported(model, stack)
+    objective = objective or Objective.for_model(model, stack=stack)
+    budget = budget or memory_budget(next(model.parameters()).device)
+    acc, edges = _ByUnit(), None
+    for i, batch in enumerate(batches):
+        got = batch_sums(model, batch, receivers, baseline, objective, stack, budget)
+        units = [e.unit for e in batch.examples]
+        if edges is not None and got["edges"] != edges:
+            raise ValueError("composition_sums: batches gave different edges")
+        edges = got["edges"]
+        for key in ("pattern", "output", "estimate", "rows", "tokens"):
+            acc.add(units, key, got[key])
+        for group in ("role", "role_rows", "scores"):
+            for name, v in got[group].items():
+                acc.add(units, f"{group}:{name}", v)
+        if progress is not None:
+            progress(i)
+    if edges is None:
+        raise ValueError("composition_sums: no batches")
+    pick = lambda group: {
+        k.split(":", 1)[1]: acc.get(k) for k in acc.sums if k.startswith(group + ":")
+    }
+    return UnitSums(
+        acc.units,
+        edges,
+        acc.get("pattern"),
+        acc.get("output"),
+        acc.get("rows"),
+        acc.get("estimate"),
+        acc.get("tokens"),
+        pick("role"),
+        pick("role_rows"),
+        pick("scores"),
+    )
+
+
+def exact_sums(model, batches, edges, baseline=None, objective=None, stack=None):
+    """(units, [unit, edge] exact objective change summed per unit, [unit] pieces): exact path
+    patching (`path_patching.exact_rows`) of `edges` over the stream."""
+    stack = check_supported(model, stack)
+    objective = objective or Objective.for_model(model, stack=stack)
+    acc = _ByUnit()
+    for batch in batches:
+        targets = objective.targets(model, batch)
+        cache = clean_cache(model, targets.inputs, stack)
+        delta, tokens = exact_rows(model, cache, objective, targets, edges, baseline)
+        units = [e.unit for e in batch.examples]
+        acc.add(units, "exact", delta.cpu().numpy())
+        acc.add(units, "tokens", tokens.cpu().numpy())
+    return acc.units, acc.get("exact"), acc.get("tokens")
