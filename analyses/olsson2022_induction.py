@@ -48,7 +48,7 @@ import _common as C
 
 
 def parse_heads(text) -> list[tuple[int, int]]:
-    from headprobe.checks import parse_heads as parse
+    from headprobe.studies.ablation.flags import parse_heads as parse
 
     return parse(text) or []
 

@@ -3,7 +3,7 @@
     python benchmarks/needle_recall.py                          # built-in needles, 500,1000 x 5
     python benchmarks/needle_recall.py --lengths 500,1000,2000 --depths 5 --needles my.jsonl
 
-Each probe of `headprobe.inputs.needle.needle_stream` is decoded greedily
+Each probe of `headprobe.studies.retrieval.needles.needle_stream` is decoded greedily
 (`headprobe.model.decoding.decode`, every layer's query row captured and dropped, as a
 retrieval scorer would read them); a probe succeeds when the response recalls more than half
 of the answer's words (METHODS §16). Seconds per probe include the capture; they are
@@ -23,9 +23,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from headprobe.inputs.needle import needle_stream, recalled, word_recall  # noqa: E402
 from headprobe.model.decoding import decode, stop_tokens  # noqa: E402
 from headprobe.model.loading import load_lm  # noqa: E402
+from headprobe.studies.retrieval.needles import needle_stream, recalled, word_recall  # noqa: E402
 
 
 def main() -> None:

@@ -26,9 +26,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from headprobe.inputs.needle import needle_stream  # noqa: E402
 from headprobe.model.decoding import _prefill, decode, stop_tokens  # noqa: E402
 from headprobe.model.loading import load_lm  # noqa: E402
+from headprobe.studies.retrieval.needles import needle_stream  # noqa: E402
 
 
 def timed(function) -> tuple[float, object]:

@@ -5,7 +5,7 @@
 
 Run it as its own process (the peak is the process's): the bundled SmolLM2-135M-Instruct is
 loaded under its language-model head (`load_lm`, float32, CPU), one probe of
-`headprobe.inputs.needle` is built (built-in needle 0, the given context length, depth 0.5), and
+`headprobe.studies.retrieval.needles` is built (built-in needle 0, the given context length, depth 0.5), and
 `headprobe.model.decoding.decode` runs it: the prompt prefilled in chunks with nothing captured,
 then up to 32 greedy steps, each handing every layer's query row ([1, 9 heads, keys]) to a
 callback that keeps what a retrieval scorer keeps (the argmax key per head) and drops the rows.
@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from query_block_memory import RssSampler, current_rss_mb  # noqa: E402
 
-from headprobe.inputs.needle import NEEDLES, needle_stream  # noqa: E402
 from headprobe.model.decoding import decode, stop_tokens  # noqa: E402
 from headprobe.model.loading import load_lm  # noqa: E402
+from headprobe.studies.retrieval.needles import NEEDLES, needle_stream  # noqa: E402
 
 
 def main() -> None:

@@ -25,12 +25,11 @@ import pandas as pd
 import torch
 
 from headprobe import checks
-from headprobe.config import SENTENCE_SOURCES, RunConfig, flag
+from headprobe.config import SENTENCE_SOURCES, RunConfig, fingerprinted, flag
 from headprobe.core import atomic
 from headprobe.inputs.align import apply_bos
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.corpora.base import Stream
-from headprobe.inputs.needle import NEEDLE
 from headprobe.inputs.samples import DEFAULT_TREEBANK, SAMPLE, SAMPLE_COREF, bundled_provenance
 from headprobe.model import loading as models
 from headprobe.model.capture import text_config
@@ -47,6 +46,8 @@ from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.scoring.engine import CHUNK, FULL_AT, POOL_BATCHES, Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import needs_of, tally_key
+from headprobe.scoring.options import ModelFacts
+from headprobe.scoring.pass_settings import PassSettings
 from headprobe.scoring.registry import (
     ANY,
     ARCS,
@@ -132,6 +133,7 @@ class Session:
     summary: dict
     checkpoint: Checkpoint | None
     world: distributed.World
+    settings: PassSettings  # the passes' settings, built once from the config, the stack resolved
 
 
 def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> tuple[RunConfig, Session]:
@@ -157,15 +159,19 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> tuple[
     sites = attention_sites(net)
     stack = sites.resolve(config.stack)
     checks.check_layers_exist(config.layers, sites.n_layers(stack), name)
-    shape = (sites.n_layers(stack), sites.n_heads(stack), config.layers, name)
-    checks.check_heads_exist(config.heads, *shape)
-    for heads in (config.head_groups or {}).values():
-        checks.check_heads_exist(heads, *shape, option="--head-groups")
+    facts = ModelFacts(
+        name, net.config, sites.n_layers(stack), sites.n_heads(stack), config.layers, _lm(net)
+    )
+    for check in registry.model_checks(config.analyses, None):
+        check(config, facts)
     check_capturable_measures(net, config.measure)
     tokenizer, bos_used = apply_bos(tokenizer, config.bos, sites.causal(stack))
     summary = _start_summary(config, net, name, sites, stack, inputs, settings, bos_used)
     analyses = _with_prerequisites(config.analyses, net, config.heads)
-    return config, Session(net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world)
+    passes = dataclasses.replace(config.pass_settings(), stack=stack)
+    return config, Session(
+        net, tokenizer, name, sites, stack, analyses, summary, checkpoint, world, passes
+    )
 
 
 def _with_batch_size(config: RunConfig, checkpoint: Checkpoint | None, net) -> RunConfig:
@@ -180,63 +186,76 @@ def _with_batch_size(config: RunConfig, checkpoint: Checkpoint | None, net) -> R
 
 
 def _check_against_config(config: RunConfig):
-    """The model's reference (`checks.check_model`), `None` for a loaded model; the stack, layers
-    and heads asked for checked against the model's config first, so that layers that do not
-    exist fail before the weights load."""
+    """The model's reference (`checks.check_model`), `None` for a loaded model; the probe's model
+    and corpus checks, the stack and layers asked for, and the analyses' model checks
+    (`registry.model_checks`), against the model's config first, so that what does not fit fails
+    before the weights load."""
+    probe = registry.probe(config.probe) if config.probe else None
+    if probe is not None:
+        _check_corpus(config, probe)
     reference = checks.check_model(config.model) if config.loaded is None else None
     if reference is None:
-        _check_needle(config, config.loaded[0], config.loaded[2])
+        net, name = config.loaded[0], config.loaded[2]
+        facts = ModelFacts(name, net.config, 0, 0, config.layers, _lm(net))
+        for check in getattr(probe, "model_checks", ()):
+            check(config, facts)
         return None
     model_config = checks.read_config(*reference)
-    _check_needle(config, model_config, reference[2], reference)
+    facts = ModelFacts(
+        reference[2],
+        model_config,
+        0,
+        0,
+        config.layers,
+        lambda: _causal_lm_class(reference, model_config),
+    )
+    for check in getattr(probe, "model_checks", ()):
+        check(config, facts)
     checks.check_stack_in_config(config.stack, model_config, reference[2])
-    n_config_layers, n_config_heads = checks.config_layers_heads(model_config, config.stack)
-    if n_config_layers:
-        checks.check_layers_exist(config.layers, n_config_layers, reference[2])
-        shape = (n_config_layers, n_config_heads, config.layers, reference[2])
-        checks.check_heads_exist(config.heads, *shape)
-        for heads in (config.head_groups or {}).values():
-            checks.check_heads_exist(heads, *shape, option="--head-groups")
+    facts.n_layers, facts.n_heads = checks.config_layers_heads(model_config, config.stack)
+    if facts.n_layers:
+        checks.check_layers_exist(config.layers, facts.n_layers, reference[2])
+        for check in registry.model_checks(config.analyses, None):
+            check(config, facts)
     return reference
 
 
-def _check_needle(config: RunConfig, model_or_config, name: str, reference=None) -> None:
-    """--probe needle: the model must be a causal language model whose context holds the longest
-    context length and the answer (`checks.check_needle_model`); a checkpoint is judged by its
-    config (`models.lm_class`), a loaded model by its head (`lm_kind`)."""
-    if config.probe != NEEDLE:
-        return
-    _check_haystack(config)
-    if reference is None:
+def _lm(net) -> Callable[[], bool]:
+    """Whether a loaded model is a causal language model, judged by its head, when asked."""
+
+    def causal_lm() -> bool:
         from headprobe.model.objectives import lm_kind
 
-        net = model_or_config
-        checks.check_needle_model(
-            net.config, config.needle_lengths, name, lm_kind(net) == "causal_lm"
-        )
-        return
+        return lm_kind(net) == "causal_lm"
+
+    return causal_lm
+
+
+def _causal_lm_class(reference, model_config) -> bool:
+    """Whether a checkpoint loads as a causal language model, judged by its config."""
     from transformers import AutoModelForCausalLM
 
-    auto = models.lm_class(reference[0], reference[1], model_or_config)
-    checks.check_needle_model(
-        model_or_config, config.needle_lengths, name, auto is AutoModelForCausalLM
-    )
+    return models.lm_class(reference[0], reference[1], model_config) is AutoModelForCausalLM
 
 
-def _check_haystack(config: RunConfig) -> None:
-    """--probe needle with a sentence corpus as its haystack: the corpus has a sentence (its first
-    is read before the model loads; a malformed one is its `CorpusError`, naming file:line)."""
+def _check_corpus(config: RunConfig, probe) -> None:
+    """The probe's checks of the run's sentence corpus (the needle's haystack), before the model
+    loads: its first sentence is read (a malformed one is its `CorpusError`, naming file:line)."""
     given = [key for key in SENTENCE_SOURCES if getattr(config, key) is not None]
-    if not given:
+    if not given or not probe.corpus_checks:
         return
-    stream = sentence_stream(
+    source = f"{flag(given[0])} {getattr(config, given[0])}"
+    for check in probe.corpus_checks:
+        check(config, _sentences(config), source)
+
+
+def _sentences(config: RunConfig):
+    """The run's sentence corpus, read lazily, or None where none is given."""
+    if not any(getattr(config, key) is not None for key in SENTENCE_SOURCES):
+        return None
+    return sentence_stream(
         config.treebank, config.text, config.hf_dataset, config.skip_bad, config.conventions
     )
-    if next(iter(stream), None) is None:
-        raise checks.UsageError(
-            f"--probe {NEEDLE}: {flag(given[0])} {getattr(config, given[0])} holds no sentence: an "
-            "empty haystack, nothing to build a context of"
-        )
 
 
 def _input_fingerprints(config: RunConfig, reference) -> dict:
@@ -244,7 +263,7 @@ def _input_fingerprints(config: RunConfig, reference) -> dict:
     model (its name only for a loaded model)."""
     inputs = {
         key: store.input_fingerprint(flag(key), getattr(config, key))
-        for key in (*SENTENCE_SOURCES, "coref", "needles")
+        for key in (*SENTENCE_SOURCES, "coref", *fingerprinted())
         if getattr(config, key) is not None
     }
     inputs["model"] = (
@@ -382,7 +401,7 @@ def _make_scorers(
         if isinstance(scorer, TakesHeads):
             scorer.use_heads(None if config is None else config.heads)
         if isinstance(scorer, ReadsOptions) and config is not None:
-            scorer.use_options({name: getattr(config, name) for name in analysis.options})
+            scorer.use_options({name: getattr(config, name) for name in analysis.option_names})
     return scorers
 
 
@@ -452,36 +471,22 @@ def plan_passes(config: RunConfig, session: Session, weighed: bool = False) -> l
 
 
 def probe_stream(config: RunConfig, session: Session) -> Stream:
-    """The probe's examples, read lazily: random tokens, or the needle probes (their haystack the
-    run's sentence corpus where one is given, else the bundled text)."""
+    """The probe's examples, read lazily: random tokens (the inputs' own), or those of a probe an
+    analysis's folder registers (`registry.Probe.stream`; the needle's haystack the run's
+    sentence corpus where one is given)."""
     from headprobe.inputs.probes import make_probe
 
-    if config.probe != NEEDLE:
-        return make_probe(
-            config.probe,
-            session.tokenizer,
-            length=config.probe_length,
-            n=config.probe_n,
-            seed=config.seed,
-            specials=config.probe_specials,
-            vocab_size=getattr(text_config(session.net), "vocab_size", None),
-        )
-    from headprobe.model.decoding import MAX_NEW_TOKENS
-
-    given = any(getattr(config, key) is not None for key in SENTENCE_SOURCES)
-    limit = checks.max_positions(session.net.config)
+    probe = registry.probe(config.probe)
+    if probe is not None:
+        return probe.stream(config, session.tokenizer, session.net, _sentences(config))
     return make_probe(
-        NEEDLE,
+        config.probe,
         session.tokenizer,
-        needles=config.needles,
-        lengths=config.needle_lengths,
-        depths=config.needle_depths,
-        haystack=sentence_stream(
-            config.treebank, config.text, config.hf_dataset, config.skip_bad, config.conventions
-        )
-        if given
-        else None,
-        max_prompt=None if limit is None else limit[0] - MAX_NEW_TOKENS,
+        length=config.probe_length,
+        n=config.probe_n,
+        seed=config.seed,
+        specials=config.probe_specials,
+        vocab_size=getattr(text_config(session.net), "vocab_size", None),
     )
 
 
@@ -659,7 +664,12 @@ def score_pass(config: RunConfig, session: Session, one: Pass) -> None:
         else None
     )
     engine = Engine(
-        net, session.tokenizer, one.scorers, config, batch_size=one.batch_size, desc=one.label
+        net,
+        session.tokenizer,
+        one.scorers,
+        session.settings,
+        batch_size=one.batch_size,
+        desc=one.label,
     )
     examples = one.picker.watch(one.examples) if one.picker is not None else one.examples
     if state is not None and state.get("finished"):

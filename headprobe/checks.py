@@ -96,81 +96,6 @@ def check_layers_exist(layers, n_layers: int, model: str) -> None:
         )
 
 
-def parse_heads(text) -> list[tuple[int, int]] | None:
-    """--heads: '17-3,18-6' (layer-head, 0-based) -> [(17, 3), (18, 6)] in that order without
-    repeats; None, '' or 'all' -> None (every head). A list of (layer, head) pairs is checked."""
-    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "all")):
-        return None
-    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
-    heads: list[tuple[int, int]] = []
-    for part in parts:
-        try:
-            layer, head = (int(x) for x in part.split("-")) if isinstance(part, str) else part
-            ok = not any(isinstance(x, bool) for x in (layer, head)) and layer >= 0 and head >= 0
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise UsageError(
-                f"--heads {text!r}: {part!r} is not a head; give LAYER-HEAD pairs like 17-3,18-6 "
-                "(0-based) or 'all'"
-            )
-        if (int(layer), int(head)) not in heads:
-            heads.append((int(layer), int(head)))
-    if not heads:
-        raise UsageError("--heads: the list of heads is empty (give 'all' for every head)")
-    return heads
-
-
-def parse_head_groups(text) -> dict[str, list[tuple[int, int]]] | None:
-    """--head-groups: 'induction=18-6,17-3;other=1-2,3-4' (or a dict of name -> heads) ->
-    {name: [(layer, head), ...]} in the order given; None or '' -> None. Names are letters,
-    digits and '_' (they name table rows), once each; every group holds at least one head."""
-    if text is None or (isinstance(text, str) and not text.strip()):
-        return None
-    if isinstance(text, str):
-        pairs = []
-        for part in (p.strip() for p in text.split(";") if p.strip()):
-            name, eq, heads = part.partition("=")
-            if not eq:
-                raise UsageError(
-                    f"--head-groups {text!r}: {part!r} is not NAME=HEADS; give groups like "
-                    "induction=18-6,17-3;other=2-1,5-4"
-                )
-            pairs.append((name.strip(), heads.strip()))
-    else:
-        pairs = list(dict(text).items())
-    groups: dict[str, list[tuple[int, int]]] = {}
-    for name, heads in pairs:
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", str(name)) or name == "intact":
-            raise UsageError(
-                f"--head-groups: group name {name!r}: use letters, digits and '_' ('intact' is "
-                "the model with no head ablated, always scored)"
-            )
-        if name in groups:
-            raise UsageError(f"--head-groups: group {name!r} is given twice")
-        parsed = parse_heads(heads) if not isinstance(heads, str) or heads.strip() else None
-        if parsed is None:
-            raise UsageError(f"--head-groups: group {name!r} names no heads")
-        groups[str(name)] = parsed
-    return groups
-
-
-def check_heads_exist(
-    heads, n_layers: int, n_heads: int, layers, model: str, option: str = "--heads"
-) -> None:
-    """Heads asked for must exist in the model and lie in the layers scored (`--layers`)."""
-    for layer, head in heads or ():
-        if layer >= n_layers or head >= n_heads:
-            raise UsageError(
-                f"{option}: {model} has {n_layers} layers x {n_heads} heads (0-based); "
-                f"head {layer}-{head} does not exist"
-            )
-        if layers is not None and layer not in layers:
-            raise UsageError(
-                f"{option}: head {layer}-{head} is in layer {layer}, which --layers leaves out"
-            )
-
-
 # ----------------------------------------------------------------------------------------
 # device
 # ----------------------------------------------------------------------------------------
@@ -345,22 +270,3 @@ def max_positions(config) -> tuple[int, str] | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value, name
     return None
-
-
-def check_needle_model(config, lengths, model: str, causal_lm: bool) -> None:
-    """--probe needle needs a causal language model (`causal_lm`: a decoder with its head) whose
-    context holds the longest context length and the answer's tokens (from its config)."""
-    from headprobe.model.decoding import MAX_NEW_TOKENS
-
-    if not causal_lm or getattr(config, "is_encoder_decoder", False):
-        raise UsageError(
-            f"--probe needle: {model} is not a causal language model; the probe asks a question "
-            "and reads the model's answer, which needs a decoder with its language-model head"
-        )
-    limit = max_positions(config)
-    longest = max(lengths)
-    if limit is not None and longest + MAX_NEW_TOKENS > limit[0]:
-        raise UsageError(
-            f"--needle-lengths {longest}: {model} reads at most {limit[0]} positions ({limit[1]}); "
-            f"a probe needs its context, the question and up to {MAX_NEW_TOKENS} answer tokens"
-        )

@@ -1,4 +1,5 @@
-"""The options of `headprobe run`: one `RunConfig`, each option's default, flag, help and check in one place.
+"""The options of `headprobe run`: one frozen `RunConfig`, assembled from the core options here and
+those every analysis and probe declares in its own folder (`headprobe.scoring.options.Option`).
 
     from headprobe.config import RunConfig
     config = RunConfig(treebank="en_ewt-ud-dev.conllu", layers="0-3", analyses="dependency")
@@ -6,11 +7,12 @@
     checked = config.checked()                    # every option checked (UsageError naming it), normalised
     checked.layers, checked.analyses              # [0, 1, 2, 3], ["dependency"]
 
-Each field is declared with `option(default, help, flag=..., check=..., ...)`: the command line's
-`headprobe run` options are generated from these fields (`headprobe.cli`), `headprobe.run` takes a
+Each core field is declared with `option(default, help, flag=..., check=..., ...)`, each analysis's
+with an `Option` in its folder (`Analysis.options`, `Probe.options`; `_assemble` joins them, the
+plugins' included): the command line's `headprobe run` options are generated from these fields (`headprobe.cli`), `headprobe.run` takes a
 `RunConfig` or the same names as keyword arguments, and `RunConfig.checked` runs the checks in
 stages (`STAGES`: plain values, values that depend on others, input files, the model, the device,
-`--out`), then the checks of combinations, all before any model is loaded. `options_record` is
+`--out`, combinations), all before any model is loaded. `options_record` is
 what results record as `summary["options"]` (the resume fingerprint compares it).
 """
 
@@ -24,13 +26,10 @@ from headprobe import checks
 from headprobe.core.seeds import SEED
 from headprobe.inputs.align import BOS_MODES, FROM_MODES
 from headprobe.inputs.conventions import PRESETS
-from headprobe.inputs.corpora.base import CorpusError
-from headprobe.inputs.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS, NEEDLE, read_needles
 from headprobe.inputs.probes import PROBE_MARKERS, PROBES
 from headprobe.inputs.samples import DEFAULT_COREF, DEFAULT_TREEBANK
 from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
-from headprobe.model.objectives import ABLATIONS, ESTIMATES
 from headprobe.model.sites import STACKS
 from headprobe.results import store
 from headprobe.scoring import registry
@@ -38,77 +37,29 @@ from headprobe.scoring.base import RunsModel
 from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
+from headprobe.scoring.options import ADDED, GIVEN, STAGES, Option
+from headprobe.scoring.pass_settings import PassSettings
 from headprobe.scoring.tally import N_BOOT
 
 SENTENCE_SOURCES = ("treebank", "text", "hf_dataset")
-STAGES = ("option", "derived", "input", "model", "device", "out")
-"""The order of the checks: an option's own value, the values that depend on other options,
-input files, the model's name or path, the device, `--out`."""
 
 
-def option(
-    default=None,
-    help: str = "",
-    *,
-    flag: str | None = None,
-    check=None,
-    stage: str = "option",
-    choices=None,
-    type=None,
-    metavar: str | None = None,
-    action: str | None = None,
-    cli_default=dataclasses.MISSING,
-    group: str | None = None,
-    repr: bool = True,
-    record=False,
-    record_as: str | tuple[str, str] | None = None,
-    record_value=None,
-    record_at: int = 0,
-):
-    """A `RunConfig` field. `flag`: its command-line option (None: Python only); `check(flag, value,
-    values) -> value` raises `checks.UsageError` or returns the value normalised (`values`: the
-    options checked so far, by name); `choices`: the values allowed (checked, and the CLI's choices);
-    `type`, `metavar`, `action` ("store_true"/"store_false"), `cli_default` (where the command line's
-    default differs) and `group` (mutually exclusive options) shape the argparse option.
+def option(default=None, help: str = "", *, repr: bool = True, **spec):
+    """A field of the run's core options: `spec` as an `Option`'s (`headprobe.scoring.options`:
+    flag, check, stage, choices, type, metavar, action, cli_default, group, record, record_as,
+    record_value, record_at, fingerprint). The options an analysis or a probe reads are declared
+    in its own folder and join these in `RunConfig` (`_assemble`)."""
+    return _field(Option("", default, help, repr=repr, **spec))
 
-    `record`: whether results record the option (`RunConfig.options_record`): False, True, GIVEN
-    (when its value is set), or a function of the config; `record_as`: its key there (a pair puts
-    it in a nested dict: ("probe", "n")), `record_value`: what is recorded of the value,
-    `record_at`: where its key goes among the others (the record's key order)."""
-    assert stage in STAGES, stage
-    return field(
-        default=default,
-        repr=repr,
-        metadata=dict(
-            help=help,
-            flag=flag,
-            check=check,
-            stage=stage,
-            choices=choices,
-            type=type,
-            metavar=metavar,
-            action=action,
-            cli_default=cli_default,
-            group=group,
-            record=record,
-            record_as=record_as,
-            record_value=record_value,
-            record_at=record_at,
-        ),
-    )
+
+def _field(declared: Option):
+    return field(default=declared.default, repr=declared.repr, metadata=declared.metadata())
 
 
 # ------------------------------------------------------------------------------ what is recorded
-GIVEN = "given"  # `record`: recorded when the option's value is set (truthy)
-
-
 def _with_probe(config) -> bool:
-    """A probe of random tokens (its length, number and specials are recorded)."""
-    return config.probe is not None and config.probe != NEEDLE
-
-
-def _with_needle(config) -> bool:
-    return config.probe == NEEDLE
+    """A probe of random tokens, the inputs' own (its length, number and specials are recorded)."""
+    return config.probe in PROBES
 
 
 def _blocked_or_mapped(config) -> bool:
@@ -149,48 +100,6 @@ def _figure_formats(flag, value, values) -> tuple[str, ...]:
         return parse_formats(["png", *names])
     except ValueError as err:
         raise checks.UsageError(str(err).replace("--figures", flag, 1)) from None
-
-
-def _needle_only(flag, values, given: bool, what: str = "is an option of") -> None:
-    """An option of the needle probe, `given` a value of its own, needs --probe needle."""
-    if given and values["probe"] != NEEDLE:
-        raise checks.UsageError(f"{flag} {what} --probe {NEEDLE}: add --probe {NEEDLE}")
-
-
-def _needles(flag, value, values):
-    """--needles: a JSONL file of needles, read whole and checked (one line naming file:line)."""
-    if value is None:
-        return None
-    _needle_only(flag, values, True, "gives the needles of")
-    checks.check_input_file(flag, value)
-    try:
-        read_needles(Path(value).expanduser())
-    except (CorpusError, UnicodeDecodeError) as err:
-        raise checks.UsageError(f"{flag}: {err}") from None
-    return value
-
-
-def _needle_lengths(flag, value, values) -> tuple[int, ...]:
-    """'500,1000' (or a list) -> (500, 1000): context lengths in tokens, each at least 1."""
-    parts = str(value).split(",") if isinstance(value, (str, int)) else list(value)
-    lengths = []
-    for part in parts:
-        try:
-            length = int(str(part).strip())
-        except ValueError:
-            raise checks.UsageError(
-                f"{flag} {value!r}: {str(part).strip()!r} is not a whole number of tokens"
-            ) from None
-        lengths.append(checks.check_int(flag, length, 1, " tokens"))
-    lengths = tuple(dict.fromkeys(lengths))
-    _needle_only(flag, values, lengths != DEFAULT_LENGTHS)
-    return lengths
-
-
-def _needle_depths(flag, value, values) -> int:
-    depths = checks.check_int(flag, value, 1, " (depths, evenly spaced from 0 to 1)")
-    _needle_only(flag, values, depths != DEFAULT_DEPTHS)
-    return depths
 
 
 def _hf_dataset(flag, value, values):
@@ -280,57 +189,6 @@ def _max_memory(flag, value, values):
     return models.parse_max_memory(value)
 
 
-def _heads(flag, value, values):
-    heads = checks.parse_heads(value)
-    readers = registry.reading("heads")
-    if heads is not None and not set(readers) & set(values["analyses"]):
-        raise checks.UsageError(
-            f"--heads selects the heads the {' or '.join(readers)} analysis ablates: "
-            f"add --analyses {readers[0]}"
-        )
-    return heads
-
-
-def _kinds(allowed: tuple, default: str):
-    """The check of a comma list of `allowed` names (--ablation, --estimate): known, each once, and
-    only where an analysis that reads the option runs (`Analysis.options`)."""
-
-    def check(option, value, values) -> tuple[str, ...]:
-        names = [value] if isinstance(value, str) else list(value or [default])
-        names = [x.strip() for name in names for x in str(name).split(",") if x.strip()]
-        unknown = [name for name in names if name not in allowed]
-        if unknown or not names:
-            raise checks.UsageError(
-                f"{option}: {', '.join(unknown) or 'nothing'} is not one of {', '.join(allowed)} "
-                "(a comma list)"
-            )
-        zero_only = [  # switched on, gating heads, reading no --ablation: the retrieval check
-            a
-            for a in registry.analyses()
-            if a.added_by and values.get(a.added_by) and issubclass(a.scorer, RunsModel)
-        ]
-        zero_only = [a for a in zero_only if a.name not in registry.reading(option.lstrip("-"))]
-        if option == "--ablation" and names != ["zero"] and zero_only:
-            raise checks.UsageError(
-                f"--ablation: {zero_only[0].name} ({flag(zero_only[0].added_by)}) ablates by "
-                "zero only (the tokens it decodes have no mean or partner at their positions); "
-                "run it apart"
-            )
-        readers = registry.reading(option.lstrip("-"))
-        if names != [default] and not set(readers) & set(values["analyses"]):
-            raise checks.UsageError(
-                f"{option} is read by the {', '.join(readers)} "
-                f"analys{'i' if len(readers) == 1 else 'e'}s: add --analyses {readers[0]}"
-            )
-        return tuple(dict.fromkeys(names))
-
-    return check
-
-
-def _head_groups(flag, value, values):
-    return checks.parse_head_groups(value)
-
-
 def _control(flag, value, values):
     if value is not None and values["device_map"] is not None:
         raise checks.UsageError(
@@ -348,12 +206,6 @@ def _measures(flag, value, values) -> tuple[str, ...]:
         raise checks.UsageError(f"{flag}: {err}") from None
 
 
-def _switch(flag, value, values):
-    if value is not True and value is not False:
-        raise checks.UsageError(f"{flag} is a switch (True or False), not {value!r}")
-    return value
-
-
 def _analyses_help() -> str:
     return "comma list of " + ",".join(registry.names()) + " (default: all that apply)"
 
@@ -361,12 +213,17 @@ def _analyses_help() -> str:
 def _probe_help() -> str:
     return (
         f"a synthetic probe for the token analyses ({', '.join(registry.names(registry.PROBE))}): "
-        "repeated-random = random tokens repeated twice (Olsson et al. 2022); needle = a fact hidden "
-        "in a long text and a question about it, answered greedily (causal language models; "
-        "--needles, --needle-lengths, --needle-depths); without --analyses every "
+        "repeated-random = random tokens repeated twice (Olsson et al. 2022); "
+        + "".join(f"{p.name} = {p.description}; " for p in registry.probes())
+        + "without --analyses every "
         "token analysis that reads attention runs on it, and those defined on that probe alone. Without a probe, token analyses named in --analyses read the "
         "sentence corpus at piece level"
     )
+
+
+def _probe_names() -> tuple[str, ...]:
+    """The inputs' own probes, then those an analysis's folder registers (`registry.Probe`)."""
+    return (*PROBES, *(p.name for p in registry.probes()))
 
 
 def _coref_help() -> str:
@@ -375,16 +232,6 @@ def _coref_help() -> str:
         + " and ".join(registry.names(registry.COREFERENCE))
         + " analysis"
     )
-
-
-def _heads_help() -> str:
-    return (
-        f"the heads the {' or '.join(registry.reading('heads'))} analysis ablates: LAYER-HEAD pairs "
-        "like 17-3,18-6 (0-based; in Python also [(17, 3), (18, 6)]), or all (default: all)"
-    )
-
-
-ADDED = object()  # the help of a switch that adds analyses to a run: what they do (`added_help`)
 
 
 def added_help(option: str) -> str:
@@ -411,8 +258,9 @@ def _stack_help() -> str:
 
 # ------------------------------------------------------------------------------------- options
 @dataclass(frozen=True)
-class RunConfig:
-    """Every option of a run (`headprobe run` / `headprobe.run`); see each field's help (`help_text`)."""
+class CoreOptions:
+    """The options of every run, whatever it analyses; `RunConfig` adds those the registered
+    analyses and probes declare (`_assemble`). See each field's help (`help_text`)."""
 
     model: str | None = option(
         None,
@@ -456,7 +304,7 @@ class RunConfig:
         None,
         _probe_help,
         flag="--probe",
-        choices=PROBES,
+        choices=_probe_names(),
         record=GIVEN,
         record_at=14,
         record_as=("probe", "name"),
@@ -492,43 +340,6 @@ class RunConfig:
         record=_with_probe,
         record_at=17,
         record_as=("probe", "specials"),
-    )
-    needles: str | Path | None = option(
-        None,
-        f"--probe {NEEDLE}: a JSONL file of needles, one object per line with needle, question "
-        "and answer (a span of needle) (default: the built-in needles)",
-        flag="--needles",
-        metavar="FILE",
-        check=_needles,
-        stage="input",
-        record=_with_needle,
-        record_at=25,
-        record_as=("probe", "needles"),
-        record_value=lambda value: "built-in" if value is None else str(value),
-    )
-    needle_lengths: str | tuple = option(
-        ",".join(map(str, DEFAULT_LENGTHS)),
-        f"--probe {NEEDLE}: context lengths in tokens, a comma list (default: "
-        f"{','.join(map(str, DEFAULT_LENGTHS))})",
-        flag="--needle-lengths",
-        metavar="N[,N]",
-        check=_needle_lengths,
-        record=_with_needle,
-        record_at=26,
-        record_as=("probe", "lengths"),
-        record_value=list,
-    )
-    needle_depths: int = option(
-        DEFAULT_DEPTHS,
-        f"--probe {NEEDLE}: depths of the needle in the context, evenly spaced from 0 (its start) "
-        f"to 1 (its end) (default: {DEFAULT_DEPTHS})",
-        flag="--needle-depths",
-        type=int,
-        metavar="N",
-        check=_needle_depths,
-        record=_with_needle,
-        record_at=27,
-        record_as=("probe", "depths"),
     )
     out: str | Path | None = option(
         None,
@@ -592,29 +403,6 @@ class RunConfig:
     stack: str | None = option(
         None, _stack_help, flag="--stack", choices=STACKS, record=GIVEN, record_at=18
     )
-    heads: str | list | None = option(
-        None,
-        _heads_help,
-        flag="--heads",
-        metavar="HEADS",
-        check=_heads,
-        stage="derived",
-        record=GIVEN,
-        record_at=22,
-    )
-    head_groups: str | dict | None = option(
-        None,
-        ADDED,
-        flag="--head-groups",
-        metavar="GROUPS",
-        check=_head_groups,
-        stage="derived",
-        record=GIVEN,
-        record_value=lambda groups: {
-            name: [f"{l}-{h}" for l, h in heads] for name, heads in groups.items()
-        },
-        record_at=25,
-    )
     control: str | None = option(
         None,
         "random-init: also score the attention analyses on the same architecture re-initialised with "
@@ -626,54 +414,6 @@ class RunConfig:
         stage="derived",
         record=GIVEN,
         record_at=23,
-    )
-    prune_curve: bool = option(
-        False,
-        ADDED,
-        flag="--prune-curve",
-        action="store_true",
-        check=_switch,
-    )
-    retrieval_check: int | None = option(
-        None,
-        ADDED,
-        flag="--retrieval-check",
-        type=int,
-        metavar="K",
-        check=_maybe_at_least(1, " heads"),
-        record=GIVEN,
-        record_at=28,
-    )
-    ablation: str | tuple = option(
-        "zero",
-        "the kinds of head ablation, a comma list of zero (the head's slice of the output "
-        "projection's input set to 0), mean (set to its mean over the inputs' pieces: per "
-        "position on a fixed-length probe), resample (taken from another input of the same "
-        "length, paired by a keyed hash); every table names its kind; several give a table each "
-        "and the paired difference per head; groups and the pruning curve use the first (METHODS "
-        "§8) (default: zero)",
-        flag="--ablation",
-        metavar="KIND[,KIND]",
-        check=_kinds(ABLATIONS, "zero"),
-        stage="derived",
-        record=lambda config: tuple(config.ablation) != ("zero",),
-        record_value=",".join,
-        record_at=29,
-    )
-    estimate: str | tuple = option(
-        "michel",
-        "the importance analysis's estimates of a head's effect, a comma list of michel "
-        "(E|dL/dg|, Michel et al. 2019), atp (attribution patching: (b - a) . dL/da, the signed "
-        "first-order estimate of --ablation's effect), atp* (AtP with GradDrop, Kramar et al. "
-        "2024: one backward pass per layer); each is checked against the exact effect of 20 heads "
-        "(METHODS §8) (default: michel)",
-        flag="--estimate",
-        metavar="E[,E]",
-        check=_kinds(ESTIMATES, "michel"),
-        stage="derived",
-        record=lambda config: tuple(config.estimate) != ("michel",),
-        record_value=",".join,
-        record_at=30,
     )
     measure: str | tuple = option(
         ",".join(DEFAULT_MEASURES),
@@ -888,6 +628,22 @@ class RunConfig:
             )
         return dataclasses.replace(self, **values)
 
+    def pass_settings(self) -> PassSettings:
+        """The settings of a scoring pass (`headprobe.scoring.pass_settings`), built once from
+        this checked config: the pass reads them and imports nothing of the configuration."""
+        return PassSettings(
+            layers=self.layers,
+            batch_size=self.batch_size,
+            from_mode=self.from_mode,
+            progress=self.progress,
+            seed=self.seed,
+            n_boot=self.n_boot,
+            keep_unit_counts=self.keep_unit_counts,
+            conventions=self.conventions,
+            query_block=self.query_block,
+            stack=self.stack,
+        )
+
     def options_record(self, device: str) -> dict:
         """The options as results record them (`summary["options"]`, and the checkpoint fingerprint
         that --resume compares), of a checked config, on `device`: each field's `record`,
@@ -913,9 +669,41 @@ class RunConfig:
         return settings
 
 
+def _assemble() -> type:
+    """`RunConfig`: the core options, then every option an analysis or a probe declares in its
+    own folder (`registry.declared_options`, the built-ins' and the plugins'), one frozen
+    dataclass; a declared option that shadows a core one is a bug."""
+    declared = registry.declared_options()
+    core = {f.name for f in fields(CoreOptions)}
+    shadowing = [o.name for o in declared if o.name in core]
+    if shadowing:
+        raise ValueError(f"options declared by an analysis shadow core options: {shadowing}")
+    return dataclasses.make_dataclass(
+        "RunConfig",
+        [(o.name, object, _field(o)) for o in declared],
+        bases=(CoreOptions,),
+        frozen=True,
+        namespace={
+            "__module__": __name__,
+            "__doc__": "Every option of a run (`headprobe run` / `headprobe.run`): the core "
+            "options and those the analyses and probes declare; see each field's help "
+            "(`help_text`).",
+        },
+    )
+
+
+RunConfig = _assemble()
+
+
 def flag(name: str) -> str:
     """How option `name` is called in messages: its command-line flag, else its Python name."""
     return RunConfig.__dataclass_fields__[name].metadata["flag"] or name
+
+
+def fingerprinted() -> list[str]:
+    """The options that name an input file besides the corpora (`Option.fingerprint`): a resumed
+    run finds each unchanged (`summary["inputs"]`)."""
+    return [f.name for f in fields(RunConfig) if f.metadata.get("fingerprint")]
 
 
 def cli_options():

@@ -18,7 +18,6 @@ from test_gates import one_batch, with_lm_head
 from test_stats import VARIANTS, add_arcs
 
 import headprobe
-from headprobe.checks import parse_heads
 from headprobe.config import RunConfig
 from headprobe.core.errors import UsageError
 from headprobe.inputs.corpora.conllu import read_conllu
@@ -31,6 +30,7 @@ from headprobe.results.query import Results
 from headprobe.scoring import registry
 from headprobe.scoring.engine import Engine
 from headprobe.scoring.tally import Tally
+from headprobe.studies.ablation.flags import parse_heads
 from headprobe.studies.ablation.report import role_with_importance
 
 PLAIN = dict(n_boot=20, pictures=False, progress=False)

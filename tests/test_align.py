@@ -22,7 +22,7 @@ from headprobe.inputs.align import (
 )
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.engine import LayerAttention
+from headprobe.scoring.layer_attention import LayerAttention
 
 # "unbelievable" is 3 pieces in every family; "$" and "," are single-character words
 SENTENCE = ["the", "cat", "unbelievable", "$", ",", "don't"]

@@ -862,7 +862,7 @@ def test_word_attention_per_stack(name):
     stack's pieces: the decoder's start token is a CLS/BOS-like column; cross-attention's row
     for a word is the decoder position that reads its pieces."""
     from headprobe.results.examples import word_attention
-    from headprobe.scoring.engine import pool_words
+    from headprobe.scoring.pooling import pool_words
 
     built = build(name)
     words = SENTENCES[0]

@@ -15,7 +15,8 @@ from headprobe.inputs.batching import Batch
 from headprobe.inputs.conventions import PRESETS, get_conventions
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.corpora.conllu import read_conllu
-from headprobe.scoring.engine import Engine, LayerAttention
+from headprobe.scoring.engine import Engine
+from headprobe.scoring.layer_attention import LayerAttention
 from headprobe.studies.dependency.analysis import (
     VARIANTS,
     DependencyScorer,

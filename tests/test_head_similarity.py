@@ -18,7 +18,7 @@ import torch
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.engine import LayerAttention
+from headprobe.scoring.layer_attention import LayerAttention
 from headprobe.scoring.tally import unit_fold
 from headprobe.studies.head_similarity import analysis as hs
 from headprobe.studies.head_similarity.analysis import (

@@ -109,12 +109,12 @@ LAYERS = [
     "core",  # errors, seeds and hashes, atomic writes
     "inputs",  # corpora -> examples -> batches
     "model",  # sites, capture, gates, objectives
+    "checks",  # checks of options, paths and the model's config, before a model loads
     "scoring",  # the streaming pass and the contracts every analysis implements
     "stats",  # the statistics engine and the role engine
     "results",  # tables and the results directory
     "report",  # rendering
-    "studies",  # one folder per analysis
-    "checks",  # checks of options, paths and the model's config, before a model loads
+    "studies",  # one folder per analysis: its options, checks and probes too
     "config",  # RunConfig: every option
     "api",  # a run
     "training",  # a run per checkpoint of a model's training, and its tables and report

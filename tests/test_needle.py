@@ -1,4 +1,4 @@
-"""The needle probe (`headprobe.inputs.needle`, METHODS §16) and its options.
+"""The needle probe (`headprobe.studies.retrieval.needles`, METHODS §16) and its options.
 
 A word-level tokenizer built with `tokenizers` (every word and every punctuation mark one token,
 character offsets exact) makes every count below one by hand: each haystack sentence is five
@@ -7,6 +7,7 @@ tokens ("The dog ran home ."), the needle five ("The key is blue ."), the answer
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -19,7 +20,7 @@ from headprobe.checks import UsageError
 from headprobe.cli import main
 from headprobe.config import RunConfig
 from headprobe.inputs.corpora.base import CorpusError, Example
-from headprobe.inputs.needle import (
+from headprobe.studies.retrieval.needles import (
     HAYSTACK,
     INSTRUCTION,
     NEEDLES,
@@ -34,7 +35,6 @@ from headprobe.inputs.needle import (
     word_recall,
     words_of,
 )
-from headprobe.inputs.probes import make_probe
 
 HAY = ["The dog ran home .", "A cat sat down .", "We ate two pears .", "It rained all day ."]
 NEEDLE = Needle("The key is blue .", "What colour is the key ?", "blue", "test needle")
@@ -202,9 +202,21 @@ def test_built_in_needles_and_bundled_haystack():
     assert len(haystack.split()) > 9000  # room for 8,192-token contexts without starting over
 
 
-def test_make_probe_builds_the_needle_stream():
-    tok = word_tokenizer()
-    stream = make_probe("needle", tok, needles=[NEEDLE], lengths=[25], depths=2, haystack=HAY)
+def test_the_registered_needle_probe_builds_the_needle_stream():
+    """`--probe needle` is a probe the retrieval folder registers (`registry.Probe`), its options
+    assembled into RunConfig; the inputs' own probes do not name it."""
+    from types import SimpleNamespace
+
+    from headprobe.config import RunConfig
+    from headprobe.inputs.probes import PROBES
+    from headprobe.scoring import registry
+
+    assert "needle" not in PROBES
+    probe = registry.probe("needle")
+    assert probe.option_names == ("needles", "needle_lengths", "needle_depths")
+    config = RunConfig(probe="needle", needle_lengths="25", needle_depths=2).checked()
+    net = SimpleNamespace(config=SimpleNamespace())
+    stream = probe.stream(dataclasses.replace(config, needles=[NEEDLE]), word_tokenizer(), net, HAY)
     assert [ex.meta["needle_span"] for ex in stream] == [(0, 5), (20, 25)]
 
 

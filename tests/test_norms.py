@@ -31,7 +31,9 @@ from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.samples import SAMPLE  # the tiny sample: the default corpus is EWT dev
 from headprobe.model.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
-from headprobe.scoring.engine import Engine, measured_attention, with_layer_axis
+from headprobe.scoring.engine import Engine
+from headprobe.scoring.layer_attention import measured_attention
+from headprobe.scoring.layer_stack import with_layer_axis
 from headprobe.studies.coreference.analysis import CoreferenceScorer
 from headprobe.studies.dependency.analysis import DependencyScorer
 from headprobe.studies.positional.analysis import PositionalScorer

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
@@ -409,3 +410,89 @@ def test_the_self_assignment_check_finds_one():
         "SScorer.update line 3: self._rows",
         "SScorer.update line 4: self.cache[layer]",
     ]
+
+
+def _declaring_folders() -> dict[str, tuple[Path, object]]:
+    """Each option an analysis or a probe declares, by name: (the folder it lives in, the Option)."""
+    from headprobe.scoring import registry
+
+    found = {}
+    for what in [*registry.analyses(), *registry.probes()]:
+        for option in what.options:
+            if not isinstance(option, str):
+                module = option.check.__module__ if option.check else what.__module__
+                found[option.name] = (module_path(module).parent, option)
+    return found
+
+
+def test_an_option_belongs_to_its_analysis():
+    """An option an analysis (or a probe) reads alone is declared in its folder, with its check
+    and help: no other module of `headprobe/` spells its flag, and `config.py` declares none of
+    them (it assembles them from the registry)."""
+    from headprobe.config import CoreOptions
+
+    declared = _declaring_folders()
+    core = {f.name for f in dataclasses.fields(CoreOptions)}
+    assert declared and not core & set(declared)
+    spelled = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for folder, option in declared.values():
+            if option.flag and folder not in path.parents and f'"{option.flag}' in text:
+                spelled.append(f"{path.relative_to(PACKAGE.parent)} spells {option.flag}")
+    assert not spelled, "\n".join(spelled)
+
+
+def test_the_retrieval_study_owns_the_needle_probe():
+    """The built-in retrieval study, needle probe included, lives in its folder: no file outside
+    it names the needle options."""
+    folder = PACKAGE / "studies" / "retrieval"
+    names = (
+        "needle_lengths",
+        "needle_depths",
+        '"needles"',
+        ".needles",
+        "--needle",
+        '"retrieval_check"',
+        ".retrieval_check",
+    )
+    outside = [
+        f"{path.relative_to(PACKAGE.parent)}: {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if folder not in path.parents
+        for name in names
+        if name in path.read_text(encoding="utf-8")
+    ]
+    assert not outside, "\n".join(outside)
+
+
+def test_no_lower_layer_imports_the_configuration():
+    """Nothing below `config.py` imports it, not even for type checking (`if TYPE_CHECKING:`)."""
+    import ast
+
+    lower = (
+        "core",
+        "inputs",
+        "model",
+        "checks",
+        "scoring",
+        "stats",
+        "results",
+        "report",
+        "studies",
+    )
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[0] not in lower:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "headprobe.config"
+            ):
+                found.append(str(path.relative_to(PACKAGE.parent)))
+            elif isinstance(node, ast.Import) and any(
+                a.name.startswith("headprobe.config") for a in node.names
+            ):
+                found.append(str(path.relative_to(PACKAGE.parent)))
+    assert not found, f"below config.py, importing it: {sorted(set(found))}"

@@ -16,7 +16,7 @@ from conftest import WHOLE_WORDS
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.engine import LayerAttention
+from headprobe.scoring.layer_attention import LayerAttention
 from headprobe.stats.trees import _cycle, max_arborescence, max_spanning_tree, undirected_hits
 from headprobe.studies.dependency.analysis import DependencyScorer
 from headprobe.studies.parsing.analysis import (

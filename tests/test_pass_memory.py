@@ -113,5 +113,5 @@ def test_batch_size_from_device_memory():
     assert batch_size_for(2 * 300 * per_example, layers, heads, hidden, inter) == 256
     assert batch_size_for(2 * 255 * per_example, layers, heads, hidden, inter) == 128
     assert batch_size_for(10 * per_example, layers, heads, hidden, inter) == CPU_BATCH
-    assert batch_size_for(80 * 2**30, layers, heads, hidden, inter) == MOST
+    assert batch_size_for(2 * 1024 * per_example, layers, heads, hidden, inter) == MOST
     assert auto_batch_size(torch.nn.Linear(2, 2), "cpu") == CPU_BATCH

@@ -2,7 +2,7 @@
 
 `--query-block N` makes one layer's capture O(N x keys) per head instead of O(keys^2).
 The blocks are cut at piece rows; the engine hands scorers the word rows that are
-complete (`engine.WordRows`), and dependency's head<-dep keeps a running column maximum.
+complete (`scoring.pooling.WordRows`), and dependency's head<-dep keeps a running column maximum.
 Counts must equal the unblocked run's, for an encoder (BERT) and for a causal model
 with grouped-query attention (Llama, 4 query heads over 2 KV heads).
 """

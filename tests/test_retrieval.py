@@ -34,7 +34,6 @@ from transformers import (
 import headprobe
 from headprobe.cli import main
 from headprobe.inputs.corpora.conllu import stream_conllu
-from headprobe.inputs.needle import INSTRUCTION, needle_stream
 from headprobe.report.explorer.data import explorer_data
 from headprobe.studies.retrieval.analysis import (
     Prompts,
@@ -42,6 +41,7 @@ from headprobe.studies.retrieval.analysis import (
     passes,
     step_copies,
 )
+from headprobe.studies.retrieval.needles import INSTRUCTION, needle_stream
 
 HAY = ["The dog ran home .", "A cat sat down .", "We ate two pears .", "It rained all day ."]
 NEEDLES = [
@@ -307,7 +307,7 @@ def test_a_batch_of_unequal_prompts_scores_as_each_alone():
 
 
 def _needles():
-    from headprobe.inputs.needle import Needle
+    from headprobe.studies.retrieval.needles import Needle
 
     return [
         Needle(n["needle"], n["question"], n["answer"], f"needle {k}")

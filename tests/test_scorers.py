@@ -19,7 +19,7 @@ from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.scoring.base import masked_word_attention
-from headprobe.scoring.engine import LayerAttention
+from headprobe.scoring.layer_attention import LayerAttention
 from headprobe.studies.dependency.analysis import DependencyScorer
 from headprobe.studies.positional.analysis import PositionalScorer
 from headprobe.studies.surface.analysis import SurfaceScorer

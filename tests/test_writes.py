@@ -150,7 +150,9 @@ def test_one_position_by_hand():
     scorer.use_model(model, make_llama3())
     scorer.lm.scored = None
     ids = torch.tensor([[Y, 3, Y, 3]])
-    batch = type("B", (), {"input_ids": ids, "attention_mask": torch.ones_like(ids)})()
+    batch = type(
+        "B", (), {"input_ids": ids, "attention_mask": torch.ones_like(ids), "padded": False}
+    )()
     sums, positions = scorer.compute(model, batch)
     s = lambda x: math.sqrt((1 + K * K + 2 * K * (x == Y)) / D + EPS)
     want = sum(K / s(x) * ((t == Y) - 1 / V) for x, t in [(Y, 3), (3, Y), (Y, 3)])
@@ -266,7 +268,9 @@ def test_dla_of_a_layernorm_model_adds_up_to_the_logit():
     scorer.bind(2, 4)
     scorer.use_model(model, make_llama3())
     scorer.lm.scored = None
-    batch = type("B", (), {"input_ids": ids, "attention_mask": torch.ones_like(ids)})()
+    batch = type(
+        "B", (), {"input_ids": ids, "attention_mask": torch.ones_like(ids), "padded": False}
+    )()
     sums, _ = scorer.compute(model, batch)  # [layer, 2, head]
     kept = {}
     hook = model.transformer.ln_f.register_forward_pre_hook(lambda m, a: kept.update(r=a[0]))

@@ -4,7 +4,7 @@ Words are tokenized as pre-split words (`is_split_into_words=True`); byte-level
 BPE tokenizers get `add_prefix_space=True`. Pieces map to words through
 `word_ids()`. Special pieces are kinded: CLS/BOS-like, SEP/EOS-like, other.
 
-Pooling to words, used by every scorer (see `engine.LayerAttention`):
+Pooling to words, used by every scorer (see `scoring.layer_attention.LayerAttention`):
 - attention **to** a word = sum over its pieces;
 - attention **from** a word = mean over its pieces (or `first`, `max`).
 """

@@ -32,10 +32,11 @@ import numpy as np
 
 from headprobe.core.seeds import keyed_hash
 from headprobe.inputs.corpora.base import Corpus, Example, Stream
-from headprobe.inputs.needle import NEEDLE, needle_stream
 
 REPEATED_RANDOM = "repeated-random"
-PROBES = (REPEATED_RANDOM, NEEDLE)  # needle: headprobe.inputs.needle (METHODS §16)
+PROBES = (
+    REPEATED_RANDOM,
+)  # the inputs' own; an analysis's folder registers others (`registry.Probe`)
 PROBE_MARKERS = ("auto", "bos", "none")
 LOSS_WORDS = "loss_words"  # Example.meta: (first, stop) words whose loss counts (objectives)
 
@@ -125,9 +126,7 @@ def repeated_random_stream(
 
 def make_probe(name: str, tokenizer, **options) -> Stream:
     """The probe `name` (one of `PROBES`) as a lazy `Stream` of `Example`s; `options` are those
-    of `repeated_random_stream` or `headprobe.inputs.needle.needle_stream`."""
+    of `repeated_random_stream`."""
     if name not in PROBES:
         raise ValueError(f"unknown probe {name!r}; choose from {', '.join(PROBES)}")
-    if name == NEEDLE:
-        return needle_stream(tokenizer, **options)
     return repeated_random_stream(tokenizer, **options)

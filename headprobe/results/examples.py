@@ -28,7 +28,7 @@ from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import ALL, Example
 from headprobe.model.capture import AttentionCapture
 from headprobe.model.sites import attention_sites
-from headprobe.scoring.engine import LayerAttention
+from headprobe.scoring.layer_attention import LayerAttention
 from headprobe.scoring.registry import ARCS, MENTIONS, picture_items, pictured
 
 SENTENCE_WORDS = (8, 25)  # moderate length: a picture a reader can take in

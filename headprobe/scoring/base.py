@@ -15,7 +15,7 @@ retried after running out of memory, a query block, or a second measure cannot s
 With `keep_units` the per-unit rows are also kept (`unit_counts()`), for small corpora,
 debugging and the exact multinomial bootstrap.
 
-`attention` (`scoring.engine.LayerAttention`) carries two leading axes: the layers it holds
+`attention` (`scoring.layer_attention.LayerAttention`) carries two leading axes: the layers it holds
 (`attention.layers`: every layer of the batch where memory allows, else a group of them, or one
 layer in query blocks) and the measures, in the order of `scorer.measures`: `attention.words`
 [layer, measure, batch, head, word, word + 2], `attention.pieces` [layer, measure, batch, head,

@@ -1,10 +1,11 @@
-"""The streaming engine: examples -> batches -> capture -> scorers.
+"""The streaming engine (the pass): examples -> batches -> capture -> scorers.
 
 For each batch, each asked-for layer's attention block is pooled to words once
-(`LayerAttention`), handed to every scorer on the device where it was produced,
-and dropped. Scorers keep only counts. A batch that runs out of memory is
-retried in halves; nothing is dropped or counted twice (scorers commit a
-batch's counts only in `end_batch`).
+(`scoring.layer_attention.LayerAttention`, pooled by `scoring.pooling`), handed to every
+scorer on the device where it was produced, and dropped; layers are captured and scored in
+groups (`scoring.layer_stack.LayerStack`). Scorers keep only counts. A batch that runs out
+of memory is retried in halves; nothing is dropped or counted twice (scorers commit a batch's
+counts only in `end_batch`).
 
 Models over several devices (accelerate `device_map`): a layer's attention is pooled to
 words on the device where the layer runs (the batch's word maps are copied there once per
@@ -15,9 +16,9 @@ Scorers that run the model themselves (head ablation and importance,
 `scoring.model_scorer`: they have `model_pass`) get each batch first, outside inference
 mode; the attention pass follows (skipped when no scorer needs attention).
 
-Query blocks (`Engine(query_block=N)`): capture hands a layer N query pieces at a time
-(`capture.QueryBlock`); `WordRows` pools them into the word rows that are complete (all
-of a word's pieces seen, in every example of the batch) and each block goes to the
+Query blocks (`PassSettings.query_block = N`, `--query-block`): capture hands a layer N query
+pieces at a time (`capture.QueryBlock`); `pooling.WordRows` pools them into the word rows that
+are complete (all of a word's pieces seen, in every example of the batch) and each block goes to the
 scorers as a `LayerAttention` with `query_pieces`, `query_words`, `first`, `last` (the
 block API, `scoring.base.CountScorer.blocks`). Only when every scorer supports blocks;
 otherwise the run is unblocked and `stats_["notes"]` says why. Unblocked (the default) is
@@ -31,7 +32,7 @@ one call, and each scorer gets the `LayerAttention` of its (measures, reading), 
 scorers that read the same; it counts every measure in one call per layer.
 
 A scorer's per-batch state is a value (`scoring.base.BatchState`): `prepare(batch)` (or, for a
-scorer that runs the model, `model_pass`) returns it, `update(layer, attention, state)` adds to
+scorer that runs the model, `model_pass`) returns it, `update(attention, state)` adds to
 it, `end_batch(state)` commits it to the tallies.
 """
 
@@ -44,20 +45,16 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from headprobe.core.atomic import test_pause
-from headprobe.inputs.align import WORD
 from headprobe.inputs.batching import Batch, Pool, prefetched, prepare
 from headprobe.inputs.conventions import get_conventions
 from headprobe.model.capture import (
     AttentionCapture,
-    Heads,
     QueryBlock,
     check_capturable,
     model_device,
@@ -67,10 +64,13 @@ from headprobe.model.sites import attention_sites
 from headprobe.scoring.base import ReadsConventions, RunsModel
 from headprobe.scoring.batch_size import auto_batch_size
 from headprobe.scoring.distributed import World, owns
-from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces, needs_of
+from headprobe.scoring.layer_attention import measured_attention, view_of, without_rows
+from headprobe.scoring.layer_stack import LayerStack, with_layer_axis
+from headprobe.scoring.measures import WEIGHTS, needs_of
+from headprobe.scoring.pooling import WordRows
 
 if TYPE_CHECKING:
-    from headprobe.config import RunConfig
+    from headprobe.scoring.pass_settings import PassSettings
 
 TRIM_EVERY = 64  # batches between heap trims on CPU
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -106,284 +106,10 @@ def chunked(items, size: int):
         yield chunk
 
 
-class WordMaps:
-    """A batch's piece -> word maps on one device: the batch's own, or a copy (made once per
-    batch) where a layer of a model spread over devices runs."""
-
-    def __init__(self, batch: Batch, device: torch.device):
-        same = device == batch.device
-        move = (lambda t: t) if same else (lambda t: t.to(device))
-        self.device = device
-        self.to_words = move(batch.to_words)  # [batch, piece, word + 2]
-        self.from_words = move(batch.from_words)  # [batch, word, piece]
-        self.piece_kind = move(batch.piece_kind)  # [batch, piece]
-        self.piece_word = move(batch.piece_word)  # [batch, piece]
-
-    @staticmethod
-    def of(batch: Batch, device: torch.device) -> WordMaps:
-        cache = batch.__dict__.setdefault("_headprobe_maps", {})
-        maps = cache.get(device)
-        if maps is None:
-            maps = cache[device] = WordMaps(batch, device)
-        return maps
-
-
-def pool_words(pieces: torch.Tensor, maps, from_mode: str, max_words: int) -> torch.Tensor:
-    """[..., batch, head, word, word + 2] word-level attention of piece-level `pieces`
-    [..., batch, head, piece, piece] (every row; leading axes, e.g. one per measure, pooled
-    in the same calls)."""
-    to = torch.matmul(pieces, maps.to_words[:, None])  # [..., batch, head, piece, word + 2]
-    if from_mode != "max":
-        return torch.matmul(maps.from_words[:, None], to)  # [..., batch, head, word, word + 2]
-    *lead, t, k = to.shape
-    w = max_words
-    row = torch.where(maps.piece_kind == WORD, maps.piece_word, torch.full_like(maps.piece_word, w))
-    index = row[:, None, :, None].expand(*lead, t, k)  # [..., batch, head, piece, word + 2]
-    out = to.new_full((*lead, w + 1, k), float("-inf"))
-    out.scatter_reduce_(-2, index, to, reduce="amax", include_self=True)
-    return out[..., :w, :].clamp_min(0)  # [..., batch, head, word, word + 2]
-
-
-class LayerAttention:
-    """A batch's attention at some of its layers (every layer where memory allows: a scorer then
-    counts a batch in one call), every measure a scorer reads stacked on a second leading axis, at
-    piece level and pooled to words (computed once, shared by the scorers that read the same view).
-
-    `layers` names the first axis (consecutive layers of those scored), `measures` the second (the
-    scorer's `measures`, in order): `pieces` is [layer, measure, batch, head, query piece, piece],
-    `words` [layer, measure, batch, head, word, word + 2]. `LayerAttention(layer, pieces)` with one
-    layer (an int) takes `pieces` [measure, batch, head, query, key] and adds the layer axis.
-
-    Block API (for scorers that declare `blocks = True`): `pieces` holds the query piece rows
-    `query_pieces = (start, stop)` (all keys) of one layer, `words` the word rows `query_words =
-    (start, stop)` (all key columns); `first` / `last` mark a layer's first and last block. Without
-    query blocks there is one block of every row: `(0, pieces)`, `(0, words)`, both True.
-
-    On a model spread over devices `pieces` arrives on the layer's device: `words` is pooled
-    there and moved to the batch's device; `pieces` is moved only if a scorer reads it.
-    """
-
-    def __init__(
-        self,
-        layers: int | tuple[int, ...],
-        pieces: torch.Tensor,
-        batch: Batch,
-        *,
-        words: torch.Tensor | None = None,
-        query_pieces: tuple[int, int] | None = None,
-        query_words: tuple[int, int] | None = None,
-        first: bool = True,
-        last: bool = True,
-        measures: tuple[str, ...] = (WEIGHTS,),
-    ):
-        if isinstance(layers, int):
-            layers, pieces = (layers,), pieces[None]
-            words = None if words is None else words[None]
-        self.layers = tuple(layers)
-        self.measures = measures  # what the second axis holds (METHODS §7)
-        self.local = pieces  # [layer, measure, batch, head, query piece, piece], layer's device
-        self.batch = batch
-        self.query_pieces = query_pieces or (0, pieces.shape[-2])
-        self.query_words = query_words or (0, batch.max_words)
-        self.first, self.last = first, last
-        if words is not None:
-            self.__dict__["words"] = words  # pooled already (query blocks, stacked views)
-        if pieces.device == batch.device:
-            self.__dict__["pieces"] = pieces
-
-    @cached_property
-    def pieces(self) -> torch.Tensor:
-        """[layer, measure, batch, head, piece, piece] on the batch's device."""
-        return self.local.to(self.batch.device)
-
-    @cached_property
-    def words(self) -> torch.Tensor:
-        """[layer, measure, batch, head, word, word + 2]: to = sum over pieces; from =
-        mean/first/max; + CLS-, SEP-like."""
-        batch = self.batch
-        if self.local.device == batch.device:
-            return pool_words(self.local, batch, batch.from_mode, batch.max_words)
-        words = pool_words(
-            self.local, WordMaps.of(batch, self.local.device), batch.from_mode, batch.max_words
-        )
-        return words.to(batch.device)
-
-
-class WordRows:
-    """Word-level rows of one layer of one batch from its query blocks (piece rows, in order).
-
-    A word's row is complete once all its pieces' rows have been seen; rows are handed on
-    as soon as they are complete in every example of the batch, so only the rows of words
-    cut by a block boundary (or ahead in another example) wait here. To = sum over the
-    key pieces (every key is in each block); from = mean/first (weights, added up over the
-    blocks) or max (a running maximum)."""
-
-    def __init__(self, batch: Batch, device: torch.device):
-        self.maps = WordMaps.of(batch, device)
-        self.from_mode = batch.from_mode
-        self.w = batch.max_words
-        spans = batch.__dict__.get("_headprobe_spans")
-        if spans is None:  # each word's first and last piece
-            kind = batch.piece_kind.cpu().numpy()
-            word = batch.piece_word.cpu().numpy()
-            b, t = kind.shape
-            first = np.full(
-                (b, self.w), t, dtype=np.int64
-            )  # words an example lacks: never touched,
-            last = np.full((b, self.w), -1, dtype=np.int64)  # always complete
-            rows, pieces = np.nonzero(kind == WORD)
-            np.minimum.at(first, (rows, word[rows, pieces]), pieces)
-            np.maximum.at(last, (rows, word[rows, pieces]), pieces)
-            spans = batch.__dict__["_headprobe_spans"] = (first, last)
-        self.first_piece, self.last_piece = spans
-        self.done = 0  # rows handed on: words [0, done)
-        self.acc = None  # [..., batch, head, rows, word + 2]: words [done, ...)
-
-    def add(
-        self, probs: torch.Tensor, start: int, stop: int
-    ) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Pool query piece rows `start:stop` of `probs` [..., batch, head, rows, key] (leading
-        axes, e.g. the measures, pooled together); (complete word rows [..., batch, head, n,
-        word + 2], (w0, w1))."""
-        *lead, b, h = probs.shape[:-2]
-        k = self.w + 2
-        maps = self.maps
-        to = torch.matmul(probs, maps.to_words[:, None])  # [..., batch, head, rows, word + 2]
-        touched = ((self.first_piece < stop) & (self.last_piece >= start)).any(axis=0)  # [word]
-        if touched.any():
-            cols = np.flatnonzero(touched)
-            lo, hi = int(cols[0]), int(cols[-1]) + 1
-            assert lo >= self.done, "query blocks must come in row order"
-            fill = float("-inf") if self.from_mode == "max" else 0.0
-            have = 0 if self.acc is None else self.acc.shape[-2]
-            if self.done + have < hi:  # rows for newly touched words
-                more = to.new_full((*lead, b, h, hi - self.done - have, k), fill)
-                self.acc = more if self.acc is None else torch.cat([self.acc, more], dim=-2)
-            if self.from_mode != "max":
-                part = torch.matmul(
-                    maps.from_words[:, None, lo:hi, start:stop], to
-                )  # [..., batch, head, hi - lo, k]
-                self.acc[..., lo - self.done : hi - self.done, :] += part
-            else:
-                n = self.acc.shape[-2]
-                kind, word = maps.piece_kind[:, start:stop], maps.piece_word[:, start:stop]
-                row = torch.where(kind == WORD, word - self.done, torch.full_like(word, n))
-                index = row[:, None, :, None].expand(*lead, b, h, stop - start, k)
-                target = torch.cat(
-                    [self.acc, self.acc.new_full((*lead, b, h, 1, k), float("-inf"))], dim=-2
-                )
-                target.scatter_reduce_(-2, index, to, reduce="amax", include_self=True)
-                self.acc = target[..., :n, :]
-        incomplete = self.last_piece >= stop  # [batch, word]
-        ready = np.where(incomplete.any(axis=1), incomplete.argmax(axis=1), self.w)  # [batch]
-        upto = int(ready.min()) if len(ready) else self.w
-        w0 = self.done
-        if upto <= w0:
-            return to.new_zeros((*lead, b, h, 0, k)), (w0, w0)
-        out, self.acc = self.acc[..., : upto - w0, :], self.acc[..., upto - w0 :, :]
-        self.done = upto
-        if self.from_mode == "max":
-            out = out.clamp_min(0)
-        return out, (w0, upto)
-
-
 def is_causal(model, stack: str | None = None) -> bool:
     """Is the attention of `stack` (default: the model's) causal? Decided per site from its own
     mask (`headprobe.model.sites`)."""
     return attention_sites(model).causal(stack)
-
-
-def view_of(scorer) -> tuple[tuple[str, ...], str]:
-    """(measures, reading) of the attention a scorer gets; under `weights` alone every reading is
-    the same matrix, so such scorers share one `LayerAttention`."""
-    measures = tuple(scorer.measures)
-    return (measures, ARGMAX) if measures == (WEIGHTS,) else (measures, scorer.reads)
-
-
-def without_rows(heads, block: QueryBlock | None, offset: int):
-    """The capture's payload (probs, or a `capture.Heads`) without the first `offset` query rows
-    (cross-attention: the decoder start token's row), and the block renumbered; (None, None)
-    when a block holds none of the other rows. Key quantities (value_norms) stay whole."""
-    probs = (
-        heads if isinstance(heads, torch.Tensor) else heads["probs"]
-    )  # [batch, head, query, key]
-    if block is None:
-        cut = probs[:, :, offset:]
-    else:
-        cut = probs[:, :, max(offset - block.start, 0) :]
-        block = QueryBlock(max(block.start - offset, 0), block.stop - offset, block.total - offset)
-        if block.stop <= block.start:
-            return None, None
-    return (cut if isinstance(heads, torch.Tensor) else Heads(heads, probs=cut)), block
-
-
-def stacked_views(pieces: MeasuredPieces, views) -> tuple[torch.Tensor, dict]:
-    """([layer, matrix, batch, head, query, key] every distinct matrix the views read, stacked
-    once; {view: [index of each of its measures]}): under weights,norms the ARGMAX view reads
-    (weights, N) and the MASS view (weights, N / row sum), three matrices for four slots.
-    `pieces` holds layers on a leading axis."""
-    matrices, slots = {}, {}
-    for measures, reads in views:
-        slots[measures, reads] = [
-            matrices.setdefault(measure if measure == WEIGHTS else (measure, reads), len(matrices))
-            for measure in measures
-        ]
-    order = sorted(matrices, key=matrices.get)
-    every = [pieces.get(WEIGHTS, ARGMAX) if m == WEIGHTS else pieces.get(*m) for m in order]
-    # one matrix (weights alone): a view, not a copy
-    if len(every) == 1:
-        return every[0].unsqueeze(1), slots  # [layer, 1, b, h, q, k]
-    return torch.stack(every, dim=1), slots  # [layer, matrix, b, h, q, k]
-
-
-def measured_attention(
-    scorers,
-    layers: tuple[int, ...],
-    heads,
-    batch: Batch,
-    block: QueryBlock | None = None,
-    pooling: dict | None = None,
-):
-    """(scorer, LayerAttention) for each scorer, in order: one `LayerAttention` per (measures,
-    reading) that some scorer reads (`view_of`), built from what the capture handed on for
-    `layers` (`heads`: the probabilities, or a `capture.Heads`, each with a leading layer axis),
-    shared by the scorers that read it. Every distinct matrix of every layer is pooled to words
-    once, in one call over the leading axes. With a query `block` (one layer), `pooling`
-    ({layer: WordRows}, kept across the layer's blocks) pools its rows."""
-    views = list(dict.fromkeys(map(view_of, scorers)))
-    stacked, slots = stacked_views(MeasuredPieces(heads), views)
-    if block is None:
-        local = stacked.device == batch.device
-        words = pool_words(stacked, batch, batch.from_mode, batch.max_words) if local else None
-        query_words = None
-    else:
-        layer = layers[0]
-        if block.first:
-            pooling[layer] = WordRows(batch, stacked.device)
-        words, query_words = pooling[layer].add(stacked, block.start, block.stop)
-        if block.last:
-            del pooling[layer]
-        words = words.to(batch.device)
-    atts = {}
-    n_matrices = stacked.shape[1]
-    for view in views:
-        index = slots[view]
-        whole = index == list(range(n_matrices))
-        pieces = stacked if whole else stacked[:, index]  # [layer, measure, b, h, query, key]
-        view_words = words if words is None or whole else words[:, index]
-        atts[view] = LayerAttention(
-            layers,
-            pieces,
-            batch,
-            words=view_words,
-            query_words=query_words,
-            query_pieces=None if block is None else (block.start, block.stop),
-            first=True if block is None else block.first,
-            last=True if block is None else block.last,
-            measures=view[0],
-        )
-    for scorer in scorers:
-        yield scorer, atts[view_of(scorer)]
 
 
 def max_length(model, tokenizer) -> int:
@@ -464,17 +190,17 @@ def total_words(examples) -> int | None:
 class Engine:
     """Run `scorers` over `examples` with `model`.
 
-        engine = Engine(model, tokenizer, scorers, RunConfig(progress=False, n_boot=10))
+        engine = Engine(model, tokenizer, scorers, PassSettings(progress=False, n_boot=10))
         stats = engine.run(examples)             # the scorers' tallies hold the counts
 
     After `run`: `stats_` holds examples/words scored, skipped counts and seconds;
     `batch_size_` is the batch size in use at the end (smaller after an OOM backoff).
 
-    The options are a `RunConfig`'s (`headprobe.config`), read whole: `layers`, `batch_size`,
-    `from_mode`, `progress`, `seed`, `n_boot`, `keep_unit_counts`, `conventions`, `query_block`,
-    `stack`. `headprobe.run` hands over its checked config; a caller of its own gives one
-    (`RunConfig(...)`, unchecked plain values are fine): the engine sits below the options and
-    imports no default of them. `batch_size` overrides the config's
+    The settings are the pass's own value (`headprobe.scoring.pass_settings.PassSettings`), read
+    whole: `layers`, `batch_size`, `from_mode`, `progress`, `seed`, `n_boot`, `keep_unit_counts`,
+    `conventions`, `query_block`, `stack`. `headprobe.run` hands over the one its checked
+    configuration builds (`RunConfig.pass_settings`); a caller of its own builds one: the engine
+    sits below the options and imports nothing of them. `batch_size` overrides the settings'
     for one pass (coreference windows: a quarter); `desc` names the progress bar. The batches go
     where the model takes its inputs (`capture.model_device`).
 
@@ -494,7 +220,7 @@ class Engine:
         model,
         tokenizer,
         scorers,
-        config: RunConfig,
+        config: PassSettings,
         *,
         batch_size: int | None = None,
         desc: str = "scoring",
@@ -830,95 +556,3 @@ class Engine:
         weights and norms under both readings: 3)."""
         views = dict.fromkeys(map(view_of, readers))
         return len({m if m == WEIGHTS else (m, r) for ms, r in views for m in ms})
-
-
-def with_layer_axis(heads):
-    """The capture's payload of one layer with a leading layer axis of 1 (probs, or a `Heads`)."""
-    if isinstance(heads, torch.Tensor):
-        return heads[None]
-    return Heads({name: value[None] for name, value in heads.items()})
-
-
-class LayerStack:
-    """One batch's captured layers, gathered into groups of consecutive layers (`size` each) that
-    are scored together: a group's probabilities are written by the capture straight into one
-    buffer [layer, batch, head, query, key] (`into`: no copy to stack them), other quantities
-    (value norms) stacked when the group is complete.
-
-        stack = LayerStack([0, 1, 2, 3], size=2)
-        stack.add(0, probs0)      # None: the group (0, 1) is not complete
-        stack.add(1, probs1)      # ((0, 1), probs [2, batch, head, query, key])
-    """
-
-    def __init__(self, layers: list[int], size: int):
-        self.groups = [tuple(layers[i : i + size]) for i in range(0, len(layers), size)]
-        self.group_of = {layer: group for group in self.groups for layer in group}
-        self.buffers: dict[tuple[int, ...], torch.Tensor] = {}  # [layer, b, h, q, k] per group
-        self.slots: dict[tuple[int, ...], tuple] = {}  # each layer's view of its group's buffer
-        self.written: set[int] = set()  # layers the capture wrote into their slot
-        self.extra: dict[tuple[int, ...], dict[int, dict]] = {}  # group -> layer -> other names
-
-    def _allocate(self, group, shape, device) -> torch.Tensor:
-        buffer = self.buffers[group] = torch.empty(
-            (len(group), *shape), dtype=torch.float32, device=device
-        )
-        self.slots[group] = buffer.unbind(0)  # one call for every layer's view
-        return buffer
-
-    def into(self, layer: int, shape, device) -> torch.Tensor | None:
-        """The slot of `layer` in its group's buffer, allocated on `device` at the group's first
-        layer; None where the group's buffer is elsewhere (a model over several devices: `add`
-        copies the layer in)."""
-        group = self.group_of.get(layer)
-        if group is None:
-            return None
-        buffer = self.buffers.get(group)
-        if buffer is None:
-            buffer = self._allocate(group, shape, device)
-        if tuple(buffer.shape[1:]) != tuple(shape) or buffer.device != torch.device(device):
-            return None
-        self.written.add(layer)
-        return self.slots[group][group.index(layer)]
-
-    def add(self, layer: int, heads):
-        """Take one layer's payload; (layers, payload with a leading layer axis) when its group
-        is complete, else None."""
-        group = self.group_of[layer]
-        probs = heads if isinstance(heads, torch.Tensor) else heads.get("probs")
-        if probs is not None and layer not in self.written:  # not written in place: copy it in
-            buffer = self.buffers.get(group)
-            if buffer is None or buffer.shape[1:] != probs.shape:
-                buffer = self._allocate(group, probs.shape, probs.device)
-            # (across devices where the group's buffer is elsewhere)
-            self.slots[group][group.index(layer)].copy_(probs)
-        others = self.extra.setdefault(group, {})
-        others[layer] = {} if isinstance(heads, torch.Tensor) else heads
-        if len(others) < len(group):
-            return None
-        del self.extra[group]
-        self.written.difference_update(group)
-        self.slots.pop(group, None)
-        buffer = self.buffers.pop(group, None)
-        if isinstance(heads, torch.Tensor):
-            return group, buffer
-        names = [name for name in heads if name != "probs"]
-        payload = Heads({name: torch.stack([others[x][name] for x in group]) for name in names})
-        if buffer is not None:
-            payload["probs"] = buffer
-        return group, payload
-
-    def leftovers(self):
-        """(layers, payload) of each layer of a group that never completed (a layer the model did
-        not run in this pass), one layer at a time."""
-        for group, others in self.extra.items():
-            buffer = self.buffers.get(group)
-            for layer, heads in sorted(others.items()):
-                probs = None if buffer is None else buffer[group.index(layer)]
-                if not heads:  # the capture handed on the probabilities alone
-                    yield (layer,), probs[None]
-                else:
-                    payload = with_layer_axis(Heads(heads))
-                    if probs is not None:
-                        payload["probs"] = probs[None]
-                    yield (layer,), payload
-        self.extra, self.buffers, self.slots, self.written = {}, {}, {}, set()

@@ -19,15 +19,17 @@ heads get (`pictures`), which run options only it reads (`options`), which run s
 `ordered(names)`, computed here once.
 
 `api`, `stats`, `results`, the CLI and the report read this registry and hold no
-list of analyses, and import no analysis: they reach them through it, at run time. The built-in
-analyses are found by discovery: every folder of `headprobe/studies/` is imported on first use
-and registers its analyses; their order is each one's declared `order`. Other packages add
-theirs through the `headprobe.analyses` entry-point group (a plugin that fails to import is one
-line of `plugin_errors()`, which the CLI prints), or by importing a module that calls `register`
-before `headprobe.run`. A name is registered once: a second `register` of it raises unless it
-says `replace=True`. See docs/ARCHITECTURE.md, "Adding an analysis".
+list of analyses, and import no analysis: they reach them through it, at run time. Analyses
+load on first use through the `headprobe.analyses` entry-point group, the built-ins as well as
+other packages' (docs/EXTENDING.md): pyproject.toml declares one entry point per folder of
+`headprobe/studies/`, and every folder of this source tree loads even where the installed
+metadata lacks it (`_load`). Each registers its analyses; their order is each one's declared
+`order`. A plugin that fails to import is one line of `plugin_errors()`, which the CLI prints.
+A module that calls `register` and is imported before `headprobe.run` adds its analyses too.
+A name is registered once: a second `register` of it raises unless it says `replace=True`.
+See docs/ARCHITECTURE.md, "Adding an analysis".
 
-Reports read the registry too (sections, tables, roles), so discovery imports every analysis in
+Reports read the registry too (sections, tables, roles), so loading imports every analysis in
 `headprobe report`: an analysis's module imports torch, transformers and the model layer only
 inside the functions that compute on tensors (tests/test_light_imports.py).
 """
@@ -35,6 +37,7 @@ inside the functions that compute on tensors (tests/test_light_imports.py).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import WEIGHTS
 
-STUDIES = "headprobe.studies"  # the built-in analyses: one folder each, found by discovery
+STUDIES = "headprobe.studies"  # the built-in analyses: one folder each, an entry point each
 PLUGINS = "headprobe.analyses"  # the entry-point group of other packages' analyses
 PLUGIN_ORDER = 1000.0  # where an analysis that declares no order goes: after the built-ins
 # which corpus an analysis reads; "probe": token sequences, a probe's (`headprobe.inputs.probes`,
@@ -118,12 +121,20 @@ class Analysis:
     # profile(wide) -> the per-head features it gives head profiles (runs side by side,
     # `results.comparison.head_profiles`); None: every label's mean
     profile: str | Callable | None = None
-    options: tuple = ()  # RunConfig fields only it reads: given without it, a usage error
+    # the run options it reads: an `Option` it declares (`headprobe.scoring.options`), or the
+    # name of one declared elsewhere; given without any of their readers, a check may refuse it
+    options: tuple = ()
+    # checks of the model, before its weights load: check(config, ModelFacts) raises UsageError
+    model_checks: tuple = ()
     added_by: str | None = (
         None  # a RunConfig switch, or an analysis, that adds it to the analyses run
     )
     homes: tuple = ()  # other modules of its own (beside its scorer's and report's)
     order: float = PLUGIN_ORDER  # its place among the analyses (reports, tables, the CLI)
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(getattr(option, "name", option) for option in self.options)
 
     @property
     def directions(self) -> tuple[str, ...]:
@@ -180,7 +191,29 @@ def _resolve(ref: str | Callable | None):
     return getattr(importlib.import_module(module), name)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A synthetic input an analysis may read (`--probe NAME`), declared in its analysis's folder:
+    its `options` (`Option`s, as an analysis's), `model_checks` (check(config, ModelFacts), before
+    the weights load), `corpus_checks` (check(config, sentences): the run's sentence corpus, or
+    None, before the model loads) and `stream(config, tokenizer, net, sentences) -> Stream` (its
+    examples, read lazily; `sentences` the run's sentence corpus, or None). "repeated-random" is
+    the inputs' own (`headprobe.inputs.probes`)."""
+
+    name: str
+    stream: Callable
+    description: str = ""
+    options: tuple = ()
+    model_checks: tuple = ()
+    corpus_checks: tuple = ()
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(getattr(option, "name", option) for option in self.options)
+
+
 _REGISTRY: dict[str, Analysis] = {}
+_PROBES: dict[str, Probe] = {}
 _loaded = False
 _plugin_errors: list[str] = []
 
@@ -216,20 +249,77 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+def register_probe(probe: Probe, *, replace: bool = False) -> Probe:
+    """Add a probe (`--probe NAME`); returns it. A name already registered is refused unless
+    `replace=True`."""
+    old = _PROBES.get(probe.name)
+    if old is not None and old is not probe and not replace:
+        raise ValueError(f"probe {probe.name!r} is registered already")
+    _PROBES[probe.name] = probe
+    return probe
+
+
+def probes() -> list[Probe]:
+    """The registered probes, in registration order."""
+    _load()
+    return list(_PROBES.values())
+
+
+def probe(name: str) -> Probe | None:
+    """The registered probe `name`, or None (the inputs' own repeated-random probe)."""
+    _load()
+    return _PROBES.get(name)
+
+
+def declared_options() -> list:
+    """Every `Option` an analysis or a probe declares, in the analyses' order then the probes';
+    an option declared twice is a bug (`ValueError` naming both)."""
+    found, owner = {}, {}
+    for what in [*analyses(), *probes()]:
+        for option in what.options:
+            if isinstance(option, str):
+                continue
+            if option.name in found and found[option.name] is not option:
+                raise ValueError(
+                    f"option {option.name!r} is declared by {owner[option.name]} and {what.name}"
+                )
+            found[option.name], owner[option.name] = option, what.name
+    return list(found.values())
+
+
+def model_checks(names, probe_name: str | None) -> list:
+    """The model checks of the probe `probe_name`, then of the analyses `names`, in order."""
+    found = list(getattr(probe(probe_name), "model_checks", ())) if probe_name else []
+    for name in ordered(names):
+        found += [check for check in get(name).model_checks if check not in found]
+    return found
+
+
 def _load() -> None:
-    """Import the built-in analyses (every package under `STUDIES`) and the plugins (the
-    `PLUGINS` entry points) once. A built-in that fails to import is a bug and raises; a plugin
-    that fails is kept as one line (`plugin_errors`), and the others load."""
+    """Import the analyses once: the built-ins, then the plugins. Both are entry points of the
+    `PLUGINS` group; an entry point whose module is under `STUDIES` is a built-in (this
+    package's pyproject.toml declares one per folder). The built-ins are also every folder of
+    `STUDIES` in this source tree, so a tree run with no installed metadata, or with metadata
+    from before a folder was added, loads them all; a declared built-in that this tree lacks
+    (metadata newer than the tree) is skipped. Built-ins are imported in module-name order and
+    one that fails to import is a bug and raises; a plugin that fails is kept as one line
+    (`plugin_errors`), and the others load."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    studies = importlib.import_module(STUDIES)
-    for found in pkgutil.iter_modules(studies.__path__, STUDIES + "."):
-        importlib.import_module(found.name)
     from importlib.metadata import entry_points
 
-    for entry in entry_points(group=PLUGINS):
+    group = list(entry_points(group=PLUGINS))
+    builtin = [entry for entry in group if _is_builtin(entry.module)]
+    studies = importlib.import_module(STUDIES)
+    here = {found.name for found in pkgutil.iter_modules(studies.__path__, STUDIES + ".")}
+    for name in sorted(here | {entry.module for entry in builtin}):
+        if name in here or importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+    for entry in group:
+        if entry in builtin:
+            continue
         try:
             entry.load()
         except Exception as exc:  # noqa: BLE001 (any error of a plugin's import is reported)
@@ -238,6 +328,11 @@ def _load() -> None:
                 f"analysis plugin {entry.name!r} (entry point {entry.value!r} of group "
                 f"{PLUGINS!r}) failed to import: {what}"
             )
+
+
+def _is_builtin(module: str) -> bool:
+    """Whether an entry point's module is one of this package's studies (a folder of `STUDIES`)."""
+    return module.startswith(STUDIES + ".")
 
 
 def plugin_errors() -> list[str]:
@@ -313,7 +408,7 @@ def profile_of(name: str):
 
 def reading(option: str) -> list[str]:
     """Names of the analyses that read run option `option` (a RunConfig field; `Analysis.options`)."""
-    return [a.name for a in analyses() if option in a.options]
+    return [a.name for a in analyses() if option in a.option_names]
 
 
 def get(name: str) -> Analysis:

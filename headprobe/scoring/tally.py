@@ -210,6 +210,7 @@ class Tally:
         device="cpu",
         model: str = TRAINED,
         measure: str = WEIGHTS,
+        senders=(),
     ):
         self.analysis = analysis
         self.model = model  # "trained", or "control" (`headprobe.model.control`)
@@ -218,6 +219,9 @@ class Tally:
         self.variants = tuple(variants)
         self.layers = [int(x) for x in layers]
         self.n_heads = int(n_heads)
+        # a pair tally's sender layers (`headprobe.scoring.pairs`): its head axis holds
+        # (receiver head, sender layer, sender head) flat; () for a tally keyed by one head
+        self.senders = [int(x) for x in senders]
         self.value = value
         self.n_boot = int(resamples) if bootstrap else 0
         self.seed = int(seed)
@@ -235,6 +239,11 @@ class Tally:
         """Resample slots per fold: the data itself, then `n_boot` Poisson resamples."""
         return 1 + self.n_boot
 
+    @property
+    def head_cells(self) -> int:
+        """The head axis's length: the heads, or (receiver head, sender layer, sender head)."""
+        return self.n_heads * (len(self.senders) * self.n_heads if self.senders else 1)
+
     def label(self, name: str) -> LabelCounts:
         """The totals of label `name` as tensors on the tally's device, to add to (zeros for a
         new label)."""
@@ -243,7 +252,7 @@ class Tally:
             counts = self.labels[name] = LabelCounts.zeros(
                 self.resamples,
                 len(self.layers),
-                self.n_heads,
+                self.head_cells,
                 len(self.directions),
                 len(self.variants),
                 self.value == "mass",
@@ -363,6 +372,7 @@ class Tally:
             "variants",
             "layers",
             "n_heads",
+            "senders",
             "value",
             "n_boot",
             "seed",
@@ -392,6 +402,7 @@ class Tally:
             device=self.device,
             model=self.model,
             measure=self.measure,
+            senders=self.senders,
         )
         return empty.merge(self)
 
@@ -434,7 +445,9 @@ class Tally:
         return self._meta(self.sorted_labels())
 
     def _meta(self, labels) -> dict:
+        pairs = {"senders": self.senders} if self.senders else {}
         return {
+            **pairs,
             "analysis": self.analysis,
             "model": self.model,
             "measure": self.measure,
@@ -479,6 +492,7 @@ class Tally:
                 extras=meta["extras"],
                 model=meta.get("model", TRAINED),
                 measure=meta.get("measure", WEIGHTS),
+                senders=meta.get("senders", ()),
             )
             for i, name in enumerate(meta["labels"]):  # NumPy arrays: no torch to read them
                 tally.labels[name] = LabelCounts(

@@ -12,7 +12,7 @@
 - `sample.conllu`: its silver spaCy parse (written by `data/make_samples.py`);
 - `sample_coref.conllu`: two short original CorefUD documents.
 - `haystack.txt`: two chapters of Thoreau's Walden (public domain), one sentence per line, the
-  needle probe's default haystack (`headprobe.inputs.needle`; source in LICENSES.md).
+  needle probe's default haystack (`the retrieval study`; source in LICENSES.md).
 
 `BUNDLED` says where each file comes from and under which licence; LICENSES.md (written by
 `data/make_bundled.py` from it) says the same, per GUM document too. A run that reads a bundled
@@ -75,7 +75,7 @@ BUNDLED = {
         "Henry David Thoreau, Walden; or, Life in the Woods (1854): the chapters 'Where I Lived, and "
         "What I Lived For' and 'Solitude', one sentence per line (344 sentences, 9,528 words; "
         "paragraph lines joined, indented verse quotations left out, '--' written ' -- ', nothing "
-        "else changed): the needle probe's default haystack (headprobe.inputs.needle)",
+        "else changed): the needle probe's default haystack (the retrieval study)",
         "Project Gutenberg eBook #205 ('Walden, and On the Duty of Civil Disobedience'), from a "
         "plain-text copy with Project Gutenberg's header and footer removed",
         "public domain (published 1854; the author died in 1862)",

@@ -51,6 +51,7 @@ from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import ANY, Analysis, register
 from headprobe.stats.engine import estimate, paired_gap
 from headprobe.stats.heads import head_table, tally_scores
+from headprobe.studies.ablation import flags
 
 ROWS_PER_PASS = 64  # ablation: heads side by side in one forward pass, up to this many rows
 MODEL_LEVEL = -1  # the layer of a whole-model cell (the pruning curve), never a head
@@ -626,7 +627,8 @@ ABLATION = register(
         cross=True,
         selection=False,
         default=False,
-        options=("heads", "ablation"),
+        options=(flags.HEADS, flags.ABLATION),
+        model_checks=(flags.heads_exist,),
         homes=HOMES,
         description="per head: objective(head zeroed) - objective(intact) per piece (METHODS §8): the LM loss where "
         "the model has a language-model head, else the last hidden state's 1 - cos",
@@ -649,7 +651,7 @@ IMPORTANCE = register(
         cross=True,
         selection=False,
         default=False,
-        options=("ablation", "estimate"),
+        options=("ablation", flags.ESTIMATE),
         homes=HOMES,
         description="per head: |dL/dg| at g = 1 per piece, a gate per example and head, one backward pass "
         "(Michel et al. 2019; METHODS §8); needs a language-model head",
@@ -671,7 +673,8 @@ GROUP_ABLATION = register(
         selection=False,
         default=False,
         added_by="head_groups",
-        options=("head_groups", "ablation"),
+        options=(flags.HEAD_GROUPS, "ablation"),
+        model_checks=(flags.heads_exist,),
         homes=HOMES,
         description="the objective with each named group of heads gated to 0 together, against the intact "
         "model and against each other, with paired 95% intervals (METHODS §8; e.g. Olsson et al.'s "
@@ -692,7 +695,7 @@ PRUNE_CURVE = register(
         selection=False,
         default=False,
         added_by="prune_curve",
-        options=("ablation",),
+        options=(flags.PRUNE_CURVE, "ablation"),
         homes=HOMES,
         description="the objective as 0%, 10%, ... 100% of the heads are gated to 0, cumulatively, least important "
         "first (Michel et al. 2019): ordered by importance, else by single-head ablation effect",

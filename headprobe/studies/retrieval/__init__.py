@@ -1,4 +1,6 @@
 """The `retrieval` analysis and its causal check, whole: see `analysis` (the copy scores, the
-success map, the role), `check` (`--retrieval-check K`) and `report` (their report sections)."""
+success map, the role), `causal` (`--retrieval-check K`), `needles` (the needle probe),
+`needle_probe` (its options, checks and stream, as a run reads them) and `report` (their report
+sections)."""
 
-from headprobe.studies.retrieval import analysis, causal  # noqa: F401  (register the analyses)
+from headprobe.studies.retrieval import analysis, causal, needle_probe  # noqa: F401  (register them)

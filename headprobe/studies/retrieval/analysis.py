@@ -15,7 +15,7 @@ answer's span of the prompt and the prompt's token there is w (Wu et al.'s relea
 answer's span). Its score on a probe is the number of steps it copies over the span's length
 in tokens. Query heads are scored one by one (under grouped-query attention each query head has
 its own row). A probe counts where the response recalls more than half of the answer's words
-(`headprobe.inputs.needle.recalled`).
+(`headprobe.studies.retrieval.needles.recalled`).
 
 Rows per probe (its unit is the probe: folds and bootstrap weights, METHODS §5):
 - (unit, `grid:<length>:<depth>`): n = 1 and extra `recalled` 0/1, for every probe: the success
@@ -38,7 +38,6 @@ import numpy as np
 import pandas as pd
 
 from headprobe.core.errors import UsageError
-from headprobe.inputs.needle import NEEDLE, recalled
 from headprobe.model.objectives import lm_kind
 from headprobe.scoring.base import first_argmax
 from headprobe.scoring.model_scorer import ModelScorer
@@ -46,6 +45,7 @@ from headprobe.scoring.registry import PROBE, Analysis, RoleRule, register
 from headprobe.stats.engine import min_trials, wilson
 from headprobe.stats.heads import head_table
 from headprobe.stats.roles import MATCH_COLUMNS
+from headprobe.studies.retrieval.needles import NEEDLE, recalled
 
 if TYPE_CHECKING:  # torch and the model modules are imported where a probe is decoded, so a
     import torch  # report that reads this analysis's tables imports neither

@@ -14,7 +14,7 @@ k heads drawn at random among the others (`DRAWS` seeded draws: a generator keye
 seed and the draw), and none. Under each condition, on every probe (recalled or not):
 
 - success: the greedy response (`headprobe.model.decoding.decode`, the gates on) recalls more
-  than half of the answer's words (`headprobe.inputs.needle.recalled`);
+  than half of the answer's words (`headprobe.studies.retrieval.needles.recalled`);
 - the answer's log-probability: the answer's own tokens (those of its span in the needle)
   teacher-forced after the prompt, no decoding: the sum of log p over them, read from the same
   prefill as the decoding (`decode(forced=...)`: the prompt's cache, copied, then the answer).
@@ -36,20 +36,23 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from headprobe import checks
 from headprobe.core.errors import UsageError
 from headprobe.core.seeds import keyed_hash
-from headprobe.inputs.needle import NEEDLE, recalled
 from headprobe.scoring.model_scorer import ModelScorer
+from headprobe.scoring.options import ADDED, GIVEN, Option
 from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.engine import estimate, paired_gap
 from headprobe.stats.heads import tally_scores
 from headprobe.studies.ablation.analysis import MODEL_LEVEL, model_level_totals
+from headprobe.studies.ablation.flags import ABLATION
 from headprobe.studies.retrieval.analysis import (
     NAME,
     SCORE,
     Prompts,
     decoding_setup,
 )
+from headprobe.studies.retrieval.needles import NEEDLE, recalled
 
 if TYPE_CHECKING:  # imported where the probes are decoded (a report imports no torch)
     import torch
@@ -333,6 +336,34 @@ def console_text(results, analysis: str) -> str:
     return "\n".join(lines)
 
 
+def _k(flag, value, values):
+    """K, at least 1; checked with the others normalised: it ablates by zero only (the tokens it
+    decodes have no mean or partner at their positions)."""
+    if value is None:
+        return None
+    value = checks.check_int(flag, value, 1, " heads")
+    if tuple(values[ABLATION.name]) != ("zero",):
+        raise UsageError(
+            f"{ABLATION.flag}: {CHECK} ({flag}) ablates by zero only (the tokens it decodes have no "
+            "mean or partner at their positions); run it apart"
+        )
+    return value
+
+
+K = Option(
+    CHECK,
+    None,
+    ADDED,
+    flag="--retrieval-check",
+    type=int,
+    metavar="K",
+    check=_k,
+    stage="combined",
+    record=GIVEN,
+    record_at=28,
+)
+
+
 ANALYSIS = register(
     Analysis(
         name=CHECK,
@@ -343,7 +374,7 @@ ANALYSIS = register(
         selection=False,
         default=False,
         added_by=CHECK,
-        options=(CHECK,),
+        options=(K,),
         description="the needle probe's success rate and the answer's teacher-forced log-probability with the "
         "top k retrieval heads ablated together, with k other heads drawn at random ablated (5 seeded draws), "
         "and with none, with paired 95% intervals (Wu et al. 2024; METHODS §16)",

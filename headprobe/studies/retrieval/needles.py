@@ -1,6 +1,6 @@
 """The needle probe: a fact hidden in a long text, and a question about it (METHODS §16).
 
-    from headprobe.inputs.needle import needle_stream, read_needles, recalled
+    from headprobe.studies.retrieval.needles import needle_stream, read_needles, recalled
     probes = needle_stream(tokenizer, lengths=(500, 1000), depths=5)   # built-in needles
     for example in probes:                   # one Example per (needle, length, depth)
         ids = example.meta["input_ids"]      # the prompt, as token ids
@@ -49,7 +49,7 @@ from headprobe.inputs.align import align_tokens
 from headprobe.inputs.corpora.base import CorpusError, Example, Stream
 from headprobe.inputs.samples import sample_path
 
-NEEDLE = "needle"  # the probe's name (`headprobe.inputs.probes.PROBES`)
+NEEDLE = "needle"  # the probe's name (`--probe needle`, registered in `needle_probe`)
 FIELDS = ("needle", "question", "answer")
 INSTRUCTION = "Based on the text above, answer briefly."
 HAYSTACK = sample_path("haystack.txt")
