@@ -73,8 +73,7 @@ if TYPE_CHECKING:
     from headprobe.scoring.pass_settings import PassSettings
 
 TRIM_EVERY = 64  # batches between heap trims on CPU
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 2**20  # bytes: blocks this large are mapped, not taken from the heap (CPU)
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (HEADPROBE_MMAP_THRESHOLD, `heap_trimmer`)
 # examples read and tokenized together (one batched tokenizer call); they then wait in the pool
 CHUNK = 1024
 # chunks read and tokenized ahead by the worker (`batching.prefetched`), besides the one it works
@@ -130,18 +129,17 @@ def max_length(model, tokenizer) -> int:
 
 
 def heap_trimmer():
-    """A function that hands freed heap memory back to the OS (Linux / glibc), or None; the heap
-    set up so that the pass does not fragment it.
+    """A function that hands freed heap memory back to the OS (Linux / glibc), or None.
 
     A batch allocates and frees tensors of many sizes (the model's activations, the attention
     of a group of layers), each batch's shapes its own. glibc serves a block below its mmap
     threshold from the heap, and raises that threshold (up to 32 MiB) each time a larger mapped
     block is freed, so after the first batches the megabyte-sized blocks come from the heap too;
-    the heap's free space then fragments between longer-lived allocations and the heap grows with
-    the corpus (benchmarks/README.md, "What grew": 230 MB of free heap after EWT dev x4).
-    `MMAP_THRESHOLD` is fixed here (which also stops the raising): blocks of a mebibyte or more
-    are mapped and unmapped whole. The occasional trim returns the free pages of what stays.
-    Set HEADPROBE_KEEP_MALLOC=1 to leave the allocator alone.
+    its free space then fragments between longer-lived allocations and the heap grows with the
+    corpus (benchmarks/README.md, "What grew with the corpus"). The occasional trim returns the
+    free pages. HEADPROBE_MMAP_THRESHOLD=1048576 fixes the threshold (blocks of a mebibyte or
+    more mapped and unmapped whole): less growth, about a quarter slower on the CPU, so it is not
+    the default. HEADPROBE_KEEP_MALLOC=1 leaves the allocator alone.
     """
     if os.environ.get("HEADPROBE_KEEP_MALLOC") or not sys.platform.startswith("linux"):
         return None
@@ -150,7 +148,9 @@ def heap_trimmer():
         trim, mallopt = libc.malloc_trim, libc.mallopt
     except (OSError, AttributeError):
         return None
-    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    threshold = os.environ.get("HEADPROBE_MMAP_THRESHOLD")
+    if threshold and threshold.isdigit():  # bytes
+        mallopt(M_MMAP_THRESHOLD, int(threshold))
     return lambda: trim(0)
 
 
