@@ -100,15 +100,12 @@ class Targets:
 
 def scored_sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) [batch, piece] of the sequence the model's output covers: the decoder's
-    where the model has one, else the input's."""
-    import torch
+    where the model has one, else the input's (the mask as `gates.query_mask` reads it: ones
+    where the inputs have none, an unpadded batch)."""
+    from headprobe.model.gates import query_mask
 
-    if "decoder_input_ids" in inputs:
-        ids = inputs["decoder_input_ids"]
-        mask = inputs.get("decoder_attention_mask")
-        return ids, torch.ones_like(ids) if mask is None else mask
-    ids, mask = inputs["input_ids"], inputs.get("attention_mask")  # no mask: an unpadded batch
-    return ids, torch.ones_like(ids) if mask is None else mask
+    ids = inputs["decoder_input_ids"] if "decoder_input_ids" in inputs else inputs["input_ids"]
+    return ids, query_mask(inputs, "decoder")
 
 
 def feeding(model, batch, stack: str | None) -> dict:
