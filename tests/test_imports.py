@@ -116,7 +116,9 @@ LAYERS = [
     "report",  # rendering
     "studies",  # one folder per analysis: its options, checks and probes too
     "config",  # RunConfig: every option
-    "api",  # a run
+    "session",  # a run past its checks: the model loaded, the stack resolved, the summary begun
+    "passes",  # a run's engine passes: which analyses read which corpus, scored
+    "api",  # a run: check, open the session, plan and score the passes, save
     "training",  # a run per checkpoint of a model's training, and its tables and report
     "cli",  # the command
     "__main__",
