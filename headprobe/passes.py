@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from headprobe import checks
-from headprobe.config import SENTENCE_SOURCES, RunConfig
+from headprobe.config import RunConfig
+from headprobe.core_options import SENTENCE_SOURCES
 from headprobe.inputs.corpora.base import Stream
 from headprobe.model import loading as models
 from headprobe.model.capture import text_config

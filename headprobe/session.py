@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from headprobe import checks
-from headprobe.config import SENTENCE_SOURCES, RunConfig, fingerprinted, flag
+from headprobe.config import RunConfig, fingerprinted, flag
 from headprobe.core import atomic
+from headprobe.core_options import SENTENCE_SOURCES
 from headprobe.inputs.align import apply_bos
 from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.corpora.base import Stream

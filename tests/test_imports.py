@@ -115,6 +115,7 @@ LAYERS = [
     "results",  # tables and the results directory
     "report",  # rendering
     "studies",  # one folder per analysis: its options, checks and probes too
+    "core_options",  # the core options' checks, help texts and record rules
     "config",  # RunConfig: every option
     "session",  # a run past its checks: the model loaded, the stack resolved, the summary begun
     "passes",  # a run's engine passes: which analyses read which corpus, scored
