@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     from headprobe.inputs.corpora.base import ALL
     from headprobe.report import figures as F
     from headprobe.report.selection import gap_items
-    from headprobe.stats.engine import ALPHA
+    from headprobe.stats.head_selection import ALPHA
     from headprobe.studies.dependency.analysis import NOT_PER_RELATION
 
     table = results.best_heads_wide("dependency")

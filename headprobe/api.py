@@ -36,7 +36,7 @@ from headprobe.scoring.registry import (
     SENTENCES,
 )
 from headprobe.session import Session, open_session
-from headprobe.stats.engine import SHOWN_COLUMNS
+from headprobe.stats.head_selection import SHOWN_COLUMNS
 
 __all__ = ["RunConfig", "run", "headline", "attention_for_sentence", "SAMPLE", "SAMPLE_COREF"]
 

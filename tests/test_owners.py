@@ -1,7 +1,7 @@
 """One owner per fact (issue 20): checks over the source of `headprobe/` itself.
 
 - no function longer than 60 lines;
-- percentile intervals computed only in `headprobe/stats/engine.py`;
+- percentile intervals computed only in `headprobe/stats/estimates.py`;
 - an analysis's name spelled (as a string) only in its own module: the generic code reads
   names from the registry. A role's name (`RoleRule.role`, METHODS §6) is a fact of its own, spelled
   where that rule is made; the registry's input kinds (`registry.INPUTS`) are spelled in the registry.
@@ -79,11 +79,11 @@ def test_percentiles_only_in_stats():
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{i}"
         for path, text in sources().items()
-        if path != PACKAGE / "stats" / "engine.py"
+        if path != PACKAGE / "stats" / "estimates.py"
         for i, line in enumerate(text.splitlines(), 1)
         if pattern.search(line)
     ]
-    assert not found, "percentiles computed outside headprobe/stats/engine.py: " + ", ".join(found)
+    assert not found, "percentiles computed outside headprobe/stats/estimates.py: " + ", ".join(found)
 
 
 def string_constants(text: str) -> set[str]:

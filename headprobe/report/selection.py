@@ -17,7 +17,7 @@ from headprobe.report import figures as F
 from headprobe.report.document import Figure, Section
 from headprobe.report.tables import LEGEND, best_heads_table, to_matrix
 from headprobe.scoring import registry
-from headprobe.stats.engine import min_trials
+from headprobe.stats.head_selection import min_trials
 
 MAX_PANELS = 12  # the most heatmap panels a section draws
 

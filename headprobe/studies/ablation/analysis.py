@@ -49,7 +49,7 @@ from headprobe.core.errors import UsageError
 from headprobe.model.objectives import DESCRIPTIONS
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import ANY, Analysis, register
-from headprobe.stats.engine import estimate, paired_gap
+from headprobe.stats.estimates import estimate, paired_gap
 from headprobe.stats.heads import head_table, tally_scores
 from headprobe.studies.ablation import flags
 

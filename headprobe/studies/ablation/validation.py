@@ -22,7 +22,7 @@ import pandas as pd
 
 from headprobe.core.seeds import keyed_hash
 from headprobe.scoring.registry import ANY, Analysis, register
-from headprobe.stats.engine import percentiles, ratio
+from headprobe.stats.estimates import percentiles, ratio
 from headprobe.stats.heads import tally_scores
 from headprobe.studies.ablation.analysis import (
     HOMES,

@@ -41,7 +41,7 @@ from headprobe.scoring.base import (
 )
 from headprobe.scoring.registry import ARCS, SENTENCES, Analysis, RoleRule, register
 from headprobe.stats import roles
-from headprobe.stats.engine import ALPHA
+from headprobe.stats.head_selection import ALPHA
 
 if TYPE_CHECKING:
     import torch

@@ -23,7 +23,7 @@ from headprobe.report.selection import (
 )
 from headprobe.report.tables import LEGEND, fmt, fmt_int
 from headprobe.scoring import registry
-from headprobe.stats.engine import min_trials
+from headprobe.stats.head_selection import min_trials
 from headprobe.studies.dependency.analysis import NOT_PER_RELATION
 
 

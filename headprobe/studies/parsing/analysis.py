@@ -55,7 +55,7 @@ from headprobe.scoring.base import (
 )
 from headprobe.scoring.measures import tally_key
 from headprobe.scoring.registry import SENTENCES, Analysis, register
-from headprobe.stats.engine import estimate, paired_gap, selected
+from headprobe.stats.estimates import estimate, paired_gap, selected
 from headprobe.stats.trees import max_arborescence, max_spanning_tree, undirected_hits
 
 if TYPE_CHECKING:

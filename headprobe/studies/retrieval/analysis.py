@@ -42,7 +42,8 @@ from headprobe.model.objectives import lm_kind
 from headprobe.scoring.base import first_argmax
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, RoleRule, register
-from headprobe.stats.engine import min_trials, wilson
+from headprobe.stats.estimates import wilson
+from headprobe.stats.head_selection import min_trials
 from headprobe.stats.heads import head_table
 from headprobe.stats.roles import MATCH_COLUMNS
 from headprobe.studies.retrieval.needles import NEEDLE, recalled

@@ -42,7 +42,7 @@ from headprobe.core.seeds import keyed_hash
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.options import ADDED, GIVEN, Option
 from headprobe.scoring.registry import PROBE, Analysis, register
-from headprobe.stats.engine import estimate, paired_gap
+from headprobe.stats.estimates import estimate, paired_gap
 from headprobe.stats.heads import tally_scores
 from headprobe.studies.ablation.analysis import MODEL_LEVEL, model_level_totals
 from headprobe.studies.ablation.flags import ABLATION

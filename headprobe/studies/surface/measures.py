@@ -15,7 +15,7 @@ import pandas as pd
 
 from headprobe.core.seeds import SEED
 from headprobe.scoring.tally import N_BOOT, unit_weights
-from headprobe.stats.engine import interval
+from headprobe.stats.estimates import interval
 from headprobe.studies.surface.analysis import ANALYSIS
 
 SURFACE = ANALYSIS.name  # the analysis whose masses these views read
