@@ -18,8 +18,8 @@ from headprobe.config import RunConfig
 from headprobe.core_options import SENTENCE_SOURCES
 from headprobe.inputs.corpora.base import Stream
 from headprobe.model import loading as models
-from headprobe.model.capture import text_config
 from headprobe.model.control import CONTROL, TRAINED
+from headprobe.model.sites import text_config
 from headprobe.results.examples import MentionPicker, SentencePicker
 from headprobe.results.findings import skipped_counts
 from headprobe.scoring import distributed, registry

@@ -25,7 +25,8 @@ from headprobe.inputs.conventions import PRESETS
 from headprobe.inputs.corpora.base import Stream
 from headprobe.inputs.samples import DEFAULT_TREEBANK, bundled_provenance
 from headprobe.model import loading as models
-from headprobe.model.sites import Sites, attention_sites
+from headprobe.model.discovery import attention_sites
+from headprobe.model.sites import Sites
 from headprobe.results import software, store
 from headprobe.scoring import distributed, registry
 from headprobe.scoring.batch_size import auto_batch_size

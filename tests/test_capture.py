@@ -11,7 +11,7 @@ from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.model.capture import AttentionCapture
-from headprobe.model.sites import attention_sites
+from headprobe.model.discovery import attention_sites
 
 TOL = 1e-5
 # three sentences of different lengths -> a right-padded batch

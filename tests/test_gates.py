@@ -235,7 +235,7 @@ def test_convolution_gates_equal_zeroed_channels():
     from test_architectures import build, stack_batch
     from test_capture import SENTENCES
 
-    from headprobe.model.sites import attention_sites
+    from headprobe.model.discovery import attention_sites
 
     model = loud("squeezebert")
     _, inputs = stack_batch(build("squeezebert"), SENTENCES, "encoder")

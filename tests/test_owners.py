@@ -83,7 +83,9 @@ def test_percentiles_only_in_stats():
         for i, line in enumerate(text.splitlines(), 1)
         if pattern.search(line)
     ]
-    assert not found, "percentiles computed outside headprobe/stats/estimates.py: " + ", ".join(found)
+    assert not found, "percentiles computed outside headprobe/stats/estimates.py: " + ", ".join(
+        found
+    )
 
 
 def string_constants(text: str) -> set[str]:
@@ -164,7 +166,7 @@ def test_analysis_names_only_in_their_own_modules():
     assert not spelled, "analysis names outside their own modules:\n" + "\n".join(spelled)
 
 
-# -- module paths: where attention lives in a model is owned by headprobe/model/sites.py ---------
+# -- module paths: where attention lives in a model is found by headprobe/model/discovery.py ----
 # names transformers gives attention modules and their projections: a table of these, or of
 # dotted paths through them, is a second owner of the fact `AttentionSite` carries
 PROJECTIONS = {
@@ -178,7 +180,7 @@ PARTS = PROJECTIONS | {
     "attention", "attn", "self", "output", "o", "q", "k", "v", "query", "key", "value",
     "layer", "layers", "h", "block", "blocks",
 }  # fmt: skip
-SITES_MODULE = PACKAGE / "model" / "sites.py"
+SITES_MODULE = PACKAGE / "model" / "discovery.py"
 
 
 def names_module(text) -> bool:
@@ -225,7 +227,7 @@ def test_no_table_of_module_paths_outside_sites():
         if path != SITES_MODULE
         for line in module_path_tables(text)
     ]
-    assert not tables, "tables of module paths outside headprobe/model/sites.py: " + ", ".join(
+    assert not tables, "tables of module paths outside headprobe/model/discovery.py: " + ", ".join(
         tables
     )
 

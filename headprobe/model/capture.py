@@ -9,7 +9,7 @@ soon as the layer computes it and is not kept.
 
 Which layers: those of one attention stack (`stack=`: "encoder", "decoder" or "cross" of an
 encoder-decoder; a model with one stack has just that one; None: the encoder where there is
-one), as `headprobe.model.sites.attention_sites` found them: every attention module wherever it
+one), as `headprobe.model.discovery.attention_sites` found them: every attention module wherever it
 sits, a shared module (ALBERT) one layer per call. An encoder-decoder is run with the inputs
 `Sites.model_inputs` forms.
 
@@ -107,15 +107,12 @@ from headprobe.model.attention import (
     probs_and_output,
     routed,
 )
-from headprobe.model.sites import (  # noqa: F401 (re-exported)
-    LEGACY_FIELDS,
-    attention_sites,
+from headprobe.model.discovery import LEGACY_FIELDS, attention_sites
+from headprobe.model.projections import (
     features_last,
-    model_device,
     projection_in_features,
     projection_weight,
     stored_weight,
-    text_config,
 )
 
 Callback = Callable[[int, torch.Tensor], None]

@@ -95,7 +95,7 @@ def graddrop_rows(
     makes dL/dx_l = dL/dy_l at its input x_l; so one forward pass, one backward pass (the plain
     gradients and every dL/dy_l), and per layer a backward pass from x_l down with dL/dy_l as its
     seed give every layer's drop: about L / 2 backward passes, not L forward and L backward."""
-    from headprobe.model.sites import attention_sites
+    from headprobe.model.discovery import attention_sites
 
     targets = objective.targets(model, batch)
     found = attention_sites(model)

@@ -56,7 +56,7 @@ IGNORE = -100  # a target that is not scored (torch's cross-entropy default)
 
 def lm_kind(model) -> str:
     """`causal_lm` or `masked_lm` for a model with a language-model head, else `representation`."""
-    from headprobe.model.sites import attention_sites
+    from headprobe.model.discovery import attention_sites
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
@@ -111,8 +111,9 @@ def scored_sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
 def feeding(model, batch, stack: str | None) -> dict:
     """The model's inputs for `batch` on its device: an encoder-decoder's decoder reads its
     start token and the sentence (the decoder stack's batch holds them already)."""
+    from headprobe.model.discovery import attention_sites
     from headprobe.model.gates import model_inputs
-    from headprobe.model.sites import attention_sites, model_device
+    from headprobe.model.sites import model_device
 
     sites = attention_sites(model)
     if sites.encoder_decoder and not isinstance(batch, dict):

@@ -472,5 +472,3 @@ def _best_frame(rows: list[dict]) -> pd.DataFrame:
     frame["folds_agree"] = frame["folds_agree"].astype("boolean")  # held-out pooled rows only
     frame["small_sample"] = frame["small_sample"].fillna(False).astype(bool)
     return frame[BEST_COLUMNS]
-
-

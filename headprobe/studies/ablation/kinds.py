@@ -48,8 +48,8 @@ class Baselines:
     def read(self, model, tokenizer, examples, stack=None, batch_size: int = 16) -> None:
         """One pass over `examples` (tokenized as the engine does): the means and the pairing."""
         from headprobe.inputs.batching import iter_batches, prepare
+        from headprobe.model.discovery import attention_sites
         from headprobe.model.gates import head_means
-        from headprobe.model.sites import attention_sites
         from headprobe.scoring.engine import max_length
 
         sites = attention_sites(model)

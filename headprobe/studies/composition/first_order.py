@@ -30,7 +30,7 @@ import torch
 
 from headprobe.model.channels import CHANNELS, channel_attention, layer_input
 from headprobe.model.gates import _counted, call_order
-from headprobe.model.sites import features_last
+from headprobe.model.projections import features_last
 from headprobe.stats.estimates import percentiles, ratio
 from headprobe.studies.ablation.analysis import ABLATION
 from headprobe.studies.ablation.validation import WEAK, _spearman

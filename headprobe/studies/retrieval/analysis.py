@@ -73,7 +73,7 @@ def decoding_setup(model, tokenizer, analysis: str) -> tuple[int, frozenset[int]
     """(pad id, stop tokens) to decode the needle probe on `model`; a `UsageError` naming
     `analysis` (one line) where it is not a one-stack causal language model with its head."""
     from headprobe.model.decoding import stop_tokens
-    from headprobe.model.sites import attention_sites
+    from headprobe.model.discovery import attention_sites
 
     if attention_sites(model).encoder_decoder or lm_kind(model) != "causal_lm":
         raise UsageError(

@@ -144,7 +144,7 @@ class RetrievalCheckScorer(ModelScorer):
         super().bind(1, 1, [MODEL_LEVEL], **options)  # one cell: the whole model
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
-        from headprobe.model.sites import attention_sites
+        from headprobe.model.discovery import attention_sites
 
         self.tokenizer, self.stack = tokenizer, stack
         self.pad_id, self.stops = decoding_setup(model, tokenizer, CHECK)
