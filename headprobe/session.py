@@ -291,7 +291,7 @@ def _quiet_loading(quiet: bool):
 
 def check_capturable_measures(net, measures) -> None:
     """A model on the legacy output_attentions path has no values: --measure norms is refused."""
-    from headprobe.model.capture import CaptureUnavailable, check_capturable
+    from headprobe.model.head_quantities import CaptureUnavailable, check_capturable
 
     try:
         check_capturable(net, needs_of(measures))

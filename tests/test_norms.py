@@ -30,7 +30,8 @@ from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.samples import SAMPLE  # the tiny sample: the default corpus is EWT dev
-from headprobe.model.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
+from headprobe.model.capture import AttentionCapture, QueryBlock
+from headprobe.model.head_quantities import CaptureUnavailable, Heads
 from headprobe.scoring.engine import Engine
 from headprobe.scoring.layer_attention import measured_attention
 from headprobe.scoring.layer_stack import with_layer_axis

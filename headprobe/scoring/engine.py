@@ -53,8 +53,9 @@ from tqdm.auto import tqdm
 from headprobe.core.atomic import test_pause
 from headprobe.inputs.batching import Batch, Pool, prefetched, prepare
 from headprobe.inputs.conventions import get_conventions
-from headprobe.model.capture import AttentionCapture, QueryBlock, check_capturable
+from headprobe.model.capture import AttentionCapture, QueryBlock
 from headprobe.model.discovery import attention_sites
+from headprobe.model.head_quantities import check_capturable
 from headprobe.model.sites import model_device, text_config
 from headprobe.scoring.base import ReadsConventions, RunsModel
 from headprobe.scoring.batch_size import auto_batch_size
