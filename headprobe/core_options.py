@@ -69,8 +69,8 @@ def check_input_file(flag, value, values):
 
 def check_figure_formats(flag, value, values) -> tuple[str, ...]:
     """'svg,pdf' -> ('png', 'svg', 'pdf'): the formats of the report's figures, PNG always (the
-    pages embed it), parsed by the report's own `figures.parse_formats`."""
-    from headprobe.report.figures import parse_formats
+    pages embed it), parsed by the report's own `drawing.parse_formats`."""
+    from headprobe.report.drawing import parse_formats
 
     names = value.split(",") if isinstance(value, str) else list(value or ())
     try:

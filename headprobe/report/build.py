@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.report import figures as F
 from headprobe.report import methods
 from headprobe.report.document import (
     BulletList,
@@ -31,6 +30,8 @@ from headprobe.report.document import (
     Table,
     slug,
 )
+from headprobe.report.heatmaps import example_figure, heatmap_grid_figure
+from headprobe.report.role_figures import role_map_figure
 from headprobe.report.selection import MAX_PANELS, best_tables, described
 from headprobe.report.tables import (
     BEST_HEADS_LEGEND,
@@ -229,7 +230,7 @@ def roles_section(results) -> Section:
     s.add(
         Figure(
             "roles",
-            F.role_map_figure(roles, results.n_layers, results.n_heads, colors),
+            role_map_figure(roles, results.n_layers, results.n_heads, colors),
             "Head-role map. Cell text: the short label of the head's role (an offset, the relation with "
             "the largest held-out gap, '+' when more qualify, ...; see the rules above). " + LEGEND,
             alt="head-role map",
@@ -325,7 +326,7 @@ def default_section(results, analysis: str) -> Section:
         s.add(
             Figure(
                 f"{slug(analysis)}_heads",
-                F.heatmap_grid_figure(
+                heatmap_grid_figure(
                     items,
                     cbar_label="mass / n" if is_mass else "accuracy",
                     vmin=0,
@@ -392,7 +393,7 @@ def examples_section(results) -> Section:
         s.add(
             Figure(
                 f"example_{k:02d}_{slug(analysis)}_{slug(label)}_{name}",
-                F.example_figure(words, att, gold, title, direction),
+                example_figure(words, att, gold, title, direction),
                 _example_caption(ex, words, title, is_best),
                 alt=f"attention of head {name}",
             )

@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.lines import Line2D
 
-from headprobe.report import figures as F
+from headprobe.report import drawing as F
 from headprobe.report.document import BulletList, Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.tables import LEGEND, fmt
 from headprobe.stats.roles import NONE, role_colors
