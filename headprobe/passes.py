@@ -232,7 +232,10 @@ def with_second_pass(
 
 
 def coref_pass(config: RunConfig, tokenizer, analyses) -> Pass:
-    from headprobe.inputs.corpora.corefud import stream_coref_examples, tokenizer_piece_counter
+    from headprobe.inputs.corpora.coref_windows import (
+        stream_coref_examples,
+        tokenizer_piece_counter,
+    )
 
     windows = stream_coref_examples(
         config.coref,
