@@ -44,8 +44,9 @@ from headprobe.scoring.options import ADDED, GIVEN, Option
 from headprobe.scoring.registry import PROBE, Analysis, register
 from headprobe.stats.estimates import estimate, paired_gap
 from headprobe.stats.heads import tally_scores
-from headprobe.studies.ablation.analysis import MODEL_LEVEL, model_level_totals
+from headprobe.studies.ablation.effects import MODEL_LEVEL
 from headprobe.studies.ablation.flags import ABLATION
+from headprobe.studies.ablation.groups import model_level_totals
 from headprobe.studies.retrieval.analysis import (
     NAME,
     SCORE,
