@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     mst.to_csv(out / "parse_mst_heads.csv", index=False)
 
     from headprobe.report.heatmaps import heatmap_grid_figure
-    from headprobe.report.tables import to_matrix
+    from headprobe.report.rendered_tables import to_matrix
 
     items = [
         (

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from headprobe.report.role_figures import role_maps_figure
     from headprobe.results.measure_views import role_changes
     from headprobe.stats.roles import role_colors
-    from headprobe.studies.surface.measures import special_share, surface_side_by_side
+    from headprobe.studies.surface.surface_measures import special_share, surface_side_by_side
 
     if results.measures[:2] != ["weights", "norms"]:
         print(

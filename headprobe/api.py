@@ -28,13 +28,13 @@ from headprobe.passes import Pass, plan_passes, score, weigh
 from headprobe.results import store
 from headprobe.results.query import Results, merge_unit_counts
 from headprobe.scoring import distributed, registry
-from headprobe.scoring.base import KeepsRecord, RunsModel
 from headprobe.scoring.registry import (
     ARCS,
     COREFERENCE,
     MENTIONS,
     SENTENCES,
 )
+from headprobe.scoring.scorer_base import KeepsRecord, RunsModel
 from headprobe.session import Session, open_session
 from headprobe.stats.head_selection import SHOWN_COLUMNS
 

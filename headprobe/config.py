@@ -62,11 +62,11 @@ from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
 from headprobe.model.sites import STACKS
 from headprobe.scoring import registry
-from headprobe.scoring.base import RunsModel
 from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.options import ADDED, GIVEN, STAGES
 from headprobe.scoring.pass_settings import PassSettings
+from headprobe.scoring.scorer_base import RunsModel
 from headprobe.scoring.tally import N_BOOT
 
 

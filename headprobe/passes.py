@@ -23,7 +23,6 @@ from headprobe.model.sites import text_config
 from headprobe.results.examples import MentionPicker, SentencePicker
 from headprobe.results.findings import skipped_counts
 from headprobe.scoring import distributed, registry
-from headprobe.scoring.base import ReadsInputs, ReadsOptions, RunsModel, TakesHeads
 from headprobe.scoring.checkpoint import Checkpoint
 from headprobe.scoring.engine import Engine
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
@@ -37,6 +36,7 @@ from headprobe.scoring.registry import (
     SENTENCES,
     WEIGHTS_ONLY,
 )
+from headprobe.scoring.scorer_base import ReadsInputs, ReadsOptions, RunsModel, TakesHeads
 from headprobe.session import Session, sentence_corpus, sentence_stream
 
 SECOND_PASS = "_second_pass"  # the key of a corpus's second pass: its first pass's key + this

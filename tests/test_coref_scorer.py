@@ -14,7 +14,7 @@ from headprobe.inputs.batching import Batch, prepare
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.corpora.coref_windows import coref_examples
 from headprobe.inputs.corpora.corefud import Mention, read_corefud
-from headprobe.scoring.base import UNIT_COLUMNS
+from headprobe.scoring.scorer_base import UNIT_COLUMNS
 from headprobe.studies.coreference.analysis import CoreferenceScorer, agrees, scored_mentions
 
 REPO = Path(__file__).resolve().parents[1]

@@ -508,7 +508,7 @@ def test_special_share_and_the_report_section(bert_family, tmp_path):
     measure; its intervals (per-unit counts) bracket them; the report gets a measures section;
     with the random-init control, the control is scored on each measure too."""
     from headprobe.report import build_report
-    from headprobe.studies.surface.measures import special_share, surface_side_by_side
+    from headprobe.studies.surface.surface_measures import special_share, surface_side_by_side
 
     results = headprobe.run(
         loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"),

@@ -1,6 +1,7 @@
 """One owner per fact (issue 20): checks over the source of `headprobe/` itself.
 
-- no function longer than 60 lines;
+- no function longer than 60 lines, no module longer than 600, and no two modules with one file name
+  (an analysis folder's `analysis.py` and `report.py` are named by their folder);
 - percentile intervals computed only in `headprobe/stats/estimates.py`;
 - an analysis's name spelled (as a string) only in its own module: the generic code reads
   names from the registry. A role's name (`RoleRule.role`, METHODS §6) is a fact of its own, spelled
@@ -499,3 +500,65 @@ def test_no_lower_layer_imports_the_configuration():
             ):
                 found.append(str(path.relative_to(PACKAGE.parent)))
     assert not found, f"below config.py, importing it: {sorted(set(found))}"
+
+
+# ------------------------------------------------------------------ modules: size and names
+MAX_MODULE_LINES = 600
+# names every package or analysis folder has by convention: Python's own (`__init__`,
+# `__main__`), and an analysis folder's `analysis.py` (its registration) and `report.py` (its
+# report section), named by the folder they sit in (`headprobe/studies/<analysis>/`)
+CONVENTION_NAMES = {"__init__.py", "__main__.py"}
+STUDY_NAMES = {"analysis.py", "report.py"}
+
+
+def module_clashes(paths) -> dict[str, list[str]]:
+    """File name -> the modules that share it (two or more), leaving out the names every folder
+    has by convention (`CONVENTION_NAMES`) and an analysis folder's own (`STUDY_NAMES`, directly
+    under `studies/`)."""
+    by_name: dict[str, list[str]] = {}
+    for path in paths:
+        if path.name in CONVENTION_NAMES:
+            continue
+        if path.name in STUDY_NAMES and path.parent.parent.name == "studies":
+            continue
+        by_name.setdefault(path.name, []).append(str(path))
+    return {name: sorted(found) for name, found in by_name.items() if len(found) > 1}
+
+
+def test_module_clashes_are_found():
+    paths = [
+        Path("headprobe/stats/selection.py"),
+        Path("headprobe/report/selection.py"),
+        Path("headprobe/studies/dependency/analysis.py"),
+        Path("headprobe/studies/sink/analysis.py"),
+        Path("headprobe/report/analysis.py"),
+        Path("headprobe/__init__.py"),
+        Path("headprobe/model/__init__.py"),
+    ]
+    assert module_clashes(paths) == {
+        "selection.py": ["headprobe/report/selection.py", "headprobe/stats/selection.py"]
+    }
+    # an analysis.py outside an analysis folder has no folder to name it
+    outside = module_clashes(paths + [Path("headprobe/studies/analysis.py")])
+    assert outside["analysis.py"] == [
+        "headprobe/report/analysis.py",
+        "headprobe/studies/analysis.py",
+    ]
+
+
+def test_no_two_modules_share_a_name():
+    """A module's name says what it owns: no two modules of `headprobe/` share a file name (an
+    analysis folder's `analysis.py` and `report.py` are named by their folder)."""
+    clashes = module_clashes(p.relative_to(PACKAGE.parent) for p in PACKAGE.rglob("*.py"))
+    assert not clashes, "modules that share a name:\n" + "\n".join(
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(clashes.items())
+    )
+
+
+def test_no_module_over_600_lines():
+    long = [
+        f"{path.relative_to(PACKAGE.parent)} ({n} lines)"
+        for path, text in sources().items()
+        if (n := len(text.splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long)

@@ -35,8 +35,8 @@ from headprobe.report import build_report, main_report
 from headprobe.results import store
 from headprobe.results.query import Results
 from headprobe.scoring import registry
-from headprobe.scoring.base import CountScorer
 from headprobe.scoring.registry import Analysis
+from headprobe.scoring.scorer_base import CountScorer
 
 try:
     from tests.fixtures_results import (

@@ -18,8 +18,8 @@ from conftest import make_gpt2
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.base import masked_word_attention
 from headprobe.scoring.layer_attention import LayerAttention
+from headprobe.scoring.scorer_base import masked_word_attention
 from headprobe.studies.dependency.analysis import DependencyScorer
 from headprobe.studies.positional.analysis import PositionalScorer
 from headprobe.studies.surface.analysis import SurfaceScorer

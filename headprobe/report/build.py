@@ -31,9 +31,7 @@ from headprobe.report.document import (
     slug,
 )
 from headprobe.report.heatmaps import example_figure, heatmap_grid_figure
-from headprobe.report.role_figures import role_map_figure
-from headprobe.report.selection import MAX_PANELS, best_tables, described
-from headprobe.report.tables import (
+from headprobe.report.rendered_tables import (
     BEST_HEADS_LEGEND,
     LEGEND,
     decimals,
@@ -44,6 +42,8 @@ from headprobe.report.tables import (
     head_name,
     to_matrix,
 )
+from headprobe.report.role_figures import role_map_figure
+from headprobe.report.selection import MAX_PANELS, best_tables, described
 from headprobe.results.findings import (
     TOP_LABELS,
     caveats,
@@ -77,11 +77,11 @@ def compose(results, source: str = "") -> Document:
         render = _section_of(name)
         doc.sections.append((render or default_section)(shown, name))
     if shown.control is not None:  # the random-init control (headprobe.model.control)
-        from headprobe.report.control import control_section
+        from headprobe.report.control_section import control_section
 
         doc.sections.append(control_section(shown))
     if len(results.measures) > 1:
-        from headprobe.report.measures import measures_section
+        from headprobe.report.measures_section import measures_section
 
         doc.sections.append(measures_section(results))
     doc.sections += [

@@ -32,8 +32,8 @@ from headprobe.report.document import (
     slug,
 )
 from headprobe.report.heatmaps import matched_heads_figure
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_est, fmt_int, fmt_signed_est
 from headprobe.report.role_figures import compare_roles_figure, role_maps_figure
-from headprobe.report.tables import LEGEND, fmt, fmt_est, fmt_int, fmt_signed_est
 from headprobe.results.comparison import Run, compare_runs, unique_names
 from headprobe.results.findings import model_line, provenance
 from headprobe.stats.roles import NONE, role_colors

@@ -15,7 +15,7 @@ import pandas as pd
 
 from headprobe.report.document import Figure, Section
 from headprobe.report.heatmaps import heatmap_grid_figure
-from headprobe.report.tables import LEGEND, best_heads_table, to_matrix
+from headprobe.report.rendered_tables import LEGEND, best_heads_table, to_matrix
 from headprobe.scoring import registry
 from headprobe.stats.head_selection import min_trials
 

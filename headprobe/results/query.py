@@ -43,8 +43,8 @@ from headprobe.model.control import (
 from headprobe.results import store
 from headprobe.results.count_table import COUNT_COLUMNS, tidy_counts
 from headprobe.scoring import registry
-from headprobe.scoring.base import compact, concat_compact, sum_duplicates
 from headprobe.scoring.measures import MEASURES, WEIGHTS, tally_key
+from headprobe.scoring.scorer_base import compact, concat_compact, sum_duplicates
 from headprobe.scoring.tally import Tally
 from headprobe.stats.estimates import ratio
 from headprobe.stats.head_selection import (

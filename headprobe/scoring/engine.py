@@ -57,13 +57,13 @@ from headprobe.model.capture import AttentionCapture, QueryBlock
 from headprobe.model.discovery import attention_sites
 from headprobe.model.head_quantities import check_capturable
 from headprobe.model.sites import model_device, text_config
-from headprobe.scoring.base import ReadsConventions, RunsModel
 from headprobe.scoring.batch_size import auto_batch_size
 from headprobe.scoring.distributed import World, owns
 from headprobe.scoring.layer_attention import measured_attention, view_of, without_rows
 from headprobe.scoring.layer_stack import LayerStack, with_layer_axis
 from headprobe.scoring.measures import WEIGHTS, needs_of
 from headprobe.scoring.pooling import WordRows
+from headprobe.scoring.scorer_base import ReadsConventions, RunsModel
 
 if TYPE_CHECKING:
     from headprobe.scoring.pass_settings import PassSettings

@@ -41,7 +41,13 @@ from headprobe.report.drawing import (
 from headprobe.report.role_figures import role_maps_figure
 from headprobe.results import store
 from headprobe.stats.roles import role_colors
-from headprobe.training.tables import CHECKPOINTS, RECORD, TABLES, objective_analysis, role_counts
+from headprobe.training.timeline_tables import (
+    CHECKPOINTS,
+    RECORD,
+    TABLES,
+    objective_analysis,
+    role_counts,
+)
 
 REPORT_HTML, REPORT_MARKDOWN = "timeline.html", "timeline.md"
 MAPS_PER_FIGURE = 6  # role maps side by side in one figure

@@ -15,8 +15,8 @@ import pandas as pd
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned
 from headprobe.report.heatmaps import heatmap_grid_figure
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, fmt_int, head_name, to_matrix
 from headprobe.report.selection import described
-from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, head_name, to_matrix
 from headprobe.scoring import registry
 from headprobe.stats.roles import NONE, importance_ranks, role_colors
 

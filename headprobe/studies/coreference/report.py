@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from headprobe.report.document import Figure, Paragraph, Section, slug
 from headprobe.report.heatmaps import accuracy_gap_figure
+from headprobe.report.rendered_tables import LEGEND
 from headprobe.report.selection import accuracy_panels, best_tables
-from headprobe.report.tables import LEGEND
 
 
 def coreference_section(results, analysis: str) -> Section:

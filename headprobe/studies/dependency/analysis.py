@@ -30,7 +30,8 @@ import pandas as pd
 
 from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.base import (
+from headprobe.scoring.registry import ARCS, SENTENCES, Analysis, RoleRule, register
+from headprobe.scoring.scorer_base import (
     BatchState,
     BothIndex,
     CountScorer,
@@ -39,7 +40,6 @@ from headprobe.scoring.base import (
     query_rows,
     word_fill,
 )
-from headprobe.scoring.registry import ARCS, SENTENCES, Analysis, RoleRule, register
 from headprobe.stats import roles
 from headprobe.stats.head_selection import ALPHA
 

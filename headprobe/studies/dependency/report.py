@@ -14,6 +14,7 @@ import pandas as pd
 from headprobe.inputs.corpora.base import ALL
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.heatmaps import accuracy_gap_figure, gap_grid_figure
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_int
 from headprobe.report.selection import (
     MAX_PANELS,
     accuracy_panels,
@@ -21,7 +22,6 @@ from headprobe.report.selection import (
     gap_items,
     split_by_size,
 )
-from headprobe.report.tables import LEGEND, fmt, fmt_int
 from headprobe.scoring import registry
 from headprobe.stats.head_selection import min_trials
 from headprobe.studies.dependency.analysis import NOT_PER_RELATION

@@ -13,7 +13,7 @@ import pandas as pd
 
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.heatmaps import heatmap_grid_figure
-from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, to_matrix
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, fmt_int, to_matrix
 
 
 def parsing_section(results, analysis: str) -> Section:

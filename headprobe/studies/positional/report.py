@@ -14,7 +14,7 @@ import pandas as pd
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.drawing import Drawing, drawing, finish, legible, new_figure, planned
 from headprobe.report.heatmaps import layer_head_heatmap, panel_size, small_panel_size
-from headprobe.report.tables import LEGEND, fmt, fmt_int, head_name, to_matrix
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_int, head_name, to_matrix
 from headprobe.scoring import registry
 from headprobe.studies.positional.analysis import LABELS, POSITIONAL_SHARE, offset_shares
 

@@ -39,9 +39,9 @@ import pandas as pd
 
 from headprobe.core.errors import UsageError
 from headprobe.model.objectives import lm_kind
-from headprobe.scoring.base import first_argmax
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, RoleRule, register
+from headprobe.scoring.scorer_base import first_argmax
 from headprobe.stats.estimates import wilson
 from headprobe.stats.head_selection import min_trials
 from headprobe.stats.heads import head_table

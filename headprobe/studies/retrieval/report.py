@@ -15,8 +15,8 @@ import pandas as pd
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned
 from headprobe.report.heatmaps import draw_heatmap
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_est, fmt_signed_est, head_name
 from headprobe.report.selection import described, head_maps
-from headprobe.report.tables import LEGEND, fmt, fmt_est, fmt_signed_est, head_name
 from headprobe.studies.retrieval.analysis import RETRIEVAL_ROLE, SCORE
 
 TOP = 10

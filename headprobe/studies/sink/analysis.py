@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from headprobe.core.seeds import example_key
-from headprobe.scoring.base import BatchState, BothIndex, CountScorer, RowIndex
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import PROBE, Analysis, register
+from headprobe.scoring.scorer_base import BatchState, BothIndex, CountScorer, RowIndex
 from headprobe.stats.head_selection import MIN_N
 from headprobe.stats.heads import group_table, head_table
 from headprobe.studies.token_patterns.patterns import CONSOLE, pattern_rule

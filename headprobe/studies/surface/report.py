@@ -17,9 +17,9 @@ import seaborn as sns
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned, seeded_jitter
 from headprobe.report.heatmaps import layer_ticks
-from headprobe.report.tables import LEGEND, fmt, fmt_ci, head_name
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, head_name
 from headprobe.results.findings import repeated_columns
-from headprobe.studies.surface.measures import special_share, surface_side_by_side
+from headprobe.studies.surface.surface_measures import special_share, surface_side_by_side
 
 SURFACE_COLUMNS = [
     ("cls", "CLS/BOS"),

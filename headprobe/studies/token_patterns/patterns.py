@@ -83,8 +83,8 @@ import pandas as pd
 
 from headprobe.core.seeds import example_key
 from headprobe.inputs.align import WORD
-from headprobe.scoring.base import BatchState, BothIndex, CountScorer, RowIndex, first_argmax
 from headprobe.scoring.registry import PLUGIN_ORDER, PROBE, Analysis, RoleRule, register
+from headprobe.scoring.scorer_base import BatchState, BothIndex, CountScorer, RowIndex, first_argmax
 from headprobe.stats.head_selection import MIN_N
 from headprobe.stats.heads import group_table, head_table
 from headprobe.stats.roles import MATCH_COLUMNS

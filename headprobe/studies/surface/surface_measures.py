@@ -1,6 +1,6 @@
 """The surface analysis under several measures (METHODS §7; Kobayashi et al. 2020): its views.
 
-    from headprobe.studies.surface.measures import special_share, surface_side_by_side
+    from headprobe.studies.surface.surface_measures import special_share, surface_side_by_side
     special_share(results)            # per layer: share of attention on [CLS]/[SEP] per measure
     surface_side_by_side(results)     # surface statistics per layer, one column per measure
 

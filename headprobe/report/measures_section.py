@@ -10,8 +10,8 @@ the role maps side by side, and the heads whose role changed (`results.measure_v
 from __future__ import annotations
 
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table
+from headprobe.report.rendered_tables import LEGEND
 from headprobe.report.role_figures import role_maps_figure
-from headprobe.report.tables import LEGEND
 from headprobe.results.measure_views import role_changes
 from headprobe.scoring import registry
 from headprobe.scoring.measures import ARGMAX, MASS
