@@ -56,6 +56,7 @@ from headprobe.inputs.conventions import get_conventions
 from headprobe.model.capture import AttentionCapture, QueryBlock
 from headprobe.model.discovery import attention_sites
 from headprobe.model.head_quantities import check_capturable
+from headprobe.model.padding import padding_id
 from headprobe.model.sites import model_device, text_config
 from headprobe.scoring.batch_size import auto_batch_size
 from headprobe.scoring.distributed import World, owns
@@ -263,8 +264,7 @@ class Engine:
         self._bind_scorers(
             conventions is not None, config.seed, config.n_boot, config.keep_unit_counts
         )
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        self.pad_id = padding_id(tokenizer)
 
     def _bind_scorers(self, give_conventions: bool, seed: int, n_boot: int, keep_units: bool):
         """Bind every scorer to the stack's layers and heads (the conventions given to those that

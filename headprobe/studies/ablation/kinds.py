@@ -23,6 +23,7 @@ from collections import defaultdict
 
 from headprobe.core.seeds import keyed_hash
 from headprobe.model.objectives import mask_key
+from headprobe.model.padding import padding_id
 
 KIND_NOTES = {
     "zero": "the head's slice set to 0",
@@ -62,8 +63,8 @@ class Baselines:
             lengths = {len(a) for a in aligned}
             probe = all("input_ids" in (e.meta or {}) for e in prepared.examples)
             self.per_position = probe and len(lengths) == 1
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             prepared.alignments = aligned
+            pad = padding_id(tokenizer)
             batches = iter_batches(prepared, batch_size, pad, device=_device(model))
             self.means = head_means(model, batches, stack=stack, per_position=self.per_position)
 

@@ -61,26 +61,19 @@ CHECK_MODULE = "headprobe.studies.retrieval.causal"
 
 
 # ------------------------------------------------------------------------------ the probes
-def pad_of(tokenizer) -> int:
-    """The id padding a left-padded batch (never read: its attention mask is 0)."""
-    for pad in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if pad is not None:
-            return int(pad)
-    return 0
-
-
 def decoding_setup(model, tokenizer, analysis: str) -> tuple[int, frozenset[int]]:
     """(pad id, stop tokens) to decode the needle probe on `model`; a `UsageError` naming
     `analysis` (one line) where it is not a one-stack causal language model with its head."""
     from headprobe.model.decoding import stop_tokens
     from headprobe.model.discovery import attention_sites
+    from headprobe.model.padding import padding_id
 
     if attention_sites(model).encoder_decoder or lm_kind(model) != "causal_lm":
         raise UsageError(
             f"{analysis}: {type(model).__name__} is not a one-stack causal language model with "
             "its language-model head; the needle probe is answered by greedy decoding"
         )
-    return pad_of(tokenizer), stop_tokens(tokenizer, model)
+    return padding_id(tokenizer), stop_tokens(tokenizer, model)
 
 
 @dataclass
