@@ -85,7 +85,7 @@ def check_hf_dataset(flag, value, values):
 
 
 def check_from_mode(flag, value, values):
-    value = value or PRESETS[values["conventions"]].from_mode
+    value = PRESETS[values["conventions"]].pooling(value)
     return checks.check_choice(flag, value, FROM_MODES)
 
 

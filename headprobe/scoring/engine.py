@@ -230,7 +230,7 @@ class Engine:
         self.device = model_device(model)
         self.batch_size = batch_size or config.batch_size or auto_batch_size(model, self.device)
         self.conventions = get_conventions(conventions)
-        self.from_mode = config.from_mode or self.conventions.from_mode
+        self.from_mode = self.conventions.pooling(config.from_mode)
         self.notes: list[str] = []
         unblocked = [type(s).__name__ for s in self.scorers if not getattr(s, "blocks", False)]
         if query_block and unblocked:
