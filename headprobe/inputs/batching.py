@@ -183,6 +183,7 @@ class Batch:
         self.words_each = np.array([a.n_words for a in alignments], dtype=np.int64)  # [batch], host
         self.word_mask_host = np.arange(n_words)[None, :] < self.words_each[:, None]  # [b, word]
         self.piece_kind_host = piece_kind  # [batch, piece], host
+        self.piece_word_host = piece_word  # [batch, piece], host
         mask = (piece_kind != PAD).astype(np.int64)
         # exact-length batches have no padding: the model is then fed no mask (`Sites.model_inputs`)
         self.padded = not mask.all()

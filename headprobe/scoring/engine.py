@@ -10,7 +10,7 @@ counts only in `end_batch`).
 Models over several devices (accelerate `device_map`): a layer's attention is pooled to
 words on the device where the layer runs (the batch's word maps are copied there once per
 batch and device); the word-level block, smaller than the piece-level one, is then handed
-to the scorers on the batch's device (`capture.model_device`), where their counts live.
+to the scorers on the batch's device (`sites.model_device`), where their counts live.
 
 Scorers that run the model themselves (head ablation and importance,
 `scoring.model_scorer`: they have `model_pass`) get each batch first, outside inference
@@ -20,7 +20,7 @@ Query blocks (`PassSettings.query_block = N`, `--query-block`): capture hands a 
 pieces at a time (`capture.QueryBlock`); `pooling.WordRows` pools them into the word rows that
 are complete (all of a word's pieces seen, in every example of the batch) and each block goes to the
 scorers as a `LayerAttention` with `query_pieces`, `query_words`, `first`, `last` (the
-block API, `scoring.base.CountScorer.blocks`). Only when every scorer supports blocks;
+block API, `scoring.scorer_base.CountScorer.blocks`). Only when every scorer supports blocks;
 otherwise the run is unblocked and `stats_["notes"]` says why. Unblocked (the default) is
 one block of every row, computed exactly as before.
 
@@ -31,7 +31,7 @@ distinct matrix (the weights, N, N by rows) is stacked on a leading axis and poo
 one call, and each scorer gets the `LayerAttention` of its (measures, reading), shared by the
 scorers that read the same; it counts every measure in one call per layer.
 
-A scorer's per-batch state is a value (`scoring.base.BatchState`): `prepare(batch)` (or, for a
+A scorer's per-batch state is a value (`scoring.scorer_base.BatchState`): `prepare(batch)` (or, for a
 scorer that runs the model, `model_pass`) returns it, `update(attention, state)` adds to
 it, `end_batch(state)` commits it to the tallies.
 """
@@ -100,12 +100,6 @@ def chunked(items, size: int):
             chunk = []
     if chunk:
         yield chunk
-
-
-def is_causal(model, stack: str | None = None) -> bool:
-    """Is the attention of `stack` (default: the model's) causal? Decided per site from its own
-    mask (`headprobe.model.sites`)."""
-    return attention_sites(model).causal(stack)
 
 
 def max_length(model, tokenizer) -> int:
@@ -199,11 +193,11 @@ class Engine:
     configuration builds (`RunConfig.pass_settings`); a caller of its own builds one: the engine
     sits below the options and imports nothing of them. `batch_size` overrides the settings'
     for one pass (coreference windows: a quarter); `desc` names the progress bar. The batches go
-    where the model takes its inputs (`capture.model_device`).
+    where the model takes its inputs (`sites.model_device`).
 
     conventions: a `headprobe.inputs.conventions` preset (name or object); it gives the
     from-pooling when `from_mode` is None, and scorers that read conventions
-    (`base.ReadsConventions`) get it before they are bound. None: the default pooling
+    (`scorer_base.ReadsConventions`) get it before they are bound. None: the default pooling
     (METHODS §1), and scorers keep their own conventions.
 
     stack: the attention stack scored ("encoder", "decoder", "cross"; `headprobe.model.sites`; None:
