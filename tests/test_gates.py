@@ -41,7 +41,7 @@ def sentences(n: int, words: int, seed: int = 0, vocab=WHOLE_WORDS) -> list[Exam
 
 def one_batch(family, examples) -> Batch:
     prepared = prepare(examples, family.tokenizer, 512)
-    batches = list(iter_batches(prepared, len(examples), family.pad_id, causal=family.causal))
+    batches = list(iter_batches(prepared, len(examples), family.pad_id))
     assert len(batches) == 1 and len(batches[0]) == len(examples)
     return batches[0]
 
@@ -488,7 +488,7 @@ def test_ablation_and_importance_analyses_stream_into_tables(tmp_path, name):
     assert len(prepared.examples) == 8
     delta = importance = 0
     tokens = 0.0
-    for batch in iter_batches(prepared, 64, family.pad_id, causal=family.causal):
+    for batch in iter_batches(prepared, 64, family.pad_id):
         d, n = ablation_rows(model, batch, objective)  # [row, layer * head]
         i = gate_gradients(model, batch, objective)[0].abs()  # [row, layer, head]
         delta, importance, tokens = (

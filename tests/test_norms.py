@@ -103,7 +103,7 @@ def captured_norms(model, inputs, needs=("value_norms",)) -> dict[int, torch.Ten
 
 
 def inputs_of(family):
-    batch = make_batch(family.tokenizer, SENTENCES, family.pad_id, causal=family.causal)
+    batch = make_batch(family.tokenizer, SENTENCES, family.pad_id)
     return dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
 
 

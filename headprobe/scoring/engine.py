@@ -274,6 +274,7 @@ class Engine:
                 n_boot=n_boot,
                 keep_units=keep_units,
                 device=self.device,
+                causal=self.causal,
             )
         for scorer in self.model_scorers:
             scorer.use_model(self.model, self.tokenizer, stack=self.stack)
@@ -479,7 +480,6 @@ class Engine:
             self.pad_id,
             device=self.device,
             from_mode=self.from_mode,
-            causal=self.causal,
         )
 
     def _score(self, batch: Batch) -> None:

@@ -123,7 +123,6 @@ def rows_of(batch, kept: list[int]):
         0,
         device=batch.device,
         from_mode=batch.from_mode,
-        causal=batch.causal,
     )
 
 

@@ -73,7 +73,7 @@ class SinkScorer(CountScorer):
             first_rows.append(rows.count(example.unit, FIRST, t - 1))
             rate_rows.append(rows.count(example.unit, RATE, 1))
             lengths.append(t)
-            visible = np.arange(2, t + 1) if batch.causal else np.full(t - 1, t)  # queries 1..T-1
+            visible = np.arange(2, t + 1) if self.causal else np.full(t - 1, t)  # queries 1..T-1
             drawn = np.random.Generator(np.random.PCG64(example_key(self.seed, example))).integers(
                 0, visible
             )

@@ -85,7 +85,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
             ]
         keys = batch.attention_mask.float()
         visible = (
-            keys.cumsum(dim=1) if batch.causal else keys.sum(dim=1, keepdim=True).expand_as(keys)
+            keys.cumsum(dim=1) if self.causal else keys.sum(dim=1, keepdim=True).expand_as(keys)
         )
         kind = batch.piece_kind_host  # [batch, piece], host: the masks are made there
         piece_query = (kind == WORD)[:, None, :].astype(np.float32)  # [batch, 1, piece]

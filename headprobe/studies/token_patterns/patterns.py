@@ -168,7 +168,7 @@ class PatternScorer(CountScorer):
                 )
             )
             base_rows.append(
-                (mul_row, arg_row, self._baselines(d, q_rows, batch.causal, self.seed, example))
+                (mul_row, arg_row, self._baselines(d, q_rows, self.causal, self.seed, example))
             )
         state = self.new_state(batch, rows.keys, rows.n)
         for mul_row, arg_row, hits in base_rows:
