@@ -10,7 +10,7 @@ or, with `--results DIR`, reuses a results directory through
 so the API's own defaults apply (`model=None` is the bundled MiniLM; the alias
 `smollm2` selects SmolLM2). The scripts then read the `Results` query layer
 (`best_heads_wide`, `head_scores`, `roles`, derived tables) and draw with
-`headprobe.report.figures`; they compute nothing the results already hold.
+`headprobe.report.heatmaps`, `role_figures`; they compute nothing the results already hold.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def _number(v: float) -> str:
 
 
 def write_png(data, out: Path, stem: str) -> Path:
-    """Write a figure as `<stem>.png` and, for a `headprobe.report.figures.Drawing`, also as
+    """Write a figure as `<stem>.png` and, for a `headprobe.report.drawing.Drawing`, also as
     `.svg` and `.pdf` beside it (figures for papers); returns the PNG's path."""
     if isinstance(data, bytes):
         path = out / f"{stem}.png"

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     results = C.get_results(args, ["coreference"], out)
 
     from headprobe.inputs.corpora.base import ALL
-    from headprobe.report import figures as F
+    from headprobe.report.heatmaps import accuracy_gap_figure
     from headprobe.report.selection import accuracy_panels
 
     table = results.best_heads_wide("coreference")
@@ -85,9 +85,7 @@ def main(argv=None) -> int:
         p for kind in table["label"] for p in accuracy_panels(results, "coreference", kind, [""])
     ]
     if panels:
-        C.write_png(
-            F.accuracy_gap_figure(panels, f"{model}: coreference heads"), out, "coref_heads"
-        )
+        C.write_png(accuracy_gap_figure(panels, f"{model}: coreference heads"), out, "coref_heads")
 
     row = table[table["label"] == ALL]
     if len(row) and row.iloc[0]["layer"] >= 0:

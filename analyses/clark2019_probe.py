@@ -61,8 +61,8 @@ def main(argv=None) -> int:
     )
     mst.to_csv(out / "parse_mst_heads.csv", index=False)
 
-    from headprobe.report import figures as F
-    from headprobe.report.tables import to_matrix
+    from headprobe.report.heatmaps import heatmap_grid_figure
+    from headprobe.report.rendered_tables import to_matrix
 
     items = [
         (
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         )
     ]
     C.write_png(
-        F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1), out, "parsing_heads"
+        heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1), out, "parsing_heads"
     )
 
     verdict = reproduced(gaps)

@@ -54,9 +54,9 @@ def main(argv=None) -> int:
     results = C.get_results(args, ["dependency"], out)
 
     from headprobe.inputs.corpora.base import ALL
-    from headprobe.report import figures as F
+    from headprobe.report.heatmaps import gap_grid_figure
     from headprobe.report.selection import gap_items
-    from headprobe.stats.engine import ALPHA
+    from headprobe.stats.head_selection import ALPHA
     from headprobe.studies.dependency.analysis import NOT_PER_RELATION
 
     table = results.best_heads_wide("dependency")
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     items = gap_items(results, "dependency", relations)
     if items:
         C.write_png(
-            F.gap_grid_figure(items, f"{model}: accuracy minus the best baseline"),
+            gap_grid_figure(items, f"{model}: accuracy minus the best baseline"),
             out,
             "syntax_gaps",
         )

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
 
     import headprobe
     from headprobe.inputs.corpora.base import ALL
-    from headprobe.report import figures as F
+    from headprobe.report.role_figures import role_map_figure
     from headprobe.stats.roles import NONE, role_colors
 
     runs = []  # (label, Results)
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
                 col["mean entropy / uniform (over heads)"] = f"{surf['entropy_ratio'].mean():.4f}"
         columns[label] = col
         C.write_png(
-            F.role_map_figure(roles, L, H, colors, f"Head roles: {label}"),
+            role_map_figure(roles, L, H, colors, f"Head roles: {label}"),
             out,
             f"role_map_{slug(label)}",
         )

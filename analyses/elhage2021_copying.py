@@ -63,7 +63,7 @@ def ablation_effects(net, tokenizer, args, heads):
     """Each of `heads` gated to 0 alone: change in the repeated half's loss (`ablation_heads`)."""
     from headprobe.config import RunConfig
     from headprobe.inputs.probes import make_probe
-    from headprobe.model.capture import text_config
+    from headprobe.model.sites import text_config
     from headprobe.results.query import Results
     from headprobe.scoring import registry
     from headprobe.scoring.engine import Engine

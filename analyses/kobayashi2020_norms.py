@@ -33,10 +33,10 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "kobayashi2020_norms")
     results = C.get_results(args, ANALYSES, out, measure="weights,norms", keep_unit_counts=True)
 
-    from headprobe.report import figures as F
+    from headprobe.report.role_figures import role_maps_figure
     from headprobe.results.measure_views import role_changes
     from headprobe.stats.roles import role_colors
-    from headprobe.studies.surface.measures import special_share, surface_side_by_side
+    from headprobe.studies.surface.surface_measures import special_share, surface_side_by_side
 
     if results.measures[:2] != ["weights", "norms"]:
         print(
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         for m in ("weights", "norms")
     ]
     C.write_png(
-        F.role_maps_figure(maps, role_colors(results), f"{model}: roles by weights and by norms"),
+        role_maps_figure(maps, role_colors(results), f"{model}: roles by weights and by norms"),
         out,
         "role_maps",
     )

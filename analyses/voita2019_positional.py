@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     out = C.out_dir(args, "voita2019_positional")
     results = C.get_results(args, ["positional"], out)
 
-    from headprobe.report.tables import head_name
+    from headprobe.report.rendered_tables import head_name
     from headprobe.studies.positional.report import positional_figure
 
     shares = (

@@ -7,7 +7,8 @@ those every analysis and probe declares in its own folder (`headprobe.scoring.op
     checked = config.checked()                    # every option checked (UsageError naming it), normalised
     checked.layers, checked.analyses              # [0, 1, 2, 3], ["dependency"]
 
-Each core field is declared with `option(default, help, flag=..., check=..., ...)`, each analysis's
+Each core field is declared with `option(default, help, flag=..., check=..., ...)` (its checks, help
+texts and record rules are in `headprobe.core_options`), each analysis's
 with an `Option` in its folder (`Analysis.options`, `Probe.options`; `_assemble` joins them, the
 plugins' included): the command line's `headprobe run` options are generated from these fields (`headprobe.cli`), `headprobe.run` takes a
 `RunConfig` or the same names as keyword arguments, and `RunConfig.checked` runs the checks in
@@ -19,92 +20,54 @@ what results record as `summary["options"]` (the resume fingerprint compares it)
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from headprobe import checks
 from headprobe.core.seeds import SEED
+from headprobe.core_options import (
+    SENTENCE_SOURCES,
+    added_help,
+    analyses_help,
+    analyses_on_stack,
+    at_least,
+    blocked_or_mapped,
+    check_control,
+    check_device,
+    check_figure_formats,
+    check_from_mode,
+    check_hf_dataset,
+    check_input_file,
+    check_layers,
+    check_max_memory,
+    check_measures,
+    check_model,
+    check_out,
+    coref_help,
+    maybe_at_least,
+    measure_asked,
+    option,
+    option_field,
+    pictures_help,
+    probe_help,
+    probe_names,
+    stack_help,
+    with_probe,
+)
 from headprobe.inputs.align import BOS_MODES, FROM_MODES
 from headprobe.inputs.conventions import PRESETS
-from headprobe.inputs.probes import PROBE_MARKERS, PROBES
+from headprobe.inputs.probes import PROBE_MARKERS
 from headprobe.inputs.samples import DEFAULT_COREF, DEFAULT_TREEBANK
 from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
 from headprobe.model.sites import STACKS
-from headprobe.results import store
 from headprobe.scoring import registry
-from headprobe.scoring.base import RunsModel
 from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
-from headprobe.scoring.measures import parse_measures
-from headprobe.scoring.options import ADDED, GIVEN, STAGES, Option
+from headprobe.scoring.options import ADDED, GIVEN, STAGES
 from headprobe.scoring.pass_settings import PassSettings
+from headprobe.scoring.scorer_base import RunsModel
 from headprobe.scoring.tally import N_BOOT
-
-SENTENCE_SOURCES = ("treebank", "text", "hf_dataset")
-
-
-def option(default=None, help: str = "", *, repr: bool = True, **spec):
-    """A field of the run's core options: `spec` as an `Option`'s (`headprobe.scoring.options`:
-    flag, check, stage, choices, type, metavar, action, cli_default, group, record, record_as,
-    record_value, record_at, fingerprint). The options an analysis or a probe reads are declared
-    in its own folder and join these in `RunConfig` (`_assemble`)."""
-    return _field(Option("", default, help, repr=repr, **spec))
-
-
-def _field(declared: Option):
-    return field(default=declared.default, repr=declared.repr, metadata=declared.metadata())
-
-
-# ------------------------------------------------------------------------------ what is recorded
-def _with_probe(config) -> bool:
-    """A probe of random tokens, the inputs' own (its length, number and specials are recorded)."""
-    return config.probe in PROBES
-
-
-def _blocked_or_mapped(config) -> bool:
-    return bool(config.query_block) or config.device_map is not None
-
-
-def _measure_asked(config) -> bool:
-    return tuple(config.measure) != DEFAULT_MEASURES  # like stack and control: only when asked for
-
-
-# ------------------------------------------------------------------------------------- checks
-def _at_least(low: int, what: str = ""):
-    return lambda flag, value, values: checks.check_int(flag, value, low, what)
-
-
-def _maybe_at_least(low: int, what: str = ""):
-    return lambda flag, value, values: (
-        None if value is None else checks.check_int(flag, value, low, what)
-    )
-
-
-def _layers(flag, value, values):
-    return checks.parse_layers(value)
-
-
-def _input_file(flag, value, values):
-    checks.check_input_file(flag, value)
-    return value
-
-
-def _figure_formats(flag, value, values) -> tuple[str, ...]:
-    """'svg,pdf' -> ('png', 'svg', 'pdf'): the formats of the report's figures, PNG always (the
-    pages embed it), parsed by the report's own `figures.parse_formats`."""
-    from headprobe.report.figures import parse_formats
-
-    names = value.split(",") if isinstance(value, str) else list(value or ())
-    try:
-        return parse_formats(["png", *names])
-    except ValueError as err:
-        raise checks.UsageError(str(err).replace("--figures", flag, 1)) from None
-
-
-def _hf_dataset(flag, value, values):
-    checks.check_hf_dataset(value)
-    return value
 
 
 def _analyses(flag, value, values) -> list[str]:
@@ -126,7 +89,7 @@ def _analyses(flag, value, values) -> list[str]:
         for name in value:
             registry.get(name)  # raises with the list of known analyses
         wanted = list(dict.fromkeys(value))
-    wanted = _on_stack(values["stack"], wanted, bool(value), values["probe"])
+    wanted = analyses_on_stack(values["stack"], wanted, bool(value), values["probe"])
     added = [
         a.name
         for a in registry.analyses()
@@ -149,113 +112,6 @@ def _check_probes(names: list[str], probe) -> None:
             )
 
 
-def _on_stack(stack, wanted: list[str], named: bool, probe) -> list[str]:
-    """The analyses to run on attention stack `stack` (None: the model's default): on
-    cross-attention only those defined there (`Analysis.cross`); one named that is not, or a
-    probe, is a usage error."""
-    if stack != "cross":
-        return wanted
-    defined = [a.name for a in registry.analyses() if a.cross]
-    undefined = [name for name in wanted if not registry.get(name).cross]
-    if undefined and (named or probe is not None):
-        raise checks.UsageError(
-            f"--stack cross: {', '.join(undefined)} {'is' if len(undefined) == 1 else 'are'} not defined on "
-            f"cross-attention (decoder queries over encoder keys: rows and columns are two sequences, so there "
-            f"are no arcs or token patterns within one); on cross-attention: {', '.join(defined)}"
-        )
-    return [name for name in wanted if name in defined]
-
-
-def _from_mode(flag, value, values):
-    value = value or PRESETS[values["conventions"]].from_mode
-    return checks.check_choice(flag, value, FROM_MODES)
-
-
-def _model(flag, value, values):
-    if values["loaded"] is None:
-        checks.check_model(value)
-    return value
-
-
-def _device(flag, value, values):
-    return checks.check_device(value) if values["loaded"] is None else value
-
-
-def _out(flag, value, values):
-    return None if value is None else store.check_out(value)
-
-
-def _max_memory(flag, value, values):
-    return models.parse_max_memory(value)
-
-
-def _control(flag, value, values):
-    if value is not None and values["device_map"] is not None:
-        raise checks.UsageError(
-            "--control cannot be combined with --device-map (the control is a second copy "
-            "of the model, built on one device)"
-        )
-    return value
-
-
-def _measures(flag, value, values) -> tuple[str, ...]:
-    """'weights,norms' (or a list) -> the measures in `measures.MEASURES` order."""
-    try:
-        return parse_measures(value)
-    except ValueError as err:
-        raise checks.UsageError(f"{flag}: {err}") from None
-
-
-def _analyses_help() -> str:
-    return "comma list of " + ",".join(registry.names()) + " (default: all that apply)"
-
-
-def _probe_help() -> str:
-    return (
-        f"a synthetic probe for the token analyses ({', '.join(registry.names(registry.PROBE))}): "
-        "repeated-random = random tokens repeated twice (Olsson et al. 2022); "
-        + "".join(f"{p.name} = {p.description}; " for p in registry.probes())
-        + "without --analyses every "
-        "token analysis that reads attention runs on it, and those defined on that probe alone. Without a probe, token analyses named in --analyses read the "
-        "sentence corpus at piece level"
-    )
-
-
-def _probe_names() -> tuple[str, ...]:
-    """The inputs' own probes, then those an analysis's folder registers (`registry.Probe`)."""
-    return (*PROBES, *(p.name for p in registry.probes()))
-
-
-def _coref_help() -> str:
-    return (
-        "CorefUD CoNLL-U file (Entity= in MISC) for the "
-        + " and ".join(registry.names(registry.COREFERENCE))
-        + " analysis"
-    )
-
-
-def added_help(option: str) -> str:
-    """The help of switch `option` that adds analyses to a run (`Analysis.added_by`)."""
-    return "; ".join(
-        f"also run {a.name}: {a.description}" for a in registry.analyses() if a.added_by == option
-    )
-
-
-def _pictures_help() -> str:
-    return "attention pictures of the best heads of " + ", ".join(
-        registry.pictured(registry.ARCS) + registry.pictured(registry.MENTIONS)
-    )
-
-
-def _stack_help() -> str:
-    return (
-        "attention stack of an encoder-decoder (T5, BART): encoder (default), decoder (its self-attention; "
-        "the decoder reads its start token, then the sentence), or cross (decoder queries over encoder keys: "
-        + ", ".join(a.name for a in registry.analyses() if a.cross)
-        + " only)"
-    )
-
-
 # ------------------------------------------------------------------------------------- options
 @dataclass(frozen=True)
 class CoreOptions:
@@ -266,14 +122,14 @@ class CoreOptions:
         None,
         "hub name or path; bundled aliases: minilm (default), smollm2",
         flag="--model",
-        check=_model,
+        check=check_model,
         stage="model",
     )
     treebank: str | Path | None = option(
         None,
         "CoNLL-U file with gold dependencies, plain or .gz (default: the bundled UD English EWT dev)",
         flag="--treebank",
-        check=_input_file,
+        check=check_input_file,
         stage="input",
         group="source",
     )
@@ -281,7 +137,7 @@ class CoreOptions:
         None,
         "raw text file, parsed with the bundled spaCy en_core_web_sm (silver arcs)",
         flag="--text",
-        check=_input_file,
+        check=check_input_file,
         stage="input",
         group="source",
     )
@@ -289,22 +145,22 @@ class CoreOptions:
         None,
         "Hugging Face dataset NAME[:CONFIG[:SPLIT]] or a save_to_disk dir",
         flag="--hf-dataset",
-        check=_hf_dataset,
+        check=check_hf_dataset,
         stage="input",
         group="source",
     )
     coref: str | Path | None = option(
         None,
-        _coref_help,
+        coref_help,
         flag="--coref",
-        check=_input_file,
+        check=check_input_file,
         stage="input",
     )
     probe: str | None = option(
         None,
-        _probe_help,
+        probe_help,
         flag="--probe",
-        choices=_probe_names(),
+        choices=probe_names(),
         record=GIVEN,
         record_at=14,
         record_as=("probe", "name"),
@@ -315,8 +171,8 @@ class CoreOptions:
         flag="--length",
         type=int,
         metavar="LENGTH",
-        check=_at_least(1, " (tokens per half of a probe sequence)"),
-        record=_with_probe,
+        check=at_least(1, " (tokens per half of a probe sequence)"),
+        record=with_probe,
         record_at=15,
         record_as=("probe", "length"),
     )
@@ -326,8 +182,8 @@ class CoreOptions:
         flag="--n",
         type=int,
         metavar="N",
-        check=_at_least(1, " (probe sequences)"),
-        record=_with_probe,
+        check=at_least(1, " (probe sequences)"),
+        record=with_probe,
         record_at=16,
         record_as=("probe", "n"),
     )
@@ -337,7 +193,7 @@ class CoreOptions:
         "(BOS in front where the tokenizer has one), none (default: auto)",
         flag="--probe-specials",
         choices=PROBE_MARKERS,
-        record=_with_probe,
+        record=with_probe,
         record_at=17,
         record_as=("probe", "specials"),
     )
@@ -346,13 +202,13 @@ class CoreOptions:
         "output directory (default: results; in Python: none, nothing is written). The run holds it "
         "(a second run on it is refused) and writes it whole or not at all",
         flag="--out",
-        check=_out,
+        check=check_out,
         stage="out",
         cli_default="results",
     )
     analyses: list[str] | str | None = option(
         None,
-        _analyses_help,
+        analyses_help,
         flag="--analyses",
         check=_analyses,
         stage="derived",
@@ -364,7 +220,7 @@ class CoreOptions:
         None,
         "cuda, cpu (default: cuda when available)",
         flag="--device",
-        check=_device,
+        check=check_device,
         stage="device",
         record=True,
         record_at=8,
@@ -376,7 +232,7 @@ class CoreOptions:
         "runs (not with torchrun)",
         flag="--device-map",
         metavar="MAP",
-        record=_blocked_or_mapped,
+        record=blocked_or_mapped,
         record_at=20,
     )
     max_memory: str | dict | None = option(
@@ -384,8 +240,8 @@ class CoreOptions:
         "with --device-map: memory per device, e.g. 0=10GiB,cpu=30GiB",
         flag="--max-memory",
         metavar="SIZES",
-        check=_max_memory,
-        record=_blocked_or_mapped,
+        check=check_max_memory,
+        record=blocked_or_mapped,
         record_at=21,
     )
     query_block: int | None = option(
@@ -396,12 +252,12 @@ class CoreOptions:
         flag="--query-block",
         type=int,
         metavar="N",
-        check=_maybe_at_least(1, " query pieces"),
-        record=_blocked_or_mapped,
+        check=maybe_at_least(1, " query pieces"),
+        record=blocked_or_mapped,
         record_at=19,
     )
     stack: str | None = option(
-        None, _stack_help, flag="--stack", choices=STACKS, record=GIVEN, record_at=18
+        None, stack_help, flag="--stack", choices=STACKS, record=GIVEN, record_at=18
     )
     control: str | None = option(
         None,
@@ -410,7 +266,7 @@ class CoreOptions:
         "head above the control's held-out best",
         flag="--control",
         choices=CONTROLS,
-        check=_control,
+        check=check_control,
         stage="derived",
         record=GIVEN,
         record_at=23,
@@ -422,8 +278,8 @@ class CoreOptions:
         "every table has a measure column)",
         flag="--measure",
         metavar="M[,M]",
-        check=_measures,
-        record=_measure_asked,
+        check=check_measures,
+        record=measure_asked,
         record_at=24,
         record_value=",".join,
     )
@@ -441,7 +297,7 @@ class CoreOptions:
         "holds, 64 to 1,024; --resume uses the interrupted run's; coreference windows: a quarter)",
         flag="--batch-size",
         type=int,
-        check=_maybe_at_least(1),
+        check=maybe_at_least(1),
         record=True,
         record_at=2,
     )
@@ -449,7 +305,7 @@ class CoreOptions:
         None,
         "layers to score, e.g. 0-3,8 (0-based; in Python also a list) (default: all)",
         flag="--layers",
-        check=_layers,
+        check=check_layers,
         record=True,
         record_at=1,
     )
@@ -459,7 +315,7 @@ class CoreOptions:
         "conventions'; headprobe: mean)",
         flag="--from-mode",
         choices=FROM_MODES,
-        check=_from_mode,
+        check=check_from_mode,
         stage="derived",
         record=True,
         record_at=3,
@@ -480,7 +336,7 @@ class CoreOptions:
         "coreference window in pieces (default: 128)",
         flag="--window",
         type=int,
-        check=_at_least(checks.MIN_WINDOW, " pieces"),
+        check=at_least(checks.MIN_WINDOW, " pieces"),
         record=True,
         record_at=4,
     )
@@ -505,7 +361,7 @@ class CoreOptions:
         f"seed of folds, bootstrap weights and probes (default: {SEED})",
         flag="--seed",
         type=int,
-        check=_at_least(0),
+        check=at_least(0),
         record=True,
         record_at=5,
     )
@@ -515,7 +371,7 @@ class CoreOptions:
         flag="--bootstrap",
         type=int,
         metavar="N",
-        check=_at_least(1, " (resamples for the intervals and held-out selection)"),
+        check=at_least(1, " (resamples for the intervals and held-out selection)"),
         record=True,
         record_at=6,
         record_as="bootstrap_resamples",
@@ -550,7 +406,7 @@ class CoreOptions:
         "embed the PNG, so it is always written): --figures png,svg,pdf",
         flag="--figures",
         metavar="FORMATS",
-        check=_figure_formats,
+        check=check_figure_formats,
     )
     resume: bool = option(
         False,
@@ -565,10 +421,10 @@ class CoreOptions:
         flag="--checkpoint-every",
         type=int,
         metavar="N",
-        check=_at_least(0, " (0: no checkpoints)"),
+        check=at_least(0, " (0: no checkpoints)"),
     )
     progress: bool = option(True, "no progress bars", flag="--quiet", action="store_false")
-    pictures: bool = option(True, _pictures_help)
+    pictures: bool = option(True, pictures_help)
     loaded: tuple | None = option(
         None, "an already loaded (model, tokenizer, name) to reuse", repr=False
     )
@@ -680,7 +536,7 @@ def _assemble() -> type:
         raise ValueError(f"options declared by an analysis shadow core options: {shadowing}")
     return dataclasses.make_dataclass(
         "RunConfig",
-        [(o.name, object, _field(o)) for o in declared],
+        [(o.name, object, option_field(o)) for o in declared],
         bases=(CoreOptions,),
         frozen=True,
         namespace={

@@ -380,7 +380,7 @@ def test_head_groups_on_a_restricted_loss_equal_gates_and_labels_by_hand(tmp_pat
     """GroupScorer (analyses/olsson2022_induction.py): each group gated together, the loss counted on
     the pieces `scored` names (here: every piece from the fourth on), against transformers' own
     loss with those labels alone and the heads gated by hand."""
-    from headprobe.studies.ablation.analysis import GroupScorer, points_table
+    from headprobe.studies.ablation.groups import GroupScorer, points_table
 
     family, model = with_lm_head("llama")
     examples = list(read_conllu(write_treebank(tmp_path / "t.conllu", n=10)))

@@ -27,8 +27,8 @@ import torch
 from test_architectures import FAMILIES, build
 
 import headprobe
+from headprobe.model.discovery import attention_sites
 from headprobe.model.gates import HeadGates
-from headprobe.model.sites import attention_sites
 
 CASES = [(name, stack) for name, (_, _, _, stacks) in FAMILIES.items() for stack in stacks]
 TREEBANK = """# sent_id = s1

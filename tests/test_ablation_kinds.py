@@ -265,7 +265,7 @@ def test_atp_star_equals_one_forward_and_backward_per_dropped_layer():
     family, model = with_lm_head("gpt2")
     examples = list(make_probe("repeated-random", family.tokenizer, length=LENGTH, n=3, seed=2))
     prepared = prepare(examples, family.tokenizer, 512)
-    batch = Batch(prepared.examples, prepared.alignments, family.pad_id, causal=True)
+    batch = Batch(prepared.examples, prepared.alignments, family.pad_id)
     objective = Objective.for_model(model, family.tokenizer)
     got, _ = graddrop_rows(model, batch, objective)  # [row, layer, head]
     ids, _, keep = probe_rows_of(prepared)

@@ -295,7 +295,7 @@ def test_word_pooling_without_specials():
     tok = make_gpt2(add_prefix_space=True)
     examples = [Example(words=["unbelievable", "cat"], unit="u", source="t:0")]
     alignments = align_words(tok, [ex.words for ex in examples])
-    batch = Batch(examples, alignments, pad_id=tok.eos_token_id, causal=True)
+    batch = Batch(examples, alignments, pad_id=tok.eos_token_id)
     # pieces: 0 Ġun, 1 believ, 2 able | 3 Ġcat  -- causal, rows sum to 1
     p = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.3, 0.5, 0], [0.1, 0.2, 0.3, 0.4]])
     words = LayerAttention(0, p[None, None, None], batch).words[0, 0, 0, 0]

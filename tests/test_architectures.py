@@ -48,7 +48,8 @@ from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.model.attention import CaptureError
 from headprobe.model.capture import AttentionCapture
-from headprobe.model.sites import attention_sites, projection_in_features
+from headprobe.model.discovery import attention_sites
+from headprobe.model.projections import projection_in_features
 
 TOL = 1e-5
 GAIN = 2.5  # q/k weights ~ N(0, GAIN^2 / hidden): attention scores with a spread of ~GAIN^2

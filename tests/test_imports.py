@@ -115,8 +115,11 @@ LAYERS = [
     "results",  # tables and the results directory
     "report",  # rendering
     "studies",  # one folder per analysis: its options, checks and probes too
+    "core_options",  # the core options' checks, help texts and record rules
     "config",  # RunConfig: every option
-    "api",  # a run
+    "session",  # a run past its checks: the model loaded, the stack resolved, the summary begun
+    "passes",  # a run's engine passes: which analyses read which corpus, scored
+    "api",  # a run: check, open the session, plan and score the passes, save
     "training",  # a run per checkpoint of a model's training, and its tables and report
     "cli",  # the command
     "__main__",

@@ -18,10 +18,12 @@ import pandas as pd
 import pytest
 
 import headprobe
+from headprobe.core import seeds
 from headprobe.model import loading as models
 from headprobe.results import store
 from headprobe.results.query import Results
-from headprobe.stats import engine as stats
+from headprobe.scoring import tally
+from headprobe.stats import estimates
 
 pytestmark = pytest.mark.slow
 
@@ -105,8 +107,8 @@ def multinomial_intervals(
     head: int,
     direction: str,
     variant: str,
-    seed: int = stats.SEED,
-    n_boot: int = stats.N_BOOT,
+    seed: int = seeds.SEED,
+    n_boot: int = tally.N_BOOT,
 ):
     """Reference: the classic multinomial bootstrap over units (resample units with
     replacement) from per-unit rows (`--keep-unit-counts`), for one head and one baseline.
@@ -137,9 +139,9 @@ def multinomial_intervals(
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(units), size=(n_boot, len(units)))
     weights = np.stack([np.bincount(d, minlength=len(units)) for d in draws]).astype(np.float64)
-    acc = stats.ratio(weights @ h[0], weights @ h[1])
-    bacc = stats.ratio(weights @ b[0], weights @ b[1])
-    return stats.interval(acc), stats.interval(acc - bacc)
+    acc = estimates.ratio(weights @ h[0], weights @ h[1])
+    bacc = estimates.ratio(weights @ b[0], weights @ b[1])
+    return estimates.interval(acc), estimates.interval(acc - bacc)
 
 
 @pytest.mark.parametrize("label", [r[0] for r in REFERENCE])

@@ -212,7 +212,7 @@ def test_the_run_records_its_software():
 
 
 ROOMS = ("core", "inputs", "model", "scoring", "stats", "results", "report", "studies")
-ROOMS += ("api", "cli", "config", "checks")
+ROOMS += ("api", "session", "passes", "cli", "config", "core_options", "checks")
 # a code reference: `room.module.name`, `headprobe.room...`, optionally called: `x.y(...)`
 CODE_REF = re.compile(r"`((?:headprobe\.)?(?:" + "|".join(ROOMS) + r")(?:\.[A-Za-z_]\w*)+)")
 

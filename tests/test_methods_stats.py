@@ -1,7 +1,7 @@
 """METHODS §5 and §6 recomputed independently: the tallies' resamples and folds, the paired gap
 interval, Holm over the whole role family (each test fails on a planted bug: the family's Holm
-correction left out of `stats.selection_tables`, or the gap's baseline left unresampled in
-`stats.paired_gap`).
+correction left out of `head_selection.selection_tables`, or the gap's baseline left unresampled in
+`estimates.paired_gap`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from headprobe.results.query import Results
 from headprobe.scoring.tally import Tally
-from headprobe.stats import engine as stats
+from headprobe.stats import estimates, head_selection
 
 D, H = "dep->head", "head<-dep"
 VARIANTS = ("offset=-1", "first")
@@ -127,7 +127,7 @@ def test_gap_interval_is_paired():
     rng = np.random.default_rng(4)
     t = tally(n_boot=400)
     correlated_units(t, rng)
-    best, _, _ = stats.selection_tables(t)
+    best, _, _ = head_selection.selection_tables(t)
     row = best[(best.label == "nsubj") & (best.selection == "in-sample")].iloc[0]
     assert (row.layer, row["head"], row.direction, row.baseline_variant) == (0, 0, D, "offset=-1")
     a = t.arrays("nsubj")
@@ -177,7 +177,7 @@ def test_paired_gap_function_pairs_resample_by_resample():
     n = rng.integers(50, 60, size=101).astype(float)  # [resample]
     hits = np.floor(n * rng.uniform(0.3, 0.9, size=101))
     other = hits - rng.integers(0, 5, size=101)  # tracks hits resample by resample
-    gap, low, high = stats.paired_gap(hits, other, n)
+    gap, low, high = estimates.paired_gap(hits, other, n)
     diffs = hits[1:] / n[1:] - other[1:] / n[1:]
     assert gap == pytest.approx(hits[0] / n[0] - other[0] / n[0])
     assert (low, high) == pytest.approx(tuple(np.percentile(diffs, [2.5, 97.5])), abs=1e-12)

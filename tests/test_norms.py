@@ -30,7 +30,8 @@ from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.samples import SAMPLE  # the tiny sample: the default corpus is EWT dev
-from headprobe.model.capture import AttentionCapture, CaptureUnavailable, Heads, QueryBlock
+from headprobe.model.capture import AttentionCapture, QueryBlock
+from headprobe.model.head_quantities import CaptureUnavailable, Heads
 from headprobe.scoring.engine import Engine
 from headprobe.scoring.layer_attention import measured_attention
 from headprobe.scoring.layer_stack import with_layer_axis
@@ -102,7 +103,7 @@ def captured_norms(model, inputs, needs=("value_norms",)) -> dict[int, torch.Ten
 
 
 def inputs_of(family):
-    batch = make_batch(family.tokenizer, SENTENCES, family.pad_id, causal=family.causal)
+    batch = make_batch(family.tokenizer, SENTENCES, family.pad_id)
     return dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
 
 
@@ -507,7 +508,7 @@ def test_special_share_and_the_report_section(bert_family, tmp_path):
     measure; its intervals (per-unit counts) bracket them; the report gets a measures section;
     with the random-init control, the control is scored on each measure too."""
     from headprobe.report import build_report
-    from headprobe.studies.surface.measures import special_share, surface_side_by_side
+    from headprobe.studies.surface.surface_measures import special_share, surface_side_by_side
 
     results = headprobe.run(
         loaded=(bert_family.sdpa, bert_family.tokenizer, "bert"),

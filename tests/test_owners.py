@@ -1,7 +1,8 @@
 """One owner per fact (issue 20): checks over the source of `headprobe/` itself.
 
-- no function longer than 60 lines;
-- percentile intervals computed only in `headprobe/stats/engine.py`;
+- no function longer than 60 lines, no module longer than 600, and no two modules with one file name
+  (an analysis folder's `analysis.py` and `report.py` are named by their folder);
+- percentile intervals computed only in `headprobe/stats/estimates.py`;
 - an analysis's name spelled (as a string) only in its own module: the generic code reads
   names from the registry. A role's name (`RoleRule.role`, METHODS §6) is a fact of its own, spelled
   where that rule is made; the registry's input kinds (`registry.INPUTS`) are spelled in the registry.
@@ -79,11 +80,13 @@ def test_percentiles_only_in_stats():
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{i}"
         for path, text in sources().items()
-        if path != PACKAGE / "stats" / "engine.py"
+        if path != PACKAGE / "stats" / "estimates.py"
         for i, line in enumerate(text.splitlines(), 1)
         if pattern.search(line)
     ]
-    assert not found, "percentiles computed outside headprobe/stats/engine.py: " + ", ".join(found)
+    assert not found, "percentiles computed outside headprobe/stats/estimates.py: " + ", ".join(
+        found
+    )
 
 
 def string_constants(text: str) -> set[str]:
@@ -164,7 +167,7 @@ def test_analysis_names_only_in_their_own_modules():
     assert not spelled, "analysis names outside their own modules:\n" + "\n".join(spelled)
 
 
-# -- module paths: where attention lives in a model is owned by headprobe/model/sites.py ---------
+# -- module paths: where attention lives in a model is found by headprobe/model/discovery.py ----
 # names transformers gives attention modules and their projections: a table of these, or of
 # dotted paths through them, is a second owner of the fact `AttentionSite` carries
 PROJECTIONS = {
@@ -178,7 +181,7 @@ PARTS = PROJECTIONS | {
     "attention", "attn", "self", "output", "o", "q", "k", "v", "query", "key", "value",
     "layer", "layers", "h", "block", "blocks",
 }  # fmt: skip
-SITES_MODULE = PACKAGE / "model" / "sites.py"
+SITES_MODULE = PACKAGE / "model" / "discovery.py"
 
 
 def names_module(text) -> bool:
@@ -225,7 +228,7 @@ def test_no_table_of_module_paths_outside_sites():
         if path != SITES_MODULE
         for line in module_path_tables(text)
     ]
-    assert not tables, "tables of module paths outside headprobe/model/sites.py: " + ", ".join(
+    assert not tables, "tables of module paths outside headprobe/model/discovery.py: " + ", ".join(
         tables
     )
 
@@ -480,6 +483,7 @@ def test_no_lower_layer_imports_the_configuration():
         "results",
         "report",
         "studies",
+        "core_options",
     )
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -496,3 +500,94 @@ def test_no_lower_layer_imports_the_configuration():
             ):
                 found.append(str(path.relative_to(PACKAGE.parent)))
     assert not found, f"below config.py, importing it: {sorted(set(found))}"
+
+
+# ------------------------------------------------------------------ modules: size and names
+MAX_MODULE_LINES = 600
+# names every package or analysis folder has by convention: Python's own (`__init__`,
+# `__main__`), and an analysis folder's `analysis.py` (its registration) and `report.py` (its
+# report section), named by the folder they sit in (`headprobe/studies/<analysis>/`)
+CONVENTION_NAMES = {"__init__.py", "__main__.py"}
+STUDY_NAMES = {"analysis.py", "report.py"}
+
+
+def module_clashes(paths) -> dict[str, list[str]]:
+    """File name -> the modules that share it (two or more), leaving out the names every folder
+    has by convention (`CONVENTION_NAMES`) and an analysis folder's own (`STUDY_NAMES`, directly
+    under `studies/`)."""
+    by_name: dict[str, list[str]] = {}
+    for path in paths:
+        if path.name in CONVENTION_NAMES:
+            continue
+        if path.name in STUDY_NAMES and path.parent.parent.name == "studies":
+            continue
+        by_name.setdefault(path.name, []).append(str(path))
+    return {name: sorted(found) for name, found in by_name.items() if len(found) > 1}
+
+
+def test_module_clashes_are_found():
+    paths = [
+        Path("headprobe/stats/selection.py"),
+        Path("headprobe/report/selection.py"),
+        Path("headprobe/studies/dependency/analysis.py"),
+        Path("headprobe/studies/sink/analysis.py"),
+        Path("headprobe/report/analysis.py"),
+        Path("headprobe/__init__.py"),
+        Path("headprobe/model/__init__.py"),
+    ]
+    assert module_clashes(paths) == {
+        "selection.py": ["headprobe/report/selection.py", "headprobe/stats/selection.py"]
+    }
+    # an analysis.py outside an analysis folder has no folder to name it
+    outside = module_clashes(paths + [Path("headprobe/studies/analysis.py")])
+    assert outside["analysis.py"] == [
+        "headprobe/report/analysis.py",
+        "headprobe/studies/analysis.py",
+    ]
+
+
+def test_no_two_modules_share_a_name():
+    """A module's name says what it owns: no two modules of `headprobe/` share a file name (an
+    analysis folder's `analysis.py` and `report.py` are named by their folder)."""
+    clashes = module_clashes(p.relative_to(PACKAGE.parent) for p in PACKAGE.rglob("*.py"))
+    assert not clashes, "modules that share a name:\n" + "\n".join(
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(clashes.items())
+    )
+
+
+def test_no_module_over_600_lines():
+    long = [
+        f"{path.relative_to(PACKAGE.parent)} ({n} lines)"
+        for path, text in sources().items()
+        if (n := len(text.splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long)
+
+
+# ------------------------------------------------------------------ the pad id: one owner
+class _Tokenizer:
+    def __init__(self, pad, eos):
+        self.pad_token_id, self.eos_token_id = pad, eos
+
+
+def test_the_pad_id_falls_back_pad_then_eos_then_zero():
+    from headprobe.model.padding import padding_id
+
+    assert padding_id(_Tokenizer(3, 7)) == 3
+    assert padding_id(_Tokenizer(None, 7)) == 7
+    assert padding_id(_Tokenizer(None, None)) == 0
+    assert padding_id(_Tokenizer(0, 7)) == 0  # a pad id of 0 is a pad id
+
+
+# modules that still pick a pad id themselves, being moved on other branches (issue 43)
+PAD_PENDING = {"results/examples.py", "studies/composition/sweep.py"}
+
+
+def test_the_pad_id_is_picked_in_one_place():
+    """Only `model/padding.py` reads a tokenizer's pad id to pad a batch."""
+    found = {
+        str(path.relative_to(PACKAGE))
+        for path, text in sources().items()
+        if "tokenizer.pad_token_id" in text
+    }
+    assert found - PAD_PENDING == {"model/padding.py"}

@@ -19,13 +19,12 @@ from headprobe.inputs.corpora.base import Example
 from headprobe.scoring.layer_attention import LayerAttention
 from headprobe.stats.trees import _cycle, max_arborescence, max_spanning_tree, undirected_hits
 from headprobe.studies.dependency.analysis import DependencyScorer
-from headprobe.studies.parsing.analysis import (
-    ParsingScorer,
+from headprobe.studies.parsing.analysis import ParsingScorer, parse_tables
+from headprobe.studies.parsing.probe import (
     candidate_index,
     fit_classifier,
     log_softmax_rows,
     pair_features,
-    parse_tables,
 )
 
 # ---------------------------------------------------------------------------------------

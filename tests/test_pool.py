@@ -102,7 +102,7 @@ class Killed(Exception):
 
 
 class Hook:
-    """`api._CheckpointHook`'s part, over a real `Checkpoint`; `kill_at`: raise after that save."""
+    """`passes._CheckpointHook`'s part, over a real `Checkpoint`; `kill_at`: raise after that save."""
 
     def __init__(self, checkpoint: Checkpoint, scorers, start, kill_at: int | None = None):
         self.checkpoint, self.scorers, self.start = checkpoint, scorers, start

@@ -23,8 +23,8 @@ from headprobe.config import RunConfig
 from headprobe.inputs.corpora.base import Example
 from headprobe.inputs.corpora.corefud import Mention
 from headprobe.model.capture import AttentionCapture, QueryBlock
-from headprobe.scoring.base import CountScorer, RowIndex
 from headprobe.scoring.engine import Engine
+from headprobe.scoring.scorer_base import CountScorer, RowIndex
 from headprobe.studies.coreference.analysis import CoreferenceScorer
 from headprobe.studies.dependency.analysis import DependencyScorer
 from headprobe.studies.positional.analysis import PositionalScorer

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from headprobe.inputs.corpora.base import ALL, CorpusError
 from headprobe.inputs.corpora.conllu import read_conllu
-from headprobe.inputs.corpora.corefud import coref_examples, read_corefud
+from headprobe.inputs.corpora.coref_windows import coref_examples
+from headprobe.inputs.corpora.corefud import read_corefud
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 EWT_DEV = DATA / "en_ewt-ud-dev.conllu"

@@ -189,7 +189,7 @@ def test_readme_gum_coreference_table(minilm):
 
 
 def test_readme_weights_vs_norms_shares(minilm):
-    from headprobe.studies.surface.measures import special_share
+    from headprobe.studies.surface.surface_measures import special_share
 
     results = headprobe.run(
         treebank=need(EWT_DEV),

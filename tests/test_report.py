@@ -35,8 +35,8 @@ from headprobe.report import build_report, main_report
 from headprobe.results import store
 from headprobe.results.query import Results
 from headprobe.scoring import registry
-from headprobe.scoring.base import CountScorer
 from headprobe.scoring.registry import Analysis
+from headprobe.scoring.scorer_base import CountScorer
 
 try:
     from tests.fixtures_results import (
@@ -1003,32 +1003,34 @@ def test_report_renders_in_chromium(report):
 
 
 def test_heatmap_cells_annotated_up_to_16_by_16():
-    from headprobe.report import figures as F
+    from headprobe.report.drawing import new_figure
+    from headprobe.report.heatmaps import layer_head_heatmap
 
     for shape, texts in (((16, 16), 256), ((17, 16), 0), ((16, 17), 0)):
-        fig = F.new_figure(4, 4)
+        fig = new_figure(4, 4)
         ax = fig.subplots()
         mat = np.arange(shape[0] * shape[1], dtype=float).reshape(shape) / 1000  # [layer, head]
-        F.layer_head_heatmap(ax, mat, "t", cbar_label="value")
+        layer_head_heatmap(ax, mat, "t", cbar_label="value")
         assert len(ax.texts) == texts, shape
         assert len(fig.axes) == 2, shape  # the map and its colour bar
 
 
 def test_worker_processes_draw_the_same_bytes(tmp_path):
     """Planned figures drawn by two worker processes equal those drawn here."""
-    from headprobe.report import figures as F
+    from headprobe.report.drawing import write_drawings
+    from headprobe.report.heatmaps import heatmap_grid_figure
 
     mats = [np.linspace(0, 1, 12).reshape(3, 4) * k for k in (1, 0.5, 0.25)]  # [layer, head]
     items = [(f"m{k}", m) for k, m in enumerate(mats)]
-    plans = [F.heatmap_grid_figure(items[: k + 1], f"grid {k}") for k in range(3)]
+    plans = [heatmap_grid_figure(items[: k + 1], f"grid {k}") for k in range(3)]
     (tmp_path / "pool").mkdir()
-    pooled = F.write_drawings(
+    pooled = write_drawings(
         [(d, tmp_path / "pool" / f"g{k}") for k, d in enumerate(plans)], ("png", "svg"), workers=2
     )
     assert [[p.name for p in paths] for paths in pooled] == [
         [f"g{k}.png", f"g{k}.svg"] for k in range(3)
     ]
     for k, paths in enumerate(pooled):
-        here = F.heatmap_grid_figure(items[: k + 1], f"grid {k}")
+        here = heatmap_grid_figure(items[: k + 1], f"grid {k}")
         assert plans[k].png == here.png == paths[0].read_bytes()
         assert paths[1].read_bytes() == here.svg

@@ -31,6 +31,7 @@ from headprobe.results import store
 from headprobe.results.query import Results
 from headprobe.results.store import ResultsError
 from headprobe.scoring.checkpoint import STATE
+from headprobe.scoring.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = [
@@ -761,7 +762,7 @@ def test_unexpected_error_is_one_line(tiny_model, corpora, tmp_path, capsys, mon
     def boom(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(headprobe.api.Engine, "run", boom)
+    monkeypatch.setattr(Engine, "run", boom)
     err = fails_cleanly(
         capsys,
         quick(tiny_model, tmp_path / "r", corpora, "--checkpoint-every", "0"),

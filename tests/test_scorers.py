@@ -18,8 +18,8 @@ from conftest import make_gpt2
 from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
-from headprobe.scoring.base import masked_word_attention
 from headprobe.scoring.layer_attention import LayerAttention
+from headprobe.scoring.scorer_base import masked_word_attention
 from headprobe.studies.dependency.analysis import DependencyScorer
 from headprobe.studies.positional.analysis import PositionalScorer
 from headprobe.studies.surface.analysis import SurfaceScorer
@@ -67,9 +67,10 @@ def attention(per_example_per_head) -> torch.Tensor:
     return torch.stack([torch.stack([to_pieces(h) for h in ex]) for ex in per_example_per_head])
 
 
-def run(scorer, batch, pieces, n_layers=2, n_heads=2, layers=(LAYER,)):
-    """The engine's calls: bind once, then state = prepare(batch), update per layer, end_batch."""
-    scorer.bind(n_layers, n_heads, list(layers), keep_units=True)
+def run(scorer, batch, pieces, n_layers=2, n_heads=2, layers=(LAYER,), causal=False):
+    """The engine's calls: bind once (`causal`: the stack's attention is causal), then state =
+    prepare(batch), update per layer, end_batch."""
+    scorer.bind(n_layers, n_heads, list(layers), keep_units=True, causal=causal)
     state = scorer.prepare(batch)
     att = LayerAttention(LAYER, pieces[None], batch)
     scorer.update(att, state)
@@ -314,10 +315,10 @@ def test_positional_without_specials():
     """GPT-2 style: no specials, so the CLS/SEP key columns never count."""
     tok = make_gpt2(add_prefix_space=True)
     ex = Example(words=["the", "cat", "sat"], unit="g", source="t:4")
-    batch = Batch([ex], align_words(tok, [ex.words]), pad_id=tok.eos_token_id, causal=True)
+    batch = Batch([ex], align_words(tok, [ex.words]), pad_id=tok.eos_token_id)
     p = torch.tensor([[1.0, 0, 0], [0.3, 0.7, 0], [0.2, 0.5, 0.3]])[None, None]
     # row 0 -> 0 (offset 0), row 1 -> 1 (offset 0), row 2 -> 1 (offset -1)
-    counts, _ = run(PositionalScorer(), batch, p, n_heads=1)
+    counts, _ = run(PositionalScorer(), batch, p, n_heads=1, causal=True)
     expected = {("g", label, "", 0): (3, {"0": 2, "-1": 1}.get(label, 0)) for label in POS_LABELS}
     assert head_rows(counts) == expected
 
@@ -388,13 +389,13 @@ def test_surface_causal_multi_piece():
     """GPT-2 style, causal, no specials; "unbelievable" = 3 pieces (Ġun, believ, able), "cat" = 1."""
     tok = make_gpt2(add_prefix_space=True)
     ex = Example(words=["unbelievable", "cat"], unit="g", source="t:5")
-    batch = Batch([ex], align_words(tok, [ex.words]), pad_id=tok.eos_token_id, causal=True)
+    batch = Batch([ex], align_words(tok, [ex.words]), pad_id=tok.eos_token_id)
     assert batch.piece_word.tolist() == [[0, 0, 0, 1]]
     # uniform over the visible keys: piece t sees t + 1 keys
     p = torch.tensor([[1.0, 0, 0, 0], [1 / 2, 1 / 2, 0, 0], [1 / 3, 1 / 3, 1 / 3, 0], [1 / 4] * 4])[
         None, None
     ]
-    counts, _ = run(SurfaceScorer(), batch, p, n_heads=1)
+    counts, _ = run(SurfaceScorer(), batch, p, n_heads=1, causal=True)
     got = head_rows(counts, value="mass")
     # unbelievable row = mean of piece rows 0-2, each summing to 1 over its own pieces: self 1, next (cat) 0
     # cat row: to unbelievable 3/4 (prev), to itself 1/4
@@ -447,13 +448,8 @@ CAUSAL_UNIFORM = [
 ]
 
 
-def one_example_batch(tokenizer, example, causal=False):
-    return Batch(
-        [example],
-        align_words(tokenizer, [example.words]),
-        pad_id=tokenizer.pad_token_id,
-        causal=causal,
-    )
+def one_example_batch(tokenizer, example):
+    return Batch([example], align_words(tokenizer, [example.words]), pad_id=tokenizer.pad_token_id)
 
 
 def test_first_baseline_predicts_word_one(wordpiece_tokenizer):
@@ -474,9 +470,9 @@ def test_empty_row_or_column_predicts_nothing(wordpiece_tokenizer):
         nsubj 1->2: dep->head row 1 = [1/2, -] -> 0 miss; head<-dep col 1 = [1/3, 1/4] -> 2 hit
         list  3->0: dep->head row 3 = [1/4, 1/4, 1/4] -> tie -> 0 hit; head<-dep col 3 empty (miss)
     """
-    batch = one_example_batch(wordpiece_tokenizer, S4, causal=True)
+    batch = one_example_batch(wordpiece_tokenizer, S4)
     scorer = DependencyScorer()
-    counts, _ = run(scorer, batch, attention([[CAUSAL_UNIFORM, CAUSAL_UNIFORM]]))
+    counts, _ = run(scorer, batch, attention([[CAUSAL_UNIFORM, CAUSAL_UNIFORM]]), causal=True)
     got = head_rows(counts)
     for head in (0, 1):
         assert got[("s4", "det", D, head)] == (1, 0)

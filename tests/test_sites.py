@@ -19,7 +19,8 @@ from test_architectures import build, stack_batch
 from test_capture import SENTENCES
 
 from headprobe.model.attention import fallback, routed
-from headprobe.model.sites import attention_sites, output_weight, value_bias, value_weight
+from headprobe.model.discovery import attention_sites
+from headprobe.model.sites import output_weight, value_bias, value_weight
 
 TOL = 1e-5
 

@@ -17,7 +17,7 @@ from scipy.stats import binomtest
 
 from headprobe.results.query import Results
 from headprobe.scoring.tally import Tally, unit_fold, unit_weights
-from headprobe.stats import engine as stats
+from headprobe.stats import estimates, head_selection
 
 D, H = "dep->head", "head<-dep"
 VARIANTS = ("offset=-1", "first")
@@ -124,7 +124,7 @@ def test_best_head_intervals_and_gap():
     rng = np.random.default_rng(0)
     tally = dependency_tally()
     many_units(tally, "nsubj", 60, 0.8, 0.3, rng)
-    best, baselines, tests = stats.selection_tables(tally)
+    best, baselines, tests = head_selection.selection_tables(tally)
     row = best[(best.label == "nsubj") & (best.selection == "in-sample")].iloc[0]
     whole = tally.arrays("nsubj")
     hits = whole["hits"][:, 0, 0, 0, 0].sum()
@@ -151,12 +151,12 @@ def test_first_baseline_wins_the_tie_break_order():
     tally = dependency_tally()
     for u in range(40):
         add_arcs(tally, f"u{u}", "list", np.zeros((4, 2, 2)), [[1, 1], [1, 1], [1, 1], [0, 0]])
-    best, _, _ = stats.selection_tables(tally)
+    best, _, _ = head_selection.selection_tables(tally)
     assert best[best.selection == "in-sample"].iloc[0].baseline_variant == "offset=-1"
     tally = dependency_tally()
     for u in range(40):
         add_arcs(tally, f"u{u}", "list", np.zeros((4, 2, 2)), [[1, 1], [1, 1], [1, 1], [0, 1]])
-    best, _, _ = stats.selection_tables(tally)
+    best, _, _ = head_selection.selection_tables(tally)
     row = best[best.selection == "in-sample"].iloc[0]
     assert row.baseline_variant == "first" and row.baseline_accuracy == 1.0
 
@@ -165,7 +165,7 @@ def test_an_exact_tie_is_flagged_and_the_lowest_head_wins():
     tally = dependency_tally()
     for u in range(40):
         add_arcs(tally, f"u{u}", "det", [[[1, 0], [1, 0]], [[0, 0], [0, 0]]], [[0, 0], [0, 0]])
-    best, _, _ = stats.selection_tables(tally)
+    best, _, _ = head_selection.selection_tables(tally)
     row = best[best.selection == "in-sample"].iloc[0]
     assert (row.layer, row["head"], row.direction) == (0, 0, D)
     assert row.tied == 2
@@ -175,7 +175,7 @@ def test_small_label_names_no_head():
     tally = dependency_tally()
     for u in range(5):  # 5 units x 2 arcs = 10 trials < 30
         add_arcs(tally, f"u{u}", "orphan", [[[1, 0], [0, 0]], [[1, 0], [0, 0]]], [[0, 0], [0, 0]])
-    best, _, tests = stats.selection_tables(tally)
+    best, _, tests = head_selection.selection_tables(tally)
     rows = best[best.label == "orphan"]
     ins = rows[rows.selection == "in-sample"].iloc[0]
     assert ins.small_sample and ins.layer == -1 and ins.heads == ""
@@ -188,18 +188,18 @@ def test_a_fold_without_trials_selects_nothing():
     """One unit: one fold is empty, so no held-out row names a head (never head 0-0 by default)."""
     tally = dependency_tally()
     add_arcs(tally, "only-doc", "det", np.ones((40, 2, 2)), np.zeros((40, 2)))
-    best, _, tests = stats.selection_tables(tally)
+    best, _, tests = head_selection.selection_tables(tally)
     held = best[best.selection == "held-out"]
     assert len(held) == 3
     assert (held.layer == -1).all() and held.accuracy.isna().all()
-    assert held.note.str.startswith(stats.NO_SELECTION).all()
+    assert held.note.str.startswith(head_selection.NO_SELECTION).all()
     assert tests["heldout_gap"].isna().all()  # no held-out gap for the role rule either
 
 
 def test_mcnemar_against_scipy_binomtest():
     for b, c in [(12, 3), (5, 5), (0, 4), (30, 11), (1, 0), (0, 0)]:
         expected = binomtest(b, b + c, 0.5, alternative="greater").pvalue if b + c else 1.0
-        assert stats.mcnemar_greater(b, c) == pytest.approx(expected, rel=1e-12)
+        assert estimates.mcnemar_greater(b, c) == pytest.approx(expected, rel=1e-12)
     # in a table: head 0 hits 9 arcs the baseline misses, the baseline hits 2 the head misses
     tally = dependency_tally()
     hits = np.zeros((40, 2, 2))
@@ -208,7 +208,7 @@ def test_mcnemar_against_scipy_binomtest():
     base[11:22, 0] = 1  # baseline: arcs 11..21 -> both 11..19 (9); base only 20, 21
     hits[:9, 0, 0] = 1
     add_arcs(tally, "u", "det", hits, base)
-    best, _, tests = stats.selection_tables(tally)
+    best, _, tests = head_selection.selection_tables(tally)
     row = best[best.selection == "in-sample"].iloc[0]
     head_only, base_only = 20 - 9, 2
     assert row.p_value == pytest.approx(
@@ -220,9 +220,9 @@ def test_mcnemar_against_scipy_binomtest():
 
 def test_holm_against_a_hand_computed_example():
     # sorted: .005 x4 = .02; .01 x3 = .03; .03 x2 = .06; .04 x1 = .04 -> .06 (monotone)
-    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
-    assert stats.holm([]).size == 0
+    assert estimates.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert estimates.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert estimates.holm([]).size == 0
 
 
 def test_role_rule_needs_held_out_gap_and_holm():
@@ -273,7 +273,7 @@ def test_percentiles_are_numpys_on_each_cells_finite_values():
     values[rng.random(values.shape) < 0.2] = np.nan
     values[:, 1, 2] = np.nan
     values[7, 0, 0] = np.inf
-    low, high = stats.percentiles(values)
+    low, high = estimates.percentiles(values)
     for i in range(4):
         for j in range(3):
             cell = values[:, i, j]
@@ -282,8 +282,8 @@ def test_percentiles_are_numpys_on_each_cells_finite_values():
                 assert np.isnan(low[i, j]) and np.isnan(high[i, j])
                 continue
             assert (low[i, j], high[i, j]) == tuple(np.percentile(cell, [2.5, 97.5]))
-    assert stats.interval(values[:, 2, 1]) == (low[2, 1], high[2, 1])
-    empty = stats.percentiles(np.zeros((0, 2)))
+    assert estimates.interval(values[:, 2, 1]) == (low[2, 1], high[2, 1])
+    empty = estimates.percentiles(np.zeros((0, 2)))
     assert np.isnan(empty[0]).all() and np.isnan(empty[1]).all()
 
 
@@ -291,11 +291,13 @@ def test_held_out_selection_picks_on_the_other_fold_and_pools():
     # two options; fold 0: option 0 is better (8/10 vs 5/10); fold 1: option 1 (9/10 vs 2/10)
     hits = np.array([[[8, 5]], [[2, 9]]], dtype=float)  # [fold, resample, option]
     n = np.array([[10], [10]], dtype=float)  # [fold, resample]
-    pooled, picks = stats.selected(hits, n, "held-out")
+    pooled, picks = estimates.selected(hits, n, "held-out")
     assert picks == {0: 1, 1: 0}  # fold 0 is scored with fold 1's choice, and back
     assert list(pooled) == [5 + 2]
-    pooled, picks = stats.selected(hits, n, "in-sample")  # 10/20 vs 14/20
+    pooled, picks = estimates.selected(hits, n, "in-sample")  # 10/20 vs 14/20
     assert picks == {0: 1, 1: 1} and list(pooled) == [14]
-    gap, _, _ = stats.paired_gap(pooled, hits[:, :, 0].sum(0), n.sum(0))
+    gap, _, _ = estimates.paired_gap(pooled, hits[:, :, 0].sum(0), n.sum(0))
     assert gap == pytest.approx((14 - 10) / 20)
-    assert stats.choose(hits, np.zeros_like(n), (0,), default=-1) == -1  # no trials: nothing chosen
+    assert (
+        estimates.choose(hits, np.zeros_like(n), (0,), default=-1) == -1
+    )  # no trials: nothing chosen

@@ -24,7 +24,7 @@ from headprobe.core.errors import UsageError
 from headprobe.inputs.probes import make_probe
 from headprobe.training import series as series_mod
 from headprobe.training.runner import Timeline, timeline
-from headprobe.training.tables import CHECKPOINTS
+from headprobe.training.timeline_tables import CHECKPOINTS
 
 STEPS = [0, 100, 200, 300]
 LENGTH, N = 12, 40

@@ -58,10 +58,10 @@ def example(unit: str, a: Alignment) -> Example:
 
 def run_by_hand(scorer, items, n_heads, causal=True, n_boot=50, keep_units=False):
     """Score `items` = [(unit, alignment, probs [head, T, T])] one example per batch."""
-    scorer.bind(1, n_heads, [0], n_boot=n_boot, keep_units=keep_units)
+    scorer.bind(1, n_heads, [0], n_boot=n_boot, keep_units=keep_units, causal=causal)
     with torch.inference_mode():
         for unit, a, probs in items:
-            batch = Batch([example(unit, a)], [a], pad_id=0, causal=causal)
+            batch = Batch([example(unit, a)], [a], pad_id=0)
             state = scorer.prepare(batch)
             scorer.update(Att(torch.as_tensor(probs, dtype=torch.float32)[None, None, None]), state)
             scorer.end_batch(state)

@@ -90,9 +90,7 @@ def test_comma_pattern_scores_on_hand_built_attention(unregister):
     scorer = analysis.make_scorer()
     scorer.bind(1, 2, [0], n_boot=50)
     with torch.inference_mode():
-        batch = Batch(
-            [Example(words=list("abcdef"), unit="u", source="u:1")], [a], pad_id=0, causal=False
-        )
+        batch = Batch([Example(words=list("abcdef"), unit="u", source="u:1")], [a], pad_id=0)
         state = scorer.prepare(batch)
         scorer.update(Att(torch.as_tensor(probs, dtype=torch.float32)[None, None, None]), state)
         scorer.end_batch(state)

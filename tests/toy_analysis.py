@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from headprobe.scoring.base import CountScorer, RowIndex, masked_word_attention
 from headprobe.scoring.registry import Analysis, RoleRule, register
+from headprobe.scoring.scorer_base import CountScorer, RowIndex, masked_word_attention
 
 SHARE = 0.5
 

@@ -145,13 +145,11 @@ class Batch:
         pad_id: int,
         device="cpu",
         from_mode: str = "mean",
-        causal: bool = False,
     ):
         self.examples = examples
         self.alignments = alignments
         self.device = torch.device(device)
         self.from_mode = from_mode
-        self.causal = causal
         b = len(examples)
         n_pieces = max(len(a) for a in alignments)
         n_words = max(a.n_words for a in alignments)
@@ -183,6 +181,7 @@ class Batch:
         self.words_each = np.array([a.n_words for a in alignments], dtype=np.int64)  # [batch], host
         self.word_mask_host = np.arange(n_words)[None, :] < self.words_each[:, None]  # [b, word]
         self.piece_kind_host = piece_kind  # [batch, piece], host
+        self.piece_word_host = piece_word  # [batch, piece], host
         mask = (piece_kind != PAD).astype(np.int64)
         # exact-length batches have no padding: the model is then fed no mask (`Sites.model_inputs`)
         self.padded = not mask.all()
@@ -231,9 +230,7 @@ class Batch:
         return int(sum(a.n_words for a in self.alignments))
 
 
-def iter_batches(
-    prepared: Prepared, batch_size: int, pad_id: int, device="cpu", from_mode="mean", causal=False
-):
+def iter_batches(prepared: Prepared, batch_size: int, pad_id: int, device="cpu", from_mode="mean"):
     for indices in bucket(prepared, batch_size):
         yield Batch(
             [prepared.examples[i] for i in indices],
@@ -241,7 +238,6 @@ def iter_batches(
             pad_id,
             device=device,
             from_mode=from_mode,
-            causal=causal,
         )
 
 

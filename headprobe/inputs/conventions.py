@@ -53,6 +53,11 @@ class Conventions:
     cut_subtypes: bool = True  # obl:tmod -> obl
     description: str = ""
 
+    def pooling(self, from_mode: str | None) -> str:
+        """The pooling of attention FROM a word over its pieces: `from_mode` where one is given,
+        else these conventions' (the one place a run's `--from-mode` is defaulted)."""
+        return from_mode or self.from_mode
+
     @property
     def tie_order(self) -> tuple[int, ...]:
         """Offsets in baseline tie order: smallest |k| first, negative first."""

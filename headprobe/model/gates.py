@@ -17,7 +17,7 @@
 A head's output reaches the residual stream only through the output projection
 (`o_proj`, `attention.output.dense`, `c_proj`, SqueezeBERT's pointwise convolution, ...),
 whose input is the heads' outputs side by side: features `h*d_head .. (h+1)*d_head` are
-head `h`'s (channels, for a convolution reading [batch, channel, piece]: `sites.features_last`).
+head `h`'s (channels, for a convolution reading [batch, channel, piece]: `projections.features_last`).
 A forward pre-hook on that module rewrites its input as
 
     slice_h <- g * slice_h                        (no means: g = 0 is zero ablation)
@@ -43,13 +43,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from headprobe.model.sites import (
-    AttentionSite,
-    attention_sites,
-    features_last,
-    model_device,
-    projection_in_features,
-)
+from headprobe.model.discovery import attention_sites
+from headprobe.model.projections import features_last, projection_in_features
+from headprobe.model.sites import AttentionSite, model_device
 
 
 def output_projections(model, stack: str | None = None) -> list[nn.Module]:

@@ -4,10 +4,8 @@
     for batch in batches:
         delta, tokens = ablation_rows(model, batch, objective, heads=[(0, 1), (2, 3)])
         # delta [batch, 2]: objective(head ablated) - objective(intact), summed over the row
-        score, tokens = importance_rows(model, batch, objective)
-        # score [batch, layer, head]: |d L_row / d g_h| at g = 1, one backward pass
-
-    head_importance(model, batches, objective)      # DataFrame: layer, head, importance, ...
+        grad, tokens = gate_gradients(model, batch, objective)
+        # grad [batch, layer, head]: d L_row / d g_h at g = 1, one backward pass (|grad|: importance)
 
     steps = prune_steps(prune_order(scores))         # 0%, 10%, ... 100% of heads, least important first
     values = gated_rows(model, objective.targets(model, batch), objective, [heads for _, heads in steps])
@@ -33,30 +31,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-import pandas as pd
 import torch
 
 from headprobe.model.capture import n_layers_heads
 from headprobe.model.gates import HeadGates
 from headprobe.model.objectives import Objective, Targets
-
-
-def importance_rows(
-    model,
-    batch,
-    objective: Objective,
-    means: torch.Tensor | None = None,
-    targets: Targets | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """([batch, layer, head] |dL_row/dg| at g = 1, [batch] pieces scored): one backward pass.
-    `means`: differentiate the mean-ablation gate instead (slice = mean + g (slice - mean))."""
-    if objective.kind == "representation":
-        raise ValueError(
-            "importance needs a language-model loss: the representation change "
-            "1 - cos has zero gradient at g = 1 (load the model with its LM head)"
-        )
-    grad, tokens = gate_gradients(model, batch, objective, means, targets)
-    return grad.abs(), tokens
 
 
 def gate_gradients(
@@ -95,7 +74,7 @@ def graddrop_rows(
     makes dL/dx_l = dL/dy_l at its input x_l; so one forward pass, one backward pass (the plain
     gradients and every dL/dy_l), and per layer a backward pass from x_l down with dL/dy_l as its
     seed give every layer's drop: about L / 2 backward passes, not L forward and L backward."""
-    from headprobe.model.sites import attention_sites
+    from headprobe.model.discovery import attention_sites
 
     targets = objective.targets(model, batch)
     found = attention_sites(model)
@@ -248,35 +227,3 @@ def prune_steps(order: list[tuple[int, int]], percents=PRUNE_PERCENTS) -> list[t
     """[(label "10%", the first heads of `order` removed there)], cumulative: each point removes
     `removed_at(percent, len(order))` heads, the least important first."""
     return [(f"{p}%", list(order[: removed_at(p, len(order))])) for p in percents]
-
-
-def head_importance(
-    model,
-    batches: Iterable,
-    objective: Objective,
-    means: torch.Tensor | None = None,
-    progress: bool = False,
-) -> pd.DataFrame:
-    """Per head: importance = sum over rows of |dL_row/dg_h| / sum of pieces scored (whole
-    data, no intervals; `tokens`, `total` keep the sums), with the objective named."""
-    from tqdm.auto import tqdm
-
-    n_layers, n_heads = n_layers_heads(model, objective.stack)
-    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
-    pieces = 0.0
-    for batch in tqdm(batches, desc="importance", unit="batch", disable=not progress):
-        score, tokens = importance_rows(model, batch, objective, means)
-        total += score.sum(0).double().cpu()
-        pieces += float(tokens.sum())
-    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
-    summed = total.numpy().ravel()
-    return pd.DataFrame(
-        {
-            "layer": layer.ravel(),
-            "head": head.ravel(),
-            "total": summed,
-            "tokens": pieces,
-            "importance": summed / pieces if pieces else np.nan,
-            "objective": objective.description,
-        }
-    )

@@ -34,13 +34,9 @@ from torch import nn
 
 from headprobe.core.errors import UsageError
 from headprobe.model.attention import fallback, routed
-from headprobe.model.sites import (
-    AttentionSite,
-    attention_sites,
-    features_last,
-    is_norm,
-    same_storage,
-)
+from headprobe.model.discovery import attention_sites
+from headprobe.model.projections import features_last, is_norm, same_storage
+from headprobe.model.sites import AttentionSite
 from headprobe.model.unembed import fit_norm
 
 CACHE_KWARGS = ("past_key_values", "past_key_value", "layer_past", "cache")

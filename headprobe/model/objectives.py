@@ -56,7 +56,7 @@ IGNORE = -100  # a target that is not scored (torch's cross-entropy default)
 
 def lm_kind(model) -> str:
     """`causal_lm` or `masked_lm` for a model with a language-model head, else `representation`."""
-    from headprobe.model.sites import attention_sites
+    from headprobe.model.discovery import attention_sites
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
@@ -71,22 +71,23 @@ def mask_key(example) -> str:
     return str(getattr(example, "sent_id", None) or example.unit)
 
 
-def mlm_positions(
-    keys, piece_kind: torch.Tensor, seed: int = SEED, rate: float = MASK_RATE
-) -> torch.Tensor:
+def mlm_positions(keys, piece_kind, seed: int = SEED, rate: float = MASK_RATE) -> torch.Tensor:
     """[batch, piece] bool: the word pieces masked for the MLM loss. Piece `p` of the row keyed
     `keys[b]` is chosen iff keyed_hash(seed, "mask", f"{key}:{p}") < rate * 2**64 and it is a
-    word piece (`piece_kind == WORD`: never a special piece or padding)."""
+    word piece (`piece_kind == WORD`: never a special piece or padding). `piece_kind`: a host
+    array (a `Batch`'s `piece_kind_host`; the result is then on the host) or a tensor (the result
+    on its device)."""
     import torch
 
-    # piece_kind: [batch, piece]
-    kind = piece_kind.cpu().numpy()
+    on_device = isinstance(piece_kind, torch.Tensor)
+    kind = piece_kind.cpu().numpy() if on_device else np.asarray(piece_kind)  # [batch, piece]
     limit = int(rate * 2**64)
     chosen = np.zeros(kind.shape, dtype=bool)
     for row, key in enumerate(keys):
         for piece in np.flatnonzero(kind[row] == WORD):
             chosen[row, piece] = keyed_hash(seed, "mask", f"{key}:{piece}") < limit
-    return torch.from_numpy(chosen).to(piece_kind.device)
+    chosen = torch.from_numpy(chosen)  # [batch, piece]
+    return chosen.to(piece_kind.device) if on_device else chosen
 
 
 @dataclass
@@ -111,8 +112,9 @@ def scored_sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
 def feeding(model, batch, stack: str | None) -> dict:
     """The model's inputs for `batch` on its device: an encoder-decoder's decoder reads its
     start token and the sentence (the decoder stack's batch holds them already)."""
+    from headprobe.model.discovery import attention_sites
     from headprobe.model.gates import model_inputs
-    from headprobe.model.sites import attention_sites, model_device
+    from headprobe.model.sites import model_device
 
     sites = attention_sites(model)
     if sites.encoder_decoder and not isinstance(batch, dict):
@@ -268,10 +270,11 @@ def loss_pieces(batch) -> torch.Tensor | None:
 
 
 def _kinds_and_keys(batch):
-    """(piece kinds [batch, piece], one mask key per row) of a `Batch` or a mapping."""
+    """(piece kinds [batch, piece], one mask key per row) of a `Batch` (its host copy) or a
+    mapping."""
     if isinstance(batch, dict):
         return batch["piece_kind"], list(batch["keys"])
-    return batch.piece_kind, [mask_key(example) for example in batch.examples]
+    return batch.piece_kind_host, [mask_key(example) for example in batch.examples]
 
 
 ABLATIONS = ("zero", "mean", "resample")  # kinds of ablation (METHODS §8), `--ablation`

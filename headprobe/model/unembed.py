@@ -6,7 +6,7 @@
     out.directions(targets)                  # [n, hidden]: g * (W_U[y] - mean_v W_U[v]) (centred for LN)
     out.w_u, out.w_e                         # [vocab, hidden] each: the LM head (else W_E) and W_E
 
-The final norm is the base model's own (`model.sites.final_norm`: Llama `norm`, GPT-2 `ln_f`,
+The final norm is the base model's own (`model.projections.final_norm`: Llama `norm`, GPT-2 `ln_f`,
 OPT/T5 `final_layer_norm`, ...). Its kind and gain are read off the module itself (`fit_norm`):
 eight test vectors with a non-zero mean go through it, and per feature the affine map from each
 candidate normalisation, (x - mean) / std or x / rms, to its output is fitted by least squares;
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from headprobe.core.errors import UsageError
-from headprobe.model.sites import FINAL_NORMS, final_norm
+from headprobe.model.projections import FINAL_NORMS, final_norm
 
 EPS_NAMES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps")
 NORM_KINDS = ("layer", "rms")

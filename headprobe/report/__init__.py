@@ -86,7 +86,7 @@ def build_report(
     """Write `report.html`, `report.md`, `roles.csv`, `tables/*.csv` and every figure as
     `figures/<name>.png` (names: `headprobe.results.store`).
 
-    `formats`: the figure formats to write (a subset of `figures.FORMATS`, or a comma list such as
+    `formats`: the figure formats to write (a subset of `drawing.FORMATS`, or a comma list such as
     "png,svg,pdf"; default PNG only). Without PNG, or with `figures_only`, only the figures are
     written (the pages embed the PNG): `build_report(dir, formats="svg,pdf")` adds vector files to
     an existing report. Each build replaces the files of the formats it writes. Figures are drawn
@@ -99,7 +99,7 @@ def build_report(
     "vector_figures": [SVG and PDF paths], "tables": [CSV paths], "roles"} (all `pathlib.Path`;
     "roles" is the head-role map as a table; only the figure entries when only figures are written).
     """
-    from headprobe.report.figures import DEFAULT_FORMATS, parse_formats
+    from headprobe.report.drawing import DEFAULT_FORMATS, parse_formats
 
     formats = DEFAULT_FORMATS if formats is None else parse_formats(formats)
     figures_only = figures_only or "png" not in formats
@@ -135,7 +135,7 @@ def write_figures(
     """Every figure of `doc` under `fig_dir` in each of `formats` (default PNG only; the files of
     those formats from an earlier build removed first), drawn by `workers` processes (default:
     one per core); returns (PNG paths, SVG and PDF paths)."""
-    from headprobe.report.figures import DEFAULT_FORMATS, write_drawings
+    from headprobe.report.drawing import DEFAULT_FORMATS, write_drawings
 
     formats = DEFAULT_FORMATS if formats is None else tuple(formats)
     fig_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.report import figures as F
 from headprobe.report import methods
 from headprobe.report.document import (
     BulletList,
@@ -31,8 +30,8 @@ from headprobe.report.document import (
     Table,
     slug,
 )
-from headprobe.report.selection import MAX_PANELS, best_tables, described
-from headprobe.report.tables import (
+from headprobe.report.heatmaps import example_figure, heatmap_grid_figure
+from headprobe.report.rendered_tables import (
     BEST_HEADS_LEGEND,
     LEGEND,
     decimals,
@@ -43,6 +42,8 @@ from headprobe.report.tables import (
     head_name,
     to_matrix,
 )
+from headprobe.report.role_figures import role_map_figure
+from headprobe.report.selection import MAX_PANELS, best_tables, described
 from headprobe.results.findings import (
     TOP_LABELS,
     caveats,
@@ -76,11 +77,11 @@ def compose(results, source: str = "") -> Document:
         render = _section_of(name)
         doc.sections.append((render or default_section)(shown, name))
     if shown.control is not None:  # the random-init control (headprobe.model.control)
-        from headprobe.report.control import control_section
+        from headprobe.report.control_section import control_section
 
         doc.sections.append(control_section(shown))
     if len(results.measures) > 1:
-        from headprobe.report.measures import measures_section
+        from headprobe.report.measures_section import measures_section
 
         doc.sections.append(measures_section(results))
     doc.sections += [
@@ -229,7 +230,7 @@ def roles_section(results) -> Section:
     s.add(
         Figure(
             "roles",
-            F.role_map_figure(roles, results.n_layers, results.n_heads, colors),
+            role_map_figure(roles, results.n_layers, results.n_heads, colors),
             "Head-role map. Cell text: the short label of the head's role (an offset, the relation with "
             "the largest held-out gap, '+' when more qualify, ...; see the rules above). " + LEGEND,
             alt="head-role map",
@@ -325,7 +326,7 @@ def default_section(results, analysis: str) -> Section:
         s.add(
             Figure(
                 f"{slug(analysis)}_heads",
-                F.heatmap_grid_figure(
+                heatmap_grid_figure(
                     items,
                     cbar_label="mass / n" if is_mass else "accuracy",
                     vmin=0,
@@ -392,7 +393,7 @@ def examples_section(results) -> Section:
         s.add(
             Figure(
                 f"example_{k:02d}_{slug(analysis)}_{slug(label)}_{name}",
-                F.example_figure(words, att, gold, title, direction),
+                example_figure(words, att, gold, title, direction),
                 _example_caption(ex, words, title, is_best),
                 alt=f"attention of head {name}",
             )

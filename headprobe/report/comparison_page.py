@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headprobe.report import figures as F
 from headprobe.report import html as _html
 from headprobe.report import markdown as _markdown
 from headprobe.report.build import HEAD_LEGEND
@@ -32,7 +31,9 @@ from headprobe.report.document import (
     Table,
     slug,
 )
-from headprobe.report.tables import LEGEND, fmt, fmt_est, fmt_int, fmt_signed_est
+from headprobe.report.heatmaps import matched_heads_figure
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_est, fmt_int, fmt_signed_est
+from headprobe.report.role_figures import compare_roles_figure, role_maps_figure
 from headprobe.results.comparison import Run, compare_runs, unique_names
 from headprobe.results.findings import model_line, provenance
 from headprobe.stats.roles import NONE, role_colors
@@ -43,7 +44,7 @@ def build_comparison(sources, out_dir) -> dict:
     for `sources`: results directories, `Results` or `Run`s (at least one). Raises
     FileNotFoundError / `report.UnreadableResults` for a directory that holds no readable results."""
     from headprobe.report import read_results, write_figures
-    from headprobe.report.figures import FORMATS
+    from headprobe.report.drawing import FORMATS
 
     runs = []
     for source in sources:
@@ -192,7 +193,7 @@ def _roles(runs: list[Run], tables) -> Section:
     s.add(
         Figure(
             "role_maps",
-            F.role_maps_figure(maps, colors, "Head-role maps (first matching rule)"),
+            role_maps_figure(maps, colors, "Head-role maps (first matching rule)"),
             "Head-role maps side by side, each model in its own shape (square cells). " + LEGEND,
             alt="role maps side by side",
         )
@@ -231,7 +232,7 @@ def _roles(runs: list[Run], tables) -> Section:
     s.add(
         Figure(
             "compare_roles",
-            F.compare_roles_figure(shares, heads, colors, "Head roles per model"),
+            compare_roles_figure(shares, heads, colors, "Head roles per model"),
             "Share of heads per role (left) and the relative depth of each role's heads (right; 0 = first "
             "layer, 1 = last).",
             alt="role shares and depths",
@@ -318,7 +319,7 @@ def _pair_blocks(a: str, b: str, m, ra, agree) -> list:
     blocks.append(
         Figure(
             f"matches_{slug(a)}_{slug(b)}",
-            F.matched_heads_figure(sim, names, f"{a}: matched head of {b}"),
+            matched_heads_figure(sim, names, f"{a}: matched head of {b}"),
             f"Each head of {a} coloured by its similarity to the head of {b} it is matched with (cell "
             f"text: that head; grey: unmatched). " + LEGEND,
             alt=f"matched heads {a} {b}",

@@ -32,7 +32,7 @@ class Table:
 @dataclass
 class Figure:
     name: str  # file stem under figures/
-    image: object  # a figures.Drawing (PNG, SVG, PDF), or PNG bytes
+    image: object  # a drawing.Drawing (PNG, SVG, PDF), or PNG bytes
     caption: str
     alt: str = ""
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headprobe.report import figures as F
 from headprobe.report.document import Figure, Section
-from headprobe.report.tables import LEGEND, best_heads_table, to_matrix
+from headprobe.report.heatmaps import heatmap_grid_figure
+from headprobe.report.rendered_tables import LEGEND, best_heads_table, to_matrix
 from headprobe.scoring import registry
-from headprobe.stats.engine import min_trials
+from headprobe.stats.head_selection import min_trials
 
 MAX_PANELS = 12  # the most heatmap panels a section draws
 
@@ -37,7 +37,7 @@ def head_maps(results, name: str, items, cbar: str, center=None, cmap="viridis")
     n_layers, n_heads = results.n_layers, results.n_heads
     return Figure(
         name,
-        F.heatmap_grid_figure(
+        heatmap_grid_figure(
             [
                 (title, to_matrix(table, column, n_layers, n_heads))
                 for title, table, column in items

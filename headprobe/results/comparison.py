@@ -30,7 +30,7 @@ from scipy.optimize import linear_sum_assignment
 
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scoring import registry
-from headprobe.stats.engine import SHOWN_COLUMNS, min_trials
+from headprobe.stats.head_selection import SHOWN_COLUMNS, min_trials
 from headprobe.stats.roles import NONE, role_summary
 
 MATCH_COLUMNS = [

@@ -27,7 +27,7 @@ from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import ALL, Example
 from headprobe.model.capture import AttentionCapture
-from headprobe.model.sites import attention_sites
+from headprobe.model.discovery import attention_sites
 from headprobe.scoring.layer_attention import LayerAttention
 from headprobe.scoring.registry import ARCS, MENTIONS, picture_items, pictured
 

@@ -23,7 +23,7 @@ import pandas as pd
 
 from headprobe.inputs.corpora.base import ALL
 from headprobe.scoring import registry
-from headprobe.stats.engine import SHOWN_COLUMNS, min_trials
+from headprobe.stats.head_selection import SHOWN_COLUMNS, min_trials
 from headprobe.stats.roles import NONE, role_colors, role_summary
 
 TOP_LABELS = 5  # labels shown per analysis in the key findings, besides ALL

@@ -5,7 +5,7 @@
 
 The report (`report/measures.py`) and `analyses/kobayashi2020_norms.py` render them; an
 analysis's own views under each measure live in its module (`Analysis.measures_report`; the
-surface analysis's: `headprobe.studies.surface.measures`).
+surface analysis's: `headprobe.studies.surface.surface_measures`).
 """
 
 from __future__ import annotations

@@ -41,11 +41,19 @@ from headprobe.model.control import (
     with_control,
 )
 from headprobe.results import store
+from headprobe.results.count_table import COUNT_COLUMNS, tidy_counts
 from headprobe.scoring import registry
-from headprobe.scoring.base import compact, concat_compact, sum_duplicates
 from headprobe.scoring.measures import MEASURES, WEIGHTS, tally_key
+from headprobe.scoring.scorer_base import compact, concat_compact, sum_duplicates
 from headprobe.scoring.tally import Tally
-from headprobe.stats import engine as stats
+from headprobe.stats.estimates import ratio
+from headprobe.stats.head_selection import (
+    BASELINE_COLUMNS,
+    BEST_COLUMNS,
+    TEST_COLUMNS,
+    min_trials,
+    selection_tables,
+)
 
 
 class Results:
@@ -123,17 +131,17 @@ class Results:
         trained, control = by_model(self.tallies)
         counts, best, base, tests = [], [], [], []
         for name, tally in trained.items():
-            counts.append(stats.tidy_counts(tally))
+            counts.append(tidy_counts(tally))
             analysis = _registered(name)
             if analysis is not None and analysis.selection:
-                b, bl, t = stats.selection_tables(
-                    tally, analysis.family, stats.min_trials(analysis.name), analysis.selects
+                b, bl, t = selection_tables(
+                    tally, analysis.family, min_trials(analysis.name), analysis.selects
                 )
                 best.append(b), base.append(bl), tests.append(t)
-        self._tables["counts"] = _concat(counts, stats.COUNT_COLUMNS)
-        self._tables["best_heads"] = _concat(best, stats.BEST_COLUMNS)
-        self._tables["baselines"] = _concat(base, stats.BASELINE_COLUMNS)
-        self._tables["head_tests"] = _concat(tests, stats.TEST_COLUMNS)
+        self._tables["counts"] = _concat(counts, COUNT_COLUMNS)
+        self._tables["best_heads"] = _concat(best, BEST_COLUMNS)
+        self._tables["baselines"] = _concat(base, BASELINE_COLUMNS)
+        self._tables["head_tests"] = _concat(tests, TEST_COLUMNS)
         if control:  # the random-init control: its own tables, its best beside ours
             self._control = Results(control, dict(self.summary), self.examples)
             self._tables["best_heads"] = with_control(self.best_heads, self._control.best_heads)
@@ -273,7 +281,7 @@ class Results:
         if direction is not None:
             c = c[c["direction"] == direction]
         out = c[["label", "layer", "head", "direction", "n", "hits", "mass"]].reset_index(drop=True)
-        return out.assign(accuracy=stats.ratio(out["hits"], out["n"]))
+        return out.assign(accuracy=ratio(out["hits"], out["n"]))
 
     def best_head(
         self, analysis: str, label: str, selection: str = "in-sample", measure: str | None = None
@@ -324,7 +332,7 @@ class Results:
         if not len(c):
             return pd.DataFrame(columns=["layer"])
         g = c.groupby(["layer", "label"], as_index=False)[["n", "mass"]].sum()
-        g["mean"] = stats.ratio(g["mass"], g["n"])
+        g["mean"] = ratio(g["mass"], g["n"])
         wide = g.pivot_table(
             index="layer", columns="label", values="mean", aggfunc="first"
         ).reset_index()
@@ -348,7 +356,7 @@ class Results:
         analysis, mass / n (mean attention mass) for a mass analysis."""
         scores = self.head_scores(analysis, label, direction, fold, measure)
         is_mass = scores["hits"].isna() & scores["mass"].notna()
-        value = np.where(is_mass, stats.ratio(scores["mass"], scores["n"]), scores["accuracy"])
+        value = np.where(is_mass, ratio(scores["mass"], scores["n"]), scores["accuracy"])
         return scores[["label", "layer", "head", "direction", "n"]].assign(value=value)
 
     def unreachable_arcs(self, analysis: str, measure: str | None = None) -> pd.DataFrame:
@@ -376,7 +384,7 @@ class Results:
             key=lambda s: s.map(rank) if s.name == "label" else s,
             kind="stable",
         ).reset_index(drop=True)
-        return per.assign(share=stats.ratio(per["unreachable"], per["n"]))[columns]
+        return per.assign(share=ratio(per["unreachable"], per["n"]))[columns]
 
     def best_heads_wide(self, analysis: str, measure: str | None = None) -> pd.DataFrame:
         """One row per label (labels() order): the in-sample best-heads row, then the pooled

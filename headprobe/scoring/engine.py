@@ -10,7 +10,7 @@ counts only in `end_batch`).
 Models over several devices (accelerate `device_map`): a layer's attention is pooled to
 words on the device where the layer runs (the batch's word maps are copied there once per
 batch and device); the word-level block, smaller than the piece-level one, is then handed
-to the scorers on the batch's device (`capture.model_device`), where their counts live.
+to the scorers on the batch's device (`sites.model_device`), where their counts live.
 
 Scorers that run the model themselves (head ablation and importance,
 `scoring.model_scorer`: they have `model_pass`) get each batch first, outside inference
@@ -20,7 +20,7 @@ Query blocks (`PassSettings.query_block = N`, `--query-block`): capture hands a 
 pieces at a time (`capture.QueryBlock`); `pooling.WordRows` pools them into the word rows that
 are complete (all of a word's pieces seen, in every example of the batch) and each block goes to the
 scorers as a `LayerAttention` with `query_pieces`, `query_words`, `first`, `last` (the
-block API, `scoring.base.CountScorer.blocks`). Only when every scorer supports blocks;
+block API, `scoring.scorer_base.CountScorer.blocks`). Only when every scorer supports blocks;
 otherwise the run is unblocked and `stats_["notes"]` says why. Unblocked (the default) is
 one block of every row, computed exactly as before.
 
@@ -31,7 +31,7 @@ distinct matrix (the weights, N, N by rows) is stacked on a leading axis and poo
 one call, and each scorer gets the `LayerAttention` of its (measures, reading), shared by the
 scorers that read the same; it counts every measure in one call per layer.
 
-A scorer's per-batch state is a value (`scoring.base.BatchState`): `prepare(batch)` (or, for a
+A scorer's per-batch state is a value (`scoring.scorer_base.BatchState`): `prepare(batch)` (or, for a
 scorer that runs the model, `model_pass`) returns it, `update(attention, state)` adds to
 it, `end_batch(state)` commits it to the tallies.
 """
@@ -53,21 +53,18 @@ from tqdm.auto import tqdm
 from headprobe.core.atomic import test_pause
 from headprobe.inputs.batching import Batch, Pool, prefetched, prepare
 from headprobe.inputs.conventions import get_conventions
-from headprobe.model.capture import (
-    AttentionCapture,
-    QueryBlock,
-    check_capturable,
-    model_device,
-    text_config,
-)
-from headprobe.model.sites import attention_sites
-from headprobe.scoring.base import ReadsConventions, RunsModel
+from headprobe.model.capture import AttentionCapture, QueryBlock
+from headprobe.model.discovery import attention_sites
+from headprobe.model.head_quantities import check_capturable
+from headprobe.model.padding import padding_id
+from headprobe.model.sites import model_device, text_config
 from headprobe.scoring.batch_size import auto_batch_size
 from headprobe.scoring.distributed import World, owns
 from headprobe.scoring.layer_attention import measured_attention, view_of, without_rows
 from headprobe.scoring.layer_stack import LayerStack, with_layer_axis
 from headprobe.scoring.measures import WEIGHTS, needs_of
 from headprobe.scoring.pooling import WordRows
+from headprobe.scoring.scorer_base import ReadsConventions, RunsModel
 
 if TYPE_CHECKING:
     from headprobe.scoring.pass_settings import PassSettings
@@ -103,12 +100,6 @@ def chunked(items, size: int):
             chunk = []
     if chunk:
         yield chunk
-
-
-def is_causal(model, stack: str | None = None) -> bool:
-    """Is the attention of `stack` (default: the model's) causal? Decided per site from its own
-    mask (`headprobe.model.sites`)."""
-    return attention_sites(model).causal(stack)
 
 
 def max_length(model, tokenizer) -> int:
@@ -202,11 +193,11 @@ class Engine:
     configuration builds (`RunConfig.pass_settings`); a caller of its own builds one: the engine
     sits below the options and imports nothing of them. `batch_size` overrides the settings'
     for one pass (coreference windows: a quarter); `desc` names the progress bar. The batches go
-    where the model takes its inputs (`capture.model_device`).
+    where the model takes its inputs (`sites.model_device`).
 
     conventions: a `headprobe.inputs.conventions` preset (name or object); it gives the
     from-pooling when `from_mode` is None, and scorers that read conventions
-    (`base.ReadsConventions`) get it before they are bound. None: the default pooling
+    (`scorer_base.ReadsConventions`) get it before they are bound. None: the default pooling
     (METHODS §1), and scorers keep their own conventions.
 
     stack: the attention stack scored ("encoder", "decoder", "cross"; `headprobe.model.sites`; None:
@@ -233,7 +224,7 @@ class Engine:
         self.device = model_device(model)
         self.batch_size = batch_size or config.batch_size or auto_batch_size(model, self.device)
         self.conventions = get_conventions(conventions)
-        self.from_mode = config.from_mode or self.conventions.from_mode
+        self.from_mode = self.conventions.pooling(config.from_mode)
         self.notes: list[str] = []
         unblocked = [type(s).__name__ for s in self.scorers if not getattr(s, "blocks", False)]
         if query_block and unblocked:
@@ -267,8 +258,7 @@ class Engine:
         self._bind_scorers(
             conventions is not None, config.seed, config.n_boot, config.keep_unit_counts
         )
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        self.pad_id = padding_id(tokenizer)
 
     def _bind_scorers(self, give_conventions: bool, seed: int, n_boot: int, keep_units: bool):
         """Bind every scorer to the stack's layers and heads (the conventions given to those that
@@ -284,6 +274,7 @@ class Engine:
                 n_boot=n_boot,
                 keep_units=keep_units,
                 device=self.device,
+                causal=self.causal,
             )
         for scorer in self.model_scorers:
             scorer.use_model(self.model, self.tokenizer, stack=self.stack)
@@ -489,7 +480,6 @@ class Engine:
             self.pad_id,
             device=self.device,
             from_mode=self.from_mode,
-            causal=self.causal,
         )
 
     def _score(self, batch: Batch) -> None:

@@ -14,7 +14,8 @@ from functools import cached_property
 import torch
 
 from headprobe.inputs.batching import Batch
-from headprobe.model.capture import Heads, QueryBlock
+from headprobe.model.capture import QueryBlock
+from headprobe.model.head_quantities import Heads
 from headprobe.scoring.measures import ARGMAX, WEIGHTS, MeasuredPieces
 from headprobe.scoring.pooling import WordMaps, WordRows, pool_words
 
@@ -92,7 +93,7 @@ def view_of(scorer) -> tuple[tuple[str, ...], str]:
 
 
 def without_rows(heads, block: QueryBlock | None, offset: int):
-    """The capture's payload (probs, or a `capture.Heads`) without the first `offset` query rows
+    """The capture's payload (probs, or a `head_quantities.Heads`) without the first `offset` query rows
     (cross-attention: the decoder start token's row), and the block renumbered; (None, None)
     when a block holds none of the other rows. Key quantities (value_norms) stay whole."""
     probs = (
@@ -137,7 +138,7 @@ def measured_attention(
 ):
     """(scorer, LayerAttention) for each scorer, in order: one `LayerAttention` per (measures,
     reading) that some scorer reads (`view_of`), built from what the capture handed on for
-    `layers` (`heads`: the probabilities, or a `capture.Heads`, each with a leading layer axis),
+    `layers` (`heads`: the probabilities, or a `head_quantities.Heads`, each with a leading layer axis),
     shared by the scorers that read it. Every distinct matrix of every layer is pooled to words
     once, in one call over the leading axes. With a query `block` (one layer), `pooling`
     ({layer: WordRows}, kept across the layer's blocks) pools its rows."""

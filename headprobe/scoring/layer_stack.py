@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from headprobe.model.capture import Heads
+from headprobe.model.head_quantities import Heads
 
 
 def with_layer_axis(heads):

@@ -35,7 +35,7 @@ WEIGHTS, NORMS = "weights", "norms"
 MEASURES = (WEIGHTS, NORMS)
 DEFAULT = (WEIGHTS,)
 ARGMAX, MASS = "argmax", "mass"  # how a scorer reads a measure (see the docstring)
-# the capture quantities (`capture.QUANTITIES`) each measure is computed from
+# the capture quantities (`head_quantities.QUANTITIES`) each measure is computed from
 NEEDS = {WEIGHTS: frozenset({"probs"}), NORMS: frozenset({"probs", "value_norms"})}
 
 
@@ -76,7 +76,7 @@ class MeasuredPieces:
     each computed once when first asked for: `get(measure, reads)` -> [batch, head, query, key]."""
 
     def __init__(self, heads):
-        self.heads = heads  # a tensor (probs) or a `capture.Heads` mapping
+        self.heads = heads  # a tensor (probs) or a `head_quantities.Heads` mapping
         self._cache: dict[tuple[str, str], torch.Tensor] = {}
 
     @property

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headprobe.scoring.base import BatchState, CountScorer
+from headprobe.scoring.scorer_base import BatchState, CountScorer
 
 if TYPE_CHECKING:
     import torch

@@ -69,8 +69,7 @@ class WordRows:
         self.w = batch.max_words
         spans = batch.__dict__.get("_headprobe_spans")
         if spans is None:  # each word's first and last piece
-            kind = batch.piece_kind.cpu().numpy()
-            word = batch.piece_word.cpu().numpy()
+            kind, word = batch.piece_kind_host, batch.piece_word_host  # [batch, piece] each, host
             b, t = kind.shape
             first = np.full(
                 (b, self.w), t, dtype=np.int64

@@ -100,7 +100,7 @@ class Analysis:
     description: str = ""
     family: Callable | None = None
     # the fewest trials a label needs to name a best head or a role; None: the statistics
-    # engine's default (`headprobe.stats.engine.MIN_N`, passed in where it is needed)
+    # engine's default (`headprobe.stats.head_selection.MIN_N`, passed in where it is needed)
     min_n: int | None = None
     roles: tuple = ()
     tables: dict = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""Per-head estimates of an analysis's tally as tables (the numbers of `headprobe.stats.engine`).
+"""Per-head estimates of an analysis's tally as tables (the numbers of `headprobe.stats.estimates`).
 
     heads = head_table(results, "induction", all_rows_label="mul")   # label x head, with intervals
     groups = group_table(results, "induction")                     # layer x KV group
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headprobe.stats.engine import choose, estimate, paired_gap, ratio
+from headprobe.stats.estimates import choose, estimate, paired_gap, ratio
 
 HEAD_COLUMNS = [
     "label",
@@ -84,7 +84,7 @@ def head_table(results, analysis: str, all_rows_label: str | None = None) -> pd.
 
 
 def _label_heads(tally, label: str, group: int, all_rows: bool) -> pd.DataFrame:
-    """`head_table`'s rows of one label (the numbers from `headprobe.stats.engine`)."""
+    """`head_table`'s rows of one label (the numbers from `headprobe.stats.estimates`)."""
     a = tally.arrays(label)
     mass = a["hits"][..., 0]  # [fold, resample, layer, head]
     n = a["n"][..., 0]  # [fold, resample]

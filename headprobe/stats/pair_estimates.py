@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from headprobe.scoring.pair_tally import pair_arrays
-from headprobe.stats.engine import estimate, holm, ratio
+from headprobe.stats.estimates import estimate, holm, ratio
 
 PAIR_COLUMNS = [
     "analysis",

@@ -16,7 +16,7 @@ import pandas as pd
 
 from headprobe.model.control import control_bar
 from headprobe.scoring.registry import RoleRule, declaring, role_rules
-from headprobe.stats.engine import ALPHA
+from headprobe.stats.head_selection import ALPHA
 
 NONE = "none"
 NONE_COLOR = "#f2f2f2"

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headprobe.report import figures as F
 from headprobe.report import html as _html
 from headprobe.report import markdown as _markdown
 from headprobe.report import methods
@@ -31,9 +30,24 @@ from headprobe.report.document import (
     Section,
     Table,
 )
+from headprobe.report.drawing import (
+    DEFAULT_FORMATS,
+    Drawing,
+    drawing,
+    new_figure,
+    parse_formats,
+    planned,
+)
+from headprobe.report.role_figures import role_maps_figure
 from headprobe.results import store
 from headprobe.stats.roles import role_colors
-from headprobe.training.tables import CHECKPOINTS, RECORD, TABLES, objective_analysis, role_counts
+from headprobe.training.timeline_tables import (
+    CHECKPOINTS,
+    RECORD,
+    TABLES,
+    objective_analysis,
+    role_counts,
+)
 
 REPORT_HTML, REPORT_MARKDOWN = "timeline.html", "timeline.md"
 MAPS_PER_FIGURE = 6  # role maps side by side in one figure
@@ -73,7 +87,7 @@ def build_timeline_report(directory, out_dir=None, formats=None) -> dict:
     doc = compose_timeline(record, tables, results)
     out = Path(out_dir) if out_dir is not None else directory / store.REPORT_DIR
     paths = {"out_dir": out, "figures_dir": out / store.REPORT_FIGURES}
-    formats = F.DEFAULT_FORMATS if formats is None else F.parse_formats(formats)
+    formats = DEFAULT_FORMATS if formats is None else parse_formats(formats)
     paths["figures"], paths["vector_figures"] = write_figures(doc, paths["figures_dir"], formats)
     paths["html"] = out / REPORT_HTML
     paths["html"].write_text(_html.render(doc), encoding="utf-8")
@@ -212,15 +226,13 @@ def log_steps(steps) -> bool:
     return len(positive) > 1 and max(positive) / min(positive) >= 100
 
 
-@F.planned
-def over_steps_figure(
-    panels: list, ylabel: str, log: bool, colors: dict | None = None
-) -> F.Drawing:
+@planned
+def over_steps_figure(panels: list, ylabel: str, log: bool, colors: dict | None = None) -> Drawing:
     """One panel per (title, frame of step, line, value, low, high): a line per `line` over the
     steps, its 95% interval as a band (where it has one); two panels a row."""
     n_cols = min(2, len(panels))
     n_rows = -(-len(panels) // n_cols)
-    fig = F.new_figure(5.2 * n_cols, 3.0 * n_rows)
+    fig = new_figure(5.2 * n_cols, 3.0 * n_rows)
     axes = np.atleast_1d(fig.subplots(n_rows, n_cols, squeeze=False)).ravel()
     for ax, (title, frame) in zip(axes, panels):
         for line, sub in frame.groupby("line", sort=False):
@@ -244,7 +256,7 @@ def over_steps_figure(
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     fig.tight_layout()
-    return F.drawing(fig)
+    return drawing(fig)
 
 
 def best_panels(best: pd.DataFrame) -> list:
@@ -325,7 +337,7 @@ def roles_section(tables: dict, results, steps) -> Section:
         s.add(
             Figure(
                 f"timeline_role_maps_{k + 1}",
-                F.role_maps_figure(chunk, colors),
+                role_maps_figure(chunk, colors),
                 "The role map of each checkpoint (layer x head; first role), side by side.",
                 alt="role maps of the checkpoints",
             )

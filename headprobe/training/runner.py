@@ -28,7 +28,7 @@ from headprobe.core import atomic
 from headprobe.core.errors import UsageError
 from headprobe.results import store
 from headprobe.training import series as checkpoints_of
-from headprobe.training.tables import (
+from headprobe.training.timeline_tables import (
     CHECKPOINTS,
     FORMAT,
     RECORD,

@@ -23,6 +23,7 @@ from collections import defaultdict
 
 from headprobe.core.seeds import keyed_hash
 from headprobe.model.objectives import mask_key
+from headprobe.model.padding import padding_id
 
 KIND_NOTES = {
     "zero": "the head's slice set to 0",
@@ -48,8 +49,8 @@ class Baselines:
     def read(self, model, tokenizer, examples, stack=None, batch_size: int = 16) -> None:
         """One pass over `examples` (tokenized as the engine does): the means and the pairing."""
         from headprobe.inputs.batching import iter_batches, prepare
+        from headprobe.model.discovery import attention_sites
         from headprobe.model.gates import head_means
-        from headprobe.model.sites import attention_sites
         from headprobe.scoring.engine import max_length
 
         sites = attention_sites(model)
@@ -62,8 +63,8 @@ class Baselines:
             lengths = {len(a) for a in aligned}
             probe = all("input_ids" in (e.meta or {}) for e in prepared.examples)
             self.per_position = probe and len(lengths) == 1
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             prepared.alignments = aligned
+            pad = padding_id(tokenizer)
             batches = iter_batches(prepared, batch_size, pad, device=_device(model))
             self.means = head_means(model, batches, stack=stack, per_position=self.per_position)
 
@@ -122,7 +123,6 @@ def rows_of(batch, kept: list[int]):
         0,
         device=batch.device,
         from_mode=batch.from_mode,
-        causal=batch.causal,
     )
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned
+from headprobe.report.heatmaps import heatmap_grid_figure
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, fmt_int, head_name, to_matrix
 from headprobe.report.selection import described
-from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, head_name, to_matrix
 from headprobe.scoring import registry
 from headprobe.stats.roles import NONE, importance_ranks, role_colors
 
@@ -37,10 +38,10 @@ def role_with_importance(row) -> str:
 # ---------------------------------------------------------------- figures
 
 
-@F.planned
-def prune_figure(curve: pd.DataFrame, title: str) -> F.Drawing:
+@planned
+def prune_figure(curve: pd.DataFrame, title: str) -> Drawing:
     """The objective (with its 95% interval) against the share of heads removed."""
-    fig = F.new_figure(5.2, 3.4)
+    fig = new_figure(5.2, 3.4)
     ax = fig.subplots()
     x = curve["fraction"].to_numpy(float) * 100
     ax.fill_between(
@@ -58,14 +59,14 @@ def prune_figure(curve: pd.DataFrame, title: str) -> F.Drawing:
     ax.set_title(title, fontsize=9)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7)
-    F.finish(fig)
-    return F.drawing(fig)
+    finish(fig)
+    return drawing(fig)
 
 
-@F.planned
-def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str) -> F.Drawing:
+@planned
+def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str) -> Drawing:
     """Each head with a role: the number that decided its role against its importance."""
-    fig = F.new_figure(5.6, 3.8)
+    fig = new_figure(5.6, 3.8)
     ax = fig.subplots()
     shown = roles[
         (roles["role"] != NONE) & roles["score"].notna() & roles["importance_score"].notna()
@@ -95,8 +96,8 @@ def role_importance_figure(roles: pd.DataFrame, colors: dict[str, str], by: str)
         ax.legend(fontsize=7)
     else:
         ax.text(0.5, 0.5, "no head has a role", ha="center", va="center", transform=ax.transAxes)
-    F.finish(fig)
-    return F.drawing(fig)
+    finish(fig)
+    return drawing(fig)
 
 
 # ---------------------------------------------------------------- sections
@@ -122,7 +123,7 @@ def importance_section(results, analysis: str) -> Section:
     s.add(
         Figure(
             f"{slug(analysis)}_heads",
-            F.heatmap_grid_figure(
+            heatmap_grid_figure(
                 [(analysis, to_matrix(table, "score", results.n_layers, results.n_heads))],
                 cbar_label="per piece",
             ),

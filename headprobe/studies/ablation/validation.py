@@ -22,10 +22,9 @@ import pandas as pd
 
 from headprobe.core.seeds import keyed_hash
 from headprobe.scoring.registry import ANY, Analysis, register
-from headprobe.stats.engine import percentiles, ratio
+from headprobe.stats.estimates import percentiles, ratio
 from headprobe.stats.heads import tally_scores
-from headprobe.studies.ablation.analysis import (
-    HOMES,
+from headprobe.studies.ablation.effects import (
     AblationScorer,
     label_parts,
     objective_table,
@@ -234,7 +233,6 @@ IMPORTANCE_CHECK = register(
         default=False,
         added_by="importance",
         options=("ablation",),
-        homes=HOMES,
         description="each estimate of `importance` against exact ablation of a validation sample of "
         f"heads (its top {TOP} and {RANDOM} drawn at random, seeded): Spearman's rho with a bootstrap "
         "interval (METHODS §8)",

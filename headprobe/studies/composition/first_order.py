@@ -19,7 +19,7 @@ gradient dotted with the sender's change d_s = b_s - c_s as it reaches r's layer
 The check (`check_frames`) puts the estimate beside the exact change (`path_patching.exact_rows`)
 for each edge of the validation sample, both per unit, with Spearman's rho over the sample and
 its interval over the units' bootstrap resamples, as the importance check does (its helpers are
-reused: `_spearman`, `WEAK`; the interval's ends from `stats.engine.percentiles`).
+reused: `_spearman`, `WEAK`; the interval's ends from `stats.estimates.percentiles`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch
 
 from headprobe.model.channels import CHANNELS, channel_attention, layer_input
 from headprobe.model.gates import _counted, call_order
-from headprobe.model.sites import features_last
-from headprobe.stats.engine import percentiles, ratio
+from headprobe.model.projections import features_last
+from headprobe.stats.estimates import percentiles, ratio
 from headprobe.studies.ablation.analysis import ABLATION
 from headprobe.studies.ablation.validation import WEAK, _spearman
 from headprobe.studies.composition.intervention import BUDGET, block_size

@@ -79,7 +79,7 @@ def probe_batches(model, tokenizer, length: int = 50, n: int = 20, batch_size: i
     prepared = prepare(examples, tokenizer, max_length=2 * length + 8)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
-    return list(iter_batches(prepared, batch_size, pad, device=device, causal=True))
+    return list(iter_batches(prepared, batch_size, pad, device=device))
 
 
 def repeated_half(batch) -> tuple | None:

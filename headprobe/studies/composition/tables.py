@@ -13,7 +13,7 @@ tally's unit weights, `scoring.tally.UnitDraws`; a resample's effect is its weig
 over its weighted rows). `p_holm`: each edge's two-sided test of "output effect = 0" (its
 bootstrap z, the effect over the resamples' standard deviation; with 1,000 resamples the
 smallest percentile p-value, 1/1001, could never survive Holm over thousands of edges), Holm's
-correction over every edge of the run (`stats.engine.holm`). The pattern and output effects
+correction over every edge of the run (`stats.estimates.holm`). The pattern and output effects
 are magnitudes, so a small `p_holm` says an edge is not 0, not that it matters: the effect
 sizes rank the edges.
 """
@@ -27,7 +27,7 @@ from scipy.stats import norm
 from headprobe.model.layer_cache import check_supported
 from headprobe.model.objectives import Objective
 from headprobe.scoring.tally import UnitDraws
-from headprobe.stats.engine import holm, percentiles
+from headprobe.stats.estimates import holm, percentiles
 from headprobe.studies.ablation.validation import _spearman
 from headprobe.studies.composition.first_order import KIND, check_frames, per_resample
 from headprobe.studies.composition.path_patching import validation_sample

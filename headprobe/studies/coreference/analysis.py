@@ -40,7 +40,8 @@ import numpy as np
 import pandas as pd
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.base import (
+from headprobe.scoring.registry import COREFERENCE, MENTIONS, Analysis, RoleRule, register
+from headprobe.scoring.scorer_base import (
     BatchState,
     BothIndex,
     CountScorer,
@@ -48,9 +49,8 @@ from headprobe.scoring.base import (
     first_argmax,
     query_rows,
 )
-from headprobe.scoring.registry import COREFERENCE, MENTIONS, Analysis, RoleRule, register
 from headprobe.stats import roles
-from headprobe.stats.engine import ALPHA
+from headprobe.stats.head_selection import ALPHA
 
 if TYPE_CHECKING:
     import torch

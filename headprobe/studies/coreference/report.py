@@ -8,10 +8,10 @@ Accuracy and gap heatmaps per mention kind and the best heads; rendering only.
 
 from __future__ import annotations
 
-from headprobe.report import figures as F
 from headprobe.report.document import Figure, Paragraph, Section, slug
+from headprobe.report.heatmaps import accuracy_gap_figure
+from headprobe.report.rendered_tables import LEGEND
 from headprobe.report.selection import accuracy_panels, best_tables
-from headprobe.report.tables import LEGEND
 
 
 def coreference_section(results, analysis: str) -> Section:
@@ -30,7 +30,7 @@ def coreference_section(results, analysis: str) -> Section:
         s.add(
             Figure(
                 slug(analysis),
-                F.accuracy_gap_figure(panels),
+                accuracy_gap_figure(panels),
                 "Coreference accuracy per head for each mention kind (left) and accuracy minus the in-sample "
                 "best baseline (right). " + LEGEND,
                 alt=f"{analysis} heatmaps",

@@ -30,7 +30,8 @@ import pandas as pd
 
 from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.base import (
+from headprobe.scoring.registry import ARCS, SENTENCES, Analysis, RoleRule, register
+from headprobe.scoring.scorer_base import (
     BatchState,
     BothIndex,
     CountScorer,
@@ -39,9 +40,8 @@ from headprobe.scoring.base import (
     query_rows,
     word_fill,
 )
-from headprobe.scoring.registry import ARCS, SENTENCES, Analysis, RoleRule, register
 from headprobe.stats import roles
-from headprobe.stats.engine import ALPHA
+from headprobe.stats.head_selection import ALPHA
 
 if TYPE_CHECKING:
     import torch
@@ -124,13 +124,12 @@ class DependencyScorer(CountScorer):
         )
         return state
 
-    @staticmethod
-    def unreachable(batch, table) -> np.ndarray:
+    def unreachable(self, batch, table) -> np.ndarray:
         """[arc, direction]: 1 where the arc's row (dep->head) or column (head<-dep) is empty
         in every head: in a causal model, the first word sees no other word, and no other
         word sees the last one."""
         out = np.zeros((len(table), 2), dtype=np.int64)
-        if batch.causal and len(table):
+        if self.causal and len(table):
             n_words = np.array([len(ex.words) for ex in batch.examples])[table[:, 0]]
             out[:, 0] = table[:, 1] == 0
             out[:, 1] = table[:, 1] == n_words - 1

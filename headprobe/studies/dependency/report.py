@@ -12,8 +12,9 @@ from __future__ import annotations
 import pandas as pd
 
 from headprobe.inputs.corpora.base import ALL
-from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.report.heatmaps import accuracy_gap_figure, gap_grid_figure
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_int
 from headprobe.report.selection import (
     MAX_PANELS,
     accuracy_panels,
@@ -21,9 +22,8 @@ from headprobe.report.selection import (
     gap_items,
     split_by_size,
 )
-from headprobe.report.tables import LEGEND, fmt, fmt_int
 from headprobe.scoring import registry
-from headprobe.stats.engine import min_trials
+from headprobe.stats.head_selection import min_trials
 from headprobe.studies.dependency.analysis import NOT_PER_RELATION
 
 
@@ -54,7 +54,7 @@ def dependency_section(results, analysis: str) -> Section:
         s.add(
             Figure(
                 f"{key}_all",
-                F.accuracy_gap_figure(panels),
+                accuracy_gap_figure(panels),
                 f"Dependency accuracy per head for {main} arcs, each direction (left), and accuracy minus "
                 f"the in-sample best baseline (right; named in the panel title). " + LEGEND,
                 alt=f"{analysis} heatmaps {main}",
@@ -66,7 +66,7 @@ def dependency_section(results, analysis: str) -> Section:
         s.add(
             Figure(
                 f"{key}_relations",
-                F.gap_grid_figure(items),
+                gap_grid_figure(items),
                 f"Per relation with at least {min_trials(analysis)} arcs (largest first): accuracy in the "
                 "head's better direction minus the relation's in-sample best baseline. Blue: below the "
                 "baseline, red: above. " + LEGEND,

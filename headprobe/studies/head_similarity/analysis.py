@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.scoring.base import BatchState, CountScorer, RowIndex
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import SENTENCES, Analysis, register
+from headprobe.scoring.scorer_base import BatchState, CountScorer, RowIndex
 
 if TYPE_CHECKING:
     import torch

@@ -15,9 +15,9 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.lines import Line2D
 
-from headprobe.report import figures as F
+from headprobe.report import drawing as F
 from headprobe.report.document import BulletList, Cell, Figure, Paragraph, Section, Table, slug
-from headprobe.report.tables import LEGEND, fmt
+from headprobe.report.rendered_tables import LEGEND, fmt
 from headprobe.stats.roles import NONE, role_colors
 from headprobe.studies.head_similarity.analysis import distance_matrix, layer_cohesion, linkage
 

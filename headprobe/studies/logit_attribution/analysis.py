@@ -71,7 +71,7 @@ def repeated_half(batch) -> torch.Tensor:
 
 def refusal(model) -> str | None:
     """Why DLA is not defined on `model` (one line), or None."""
-    from headprobe.model.sites import attention_sites
+    from headprobe.model.discovery import attention_sites
 
     name = type(model).__name__
     if attention_sites(model).encoder_decoder:

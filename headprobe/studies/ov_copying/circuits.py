@@ -16,7 +16,8 @@ import pandas as pd
 import torch
 
 from headprobe.core.errors import UsageError
-from headprobe.model.sites import attention_sites, output_weight, value_weight
+from headprobe.model.discovery import attention_sites
+from headprobe.model.sites import output_weight, value_weight
 from headprobe.model.unembed import fit_norm, unembedding
 from headprobe.studies.ov_copying.counts import NAME, TOP_K
 

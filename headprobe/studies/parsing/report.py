@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
-from headprobe.report.tables import LEGEND, fmt, fmt_ci, fmt_int, to_matrix
+from headprobe.report.heatmaps import heatmap_grid_figure
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, fmt_int, to_matrix
 
 
 def parsing_section(results, analysis: str) -> Section:
@@ -125,7 +125,7 @@ def _heads_figure(heads, n_layers: int, n_heads: int, analysis: str) -> Figure |
         return None
     return Figure(
         f"{slug(analysis)}_heads",
-        F.heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1),
+        heatmap_grid_figure(items, cbar_label="accuracy", vmin=0, vmax=1),
         "Per head, on the parsing arcs: argmax accuracy in each direction and the UUAS of its maximum "
         "spanning tree. " + LEGEND,
         alt="per-head parsing accuracy",

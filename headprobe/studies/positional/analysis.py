@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.scoring.base import (
+from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, get, register
+from headprobe.scoring.scorer_base import (
     BatchState,
     CountScorer,
     UnitLabelRows,
     first_argmax,
     query_rows,
 )
-from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, get, register
 from headprobe.stats import roles
 
 if TYPE_CHECKING:

@@ -11,9 +11,10 @@ import math
 
 import pandas as pd
 
-from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
-from headprobe.report.tables import LEGEND, fmt, fmt_int, head_name, to_matrix
+from headprobe.report.drawing import Drawing, drawing, finish, legible, new_figure, planned
+from headprobe.report.heatmaps import layer_head_heatmap, panel_size, small_panel_size
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_int, head_name, to_matrix
 from headprobe.scoring import registry
 from headprobe.studies.positional.analysis import LABELS, POSITIONAL_SHARE, offset_shares
 
@@ -86,20 +87,20 @@ def _rule_met(results, roles: list[str]) -> dict:
     }
 
 
-@F.planned
-def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> F.Drawing:
+@planned
+def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> Drawing:
     """One share heatmap per positional label (-2..+2, special, other)."""
     labels = [lab for lab in LABELS if lab in shares.columns]
-    annotated = F.legible(n_layers, n_heads)
+    annotated = legible(n_layers, n_heads)
     ncols = min(2 if (annotated and n_heads >= 8) else 4, len(labels))
     nrows = math.ceil(len(labels) / ncols)
-    w, h = F.panel_size(n_layers, n_heads) if annotated else F.small_panel_size(n_layers, n_heads)
-    fig = F.new_figure(ncols * w, nrows * h + 0.5)
+    w, h = panel_size(n_layers, n_heads) if annotated else small_panel_size(n_layers, n_heads)
+    fig = new_figure(ncols * w, nrows * h + 0.5)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for k, lab in enumerate(labels):
         mat = to_matrix(shares, lab, n_layers, n_heads)
         name = {"0": "0 (self)", "special": "special token", "other": "other offset"}.get(lab, lab)
-        F.layer_head_heatmap(
+        layer_head_heatmap(
             axes[k // ncols, k % ncols],
             mat,
             f"argmax at {name}",
@@ -110,5 +111,5 @@ def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> F.Dr
         )
     for k in range(len(labels), nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
-    F.finish(fig, "Share of words whose attention argmax sits at each relative position")
-    return F.drawing(fig)
+    finish(fig, "Share of words whose attention argmax sits at each relative position")
+    return drawing(fig)

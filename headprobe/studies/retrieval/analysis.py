@@ -39,10 +39,11 @@ import pandas as pd
 
 from headprobe.core.errors import UsageError
 from headprobe.model.objectives import lm_kind
-from headprobe.scoring.base import first_argmax
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import PROBE, Analysis, RoleRule, register
-from headprobe.stats.engine import min_trials, wilson
+from headprobe.scoring.scorer_base import first_argmax
+from headprobe.stats.estimates import wilson
+from headprobe.stats.head_selection import min_trials
 from headprobe.stats.heads import head_table
 from headprobe.stats.roles import MATCH_COLUMNS
 from headprobe.studies.retrieval.needles import NEEDLE, recalled
@@ -60,26 +61,19 @@ CHECK_MODULE = "headprobe.studies.retrieval.causal"
 
 
 # ------------------------------------------------------------------------------ the probes
-def pad_of(tokenizer) -> int:
-    """The id padding a left-padded batch (never read: its attention mask is 0)."""
-    for pad in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if pad is not None:
-            return int(pad)
-    return 0
-
-
 def decoding_setup(model, tokenizer, analysis: str) -> tuple[int, frozenset[int]]:
     """(pad id, stop tokens) to decode the needle probe on `model`; a `UsageError` naming
     `analysis` (one line) where it is not a one-stack causal language model with its head."""
     from headprobe.model.decoding import stop_tokens
-    from headprobe.model.sites import attention_sites
+    from headprobe.model.discovery import attention_sites
+    from headprobe.model.padding import padding_id
 
     if attention_sites(model).encoder_decoder or lm_kind(model) != "causal_lm":
         raise UsageError(
             f"{analysis}: {type(model).__name__} is not a one-stack causal language model with "
             "its language-model head; the needle probe is answered by greedy decoding"
         )
-    return pad_of(tokenizer), stop_tokens(tokenizer, model)
+    return padding_id(tokenizer), stop_tokens(tokenizer, model)
 
 
 @dataclass

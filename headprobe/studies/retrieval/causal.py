@@ -42,10 +42,11 @@ from headprobe.core.seeds import keyed_hash
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.options import ADDED, GIVEN, Option
 from headprobe.scoring.registry import PROBE, Analysis, register
-from headprobe.stats.engine import estimate, paired_gap
+from headprobe.stats.estimates import estimate, paired_gap
 from headprobe.stats.heads import tally_scores
-from headprobe.studies.ablation.analysis import MODEL_LEVEL, model_level_totals
+from headprobe.studies.ablation.effects import MODEL_LEVEL
 from headprobe.studies.ablation.flags import ABLATION
+from headprobe.studies.ablation.groups import model_level_totals
 from headprobe.studies.retrieval.analysis import (
     NAME,
     SCORE,
@@ -144,7 +145,7 @@ class RetrievalCheckScorer(ModelScorer):
         super().bind(1, 1, [MODEL_LEVEL], **options)  # one cell: the whole model
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
-        from headprobe.model.sites import attention_sites
+        from headprobe.model.discovery import attention_sites
 
         self.tokenizer, self.stack = tokenizer, stack
         self.pad_id, self.stops = decoding_setup(model, tokenizer, CHECK)

@@ -12,22 +12,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned
+from headprobe.report.heatmaps import draw_heatmap
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_est, fmt_signed_est, head_name
 from headprobe.report.selection import described, head_maps
-from headprobe.report.tables import LEGEND, fmt, fmt_est, fmt_signed_est, head_name
 from headprobe.studies.retrieval.analysis import RETRIEVAL_ROLE, SCORE
 
 TOP = 10
 
 
-@F.planned
-def success_figure(share: np.ndarray, text: np.ndarray, lengths: list, depths: list) -> F.Drawing:
+@planned
+def success_figure(share: np.ndarray, text: np.ndarray, lengths: list, depths: list) -> Drawing:
     """The share of probes recalled per context length (rows) and needle depth (columns), each
     cell annotated `recalled/probes`."""
-    fig = F.new_figure(max(3.6, 0.9 * len(depths) + 1.8), max(1.8, 0.5 * len(lengths) + 1.2))
+    fig = new_figure(max(3.6, 0.9 * len(depths) + 1.8), max(1.8, 0.5 * len(lengths) + 1.2))
     ax = fig.subplots()
-    F.draw_heatmap(
+    draw_heatmap(
         ax,
         share,
         cmap="viridis",
@@ -42,8 +43,8 @@ def success_figure(share: np.ndarray, text: np.ndarray, lengths: list, depths: l
     ax.set_xlabel("needle depth (0: context start, 1: end)", fontsize=8)
     ax.set_ylabel("context length (tokens)", fontsize=8)
     ax.set_title("needle probes recalled", fontsize=9)
-    F.finish(fig)
-    return F.drawing(fig)
+    finish(fig)
+    return drawing(fig)
 
 
 def success_map(success: pd.DataFrame, name: str) -> Figure:

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from headprobe.core.seeds import example_key
-from headprobe.scoring.base import BatchState, BothIndex, CountScorer, RowIndex
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import PROBE, Analysis, register
-from headprobe.stats.engine import MIN_N
+from headprobe.scoring.scorer_base import BatchState, BothIndex, CountScorer, RowIndex
+from headprobe.stats.head_selection import MIN_N
 from headprobe.stats.heads import group_table, head_table
 from headprobe.studies.token_patterns.patterns import CONSOLE, pattern_rule
 
@@ -73,7 +73,7 @@ class SinkScorer(CountScorer):
             first_rows.append(rows.count(example.unit, FIRST, t - 1))
             rate_rows.append(rows.count(example.unit, RATE, 1))
             lengths.append(t)
-            visible = np.arange(2, t + 1) if batch.causal else np.full(t - 1, t)  # queries 1..T-1
+            visible = np.arange(2, t + 1) if self.causal else np.full(t - 1, t)  # queries 1..T-1
             drawn = np.random.Generator(np.random.PCG64(example_key(self.seed, example))).integers(
                 0, visible
             )

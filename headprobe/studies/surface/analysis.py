@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from headprobe.inputs.align import WORD
-from headprobe.scoring.base import BatchState, CountScorer, UnitLabelRows, query_rows
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, register
+from headprobe.scoring.scorer_base import BatchState, CountScorer, UnitLabelRows, query_rows
 from headprobe.stats import roles
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class SurfaceScorer(UnitLabelRows, CountScorer):
             ]
         keys = batch.attention_mask.float()
         visible = (
-            keys.cumsum(dim=1) if batch.causal else keys.sum(dim=1, keepdim=True).expand_as(keys)
+            keys.cumsum(dim=1) if self.causal else keys.sum(dim=1, keepdim=True).expand_as(keys)
         )
         kind = batch.piece_kind_host  # [batch, piece], host: the masks are made there
         piece_query = (kind == WORD)[:, None, :].astype(np.float32)  # [batch, 1, piece]
@@ -318,6 +318,6 @@ ANALYSIS = register(
         profile=profile_features,
         report="headprobe.studies.surface.report:surface_section",
         measures_report="headprobe.studies.surface.report:measures_blocks",
-        homes=("headprobe.studies.surface.measures",),
+        homes=("headprobe.studies.surface.surface_measures",),
     )
 )

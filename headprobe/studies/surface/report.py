@@ -14,11 +14,12 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
-from headprobe.report.tables import LEGEND, fmt, fmt_ci, head_name
+from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned, seeded_jitter
+from headprobe.report.heatmaps import layer_ticks
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, head_name
 from headprobe.results.findings import repeated_columns
-from headprobe.studies.surface.measures import special_share, surface_side_by_side
+from headprobe.studies.surface.surface_measures import special_share, surface_side_by_side
 
 SURFACE_COLUMNS = [
     ("cls", "CLS/BOS"),
@@ -150,19 +151,19 @@ SURFACE_TITLES = {
 }
 
 
-@F.planned
-def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> F.Drawing:
+@planned
+def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     """Clark et al. (2019) Figure 2 style: mean attention mass per head, by layer."""
     labels = [lab for lab in SURFACE_TITLES if lab in per_head.columns]
     ncols = 3
     nrows = math.ceil(len(labels) / ncols)
     n_layers = int(per_head["layer"].max()) + 1
     width = max(3.2, 0.22 * n_layers + 1.8)
-    fig = F.new_figure(ncols * width, nrows * 2.6 + 0.4)
+    fig = new_figure(ncols * width, nrows * 2.6 + 0.4)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for k, lab in enumerate(labels):
         ax = axes[k // ncols, k % ncols]
-        with F.seeded_jitter():
+        with seeded_jitter():
             sns.stripplot(
                 data=per_head,
                 x="layer",
@@ -179,24 +180,24 @@ def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> F.Drawing
         ax.set_ylabel("mean mass", fontsize=8)
         ax.set_xlabel("layer (0-based)", fontsize=8)
         ax.set_ylim(-0.02, 1.02)
-        F.layer_ticks(ax, n_layers)
+        layer_ticks(ax, n_layers)
         ax.tick_params(labelsize=7)
         if k == 0:
             ax.legend(fontsize=7, loc="upper right")
     for k in range(len(labels), nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
-    F.finish(fig, "Mean attention mass per head (dots) and per layer (line)")
-    return F.drawing(fig)
+    finish(fig, "Mean attention mass per head (dots) and per layer (line)")
+    return drawing(fig)
 
 
-@F.planned
-def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> F.Drawing:
+@planned
+def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     """Clark et al. (2019) Figure 4 style: mean row entropy per head, by layer, with the
     uniform-attention entropy."""
     n_layers = int(per_head["layer"].max()) + 1
-    fig = F.new_figure(max(4.5, 0.25 * n_layers + 2.5), 3.2)
+    fig = new_figure(max(4.5, 0.25 * n_layers + 2.5), 3.2)
     ax = fig.subplots()
-    with F.seeded_jitter():
+    with seeded_jitter():
         sns.stripplot(
             data=per_head,
             x="layer",
@@ -221,11 +222,11 @@ def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> F.Drawing
     ax.set_xlabel("layer (0-based)", fontsize=8)
     ax.set_ylabel("mean entropy (nats)", fontsize=8)
     ax.set_title("Entropy of attention rows (over pieces)", fontsize=9)
-    F.layer_ticks(ax, n_layers)
+    layer_ticks(ax, n_layers)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return F.drawing(fig)
+    return drawing(fig)
 
 
 # ---------------------------------------------------------------- under two measures (METHODS §7)

@@ -59,7 +59,7 @@ same number, and it serves both labels):
   (duplicate-token, induction): previous-token has no offset baseline, as offset -1
   *is* its pattern.
 
-Intervals, per-fold scores, best baselines and paired gaps come from `headprobe.stats.engine`.
+Intervals, per-fold scores, best baselines and paired gaps come from `headprobe.stats.estimates`.
 
 The McNemar counts (head and baseline both hit) are kept for the `argmax` label only;
 for `mul` (a mass, not a hit) the exact test does not apply and `head_tests` shows NaN.
@@ -83,9 +83,9 @@ import pandas as pd
 
 from headprobe.core.seeds import example_key
 from headprobe.inputs.align import WORD
-from headprobe.scoring.base import BatchState, BothIndex, CountScorer, RowIndex, first_argmax
 from headprobe.scoring.registry import PLUGIN_ORDER, PROBE, Analysis, RoleRule, register
-from headprobe.stats.engine import MIN_N
+from headprobe.scoring.scorer_base import BatchState, BothIndex, CountScorer, RowIndex, first_argmax
+from headprobe.stats.head_selection import MIN_N
 from headprobe.stats.heads import group_table, head_table
 from headprobe.stats.roles import MATCH_COLUMNS
 
@@ -168,7 +168,7 @@ class PatternScorer(CountScorer):
                 )
             )
             base_rows.append(
-                (mul_row, arg_row, self._baselines(d, q_rows, batch.causal, self.seed, example))
+                (mul_row, arg_row, self._baselines(d, q_rows, self.causal, self.seed, example))
             )
         state = self.new_state(batch, rows.keys, rows.n)
         for mul_row, arg_row, hits in base_rows:

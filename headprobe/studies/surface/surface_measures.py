@@ -1,6 +1,6 @@
 """The surface analysis under several measures (METHODS §7; Kobayashi et al. 2020): its views.
 
-    from headprobe.studies.surface.measures import special_share, surface_side_by_side
+    from headprobe.studies.surface.surface_measures import special_share, surface_side_by_side
     special_share(results)            # per layer: share of attention on [CLS]/[SEP] per measure
     surface_side_by_side(results)     # surface statistics per layer, one column per measure
 
@@ -15,7 +15,7 @@ import pandas as pd
 
 from headprobe.core.seeds import SEED
 from headprobe.scoring.tally import N_BOOT, unit_weights
-from headprobe.stats.engine import interval
+from headprobe.stats.estimates import interval
 from headprobe.studies.surface.analysis import ANALYSIS
 
 SURFACE = ANALYSIS.name  # the analysis whose masses these views read

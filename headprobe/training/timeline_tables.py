@@ -28,7 +28,8 @@ import pandas as pd
 from headprobe.model.control import TRAINED
 from headprobe.model.objectives import DESCRIPTIONS
 from headprobe.scoring import registry
-from headprobe.stats.engine import min_trials, percentiles, ratio
+from headprobe.stats.estimates import percentiles, ratio
+from headprobe.stats.head_selection import min_trials
 from headprobe.stats.roles import NONE
 
 RECORD = "timeline.json"  # OUT/timeline.json: what the timeline is (its checkpoints, its options)

@@ -204,10 +204,11 @@ class CountScorer:
         n_boot: int = N_BOOT,
         keep_units: bool = False,
         device="cpu",
+        causal: bool = False,
     ) -> None:
         """Before the run: the layers and heads counted, one tally per measure (kept when the
-        scorer was bound before: a resumed checkpoint's)."""
-        self.n_layers, self.n_heads = n_layers, n_heads
+        scorer was bound before: a resumed checkpoint's); `causal`: the stack's, resolved once."""
+        self.n_layers, self.n_heads, self.causal = n_layers, n_heads, causal
         self.layers = list(range(n_layers)) if layers is None else sorted(int(x) for x in layers)
         self.layer_slot = {layer: slot for slot, layer in enumerate(self.layers)}
         self.keep_units = keep_units

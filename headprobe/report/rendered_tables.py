@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from headprobe.report.document import Cell, Table
-from headprobe.stats.engine import MIN_N
+from headprobe.stats.head_selection import MIN_N
 
 LEGEND = "L-H = layer-head, both 0-based."
 

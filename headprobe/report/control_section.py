@@ -9,7 +9,7 @@ models' `roles` tables.
 from __future__ import annotations
 
 from headprobe.report.document import Cell, Paragraph, Section, Table
-from headprobe.report.tables import LEGEND, fmt, fmt_ci
+from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci
 from headprobe.stats.roles import role_colors, role_summary
 
 

@@ -9,9 +9,9 @@ the role maps side by side, and the heads whose role changed (`results.measure_v
 
 from __future__ import annotations
 
-from headprobe.report import figures as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table
-from headprobe.report.tables import LEGEND
+from headprobe.report.rendered_tables import LEGEND
+from headprobe.report.role_figures import role_maps_figure
 from headprobe.results.measure_views import role_changes
 from headprobe.scoring import registry
 from headprobe.scoring.measures import ARGMAX, MASS
@@ -70,7 +70,7 @@ def _roles(s: Section, results, first: str, second: str) -> None:
     s.add(
         Figure(
             "measures_roles",
-            F.role_maps_figure(maps, colors),
+            role_maps_figure(maps, colors),
             f"Head-role maps: rules met on {first} (left) and on {second} (right). " + LEGEND,
             alt="role maps per measure",
         )
