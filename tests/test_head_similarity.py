@@ -201,3 +201,9 @@ def test_report_section_renders(wordpiece_tokenizer):
         "head_clusters_dendrogram",
     ]
     assert all(f.png.startswith(b"\x89PNG") for f in figures)
+    from headprobe.report.document import Table
+
+    closest = next(b for b in section.blocks if isinstance(b, Table) and "closest" in b.name)
+    # heads 0 and 2 (both P), 1 and 3 (both Q): those two pairs are 0 apart, the others JS_SUM / 3
+    assert [(r[0].text, r[1].text) for r in closest.rows[:2]] == [("0-0", "0-2"), ("0-1", "0-3")]
+    assert [r[2].text for r in closest.rows] == ["0.0000"] * 2 + [f"{JS_SUM / 3:.4f}"] * 4
