@@ -4,6 +4,7 @@ shows its pairs; pair tallies stay out of the per-head tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -106,4 +107,10 @@ def test_a_toy_pair_analysis_through_a_run(toy, bert_family, tmp_path):
     top = table[table["p_holm"] < 0.05].sort_values("score", ascending=False, kind="stable")
     first = top.iloc[0]
     assert "Heads that agree" in text and "Pairs that agree." in text
+    assert f"[{first.ci_low:.4f}, {first.ci_high:.4f}]" in text
+
+    # without a section of its own, the generic view shows its pair table's significant pairs
+    registry.register(dataclasses.replace(toy.ANALYSIS, report=None), replace=True)
+    text = build_report(tmp_path / "whole", tmp_path / "generic")["markdown"].read_text()
+    assert "argmax_agreement_pairs: the 20 pairs of heads with the highest score" in text
     assert f"[{first.ci_low:.4f}, {first.ci_high:.4f}]" in text

@@ -41,6 +41,7 @@ from headprobe.report.tables import (
     fmt_int,
     fmt_signed_est,
     head_name,
+    pair_table_block,
     to_matrix,
 )
 from headprobe.results.findings import (
@@ -52,6 +53,7 @@ from headprobe.results.findings import (
     role_findings,
 )
 from headprobe.scoring import registry
+from headprobe.stats.pair_estimates import is_pair_table, significant_pairs
 from headprobe.stats.roles import role_colors, role_summary
 
 HEAD_LEGEND = (
@@ -59,6 +61,7 @@ HEAD_LEGEND = (
     "1-based indices, so their 8-10 is 7-9 here)."
 )
 MAX_EXAMPLES = 30
+MAX_PAIRS = 20  # pairs of heads shown in the view of a pair analysis without a section
 
 
 def compose(results, source: str = "") -> Document:
@@ -285,10 +288,22 @@ def _roles_per_head_table(roles) -> Table:
 # ---------------------------------------------------------------- any other analysis
 
 
+def _pairs_block(pairs: pd.DataFrame, name: str) -> Table:
+    """A pair table's significant pairs (Holm), highest score first, at most `MAX_PAIRS`."""
+    shown = significant_pairs(pairs).head(MAX_PAIRS)
+    return pair_table_block(
+        shown,
+        slug(name),
+        f"{name}: the {len(shown)} pairs of heads with the highest score among those whose "
+        "Holm-adjusted p is below 0.05, with 95% bootstrap intervals (METHODS §5). " + LEGEND,
+    )
+
+
 def default_section(results, analysis: str) -> Section:
     """The view of an analysis that declares no report section: per label (largest first, at most
     MAX_PANELS panels) a layer x head heatmap of hits / n (mass / n for attention mass), and
-    for a selection analysis its best-heads table."""
+    for a selection analysis its best-heads table; for an analysis keyed by pairs of heads, its
+    pair tables' significant pairs."""
     try:
         entry = registry.get(analysis)
     except ValueError:
@@ -296,6 +311,12 @@ def default_section(results, analysis: str) -> Section:
     s = Section(slug(analysis), f"{analysis}")
     if entry is not None and entry.description:
         s.add(Paragraph(described(analysis)))
+    tally = results.tallies.get(analysis)
+    if tally is not None and tally.senders:  # keyed by pairs of heads: its pair tables
+        for name in entry.tables if entry is not None else ():
+            if name in results.tables and is_pair_table(results.table(name)):
+                s.add(_pairs_block(results.table(name), name))
+        return s
     scores = results.head_scores(analysis)
     is_mass = bool(len(scores)) and scores["hits"].isna().all()
     what = (
