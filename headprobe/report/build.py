@@ -316,7 +316,13 @@ def default_section(results, analysis: str) -> Section:
         for name in entry.tables if entry is not None else ():
             if name in results.tables and is_pair_table(results.table(name)):
                 s.add(_pairs_block(results.table(name), name))
-        return s
+    else:
+        _head_views(s, results, analysis, entry)
+    return s
+
+
+def _head_views(s: Section, results, analysis: str, entry) -> None:
+    """`default_section`'s per-head heatmaps and, for a selection analysis, best-heads tables."""
     scores = results.head_scores(analysis)
     is_mass = bool(len(scores)) and scores["hits"].isna().all()
     what = (
@@ -365,7 +371,6 @@ def default_section(results, analysis: str) -> Section:
     )
     if selection:
         best_tables(s, results, analysis, results.labels(analysis))
-    return s
 
 
 # ---------------------------------------------------------------- examples
