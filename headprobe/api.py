@@ -123,18 +123,14 @@ def finish(
     sentences = pickers.get(SENTENCES) if drawn(ARCS) else None
     mentions = pickers.get(COREFERENCE) if drawn(MENTIONS) else None
     if sentences is not None or mentions is not None:
-        from headprobe.results.examples import example_pictures
+        from headprobe.results.examples import example_pictures, planned_pictures
+        from headprobe.scoring.sentence_attention import head_matrices
 
-        results.examples = example_pictures(
-            net,
-            session.tokenizer,
-            results.for_measure().best_heads,
-            sentences,
-            config.from_mode,
-            seed=config.seed,
-            coref=mentions,
-            stack=stack,
-        )
+        best = results.for_measure().best_heads
+        planned = planned_pictures(best, sentences, seed=config.seed, coref=mentions)
+        requests = [picture.request for picture in planned]
+        matrices = head_matrices(net, session.tokenizer, requests, config.from_mode, stack)
+        results.examples = example_pictures(planned, matrices)
     results.head_attention = _explorer_attention(config, session, results, sentences)
     results.summary["seconds"] = round(time.perf_counter() - started, 2)
     results.summary["headline"] = headline(results.best_heads)
@@ -151,14 +147,23 @@ def finish(
 
 def _explorer_attention(config: RunConfig, session: Session, results, picker) -> dict | None:
     """Every head's attention on a few sentences `picker` drew: a second, tiny pass after the
-    main one (`headprobe.results.head_attention`); None without a picker (no pictures)."""
+    main one (`headprobe.scoring.sentence_attention`), kept by `headprobe.results.head_attention`;
+    None without a picker (no pictures)."""
     if picker is None:
         return None
-    from headprobe.results import head_attention_pass
+    from headprobe.results import head_attention as kept
+    from headprobe.scoring.sentence_attention import sentences_word_attention
 
-    return head_attention_pass.collect_for_run(
-        session.net, session.tokenizer, results, picker, config.from_mode, session.stack
+    planned = kept.explorer_plan(results, picker)
+    every = sentences_word_attention(
+        session.net,
+        session.tokenizer,
+        kept.planned_words(planned),
+        results.layers,
+        config.from_mode,
+        session.stack,
     )
+    return kept.keep(planned, every, results.layers, results.n_heads)
 
 
 def _describe_run(summary: dict, session: Session, trained: list) -> None:
@@ -216,7 +221,7 @@ def attention_for_sentence(
     model with `tokenizer` given.
 
         headprobe.attention_for_sentence("minilm", "The cat sat .", layer=2, head=8)"""
-    from headprobe.results.examples import word_attention
+    from headprobe.scoring.sentence_attention import word_attention
 
     if isinstance(model, (str, type(None))):
         net, tokenizer, _ = models.load(model)

@@ -862,8 +862,8 @@ def test_word_attention_per_stack(name):
     """Word-level attention of each stack (`pictures.word_attention`) is eager's, pooled to the
     stack's pieces: the decoder's start token is a CLS/BOS-like column; cross-attention's row
     for a word is the decoder position that reads its pieces."""
-    from headprobe.results.examples import word_attention
     from headprobe.scoring.pooling import pool_words
+    from headprobe.scoring.sentence_attention import word_attention
 
     built = build(name)
     words = SENTENCES[0]

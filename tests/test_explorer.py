@@ -17,7 +17,7 @@ from test_report import check_page_in_chromium, chromium_binary
 
 from headprobe.report import build_report
 from headprobe.report.explorer import explorer_data, explorer_html
-from headprobe.results import head_attention, head_attention_pass, store
+from headprobe.results import head_attention, store
 from headprobe.results.query import Results
 from tests.fixtures_results import make_results
 
@@ -97,18 +97,25 @@ def test_store_round_trip_and_manifest(saved):
         assert np.array_equal(head_attention.matrix(kept, layer, head, sentence), expected)
 
 
-def test_collect_equals_word_attention(tiny_model):
-    """The second pass keeps, for every head, the word attention of `word_attention`, as uint8."""
+def test_kept_equals_word_attention(tiny_model):
+    """The second pass (`sentences_word_attention`, all sentences in one padded forward) as kept:
+    for every head, the word attention of `word_attention` (one sentence alone), as uint8."""
     from headprobe.inputs.corpora.base import Example
     from headprobe.model import loading
-    from headprobe.results.examples import word_attention
+    from headprobe.scoring.sentence_attention import sentences_word_attention, word_attention
 
     model, tokenizer, _ = loading.load(tiny_model, device="cpu")
     words = ["the", "cat", "sat", "on", "the", "mat"]
     example = Example(words, unit="sentence", source="t", heads=[1, 2, -1, 5, 5, 2])
     n_layers = model.config.num_hidden_layers
     n_heads = model.config.num_attention_heads
-    kept = head_attention_pass.collect(model, tokenizer, [example], list(range(n_layers)), n_heads)
+    layers = list(range(n_layers))
+    planned = head_attention.plan([example], layers, n_heads)
+    assert head_attention.planned_words(planned) == [words]
+    every = sentences_word_attention(
+        model, tokenizer, head_attention.planned_words(planned), layers
+    )
+    kept = head_attention.keep(planned, every, layers, n_heads)
     assert kept["attention"].dtype == np.uint8
     for layer in range(n_layers):
         full = word_attention(model, tokenizer, words, layer)  # [head, word, word + 2]

@@ -19,7 +19,8 @@ from headprobe.inputs.align import align_words
 from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import Example
 from headprobe.scoring.layer_attention import LayerAttention
-from headprobe.scoring.tally import unit_fold
+from headprobe.scoring.pair_tally import pair_arrays
+from headprobe.scoring.tally import unit_fold, unit_weights
 from headprobe.studies.head_similarity import analysis as hs
 from headprobe.studies.head_similarity.analysis import (
     HeadSimilarityScorer,
@@ -50,7 +51,7 @@ def pieces_of(word_rows) -> torch.Tensor:
     return p
 
 
-def run_scorer(wordpiece_tokenizer, examples, maps, n_heads=2):
+def run_scorer(wordpiece_tokenizer, examples, maps, n_heads=2, n_boot=1):
     batch = Batch(
         examples,
         align_words(wordpiece_tokenizer, [ex.words for ex in examples]),
@@ -58,7 +59,7 @@ def run_scorer(wordpiece_tokenizer, examples, maps, n_heads=2):
     )
     pieces = torch.stack([torch.stack([pieces_of(m) for m in per_example]) for per_example in maps])
     scorer = HeadSimilarityScorer()
-    scorer.bind(1, n_heads, [0], n_boot=1)
+    scorer.bind(1, n_heads, [0], n_boot=n_boot)
     state = scorer.prepare(batch)
     scorer.update(LayerAttention(0, pieces[None], batch), state)
     scorer.end_batch(state)
@@ -70,19 +71,44 @@ def test_js_of_two_3x3_maps_by_hand(wordpiece_tokenizer):
     example = Example(words=WORDS, unit="u1", source="t:1")
     scorer = run_scorer(wordpiece_tokenizer, [example], [[P, Q]])
     tally = scorer.tally_
-    assert tally.sorted_labels() == ["js:0-0", "js:0-1"]
-    a = tally.arrays("js:0-0")
+    assert tally.sorted_labels() == ["js"] and tally.senders == [0]
+    a = pair_arrays(tally, "js")
     assert a["n"][:, 0, 0].sum() == 3  # three word rows
-    assert a["hits"][:, 0, 0, :, 0].sum(0) == pytest.approx([0.0, JS_SUM], abs=1e-6)
-    b = tally.arrays("js:0-1")
-    assert b["hits"][:, 0, 0, :, 0].sum(0) == pytest.approx([JS_SUM, 0.0], abs=1e-6)
-    table = distance_frame(tally).set_index(["layer_a", "head_a", "layer_b", "head_b"])
-    assert table.loc[(0, 0, 0, 1), "js"] == pytest.approx(JS_SUM / 3, abs=1e-6)
-    assert table.loc[(0, 1, 0, 0), "js"] == pytest.approx(JS_SUM / 3, abs=1e-6)
-    assert table.loc[(0, 0, 0, 0), "js"] == 0.0
-    halves = table.loc[(0, 0, 0, 1), ["js_fold0", "js_fold1"]].to_numpy(np.float64)
+    # [receiver head, sender head] of layer 0, summed over the folds
+    js = a["hits"].sum(0)[0, 0, :, 0, :, 0]
+    assert js == pytest.approx(np.array([[0.0, JS_SUM], [JS_SUM, 0.0]]), abs=1e-6)
+    table = distance_frame(tally).set_index(["layer", "head", "sender_layer", "sender_head"])
+    assert table.loc[(0, 0, 0, 1), "score"] == pytest.approx(JS_SUM / 3, abs=1e-6)
+    assert table.loc[(0, 1, 0, 0), "score"] == pytest.approx(JS_SUM / 3, abs=1e-6)
+    assert table.loc[(0, 0, 0, 0), "score"] == 0.0
+    halves = table.loc[(0, 0, 0, 1), ["score_fold0", "score_fold1"]].to_numpy(np.float64)
     fold = unit_fold("u1")  # one unit: the other half has no rows
     assert halves[fold] == pytest.approx(JS_SUM / 3, abs=1e-6) and np.isnan(halves[1 - fold])
+
+
+def test_pair_intervals_are_the_bootstrap_over_units(wordpiece_tokenizer):
+    """Two units, (P, Q) and (P, P): the interval of the pair (0-0, 0-1) is the 2.5th and 97.5th
+    percentile of sum_u w_u JS_u / sum_u w_u rows_u over the units' Poisson weights (METHODS §5),
+    worked out here from the weights alone; Holm adjusts the pairs' p-values together."""
+    units = [Example(words=WORDS, unit="u1", source="t:1"), Example(WORDS, unit="u2", source="t:2")]
+    scorer = run_scorer(wordpiece_tokenizer, units, [[P, Q], [P, P]], n_boot=200)
+    table = distance_frame(scorer.tally_).set_index(
+        ["layer", "head", "sender_layer", "sender_head"]
+    )
+    w1, w2 = unit_weights("u1", n_boot=200), unit_weights("u2", n_boot=200)
+    with np.errstate(invalid="ignore"):
+        resampled = w1 * JS_SUM / (3 * w1 + 3 * w2)
+    low, high = np.percentile(resampled[np.isfinite(resampled)], [2.5, 97.5])
+    pair = table.loc[(0, 0, 0, 1)]
+    assert pair["score"] == pytest.approx(JS_SUM / 6, abs=1e-6)
+    assert (pair["ci_low"], pair["ci_high"]) == pytest.approx((low, high), abs=1e-6)
+    assert pair["p"] == pytest.approx((1 + (resampled == 0).sum()) / 201)  # JS = 0 when w1 = 0
+    same = table.loc[(0, 0, 0, 0)]
+    # a head against itself: 0 in every resample that has rows (both weights 0: no value)
+    assert same["score"] == 0.0
+    assert same["p"] == pytest.approx((1 + np.isfinite(resampled).sum()) / 201)
+    assert (table["p_holm"] >= table["p"]).all()
+    assert list(distance_frame(scorer.tally_).columns) == hs.DISTANCE_COLUMNS
 
 
 def test_rows_are_renormalised_and_specials_are_keys(wordpiece_tokenizer):
@@ -91,7 +117,7 @@ def test_rows_are_renormalised_and_specials_are_keys(wordpiece_tokenizer):
     sep = [[0.0, 0.0, 0.0, 0.0, 1.0]] * 3
     example = Example(words=WORDS, unit="u1", source="t:1")
     scorer = run_scorer(wordpiece_tokenizer, [example], [[sep, P]])
-    a = scorer.tally_.arrays("js:0-0")["hits"][:, 0, 0, :, 0].sum(0)
+    a = pair_arrays(scorer.tally_, "js")["hits"].sum(0)[0, 0, 0, 0, :, 0]  # receiver 0-0
     assert a[1] == pytest.approx(3 * math.log(2), abs=1e-6)  # disjoint supports: ln 2 per row
 
 
@@ -129,14 +155,14 @@ def test_clusters_and_layer_cohesion():
             js = 0.0 if a == b else (0.05 if frozenset([a, b]) in close else 0.5)
             rows.append(
                 dict(
-                    layer_a=a[0],
-                    head_a=a[1],
-                    layer_b=b[0],
-                    head_b=b[1],
+                    layer=a[0],
+                    head=a[1],
+                    sender_layer=b[0],
+                    sender_head=b[1],
                     n=10.0,
-                    js=js,
-                    js_fold0=js,
-                    js_fold1=js,
+                    score=js,
+                    score_fold0=js,
+                    score_fold1=js,
                 )
             )
     distances = pd.DataFrame(rows)
@@ -175,3 +201,9 @@ def test_report_section_renders(wordpiece_tokenizer):
         "head_clusters_dendrogram",
     ]
     assert all(f.png.startswith(b"\x89PNG") for f in figures)
+    from headprobe.report.document import Table
+
+    closest = next(b for b in section.blocks if isinstance(b, Table) and "closest" in b.name)
+    # heads 0 and 2 (both P), 1 and 3 (both Q): those two pairs are 0 apart, the others JS_SUM / 3
+    assert [(r[0].text, r[1].text) for r in closest.rows[:2]] == [("0-0", "0-2"), ("0-1", "0-3")]
+    assert [r[2].text for r in closest.rows] == ["0.0000"] * 2 + [f"{JS_SUM / 3:.4f}"] * 4

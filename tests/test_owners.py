@@ -580,7 +580,7 @@ def test_the_pad_id_falls_back_pad_then_eos_then_zero():
 
 
 # modules that still pick a pad id themselves, being moved on other branches (issue 43)
-PAD_PENDING = {"results/examples.py", "studies/composition/sweep.py"}
+PAD_PENDING = {"studies/composition/sweep.py"}
 
 
 def test_the_pad_id_is_picked_in_one_place():
@@ -591,3 +591,65 @@ def test_the_pad_id_is_picked_in_one_place():
         if "tokenizer.pad_token_id" in text
     }
     assert found - PAD_PENDING == {"model/padding.py"}
+
+
+# what results/ may not import: the model (its control's names and tables are no model), the
+# passes that run it, and the libraries that do
+RESULTS_MAY_NOT = (
+    "headprobe.model",
+    "headprobe.scoring.engine",
+    "headprobe.scoring.sentence_attention",
+    "torch",
+    "transformers",
+)
+RESULTS_MAY = (
+    "headprobe.model.control",  # names and tables of the random-init control (pandas)
+    "transformers.utils",  # constants: the name of a model's config file
+)
+
+
+def runs_a_model(source: str) -> list[str]:
+    """The imports of a module's source (anywhere in it) that `results/` may not make."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            banned = any(name == b or name.startswith(b + ".") for b in RESULTS_MAY_NOT)
+            allowed = any(name == a or name.startswith(a + ".") for a in RESULTS_MAY)
+            if banned and not allowed:
+                found.append(name)
+    return sorted(set(found))
+
+
+def test_results_run_no_model():
+    """`results/` reads what the passes produce (the example pictures' and the explorer's
+    attention is drawn by `scoring.sentence_attention`): none of its modules imports the model
+    layer, a pass, torch or transformers."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}: {', '.join(names)}"
+        for path, text in sources().items()
+        if path.relative_to(PACKAGE).parts[0] == "results"
+        for names in [runs_a_model(text)]
+        if names
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_results_rule_finds_a_capture():
+    old = "import torch\nfrom headprobe.model.capture import AttentionCapture\n"
+    assert runs_a_model(old) == [
+        "headprobe.model.capture",
+        "headprobe.model.capture.AttentionCapture",
+        "torch",
+    ]
+    assert runs_a_model("from headprobe.model.control import TRAINED\n") == []
+    assert runs_a_model("def f():\n    from headprobe.scoring import sentence_attention\n") == [
+        "headprobe.scoring.sentence_attention"
+    ]

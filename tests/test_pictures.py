@@ -22,7 +22,9 @@ from headprobe.results.examples import (
     gold_arcs,
     pick_mentions,
     pick_sentences,
+    planned_pictures,
 )
+from headprobe.scoring.sentence_attention import head_matrices
 
 WORDS = ["the", "big", "red", "cat", "sat", "on", "the", "mat", "and", "it", "ran", "down", "."]
 
@@ -202,8 +204,11 @@ def test_pictures_show_the_heads_attention(bert_family):
     table = pd.concat(
         [table, best_heads([("coreference", "pronoun", 0, 2, "", 60)])], ignore_index=True
     )
+    planned = planned_pictures(table, examples, seed=1, coref=[window])
+    assert all(p.entry["attention"] is None for p in planned)  # chosen before any pass
+    requests = [p.request for p in planned]
     pictures = example_pictures(
-        bert_family.sdpa, bert_family.tokenizer, table, examples, seed=1, coref=[window]
+        planned, head_matrices(bert_family.sdpa, bert_family.tokenizer, requests)
     )
     assert [(p["analysis"], p["label"]) for p in pictures] == [
         ("dependency", "nsubj"),

@@ -40,6 +40,7 @@ from headprobe.report.rendered_tables import (
     fmt_int,
     fmt_signed_est,
     head_name,
+    pair_table_block,
     to_matrix,
 )
 from headprobe.report.role_figures import role_map_figure
@@ -53,6 +54,7 @@ from headprobe.results.findings import (
     role_findings,
 )
 from headprobe.scoring import registry
+from headprobe.stats.pair_estimates import is_pair_table, significant_pairs
 from headprobe.stats.roles import role_colors, role_summary
 
 HEAD_LEGEND = (
@@ -60,6 +62,7 @@ HEAD_LEGEND = (
     "1-based indices, so their 8-10 is 7-9 here)."
 )
 MAX_EXAMPLES = 30
+MAX_PAIRS = 20  # pairs of heads shown in the view of a pair analysis without a section
 
 
 def compose(results, source: str = "") -> Document:
@@ -286,10 +289,22 @@ def _roles_per_head_table(roles) -> Table:
 # ---------------------------------------------------------------- any other analysis
 
 
+def _pairs_block(pairs: pd.DataFrame, name: str) -> Table:
+    """A pair table's significant pairs (Holm), highest score first, at most `MAX_PAIRS`."""
+    shown = significant_pairs(pairs).head(MAX_PAIRS)
+    return pair_table_block(
+        shown,
+        slug(name),
+        f"{name}: the {len(shown)} pairs of heads with the highest score among those whose "
+        "Holm-adjusted p is below 0.05, with 95% bootstrap intervals (METHODS §5). " + LEGEND,
+    )
+
+
 def default_section(results, analysis: str) -> Section:
     """The view of an analysis that declares no report section: per label (largest first, at most
     MAX_PANELS panels) a layer x head heatmap of hits / n (mass / n for attention mass), and
-    for a selection analysis its best-heads table."""
+    for a selection analysis its best-heads table; for an analysis keyed by pairs of heads, its
+    pair tables' significant pairs."""
     try:
         entry = registry.get(analysis)
     except ValueError:
@@ -297,6 +312,18 @@ def default_section(results, analysis: str) -> Section:
     s = Section(slug(analysis), f"{analysis}")
     if entry is not None and entry.description:
         s.add(Paragraph(described(analysis)))
+    tally = results.tallies.get(analysis)
+    if tally is not None and tally.senders:  # keyed by pairs of heads: its pair tables
+        for name in entry.tables if entry is not None else ():
+            if name in results.tables and is_pair_table(results.table(name)):
+                s.add(_pairs_block(results.table(name), name))
+    else:
+        _head_views(s, results, analysis, entry)
+    return s
+
+
+def _head_views(s: Section, results, analysis: str, entry) -> None:
+    """`default_section`'s per-head heatmaps and, for a selection analysis, best-heads tables."""
     scores = results.head_scores(analysis)
     is_mass = bool(len(scores)) and scores["hits"].isna().all()
     what = (
@@ -345,7 +372,6 @@ def default_section(results, analysis: str) -> Section:
     )
     if selection:
         best_tables(s, results, analysis, results.labels(analysis))
-    return s
 
 
 # ---------------------------------------------------------------- examples

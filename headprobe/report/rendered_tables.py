@@ -2,8 +2,9 @@
 
     table = best_heads_table(results, "dependency", results.labels("dependency"))
     fmt(0.51234) == "0.5123"; head_name(2, 8) == "2-8"
+    pair_table_block(pairs, "my-pairs", "caption")    # a pair-of-heads table, intervals and Holm
 
-Every number is a stored value of `results.best_heads`, `results.counts` or one of
+Every number is a stored value of `results.best_heads`, `results.counts`, a pair table or one of
 the `Results` views, formatted; `BEST_HEADS_LEGEND` says in one sentence each what
 the best-heads columns mean.
 """
@@ -301,3 +302,34 @@ def _noted(cells: list[Cell], note: str) -> list[Cell]:
         return cells
     first = Cell(note, dict(cells[0].attrs, note="1"), wrap=True)
     return [first] + [Cell("—", c.attrs, c.numeric) for c in cells[1:]]
+
+
+# ---------------------------------------------------------------- pairs of heads
+
+
+def pair_table_block(pairs: pd.DataFrame, name: str, caption: str, score: str = "score") -> Table:
+    """A table of pairs of heads (`stats.pair_estimates.pair_table`'s rows, in the order given):
+    receiver, sender, channel where the pairs have one, the score with its 95% bootstrap
+    interval, n, and p / Holm."""
+    channel = "channel" in pairs and pairs["channel"].astype(str).ne("").any()
+    columns = ["Receiver", "Sender", *(["Channel"] if channel else [])]
+    rows = [
+        [
+            Cell(head_name(r.layer, r.head)),
+            Cell(head_name(r.sender_layer, r.sender_head)),
+            *([Cell(str(r.channel))] if channel else []),
+            Cell(fmt(r.score), numeric=True),
+            Cell(fmt_ci(r.ci_low, r.ci_high), numeric=True),
+            Cell(fmt_int(r.n), numeric=True),
+            Cell(f"{fmt_p(r.p)} / {fmt_p(r.p_holm)}", numeric=True),
+        ]
+        for r in pairs.itertuples(index=False)
+    ]
+    return Table(
+        name,
+        caption,
+        [*columns, score, "95% CI", "n", "p / Holm"],
+        rows,
+        [{"layer": int(l), "head": int(h)} for l, h in zip(pairs["layer"], pairs["head"])],
+        collapsed=len(rows) > 40,
+    )

@@ -1,10 +1,15 @@
-"""Word-level attention of one head on one sentence (for reports and notebooks).
+"""The example pictures: one head's word-level attention on one sentence (reports, notebooks).
 
     chosen = pick_sentences(corpus, ["ALL", "nsubj"], seed=0)      # {label: [Example]}
     chosen = pick_mentions(windows, ["ALL", "pronoun"], seed=0)    # {kind: [MentionPick]}
-    example_pictures(model, tokenizer, results.best_heads, corpus, seed=0, coref=windows)
+    planned = planned_pictures(results.best_heads, corpus, seed=0, coref=windows)
+    matrices = head_matrices(model, tokenizer, [p.request for p in planned])  # the pass (scoring/)
+    example_pictures(planned, matrices)                            # the entries of examples.json
     picker = SentencePicker(seed=0)                                # during a run's scoring pass:
     for example in picker.watch(stream): ...                       # the same picks, no second read
+
+This module chooses and keeps; it runs no model: the attention is drawn by
+`headprobe.scoring.sentence_attention` (after the scoring pass) and read here.
 
 The examples of a report are drawn at random with the run's seed, one per label, among
 sentences of moderate length that hold the relation (a seeded reservoir per label: one
@@ -19,16 +24,9 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
-import torch
 
-from headprobe.inputs.align import align_words
-from headprobe.inputs.batching import Batch
 from headprobe.inputs.corpora.base import ALL, Example
-from headprobe.model.capture import AttentionCapture
-from headprobe.model.discovery import attention_sites
-from headprobe.scoring.layer_attention import LayerAttention
 from headprobe.scoring.registry import ARCS, MENTIONS, picture_items, pictured
 
 SENTENCE_WORDS = (8, 25)  # moderate length: a picture a reader can take in
@@ -36,87 +34,6 @@ FALLBACK_WORDS = 40  # when no sentence of moderate length holds the relation
 MENTION_SPAN = (2, 25)  # words from the antecedent's head to the mention's head
 CONTEXT = 3  # words shown before the antecedent and after the mention
 NOT_IN_ALL = ("root", "punct")
-
-
-@torch.inference_mode()
-def word_attention(
-    model,
-    tokenizer,
-    words: list[str],
-    layer: int,
-    from_mode: str = "mean",
-    stack: str | None = None,
-) -> torch.Tensor:
-    """[head, word, word + 2] word-level attention of one layer of `stack` (last columns: CLS-, SEP-like)."""
-    return layers_word_attention(model, tokenizer, words, [layer], from_mode, stack)[layer]
-
-
-@torch.inference_mode()
-def layers_word_attention(
-    model,
-    tokenizer,
-    words: list[str],
-    layers: list[int],
-    from_mode: str = "mean",
-    stack: str | None = None,
-) -> dict[int, torch.Tensor]:
-    """{layer: [head, word, word + 2]} word-level attention of `layers` of `stack`, one forward
-    pass (last columns: CLS-, SEP-like)."""
-    return sentences_word_attention(model, tokenizer, [words], layers, from_mode, stack)[0]
-
-
-@torch.inference_mode()
-def sentences_word_attention(
-    model,
-    tokenizer,
-    sentences: list[list[str]],
-    layers: list[int],
-    from_mode: str = "mean",
-    stack: str | None = None,
-) -> list[dict[int, torch.Tensor]]:
-    """Per sentence, {layer: [head, word, word + 2]} word-level attention of `layers` of `stack`:
-    every sentence in one forward pass, padded to the longest (padding is masked: no real piece
-    attends to it, and its rows and columns are pooled into no word)."""
-    if not sentences:
-        return []
-    sites = attention_sites(model)
-    stack = sites.resolve(stack)
-    alignments = [
-        sites.scoring_alignment(a, stack)
-        for a in align_words(tokenizer, [list(words) for words in sentences])
-    ]
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batch = Batch(
-        [Example(list(words), unit="sentence", source="<input>") for words in sentences],
-        alignments,
-        pad,
-        device=device,
-        from_mode=from_mode,
-    )
-    offset = sites.query_offset(stack)
-    kept = {}
-
-    def keep(layer_index, probs):  # probs: [batch, head, query, key]
-        # [batch, head, word, word + 2]
-        kept[layer_index] = LayerAttention(layer_index, probs[:, :, offset:], batch).words[0]
-
-    with AttentionCapture(model, list(layers), keep, stack=stack):
-        model(**sites.model_inputs(batch, stack))
-    # on the host once, then cut per sentence with NumPy: [batch, head, word, word + 2] a layer
-    every = {layer: words.float().cpu().numpy() for layer, words in kept.items()}
-    out = []
-    for i, alignment in enumerate(alignments):
-        n = alignment.n_words  # its words, then the CLS-like and SEP-like columns
-        out.append(
-            {
-                layer: torch.from_numpy(
-                    np.concatenate([words[i, :, :n, :n], words[i, :, :n, -2:]], axis=-1)
-                )
-                for layer, words in every.items()
-            }
-        )
-    return out
 
 
 # ---------------------------------------------------------------- choosing examples
@@ -338,28 +255,34 @@ def _best_rows(best_heads: pd.DataFrame, kind: str, max_labels: int) -> pd.DataF
     return rows.sort_values("n", ascending=False, kind="stable").head(max_labels)
 
 
-def example_pictures(
-    model,
-    tokenizer,
+@dataclass
+class PlannedPicture:
+    """A picture chosen before its attention is drawn: the entry of examples.json without its
+    `attention`, the words the head reads (`request`: words, layer, head, for
+    `scoring.sentence_attention.head_matrices`) and the rows and columns of that matrix it keeps."""
+
+    entry: dict
+    request: tuple[list[str], int, int]  # (words, layer, head)
+    keep: tuple[int, int]  # [lo, hi): the words kept as rows and as columns
+
+
+def planned_pictures(
     best_heads: pd.DataFrame,
     examples,
-    from_mode="mean",
     max_words: int = SENTENCE_WORDS[1],
     per_label: int = 1,
     max_labels: int = 8,
     seed: int = 0,
     coref=None,
     min_words: int = SENTENCE_WORDS[0],
-    stack: str | None = None,
-) -> list[dict]:
-    """For the in-sample best dependency heads (most arcs first, at most `max_labels`): each one's
-    attention on a sentence holding its relation (`pick_sentences`, seeded); with `coref` windows,
-    for the best coreference head of each kind, its attention around a mention and its nearest
-    antecedent (`pick_mentions`). `examples` / `coref`: any iterable (read once), or a
-    `SentencePicker` / `MentionPicker` that watched the scoring pass (its seed and sizes are then
-    the picker's). `stack`: the attention stack scored (`headprobe.model.sites`). Returns the entries of
-    examples.json."""
-    pictures = []
+) -> list[PlannedPicture]:
+    """For the in-sample best dependency heads (most arcs first, at most `max_labels`): each one on
+    a sentence holding its relation (`pick_sentences`, seeded); with `coref` windows, the best
+    coreference head of each kind around a mention and its nearest antecedent (`pick_mentions`).
+    `examples` / `coref`: any iterable (read once), or a `SentencePicker` / `MentionPicker` that
+    watched the scoring pass (its seed and sizes are then the picker's). The attention is drawn
+    after (`scoring.sentence_attention.head_matrices`) and put in by `example_pictures`."""
+    planned = []
     rows = _best_rows(best_heads, ARCS, max_labels) if examples is not None else best_heads.iloc[:0]
     if isinstance(examples, SentencePicker):  # filled during the scoring pass
         chosen = examples.chosen(list(rows["label"]))
@@ -371,41 +294,29 @@ def example_pictures(
         )
     for row in rows.itertuples():
         for example in chosen.get(row.label, []):
-            matrix = word_attention(
-                model, tokenizer, example.words, int(row.layer), from_mode, stack
-            )[int(row.head)]
-            pictures.append(
-                dict(
-                    analysis=row.analysis,
-                    label=row.label,
-                    layer=int(row.layer),
-                    head=int(row.head),
-                    direction=row.direction,
-                    unit=example.unit,
-                    sentence=example.sent_id,
-                    words=list(example.words),
-                    attention=matrix[:, : len(example.words)].tolist(),
-                    gold=gold_arcs(example, row.label),
-                    seed=seed,
-                )
+            entry = dict(
+                analysis=row.analysis,
+                label=row.label,
+                layer=int(row.layer),
+                head=int(row.head),
+                direction=row.direction,
+                unit=example.unit,
+                sentence=example.sent_id,
+                words=list(example.words),
+                attention=None,
+                gold=gold_arcs(example, row.label),
+                seed=seed,
             )
+            request = (list(example.words), int(row.layer), int(row.head))
+            planned.append(PlannedPicture(entry, request, (0, len(example.words))))
     if coref is not None:
-        pictures += coref_pictures(
-            model, tokenizer, best_heads, coref, from_mode, per_label, seed, stack
-        )
-    return pictures
+        planned += planned_coref_pictures(best_heads, coref, per_label, seed)
+    return planned
 
 
-def coref_pictures(
-    model,
-    tokenizer,
-    best_heads: pd.DataFrame,
-    windows,
-    from_mode="mean",
-    per_label: int = 1,
-    seed: int = 0,
-    stack: str | None = None,
-) -> list[dict]:
+def planned_coref_pictures(
+    best_heads: pd.DataFrame, windows, per_label: int = 1, seed: int = 0
+) -> list[PlannedPicture]:
     """The best coreference head of each kind on a mention and its antecedent: attention over the
     whole window, cropped to the words from just before the antecedent to just after the mention."""
     rows = _best_rows(best_heads, MENTIONS, 8)
@@ -413,31 +324,40 @@ def coref_pictures(
         chosen = windows.chosen(list(rows["label"]))
     else:
         chosen = pick_mentions(windows, list(rows["label"]), seed, per_label) if len(rows) else {}
-    pictures = []
+    planned = []
     for row in rows.itertuples():
         for pick in chosen.get(row.label, []):
             words = pick.window.words
             lo = max(0, min(pick.antecedent_span[0], pick.antecedent) - CONTEXT)
             hi = min(len(words), max(pick.mention[1], pick.query + 1) + CONTEXT)
-            matrix = word_attention(model, tokenizer, words, int(row.layer), from_mode, stack)[
-                int(row.head)
-            ]
-            pictures.append(
-                dict(
-                    analysis=row.analysis,
-                    label=row.label,
-                    layer=int(row.layer),
-                    head=int(row.head),
-                    direction="",
-                    unit=pick.window.unit,
-                    sentence=pick.window.sent_id,
-                    words=list(words[lo:hi]),
-                    attention=matrix[lo:hi, lo:hi].tolist(),
-                    offset=lo,
-                    gold=[[pick.query - lo, g - lo] for g in pick.gold if lo <= g < hi],
-                    mention=[pick.mention[0] - lo, pick.mention[1] - lo],
-                    antecedent=[pick.antecedent_span[0] - lo, pick.antecedent_span[1] - lo],
-                    seed=seed,
-                )
+            entry = dict(
+                analysis=row.analysis,
+                label=row.label,
+                layer=int(row.layer),
+                head=int(row.head),
+                direction="",
+                unit=pick.window.unit,
+                sentence=pick.window.sent_id,
+                words=list(words[lo:hi]),
+                attention=None,
+                offset=lo,
+                gold=[[pick.query - lo, g - lo] for g in pick.gold if lo <= g < hi],
+                mention=[pick.mention[0] - lo, pick.mention[1] - lo],
+                antecedent=[pick.antecedent_span[0] - lo, pick.antecedent_span[1] - lo],
+                seed=seed,
             )
+            planned.append(
+                PlannedPicture(entry, (list(words), int(row.layer), int(row.head)), (lo, hi))
+            )
+    return planned
+
+
+def example_pictures(planned: list[PlannedPicture], matrices) -> list[dict]:
+    """The entries of examples.json: each planned picture with its attention, the rows and columns
+    it keeps of its matrix (`matrices`: one [word, word + 2] array per picture, in order, from
+    `scoring.sentence_attention.head_matrices(model, tokenizer, [p.request for p in planned])`)."""
+    pictures = []
+    for plan, matrix in zip(planned, matrices, strict=True):
+        lo, hi = plan.keep
+        pictures.append({**plan.entry, "attention": matrix[lo:hi, lo:hi].tolist()})
     return pictures

@@ -131,6 +131,8 @@ class Results:
         trained, control = by_model(self.tallies)
         counts, best, base, tests = [], [], [], []
         for name, tally in trained.items():
+            if tally.senders:  # a pair tally: its analysis's pair table is its record
+                continue
             counts.append(tidy_counts(tally))
             analysis = _registered(name)
             if analysis is not None and analysis.selection:

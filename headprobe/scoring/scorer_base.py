@@ -139,8 +139,7 @@ class BatchState:
     extra: dict[str, np.ndarray]  # name -> [row, direction]
     labels: list[str]  # this batch's labels, in order of first use
     label_index: np.ndarray  # [row]: index into `labels` (host)
-    both: torch.Tensor | None = None  # [measure, layer, direction, label * variant, head]
-    # (`add_both`)
+    both: torch.Tensor | None = None  # [measure, layer, direction, label*variant, head]: add_both
     own: Any = None  # the scorer's own per-batch values
     batch: Any = None  # the batch itself (its word maps, sizes, device)
 
@@ -166,11 +165,11 @@ class CountScorer:
     variants: tuple[str, ...] = ()  # baseline names (rows with layer = head = -1)
     extras: tuple[str, ...] = ()  # per-label counts without a head, [row, direction]
     bootstrap = True  # resampled totals (for selection and intervals)
+    pairs = False  # keyed by (receiver head, sender layer, sender head): `scoring.pair_scorer`
     # Query blocks (`headprobe run --query-block N`): True when `update` accepts a layer in
-    # blocks of query rows (see `query_rows`): `att.words` holds only the word rows
-    # `att.query_words`, `att.pieces` only the piece rows `att.query_pieces`, `att.first` /
-    # `att.last` mark the layer's first and last block, and every row comes exactly once.
-    # A scorer that leaves it False always gets whole matrices (the engine then does not block).
+    # blocks of query rows (`query_rows`): `att.words` holds only the word rows `att.query_words`,
+    # `att.pieces` only the piece rows `att.query_pieces`, `att.first` / `att.last` mark the
+    # layer's first and last block, every row comes once. False: whole matrices (no blocks).
     blocks = False
     # The model this instance counts (`headprobe.model.control`): "trained", or "control" for the
     # random-init control's instance (its tallies are kept apart: `tally_key`).
@@ -221,6 +220,7 @@ class CountScorer:
                     variants=self.variants,
                     layers=self.layers,
                     n_heads=n_heads,
+                    senders=self.layers if self.pairs else (),
                     value=self.value,
                     resamples=n_boot,
                     bootstrap=self.bootstrap,
@@ -265,7 +265,7 @@ class CountScorer:
                 len(self.layers),
                 len(self.directions),
                 len(keys),
-                self.n_heads,
+                self.n_heads * (len(self.layers) * self.n_heads if self.pairs else 1),
                 dtype=torch.float64 if self.value == "mass" else torch.float32,
                 device=batch.device,
             ),

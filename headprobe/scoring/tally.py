@@ -219,7 +219,7 @@ class Tally:
         self.variants = tuple(variants)
         self.layers = [int(x) for x in layers]
         self.n_heads = int(n_heads)
-        # a pair tally's sender layers (`headprobe.scoring.pairs`): its head axis holds
+        # a pair tally's sender layers (`headprobe.scoring.pair_tally`): its head axis holds
         # (receiver head, sender layer, sender head) flat; () for a tally keyed by one head
         self.senders = [int(x) for x in senders]
         self.value = value

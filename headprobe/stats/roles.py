@@ -6,7 +6,8 @@ Every registered analysis may declare role rules (`registry.RoleRule`); a head g
 first role (by `order`) whose rule it meets, and every rule it meets is listed beside it.
 Each rule and its thresholds live in the module of the analysis that declares it
 (`headprobe/studies/<analysis>/analysis.py`); this is the role engine, with the tests rules share
-(`tested`, `beats_control`, `mass_of`). A rule reads the data of the analyses that declare it
+(`tested`, `beats_control`, `mass_of`, `pairs_of`: a rule may read pairs of heads, and name the
+receiver heads, `pair_estimates.receiver_matches`). A rule reads the data of the analyses that declare it
 (`registry.declaring`), so no analysis is named here.
 """
 
@@ -15,8 +16,9 @@ from __future__ import annotations
 import pandas as pd
 
 from headprobe.model.control import control_bar
-from headprobe.scoring.registry import RoleRule, declaring, role_rules
+from headprobe.scoring.registry import RoleRule, declaring, get, role_rules
 from headprobe.stats.head_selection import ALPHA
+from headprobe.stats.pair_estimates import PAIR_COLUMNS, is_pair_table
 
 NONE = "none"
 NONE_COLOR = "#f2f2f2"
@@ -68,6 +70,19 @@ def control_text(value: float) -> str:
 def mass_of(results, rule: RoleRule) -> pd.DataFrame:
     """`Results.mass_per_head` of the rule's analyses."""
     return concat([results.mass_per_head(name) for name in analyses_of(rule, results)])
+
+
+def pairs_of(results, rule: RoleRule) -> pd.DataFrame:
+    """The pair-of-heads tables (`pair_estimates.is_pair_table`) that the rule's analyses
+    declare, one after another (`pair_estimates.PAIR_COLUMNS` at least)."""
+    frames = [
+        results.table(table)
+        for name in analyses_of(rule, results)
+        for table in get(name).tables
+        if table in results.tables and is_pair_table(results.table(table))
+    ]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=PAIR_COLUMNS)
 
 
 def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -154,12 +154,15 @@ def head_scores(runs, objective: str | None) -> tuple[pd.DataFrame, dict]:
 
 
 def _head_tallies(results, objective: str | None) -> list:
-    """The trained model's tallies with heads (not the objective's whole-model cell), in the
-    analyses' order, then by measure."""
+    """The trained model's tallies keyed by one head (not the objective's whole-model cell, not a
+    pair tally), in the analyses' order, then by measure."""
     found = [
         t
         for t in results.tallies.values()
-        if t.model == TRAINED and t.analysis != objective and any(layer >= 0 for layer in t.layers)
+        if t.model == TRAINED
+        and t.analysis != objective
+        and any(layer >= 0 for layer in t.layers)
+        and not t.senders  # a pair tally has no per-head score
     ]
     order = {name: i for i, name in enumerate(registry.ordered([t.analysis for t in found]))}
     return sorted(found, key=lambda t: (order.get(t.analysis, len(order)), t.measure))

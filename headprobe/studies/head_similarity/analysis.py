@@ -12,14 +12,19 @@ The distance of two heads is the mean JS over every word row of the corpus (Clar
 average over their tokens; their code also smooths rows by 0.001 / length and works on
 pieces, not words).
 
-Streaming: a batch's pairwise JS sums add up per unit, into a `Tally` (value "mass", no
-bootstrap resamples, per fold): one label per first head, `js:L-H`, whose cells are the
-second head (layer, head), with n = word rows. The whole matrix is `head_distances`:
-one row per ordered pair of heads, layer_a, head_a, layer_b, head_b, n, js (whole data),
-js_fold0, js_fold1 (each half alone: how stable the distances are).
+Streaming: a batch's pairwise JS sums add up per unit into a pair tally (`PairScorer`: receiver
+head x sender head, value "mass", per fold and bootstrap resample, METHODS §5), one label `js`,
+n = word rows. `head_distances` is its pair table (`stats.pair_estimates.pair_table`): one row
+per ordered pair of heads, layer, head, sender_layer, sender_head, n, score (the mean JS on the
+whole data), ci_low, ci_high (95% bootstrap interval over units), p, p_holm (the pair table's
+test that the divergence is above 0; Holm over every pair) and score_fold0, score_fold1 (each
+half of the units alone: how stable the distances are). The divergence is symmetric, so
+(a, b) and (b, a) hold the same numbers.
 
 Not run by default (`--analyses head_similarity`): it keeps every scored layer's attention
-of a batch until the batch ends and costs (layers x heads)^2 / 2 divergences per row.
+of a batch until the batch ends and costs (layers x heads)^2 / 2 divergences per row; its
+tally holds (layers x heads)^2 float64 cells per fold and resample (72 heads, 1,000 resamples:
+83 MB; fewer resamples, `--bootstrap`, shrink it).
 """
 
 from __future__ import annotations
@@ -30,24 +35,19 @@ import numpy as np
 import pandas as pd
 
 from headprobe.scoring.measures import MASS
+from headprobe.scoring.pair_scorer import PairScorer, pair_values
+from headprobe.scoring.pair_tally import pair_arrays
 from headprobe.scoring.registry import SENTENCES, Analysis, register
-from headprobe.scoring.scorer_base import BatchState, CountScorer, RowIndex
+from headprobe.scoring.scorer_base import BatchState, RowIndex
+from headprobe.stats.pair_estimates import PAIR_COLUMNS, pair_table
 
 if TYPE_CHECKING:
     import torch
 
-PREFIX = "js:"
+LABEL = "js"  # the tally's one label: the mean Jensen-Shannon divergence
 CHUNK_BYTES = 64 * 2**20  # working memory of one block of pairwise mixtures
-DISTANCE_COLUMNS = ["layer_a", "head_a", "layer_b", "head_b", "n", "js", "js_fold0", "js_fold1"]
-
-
-def head_label(layer: int, head: int) -> str:
-    return f"{PREFIX}{layer}-{head}"
-
-
-def parse_label(label: str) -> tuple[int, int]:
-    layer, head = label[len(PREFIX) :].split("-")
-    return int(layer), int(head)
+PAIR_KEYS = ["layer", "head", "sender_layer", "sender_head"]  # receiver (first) and sender heads
+DISTANCE_COLUMNS = [c for c in PAIR_COLUMNS if c != "channel"] + ["score_fold0", "score_fold1"]
 
 
 def js_row_sums(p: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
@@ -82,22 +82,17 @@ def js_row_sums(p: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Te
     return out
 
 
-class HeadSimilarityScorer(CountScorer):
+class HeadSimilarityScorer(PairScorer):
     analysis = "head_similarity"
     value = "mass"
     reads = MASS  # norms: row-normalised N (METHODS §7)
-    bootstrap = False
 
     def prepare(self, batch) -> BatchState:
-        heads = [(layer, head) for layer in self.layers for head in range(self.n_heads)]
         rows = RowIndex()
-        units = {}
-        for example in batch.examples:
-            if example.unit not in units:
-                units[example.unit] = len(units)
-            for layer, head in heads:  # rows: unit-major, then first head
-                rows.count(example.unit, head_label(layer, head), len(example.words))
-        # own: each unit's slot, and the layers' row-normalised word attention as they come
+        for example in batch.examples:  # one row per unit, in order of first use
+            rows.count(example.unit, LABEL, len(example.words))
+        units = {unit: row for row, (unit, _) in enumerate(rows.keys)}
+        # own: each unit's row, and the layers' row-normalised word attention as they come
         return self.new_state(batch, rows.keys, rows.n, (units, []))
 
     def update(self, att, state) -> None:
@@ -107,7 +102,7 @@ class HeadSimilarityScorer(CountScorer):
         total = words.sum(-1, keepdim=True)
         shares = words / total.clamp_min(torch.finfo(words.dtype).tiny)
         layers, measures, batch, heads, *rest = shares.shape
-        # [measure, batch, layer x head, word, word + 2]: heads layer-major, as `prepare`'s rows
+        # [measure, batch, layer x head, word, word + 2]: heads layer-major, as the pair cells
         state.own[1].append(
             shares.permute(1, 2, 0, 3, 4, 5).reshape(measures, batch, layers * heads, *rest)
         )
@@ -118,71 +113,49 @@ class HeadSimilarityScorer(CountScorer):
         units, layers = state.own
         if state.keys and layers:
             p = torch.cat(layers, dim=2)  # [measure, batch, K, word, key]
-            k = p.shape[2]
+            n_layers, heads = len(self.layers), self.n_heads
             example_np, word_np = state.batch.word_rows()  # the real word rows (host)
             example = torch.from_numpy(example_np).to(p.device)
             word = torch.from_numpy(word_np).to(p.device)
             slot = torch.tensor([units[ex.unit] for ex in state.batch.examples], device=p.device)
+            pairs = pair_values(self, state)  # [measure, layer, channel, row, head, s_l, s_h]
             for m in range(len(p)):
                 rows = p[m].permute(1, 0, 2, 3)[:, example, word]  # [K, row, key]
                 sums = js_row_sums(rows, slot[example], len(units))  # [unit, K, K]
-                values = sums.reshape(len(units) * k, len(self.layers), self.n_heads)
-                state.values[m, :, 0] = values.permute(1, 0, 2).to(state.values.dtype)
+                sums = sums.view(len(units), n_layers, heads, n_layers, heads)
+                pairs[m, :, 0] = sums.permute(1, 0, 2, 3, 4).to(pairs.dtype)  # [l, unit, h, sl, sh]
         super().end_batch(state)
 
 
 def distance_frame(tally) -> pd.DataFrame:
-    """`head_distances` from a head_similarity tally: one row per ordered pair of heads."""
+    """`head_distances` from a head_similarity pair tally: one row per ordered pair of heads
+    (`pair_table`'s columns but the channel, and each fold's mean divergence)."""
     if tally is None or not tally.labels:
         return pd.DataFrame(columns=DISTANCE_COLUMNS)
-    frames = []
+    table = pair_table(tally)
+    folds = []  # per label, [fold, pair] in the pair table's order
     for label in tally.sorted_labels():
-        layer_a, head_a = parse_label(label)
-        arrays = tally.arrays(label)
-        mass = arrays["hits"][:, 0, :, :, 0]  # [fold, layer, head]
+        arrays = pair_arrays(tally, label)
+        mass = arrays["hits"][:, 0, ..., 0]  # [fold, layer, head, s_layer, s_head]
         n = arrays["n"][:, 0, 0]  # [fold]
-        layers = np.repeat(np.asarray(tally.layers), tally.n_heads)
-        heads = np.tile(np.arange(tally.n_heads), len(tally.layers))
         with np.errstate(invalid="ignore", divide="ignore"):
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "layer_a": layer_a,
-                        "head_a": head_a,
-                        "layer_b": layers,
-                        "head_b": heads,
-                        "n": float(n.sum()),
-                        "js": mass.sum(0).ravel() / n.sum(),
-                        "js_fold0": mass[0].ravel() / n[0],
-                        "js_fold1": mass[1].ravel() / n[1],
-                    }
-                )
-            )
-    frame = pd.concat(frames, ignore_index=True)
-    return frame.sort_values(["layer_a", "head_a", "layer_b", "head_b"], kind="stable").reset_index(
-        drop=True
-    )
+            folds.append(mass.reshape(len(mass), -1) / n[:, None])
+    table["score_fold0"], table["score_fold1"] = np.concatenate(folds, axis=1)
+    return table[DISTANCE_COLUMNS]
 
 
 def distance_matrix(
-    distances: pd.DataFrame, column: str = "js"
+    distances: pd.DataFrame, column: str = "score"
 ) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """(square matrix, heads in its order) from a `head_distances` table."""
-    heads = sorted(set(zip(distances["layer_a"].astype(int), distances["head_a"].astype(int))))
+    """(square matrix [receiver, sender], heads in its order) from a `head_distances` table."""
+    layer, head, s_layer, s_head = (distances[c].astype(int) for c in PAIR_KEYS)
+    heads = sorted(set(zip(layer, head)))
     index = {h: i for i, h in enumerate(heads)}
     matrix = np.full((len(heads), len(heads)), np.nan)
-    rows = [
-        index[(a, b)]
-        for a, b in zip(distances["layer_a"].astype(int), distances["head_a"].astype(int))
-    ]
-    cols = [
-        index.get((a, b), -1)
-        for a, b in zip(distances["layer_b"].astype(int), distances["head_b"].astype(int))
-    ]
-    keep = np.asarray(cols) >= 0
-    matrix[np.asarray(rows)[keep], np.asarray(cols)[keep]] = distances[column].to_numpy(np.float64)[
-        keep
-    ]
+    rows = np.asarray([index[h] for h in zip(layer, head)], dtype=np.int64)
+    cols = np.asarray([index.get(h, -1) for h in zip(s_layer, s_head)], dtype=np.int64)
+    keep = cols >= 0
+    matrix[rows[keep], cols[keep]] = distances[column].to_numpy(np.float64)[keep]
     return matrix, heads
 
 
@@ -304,10 +277,10 @@ def layer_cohesion(
         out["adjusted_rand_clusters_layers"] = float(
             adjusted_rand_score(clusters["layer"], clusters["cluster"])
         )
-    fold = distances[["js_fold0", "js_fold1"]].to_numpy(np.float64)
+    fold = distances[["score_fold0", "score_fold1"]].to_numpy(np.float64)
     pairs = (
-        distances["layer_a"].to_numpy() * 10**6 + distances["head_a"].to_numpy()
-        < distances["layer_b"].to_numpy() * 10**6 + distances["head_b"].to_numpy()
+        distances["layer"].to_numpy() * 10**6 + distances["head"].to_numpy()
+        < distances["sender_layer"].to_numpy() * 10**6 + distances["sender_head"].to_numpy()
     )
     ok = pairs & np.isfinite(fold).all(axis=1)
     if ok.sum() > 2:

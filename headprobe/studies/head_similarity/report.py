@@ -5,7 +5,8 @@
 Renders the stored `head_distances` and `head_clusters` tables: the heads embedded in
 the plane by MDS of their Jensen-Shannon divergences, coloured by head role and by layer,
 the average-linkage dendrogram, and the numbers behind "heads of the same layer behave
-alike" (`head_similarity.layer_cohesion`).
+alike" (`head_similarity.layer_cohesion`), and the closest pairs of heads with their 95%
+bootstrap intervals (`head_distances` is a pair table: `report.rendered_tables.pair_table_block`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from matplotlib.lines import Line2D
 
 from headprobe.report import drawing as F
 from headprobe.report.document import BulletList, Cell, Figure, Paragraph, Section, Table, slug
-from headprobe.report.rendered_tables import LEGEND, fmt
+from headprobe.report.rendered_tables import LEGEND, fmt, pair_table_block
 from headprobe.stats.roles import NONE, role_colors
 from headprobe.studies.head_similarity.analysis import distance_matrix, layer_cohesion, linkage
 
 MAX_LABELS = 160  # heads named on the plots up to this many
+CLOSEST = 15  # pairs of heads in the table of the closest pairs
 
 
 def _roles_of(results, clusters: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
@@ -139,7 +141,24 @@ def head_clusters_section(results, analysis: str) -> Section:
         s.add(Paragraph("Do heads of the same layer behave alike?"))
         s.add(BulletList(_cohesion_items(cohesion)))
     s.add(_clusters_table(clusters, roles))
+    s.add(_closest_pairs(distances))
     return s
+
+
+def _closest_pairs(distances: pd.DataFrame) -> Table:
+    """The `CLOSEST` pairs of distinct heads with the smallest mean JS, each pair once (the
+    receiver before the sender), with their intervals."""
+    first = distances["layer"] * 10**6 + distances["head"]
+    second = distances["sender_layer"] * 10**6 + distances["sender_head"]
+    pairs = distances[first < second].sort_values("score", kind="stable").head(CLOSEST)
+    return pair_table_block(
+        pairs,
+        "head-closest-pairs",
+        f"The {len(pairs)} closest pairs of heads: mean JS divergence (nats) over the word rows, "
+        "with its 95% bootstrap interval over units; p / Holm tests that the divergence is above "
+        "0 (Holm over every pair). " + LEGEND,
+        "mean JS",
+    )
 
 
 def _cluster_figures(clusters, distances, roles: list[str], palette: dict) -> list[Figure]:
