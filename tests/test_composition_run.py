@@ -21,6 +21,7 @@ import pytest
 import torch
 from test_composition import reference
 from test_gates import with_lm_head
+from test_report import check_page_in_chromium, chromium_binary
 
 import headprobe
 from headprobe.cli import main
@@ -299,3 +300,57 @@ def test_cli_run_writes_the_tables(tiny_model, tmp_path):
     assert sorted(set(zip(edges["layer"], edges["head"]))) == [(1, 0), (2, 1)]
     assert len(edges) == 3 * 4 + 3 * 8  # channels x senders of earlier layers, per receiver
     assert np.isfinite(edges["output_effect"]).all() and edges["output_effect"].gt(0).any()
+
+
+@pytest.fixture(scope="module")
+def composed_report(composed, tmp_path_factory):
+    from headprobe.report import build_report
+
+    _, _, results, _ = composed
+    out = tmp_path_factory.mktemp("composition-report")
+    paths = build_report(results, out, formats=("png", "svg", "pdf"))
+    return results, out, paths
+
+
+def test_report_has_the_section_graph_and_head_cards(composed_report):
+    from headprobe.report.explorer import explorer_data
+    from headprobe.studies.composition.report import head_lines
+
+    results, out, paths = composed_report
+    html = paths["html"].read_text(encoding="utf-8")
+    assert "Heads that work together: composition" in html
+    for suffix in ("png", "svg", "pdf"):
+        assert (out / "figures" / f"composition_graph.{suffix}").stat().st_size > 1000
+    data = explorer_data(results)
+    (cards,) = [c for c in data["cards"] if c["analysis"] == "composition"]
+    at = data["heads"].index("2-1")
+    assert cards["lines"][at] == head_lines(results.composition_edges, 2, 1)
+    reads = results.reads("2-1")["reads"]
+    best = reads["k"].iloc[0] if len(reads["k"]) else None
+    if best is not None:
+        line = next(x for x in cards["lines"][at] if x.startswith("reads through its key"))
+        assert line.split(": ", 1)[1].startswith(f"{best.sender_layer}-{best.sender_head} (")
+
+
+CARD_LINES_JS = """JSON.stringify([...document.querySelectorAll('[data-card-line="composition"]')]
+  .map(p => p.textContent))"""
+
+
+@pytest.mark.skipif(chromium_binary() is None, reason="chromium not installed")
+def test_report_graph_and_cards_render_in_chromium(composed_report):
+    from test_explorer import click
+
+    results, out, paths = composed_report
+
+    def act(tools, evaluate):
+        click(tools, evaluate, "2-1")
+        return evaluate(CARD_LINES_JS)
+
+    info = check_page_in_chromium(paths["html"], out / "composition.png", actions=act)
+    assert not info["errors"], info["errors"]
+    assert not info["layout"], info["layout"]  # nothing scrolls sideways at 1280 px
+    broken = [i for i in info["images"] if not (i["complete"] and i["w"] > 0 and i["h"] > 0)]
+    assert info["images"] and not broken, broken
+    from headprobe.studies.composition.report import head_lines
+
+    assert info["actions"] == head_lines(results.composition_edges, 2, 1)

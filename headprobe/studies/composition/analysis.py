@@ -39,20 +39,22 @@ import pandas as pd
 
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import ANY, Analysis, register
-from headprobe.studies.composition import options as flags
-from headprobe.studies.composition.options import NAME
+from headprobe.studies.ablation.flags import ABLATION
+from headprobe.studies.composition import run_options as flags
+from headprobe.studies.composition.run_options import NAME
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.induction.analysis import ROLE as INDUCTION_ROLE
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
 from headprobe.studies.previous_token.analysis import ROLE as PREVIOUS_ROLE
 
+KIND = ABLATION.name  # the column naming the kind of ablation (the option of the same name)
 EDGE_COLUMNS = [
     "layer",
     "head",
     "channel",
     "sender_layer",
     "sender_head",
-    "ablation",
+    KIND,
     *[f"{e}_effect{s}" for e in ("pattern", "output", "role") for s in ("", "_low", "_high")],
     "p_holm",
     "role",
@@ -141,7 +143,7 @@ class CompositionScorer(ModelScorer):
 
     def use_options(self, options: dict) -> None:
         self.receivers = options.get("receivers")
-        self.kind = tuple(options.get("ablation") or ("zero",))[0]
+        self.kind = tuple(options.get(ABLATION.name) or ("zero",))[0]
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
         from headprobe.core.errors import UsageError
@@ -216,6 +218,10 @@ class CompositionScorer(ModelScorer):
         from headprobe.studies.composition.weights import composition_weights
 
         sums = self.totals.sums()
+        if not sums.rows.sum() > 0:  # never a table of zeros
+            raise UsageError(
+                "composition: no receiver query row was scored (no word piece in the inputs)"
+            )
         baseline = self.baselines.means if self.kind == "mean" else None
         frames = composition(
             self.model_,
@@ -247,7 +253,7 @@ class CompositionScorer(ModelScorer):
         sums = kept.get("sums")
         return {
             NAME: {
-                "ablation": self.kind,
+                KIND: self.kind,
                 "receivers": "all"
                 if self.receivers is None
                 else [f"{l}-{h}" for l, h in self.receivers],
@@ -398,7 +404,7 @@ def console(results, name: str, top: int = 5) -> str:
     edges = results.tables.get("composition_edges")
     if edges is None or not len(edges):
         return ""
-    kind = edges["ablation"].iloc[0]
+    kind = edges[KIND].iloc[0]
     lines = [
         f"\ncomposition: the strongest edges by output effect ({kind} ablation; 95% intervals):"
     ]
@@ -432,12 +438,21 @@ COMPOSITION = register(
         input=ANY,
         selection=False,
         default=False,
-        options=(flags.RECEIVERS, flags.SENDERS, "ablation"),
-        model_checks=(flags.receivers_exist, flags.kind_measured),
-        homes=(
-            "headprobe.studies.composition.options",
-            "headprobe.studies.composition.sweep",
-            "headprobe.studies.composition.tables",
+        options=(flags.RECEIVERS, flags.SENDERS, ABLATION.name),
+        model_checks=(flags.receivers_exist, flags.kind_measured, flags.not_resumed),
+        homes=tuple(
+            f"headprobe.studies.composition.{module}"
+            for module in (
+                "run_options",
+                "report",
+                "graph",
+                "sweep",
+                "tables",
+                "intervention",
+                "path_patching",
+                "first_order",
+                "weights",
+            )
         ),
         description="which earlier heads each head reads through its query, key and value: each "
         "sender's write replaced by its ablation in one channel of the receiver, the change of the "

@@ -14,9 +14,12 @@ import pandas as pd
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.selection import described
 from headprobe.report.tables import fmt, fmt_ci, head_name
+from headprobe.stats.roles import NONE
+from headprobe.studies.ablation.flags import ABLATION
 from headprobe.studies.composition.graph import CHANNEL_NAMES, composition_graph, graph_edges
 
 TOP_EDGES = 15
+KIND = ABLATION.name  # the column naming the kind of ablation
 PER_CHANNEL = 3  # senders a head card lists per channel
 
 
@@ -31,7 +34,7 @@ def section(results, name: str) -> Section:
     if edges is None or not len(edges):
         s.add(Paragraph("No composition edges in these results.", note=True))
         return s
-    kind = edges["ablation"].iloc[0]
+    kind = edges[KIND].iloc[0]
     shown = graph_edges(edges)
     roles = results.tables.get("roles")
     named = {}
@@ -39,7 +42,7 @@ def section(results, name: str) -> Section:
         named = {
             (int(r.layer), int(r.head)): r.short or r.role
             for r in roles.itertuples(index=False)
-            if r.role != "none"
+            if r.role != NONE
         }
     s.add(
         Figure(
@@ -52,35 +55,52 @@ def section(results, name: str) -> Section:
             alt="composition graph of the significant edges",
         )
     )
-    top = edges.nlargest(TOP_EDGES, "output_effect")
-    s.add(
-        Table(
-            "composition-top",
-            f"The {len(top)} edges with the largest output effect ({kind} ablation; 95% "
-            "intervals over units; p_holm: Holm over every edge).",
-            [
-                "Edge",
-                "Channel",
-                "Output effect",
-                "95% CI",
-                "Pattern effect",
-                "Role effect",
-                "p_holm",
-            ],
-            [
-                [
-                    Cell(_edge(r), keep=True),
-                    Cell(r.channel),
-                    Cell(fmt(r.output_effect), numeric=True),
-                    Cell(fmt_ci(r.output_effect_low, r.output_effect_high), numeric=True),
-                    Cell(fmt(r.pattern_effect), numeric=True),
-                    Cell(fmt(r.role_effect), numeric=True),
-                    Cell(f"{r.p_holm:.2g}", numeric=True),
-                ]
-                for r in top.itertuples(index=False)
-            ],
+    s.add(top_table(edges, kind))
+    circuits_block(s, roles)
+    corr = results.tables.get("composition_check_correlation")
+    if corr is not None and len(corr):
+        c = corr.iloc[0]
+        text = (
+            f"First-order estimate against exact path patching on {int(c.edges)} edges: "
+            f"Spearman {c.spearman:+.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}]."
         )
+        s.add(Paragraph(text + (f" Warning: {c.warning}" if c.warning else "")))
+    return s
+
+
+def top_table(edges: pd.DataFrame, kind: str) -> Table:
+    """The edges with the largest output effect, with intervals."""
+    top = edges.nlargest(TOP_EDGES, "output_effect")
+    return Table(
+        "composition-top",
+        f"The {len(top)} edges with the largest output effect ({kind} ablation; 95% "
+        "intervals over units; p_holm: Holm over every edge).",
+        [
+            "Edge",
+            "Channel",
+            "Output effect",
+            "95% CI",
+            "Pattern effect",
+            "Role effect",
+            "p_holm",
+        ],
+        [
+            [
+                Cell(_edge(r), keep=True),
+                Cell(r.channel),
+                Cell(fmt(r.output_effect), numeric=True),
+                Cell(fmt_ci(r.output_effect_low, r.output_effect_high), numeric=True),
+                Cell(fmt(r.pattern_effect), numeric=True),
+                Cell(fmt(r.role_effect), numeric=True),
+                Cell(f"{r.p_holm:.2g}", numeric=True),
+            ]
+            for r in top.itertuples(index=False)
+        ],
     )
+
+
+def circuits_block(s: Section, roles: pd.DataFrame | None) -> None:
+    """The circuits the role map names (its `circuit` column), or a note that none was found."""
     if roles is not None and "circuit" in roles:
         found = roles[roles["circuit"].astype(str) != ""]
         if len(found):
@@ -99,15 +119,6 @@ def section(results, name: str) -> Section:
             )
         else:
             s.add(Paragraph("No circuit found with evidence in this run.", note=True))
-    corr = results.tables.get("composition_check_correlation")
-    if corr is not None and len(corr):
-        c = corr.iloc[0]
-        text = (
-            f"First-order estimate against exact path patching on {int(c.edges)} edges: "
-            f"Spearman {c.spearman:+.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}]."
-        )
-        s.add(Paragraph(text + (f" Warning: {c.warning}" if c.warning else "")))
-    return s
 
 
 def head_lines(edges: pd.DataFrame | None, layer: int, head: int) -> list[str]:
@@ -149,5 +160,5 @@ def card(results) -> tuple[str, dict]:
         heads = set(zip(edges["layer"].astype(int), edges["head"].astype(int)))
         heads |= set(zip(edges["sender_layer"].astype(int), edges["sender_head"].astype(int)))
     lines = {key: head_lines(edges, *key) for key in sorted(heads)}
-    kind = edges["ablation"].iloc[0] if edges is not None and len(edges) else ""
+    kind = edges[KIND].iloc[0] if edges is not None and len(edges) else ""
     return f"Composition: what it reads, who reads it ({kind} ablation, output effect)", lines

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from headprobe.core.errors import UsageError
 from headprobe.scoring.options import GIVEN, Option
+from headprobe.studies.ablation.flags import ABLATION
 
 NAME = "composition"
 SENDER_KINDS = ("heads", "mlp", "embed")
@@ -130,7 +131,7 @@ def receivers_exist(config, facts) -> None:
 
 def kind_of(config) -> str:
     """The composition's kind of ablation: the first of --ablation."""
-    return tuple(getattr(config, "ablation", None) or ("zero",))[0]
+    return tuple(getattr(config, ABLATION.name, None) or ("zero",))[0]
 
 
 def kind_measured(config, facts) -> None:
@@ -138,6 +139,16 @@ def kind_measured(config, facts) -> None:
     load; the ablation study checks the option itself)."""
     if kind_of(config) not in KINDS:
         raise UsageError(
-            f"--ablation {kind_of(config)}: the composition analysis runs {' or '.join(KINDS)} "
+            f"{ABLATION.flag} {kind_of(config)}: the composition analysis runs {' or '.join(KINDS)} "
             "ablation so far (resample is not measured yet)"
+        )
+
+
+def not_resumed(config, facts) -> None:
+    """A resumed run is refused: the composition's per-unit sums live in memory, not in the
+    checkpoint, so a resumed pass would score only the batches after it (model check)."""
+    if getattr(config, "resume", False):
+        raise UsageError(
+            "--resume: the composition analysis keeps its sums in memory, not in the checkpoint; "
+            "run it again without --resume"
         )
