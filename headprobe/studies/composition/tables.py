@@ -166,7 +166,8 @@ def composition(
     roles: dict | None = None,
 ) -> dict:
     """Every table of the composition (module docstring) over `batches` (a list: the check
-    streams them a second time). baseline: the ablation values of `ablation` (None: zero);
+    streams them a second time). baseline: the ablation values of `ablation` (None: zero; a
+    tensor for mean; `sweep.resampled(baselines)` for resample);
     token_id: an ordinary token for the weights-only scores (None: that table is left out)."""
     stack = check_supported(model, stack)
     objective = objective or Objective.for_model(model, stack=stack)
