@@ -71,20 +71,23 @@ class Shortcut:
         change itself (for the norm's new scale), factor [batch, piece] or None."""
         dtype = self.weight.dtype
         k = torch.matmul(rows.to(dtype), self.weight.T)  # [sender, d_head, feature]
-        changed = torch.matmul(diff.to(dtype).flatten(1, 2), k).unflatten(1, diff.shape[1:3])
+        out = torch.matmul(diff.to(dtype).flatten(1, 2), k)  # [sender, batch * piece, feature]
+        out = out.view(*diff.shape[:3], -1)  # [sender, batch, piece, feature]
         if factor is not None:
-            changed = changed * factor[..., None]  # [sender, batch, piece, feature]
+            out.mul_(factor[..., None])
         if self.kind is None:
-            out = self.clean + changed
+            out.add_(self.clean)
         else:
             n = d.shape[-1]
-            dot = (d * self.centred).sum(-1)  # [sender, batch, piece]
-            size = d.pow(2).sum(-1)
-            mu = d.mean(-1) if self.kind == "layer" else torch.zeros_like(dot)
-            new = torch.sqrt(self.scale.pow(2) + (2 * dot + size - n * mu.pow(2)) / n)
-            u = self.weight.sum(-1)  # [feature]
-            part = (self.clean - self.offset) * self.scale[..., None]  # [batch, piece, feature]
-            out = self.offset + (part + changed - mu[..., None] * u) / new[..., None]
+            dot = torch.einsum("sbth,bth->sbt", d, self.centred)  # [sender, batch, piece]
+            size = torch.linalg.vector_norm(d, dim=-1).pow_(2)
+            new = self.scale.pow(2) + (2 * dot + size) / n
+            if self.kind == "layer":
+                mu = d.mean(-1)  # [sender, batch, piece]
+                new.sub_(mu.pow(2))
+                out.addcmul_(mu[..., None], self.weight.sum(-1), value=-1.0)
+            out.add_((self.clean - self.offset) * self.scale[..., None])
+            out.div_(new.sqrt_()[..., None]).add_(self.offset)
         out = out.flatten(0, 1)  # [sender * batch, piece, feature]
         got, start = {}, 0
         for module, width in zip(self.modules, self.widths):

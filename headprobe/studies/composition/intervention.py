@@ -261,10 +261,10 @@ def _block_effects(out, probs0, z0, norm0, gram, rows, roles, n: int):
                 role[name].append(zero)
             continue
         probs = out.probs[c].view(n, batch, *probs0.shape[1:])  # [sender, batch, head, q, k]
-        tv = 0.5 * (probs - probs0).abs().sum(-1)  # [sender, batch, head, query]
-        pattern.append(torch.einsum("sbhq,bq->bsh", tv, rows))
         for name, targets in roles.items():
             role[name].append(role_drop(probs, probs0, targets, rows))
+        tv = probs.sub_(probs0).abs_().sum(-1).mul_(0.5)  # [sender, batch, head, query]
+        pattern.append(torch.einsum("sbhq,bq->bsh", tv, rows))
     stack = lambda t: torch.stack(t, -1)  # [batch, sender, head, channel]
     return stack(pattern), stack(output), {name: stack(v) for name, v in role.items()}
 

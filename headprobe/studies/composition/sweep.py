@@ -182,6 +182,7 @@ def batch_sums(model, batch, receivers, baseline, objective, stack, budget) -> d
         for layer, heads in _receivers(cache, receivers).items():
             grads = input_gradients(model, cache, layer, grad_z, heads, budget)
             s = edge_sums(model, cache, layer, None, baseline, rows, roles, heads, budget, grads)
+            cache.shortcuts.pop(layer, None)  # done with this layer: its projections' outputs
             got["edges"] += [
                 (snd, (layer, h), c) for snd in s.senders for h in heads for c in CHANNELS
             ]
