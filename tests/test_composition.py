@@ -768,3 +768,22 @@ def test_exact_causal_lm_equals_a_full_forward():
             torch.testing.assert_close(got[:, e], patched - clean, atol=1e-5, rtol=1e-4)
             assert float((patched - clean).abs().sum()) > 0
     torch.testing.assert_close(tokens, want_tokens)
+
+
+def test_shortcut_check_rejects_a_wrong_shortcut():
+    """The per-layer check of the shortcut can fail: a gain off by 1% (or a module that reads
+    its hidden states elsewhere, shown by the NaN stand-in) sends the layer to the general
+    path."""
+    from headprobe.model import projected
+
+    built = build("llama-gqa")
+    _, inputs = stack_batch(built, SENTENCES, "decoder")
+    cache = clean_cache(built.model, inputs, "decoder")
+    short = projected._build(built.model, cache, 1)
+    assert projected._check(built.model, cache, short)
+    short.weight = short.weight * 1.01
+    assert not projected._check(built.model, cache, short)
+    short = projected._build(built.model, cache, 1)
+    short.modules = short.modules[:2]  # v_proj now runs on the NaN stand-in
+    short.widths = short.widths[:2]
+    assert not projected._check(built.model, cache, short)

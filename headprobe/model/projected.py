@@ -46,7 +46,8 @@ from headprobe.model.sites import projection_weight
 from headprobe.model.unembed import fit_norm
 
 CHECK_ROWS = 4  # d_head-space width of the check's random change
-CHECK_RTOL = 1e-4  # the check's tolerance, relative to the largest |q|, |k|, |v|
+CHECK_RTOL = 1e-4  # the check's tolerance, relative to the largest |q|, |k|, |v| (float32;
+# a half-precision model's general path rounds to its own precision: 4 of its epsilons)
 
 
 @dataclass
@@ -199,8 +200,9 @@ def _check(model, cache: LayerCache, short: Shortcut) -> bool:
     recall(model, cache, layer, layer_input(cache, layer, x + d[0]), grab("general"))
     outs = short.outputs(diff, rows, d)
     recall(model, cache, layer, None, grab("short"), outs, 1)
+    tol = max(CHECK_RTOL, 4 * torch.finfo(short.dtype).eps)
     for a, b in zip(got["general"], got["short"]):
         top = float(a.abs().max())
-        if not torch.isfinite(b).all() or float((a - b).abs().max()) > CHECK_RTOL * max(top, 1e-6):
+        if not torch.isfinite(b).all() or float((a - b).abs().max()) > tol * max(top, 1e-6):
             return False
     return True
