@@ -167,7 +167,8 @@ def composition(
     sums=None,
 ) -> dict:
     """Every table of the composition (module docstring) over `batches` (a list: the check
-    streams them a second time). baseline: the ablation values of `ablation` (None: zero);
+    streams them a second time). baseline: the ablation values of `ablation` (None: zero; a
+    tensor for mean; `sweep.resampled(baselines)` for resample);
     token_id: an ordinary token for the weights-only scores (None: that table is left out);
     sums: the sweep's `UnitSums` over `batches` where the caller streamed them already."""
     stack = check_supported(model, stack)
