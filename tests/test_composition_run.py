@@ -239,7 +239,7 @@ def cli(*args) -> tuple[int, str]:
         (["--receivers", "9-0"], "receiver 9-0 does not exist"),
         (["--senders", "mlp"], "the senders always include heads"),
         (["--senders", "heads,embed"], "embed senders are not measured"),
-        (["--ablation", "resample"], "runs zero or mean ablation so far"),
+        (["--ablation", "bogus"], "--ablation"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_model, tmp_path, extra, needle):
@@ -305,6 +305,22 @@ def test_cli_run_writes_the_tables(tiny_model, tmp_path):
     edges = pd.read_parquet(out / "composition_edges.parquet")
     assert sorted(set(zip(edges["layer"], edges["head"]))) == [(1, 0), (2, 1)]
     assert len(edges) == 3 * 4 + 3 * 8  # channels x senders of earlier layers, per receiver
+    assert np.isfinite(edges["output_effect"]).all() and edges["output_effect"].gt(0).any()
+
+
+def test_resample_ablation_runs_through_the_cli(tiny_model, tmp_path):
+    """--ablation resample: each unit's sender writes replaced by its partner unit's (the ablation
+    study's pairing); the edges say so, and some effect is measured."""
+    out = tmp_path / "out"
+    status, err = cli(
+        "run", "--model", tiny_model, "--analyses", "composition", "--receivers", "2-1",
+        "--ablation", "resample", "--probe", "repeated-random", "--n", "4", "--length", "5",
+        "--quiet", "--bootstrap", "50", "--no-report", "--out", str(out),
+    )  # fmt: skip
+    assert status == 0, err
+    edges = pd.read_parquet(out / "composition_edges.parquet")
+    assert set(edges["ablation"]) == {"resample"}
+    assert len(edges) == 3 * 8  # channels x senders of the two earlier layers
     assert np.isfinite(edges["output_effect"]).all() and edges["output_effect"].gt(0).any()
 
 

@@ -182,7 +182,7 @@ class CompositionScorer(ModelScorer):
 
         from headprobe.studies.composition.sweep import composition_sums
 
-        baseline = self.baselines.of(self.kind, model, batch, self.stack_)
+        baseline = self._baseline(model, batch)
         sums = composition_sums(
             model, [batch], self.receivers, baseline, self.objective, self.stack_
         )
@@ -199,6 +199,17 @@ class CompositionScorer(ModelScorer):
         state = self.state_of(batch, keys, n, got[:, self.layers])
         state.own = (sums, batch)
         return state
+
+    def _baseline(self, model, batch):
+        """The sender writes' ablation values: None (zero), the means (mean), or per batch the
+        partner units' writes (resample, `sweep.resampled`); `batch` None: for every batch."""
+        from headprobe.studies.composition.sweep import resampled
+
+        if self.kind == "resample":
+            return resampled(self.baselines, self.stack_)
+        if batch is None:
+            return self.baselines.means if self.kind == "mean" else None
+        return self.baselines.of(self.kind, model, batch, self.stack_)
 
     def end_batch(self, state) -> None:
         super().end_batch(state)
@@ -222,7 +233,7 @@ class CompositionScorer(ModelScorer):
             raise UsageError(
                 "composition: no receiver query row was scored (no word piece in the inputs)"
             )
-        baseline = self.baselines.means if self.kind == "mean" else None
+        baseline = self._baseline(self.model_, None)
         frames = composition(
             self.model_,
             self.batches,

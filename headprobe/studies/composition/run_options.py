@@ -18,7 +18,7 @@ from headprobe.studies.ablation.flags import ABLATION
 NAME = "composition"
 SENDER_KINDS = ("heads", "mlp", "embed")
 MEASURED = ("heads",)  # the sender kinds whose writes the intervention reaches today
-KINDS = ("zero", "mean")  # the kinds of ablation the composition runs today
+KINDS = ("zero", "mean", "resample")  # the kinds of ablation the composition runs
 
 
 def parse_receivers(text, flag: str = "--receivers") -> list[tuple[int, int]] | None:
@@ -139,8 +139,8 @@ def kind_measured(config, facts) -> None:
     load; the ablation study checks the option itself)."""
     if kind_of(config) not in KINDS:
         raise UsageError(
-            f"{ABLATION.flag} {kind_of(config)}: the composition analysis runs {' or '.join(KINDS)} "
-            "ablation so far (resample is not measured yet)"
+            f"{ABLATION.flag} {kind_of(config)}: the composition analysis runs "
+            f"{', '.join(KINDS[:-1])} or {KINDS[-1]} ablation"
         )
 
 
