@@ -464,7 +464,7 @@ def test_first_order_estimate_equals_autograd(name, channels):
     site = attention_sites(model).of("decoder")[1]
     readout = Readout(model.config.hidden_size)
     cache = clean_cache(model, inputs, "decoder")
-    grad_z = slice_gradients(model, cache, readout, SimpleNamespace(inputs=inputs))
+    grad_z = slice_gradients(model, cache, readout, SimpleNamespace(inputs=inputs), rows=2)
     grads = input_gradients(model, cache, 1, grad_z)  # [channel, head, batch, piece, hidden]
     groups = site.heads // site.kv_heads
     rows = query_mask(inputs, "decoder").float()
@@ -625,3 +625,164 @@ def test_smollm2_key_edges_match_independent_hooks():
     assert rho >= 0.8, (receiver, rho)
     assert int(np.argmax(mine)) == int(np.argmax(theirs))
     np.testing.assert_allclose(mine, theirs, atol=1e-4)
+
+
+WRITE_NORM_FAMILIES = set(WRITE_NORMS)
+SHORTCUT = [(n, s) for n, s in INTERFACE if n not in WRITE_NORM_FAMILIES]
+
+
+@pytest.mark.parametrize("name,stack", SHORTCUT)
+def test_shortcut_equals_general_path(name, stack):
+    """The d_head-space shortcut (`model.projected`) gives every effect and estimate of the
+    general path (the whole changed stream through the receiver layer's norm and projections),
+    on every family where it applies: every sender of every layer below the last, every
+    receiver head, a per-position mean baseline and per-row rows."""
+    built = build(name)
+    _, inputs = stack_batch(built, SENTENCES, stack)
+    model = built.model
+    cache = clean_cache(model, inputs, stack)
+    rows = query_mask(inputs, stack).float()
+    layer = len(cache.sites) - 1
+    z = cache.slices[0]  # [batch, piece, head, d_head]
+    gen = torch.Generator().manual_seed(1)
+    means = torch.randn(len(cache.sites), z.shape[1], z.shape[2], z.shape[3], generator=gen)
+    ids = inputs.get("decoder_input_ids") if stack == "decoder" else None
+    targets = {"prev": role_targets(PREVIOUS_TOKEN, inputs["input_ids"] if ids is None else ids)}
+    grads = torch.randn(3, z.shape[2], *cache.x[layer].shape, generator=gen)
+    fast = edge_sums(model, cache, layer, None, means, rows, targets, grads=grads)
+    assert cache.shortcuts.get(layer) is not None, f"{name}: the shortcut did not apply"
+    slow = edge_sums(model, cache, layer, None, means, rows, targets, grads=grads, general=True)
+    for key in ("pattern", "output", "estimate"):
+        torch.testing.assert_close(
+            getattr(fast, key), getattr(slow, key), atol=TOL, rtol=TOL, msg=f"{name} {key}"
+        )
+    torch.testing.assert_close(fast.role["prev"], slow.role["prev"], atol=TOL, rtol=TOL)
+    assert float(fast.pattern.abs().sum()) > 0 and float(fast.output.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("name", sorted(WRITE_NORM_FAMILIES))
+def test_write_norm_families_keep_the_general_path(name):
+    """A norm on the attention output (Gemma-2/3) makes a sender's change nonlinear in its
+    slice: the shortcut is not tried there."""
+    built = build(name)
+    _, inputs = stack_batch(built, SENTENCES, "decoder")
+    cache = clean_cache(built.model, inputs, "decoder")
+    edge_sums(built.model, cache, 1, [(0, 0)])
+    assert 1 not in cache.shortcuts
+
+
+@pytest.mark.parametrize(
+    "name,stack", [("llama-gqa", "decoder"), ("bert", "encoder"), ("t5", "decoder")]
+)
+def test_resample_effects_equal_hooked_forward(name, stack):
+    """Resample ablation: each row's sender slice is replaced by its own baseline (a partner's
+    slices, [batch, layer, piece, head, d_head]); every effect equals the hooked forward."""
+    built = build(name)
+    _, inputs = stack_batch(built, SENTENCES, stack)
+    rows = query_mask(inputs, stack).float()
+    cache = clean_cache(built.model, inputs, stack)
+    z = cache.slices[0]  # [batch, piece, head, d_head]
+    gen = torch.Generator().manual_seed(2)
+    per_row = torch.randn(z.shape[0], len(cache.sites), *z.shape[1:], generator=gen)
+    ids = inputs.get("decoder_input_ids") if stack == "decoder" else None
+    targets = role_targets(PREVIOUS_TOKEN, inputs["input_ids"] if ids is None else ids)
+    for sender, r, channel in [((0, 1), 2, "k"), ((0, 3), 0, "q"), ((0, 2), 1, "v")]:
+        got = edge_sums(built.model, cache, 1, [sender], per_row, rows, {"prev": targets}, [r])
+        want = reference(
+            built, inputs, stack, sender, (1, r), channel, per_row[:, sender[0], :, sender[1]]
+        )
+        c = CHANNELS.index(channel)
+        real = lambda t: torch.where(rows > 0, t, 0.0).sum(-1)
+        for value, ref in zip((got.pattern, got.output, got.role["prev"]), want):
+            torch.testing.assert_close(value[:, 0, 0, c], real(ref), atol=TOL, rtol=TOL)
+        assert float(got.output[:, 0, 0, c].abs().sum()) > 0
+
+
+def test_resampled_pairs_rows_and_skips_the_unpaired():
+    """`sweep.resampled`: a row is ablated with its partner's slices (the keyed pairing of
+    `studies.ablation.kinds.Baselines`, inputs of one length); a row alone at its length is
+    left out of every sum."""
+    from test_capture import make_batch
+
+    from headprobe.inputs.batching import Batch
+    from headprobe.model.gates import head_slices
+    from headprobe.studies.ablation.kinds import Baselines
+    from headprobe.studies.composition.sweep import composition_sums, resampled
+
+    built = build("llama-gqa")
+    model = built.model
+    words = [SENTENCES[0], list(reversed(SENTENCES[0])), SENTENCES[1], SENTENCES[0][::2][:5]]
+    pad = built.tokenizer.pad_token_id or 0
+    batch = make_batch(built.tokenizer, words, pad)
+    baselines = Baselines(("resample",), seed=0)
+    baselines.read(model, built.tokenizer, batch.examples)
+    readout = Readout(model.config.hidden_size)
+    sums = composition_sums(model, [batch], [(1, 0)], resampled(baselines), readout)
+    lengths = [len(a) for a in batch.alignments]
+    paired = [f"s{i}" for i in range(4) if lengths.count(lengths[i]) > 1]
+    assert sorted(sums.units) == sorted(paired) and len(paired) >= 2
+    assert len(paired) < 4, "the test needs a row without a partner"
+    kept = [i for i in range(4) if f"s{i}" in paired]
+    sub = Batch([batch.examples[i] for i in kept], [batch.alignments[i] for i in kept], 0)
+    partners = [baselines.partners[batch.examples[i].unit] for i in kept]  # (example, alignment)
+    assert all(p[0].unit != batch.examples[i].unit for p, i in zip(partners, kept))
+    partner_batch = Batch([p[0] for p in partners], [p[1] for p in partners], 0)
+    values = head_slices(model, partner_batch)
+    want = composition_sums(model, [sub], [(1, 0)], values, readout)
+    order = [want.units.index(u) for u in sums.units]
+    np.testing.assert_allclose(sums.output, want.output[order], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sums.pattern, want.pattern[order], rtol=1e-5, atol=1e-6)
+    assert float(np.abs(sums.output).sum()) > 0
+
+
+def test_exact_causal_lm_equals_a_full_forward():
+    """Exact path patching with the language-model loss: the layers below the receiver replay
+    their clean outputs and the logits are taken at the scored pieces only; each edge's value
+    equals a full gated forward of the whole model with `Objective.per_row`."""
+    from transformers import LlamaForCausalLM
+
+    from headprobe.model.gates import HeadGates
+    from headprobe.model.objectives import Objective
+    from headprobe.studies.composition.path_patching import changed_slice, exact_rows, layer_blocks
+
+    built = build("llama-gqa")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(built.model.config).eval()
+    batch, _ = stack_batch(built, SENTENCES, "decoder")
+    objective = Objective.for_model(model, kind="causal_lm", stack="decoder")
+    targets = objective.targets(model, batch)
+    cache = clean_cache(model, targets.inputs, "decoder")
+    assert layer_blocks(model, cache) is not None
+    edges = [((0, 3), (1, 1), "k"), ((0, 0), (1, 2), "q"), ((0, 1), (1, 0), "v")]
+    got, tokens = exact_rows(model, cache, objective, targets, edges)
+    with torch.no_grad():
+        clean, want_tokens = objective.per_row(model, targets)
+        for e, edge in enumerate(edges):
+            base = torch.stack([cache.slices[l] for l in range(2)], 1).clone()
+            base[:, 1, :, edge[1][1]] = changed_slice(model, cache, edge)
+            gates = torch.ones(base.shape[0], 2, 4)
+            gates[:, 1, edge[1][1]] = 0.0
+            with HeadGates(model, gates, base, "decoder"):
+                patched, _ = objective.per_row(model, targets)
+            torch.testing.assert_close(got[:, e], patched - clean, atol=1e-5, rtol=1e-4)
+            assert float((patched - clean).abs().sum()) > 0
+    torch.testing.assert_close(tokens, want_tokens)
+
+
+def test_shortcut_check_rejects_a_wrong_shortcut():
+    """The per-layer check of the shortcut can fail: a gain off by 1% (or a module that reads
+    its hidden states elsewhere, shown by the NaN stand-in) sends the layer to the general
+    path."""
+    from headprobe.model import projected
+
+    built = build("llama-gqa")
+    _, inputs = stack_batch(built, SENTENCES, "decoder")
+    cache = clean_cache(built.model, inputs, "decoder")
+    short = projected._build(built.model, cache, 1)
+    assert projected._check(built.model, cache, short)
+    short.weight = short.weight * 1.01
+    assert not projected._check(built.model, cache, short)
+    short = projected._build(built.model, cache, 1)
+    short.modules = short.modules[:2]  # v_proj now runs on the NaN stand-in
+    short.widths = short.widths[:2]
+    assert not projected._check(built.model, cache, short)

@@ -34,7 +34,9 @@ def test_explore_notebook_runs(tmp_path):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) >= 3  # accuracy heatmap, role map, the sentence's attention
+    assert len(images) >= 4  # accuracy heatmap, role map, the sentence's attention, composition
+    composition = "\n".join(o.get("text", "") for o in outputs)
+    assert "induction head " in composition and "reads through k" in composition
     text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
     assert "p_holm" in text and "folds_agree" in text  # the best-heads table of Results
     assert (

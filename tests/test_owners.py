@@ -579,10 +579,6 @@ def test_the_pad_id_falls_back_pad_then_eos_then_zero():
     assert padding_id(_Tokenizer(0, 7)) == 0  # a pad id of 0 is a pad id
 
 
-# modules that still pick a pad id themselves, being moved on other branches (issue 43)
-PAD_PENDING = {"studies/composition/sweep.py"}
-
-
 def test_the_pad_id_is_picked_in_one_place():
     """Only `model/padding.py` reads a tokenizer's pad id to pad a batch."""
     found = {
@@ -590,7 +586,7 @@ def test_the_pad_id_is_picked_in_one_place():
         for path, text in sources().items()
         if "tokenizer.pad_token_id" in text
     }
-    assert found - PAD_PENDING == {"model/padding.py"}
+    assert found == {"model/padding.py"}
 
 
 # what results/ may not import: the model (its control's names and tables are no model), the

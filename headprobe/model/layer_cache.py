@@ -88,6 +88,7 @@ class LayerCache:
     calls: dict[int, AttentionCall]
     write_norms: dict[int, nn.Module]  # layer -> a norm on the attention output (Gemma-2/3)
     post_norms: dict[int, list[FrozenNorm]]  # post-norm: layer -> its norms after the attention
+    shortcuts: dict = field(default_factory=dict)  # layer -> `model.projected.Shortcut` or None
 
     @property
     def post_norm(self) -> bool:
@@ -115,6 +116,21 @@ class LayerCache:
             for norm in self.post_norms.get(between, []):
                 d = norm.apply(d)
         return d
+
+    def carried_parts(self, layer: int, to: int, rows: torch.Tensor) -> tuple:
+        """`carried` split into its linear part and its scale: (rows [..., hidden] through every
+        norm's centring and gain, [batch, piece] the inverse product of their clean scales or
+        None on pre-norm families), so that carried(d) = factor * (d through those parts)."""
+        if not self.post_norm:
+            return rows, None
+        factor = None
+        for between in range(layer, to):
+            for norm in self.post_norms.get(between, []):
+                if norm.kind == "layer":
+                    rows = rows - rows.mean(-1, keepdim=True)
+                rows = rows * norm.gain
+                factor = 1 / norm.scale if factor is None else factor / norm.scale
+        return rows, factor
 
 
 def check_supported(model, stack: str | None = None) -> str:

@@ -178,6 +178,11 @@ class Results:
         tables = self.__dict__.get("_tables", {})
         if name in tables:
             return tables[name]
+        if name.startswith("_") or "summary" not in self.__dict__:
+            raise AttributeError(name)
+        query = _query(name, self.summary.get("analyses") or ())
+        if query is not None:  # an analysis's query: results.reads("3-1")
+            return lambda *args, **kwargs: query(self, *args, **kwargs)
         raise AttributeError(name)
 
     @property
@@ -472,6 +477,17 @@ def _rows_of(table: pd.DataFrame, measure: str) -> pd.DataFrame:
     if "measure" not in table:
         return table
     return table[table["measure"] == measure].reset_index(drop=True)
+
+
+def _query(name: str, analyses):
+    """The query `name` an analysis of the run declares (`Analysis.queries`), or None."""
+    from headprobe.scoring.registry import _resolve
+
+    for analysis in analyses:
+        found = _registered(analysis)
+        if found is not None and name in found.queries:
+            return _resolve(found.queries[name])
+    return None
 
 
 def _registered(name: str):

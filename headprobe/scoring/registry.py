@@ -130,6 +130,15 @@ class Analysis:
         None  # a RunConfig switch, or an analysis, that adds it to the analyses run
     )
     homes: tuple = ()  # other modules of its own (beside its scorer's and report's)
+    # circuits(results, roles) -> DataFrame (layer, head, circuit): the circuits it names with
+    # evidence, given the role map so far; the role map's `circuit` column (`stats.roles`)
+    circuits: str | Callable | None = None
+    # card(results) -> (title, {(layer, head): [line]}): what a head's card (the head explorer,
+    # in the report and the notebook) says of the head under `title`, e.g. what it reads
+    card: str | Callable | None = None
+    # queries of its results by name: fn(results, *args), reached as `results.<name>(*args)`
+    # (`results.reads("3-1")`), "module:name" or callables
+    queries: dict = field(default_factory=dict)
     order: float = PLUGIN_ORDER  # its place among the analyses (reports, tables, the CLI)
 
     @property
@@ -177,6 +186,14 @@ class Analysis:
     def profile_features(self):
         """`profile(wide) -> wide` (its features in head profiles), or None."""
         return _resolve(self.profile)
+
+    def circuit_finder(self):
+        """`circuits(results, roles) -> DataFrame (layer, head, circuit)`, or None."""
+        return _resolve(self.circuits)
+
+    def card_lines(self):
+        """`card(results) -> (title, {(layer, head): [line]})`, or None."""
+        return _resolve(self.card)
 
     def console_text(self):
         """The callable `text(results, name) -> str` whose text the CLI prints after a run, or None."""

@@ -144,7 +144,33 @@ def head_roles(results) -> pd.DataFrame:
             hit = matched[rule.role].get((layer, head))
             row[f"{rule.role}_evidence"] = hit.evidence if hit is not None else ""
         rows.append(row)
-    return with_importance(pd.DataFrame(rows), results)
+    return with_importance(with_circuits(pd.DataFrame(rows), results), results)
+
+
+def with_circuits(roles: pd.DataFrame, results) -> pd.DataFrame:
+    """Roles with a `circuit` column where an analysis of the run names circuits
+    (`Analysis.circuits`: the composition's): the circuits found with evidence, "; "-joined per
+    head, "" where none names the head. Unchanged where no analysis of the run names any."""
+    finders = [analysis_named(name) for name in results.analyses]
+    finders = [a.circuit_finder() for a in finders if a is not None and a.circuits is not None]
+    if not len(roles) or not finders:
+        return roles
+    found = [f for f in (finder(results, roles) for finder in finders) if len(f)]
+    roles = roles.assign(circuit="")
+    if not found:
+        return roles
+    text = pd.concat(found).groupby(["layer", "head"])["circuit"].agg("; ".join)
+    keys = list(zip(roles["layer"].astype(int), roles["head"].astype(int)))
+    roles["circuit"] = [text.get(key, "") for key in keys]
+    return roles
+
+
+def analysis_named(name: str):
+    """The registered analysis `name`, or None (a tally of an analysis no longer registered)."""
+    try:
+        return get(name)
+    except ValueError:
+        return None
 
 
 def brief_of(match) -> str:

@@ -157,6 +157,32 @@ def scores_data(results, index: dict) -> list[dict]:
     return out
 
 
+def cards_data(results, keys: list[tuple[int, int]]) -> list[dict]:
+    """What the analyses of the run say on each head's card (`Analysis.card`): per analysis its
+    title and, per head in `keys` order, its lines ([] where it says nothing)."""
+    from headprobe.scoring import registry
+
+    out = []
+    for name in results.analyses:
+        try:
+            analysis = registry.get(name)
+        except ValueError:
+            continue
+        make = analysis.card_lines()
+        if make is None:
+            continue
+        title, lines = make(results)
+        if any(lines.values()):
+            out.append(
+                {
+                    "analysis": name,
+                    "title": title,
+                    "lines": [list(lines.get(key, [])) for key in keys],
+                }
+            )
+    return out
+
+
 def attention_data(results) -> dict | None:
     """The stored attention (`head_attention.npz`), its cells base64, rows in `heads` order."""
     kept = getattr(results, "head_attention", None)
@@ -191,4 +217,5 @@ def explorer_data(results) -> dict:
         "relations": relations_data(results, index),
         "scores": scores_data(results, index),
         "attention": attention_data(results),
+        "cards": cards_data(results, keys),
     }

@@ -192,6 +192,17 @@ function scoreTables(data, i) {
   return out;
 }
 
+function analysisLines(data, i) {
+  const out = [];
+  for (const c of data.cards || []) {
+    const lines = c.lines[i] || [];
+    if (!lines.length) continue;
+    out.push(h("h4", {}, c.title));
+    for (const line of lines) out.push(h("p", { "data-card-line": c.analysis }, line));
+  }
+  return out;
+}
+
 function card(data, i) {
   const roles = data.roles;
   const role = roles.role[i] || "—";
@@ -202,6 +213,7 @@ function card(data, i) {
     h("p", { "data-field": "all_roles" }, h("b", {}, "All rules met: "), roles.all[i] || "—"),
     h("h4", {}, "Best relations by held-out accuracy"),
     relationsTable(data, i),
+    ...analysisLines(data, i),
     ...scoreTables(data, i),
   ];
 }

@@ -24,12 +24,17 @@ reused: `_spearman`, `WEAK`; the interval's ends from `stats.estimates.percentil
 
 from __future__ import annotations
 
+import copy
+import inspect
+
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from headprobe.model.channels import CHANNELS, channel_attention, layer_input
 from headprobe.model.gates import _counted, call_order
+from headprobe.model.objectives import IGNORE
 from headprobe.model.projections import features_last
 from headprobe.stats.estimates import percentiles, ratio
 from headprobe.studies.ablation.analysis import ABLATION
@@ -52,6 +57,7 @@ CHECK_COLUMNS = [
     "objective",
 ]
 CORRELATION_COLUMNS = [KIND, "edges", "spearman", "ci_low", "ci_high", "warning"]
+ROWS = 4  # example rows per backward pass of `slice_gradients`
 
 
 class SliceProbe:
@@ -103,17 +109,60 @@ class FrozenWeights:
         return False
 
 
-def slice_gradients(model, cache, objective, targets) -> torch.Tensor:
+def slice_gradients(model, cache, objective, targets, rows: int = ROWS) -> torch.Tensor:
     """[batch, layer, piece, head, d_head] float32: d objective_b / d z_b for every head's slice
     z of every layer of `cache.stack` (row b's own summed objective; rows do not interact), with
-    every layer above each slice recomputed. `cache` must be of `targets.inputs`."""
+    every layer above each slice recomputed. `cache` must be of `targets.inputs`. The backward
+    passes take `rows` example rows at a time (rows do not interact), which bounds their
+    memory (a language model's logits and every layer's saved activations)."""
     first = cache.slices[0]  # [batch, piece, head, d_head]
-    shape = (first.shape[0], len(cache.sites), *first.shape[1:])
-    delta = torch.zeros(shape, device=first.device, requires_grad=True)
-    with torch.enable_grad(), FrozenWeights(model), SliceProbe(model, delta, cache.stack):
-        values, _ = objective.per_row(model, targets)  # [batch]
-        (grad,) = torch.autograd.grad(values.sum(), delta)
-    return grad.detach()
+    batch = first.shape[0]
+    out = []
+    for start in range(0, batch, rows):
+        part = _rows_of(targets, batch, slice(start, start + rows))
+        n = min(rows, batch - start)
+        shape = (n, len(cache.sites), *first.shape[1:])
+        delta = torch.zeros(shape, device=first.device, requires_grad=True)
+        with torch.enable_grad(), FrozenWeights(model), SliceProbe(model, delta, cache.stack):
+            values, _ = objective_rows(objective, model, part)  # [rows]
+            (grad,) = torch.autograd.grad(values.sum(), delta)
+        out.append(grad.detach())
+    return torch.cat(out)
+
+
+def _rows_of(targets, batch: int, rows: slice):
+    """`targets` (any object whose tensors lead with the batch axis, in `inputs` too) cut to
+    `rows`; itself where that is every row."""
+    if rows.start == 0 and rows.stop >= batch:
+        return targets
+    cut = lambda v: v[rows] if torch.is_tensor(v) and v.dim() and v.shape[0] == batch else v
+    fields = dict(vars(targets))
+    fields = {
+        k: ({n: cut(t) for n, t in v.items()} if k == "inputs" else cut(v))
+        for k, v in fields.items()
+    }
+    part = copy.copy(targets)
+    part.__dict__.update(fields)
+    return part
+
+
+def objective_rows(objective, model, targets) -> tuple[torch.Tensor, torch.Tensor]:
+    """`objective.per_row(model, targets)`, with a causal language-model loss computed from the
+    logits of the scored pieces alone where the model takes `logits_to_keep` (transformers'
+    causal LMs: the head is applied at those positions only; each position's loss is the
+    same). The objective's other kinds, and models without that argument: `per_row` itself."""
+    kind = getattr(objective, "kind", None)
+    labels = getattr(targets, "labels", None)
+    takes = "logits_to_keep" in inspect.signature(type(model).forward).parameters
+    if kind != "causal_lm" or labels is None or not takes:
+        return objective.per_row(model, targets)
+    scored = objective.scored_labels(targets)  # [batch, piece - 1]
+    keep = torch.nonzero((scored != IGNORE).any(0)).flatten()  # [kept] positions
+    logits = model(**targets.inputs, logits_to_keep=keep).logits.float()  # [batch, kept, vocab]
+    nll = F.cross_entropy(
+        logits.transpose(1, 2), scored[:, keep], ignore_index=IGNORE, reduction="none"
+    )
+    return nll.sum(-1), (scored != IGNORE).sum(-1).to(nll.dtype)  # [batch], [batch]
 
 
 def input_gradients(

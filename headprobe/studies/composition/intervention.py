@@ -21,6 +21,12 @@ clean. Senders go in blocks sized from `budget` bytes.
 
 Rows: the receiver's scored query rows (`rows` [batch, piece] bool; default every real piece).
 A unit's effect is the sum of its rows' values over the sum of its rows (METHODS §5).
+
+Cost: the receiver layer's projections take each sender's change in d_head space
+(`model.projected`) where that shortcut applies and no sender layer norms its attention output
+(else, or with `general=True`, the whole changed stream goes through the layer's norm and
+projections); the layer's output projection is not run; the value channel reuses the clean
+probabilities; only the query rows from the first to the last scored one are computed.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import torch
 from headprobe.core.errors import UsageError
 from headprobe.model.channels import CHANNELS, channel_attention, clean_attention, layer_input
 from headprobe.model.layer_cache import LayerCache
+from headprobe.model.projected import shortcut
 from headprobe.model.sites import output_weight
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
@@ -94,16 +101,42 @@ def sender_changes(cache: LayerCache, to: int, senders, baseline=None) -> torch.
         d = torch.einsum("btsd,sde->sbte", diff, w_o[heads])  # [sender, batch, piece, hidden]
         d = cache.residual_change(layer, d.to(cache.attention_out[layer].dtype)).float()
         out.append(cache.carried(layer, to, d))
-    order = [
-        (l, h) for l in sorted({l for l, _ in senders}) for h in [h for m, h in senders if m == l]
-    ]
-    index = [order.index(s) for s in senders]
-    return torch.cat(out)[index]
+    return torch.cat(out)[_order(senders)]
 
 
-def block_size(batch: int, piece: int, hidden: int, heads: int, d_head: int, budget: int) -> int:
-    """Senders per block so that one block's tensors stay near `budget` bytes."""
-    per = 4 * batch * piece * (4 * hidden + 6 * heads * piece + 10 * heads * d_head)
+def _order(senders) -> list[int]:
+    """Where each sender sits when they are grouped by layer (layers ascending)."""
+    layers = sorted({l for l, _ in senders})
+    grouped = [(l, h) for l in layers for h in [h for m, h in senders if m == l]]
+    return [grouped.index(s) for s in senders]
+
+
+def sender_parts(cache: LayerCache, to: int, senders, baseline=None) -> tuple:
+    """(diff [sender, batch, piece, d_head] each sender's slice change b_s - z_s, rows [sender,
+    d_head, hidden] its block of W_O as it reaches layer `to` (post-norm: through the frozen
+    norms' centring and gain), factor [batch, piece] or None): the sender's change of the
+    stream entering `to` is factor * diff @ rows (`sender_changes` where no layer norms its
+    attention output; `model.projected`)."""
+    diffs, rows, factor = [], [], None
+    for layer in sorted({l for l, _ in senders}):
+        heads = [h for l, h in senders if l == layer]
+        z = cache.slices[layer]  # [batch, piece, head, d_head]
+        b = baseline_slice(baseline, layer, z)
+        diffs.append((b - z)[:, :, heads].permute(2, 0, 1, 3))  # [sender, batch, piece, d_head]
+        w_o = output_weight(cache.sites[layer]).float().to(z.device)[heads]  # [s, d_head, hidden]
+        w_o, factor = cache.carried_parts(layer, to, w_o)
+        rows.append(w_o)
+    index = _order(senders)
+    return torch.cat(diffs)[index], torch.cat(rows)[index], factor
+
+
+def block_size(
+    batch: int, piece: int, hidden: int, heads: int, d_head: int, budget: int, rows=None
+) -> int:
+    """Senders per block so that one block's tensors stay near `budget` bytes (rows: the query
+    rows computed, default every piece)."""
+    rows = piece if rows is None else rows
+    per = 4 * batch * (piece * (4 * hidden + 10 * heads * d_head) + 8 * heads * rows * piece)
     return max(1, int(budget // max(per, 1)))
 
 
@@ -114,6 +147,15 @@ def _row_mean_gram(w_o: torch.Tensor) -> torch.Tensor:
 def _write_norm(z: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     """[..., query, head]: ||z_h W_O^h|| of z [..., query, head, d_head]."""
     return torch.einsum("...qhd,hde,...qhe->...qh", z, gram, z).clamp_min(0).sqrt()
+
+
+def scored_span(rows: torch.Tensor) -> slice:
+    """The query rows from the first to the last scored one of any row of the batch (rows
+    [batch, piece]); every effect is a sum over scored rows, so the others are not computed."""
+    seen = torch.nonzero(rows.sum(0) > 0).flatten()
+    if not len(seen):
+        return slice(0, 0)
+    return slice(int(seen[0]), int(seen[-1]) + 1)
 
 
 @torch.no_grad()
@@ -128,13 +170,15 @@ def edge_sums(
     heads=None,
     budget: int = BUDGET,
     grads: torch.Tensor | None = None,
+    general: bool = False,
 ) -> EdgeSums:
     """See the module docstring. senders: [(layer, head)] of earlier layers (default every head
     of layers 0 .. layer - 1); heads: the receiver heads kept (default all); roles: name ->
     [batch, piece] long, each query row's role target key (-1: none), e.g. `role_targets`;
     grads: [channel, head (as `heads`), batch, piece, hidden] the objective's gradient with
     respect to each receiver channel's input (`first_order.input_gradients`): then `estimate`
-    is its dot product with each sender's change, summed over the row's pieces."""
+    is its dot product with each sender's change, summed over the row's pieces. general: never
+    the shortcut (module docstring, "Cost")."""
     site = cache.sites[layer]
     heads = list(range(site.heads)) if heads is None else list(heads)
     check_receivers(cache, [(layer, h) for h in heads] or [(layer, 0)])
@@ -142,21 +186,20 @@ def edge_sums(
     x = cache.x[layer]  # [batch, piece, hidden]
     batch, piece, hidden = x.shape
     rows = _rows(rows, x)  # [batch, piece] float
+    span = scored_span(rows)
     probs0, z0 = clean_attention(model, cache, layer)  # [batch, head, q, k], [batch, q, head, d]
+    probs0, z0, part = probs0[:, :, span], z0[:, span], rows[:, span]
+    parts = {name: t.to(rows.device)[:, span] for name, t in (roles or {}).items()}
     gram = _row_mean_gram(output_weight(site).float().to(x.device))
     norm0 = _write_norm(z0, gram)  # [batch, query, head]
-    step = block_size(batch, piece, hidden, site.heads, z0.shape[-1], budget)
-    pattern, output, role = [], [], {name: [] for name in roles or {}}
-    estimate = []
+    use = not general and not any(l in cache.write_norms for l, _ in senders)
+    short = shortcut(model, cache, layer) if use else None
+    step = block_size(batch, piece, hidden, site.heads, z0.shape[-1], budget, z0.shape[1])
+    pattern, output, estimate, role = [], [], [], {name: [] for name in roles or {}}
     for start in range(0, len(senders), step):
         block = senders[start : start + step]
-        d = sender_changes(cache, layer, block, baseline)  # [sender, batch, piece, hidden]
-        changed = layer_input(
-            cache, layer, (x + d).flatten(0, 1)
-        )  # [sender * batch, piece, hidden]
-        out = channel_attention(model, cache, layer, changed)
-        n = len(block)
-        p, o, r = _block_effects(out, probs0, z0, norm0, gram, rows, roles or {}, n)
+        out, d = _changed_attention(model, cache, layer, block, baseline, short, span, probs0)
+        p, o, r = _block_effects(out, probs0, z0, norm0, gram, part, parts, len(block))
         pattern.append(p)
         output.append(o)
         if grads is not None:  # [batch, sender, head, channel]
@@ -172,10 +215,26 @@ def edge_sums(
         keep(output),
         rows.sum(-1),
         {name: keep(v) for name, v in role.items()},
-        {name: (rows * (t >= 0)).sum(-1) for name, t in (roles or {}).items()},
+        {name: (rows * (t.to(rows.device) >= 0)).sum(-1) for name, t in (roles or {}).items()},
     )
     sums.estimate = torch.cat(estimate, 1) if estimate else None  # grads are `heads`' already
     return sums
+
+
+def _changed_attention(model, cache, layer, block, baseline, short, span, probs0) -> tuple:
+    """(`ChannelAttention` of the block's senders, d [sender, batch, piece, hidden] each one's
+    change of the stream entering `layer`): through the shortcut where `short` is given, else
+    through the layer's own norm and projections."""
+    n = len(block)
+    if short is not None:
+        diff, w_rows, factor = sender_parts(cache, layer, block, baseline)
+        d = torch.matmul(diff, w_rows[:, None])  # [sender, batch, piece, hidden]
+        d = d if factor is None else d * factor[..., None]
+        outs = short.outputs(diff, w_rows, d, factor)
+        return channel_attention(model, cache, layer, None, CHANNELS, span, outs, n, probs0), d
+    d = sender_changes(cache, layer, block, baseline)  # [sender, batch, piece, hidden]
+    changed = layer_input(cache, layer, (cache.x[layer] + d).flatten(0, 1))  # [s * batch, ..]
+    return channel_attention(model, cache, layer, changed, CHANNELS, span, None, n, probs0), d
 
 
 def _rows(rows, x: torch.Tensor) -> torch.Tensor:
@@ -186,20 +245,26 @@ def _rows(rows, x: torch.Tensor) -> torch.Tensor:
 
 def _block_effects(out, probs0, z0, norm0, gram, rows, roles, n: int):
     """Row sums of one block's effects: ([batch, sender, head, channel] pattern, output, and per
-    role name the same shape)."""
+    role name the same shape). probs0, z0, norm0, rows and the roles' targets: the computed
+    query rows only."""
     batch = probs0.shape[0]
     pattern, output, role = [], [], {name: [] for name in roles}
     for c in CHANNELS:
-        probs = out.probs[c].view(n, batch, *probs0.shape[1:])  # [sender, batch, head, q, k]
         z = out.z[c].view(n, batch, *z0.shape[1:])  # [sender, batch, query, head, d_head]
-        tv = 0.5 * (probs - probs0).abs().sum(-1)  # [sender, batch, head, query]
-        tv = torch.zeros_like(tv) if c == "v" else tv  # the value leaves the pattern as it is
         moved = _write_norm(z - z0, gram)  # [sender, batch, query, head]
         rel = torch.where(norm0 > 0, moved / norm0.clamp_min(1e-30), torch.zeros_like(moved))
-        pattern.append(torch.einsum("sbhq,bq->bsh", tv, rows))
         output.append(torch.einsum("sbqh,bq->bsh", rel, rows))
+        if c == "v":  # the value leaves the pattern as it is
+            zero = torch.zeros(batch, n, probs0.shape[1], device=z.device)  # [batch, sender, head]
+            pattern.append(zero)
+            for name in roles:
+                role[name].append(zero)
+            continue
+        probs = out.probs[c].view(n, batch, *probs0.shape[1:])  # [sender, batch, head, q, k]
         for name, targets in roles.items():
             role[name].append(role_drop(probs, probs0, targets, rows))
+        tv = probs.sub_(probs0).abs_().sum(-1).mul_(0.5)  # [sender, batch, head, query]
+        pattern.append(torch.einsum("sbhq,bq->bsh", tv, rows))
     stack = lambda t: torch.stack(t, -1)  # [batch, sender, head, channel]
     return stack(pattern), stack(output), {name: stack(v) for name, v in role.items()}
 

@@ -7,7 +7,10 @@ only receiver r's channel c sees the ablated sender and every layer above r is r
 An edge is ((sender layer, sender head), (layer, head), channel). The receiver's changed write
 z'_r is computed as `intervention.edge_sums` computes it (`model.channels`); the model then runs
 with r's slice of its output projection's input set to z'_r (`HeadGates` with that slice as the
-row's baseline and r's gate 0), so every layer above r reads r's changed write. The validation
+row's baseline and r's gate 0), so every layer above r reads r's changed write. The layers
+below r are not run again: each returns its output of the clean pass (`layer_blocks`, where
+each layer is a module of its own), so a patched pass costs the layers from r up. A language-
+model loss computes logits at the scored pieces only (`first_order.objective_rows`). The validation
 sample (`validation_sample`) and the comparison with a first-order estimate reuse the importance
 check's statistics (`studies.ablation.validation`).
 """
@@ -15,10 +18,12 @@ check's statistics (`studies.ablation.validation`).
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from headprobe.core.seeds import keyed_hash
-from headprobe.model.channels import CHANNELS, channel_attention, layer_input
+from headprobe.model.channels import CHANNELS, channel_attention, layer_input, returning
 from headprobe.model.gates import HeadGates
+from headprobe.studies.composition.first_order import objective_rows
 from headprobe.studies.composition.intervention import sender_changes
 
 TOP, RANDOM = 20, 10  # the validation sample: the top edges and edges drawn at random, seeded
@@ -37,7 +42,10 @@ def changed_slice(model, cache, edge, baseline=None) -> torch.Tensor:
 @torch.no_grad()
 def exact_rows(model, cache, objective, targets, edges, baseline=None):
     """([batch, edge] objective(patched) - objective(clean), [batch] pieces scored)."""
-    clean, tokens = objective.per_row(model, targets)  # [batch], [batch]
+    blocks = layer_blocks(model, cache)
+    kept: dict = {}
+    with _Kept(blocks, kept):
+        clean, tokens = objective_rows(objective, model, targets)  # [batch], [batch]
     slices = cache.slices  # layer -> [batch, piece, head, d_head]
     n_layers, n_heads = len(cache.sites), cache.sites[0].heads
     out = []
@@ -47,10 +55,68 @@ def exact_rows(model, cache, objective, targets, edges, baseline=None):
         base[:, layer, :, head] = changed_slice(model, cache, edge, baseline).to(base)
         gates = torch.ones(base.shape[0], n_layers, n_heads, device=base.device)
         gates[:, layer, head] = 0.0
-        with HeadGates(model, gates, base, cache.stack):
-            patched, _ = objective.per_row(model, targets)
+        below = {blocks[l]: _replay(kept[blocks[l]]) for l in range(layer)} if blocks else {}
+        with HeadGates(model, gates, base, cache.stack), returning(below):
+            patched, _ = objective_rows(objective, model, targets)
         out.append(patched - clean)
     return torch.stack(out, 1), tokens
+
+
+def layer_blocks(model, cache) -> list | None:
+    """The module each layer of `cache.stack` runs in (the item of a `ModuleList` that holds its
+    attention module), one distinct module per layer in layer order; None where layers share
+    one (ALBERT) or none is found: then every patched pass runs from the bottom."""
+    found = []
+    for site in cache.sites:
+        parts = site.name.split(".")
+        block = None
+        for i in range(len(parts) - 1, 0, -1):
+            if parts[i].isdigit() and isinstance(
+                model.get_submodule(".".join(parts[:i])), nn.ModuleList
+            ):
+                block = model.get_submodule(".".join(parts[: i + 1]))
+                break
+        if block is None:
+            return None
+        found.append(block)
+    if len({id(b) for b in found}) != len(found):
+        return None
+    return found
+
+
+class _Kept:
+    """Context manager: each block's output of the clean pass, kept (first call only)."""
+
+    def __init__(self, blocks, kept: dict):
+        self.blocks, self.kept, self.handles = blocks or [], kept, []
+
+    def __enter__(self):
+        def keep(module, args, output):
+            self.kept.setdefault(module, output)
+
+        self.handles = [b.register_forward_hook(keep) for b in self.blocks]
+        return self
+
+    def __exit__(self, *exc):
+        while self.handles:
+            self.handles.pop().remove()
+        return False
+
+
+def _replay(output):
+    """A block's stand-in forward: a copy of its clean output (the layers below the receiver
+    read nothing the patch changes, so their outputs are the clean pass's)."""
+    return lambda *args, **kwargs: _copied(output)
+
+
+def _copied(value):
+    if torch.is_tensor(value):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_copied(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)({k: _copied(v) for k, v in value.items()})
+    return value
 
 
 def validation_sample(edges, effects, seed: int = 0, top: int = TOP, random: int = RANDOM):

@@ -7,6 +7,7 @@
     sums.rows              # [unit]: the scored rows
     sums.edges[e]          # ((sender layer, sender head), (layer, head), channel)
     exact, tokens = exact_sums(model, batches, sample, baseline=means)  # [unit, edge], [unit]
+    sums = composition_sums(model, batches, baseline=resampled(baselines))   # resample ablation
 
 Per batch: one clean pass kept per layer (`clean_cache`, on the inputs the objective reads), one
 backward pass for the objective's gradient at every head's slice (`first_order`), then per
@@ -17,6 +18,12 @@ pieces; on the repeated-random probe, the repeated half's. Role targets: the pre
 every input, induction on the repeated-random probe (`intervention.role_targets`); `scores`
 holds every head's clean attention to each role's targets, summed per unit, so a role's best
 head can be named from the same run.
+
+Ablation values (`baseline`): None (zero), a tensor as `edge_sums` takes it (mean: per head,
+or per position and head), or a function of (model, batch) giving the batch's rows that are
+scored and their own values [row, layer, piece, head, d_head]: `resampled` (resample ablation,
+METHODS §8: each row's partner's slices, from `studies.ablation.kinds.Baselines`; a row
+without a partner is left out, a batch with none skipped).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from headprobe.inputs.probes import LOSS_WORDS, REPEATED_RANDOM
 from headprobe.model.channels import CHANNELS, clean_attention
 from headprobe.model.layer_cache import check_supported, clean_cache
 from headprobe.model.objectives import Objective
+from headprobe.studies.ablation.kinds import rows_of
 from headprobe.studies.composition.first_order import input_gradients, slice_gradients
 from headprobe.studies.composition.intervention import BUDGET, edge_sums, role_targets
 from headprobe.studies.composition.path_patching import exact_rows
@@ -74,12 +82,12 @@ def probe_batches(model, tokenizer, length: int = 50, n: int = 20, batch_size: i
     a list of `Batch`es (`inputs.batching`) on the model's device."""
     from headprobe.inputs.batching import iter_batches, prepare
     from headprobe.inputs.probes import repeated_random
+    from headprobe.model.padding import padding_id
 
     examples = list(repeated_random(tokenizer, length=length, n=n, seed=seed))
     prepared = prepare(examples, tokenizer, max_length=2 * length + 8)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
-    return list(iter_batches(prepared, batch_size, pad, device=device))
+    return list(iter_batches(prepared, batch_size, padding_id(tokenizer), device=device))
 
 
 def repeated_half(batch) -> tuple | None:
@@ -136,6 +144,28 @@ def clean_scores(model, cache, targets: dict, rows: torch.Tensor) -> dict:
     return {name: torch.stack(v, 1).cpu().numpy() for name, v in out.items()}
 
 
+def resampled(baselines, stack=None):
+    """Resample ablation's per-batch values from `baselines` (a `studies.ablation.kinds.Baselines`
+    that has read the run's inputs with "resample" among its kinds): f(model, batch) -> (the
+    batch's rows with a partner, [row, layer, piece, head, d_head] their partners' slices)."""
+
+    def values(model, batch):
+        kept = baselines.kept("resample", batch)
+        if not kept:
+            return None, None
+        return rows_of(batch, kept), baselines.of("resample", model, rows_of(batch, kept), stack)
+
+    return values
+
+
+def batch_baseline(model, batch, baseline):
+    """(the batch's scored rows, their ablation values): a per-batch `baseline` (`resampled`)
+    called, any other one as it is. The rows are None where none is scored."""
+    if callable(baseline) and not torch.is_tensor(baseline):
+        return baseline(model, batch)
+    return batch, baseline
+
+
 def batch_sums(model, batch, receivers, baseline, objective, stack, budget) -> dict:
     """One batch's row sums: {"edges", "pattern", "output", "estimate", "role", "rows",
     "role_rows", "tokens", "scores"}, arrays [batch, ...] (edges: the edge list)."""
@@ -152,6 +182,7 @@ def batch_sums(model, batch, receivers, baseline, objective, stack, budget) -> d
         for layer, heads in _receivers(cache, receivers).items():
             grads = input_gradients(model, cache, layer, grad_z, heads, budget)
             s = edge_sums(model, cache, layer, None, baseline, rows, roles, heads, budget, grads)
+            cache.shortcuts.pop(layer, None)  # done with this layer: its projections' outputs
             got["edges"] += [
                 (snd, (layer, h), c) for snd in s.senders for h in heads for c in CHANNELS
             ]
@@ -216,15 +247,18 @@ def composition_sums(
     progress=None,
 ) -> UnitSums:
     """See the module docstring. receivers: [(layer, head)] (default every head above the first
-    layer); baseline: the ablation values as `edge_sums` takes them (None: zero ablation);
-    objective: `Objective.for_model(model)` by default; progress: a callable given each
+    layer); baseline: the ablation values (module docstring: None for zero, a tensor, or
+    `resampled(...)`); objective: `Objective.for_model(model)` by default; progress: a callable given each
     batch's index, or None."""
     stack = check_supported(model, stack)
     objective = objective or Objective.for_model(model, stack=stack)
     budget = budget or memory_budget(next(model.parameters()).device)
     acc, edges = _ByUnit(), None
     for i, batch in enumerate(batches):
-        got = batch_sums(model, batch, receivers, baseline, objective, stack, budget)
+        batch, values = batch_baseline(model, batch, baseline)
+        if batch is None:
+            continue
+        got = batch_sums(model, batch, receivers, values, objective, stack, budget)
         units = [e.unit for e in batch.examples]
         if edges is not None and got["edges"] != edges:
             raise ValueError("composition_sums: batches gave different edges")
@@ -262,9 +296,12 @@ def exact_sums(model, batches, edges, baseline=None, objective=None, stack=None)
     objective = objective or Objective.for_model(model, stack=stack)
     acc = _ByUnit()
     for batch in batches:
+        batch, values = batch_baseline(model, batch, baseline)
+        if batch is None:
+            continue
         targets = objective.targets(model, batch)
         cache = clean_cache(model, targets.inputs, stack)
-        delta, tokens = exact_rows(model, cache, objective, targets, edges, baseline)
+        delta, tokens = exact_rows(model, cache, objective, targets, edges, values)
         units = [e.unit for e in batch.examples]
         acc.add(units, "exact", delta.cpu().numpy())
         acc.add(units, "tokens", tokens.cpu().numpy())

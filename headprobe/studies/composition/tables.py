@@ -164,15 +164,19 @@ def composition(
     seed: int = 0,
     progress=None,
     roles: dict | None = None,
+    sums=None,
 ) -> dict:
     """Every table of the composition (module docstring) over `batches` (a list: the check
-    streams them a second time). baseline: the ablation values of `ablation` (None: zero);
-    token_id: an ordinary token for the weights-only scores (None: that table is left out)."""
+    streams them a second time). baseline: the ablation values of `ablation` (None: zero; a
+    tensor for mean; `sweep.resampled(baselines)` for resample);
+    token_id: an ordinary token for the weights-only scores (None: that table is left out);
+    sums: the sweep's `UnitSums` over `batches` where the caller streamed them already."""
     stack = check_supported(model, stack)
     objective = objective or Objective.for_model(model, stack=stack)
-    sums = composition_sums(
-        model, batches, receivers, baseline, objective, stack, progress=progress
-    )
+    if sums is None:
+        sums = composition_sums(
+            model, batches, receivers, baseline, objective, stack, progress=progress
+        )
     if callable(roles):  # a function of the sums: the receivers' roles from the run itself
         roles = roles(sums)
     edges = edges_frame(sums, ablation, roles, seed=seed)
