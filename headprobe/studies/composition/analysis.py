@@ -41,20 +41,14 @@ from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import ANY, Analysis, register
 from headprobe.studies.ablation.flags import ABLATION
 from headprobe.studies.composition import run_options as flags
-from headprobe.studies.composition.run_options import NAME
+from headprobe.studies.composition.run_options import EDGE_KEYS, KIND, NAME
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.induction.analysis import ROLE as INDUCTION_ROLE
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
 from headprobe.studies.previous_token.analysis import ROLE as PREVIOUS_ROLE
 
-KIND = ABLATION.name  # the column naming the kind of ablation (the option of the same name)
 EDGE_COLUMNS = [
-    "layer",
-    "head",
-    "channel",
-    "sender_layer",
-    "sender_head",
-    KIND,
+    *EDGE_KEYS,
     *[f"{e}_effect{s}" for e in ("pattern", "output", "role") for s in ("", "_low", "_high")],
     "p_holm",
     "role",

@@ -37,18 +37,12 @@ from headprobe.model.gates import _counted, call_order
 from headprobe.model.objectives import IGNORE
 from headprobe.model.projections import features_last
 from headprobe.stats.estimates import percentiles, ratio
-from headprobe.studies.ablation.analysis import ABLATION
 from headprobe.studies.ablation.validation import WEAK, _spearman
 from headprobe.studies.composition.intervention import BUDGET, block_size
+from headprobe.studies.composition.run_options import EDGE_KEYS, KIND
 
-KIND = ABLATION.name  # the column naming the kind of ablation (the option of the same name)
 CHECK_COLUMNS = [
-    "layer",
-    "head",
-    "channel",
-    "sender_layer",
-    "sender_head",
-    KIND,
+    *EDGE_KEYS,
     "sample",
     "estimate",
     "exact",

@@ -19,6 +19,9 @@ NAME = "composition"
 SENDER_KINDS = ("heads", "mlp", "embed")
 MEASURED = ("heads",)  # the sender kinds whose writes the intervention reaches today
 KINDS = ("zero", "mean", "resample")  # the kinds of ablation the composition runs
+KIND = ABLATION.name  # the column naming the kind of ablation (the option of the same name)
+# an edge's key in every composition table: the receiver, the channel, the sender, the ablation
+EDGE_KEYS = ["layer", "head", "channel", "sender_layer", "sender_head", KIND]
 
 
 def parse_receivers(text, flag: str = "--receivers") -> list[tuple[int, int]] | None:
