@@ -1,0 +1,235 @@
+"""MLP and embeddings senders (METHODS §18, `--senders heads,mlp,embed`): each effect of
+`edge_sums` equals a direct hooked forward of the real model (its eager twin) on every
+"interface" family, and the run writes their rows.
+
+The reference is built here from the real modules, independently of `model.layer_cache`,
+`model.mlp_writes` and the study. MLP sender (layer 0): pre-norm families run the model with the
+MLP module's output replaced by its ablation value (a forward hook; Gemma's norm on the MLP
+output runs on it) and read the residual stream entering the receiver's layer; post-norm
+families carry the change through the norms after the MLP, frozen at their clean scale (§12).
+Embeddings: the stream entering layer 0 is replaced by its ablation value in the receiver's
+channel only (post-norm: through layer 0's norms, frozen). Then the receiver's channel
+projection alone is fed the changed input in a second forward, as `test_composition.reference`
+does for heads.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from test_architectures import build, stack_batch
+from test_capture import SENTENCES
+from test_composition import (
+    ALBERT,
+    CHANNELS,
+    INTERFACE,
+    POST_NORMS,
+    TOL,
+    Calls,
+    call_index,
+    channel_projection,
+    head_write,
+    probs_of,
+)
+
+from headprobe.model.discovery import attention_sites
+from headprobe.model.gates import query_mask
+from headprobe.model.layer_cache import clean_cache
+from headprobe.studies.composition.intervention import edge_sums, role_targets
+from headprobe.studies.composition.run_options import EMBED, MLP_HEAD
+from headprobe.studies.composition.senders import Baseline, every_sender
+from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
+
+BERT_MLP = "encoder.layer.0.output.dense"
+T5_ENCODER = "encoder.block.0.layer.1.DenseReluDense"
+# layer 0's MLP write module, named by hand per family (the reference does not search)
+MLP = {
+    ("bert", "encoder"): BERT_MLP,
+    ("roberta", "encoder"): BERT_MLP,
+    ("electra", "encoder"): BERT_MLP,
+    ("xlm-roberta", "encoder"): BERT_MLP,
+    ("distilbert", "encoder"): "transformer.layer.0.ffn",
+    ("albert", "encoder"): ALBERT + "ffn_output",
+    ("modernbert", "encoder"): "layers.0.mlp",
+    ("gpt2", "decoder"): "h.0.mlp",
+    ("opt", "decoder"): "decoder.layers.0.fc2",
+    ("t5", "encoder"): T5_ENCODER,
+    ("t5-encoder", "encoder"): T5_ENCODER,
+    ("t5", "decoder"): "decoder.block.0.layer.2.DenseReluDense",
+    ("bart", "encoder"): "encoder.layers.0.fc2",
+    ("bart", "decoder"): "decoder.layers.0.fc2",
+}
+MLP_NAME = "layers.0.mlp"  # every other family's (GPT-NeoX, Llama, ..., gpt-oss)
+
+
+def frozen(model, names, kept, change):
+    """`change` through the named norms, each frozen at the scale of its clean input."""
+    for name in names:
+        norm, x = model.get_submodule(name), kept[name]
+        change = change - change.mean(-1, keepdim=True)
+        scale = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
+        change = change * norm.weight / scale
+    return change
+
+
+def stream_input(c, sites, layer, kept, key):
+    """A hook keeping the residual stream entering `layer` as kept[key]."""
+    site = sites[layer]
+    if site.norm_in is not None:
+        count = sum(1 for s in sites[:layer] if s.norm_in is site.norm_in)
+        c.pre(site.norm_in, count, lambda m, a: kept.update({key: a[0]}))
+    else:
+        c.pre(
+            site.module,
+            call_index(sites, site.module, layer),
+            lambda m, a, k: kept.update({key: a[0] if a else k["hidden_states"]}),
+            with_kwargs=True,
+        )
+
+
+@torch.no_grad()
+def reference(built, inputs, stack, sender, receiver, channel, value):
+    """([batch, query] total variation, relative write change, drop of the attention to the
+    previous key) of receiver (1, r) when its channel reads the stream with `sender` (MLP 0 or
+    the embeddings) replaced by `value` ([hidden], [piece, hidden] or [batch, piece, hidden])."""
+    model, name = built.eager, built.name
+    sites = attention_sites(model).of(stack)
+    layer, r = receiver
+    r_site = sites[layer]
+    post = POST_NORMS.get((name, stack), [])
+    mlp = model.get_submodule(MLP.get((name, stack), MLP_NAME))
+    kept: dict = {}
+    with Calls() as c:
+        stream_input(c, sites, layer, kept, "x")
+        stream_input(c, sites, 0, kept, "x0")
+        c.post(mlp, 0, lambda m, a, o: kept.update(m=o[0] if isinstance(o, tuple) else o))
+        c.pre(
+            r_site.output,
+            call_index(sites, r_site.output, layer),
+            lambda m, a: kept.update(zr=a[0]),
+        )
+        for norm in post:
+            c.pre(model.get_submodule(norm), 0, lambda m, a, n=norm: kept.update({n: a[0]}))
+        out = model(**inputs, output_attentions=True)
+    probs0 = probs_of(out, model, stack, layer)[:, r]
+    if sender == EMBED:
+        change = frozen(model, post, kept, value - kept["x0"])
+    elif post:  # post-norm: the norms after the MLP, frozen
+        m = kept["m"].reshape(kept["x"].shape)
+        change = frozen(model, post[-1:], kept, value - m)
+    else:  # pre-norm: the real forward with the MLP's output replaced
+        shape = kept["m"].shape
+
+        def replace(m, a, o):
+            new = value.expand(kept["x"].shape).reshape(shape).to(kept["m"])
+            return (new, *o[1:]) if isinstance(o, tuple) else new
+
+        with Calls() as c:
+            c.post(mlp, 0, replace)
+            stream_input(c, sites, layer, kept, "x_new")
+            model(**inputs)
+        change = kept["x_new"] - kept["x"]
+    return receiver_effects(built, inputs, stack, receiver, channel, kept, probs0, change)
+
+
+def receiver_effects(built, inputs, stack, receiver, channel, kept, probs0, change):
+    """The receiver's effects when only its channel projection reads kept["x"] + change."""
+    model = built.eager
+    sites = attention_sites(model).of(stack)
+    layer, r = receiver
+    r_site = sites[layer]
+    x = kept["x"] + change
+    hidden = r_site.norm_in(x) if r_site.norm_in is not None else x
+    proj, feats = channel_projection(
+        r_site.module, channel, r_site.heads, r_site.kv_heads, r_site.d_head
+    )
+
+    def patch(m, a, o):
+        new = m(hidden)
+        if feats is None:
+            return new
+        o = o.clone()
+        o[..., feats] = new[..., feats]
+        return o
+
+    with Calls() as c:
+        c.post(proj, call_index(sites, r_site.module, layer), patch)
+        c.pre(
+            r_site.output,
+            call_index(sites, r_site.output, layer),
+            lambda m, a: kept.update(zp=a[0]),
+        )
+        out = model(**inputs, output_attentions=True)
+    probs = probs_of(out, model, stack, layer)[:, r]  # [batch, query, key]
+    tv = 0.5 * (probs - probs0).abs().sum(-1)
+    write = lambda zz: head_write(r_site.output, zz, r, r_site.d_head)
+    o0, o1 = write(kept["zr"]), write(kept["zp"])
+    size = o0.norm(dim=-1)
+    rel = torch.where(size > 0, (o1 - o0).norm(dim=-1) / size, 0.0)
+    prev = torch.arange(probs.shape[1]).clamp_min(1) - 1
+    drop = (probs0 - probs)[:, torch.arange(probs.shape[1]), prev]
+    drop[:, 0] = 0.0
+    return tv, rel, drop
+
+
+@pytest.mark.parametrize("name,stack", INTERFACE)
+def test_mlp_and_embed_effects_equal_hooked_forward(name, stack):
+    """Zero, mean (per hidden unit, per position) and resample (per row) values of the MLP of
+    layer 0 and of the embeddings, seeded receivers and channels of layer 1."""
+    built = build(name)
+    _, inputs = stack_batch(built, SENTENCES, stack)
+    rows = query_mask(inputs, stack).float()  # [batch, piece]
+    cache = clean_cache(built.model, inputs, stack, mlp=True)
+    x = cache.x[0]  # [batch, piece, hidden]
+    batch, piece, hidden = x.shape
+    n_layers, heads = len(cache.sites), cache.sites[0].heads
+    gen = torch.Generator().manual_seed(4)
+    values = [
+        None,
+        (torch.randn(n_layers, hidden, generator=gen), torch.randn(hidden, generator=gen)),
+        (torch.randn(n_layers, piece, hidden, generator=gen), torch.randn(piece, hidden, generator=gen)),
+        (torch.randn(batch, n_layers, piece, hidden, generator=gen), torch.randn(batch, piece, hidden, generator=gen)),
+    ]  # fmt: skip
+    ids = inputs.get("decoder_input_ids") if stack == "decoder" else None
+    targets = {"prev": role_targets(PREVIOUS_TOKEN, inputs["input_ids"] if ids is None else ids)}
+    rng = random.Random(f"composition-senders:{name}:{stack}")
+    senders = [EMBED, (0, MLP_HEAD)]
+    for k, value in enumerate(values):
+        r, channel = rng.randrange(heads), rng.choice(CHANNELS)
+        base = None if value is None else Baseline(mlp=value[0], embed=value[1])
+        got = edge_sums(built.model, cache, 1, senders, base, rows, targets, heads=[r])
+        c = CHANNELS.index(channel)
+        real = lambda t: torch.where(rows > 0, t, 0.0).sum(-1)  # padding rows left out
+        for i, sender in enumerate(senders):
+            if value is None:
+                b = torch.zeros(hidden)
+            else:
+                b = value[1] if sender == EMBED else value[0][:, 0] if k == 3 else value[0][0]
+            want = reference(built, inputs, stack, sender, (1, r), channel, b)
+            triple = f"{name} {stack}: {sender} -> 1-{r} {channel}, values {k}"
+            for mine, ref in zip((got.pattern, got.output, got.role["prev"]), want):
+                torch.testing.assert_close(
+                    mine[:, i, 0, c], real(ref), atol=TOL, rtol=TOL, msg=triple
+                )
+            assert float(got.output[:, i, 0, c].abs().sum()) > 0, triple
+
+
+def test_mixed_senders_equal_separate_calls():
+    """Heads, the embeddings and the MLPs in one call (blocks never mix heads and the others;
+    the heads through the d_head-space shortcut) give each sender's effects of its own call."""
+    built = build("llama-gqa")
+    _, inputs = stack_batch(built, SENTENCES, "decoder")
+    cache = clean_cache(built.model, inputs, "decoder", mlp=True)
+    senders = every_sender(cache, 1, ("heads", "mlp", "embed"))
+    assert senders == [(0, h) for h in range(4)] + [EMBED, (0, MLP_HEAD)]
+    gen = torch.Generator().manual_seed(5)
+    hidden = cache.x[0].shape[-1]
+    base = Baseline(torch.randn(2, 4, 8, generator=gen), torch.randn(2, hidden, generator=gen))
+    both = edge_sums(built.model, cache, 1, senders, base, budget=1)  # one sender a block
+    for i, sender in enumerate(senders):
+        alone = edge_sums(built.model, cache, 1, [sender], base)
+        torch.testing.assert_close(both.output[:, i], alone.output[:, 0], atol=TOL, rtol=TOL)
+        torch.testing.assert_close(both.pattern[:, i], alone.pattern[:, 0], atol=TOL, rtol=TOL)
+    assert float(both.output[:, -1].abs().sum()) > 0 and float(both.output[:, -2].abs().sum()) > 0
