@@ -17,7 +17,6 @@ from headprobe.studies.ablation.flags import ABLATION
 
 NAME = "composition"
 SENDER_KINDS = ("heads", "mlp", "embed")
-MEASURED = ("heads",)  # the sender kinds whose writes the intervention reaches today
 # A sender is (sender_layer, sender_head) in every table: a head (layer, head); layer l's MLP
 # (l, MLP_HEAD); the embeddings, what enters the first layer, EMBED. The `sender` column names
 # the kind (`sender_kind`), so both keys stay integers that sort and compare.
@@ -106,12 +105,6 @@ def _senders(flag, value, values):
         _only_with_composition(flag, values)
     if "heads" not in senders:
         raise UsageError(f"{flag}: the senders always include heads (e.g. heads,mlp)")
-    missing = [kind for kind in senders if kind not in MEASURED]
-    if missing:
-        raise UsageError(
-            f"{flag} {','.join(senders)}: the composition reaches only heads' writes so far; "
-            f"{' and '.join(missing)} senders are not measured (give --senders heads)"
-        )
     return senders
 
 
@@ -131,7 +124,8 @@ SENDERS = Option(
     "senders",
     ("heads",),
     "what the composition analysis's receivers read from, a comma list of heads (every head of "
-    "an earlier layer), mlp, embed; only heads are measured so far (default: heads)",
+    "an earlier layer), mlp (each earlier layer's MLP write), embed (the embeddings: what enters "
+    "the first layer); heads always included (default: heads)",
     flag="--senders",
     metavar="KINDS",
     check=_senders,

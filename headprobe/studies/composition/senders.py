@@ -163,3 +163,19 @@ def partner_writes(model, baselines, batch, stack: str) -> tuple:
 
     partner = partner_batch(baselines, batch)
     return sender_writes(model, model_inputs(partner, model_device(model), model, stack), stack)
+
+
+def read_write_means(model, tokenizer, examples, stack: str, per_position: bool) -> tuple:
+    """`write_means` over `examples` tokenized and batched as the ablation study's means are
+    (`studies.ablation.kinds.Baselines.read`): one extra pass over the run's inputs."""
+    from headprobe.inputs.batching import iter_batches, prepare
+    from headprobe.model.discovery import attention_sites
+    from headprobe.model.padding import padding_id
+    from headprobe.model.sites import model_device
+    from headprobe.scoring.engine import max_length
+
+    sites = attention_sites(model)
+    prepared = prepare(list(examples), tokenizer, max_length(model, tokenizer))
+    prepared.alignments = [sites.scoring_alignment(a, stack) for a in prepared.alignments]
+    batches = iter_batches(prepared, 16, padding_id(tokenizer), device=model_device(model))
+    return write_means(model, batches, stack, per_position)
