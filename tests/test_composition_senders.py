@@ -233,3 +233,39 @@ def test_mixed_senders_equal_separate_calls():
         torch.testing.assert_close(both.output[:, i], alone.output[:, 0], atol=TOL, rtol=TOL)
         torch.testing.assert_close(both.pattern[:, i], alone.pattern[:, 0], atol=TOL, rtol=TOL)
     assert float(both.output[:, -1].abs().sum()) > 0 and float(both.output[:, -2].abs().sum()) > 0
+
+
+def test_graph_cards_and_reads_name_mlp_and_embed_senders():
+    """The report names MLP senders "MLP L" and the embeddings "embed" (cards, the graph's
+    nodes: MLPs right of their layer's heads, the embeddings below layer 0), gives them no head
+    card, and `reads` answers for them as for a head."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from headprobe.studies.composition.analysis import reads
+    from headprobe.studies.composition.graph import composition_graph, node
+    from headprobe.studies.composition.report import card, head_lines
+
+    rows = [  # receiver, channel, sender, kind, output effect
+        (2, 1, "k", 1, 3, "head", 0.5),
+        (2, 1, "k", 1, -1, "mlp", 0.9),
+        (2, 1, "q", -1, -1, "embed", 0.7),
+        (1, 0, "v", 0, -1, "mlp", 0.2),
+    ]
+    columns = ["layer", "head", "channel", "sender_layer", "sender_head", "sender"]
+    edges = pd.DataFrame(rows, columns=columns + ["output_effect"])
+    edges = edges.assign(p_holm=0.001, ablation="zero", pattern_effect=0.1)
+    assert head_lines(edges, 2, 1) == [
+        "reads through its query: embed (0.700)",
+        "reads through its key: MLP 1 (0.900), 1-3 (0.500)",
+    ]
+    results = SimpleNamespace(tables={"composition_edges": edges})
+    _, cards = card(results)
+    assert set(cards) == {(2, 1), (1, 0), (1, 3)}
+    assert list(reads(results, "2-1")["reads"]["k"]["sender"]) == ["mlp", "head"]
+    assert list(reads(results, "MLP 1")["read_by"]["layer"]) == [2]
+    assert list(reads(results, "embed")["read_by"]["channel"]) == ["q"]
+    assert node(1, MLP_HEAD, 4) == (4.0, 1.0) and node(*EMBED, 4) == (1.5, -1.0)
+    assert node(1, 3, 4) == (3.0, 1.0)
+    assert composition_graph(edges, 3, 4) is not None

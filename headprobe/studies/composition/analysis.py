@@ -41,7 +41,15 @@ from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import ANY, Analysis, register
 from headprobe.studies.ablation.flags import ABLATION
 from headprobe.studies.composition import run_options as flags
-from headprobe.studies.composition.run_options import EDGE_KEYS, KIND, NAME, SENDER, sender_name
+from headprobe.studies.composition.run_options import (
+    EDGE_KEYS,
+    EMBED,
+    KIND,
+    MLP_HEAD,
+    NAME,
+    SENDER,
+    sender_name,
+)
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.induction.analysis import ROLE as INDUCTION_ROLE
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
@@ -345,9 +353,15 @@ def frame_of(name: str):
 
 
 def _head(head) -> tuple[int, int]:
-    """'3-1' or (3, 1) -> (3, 1)."""
+    """'3-1' or (3, 1) -> (3, 1); a sender that is not a head: 'MLP 3' -> (3, MLP_HEAD),
+    'embed' -> EMBED (`run_options`)."""
     if isinstance(head, str):
-        layer, _, h = head.partition("-")
+        text = head.strip()
+        if text.lower() == "embed":
+            return EMBED
+        if text.upper().startswith("MLP"):
+            return int(text[3:]), MLP_HEAD
+        layer, _, h = text.partition("-")
         return int(layer), int(h)
     return int(head[0]), int(head[1])
 
@@ -360,8 +374,10 @@ def significant(edges: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
 def reads(results, head, top: int = 5) -> dict:
     """What head `head` ('L-H' or (L, H)) reads and who reads it, from `composition_edges`:
     {"reads": {channel: DataFrame of its senders, largest output effect first, at most `top`
-    significant ones}, "read_by": DataFrame of the receivers that read it (significant edges,
-    every channel, largest output effect first)}."""
+    significant ones; MLP and embeddings senders among them, named by the `sender` column},
+    "read_by": DataFrame of the receivers that read it (significant edges, every channel,
+    largest output effect first)}. `head` may be a sender that is not a head ('MLP 3',
+    'embed'): it reads nothing, and "read_by" lists the heads that read it."""
     layer, head = _head(head)
     edges = results.tables.get("composition_edges")
     if edges is None or not len(edges):
