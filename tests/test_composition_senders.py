@@ -269,3 +269,48 @@ def test_graph_cards_and_reads_name_mlp_and_embed_senders():
     assert node(1, MLP_HEAD, 4) == (4.0, 1.0) and node(*EMBED, 4) == (1.5, -1.0)
     assert node(1, 3, 4) == (3.0, 1.0)
     assert composition_graph(edges, 3, 4) is not None
+
+
+def hidden_mlps(model) -> None:
+    """GPT-2's MLPs moved under a name no family uses (each block still calls its own)."""
+    for block in model.h:
+        module = block._modules.pop("mlp")
+        block._modules["feedforward_x"] = module
+        object.__setattr__(block, "mlp", module)  # the block's forward still finds it
+
+
+def test_a_family_whose_mlp_is_not_found_is_refused_in_one_line():
+    import headprobe
+    from headprobe.core.errors import UsageError
+
+    built = build("gpt2")
+    hidden_mlps(built.model)
+    _, inputs = stack_batch(built, SENTENCES[:2], "decoder")
+    clean_cache(built.model, inputs, "decoder")  # heads alone: as before
+    with pytest.raises(UsageError, match="no MLP found in layer 0 of GPT2Model") as err:
+        clean_cache(built.model, inputs, "decoder", mlp=True)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="no MLP found in layer 0 of GPT2Model") as err:
+        headprobe.run(
+            loaded=(built.model, built.tokenizer, "gpt2"),
+            analyses="composition",
+            senders="heads,mlp",
+            pictures=False,
+            progress=False,
+        )
+    assert "\n" not in str(err.value)
+
+
+def test_an_mlp_write_that_is_not_what_the_stream_receives_is_refused(monkeypatch):
+    """The clean pass checks the write found against the residual stream: a module of the
+    right shape that is not the MLP's write (here the input norms) is refused, never scored."""
+    from headprobe.core.errors import UsageError
+    from headprobe.model import mlp_writes
+
+    built = build("llama-gqa")
+    _, inputs = stack_batch(built, SENTENCES[:2], "decoder")
+    norms = [layer.post_attention_layernorm for layer in built.model.layers]
+    monkeypatch.setattr(mlp_writes, "mlp_modules", lambda model, stack: norms)
+    with pytest.raises(UsageError, match="LlamaModel's MLP write of layer 0 is not") as err:
+        clean_cache(built.model, inputs, "decoder", mlp=True)
+    assert "\n" not in str(err.value)

@@ -343,7 +343,7 @@ def _as_stream(out: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor:
     """An MLP's output as [batch, piece, hidden] like x (OPT's runs on [batch * piece, hidden])."""
     if out.numel() != x.numel():
         raise UsageError(
-            f"--senders mlp: layer {layer}'s MLP output has {tuple(out.shape)} values, not one "
+            f"composition: layer {layer}'s MLP output has {tuple(out.shape)} values, not one "
             f"per piece and hidden unit {tuple(x.shape)}, so it is not its write"
         )
     return out.reshape(x.shape)
@@ -374,9 +374,9 @@ def check_mlp_writes(cache: LayerCache, family: str) -> None:
             ok = _close(cache.x[layer + 1], cache.x[layer] + write)
         if not ok:
             raise UsageError(
-                f"--senders mlp: {family}'s MLP write of layer {layer} is not what its residual "
+                f"composition: {family}'s MLP write of layer {layer} is not what its residual "
                 "stream receives (the stream is not the sum of the layer's writes), so it "
-                "cannot be reached; give --senders heads or heads,embed"
+                "cannot be reached; leave mlp out of the senders"
             )
 
 

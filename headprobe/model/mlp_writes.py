@@ -1,4 +1,4 @@
-"""Where each layer's MLP writes to the residual stream (METHODS §18, `--senders mlp`).
+"""Where each layer's MLP writes to the residual stream (METHODS §18, MLP senders).
 
     modules = mlp_modules(model, "decoder")   # [layer] -> the module whose output is the write
 
@@ -36,9 +36,9 @@ def mlp_modules(model, stack: str) -> list[nn.Module]:
         module = _in_block(model, names[id(site.module)], excluded)
         if module is None:
             raise UsageError(
-                f"--senders mlp: no MLP found in layer {site.layer} of {sites.model_class}'s "
+                f"composition: no MLP found in layer {site.layer} of {sites.model_class}'s "
                 f"{stack} stack (looked for {', '.join(MLP_NAMES)}), so its MLP writes cannot be "
-                "reached; give --senders heads or heads,embed"
+                "reached; leave mlp out of the senders"
             )
         found.append(module)
     return found
