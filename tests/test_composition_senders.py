@@ -314,3 +314,62 @@ def test_an_mlp_write_that_is_not_what_the_stream_receives_is_refused(monkeypatc
     with pytest.raises(UsageError, match="LlamaModel's MLP write of layer 0 is not") as err:
         clean_cache(built.model, inputs, "decoder", mlp=True)
     assert "\n" not in str(err.value)
+
+
+def hooked_writes(model, batch):
+    """(embed [batch, piece, hidden], mlp [batch, layer, piece, hidden]) of Llama by hooks on its
+    own modules: the input of layer 0's input norm, each layer's MLP output."""
+    from headprobe.model.gates import model_inputs
+
+    got: dict = {}
+    layers = model.layers
+    hooks = [
+        layers[0].input_layernorm.register_forward_pre_hook(lambda m, a: got.setdefault("e", a[0]))
+    ]
+    for i, layer in enumerate(layers):
+        hooks.append(layer.mlp.register_forward_hook(lambda m, a, o, i=i: got.update({i: o})))
+    try:
+        with torch.no_grad():
+            model(**model_inputs(batch, None, model, "decoder"))
+    finally:
+        for h in hooks:
+            h.remove()
+    return got["e"], torch.stack([got[i] for i in range(len(layers))], 1)
+
+
+def test_mean_and_resample_values_are_the_writes_of_the_inputs():
+    """Mean ablation's values: each write averaged over the non-padding pieces (all positions;
+    per position on inputs of one length); resample's: the partner input's own writes."""
+    from test_capture import make_batch
+
+    from headprobe.inputs.batching import Batch
+    from headprobe.studies.ablation.kinds import Baselines
+    from headprobe.studies.composition.senders import write_means
+    from headprobe.studies.composition.sweep import resampled
+
+    built = build("llama-gqa")
+    model = built.model
+    batch, inputs = stack_batch(built, SENTENCES, "decoder")
+    embed, mlp = hooked_writes(
+        model, batch
+    )  # [batch, piece, hidden], [batch, layer, piece, hidden]
+    mask = query_mask(inputs, "decoder").float()  # [batch, piece]
+    got_embed, got_mlp = write_means(model, [batch], "decoder")
+    n = mask.sum()
+    torch.testing.assert_close(
+        got_embed, (embed * mask[..., None]).sum((0, 1)) / n, atol=1e-5, rtol=1e-5
+    )
+    want = (mlp * mask[:, None, :, None]).sum((0, 2)) / n  # [layer, hidden]
+    torch.testing.assert_close(got_mlp, want, atol=1e-5, rtol=1e-5)
+
+    words = [SENTENCES[0], list(reversed(SENTENCES[0])), SENTENCES[1], SENTENCES[0][::2][:5]]
+    batch = make_batch(built.tokenizer, words, built.tokenizer.pad_token_id or 0)
+    baselines = Baselines(("resample",), seed=0)
+    baselines.read(model, built.tokenizer, batch.examples)
+    rows, base = resampled(baselines, None, ("heads", "mlp", "embed"))(model, batch)
+    assert 2 <= len(rows.examples) < 4
+    pairs = [baselines.partners[e.unit] for e in rows.examples]
+    embed, mlp = hooked_writes(model, Batch([p[0] for p in pairs], [p[1] for p in pairs], 0))
+    torch.testing.assert_close(base.embed, embed, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(base.mlp, mlp, atol=1e-6, rtol=1e-6)
+    assert base.heads is not None and base.heads.dim() == 5

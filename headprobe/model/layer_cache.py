@@ -313,6 +313,7 @@ def _read_events(cache: LayerCache, events: list) -> None:
                     cache.mlp_after.get(layer)
                 ):  # the first norm after the MLP reads the one before it plus the MLP's write
                     want = None if last_out is None else last_out.float() + cache.mlp_out[layer]
+                    # want: [batch, piece, hidden], what that norm reads if the write is right
                     cache.mlp_ok[layer] = want is not None and _close(x.float(), want)
                 cache.post_norms.setdefault(layer, []).append(_frozen(module, x))
                 last_out = out
@@ -364,8 +365,8 @@ def check_mlp_writes(cache: LayerCache, family: str) -> None:
             ok = cache.mlp_ok.get(layer, False)
         elif ok:
             norm = cache.mlp_norms.get(layer)
-            mlp = cache.mlp_out[layer]
-            write = (norm(mlp) if norm is not None else mlp).float()
+            mlp = cache.mlp_out[layer]  # [batch, piece, hidden]
+            write = (norm(mlp) if norm is not None else mlp).float()  # [batch, piece, hidden]
             attention = cache.attention_out[layer]  # [batch, piece, hidden]
             norm = cache.write_norms.get(layer)
             write = write + (norm(attention) if norm is not None else attention).float()

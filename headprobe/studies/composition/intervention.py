@@ -103,7 +103,7 @@ def sender_changes(cache: LayerCache, to: int, senders, baseline=None) -> torch.
         if heads:
             parts.insert(0, sender_changes(cache, to, heads, baseline))
         index = {s: i for i, s in enumerate(heads + others)}
-        return torch.cat(parts)[[index[s] for s in senders]]
+        return torch.cat(parts)[[index[s] for s in senders]]  # [sender, batch, piece, hidden]
     baseline = heads_of(baseline)
     out = []
     for layer in sorted({l for l, _ in senders}):

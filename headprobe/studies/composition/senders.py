@@ -88,19 +88,20 @@ def write_changes(cache, to: int, senders, baseline=None) -> torch.Tensor:
     for layer, head in senders:
         if (layer, head) == EMBED:
             w = cache.x[0]  # [batch, piece, hidden]
-            d = cache.carried(0, to, _value(base.embed, w, None) - w)
+            d = cache.carried(0, to, _value(base.embed, w, None) - w)  # [batch, piece, hidden]
         elif head == MLP_HEAD:
             if layer not in cache.mlp_out:
                 raise ValueError(
                     "write_changes: the cache has no MLP writes (clean_cache(mlp=True))"
                 )
             w = cache.mlp_out[layer].float()  # [batch, piece, hidden]
-            d = cache.mlp_change(layer, _value(base.mlp, w, layer) - w).float()
-            d = cache.carried(layer, to, d, cache.mlp_after.get(layer, 0))
+            d = _value(base.mlp, w, layer) - w  # [batch, piece, hidden]
+            d = cache.mlp_change(layer, d).float()  # its norm recomputed (Gemma-2/3)
+            d = cache.carried(layer, to, d, cache.mlp_after.get(layer, 0))  # [batch, piece, hidden]
         else:
             raise ValueError(f"write_changes: sender {layer}-{head} is a head")
         out.append(d)
-    return torch.stack(out)
+    return torch.stack(out)  # [sender, batch, piece, hidden]
 
 
 @torch.no_grad()
@@ -114,7 +115,7 @@ def sender_writes(model, inputs: dict, stack: str) -> tuple[torch.Tensor, torch.
     mlp = [
         cache.mlp_out[l].float() if l in cache.mlp_out else zero for l in range(len(cache.sites))
     ]
-    return cache.x[0], torch.stack(mlp, 1)
+    return cache.x[0], torch.stack(mlp, 1)  # [batch, piece, hidden], [batch, layer, piece, hidden]
 
 
 def write_means(model, batches, stack: str, per_position: bool = False) -> tuple:
@@ -129,18 +130,17 @@ def write_means(model, batches, stack: str, per_position: bool = False) -> tuple
         inputs = model_inputs(batch, model_device(model), model, stack)
         embed, mlp = sender_writes(model, inputs, stack)
         mask = query_mask(inputs, stack).to(torch.float64).cpu()  # [batch, piece]
-        both = (
-            torch.cat([embed[:, None], mlp], 1).double().cpu()
-        )  # [batch, 1 + layer, piece, hidden]
+        # both, weighted: [batch, 1 + layer, piece, hidden] (the embeddings, then each MLP)
+        both = torch.cat([embed[:, None], mlp], 1).double().cpu()
         weighted = both * mask[:, None, :, None]
-        part = weighted.sum(0) if per_position else weighted.sum((0, 2))
+        part = weighted.sum(0) if per_position else weighted.sum((0, 2))  # [1 + layer, .., hidden]
         if per_position and sums is not None and part.shape != sums.shape:
             raise ValueError("write_means(per_position=True): inputs of different lengths")
         sums = part if sums is None else sums + part
         count = count + (mask.sum(0) if per_position else mask.sum())
     if sums is None or float(torch.as_tensor(count).min()) == 0:
         raise ValueError("write_means: no pieces in the batches")
-    means = (sums / (count[None, :, None] if per_position else count)).float()
+    means = (sums / (count[None, :, None] if per_position else count)).float()  # as `part`
     return means[0], means[1:]  # embed, mlp
 
 
