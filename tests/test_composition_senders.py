@@ -90,17 +90,18 @@ def stream_input(c, sites, layer, kept, key):
 
 
 @torch.no_grad()
-def reference(built, inputs, stack, sender, receiver, channel, value):
+def reference(built, inputs, stack, sender, receiver, channel, value, kept=None):
     """([batch, query] total variation, relative write change, drop of the attention to the
     previous key) of receiver (1, r) when its channel reads the stream with `sender` (MLP 0 or
-    the embeddings) replaced by `value` ([hidden], [piece, hidden] or [batch, piece, hidden])."""
+    the embeddings) replaced by `value` ([hidden], [piece, hidden] or [batch, piece, hidden]);
+    kept["zp"]: the receiver layer's changed output projection input."""
     model, name = built.eager, built.name
     sites = attention_sites(model).of(stack)
     layer, r = receiver
     r_site = sites[layer]
     post = POST_NORMS.get((name, stack), [])
     mlp = model.get_submodule(MLP.get((name, stack), MLP_NAME))
-    kept: dict = {}
+    kept = {} if kept is None else kept
     with Calls() as c:
         stream_input(c, sites, layer, kept, "x")
         stream_input(c, sites, 0, kept, "x0")
@@ -373,3 +374,49 @@ def test_mean_and_resample_values_are_the_writes_of_the_inputs():
     torch.testing.assert_close(base.embed, embed, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(base.mlp, mlp, atol=1e-6, rtol=1e-6)
     assert base.heads is not None and base.heads.dim() == 5
+
+
+@pytest.mark.parametrize("name,stack", [("llama-gqa", "decoder"), ("bert", "encoder")])
+def test_exact_path_patching_of_mlp_and_embed_edges_equals_hooked_forward(name, stack):
+    """Through the model: the objective's change when only the receiver's channel reads the
+    ablated MLP or embeddings equals a forward of the real model with the receiver's slice of
+    its output projection's input set to the hooked reference's (pre-norm; post-norm with the
+    frozen-norm reference)."""
+    from headprobe.model.objectives import Objective
+    from headprobe.model.projections import features_last
+    from headprobe.studies.composition.path_patching import exact_rows
+
+    built = build(name)
+    batch, inputs = stack_batch(built, SENTENCES, stack)
+    model = built.model
+    cache = clean_cache(model, inputs, stack, mlp=True)
+    objective = Objective.for_model(model, kind="representation", stack=stack)
+    targets = objective.targets(model, batch)
+    edges = [((0, MLP_HEAD), (1, 1), "k"), (EMBED, (1, 2), "q"), ((0, MLP_HEAD), (1, 0), "v")]
+    got, _ = exact_rows(model, cache, objective, targets, edges)
+    site = attention_sites(built.eager).of(stack)[1]
+    rows = query_mask(inputs, stack).float()
+    with torch.no_grad():
+        h0 = built.eager(**inputs).last_hidden_state
+    hidden = cache.x[0].shape[-1]
+    for e, (sender, receiver, channel) in enumerate(edges):
+        kept: dict = {}
+        reference(built, inputs, stack, sender, receiver, channel, torch.zeros(hidden), kept)
+        zp, r, d = kept["zp"], receiver[1], site.d_head
+
+        def put(m, a, zp=zp, r=r, d=d):
+            z = features_last(m, a[0]).clone()
+            z[..., r * d : (r + 1) * d] = features_last(m, zp)[..., r * d : (r + 1) * d]
+            return (features_last(m, z),)
+
+        handle = site.output.register_forward_pre_hook(put)
+        try:
+            with torch.no_grad():
+                h1 = built.eager(**inputs).last_hidden_state
+        finally:
+            handle.remove()
+        change = 1 - torch.nn.functional.cosine_similarity(h1, h0, dim=-1)
+        live = rows * (h0.norm(dim=-1) > 0)
+        want = (change * live).sum(-1)
+        torch.testing.assert_close(got[:, e], want, atol=TOL, rtol=1e-4, msg=f"{name} {e}")
+        assert float(want.abs().sum()) > 0
