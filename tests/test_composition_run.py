@@ -238,7 +238,7 @@ def cli(*args) -> tuple[int, str]:
         (["--receivers", "0-1"], "layer 0 has no earlier heads to read"),
         (["--receivers", "9-0"], "receiver 9-0 does not exist"),
         (["--senders", "mlp"], "the senders always include heads"),
-        (["--senders", "heads,embed"], "embed senders are not measured"),
+        (["--senders", "heads,foo"], "foo is not one of heads, mlp, embed"),
         (["--ablation", "bogus"], "--ablation"),
     ],
 )
@@ -322,6 +322,37 @@ def test_resample_ablation_runs_through_the_cli(tiny_model, tmp_path):
     assert set(edges["ablation"]) == {"resample"}
     assert len(edges) == 3 * 8  # channels x senders of the two earlier layers
     assert np.isfinite(edges["output_effect"]).all() and edges["output_effect"].gt(0).any()
+
+
+@pytest.mark.parametrize("kind", ["mean", "resample"])
+def test_mlp_and_embed_senders_run_through_the_cli(tiny_model, tmp_path, kind):
+    """--senders heads,mlp,embed on the BERT (post-norm, frozen norms): each receiver also reads
+    the embeddings and each earlier layer's MLP (keyed sender_layer, sender_head -1, the
+    `sender` column naming the kind); their effects are measured, never a row of zeros, and
+    their weights-only scores are NaN (no W_OV)."""
+    out = tmp_path / "out"
+    status, err = cli(
+        "run", "--model", tiny_model, "--analyses", "composition", "--receivers", "2-1",
+        "--senders", "heads,mlp,embed", "--ablation", kind, "--probe", "repeated-random",
+        "--n", "4", "--length", "5", "--quiet", "--bootstrap", "50", "--no-report",
+        "--out", str(out),
+    )  # fmt: skip
+    assert status == 0, err
+    edges = pd.read_parquet(out / "composition_edges.parquet")
+    assert len(edges) == 3 * (8 + 1 + 2)  # channels x (heads, embeddings, MLPs of layers 0, 1)
+    kinds = edges.groupby("sender").size().to_dict()
+    assert kinds == {"head": 3 * 8, "embed": 3, "mlp": 3 * 2} and set(edges["ablation"]) == {kind}
+    mlp = edges[edges["sender"] == "mlp"]
+    assert sorted(set(mlp["sender_layer"])) == [0, 1] and set(mlp["sender_head"]) == {-1}
+    embed = edges[edges["sender"] == "embed"]
+    assert set(zip(embed["sender_layer"], embed["sender_head"])) == {(-1, -1)}
+    for part in (mlp, embed):
+        assert np.isfinite(part["output_effect"]).all() and part["output_effect"].gt(0).all()
+        assert part.loc[part["channel"] != "v", "pattern_effect"].gt(0).all()
+    weights = pd.read_parquet(out / "composition_weights.parquet")
+    others = weights[weights["sender_head"] == -1]
+    assert len(others) == 3 * 3 and others["score"].isna().all()
+    assert weights.loc[weights["sender_head"] >= 0, "score"].notna().all()
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,9 @@ changed input without running the model again (METHODS §18, heads that work tog
     cache.calls[l]         # AttentionCall: the attention module's own call and q, k, v as attention got them
     cache.residual_change(l, d)      # what a change d of layer l's attention output does to the residual
     cache.carried(l, to, d)          # ... and what reaches layer `to` (post-norm: frozen norms)
+    cache = clean_cache(model, inputs, mlp=True)          # also each layer's MLP write
+    cache.mlp_out[l]       # [batch, piece, hidden] layer l's MLP write (before a norm on it)
+    cache.mlp_change(l, d), cache.carried(l, to, d, cache.mlp_after[l])   # as for the heads
 
 Where things are comes from `model.sites` (the attention module, its output projection, the norm
 its values read, `norm_in`); this module adds, per family, what the clean pass shows:
@@ -17,7 +20,13 @@ its values read, `norm_in`); this module adds, per family, what the clean pass s
   `post_attention_layernorm`: `write_norms`): its input is the output projection's output;
 - post-norm families: the norms called between attention l and attention l + 1 of the stack,
   each with its clean scale (`FrozenNorm`), through which a write in layer l reaches the layers
-  above (METHODS §18: the norm frozen at its clean scale, a linear map).
+  above (METHODS §18: the norm frozen at its clean scale, a linear map);
+- with `mlp=True`, each layer's MLP write (`model.mlp_writes`), a norm the family applies to it
+  before the residual add (Gemma-2/3's `post_feedforward_layernorm`: `mlp_norms`), and on
+  post-norm families how many of the layer's norms come before it (`mlp_after`). The pass checks
+  that the write found is what the residual stream receives (pre-norm: x[l + 1] = x[l] + the
+  attention's write + the cross-attention's + the MLP's; post-norm: the norm after the MLP reads
+  the norm before it plus the MLP's write); a family where it is not is refused in one line.
 
 Only the "interface" path (attention through Transformers' attention functions) is supported: a
 legacy family (its own attention code) is refused with one line naming it, never scored wrong.
@@ -89,6 +98,11 @@ class LayerCache:
     write_norms: dict[int, nn.Module]  # layer -> a norm on the attention output (Gemma-2/3)
     post_norms: dict[int, list[FrozenNorm]]  # post-norm: layer -> its norms after the attention
     shortcuts: dict = field(default_factory=dict)  # layer -> `model.projected.Shortcut` or None
+    mlp_out: dict = field(default_factory=dict)  # layer -> [batch, piece, hidden] its MLP's write
+    mlp_norms: dict = field(default_factory=dict)  # layer -> a norm on that write (Gemma-2/3)
+    mlp_after: dict = field(default_factory=dict)  # post-norm: layer -> its norms before the MLP
+    cross_out: dict = field(default_factory=dict)  # layer -> [batch, piece, hidden] cross-attention
+    mlp_ok: dict = field(default_factory=dict)  # post-norm: layer -> its MLP write checked
 
     @property
     def post_norm(self) -> bool:
@@ -106,14 +120,25 @@ class LayerCache:
         a = self.attention_out[layer]  # [batch, piece, hidden]
         return norm(a + d) - norm(a)
 
-    def carried(self, layer: int, to: int, d: torch.Tensor) -> torch.Tensor:
+    def mlp_change(self, layer: int, d: torch.Tensor) -> torch.Tensor:
+        """The change of the residual stream when layer `layer`'s MLP write changes by d
+        [..., batch, piece, hidden] (a norm on it, where the family has one, recomputed)."""
+        norm = self.mlp_norms.get(layer)
+        if norm is None:
+            return d
+        m = self.mlp_out[layer]  # [batch, piece, hidden]
+        return norm(m + d.to(m.dtype)) - norm(m)
+
+    def carried(self, layer: int, to: int, d: torch.Tensor, skip: int = 0) -> torch.Tensor:
         """What a residual change d [..., batch, piece, hidden] made at layer `layer`'s attention
         does to the stream entering layer `to`: itself (pre-norm), or through every norm in
-        between, each frozen at its clean scale, MLPs and other heads clean (post-norm)."""
+        between, each frozen at its clean scale, MLPs and other heads clean (post-norm). skip:
+        the first `skip` norms of layer `layer` are not passed (a change made after them: the
+        MLP's write, `mlp_after`; the embeddings pass every norm of layer 0)."""
         if not self.post_norm:
             return d
         for between in range(layer, to):
-            for norm in self.post_norms.get(between, []):
+            for norm in self.post_norms.get(between, [])[skip if between == layer else 0 :]:
                 d = norm.apply(d)
         return d
 
@@ -177,16 +202,19 @@ def _order(sites, what: str) -> dict:
 
 
 @torch.no_grad()
-def clean_cache(model, inputs: dict, stack: str | None = None) -> LayerCache:
+def clean_cache(model, inputs: dict, stack: str | None = None, mlp: bool = False) -> LayerCache:
     """One clean forward pass of `model` on `inputs` (its keyword arguments), kept per layer of
-    `stack` (see the module docstring)."""
+    `stack` (see the module docstring); mlp: each layer's MLP write too."""
     stack = check_supported(model, stack)
     every = attention_sites(model).sites
     sites = [s for s in every if s.stack == stack]
     cache = LayerCache(stack, sites, {}, {}, {}, {}, {}, {})
-    events: list = []  # ("attention", layer) and ("norm", module, input, output), in call order
+    events: list = []  # ("attention", layer), ("norm", module, input, output), ("mlp", layer,
+    # output), in call order
     modules, outputs = _Counter(_order(every, "module")), _Counter(_order(every, "output"))
     handlers = _hooks(model, cache, stack, events, modules, outputs)
+    if mlp:
+        handlers += mlp_hooks(model, cache, stack, events)
     fn_counter = _Counter(_order(every, "module"))
 
     def attention(module, query, key, value, mask, scaling, dropout, kwargs):
@@ -206,6 +234,8 @@ def clean_cache(model, inputs: dict, stack: str | None = None) -> LayerCache:
         for handle in handlers:
             handle.remove()
     _read_events(cache, events)
+    if mlp:
+        check_mlp_writes(cache, attention_sites(model).model_class)
     return cache
 
 
@@ -226,6 +256,8 @@ def _hooks(model, cache: LayerCache, stack: str, events: list, modules, outputs)
 
     def on_output(module, args, output):
         site = outputs.site(module)
+        if site.stack == "cross" and stack == "decoder":  # its write (the MLP writes' check)
+            cache.cross_out[site.layer] = features_last(module, output)
         if site.stack != stack:
             return
         z = features_last(module, args[0]).float()  # [batch, piece, head * d_head]
@@ -239,7 +271,10 @@ def _hooks(model, cache: LayerCache, stack: str, events: list, modules, outputs)
     handles = []
     for module in {s.module for s in cache.sites}:
         handles.append(module.register_forward_pre_hook(on_attention, with_kwargs=True))
-    for module in {s.output for s in cache.sites}:
+    crossing = [s for s in attention_sites(model).sites if s.stack == "cross"]
+    for module in {s.output for s in cache.sites + (crossing if stack == "decoder" else [])}:
+        if module is None:
+            continue
         handles.append(module.register_forward_hook(on_output))
     for module in model.modules():
         if is_norm(module) and getattr(module, "weight", None) is not None:
@@ -249,25 +284,101 @@ def _hooks(model, cache: LayerCache, stack: str, events: list, modules, outputs)
 
 def _read_events(cache: LayerCache, events: list) -> None:
     """x per layer, the write norms and (post-norm) the frozen norms, from the pass's events."""
-    layer, last_output = None, None
+    layer, last_output, last_mlp, last_out = None, None, None, None
     last_norm: dict = {}  # module -> its last input before the current attention call
     for event in events:
         if event[0] == "attention":
-            layer = event[1]
+            layer, last_mlp, last_out = event[1], None, None
             norm_in = cache.sites[layer].norm_in
             x = last_norm.get(norm_in) if norm_in is not None else cache.calls[layer].hidden()
             cache.x[layer] = x.float()
         elif event[0] == "output":
             last_output = event[2]
+        elif event[0] == "mlp":
+            if layer is not None and layer not in cache.mlp_out:
+                last_mlp = event[2]
+                cache.mlp_out[layer] = _as_stream(last_mlp, cache.x[layer], layer)
+                cache.mlp_after[layer] = len(cache.post_norms.get(layer, []))
         else:
             _, module, x, out = event
             last_norm[module] = x
             if layer is None or x is None:
                 continue
-            if last_output is not None and same_storage(x, last_output):
+            if last_mlp is not None and same_storage(x, last_mlp):
+                cache.mlp_norms[layer] = module
+            elif last_output is not None and same_storage(x, last_output):
                 cache.write_norms[layer] = module
             elif cache.post_norm:
+                if last_mlp is not None and len(cache.post_norms.get(layer, [])) == (
+                    cache.mlp_after.get(layer)
+                ):  # the first norm after the MLP reads the one before it plus the MLP's write
+                    want = None if last_out is None else last_out.float() + cache.mlp_out[layer]
+                    # want: [batch, piece, hidden], what that norm reads if the write is right
+                    cache.mlp_ok[layer] = want is not None and _close(x.float(), want)
                 cache.post_norms.setdefault(layer, []).append(_frozen(module, x))
+                last_out = out
+
+
+def mlp_hooks(model, cache: LayerCache, stack: str, events: list) -> list:
+    """Forward hooks on each layer's MLP write module (`model.mlp_writes`; call n of a shared
+    module is its n-th layer), adding ("mlp", layer, output) to the events."""
+    from headprobe.model.mlp_writes import mlp_modules
+
+    found = mlp_modules(model, stack)
+    order: dict = {}
+    for site, module in zip(cache.sites, found):
+        order.setdefault(module, []).append(site.layer)
+    calls: dict = {}
+
+    def on_mlp(module, args, output):
+        n = calls.get(module, 0)
+        calls[module] = n + 1
+        layers = order[module]
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        events.append(("mlp", layers[n % len(layers)], out))
+
+    return [module.register_forward_hook(on_mlp) for module in order]
+
+
+def _as_stream(out: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor:
+    """An MLP's output as [batch, piece, hidden] like x (OPT's runs on [batch * piece, hidden])."""
+    if out.numel() != x.numel():
+        raise UsageError(
+            f"composition: layer {layer}'s MLP output has {tuple(out.shape)} values, not one "
+            f"per piece and hidden unit {tuple(x.shape)}, so it is not its write"
+        )
+    return out.reshape(x.shape)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """got == want up to the rounding of the model's own precision (relative to max |want|)."""
+    tol = max(1e-4, 16 * torch.finfo(got.dtype).eps)
+    return float((got - want).abs().max()) <= tol * max(float(want.abs().max()), 1e-6)
+
+
+def check_mlp_writes(cache: LayerCache, family: str) -> None:
+    """Every layer below the last has an MLP write, and it is what the residual stream receives
+    (module docstring); UsageError (one line, naming the family) else."""
+    for layer in range(len(cache.sites) - 1):
+        ok = layer in cache.mlp_out and layer + 1 in cache.x
+        if ok and cache.post_norm:
+            ok = cache.mlp_ok.get(layer, False)
+        elif ok:
+            norm = cache.mlp_norms.get(layer)
+            mlp = cache.mlp_out[layer]  # [batch, piece, hidden]
+            write = (norm(mlp) if norm is not None else mlp).float()  # [batch, piece, hidden]
+            attention = cache.attention_out[layer]  # [batch, piece, hidden]
+            norm = cache.write_norms.get(layer)
+            write = write + (norm(attention) if norm is not None else attention).float()
+            if layer in cache.cross_out:
+                write = write + cache.cross_out[layer].float()
+            ok = _close(cache.x[layer + 1], cache.x[layer] + write)
+        if not ok:
+            raise UsageError(
+                f"composition: {family}'s MLP write of layer {layer} is not what its residual "
+                "stream receives (the stream is not the sum of the layer's writes), so it "
+                "cannot be reached; leave mlp out of the senders"
+            )
 
 
 def _frozen(norm: nn.Module, x: torch.Tensor) -> FrozenNorm:

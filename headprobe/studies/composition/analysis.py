@@ -41,7 +41,15 @@ from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.scoring.registry import ANY, Analysis, register
 from headprobe.studies.ablation.flags import ABLATION
 from headprobe.studies.composition import run_options as flags
-from headprobe.studies.composition.run_options import EDGE_KEYS, KIND, NAME
+from headprobe.studies.composition.run_options import (
+    EDGE_KEYS,
+    EMBED,
+    KIND,
+    MLP_HEAD,
+    NAME,
+    SENDER,
+    sender_name,
+)
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.induction.analysis import ROLE as INDUCTION_ROLE
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
@@ -53,6 +61,7 @@ EDGE_COLUMNS = [
     "p_holm",
     "role",
     "estimate",
+    SENDER,  # the sender's kind: "head", "mlp" (sender_head -1) or "embed" (sender_layer -1 too)
 ]
 # the role map's pattern roles (METHODS §6) -> the sweep's role targets (`intervention.role_targets`)
 PATTERN_ROLES = {INDUCTION_ROLE.role: INDUCTION, PREVIOUS_ROLE.role: PREVIOUS_TOKEN}
@@ -134,10 +143,12 @@ class CompositionScorer(ModelScorer):
     value = "mass"
     receivers = None  # [(layer, head)], None: every head above the first layer
     kind = "zero"
+    senders = ("heads",)  # the kinds of sender (--senders)
 
     def use_options(self, options: dict) -> None:
         self.receivers = options.get("receivers")
         self.kind = tuple(options.get(ABLATION.name) or ("zero",))[0]
+        self.senders = tuple(options.get("senders") or ("heads",))
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
         from headprobe.core.errors import UsageError
@@ -146,6 +157,10 @@ class CompositionScorer(ModelScorer):
         from headprobe.studies.ablation.kinds import Baselines
 
         stack = check_supported(model, stack)  # one line where the writes cannot be reached
+        if "mlp" in self.senders:
+            from headprobe.model.mlp_writes import mlp_modules
+
+            mlp_modules(model, stack)  # one line where a layer's MLP write is not found
         sites = attention_sites(model).of(stack)
         for layer, head in self.receivers or ():
             if layer >= len(sites) or head >= sites[layer].heads:
@@ -168,6 +183,13 @@ class CompositionScorer(ModelScorer):
     def use_inputs(self, examples) -> None:
         if self.baselines.needs_inputs:
             self.baselines.read(self.model_, self.tokenizer_, examples, self.stack_)
+        self.write_means = None  # (embed, mlp) means of the MLP and embeddings senders
+        if self.kind == "mean" and self.senders != ("heads",):
+            from headprobe.studies.composition.senders import read_write_means
+
+            per_position = self.baselines.per_position
+            args = (self.model_, self.tokenizer_, examples, self.stack_, per_position)
+            self.write_means = read_write_means(*args)
 
     def model_pass(self, model, batch):
         """The batch's per-unit sums (kept as the state's own), and its rows of the tally: per
@@ -178,8 +200,9 @@ class CompositionScorer(ModelScorer):
 
         baseline = self._baseline(model, batch)
         sums = composition_sums(
-            model, [batch], self.receivers, baseline, self.objective, self.stack_
-        )
+            model, [batch], self.receivers, baseline, self.objective, self.stack_,
+            senders=self.senders,
+        )  # fmt: skip
         keys, n, values = [], [], []
         for name, scores in sums.scores.items():  # [unit, layer, head]
             rows = sums.role_rows[name]  # [unit]
@@ -197,13 +220,18 @@ class CompositionScorer(ModelScorer):
     def _baseline(self, model, batch):
         """The sender writes' ablation values: None (zero), the means (mean), or per batch the
         partner units' writes (resample, `sweep.resampled`); `batch` None: for every batch."""
+        from headprobe.studies.composition.senders import Baseline
         from headprobe.studies.composition.sweep import resampled
 
         if self.kind == "resample":
-            return resampled(self.baselines, self.stack_)
-        if batch is None:
-            return self.baselines.means if self.kind == "mean" else None
-        return self.baselines.of(self.kind, model, batch, self.stack_)
+            return resampled(self.baselines, self.stack_, self.senders)
+        if self.kind != "mean":
+            return None
+        means = self.baselines.means  # the heads' (the ablation study's), then the others'
+        if getattr(self, "write_means", None) is None:
+            return means
+        embed, mlp = self.write_means
+        return Baseline(means, mlp, embed)
 
     def end_batch(self, state) -> None:
         super().end_batch(state)
@@ -262,7 +290,7 @@ class CompositionScorer(ModelScorer):
                 "receivers": "all"
                 if self.receivers is None
                 else [f"{l}-{h}" for l, h in self.receivers],
-                "senders": "heads",
+                "senders": ",".join(self.senders),
                 "edges": 0 if sums is None else len(sums.edges),
                 "units": 0 if sums is None else len(sums.units),
                 "stack": getattr(self, "stack_", None),
@@ -325,9 +353,15 @@ def frame_of(name: str):
 
 
 def _head(head) -> tuple[int, int]:
-    """'3-1' or (3, 1) -> (3, 1)."""
+    """'3-1' or (3, 1) -> (3, 1); a sender that is not a head: 'MLP 3' -> (3, MLP_HEAD),
+    'embed' -> EMBED (`run_options`)."""
     if isinstance(head, str):
-        layer, _, h = head.partition("-")
+        text = head.strip()
+        if text.lower() == "embed":
+            return EMBED
+        if text.upper().startswith("MLP"):
+            return int(text[3:]), MLP_HEAD
+        layer, _, h = text.partition("-")
         return int(layer), int(h)
     return int(head[0]), int(head[1])
 
@@ -340,8 +374,10 @@ def significant(edges: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
 def reads(results, head, top: int = 5) -> dict:
     """What head `head` ('L-H' or (L, H)) reads and who reads it, from `composition_edges`:
     {"reads": {channel: DataFrame of its senders, largest output effect first, at most `top`
-    significant ones}, "read_by": DataFrame of the receivers that read it (significant edges,
-    every channel, largest output effect first)}."""
+    significant ones; MLP and embeddings senders among them, named by the `sender` column},
+    "read_by": DataFrame of the receivers that read it (significant edges, every channel,
+    largest output effect first)}. `head` may be a sender that is not a head ('MLP 3',
+    'embed'): it reads nothing, and "read_by" lists the heads that read it."""
     layer, head = _head(head)
     edges = results.tables.get("composition_edges")
     if edges is None or not len(edges):
@@ -415,7 +451,7 @@ def console(results, name: str, top: int = 5) -> str:
     ]
     for r in edges.nlargest(top, "output_effect").itertuples(index=False):
         lines.append(
-            f"  {r.sender_layer}-{r.sender_head} -> {r.layer}-{r.head} {r.channel}: "
+            f"  {sender_name(r.sender_layer, r.sender_head)} -> {r.layer}-{r.head} {r.channel}: "
             f"{r.output_effect:.3f} [{r.output_effect_low:.3f}, {r.output_effect_high:.3f}]"
         )
     corr = results.tables.get("composition_check_correlation")
@@ -449,6 +485,7 @@ COMPOSITION = register(
             f"headprobe.studies.composition.{module}"
             for module in (
                 "run_options",
+                "senders",
                 "report",
                 "graph",
                 "sweep",

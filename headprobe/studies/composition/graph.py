@@ -1,5 +1,7 @@
 """The composition graph (METHODS §18): the significant edges of `composition_edges`, layers up
 the page, each head a node, edges coloured by channel (q, k, v) and as wide as their effect.
+MLP senders (`--senders mlp`) are nodes "MLP L" in a column right of the heads, at their layer;
+the embeddings (`--senders embed`) one node "embed" below the first layer.
 
     drawing = composition_graph(edges, n_layers=30, n_heads=9)   # a report `figures.Drawing`
     drawing.save("figures/composition_graph", ("png", "svg", "pdf"))
@@ -14,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from headprobe.report import drawing as F
+from headprobe.studies.composition.run_options import sender_kind, sender_name
 
 CHANNEL_COLORS = {"q": "#4c72b0", "k": "#dd8452", "v": "#55a868"}
 CHANNEL_NAMES = {"q": "query", "k": "key", "v": "value"}
@@ -27,6 +30,15 @@ def graph_edges(edges: pd.DataFrame, limit: int = LIMIT, alpha: float = ALPHA) -
         return pd.DataFrame(columns=[] if edges is None else edges.columns)
     shown = edges[(edges["p_holm"] < alpha) & edges["output_effect"].notna()]
     return shown.nlargest(limit, "output_effect").reset_index(drop=True)
+
+
+def node(layer: int, head: int, n_heads: int) -> tuple[float, float]:
+    """(x, y) of a sender or receiver: a head at (head, layer), an MLP at (n_heads, layer), the
+    embeddings at (the middle, -1)."""
+    kind = sender_kind(layer, head)
+    if kind == "embed":
+        return (n_heads - 1) / 2, -1.0
+    return (float(n_heads) if kind == "mlp" else float(head)), float(layer)
 
 
 @F.planned
@@ -43,9 +55,9 @@ def composition_graph(
     lx, ly = np.meshgrid(np.arange(n_heads), np.arange(n_layers))
     ax.scatter(lx.ravel(), ly.ravel(), s=10, color="#d0d0d0", zorder=1, linewidths=0)
     top = float(edges["output_effect"].max()) if len(edges) else 1.0
-    used = set()
+    used = {}  # (x, y) -> its label
     for r in edges.itertuples(index=False):
-        x0, y0, x1, y1 = r.sender_head, r.sender_layer, r.head, r.layer
+        (x0, y0), (x1, y1) = node(r.sender_layer, r.sender_head, n_heads), (r.head, r.layer)
         color = CHANNEL_COLORS.get(r.channel, "#333333")
         bend = 0.15 * (1 if (x1 - x0) >= 0 else -1)
         ax.annotate(
@@ -63,17 +75,20 @@ def composition_graph(
             ),
             zorder=2,
         )
-        used |= {(x0, y0), (x1, y1)}
-    for x, y in used:
+        used[(x0, y0)] = sender_name(r.sender_layer, r.sender_head)
+        used[(x1, y1)] = f"{int(r.layer)}-{int(r.head)}"
+    for (x, y), name in used.items():
         ax.scatter([x], [y], s=36, color="#333333", zorder=3, linewidths=0)
-        role = roles.get((int(y), int(x)))
-        label = f"{int(y)}-{int(x)}" + (f" {role}" if role else "")
+        role = roles.get((int(y), int(x))) if "-" in name else None
+        label = name + (f" {role}" if role else "")
         ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points", zorder=4)
     for channel, color in CHANNEL_COLORS.items():
         ax.plot([], [], color=color, lw=2, label=f"{channel}: {CHANNEL_NAMES[channel]}")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.set_xlim(-0.7, n_heads - 0.3)
-    ax.set_ylim(-0.7, n_layers - 0.3)
+    pairs = zip(edges["sender_layer"], edges["sender_head"]) if len(edges) else ()
+    kinds = {sender_kind(l, h) for l, h in pairs}
+    ax.set_xlim(-0.7, n_heads + (0.7 if "mlp" in kinds else -0.3))
+    ax.set_ylim(-1.7 if "embed" in kinds else -0.7, n_layers - 0.3)
     ax.set_xlabel("head", fontsize=8)
     ax.set_ylabel("layer (input at the bottom)", fontsize=8)
     ax.set_xticks(range(0, n_heads, max(1, -(-n_heads // 16))))

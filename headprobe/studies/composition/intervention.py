@@ -6,14 +6,17 @@
     sums.output       # [batch, sender, head, channel]: ||o' - o|| / ||o||, summed over scored rows
     sums.role[INDUCTION]     # [batch, sender, head, channel]: drop of the role's attention, summed
     sums.rows, sums.role_rows[INDUCTION]   # [batch]: the rows each sum is over
-    sums.senders      # [(layer, head)] in the order of the sender axis
+    sums.senders      # [(layer, head)] in the order of the sender axis (MLPs, embed: `senders`)
     sums.estimate     # [batch, sender, head, channel]: first-order objective change (with `grads`)
 
-For each sender s (every head of an earlier layer), the residual stream entering the receiver's
-layer becomes x' = x - w_s + b_s, with w_s = c_s the sender's write (its slice of the output
-projection's input times its block of W_O, METHODS §9) and b_s its write under the kind of
+For each sender s (every head of an earlier layer; given `senders.every_sender`, also the
+embeddings and each earlier MLP, their writes in `senders.write_changes`), the residual stream
+entering the receiver's layer becomes x' = x - w_s + b_s, with w_s = c_s a head's write (its
+slice of the output projection's input times its block of W_O, METHODS §9) and b_s its write
+under the kind of
 ablation (`baseline`: None for zero, else what `HeadGates` takes as `means`: [layer, head,
-d_head], [layer, piece, head, d_head] or [batch, layer, piece, head, d_head]). Where the family
+d_head], [layer, piece, head, d_head] or [batch, layer, piece, head, d_head]; with MLP or
+embeddings senders a `senders.Baseline` holding every kind's values). Where the family
 norms the attention's output before the residual add (Gemma-2/3) that norm is recomputed;
 post-norm families carry the change through frozen norms (`LayerCache.carried`). Then each
 channel c of the receiver layer is recomputed from x' alone (`model.channels`), the other two
@@ -24,8 +27,8 @@ A unit's effect is the sum of its rows' values over the sum of its rows (METHODS
 
 Cost: the receiver layer's projections take each sender's change in d_head space
 (`model.projected`) where that shortcut applies and no sender layer norms its attention output
-(else, or with `general=True`, the whole changed stream goes through the layer's norm and
-projections); the layer's output projection is not run; the value channel reuses the clean
+(else, for MLP and embeddings senders, or with `general=True`, the whole changed stream goes
+through the layer's norm and projections); the layer's output projection is not run; the value channel reuses the clean
 probabilities; only the query rows from the first to the last scored one are computed.
 """
 
@@ -40,6 +43,7 @@ from headprobe.model.channels import CHANNELS, channel_attention, clean_attentio
 from headprobe.model.layer_cache import LayerCache
 from headprobe.model.projected import shortcut
 from headprobe.model.sites import output_weight
+from headprobe.studies.composition.senders import heads_of, is_head, write_changes
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
 
@@ -90,7 +94,17 @@ def baseline_slice(baseline, layer: int, like: torch.Tensor) -> torch.Tensor:
 
 def sender_changes(cache: LayerCache, to: int, senders, baseline=None) -> torch.Tensor:
     """[sender, batch, piece, hidden]: the change b_s - w_s of each sender's write, as it reaches
-    the residual stream entering layer `to` (write norm recomputed; post-norm: frozen norms)."""
+    the residual stream entering layer `to` (write norm recomputed; post-norm: frozen norms).
+    MLP and embeddings senders: `senders.write_changes` (baseline: a `senders.Baseline`)."""
+    heads = [s for s in senders if is_head(s)]
+    if len(heads) < len(senders):
+        others = [s for s in senders if not is_head(s)]
+        parts = [write_changes(cache, to, others, baseline)]  # [other, batch, piece, hidden]
+        if heads:
+            parts.insert(0, sender_changes(cache, to, heads, baseline))
+        index = {s: i for i, s in enumerate(heads + others)}
+        return torch.cat(parts)[[index[s] for s in senders]]  # [sender, batch, piece, hidden]
+    baseline = heads_of(baseline)
     out = []
     for layer in sorted({l for l, _ in senders}):
         heads = [h for l, h in senders if l == layer]
@@ -116,7 +130,8 @@ def sender_parts(cache: LayerCache, to: int, senders, baseline=None) -> tuple:
     d_head, hidden] its block of W_O as it reaches layer `to` (post-norm: through the frozen
     norms' centring and gain), factor [batch, piece] or None): the sender's change of the
     stream entering `to` is factor * diff @ rows (`sender_changes` where no layer norms its
-    attention output; `model.projected`)."""
+    attention output; `model.projected`). Heads only."""
+    baseline = heads_of(baseline)
     diffs, rows, factor = [], [], None
     for layer in sorted({l for l, _ in senders}):
         heads = [h for l, h in senders if l == layer]
@@ -173,7 +188,7 @@ def edge_sums(
     general: bool = False,
 ) -> EdgeSums:
     """See the module docstring. senders: [(layer, head)] of earlier layers (default every head
-    of layers 0 .. layer - 1); heads: the receiver heads kept (default all); roles: name ->
+    of layers 0 .. layer - 1; MLPs and the embeddings as `senders.every_sender` gives them); heads: the receiver heads kept (default all); roles: name ->
     [batch, piece] long, each query row's role target key (-1: none), e.g. `role_targets`;
     grads: [channel, head (as `heads`), batch, piece, hidden] the objective's gradient with
     respect to each receiver channel's input (`first_order.input_gradients`): then `estimate`
@@ -192,12 +207,11 @@ def edge_sums(
     parts = {name: t.to(rows.device)[:, span] for name, t in (roles or {}).items()}
     gram = _row_mean_gram(output_weight(site).float().to(x.device))
     norm0 = _write_norm(z0, gram)  # [batch, query, head]
-    use = not general and not any(l in cache.write_norms for l, _ in senders)
+    use = not general and not any(l in cache.write_norms for l, h in senders if is_head((l, h)))
     short = shortcut(model, cache, layer) if use else None
     step = block_size(batch, piece, hidden, site.heads, z0.shape[-1], budget, z0.shape[1])
     pattern, output, estimate, role = [], [], [], {name: [] for name in roles or {}}
-    for start in range(0, len(senders), step):
-        block = senders[start : start + step]
+    for block in _blocks(senders, step):
         out, d = _changed_attention(model, cache, layer, block, baseline, short, span, probs0)
         p, o, r = _block_effects(out, probs0, z0, norm0, gram, part, parts, len(block))
         pattern.append(p)
@@ -221,12 +235,24 @@ def edge_sums(
     return sums
 
 
+def _blocks(senders, step: int):
+    """Consecutive blocks of at most `step` senders, heads and other senders never in one."""
+    start = 0
+    while start < len(senders):
+        kind = is_head(senders[start])
+        stop = start + 1
+        while stop < min(len(senders), start + step) and is_head(senders[stop]) == kind:
+            stop += 1
+        yield senders[start:stop]
+        start = stop
+
+
 def _changed_attention(model, cache, layer, block, baseline, short, span, probs0) -> tuple:
     """(`ChannelAttention` of the block's senders, d [sender, batch, piece, hidden] each one's
-    change of the stream entering `layer`): through the shortcut where `short` is given, else
-    through the layer's own norm and projections."""
+    change of the stream entering `layer`): through the shortcut where `short` is given and the
+    block's senders are heads, else through the layer's own norm and projections."""
     n = len(block)
-    if short is not None:
+    if short is not None and is_head(block[0]):
         diff, w_rows, factor = sender_parts(cache, layer, block, baseline)
         d = torch.matmul(diff, w_rows[:, None])  # [sender, batch, piece, hidden]
         d = d if factor is None else d * factor[..., None]

@@ -17,6 +17,7 @@ from headprobe.report.selection import described
 from headprobe.stats.roles import NONE
 from headprobe.studies.ablation.flags import ABLATION
 from headprobe.studies.composition.graph import CHANNEL_NAMES, composition_graph, graph_edges
+from headprobe.studies.composition.run_options import MLP_HEAD, sender_name
 
 TOP_EDGES = 15
 KIND = ABLATION.name  # the column naming the kind of ablation
@@ -24,7 +25,7 @@ PER_CHANNEL = 3  # senders a head card lists per channel
 
 
 def _edge(r) -> str:
-    return f"{r.sender_layer}-{r.sender_head} → {r.layer}-{r.head}"
+    return f"{sender_name(r.sender_layer, r.sender_head)} → {r.layer}-{r.head}"
 
 
 def section(results, name: str) -> Section:
@@ -51,7 +52,8 @@ def section(results, name: str) -> Section:
             f"The {len(shown)} strongest significant edges (p_holm < 0.05, by output effect; "
             f"{kind} ablation): an arrow from the sender to the receiver, coloured by the "
             "receiver's channel that reads it (q query, k key, v value), as wide as the output "
-            "effect. Layers go up the page; heads with a role carry its short name.",
+            "effect. Layers go up the page; heads with a role carry its short name; MLP senders "
+            "(MLP L) stand right of their layer's heads, the embeddings below the first layer.",
             alt="composition graph of the significant edges",
         )
     )
@@ -135,7 +137,7 @@ def head_lines(edges: pd.DataFrame | None, layer: int, head: int) -> list[str]:
             lines.append(
                 f"reads through its {CHANNEL_NAMES[c]}: "
                 + ", ".join(
-                    f"{r.sender_layer}-{r.sender_head} ({r.output_effect:.3f})"
+                    f"{sender_name(r.sender_layer, r.sender_head)} ({r.output_effect:.3f})"
                     for r in part.itertuples(index=False)
                 )
             )
@@ -158,7 +160,8 @@ def card(results) -> tuple[str, dict]:
     heads = set()
     if edges is not None and len(edges):
         heads = set(zip(edges["layer"].astype(int), edges["head"].astype(int)))
-        heads |= set(zip(edges["sender_layer"].astype(int), edges["sender_head"].astype(int)))
+        senders = zip(edges["sender_layer"].astype(int), edges["sender_head"].astype(int))
+        heads |= {(l, h) for l, h in senders if h != MLP_HEAD}  # MLPs, embeddings: no card
     lines = {key: head_lines(edges, *key) for key in sorted(heads)}
     kind = edges[KIND].iloc[0] if edges is not None and len(edges) else ""
     return f"Composition: what it reads, who reads it ({kind} ablation, output effect)", lines

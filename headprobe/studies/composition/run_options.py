@@ -17,7 +17,12 @@ from headprobe.studies.ablation.flags import ABLATION
 
 NAME = "composition"
 SENDER_KINDS = ("heads", "mlp", "embed")
-MEASURED = ("heads",)  # the sender kinds whose writes the intervention reaches today
+# A sender is (sender_layer, sender_head) in every table: a head (layer, head); layer l's MLP
+# (l, MLP_HEAD); the embeddings, what enters the first layer, EMBED. The `sender` column names
+# the kind (`sender_kind`), so both keys stay integers that sort and compare.
+MLP_HEAD = -1  # sender_head of an MLP sender
+EMBED = (-1, -1)  # (sender_layer, sender_head) of the embeddings
+SENDER = "sender"  # the column naming a sender's kind: "head", "mlp" or "embed"
 KINDS = ("zero", "mean", "resample")  # the kinds of ablation the composition runs
 KIND = ABLATION.name  # the column naming the kind of ablation (the option of the same name)
 # an edge's key in every composition table: the receiver, the channel, the sender, the ablation
@@ -57,6 +62,19 @@ def parse_receivers(text, flag: str = "--receivers") -> list[tuple[int, int]] | 
     return out
 
 
+def sender_kind(layer: int, head: int) -> str:
+    """ "head", "mlp" or "embed" for the sender (layer, head) (module constants)."""
+    if (int(layer), int(head)) == EMBED:
+        return "embed"
+    return "mlp" if int(head) == MLP_HEAD else "head"
+
+
+def sender_name(layer: int, head: int) -> str:
+    """A sender as the report and the console name it: "3-1" (a head), "MLP 3", "embed"."""
+    kind = sender_kind(layer, head)
+    return {"embed": "embed", "mlp": f"MLP {int(layer)}"}.get(kind, f"{int(layer)}-{int(head)}")
+
+
 def _only_with_composition(flag: str, values) -> None:
     if NAME not in values["analyses"]:
         raise UsageError(f"{flag} is read by the composition analysis: add --analyses {NAME}")
@@ -87,12 +105,6 @@ def _senders(flag, value, values):
         _only_with_composition(flag, values)
     if "heads" not in senders:
         raise UsageError(f"{flag}: the senders always include heads (e.g. heads,mlp)")
-    missing = [kind for kind in senders if kind not in MEASURED]
-    if missing:
-        raise UsageError(
-            f"{flag} {','.join(senders)}: the composition reaches only heads' writes so far; "
-            f"{' and '.join(missing)} senders are not measured (give --senders heads)"
-        )
     return senders
 
 
@@ -112,7 +124,8 @@ SENDERS = Option(
     "senders",
     ("heads",),
     "what the composition analysis's receivers read from, a comma list of heads (every head of "
-    "an earlier layer), mlp, embed; only heads are measured so far (default: heads)",
+    "an earlier layer), mlp (each earlier layer's MLP write), embed (the embeddings: what enters "
+    "the first layer); heads always included (default: heads)",
     flag="--senders",
     metavar="KINDS",
     check=_senders,

@@ -8,6 +8,7 @@
     sums.edges[e]          # ((sender layer, sender head), (layer, head), channel)
     exact, tokens = exact_sums(model, batches, sample, baseline=means)  # [unit, edge], [unit]
     sums = composition_sums(model, batches, baseline=resampled(baselines))   # resample ablation
+    sums = composition_sums(model, batches, senders=("heads", "mlp", "embed"))  # MLPs, embeddings
 
 Per batch: one clean pass kept per layer (`clean_cache`, on the inputs the objective reads), one
 backward pass for the objective's gradient at every head's slice (`first_order`), then per
@@ -23,7 +24,8 @@ Ablation values (`baseline`): None (zero), a tensor as `edge_sums` takes it (mea
 or per position and head), or a function of (model, batch) giving the batch's rows that are
 scored and their own values [row, layer, piece, head, d_head]: `resampled` (resample ablation,
 METHODS §8: each row's partner's slices, from `studies.ablation.kinds.Baselines`; a row
-without a partner is left out, a batch with none skipped).
+without a partner is left out, a batch with none skipped). With MLP or embeddings senders
+(`senders`), a `senders.Baseline` holds every kind's values.
 """
 
 from __future__ import annotations
@@ -37,12 +39,15 @@ import torch
 from headprobe.inputs.align import WORD
 from headprobe.inputs.probes import LOSS_WORDS, REPEATED_RANDOM
 from headprobe.model.channels import CHANNELS, clean_attention
+from headprobe.model.discovery import attention_sites
 from headprobe.model.layer_cache import check_supported, clean_cache
 from headprobe.model.objectives import Objective
 from headprobe.studies.ablation.kinds import rows_of
 from headprobe.studies.composition.first_order import input_gradients, slice_gradients
 from headprobe.studies.composition.intervention import BUDGET, edge_sums, role_targets
 from headprobe.studies.composition.path_patching import exact_rows
+from headprobe.studies.composition.run_options import sender_kind
+from headprobe.studies.composition.senders import Baseline, every_sender, partner_writes
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
 
@@ -144,16 +149,22 @@ def clean_scores(model, cache, targets: dict, rows: torch.Tensor) -> dict:
     return {name: torch.stack(v, 1).cpu().numpy() for name, v in out.items()}
 
 
-def resampled(baselines, stack=None):
+def resampled(baselines, stack=None, senders=("heads",)):
     """Resample ablation's per-batch values from `baselines` (a `studies.ablation.kinds.Baselines`
     that has read the run's inputs with "resample" among its kinds): f(model, batch) -> (the
-    batch's rows with a partner, [row, layer, piece, head, d_head] their partners' slices)."""
+    batch's rows with a partner, [row, layer, piece, head, d_head] their partners' slices; with
+    MLP or embeddings senders a `senders.Baseline` of the partners' slices and writes)."""
 
     def values(model, batch):
         kept = baselines.kept("resample", batch)
         if not kept:
             return None, None
-        return rows_of(batch, kept), baselines.of("resample", model, rows_of(batch, kept), stack)
+        rows = rows_of(batch, kept)
+        heads = baselines.of("resample", model, rows, stack)
+        if tuple(senders) == ("heads",):
+            return rows, heads
+        embed, mlp = partner_writes(model, baselines, rows, attention_sites(model).resolve(stack))
+        return rows, Baseline(heads, mlp, embed)
 
     return values
 
@@ -166,11 +177,12 @@ def batch_baseline(model, batch, baseline):
     return batch, baseline
 
 
-def batch_sums(model, batch, receivers, baseline, objective, stack, budget) -> dict:
+def batch_sums(model, batch, receivers, baseline, objective, stack, budget, senders=("heads",)):
     """One batch's row sums: {"edges", "pattern", "output", "estimate", "role", "rows",
-    "role_rows", "tokens", "scores"}, arrays [batch, ...] (edges: the edge list)."""
+    "role_rows", "tokens", "scores"}, arrays [batch, ...] (edges: the edge list). senders: the
+    kinds (`run_options.SENDER_KINDS`)."""
     targets = objective.targets(model, batch)
-    cache = clean_cache(model, targets.inputs, stack)
+    cache = clean_cache(model, targets.inputs, stack, mlp="mlp" in senders)
     half = repeated_half(batch)
     rows = scored_rows(batch, half).to(cache.x[0].device)  # [batch, piece]
     ids = targets.inputs["input_ids"]
@@ -181,7 +193,8 @@ def batch_sums(model, batch, receivers, baseline, objective, stack, budget) -> d
     with torch.no_grad():
         for layer, heads in _receivers(cache, receivers).items():
             grads = input_gradients(model, cache, layer, grad_z, heads, budget)
-            s = edge_sums(model, cache, layer, None, baseline, rows, roles, heads, budget, grads)
+            these = every_sender(cache, layer, senders)
+            s = edge_sums(model, cache, layer, these, baseline, rows, roles, heads, budget, grads)
             cache.shortcuts.pop(layer, None)  # done with this layer: its projections' outputs
             got["edges"] += [
                 (snd, (layer, h), c) for snd in s.senders for h in heads for c in CHANNELS
@@ -245,11 +258,13 @@ def composition_sums(
     stack: str | None = None,
     budget: int | None = None,
     progress=None,
+    senders=("heads",),
 ) -> UnitSums:
     """See the module docstring. receivers: [(layer, head)] (default every head above the first
     layer); baseline: the ablation values (module docstring: None for zero, a tensor, or
     `resampled(...)`); objective: `Objective.for_model(model)` by default; progress: a callable given each
-    batch's index, or None."""
+    batch's index, or None; senders: the kinds of sender, of heads, mlp, embed
+    (`senders.every_sender`)."""
     stack = check_supported(model, stack)
     objective = objective or Objective.for_model(model, stack=stack)
     budget = budget or memory_budget(next(model.parameters()).device)
@@ -258,7 +273,7 @@ def composition_sums(
         batch, values = batch_baseline(model, batch, baseline)
         if batch is None:
             continue
-        got = batch_sums(model, batch, receivers, values, objective, stack, budget)
+        got = batch_sums(model, batch, receivers, values, objective, stack, budget, senders)
         units = [e.unit for e in batch.examples]
         if edges is not None and got["edges"] != edges:
             raise ValueError("composition_sums: batches gave different edges")
@@ -300,7 +315,8 @@ def exact_sums(model, batches, edges, baseline=None, objective=None, stack=None)
         if batch is None:
             continue
         targets = objective.targets(model, batch)
-        cache = clean_cache(model, targets.inputs, stack)
+        mlp = any(sender_kind(*e[0]) == "mlp" for e in edges)
+        cache = clean_cache(model, targets.inputs, stack, mlp=mlp)
         delta, tokens = exact_rows(model, cache, objective, targets, edges, values)
         units = [e.unit for e in batch.examples]
         acc.add(units, "exact", delta.cpu().numpy())

@@ -31,6 +31,7 @@ from headprobe.stats.estimates import holm, percentiles
 from headprobe.studies.ablation.validation import _spearman
 from headprobe.studies.composition.first_order import KIND, check_frames, per_resample
 from headprobe.studies.composition.path_patching import validation_sample
+from headprobe.studies.composition.run_options import SENDER, sender_kind
 from headprobe.studies.composition.sweep import composition_sums, exact_sums
 from headprobe.studies.composition.weights import composition_weights
 
@@ -114,6 +115,7 @@ def edges_frame(sums, ablation: str, roles: dict | None = None, seed: int = 0) -
     frame = pd.DataFrame(
         [(l, h, c, sl, sh) for (sl, sh), (l, h), c in sums.edges], columns=KEYS
     ).assign(**{KIND: ablation, "role": role_of})
+    frame[SENDER] = [sender_kind(*e[0]) for e in sums.edges]  # "head", "mlp" or "embed"
     frame = pd.concat([frame, pd.DataFrame(out)], axis=1)
     frame["p_holm"] = holm(2 * norm.sf(np.abs(np.nan_to_num(z))))
     return frame
@@ -138,10 +140,13 @@ def check_sample(edges_table: pd.DataFrame, seed: int = 0) -> tuple[list, list]:
 def weights_frame(weights: pd.DataFrame, edges_table: pd.DataFrame) -> pd.DataFrame:
     """`composition_weights`: the weights-only scores with the interventional effects beside
     them, and per channel the Spearman correlation of score and each effect (`spearman_*`,
-    the same on every row of a channel)."""
-    merged = weights.merge(
-        edges_table[KEYS + ["pattern_effect", "output_effect"]], on=KEYS, how="left"
-    )
+    the same on every row of a channel). MLP and embeddings senders have no W_OV, so no
+    weights-only score: their edges follow with `score`, `null_mean`, `null_sd`, `z` NaN."""
+    effects = edges_table[KEYS + ["pattern_effect", "output_effect"]]
+    merged = weights.merge(effects, on=KEYS, how="left")
+    if SENDER in edges_table:
+        others = effects[edges_table[SENDER] != "head"]
+        merged = pd.concat([merged, others], ignore_index=True) if len(others) else merged
     for effect in ("pattern_effect", "output_effect"):
         merged[f"spearman_{effect.split('_')[0]}"] = np.nan
         for _, part in merged.groupby("channel"):
@@ -165,17 +170,19 @@ def composition(
     progress=None,
     roles: dict | None = None,
     sums=None,
+    senders=("heads",),
 ) -> dict:
     """Every table of the composition (module docstring) over `batches` (a list: the check
     streams them a second time). baseline: the ablation values of `ablation` (None: zero; a
     tensor for mean; `sweep.resampled(baselines)` for resample);
     token_id: an ordinary token for the weights-only scores (None: that table is left out);
-    sums: the sweep's `UnitSums` over `batches` where the caller streamed them already."""
+    sums: the sweep's `UnitSums` over `batches` where the caller streamed them already;
+    senders: the kinds of sender (`sweep.composition_sums`)."""
     stack = check_supported(model, stack)
     objective = objective or Objective.for_model(model, stack=stack)
     if sums is None:
         sums = composition_sums(
-            model, batches, receivers, baseline, objective, stack, progress=progress
+            model, batches, receivers, baseline, objective, stack, None, progress, senders
         )
     if callable(roles):  # a function of the sums: the receivers' roles from the run itself
         roles = roles(sums)
