@@ -239,11 +239,11 @@ def _portable(d: Drawing) -> bool:
     return True
 
 
-def finish(fig: Figure, suptitle: str = ""):
-    """Lay the panels out, leaving room for a figure title."""
+def finish(fig: Figure, suptitle: str = "", right: float = 0.0):
+    """Lay the panels out, leaving room for a figure title and `right` inches on the right
+    (for a colour bar shared by every panel)."""
+    top = 1.0
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
         top = 1 - 0.45 / fig.get_figheight()
-        fig.tight_layout(rect=(0, 0, 1, top))
-    else:
-        fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1 - right / fig.get_figwidth(), top))

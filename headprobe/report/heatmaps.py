@@ -18,10 +18,21 @@ from matplotlib.patches import Rectangle
 from headprobe.report.drawing import Drawing, drawing, finish, legible, new_figure, planned
 
 EXAMPLE_MAX_WORDS = 40
+GRID_CBAR_INCHES = 1.0  # room on the right of a grid of heatmaps for its one colour bar
 
 
 def panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
     return max(3.2, 0.42 * n_heads + 1.6), max(2.4, 0.3 * n_layers + 1.2)
+
+
+def colormap(cmap):
+    """A matplotlib colormap, or its name: matplotlib's own, or seaborn's ("mako_r"), which
+    seaborn registers when it is imported (imported here, only then: it is slow to load)."""
+    if not isinstance(cmap, str):
+        return cmap
+    if cmap not in colormaps:
+        import seaborn  # noqa: F401  (registers its colormaps with matplotlib)
+    return colormaps[cmap]
 
 
 def draw_heatmap(
@@ -44,7 +55,7 @@ def draw_heatmap(
     figures with many panels slow; this draws each panel once. NaN cells are grey.
     """
     n_rows, n_cols = mat.shape
-    cm = (colormaps[cmap] if isinstance(cmap, str) else cmap).with_extremes(bad="#e8e8e8")
+    cm = colormap(cmap).with_extremes(bad="#e8e8e8")
     finite = mat[np.isfinite(mat)]
     if vmin is None:
         vmin = float(finite.min()) if finite.size else 0.0
@@ -102,6 +113,7 @@ def _annotate_cells(ax, mat: np.ndarray, annot_text: np.ndarray, cm, vmin, vmax,
                 va="center",
                 fontsize=fontsize,
                 color="white" if lum < 0.45 else "black",
+                in_layout=False,  # inside its cell: the layout need not measure it (fast)
             )
 
 
@@ -265,11 +277,20 @@ def heatmap_grid_figure(
             vmin=vmin,
             vmax=vmax,
             annot=False,
-            cbar_label=cbar_label,
+            cbar_label=None,  # one colour bar for the grid (below): one scale, half the axes
         )
     for k in range(n, nrows * ncols):
         axes[k // ncols, k % ncols].set_axis_off()
-    finish(fig, title)
+    finish(fig, title, right=GRID_CBAR_INCHES)
+    meshes = [c for ax in axes.ravel() for c in ax.collections]
+    if meshes:
+        width = fig.get_figwidth()  # inches; the bar 0.12 in wide, its ticks and label after it
+        left = 1 - (GRID_CBAR_INCHES - 0.1) / width
+        bar = fig.add_axes((left, 0.2, 0.12 / width, 0.6 * fig.subplotpars.top))
+        cb = fig.colorbar(meshes[0], cax=bar)
+        cb.set_label(cbar_label, fontsize=8)
+        cb.ax.tick_params(labelsize=7)
+        cb.outline.set_visible(False)
     return drawing(fig)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
@@ -100,6 +99,8 @@ def _short(text: str, limit: int = 7) -> str:
 
 
 def _role_shares(ax, shares: pd.DataFrame, colors: dict[str, str]):
+    import seaborn as sns  # here: only the comparison draws it, and it takes a second to import
+
     order = [r for r in colors if r in set(shares["role"])]
     sns.barplot(data=shares, x="role", y="share", hue="model", ax=ax, order=order)
     ax.set_ylabel("share of heads", fontsize=8)
@@ -114,6 +115,8 @@ def _role_depths(ax, heads: pd.DataFrame, order):
     if not len(sub):
         ax.text(0.5, 0.5, "no heads", ha="center", va="center", transform=ax.transAxes)
         return
+    import seaborn as sns  # as in _role_shares
+
     with seeded_jitter():
         sns.stripplot(
             data=sub,

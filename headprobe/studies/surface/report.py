@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned, seeded_jitter
@@ -154,6 +153,8 @@ SURFACE_TITLES = {
 @planned
 def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     """Clark et al. (2019) Figure 2 style: mean attention mass per head, by layer."""
+    import seaborn as sns  # here, in the worker that draws it: a second off the report's start
+
     labels = [lab for lab in SURFACE_TITLES if lab in per_head.columns]
     ncols = 3
     nrows = math.ceil(len(labels) / ncols)
@@ -194,6 +195,8 @@ def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
 def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     """Clark et al. (2019) Figure 4 style: mean row entropy per head, by layer, with the
     uniform-attention entropy."""
+    import seaborn as sns  # as in surface_figure
+
     n_layers = int(per_head["layer"].max()) + 1
     fig = new_figure(max(4.5, 0.25 * n_layers + 2.5), 3.2)
     ax = fig.subplots()
