@@ -11,8 +11,10 @@ probe, the receivers, the ablation and the effects are computed here (METHODS §
   without special tokens by numpy's generator with `--seed`, not headprobe's keyed draws);
 - receivers: the `--induction` heads with the largest induction score (the attention from each
   token of the repeated half to the token after its earlier occurrence, `A[i, i - length + 1]`,
-  averaged over the repeated half) and the `--previous` heads above layer 0 with the largest
-  previous-token score (`A[i, i - 1]`, rows 1..);
+  averaged over the repeated half); the `--readers` other heads whose key reads the best
+  previous-token head most (its key-channel pattern effect, below, on every later head); and
+  the `--previous` heads above layer 0 with the largest previous-token score (`A[i, i - 1]`,
+  rows 1..);
 - senders: every head of every earlier layer; its write `c_s` is its slice of `o_proj`'s
   input (read by a forward pre-hook on the real `o_proj`) times its block of `o_proj`'s
   weight; mean ablation replaces it by its mean at each position over the sequences;
@@ -82,7 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--length", type=int, default=50, help="tokens per half (default 50)")
     p.add_argument("--seed", type=int, default=20251129, help="the reference draw's seed")
     p.add_argument("--induction", type=int, default=4, help="induction receivers (default 4)")
-    p.add_argument("--previous", type=int, default=2, help="previous-token receivers (2)")
+    p.add_argument("--readers", type=int, default=2, help="previous-token readers (2)")
+    p.add_argument("--previous", type=int, default=1, help="previous-token receivers (1)")
     p.add_argument("--block", type=int, default=16, help="senders per batched call")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None, help="write the comparison here")
@@ -241,13 +244,34 @@ def reference(model, tokenizer, args):
     ids = sequences(model, tokenizer, args.n, args.length, args.seed)
     kept, attn = clean_pass(model, ids)
     induction, previous = scores(attn, args.length)
-    induction[0], previous[0] = -1, -1  # layer 0 reads no earlier head
-    pick = lambda s, k: [divmod(int(i), s.shape[1]) for i in torch.argsort(-s.flatten())[:k]]
-    receivers = [(lh, "induction") for lh in pick(induction, args.induction)]
-    chosen = {lh for lh, _ in receivers}
-    receivers += [(lh, "previous") for lh in pick(previous, args.previous) if lh not in chosen]
     cfg = model.config
     n_heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+
+    def change_of(sl, sh):  # b_s - c_s [n, t, hidden]: the sender's mean write minus its write
+        w = model.model.layers[sl].self_attn.o_proj.weight[:, sh * d : (sh + 1) * d]
+        write = kept["z"][sl][..., sh * d : (sh + 1) * d] @ w.T  # c_s
+        return write.mean(0, keepdim=True) - write
+
+    pick = lambda s, k: [divmod(int(i), s.shape[1]) for i in torch.argsort(-s.flatten())[:k]]
+    best_previous = pick(previous, 1)[0]  # layer 0's heads may be previous-token heads
+    induction[0], previous[0] = -1, -1  # layer 0 reads no earlier head: no receiver there
+    receivers = [(lh, "induction") for lh in pick(induction, args.induction)]
+    reads = torch.full_like(induction, -1.0)  # [layer, head] key pattern effect of best_previous
+    change = change_of(*best_previous)[None]
+    for layer in range(best_previous[0] + 1, len(model.model.layers)):
+        for head in range(n_heads):
+            rec = Receiver(model, kept, layer, head, args.length)
+            reads[layer, head] = float(rec.effects(change)["k"][0][0])
+    chosen = {lh for lh, _ in receivers}
+    readers = [lh for lh in pick(reads, len(receivers) + args.readers) if lh not in chosen]
+    receivers += [(lh, "reader") for lh in readers[: args.readers]]
+    chosen = {lh for lh, _ in receivers}
+    receivers += [(lh, "previous") for lh in pick(previous, args.previous) if lh not in chosen]
+    print(
+        f"best previous-token head {best_previous[0]}-{best_previous[1]}; receivers "
+        + ", ".join(f"{l}-{h} ({role})" for (l, h), role in receivers),
+        flush=True,
+    )
     rows = []
     for (layer, head), role in receivers:
         rec = Receiver(model, kept, layer, head, args.length)
@@ -258,12 +282,7 @@ def reference(model, tokenizer, args):
         senders = [(sl, sh) for sl in range(layer) for sh in range(n_heads)]
         for start in range(0, len(senders), args.block):
             block = senders[start : start + args.block]
-            change = []
-            for sl, sh in block:
-                w = model.model.layers[sl].self_attn.o_proj.weight[:, sh * d : (sh + 1) * d]
-                write = kept["z"][sl][..., sh * d : (sh + 1) * d] @ w.T  # c_s [n, t, hidden]
-                change.append(write.mean(0, keepdim=True) - write)  # b_s - c_s
-            got = rec.effects(torch.stack(change))
+            got = rec.effects(torch.stack([change_of(sl, sh) for sl, sh in block]))
             for c, (tv, rel, drop) in got.items():
                 for j, (sl, sh) in enumerate(block):
                     rows.append((layer, head, role, c, sl, sh, tv[j], rel[j], drop[j], gap))
@@ -298,7 +317,7 @@ def compare(receivers, ref: pd.DataFrame, edges: pd.DataFrame) -> tuple[list, bo
     report, ok = [], True
     for (layer, head), role in receivers:
         for c in CHANNELS:
-            part = both[(both.layer == layer) & (both.head == head) & (both.channel == c)]
+            part = both[(both["layer"] == layer) & (both["head"] == head) & (both["channel"] == c)]
             main = ("output", "output_effect") if c == "v" else ("pattern", "pattern_effect")
             rho = float(spearmanr(part[main[0]], part[main[1]]).statistic)
             rho_out = float(spearmanr(part["output"], part["output_effect"]).statistic)
