@@ -346,9 +346,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     wall = time.perf_counter()
-    edges, hp_cpu = headprobe_edges(args.results)
     model, tokenizer = load()
     receivers, ref, ref_cpu = reference(model, tokenizer, args)
+    del model
+    edges, hp_cpu = headprobe_edges(args.results)
     report, ok = compare(receivers, ref, edges)
     print(f"\nreference: seed {args.seed}, {args.n} x 2 x {args.length} tokens, mean ablation")
     for r in report:
