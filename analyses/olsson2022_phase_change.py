@@ -110,7 +110,15 @@ def train(args, root: Path) -> list[str]:
     """Train, saving the model and tokenizer at evenly spaced steps (step 0 included)."""
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same numbers on any machine
+    try:
+        return _train(args, root, torch)
+    finally:
+        torch.set_num_threads(threads)  # a caller's later work keeps its threads
+
+
+def _train(args, root: Path, torch) -> list[str]:
     net, tok = model(), tokenizer()
     optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.01)
     generator = torch.Generator().manual_seed(SEED)
