@@ -84,11 +84,13 @@ class LayerCache:
     sites: list[AttentionSite]
     x: dict[int, torch.Tensor]  # [batch, piece, hidden]
     slices: dict[int, torch.Tensor]  # [batch, piece, head, d_head]
-    attention_out: dict[int, torch.Tensor]  # [batch, piece, hidden] output projection's output
+    attention_out: dict[int, torch.Tensor]  # [batch, piece, hidden] output projection's output,
+    # kept for the layers with a write norm only (`residual_change` reads it)
     calls: dict[int, AttentionCall]
     write_norms: dict[int, nn.Module]  # layer -> a norm on the attention output (Gemma-2/3)
     post_norms: dict[int, list[FrozenNorm]]  # post-norm: layer -> its norms after the attention
     shortcuts: dict = field(default_factory=dict)  # layer -> `model.projected.Shortcut` or None
+    dtypes: dict = field(default_factory=dict)  # layer -> its attention output's dtype
 
     @property
     def post_norm(self) -> bool:
@@ -201,12 +203,19 @@ def clean_cache(model, inputs: dict, stack: str | None = None) -> LayerCache:
 
     try:
         with routed(model, every=attention):
-            model(**_no_cache(model, inputs))
+            model(**_no_cache(model, inputs), **_no_logits(model))
     finally:
         for handle in handlers:
             handle.remove()
     _read_events(cache, events)
     return cache
+
+
+def _no_logits(model) -> dict:
+    """A causal language model's head applied at the last piece only (`logits_to_keep`): the
+    cache reads the layers, and [batch, piece, vocab] logits would be its largest tensor."""
+    takes = inspect.signature(type(model).forward).parameters
+    return {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
 
 
 def _no_cache(model, inputs: dict) -> dict:
@@ -233,8 +242,8 @@ def _hooks(model, cache: LayerCache, stack: str, events: list, modules, outputs)
         cache.attention_out[site.layer] = features_last(module, output)
         events.append(("output", site.layer, output))
 
-    def on_norm(module, args, output):
-        events.append(("norm", module, args[0] if args else None, output))
+    def on_norm(module, args, output):  # its input only: the outputs are not read
+        events.append(("norm", module, args[0] if args else None))
 
     handles = []
     for module in {s.module for s in cache.sites}:
@@ -260,7 +269,7 @@ def _read_events(cache: LayerCache, events: list) -> None:
         elif event[0] == "output":
             last_output = event[2]
         else:
-            _, module, x, out = event
+            _, module, x = event
             last_norm[module] = x
             if layer is None or x is None:
                 continue
@@ -268,6 +277,10 @@ def _read_events(cache: LayerCache, events: list) -> None:
                 cache.write_norms[layer] = module
             elif cache.post_norm:
                 cache.post_norms.setdefault(layer, []).append(_frozen(module, x))
+    for layer in list(cache.attention_out):  # [batch, piece, hidden]: read by write norms only
+        cache.dtypes[layer] = cache.attention_out[layer].dtype
+        if layer not in cache.write_norms:
+            del cache.attention_out[layer]
 
 
 def _frozen(norm: nn.Module, x: torch.Tensor) -> FrozenNorm:
