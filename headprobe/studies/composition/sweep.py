@@ -313,7 +313,11 @@ def exact_sums(model, batches, edges, baseline=None, objective=None, stack=None)
             continue
         targets = objective.targets(model, batch)
         cache = clean_cache(model, targets.inputs, stack)
+        receivers = {layer for _, (layer, _), _ in edges}
+        for layer in set(range(len(cache.sites))) - receivers:
+            _done(cache, layer)  # the patched passes read its heads' slices only
         delta, tokens = exact_rows(model, cache, objective, targets, edges, values)
+        del cache  # before the next batch's
         units = [e.unit for e in batch.examples]
         acc.add(units, "exact", delta.cpu().numpy())
         acc.add(units, "tokens", tokens.cpu().numpy())
