@@ -93,7 +93,9 @@ class LayerCache:
     sites: list[AttentionSite]
     x: dict[int, torch.Tensor]  # [batch, piece, hidden]
     slices: dict[int, torch.Tensor]  # [batch, piece, head, d_head]
-    attention_out: dict[int, torch.Tensor]  # [batch, piece, hidden] output projection's output
+    attention_out: dict[int, torch.Tensor]  # [batch, piece, hidden] output projection's output,
+    # kept for the layers with a write norm only (`residual_change` reads it; all of them while
+    # the MLP writes are checked)
     calls: dict[int, AttentionCall]
     write_norms: dict[int, nn.Module]  # layer -> a norm on the attention output (Gemma-2/3)
     post_norms: dict[int, list[FrozenNorm]]  # post-norm: layer -> its norms after the attention
@@ -103,6 +105,7 @@ class LayerCache:
     mlp_after: dict = field(default_factory=dict)  # post-norm: layer -> its norms before the MLP
     cross_out: dict = field(default_factory=dict)  # layer -> [batch, piece, hidden] cross-attention
     mlp_ok: dict = field(default_factory=dict)  # post-norm: layer -> its MLP write checked
+    dtypes: dict = field(default_factory=dict)  # layer -> its attention output's dtype
 
     @property
     def post_norm(self) -> bool:
@@ -209,10 +212,10 @@ def clean_cache(model, inputs: dict, stack: str | None = None, mlp: bool = False
     every = attention_sites(model).sites
     sites = [s for s in every if s.stack == stack]
     cache = LayerCache(stack, sites, {}, {}, {}, {}, {}, {})
-    events: list = []  # ("attention", layer), ("norm", module, input, output), ("mlp", layer,
+    events: list = []  # ("attention", layer), ("norm", module, input, output or None), ("mlp", layer,
     # output), in call order
     modules, outputs = _Counter(_order(every, "module")), _Counter(_order(every, "output"))
-    handlers = _hooks(model, cache, stack, events, modules, outputs)
+    handlers = _hooks(model, cache, stack, events, modules, outputs, norm_outputs=mlp)
     if mlp:
         handlers += mlp_hooks(model, cache, stack, events)
     fn_counter = _Counter(_order(every, "module"))
@@ -229,14 +232,25 @@ def clean_cache(model, inputs: dict, stack: str | None = None, mlp: bool = False
 
     try:
         with routed(model, every=attention):
-            model(**_no_cache(model, inputs))
+            model(**_no_cache(model, inputs), **_no_logits(model))
     finally:
         for handle in handlers:
             handle.remove()
     _read_events(cache, events)
     if mlp:
         check_mlp_writes(cache, attention_sites(model).model_class)
+    for layer in list(cache.attention_out):  # [batch, piece, hidden]: read by write norms only
+        cache.dtypes[layer] = cache.attention_out[layer].dtype
+        if layer not in cache.write_norms:
+            del cache.attention_out[layer]
     return cache
+
+
+def _no_logits(model) -> dict:
+    """A causal language model's head applied at the last piece only (`logits_to_keep`): the
+    cache reads the layers, and [batch, piece, vocab] logits would be its largest tensor."""
+    takes = inspect.signature(type(model).forward).parameters
+    return {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
 
 
 def _no_cache(model, inputs: dict) -> dict:
@@ -244,9 +258,12 @@ def _no_cache(model, inputs: dict) -> dict:
     return dict(inputs, use_cache=False) if "use_cache" in takes else dict(inputs)
 
 
-def _hooks(model, cache: LayerCache, stack: str, events: list, modules, outputs) -> list:
+def _hooks(
+    model, cache: LayerCache, stack: str, events: list, modules, outputs, norm_outputs: bool
+) -> list:
     """Hooks on the attention modules (their call; the residual on post-norm families), the
-    output projections (each head's slice, the output) and every norm (the event list)."""
+    output projections (each head's slice, the output) and every norm (the event list; a norm's
+    output only with `norm_outputs`, which the MLP writes' check reads)."""
 
     def on_attention(module, args, kwargs):
         site = modules.site(module)
@@ -266,7 +283,7 @@ def _hooks(model, cache: LayerCache, stack: str, events: list, modules, outputs)
         events.append(("output", site.layer, output))
 
     def on_norm(module, args, output):
-        events.append(("norm", module, args[0] if args else None, output))
+        events.append(("norm", module, args[0] if args else None, output if norm_outputs else None))
 
     handles = []
     for module in {s.module for s in cache.sites}:

@@ -16,8 +16,11 @@ commits nothing twice). Its tally holds what a head-keyed tally can: every head'
 attention on each pattern role's targets (the previous token; on the repeated-random probe, the
 induction target), rows = the role's scored rows.
 
-When the corpus ends (`finish`), the validation sample is patched exactly over the kept batches
-and the weights-only scores are read (`tables.composition`, given the streamed sums). The edges
+The batches are kept for the check on disk, not in memory (`SpilledBatches`: each one's
+examples and alignments pickled to a temporary file as it commits, the batch made again from
+them when read, so what the scorer holds does not grow with the corpus).
+When the corpus ends (`finish`), the validation sample is patched exactly over those batches,
+read back one at a time, and the weights-only scores are read (`tables.composition`, given the streamed sums). The edges
 table is made when the run's tables are (`composition_edges`): a receiver's role effect is the
 drop of its own role's score where the run's role map (METHODS §6) gives it a pattern role
 (induction, previous token; run those analyses beside this one), NaN elsewhere.
@@ -32,6 +35,8 @@ and say so in the summary's notes.
 
 from __future__ import annotations
 
+import pickle
+import tempfile
 import uuid
 
 import numpy as np
@@ -176,7 +181,7 @@ class CompositionScorer(ModelScorer):
         super().use_model(model, tokenizer, stack)
         self.model_, self.tokenizer_, self.stack_ = model, tokenizer, stack
         self.baselines = Baselines((self.kind,), self.tally_.seed if self.tally_ else 0)
-        self.totals, self.batches = UnitTotals(), []
+        self.totals, self.batches = UnitTotals(), SpilledBatches()
         self.token = uuid.uuid4().hex
         self.notes: list[str] = []
 
@@ -238,7 +243,7 @@ class CompositionScorer(ModelScorer):
         if state.own is not None:
             sums, batch = state.own
             self.totals.add(sums)
-            self.batches.append(batch)
+            self.batches.add(batch)
 
     def finish(self) -> None:
         """The corpus ended: exact path patching of the validation sample over the kept batches,
@@ -246,6 +251,7 @@ class CompositionScorer(ModelScorer):
         super().finish()
         if not getattr(self, "batches", None):
             return
+        batches, self.batches = self.batches, SpilledBatches()
         from headprobe.core.errors import UsageError
         from headprobe.studies.composition.tables import composition, weights_frame
         from headprobe.studies.composition.weights import composition_weights
@@ -258,7 +264,7 @@ class CompositionScorer(ModelScorer):
         baseline = self._baseline(self.model_, None)
         frames = composition(
             self.model_,
-            self.batches,
+            batches.read(),
             self.kind,
             baseline,
             self.receivers,
@@ -270,7 +276,7 @@ class CompositionScorer(ModelScorer):
             sums=sums,
         )
         try:
-            weights = composition_weights(self.model_, ordinary_token(self.batches), self.stack_)
+            weights = composition_weights(self.model_, batches.token, self.stack_)
             frames["composition_weights"] = weights_frame(weights, frames["composition_edges"])
         except UsageError as err:  # q/k norms: the heads have no W_Q, W_K matrices
             self.notes.append(f"composition_weights left out: {err}")
@@ -278,7 +284,7 @@ class CompositionScorer(ModelScorer):
         _KEPT[self.token] = {"sums": sums, "frames": frames, "kind": self.kind}
         while len(_KEPT) > KEEP_RUNS:
             _KEPT.pop(next(iter(_KEPT)))
-        self.batches = []  # the inputs are no longer needed
+        batches.close()  # the inputs are no longer needed
 
     def describe(self) -> dict:
         """The summary's record: the kind of ablation, the receivers, the edges, notes."""
@@ -298,6 +304,48 @@ class CompositionScorer(ModelScorer):
                 "notes": list(getattr(self, "notes", [])),
             }
         }
+
+
+class SpilledBatches:
+    """The batches the check reads again, kept on disk: each one's examples and alignments (what
+    makes it, `inputs.batching.Batch`) pickled to a temporary file (deleted when closed) as it is
+    added, and the batch made again from them when read, so memory holds one batch at a time
+    however long the corpus; `token`: an ordinary token of the first (`ordinary_token`)."""
+
+    def __init__(self):
+        self.file, self.count, self.token = None, 0, None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, batch) -> None:
+        from headprobe.inputs.align import PAD
+
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="headprobe-composition-")
+            self.token = ordinary_token([batch])
+        padded = np.argwhere(batch.piece_kind_host == PAD)  # [n, 2] (row, piece)
+        pad = int(batch.input_ids[tuple(padded[0])]) if len(padded) else 0
+        made = (batch.examples, batch.alignments, pad, str(batch.device), batch.from_mode)
+        pickle.dump(made, self.file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.count += 1
+
+    def read(self):
+        """The batches in the order they were added, one at a time."""
+        from headprobe.inputs.batching import Batch
+
+        if self.file is None:
+            return
+        self.file.flush()
+        self.file.seek(0)
+        for _ in range(self.count):
+            examples, alignments, pad, device, from_mode = pickle.load(self.file)
+            yield Batch(examples, alignments, pad, device=device, from_mode=from_mode)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.file, self.count = None, 0
 
 
 def ordinary_token(batches) -> int:

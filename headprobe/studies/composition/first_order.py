@@ -111,7 +111,8 @@ def slice_gradients(model, cache, objective, targets, rows: int = ROWS) -> torch
     memory (a language model's logits and every layer's saved activations)."""
     first = cache.slices[0]  # [batch, piece, head, d_head]
     batch = first.shape[0]
-    out = []
+    # [batch, layer, piece, head, d_head], filled a chunk of rows at a time (no second copy)
+    out = torch.empty(batch, len(cache.sites), *first.shape[1:], device=first.device)
     for start in range(0, batch, rows):
         part = _rows_of(targets, batch, slice(start, start + rows))
         n = min(rows, batch - start)
@@ -120,8 +121,8 @@ def slice_gradients(model, cache, objective, targets, rows: int = ROWS) -> torch
         with torch.enable_grad(), FrozenWeights(model), SliceProbe(model, delta, cache.stack):
             values, _ = objective_rows(objective, model, part)  # [rows]
             (grad,) = torch.autograd.grad(values.sum(), delta)
-        out.append(grad.detach())
-    return torch.cat(out)
+        out[start : start + n] = grad
+    return out
 
 
 def _rows_of(targets, batch: int, rows: slice):
@@ -171,7 +172,8 @@ def input_gradients(
     batch, piece, hidden = x.shape
     g = grad_z[:, layer].to(x)  # [batch, piece, head, d_head]
     step = block_size(batch, piece, hidden, site.heads, g.shape[-1], budget)
-    out = []
+    # [channel, head, batch, piece, hidden], filled a block of heads at a time (no second copy)
+    out = x.new_empty(len(CHANNELS), len(heads), batch, piece, hidden)
     for start in range(0, len(heads), step):
         block = heads[start : start + step]
         n = len(block)
@@ -186,8 +188,10 @@ def input_gradients(
                 torch.autograd.grad(att.z[c], copies, mask, retain_graph=c != CHANNELS[-1])[0]
                 for c in CHANNELS
             ]
-        out.append(torch.stack(grads).view(3, n, batch, piece, hidden).detach())
-    return torch.cat(out, 1)
+        for c, grad in enumerate(grads):
+            out[c, start : start + n] = grad.view(n, batch, piece, hidden)
+        del grads, att
+    return out
 
 
 def per_resample(values: np.ndarray, count: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -113,7 +113,7 @@ def sender_changes(cache: LayerCache, to: int, senders, baseline=None) -> torch.
         w_o = output_weight(cache.sites[layer]).float().to(z.device)  # [head, d_head, hidden]
         diff = (b - z)[:, :, heads]  # [batch, piece, sender, d_head]
         d = torch.einsum("btsd,sde->sbte", diff, w_o[heads])  # [sender, batch, piece, hidden]
-        d = cache.residual_change(layer, d.to(cache.attention_out[layer].dtype)).float()
+        d = cache.residual_change(layer, d.to(cache.dtypes[layer])).float()
         out.append(cache.carried(layer, to, d))
     return torch.cat(out)[_order(senders)]
 

@@ -46,18 +46,18 @@ def exact_rows(model, cache, objective, targets, edges, baseline=None):
     kept: dict = {}
     with _Kept(blocks, kept):
         clean, tokens = objective_rows(objective, model, targets)  # [batch], [batch]
-    slices = cache.slices  # layer -> [batch, piece, head, d_head]
     n_layers, n_heads = len(cache.sites), cache.sites[0].heads
+    base = torch.stack([cache.slices[l] for l in range(n_layers)], 1)  # [b, layer, p, h, d]
     out = []
     for edge in edges:
         _, (layer, head), _ = edge
-        base = torch.stack([slices[l] for l in range(n_layers)], 1).clone()  # [b, layer, p, h, d]
         base[:, layer, :, head] = changed_slice(model, cache, edge, baseline).to(base)
         gates = torch.ones(base.shape[0], n_layers, n_heads, device=base.device)
         gates[:, layer, head] = 0.0
         below = {blocks[l]: _replay(kept[blocks[l]]) for l in range(layer)} if blocks else {}
         with HeadGates(model, gates, base, cache.stack), returning(below):
             patched, _ = objective_rows(objective, model, targets)
+        base[:, layer, :, head] = cache.slices[layer][:, :, head]  # clean again, for the next
         out.append(patched - clean)
     return torch.stack(out, 1), tokens
 

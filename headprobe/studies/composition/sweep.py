@@ -13,7 +13,8 @@
 Per batch: one clean pass kept per layer (`clean_cache`, on the inputs the objective reads), one
 backward pass for the objective's gradient at every head's slice (`first_order`), then per
 receiver layer every sender at once (`intervention.edge_sums`, blocks sized from memory:
-`memory_budget`). Each batch row's sums are added into its unit's (a unit: the example's
+`memory_budget`), each layer's stream and clean call freed once it is done (the layers above
+read its heads' slices only). Each batch row's sums are added into its unit's (a unit: the example's
 `unit`, a document or a probe sequence), so nothing per row is kept. Rows: a sentence's word
 pieces; on the repeated-random probe, the repeated half's. Role targets: the previous token on
 every input, induction on the repeated-random probe (`intervention.role_targets`); `scores`
@@ -191,11 +192,16 @@ def batch_sums(model, batch, receivers, baseline, objective, stack, budget, send
     got: dict = {"edges": [], "pattern": [], "output": [], "estimate": []}
     got["role"] = {name: [] for name in roles}
     with torch.no_grad():
-        for layer, heads in _receivers(cache, receivers).items():
+        got["scores"] = clean_scores(model, cache, roles, rows)
+        layers = _receivers(cache, receivers)
+        for layer in set(range(len(cache.sites))) - set(layers):
+            _done(cache, layer)  # no receiver here: only its heads' slices are read (senders)
+        for layer, heads in layers.items():
             grads = input_gradients(model, cache, layer, grad_z, heads, budget)
             these = every_sender(cache, layer, senders)
             s = edge_sums(model, cache, layer, these, baseline, rows, roles, heads, budget, grads)
-            cache.shortcuts.pop(layer, None)  # done with this layer: its projections' outputs
+            del grads
+            _done(cache, layer)
             got["edges"] += [
                 (snd, (layer, h), c) for snd in s.senders for h in heads for c in CHANNELS
             ]
@@ -205,7 +211,6 @@ def batch_sums(model, batch, receivers, baseline, objective, stack, budget, send
             got["estimate"].append(flat(s.estimate))
             for name in roles:
                 got["role"][name].append(flat(s.role[name]))
-        got["scores"] = clean_scores(model, cache, roles, rows)
         tokens = objective.pieces(targets)  # [batch]
     cat = lambda v: np.concatenate(v, 1)
     out = {k: cat(got[k]) for k in ("pattern", "output", "estimate")}
@@ -214,6 +219,16 @@ def batch_sums(model, batch, receivers, baseline, objective, stack, budget, send
     out.update(edges=got["edges"], rows=rows.sum(-1).cpu().numpy(), scores=got["scores"])
     out["tokens"] = tokens.cpu().numpy()
     return out
+
+
+def _done(cache, layer: int) -> None:
+    """Layer `layer` done as a receiver: its stream, its clean call and its projections' outputs
+    freed (the layers above read its heads' slices, and MLP writes, only). The stream into the
+    first layer stays: it is the embeddings' write (`senders.write_changes`)."""
+    for kept in (
+        (cache.x, cache.calls, cache.shortcuts) if layer else (cache.calls, cache.shortcuts)
+    ):
+        kept.pop(layer, None)
 
 
 class _ByUnit:
@@ -317,7 +332,11 @@ def exact_sums(model, batches, edges, baseline=None, objective=None, stack=None)
         targets = objective.targets(model, batch)
         mlp = any(sender_kind(*e[0]) == "mlp" for e in edges)
         cache = clean_cache(model, targets.inputs, stack, mlp=mlp)
+        receivers = {layer for _, (layer, _), _ in edges}
+        for layer in set(range(len(cache.sites))) - receivers:
+            _done(cache, layer)  # the patched passes read its heads' slices only
         delta, tokens = exact_rows(model, cache, objective, targets, edges, values)
+        del cache  # before the next batch's
         units = [e.unit for e in batch.examples]
         acc.add(units, "exact", delta.cpu().numpy())
         acc.add(units, "tokens", tokens.cpu().numpy())
