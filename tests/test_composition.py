@@ -521,6 +521,37 @@ def test_streamed_sums_add_up_per_unit_and_make_tables():
     assert len(frames["composition_weights"]) == 48
 
 
+def test_a_batch_in_blocks_of_rows_gives_the_same_sums(monkeypatch):
+    """A batch longer than `ROW_PIECES` pieces in all is swept (and patched exactly) in blocks
+    of rows; its per unit sums are those of the batch swept whole."""
+    from headprobe.model.gates import head_means
+    from headprobe.studies.composition import sweep
+
+    built = build("llama-gqa")
+    model = built.model
+    whole, _ = stack_batch(built, SENTENCES, "decoder")
+    readout = Readout(model.config.hidden_size)
+    means = head_means(model, [whole])
+    one = sweep.composition_sums(model, [whole], baseline=means, objective=readout)
+    edges = one.edges[:5]
+    exact = sweep.exact_sums(model, [whole], edges, means, readout)
+    seen = []
+    monkeypatch.setattr(sweep, "ROW_PIECES", whole.input_ids.shape[1])  # a row a block
+    real = sweep.batch_sums
+    monkeypatch.setattr(
+        sweep, "batch_sums", lambda m, b, *a, **k: seen.append(len(b)) or real(m, b, *a, **k)
+    )
+    blocks = sweep.composition_sums(model, [whole], baseline=means, objective=readout)
+    assert seen == [1] * len(SENTENCES)  # swept a row at a time
+    assert one.units == blocks.units and one.edges == blocks.edges
+    for key in ("pattern", "output", "estimate", "rows", "tokens"):
+        np.testing.assert_allclose(getattr(one, key), getattr(blocks, key), rtol=1e-4, atol=1e-5)
+    in_blocks = sweep.exact_sums(model, [whole], edges, means, readout)
+    assert exact[0] == in_blocks[0]
+    np.testing.assert_allclose(exact[1], in_blocks[1], rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(exact[2], in_blocks[2])
+
+
 ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
 
 

@@ -25,16 +25,6 @@ def panel_size(n_layers: int, n_heads: int) -> tuple[float, float]:
     return max(3.2, 0.42 * n_heads + 1.6), max(2.4, 0.3 * n_layers + 1.2)
 
 
-def colormap(cmap):
-    """A matplotlib colormap, or its name: matplotlib's own, or seaborn's ("mako_r"), which
-    seaborn registers when it is imported (imported here, only then: it is slow to load)."""
-    if not isinstance(cmap, str):
-        return cmap
-    if cmap not in colormaps:
-        import seaborn  # noqa: F401  (registers its colormaps with matplotlib)
-    return colormaps[cmap]
-
-
 def draw_heatmap(
     ax,
     mat: np.ndarray,
@@ -55,7 +45,7 @@ def draw_heatmap(
     figures with many panels slow; this draws each panel once. NaN cells are grey.
     """
     n_rows, n_cols = mat.shape
-    cm = colormap(cmap).with_extremes(bad="#e8e8e8")
+    cm = (colormaps[cmap] if isinstance(cmap, str) else cmap).with_extremes(bad="#e8e8e8")
     finite = mat[np.isfinite(mat)]
     if vmin is None:
         vmin = float(finite.min()) if finite.size else 0.0

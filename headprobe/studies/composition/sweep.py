@@ -52,6 +52,11 @@ from headprobe.studies.composition.senders import Baseline, every_sender, partne
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
 
+# pieces (rows x length) one step of the sweep or the check holds at most (`row_blocks`): on
+# SmolLM2 the repeated-random probe 20 x 50 (101 pieces a row) in one block of 20 peaked at
+# 3.0 GB, in blocks of 10 at 2.2 GB and faster (benchmarks/README.md, "Composition")
+ROW_PIECES = 1024
+
 
 @dataclass
 class UnitSums:
@@ -170,6 +175,19 @@ def resampled(baselines, stack=None, senders=("heads",)):
     return values
 
 
+def row_blocks(batch):
+    """`batch` in consecutive blocks of its rows, each of at most `ROW_PIECES` pieces in all (at
+    least one row): what a sweep step holds (the clean cache, the gradients, a block of senders)
+    grows with rows x pieces, and the sums per unit do not depend on the blocks."""
+    per = max(1, ROW_PIECES // max(1, int(batch.input_ids.shape[1])))
+    n = len(batch.examples)
+    if n <= per:
+        yield batch
+        return
+    for start in range(0, n, per):
+        yield rows_of(batch, list(range(start, min(start + per, n))))
+
+
 def batch_baseline(model, batch, baseline):
     """(the batch's scored rows, their ablation values): a per-batch `baseline` (`resampled`)
     called, any other one as it is. The rows are None where none is scored."""
@@ -284,20 +302,21 @@ def composition_sums(
     objective = objective or Objective.for_model(model, stack=stack)
     budget = budget or memory_budget(next(model.parameters()).device)
     acc, edges = _ByUnit(), None
-    for i, batch in enumerate(batches):
-        batch, values = batch_baseline(model, batch, baseline)
-        if batch is None:
-            continue
-        got = batch_sums(model, batch, receivers, values, objective, stack, budget, senders)
-        units = [e.unit for e in batch.examples]
-        if edges is not None and got["edges"] != edges:
-            raise ValueError("composition_sums: batches gave different edges")
-        edges = got["edges"]
-        for key in ("pattern", "output", "estimate", "rows", "tokens"):
-            acc.add(units, key, got[key])
-        for group in ("role", "role_rows", "scores"):
-            for name, v in got[group].items():
-                acc.add(units, f"{group}:{name}", v)
+    for i, whole in enumerate(batches):
+        for batch in row_blocks(whole):
+            batch, values = batch_baseline(model, batch, baseline)
+            if batch is None:
+                continue
+            got = batch_sums(model, batch, receivers, values, objective, stack, budget, senders)
+            units = [e.unit for e in batch.examples]
+            if edges is not None and got["edges"] != edges:
+                raise ValueError("composition_sums: batches gave different edges")
+            edges = got["edges"]
+            for key in ("pattern", "output", "estimate", "rows", "tokens"):
+                acc.add(units, key, got[key])
+            for group in ("role", "role_rows", "scores"):
+                for name, v in got[group].items():
+                    acc.add(units, f"{group}:{name}", v)
         if progress is not None:
             progress(i)
     if edges is None:
@@ -325,7 +344,7 @@ def exact_sums(model, batches, edges, baseline=None, objective=None, stack=None)
     stack = check_supported(model, stack)
     objective = objective or Objective.for_model(model, stack=stack)
     acc = _ByUnit()
-    for batch in batches:
+    for batch in (part for whole in batches for part in row_blocks(whole)):
         batch, values = batch_baseline(model, batch, baseline)
         if batch is None:
             continue

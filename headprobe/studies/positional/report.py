@@ -104,7 +104,7 @@ def positional_figure(shares: pd.DataFrame, n_layers: int, n_heads: int) -> Draw
             axes[k // ncols, k % ncols],
             mat,
             f"argmax at {name}",
-            cmap="mako_r",
+            cmap="YlGnBu",  # light to dark blue, as seaborn's mako_r, without importing seaborn
             vmin=0,
             vmax=1,
             cbar_label="share of words",
