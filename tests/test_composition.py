@@ -181,6 +181,19 @@ def reference(built, inputs, stack, sender, receiver, channel, baseline):
         change = (
             change * norm.weight / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
         )
+    tv, rel, drop = receiver_effects(built, inputs, stack, receiver, channel, kept, probs0, change)
+    kept_slices[0] = kept["zp"]
+    return tv, rel, drop
+
+
+def receiver_effects(built, inputs, stack, receiver, channel, kept, probs0, change):
+    """The receiver's ([batch, query] total variation, relative write change, drop of the
+    attention to the previous key) when only its channel projection reads kept["x"] + change
+    (kept: the clean stream "x" and the receiver's slice "zr"; the patched slice put in "zp")."""
+    model = built.eager
+    sites = attention_sites(model).of(stack)
+    layer, r = receiver
+    r_site = sites[layer]
     x = kept["x"] + change
     hidden = r_site.norm_in(x) if r_site.norm_in is not None else x
     proj, feats = channel_projection(
@@ -205,14 +218,13 @@ def reference(built, inputs, stack, sender, receiver, channel, baseline):
         out = model(**inputs, output_attentions=True)
     probs = probs_of(out, model, stack, layer)[:, r]  # [batch, query, key]
     tv = 0.5 * (probs - probs0).abs().sum(-1)
-    write = lambda zz: head_write(r_site.output, zz, r, d)
+    write = lambda zz: head_write(r_site.output, zz, r, r_site.d_head)
     o0, o1 = write(kept["zr"]), write(kept["zp"])
     size = o0.norm(dim=-1)  # a row whose write is 0 (a zero embedding, e.g. a padding BOS) counts 0
     rel = torch.where(size > 0, (o1 - o0).norm(dim=-1) / size, 0.0)
     prev = torch.arange(probs.shape[1]).clamp_min(1) - 1
     drop = (probs0 - probs)[:, torch.arange(probs.shape[1]), prev]
     drop[:, 0] = 0.0
-    kept_slices[0] = kept["zp"]
     return tv, rel, drop
 
 

@@ -29,9 +29,8 @@ from test_composition import (
     TOL,
     Calls,
     call_index,
-    channel_projection,
-    head_write,
     probs_of,
+    receiver_effects,
 )
 
 from headprobe.model.discovery import attention_sites
@@ -133,46 +132,6 @@ def reference(built, inputs, stack, sender, receiver, channel, value, kept=None)
             model(**inputs)
         change = kept["x_new"] - kept["x"]
     return receiver_effects(built, inputs, stack, receiver, channel, kept, probs0, change)
-
-
-def receiver_effects(built, inputs, stack, receiver, channel, kept, probs0, change):
-    """The receiver's effects when only its channel projection reads kept["x"] + change."""
-    model = built.eager
-    sites = attention_sites(model).of(stack)
-    layer, r = receiver
-    r_site = sites[layer]
-    x = kept["x"] + change
-    hidden = r_site.norm_in(x) if r_site.norm_in is not None else x
-    proj, feats = channel_projection(
-        r_site.module, channel, r_site.heads, r_site.kv_heads, r_site.d_head
-    )
-
-    def patch(m, a, o):
-        new = m(hidden)
-        if feats is None:
-            return new
-        o = o.clone()
-        o[..., feats] = new[..., feats]
-        return o
-
-    with Calls() as c:
-        c.post(proj, call_index(sites, r_site.module, layer), patch)
-        c.pre(
-            r_site.output,
-            call_index(sites, r_site.output, layer),
-            lambda m, a: kept.update(zp=a[0]),
-        )
-        out = model(**inputs, output_attentions=True)
-    probs = probs_of(out, model, stack, layer)[:, r]  # [batch, query, key]
-    tv = 0.5 * (probs - probs0).abs().sum(-1)
-    write = lambda zz: head_write(r_site.output, zz, r, r_site.d_head)
-    o0, o1 = write(kept["zr"]), write(kept["zp"])
-    size = o0.norm(dim=-1)
-    rel = torch.where(size > 0, (o1 - o0).norm(dim=-1) / size, 0.0)
-    prev = torch.arange(probs.shape[1]).clamp_min(1) - 1
-    drop = (probs0 - probs)[:, torch.arange(probs.shape[1]), prev]
-    drop[:, 0] = 0.0
-    return tv, rel, drop
 
 
 @pytest.mark.parametrize("name,stack", INTERFACE)
