@@ -375,24 +375,30 @@ def test_exact_path_patching_equals_hooked_forward(name, stack):
         h0 = built.eager(**inputs).last_hidden_state
     for e, (sender, receiver, channel) in enumerate(edges):
         reference(built, inputs, stack, sender, receiver, channel, 0.0)
-        zp, r, d = kept_slices[0], receiver[1], site.d_head
-
-        def put(m, a, zp=zp, r=r, d=d):
-            z = features_last(m, a[0]).clone()
-            z[..., r * d : (r + 1) * d] = features_last(m, zp)[..., r * d : (r + 1) * d]
-            return (features_last(m, z),)
-
-        handle = site.output.register_forward_pre_hook(put)
-        try:
-            with torch.no_grad():
-                h1 = built.eager(**inputs).last_hidden_state
-        finally:
-            handle.remove()
-        change = 1 - torch.nn.functional.cosine_similarity(h1, h0, dim=-1)
-        live = rows * (h0.norm(dim=-1) > 0)  # a zero hidden state (a padding BOS) has no angle
-        want = (change * live).sum(-1)
+        want = patched_representation(built, inputs, site, kept_slices[0], receiver[1], rows, h0)
         torch.testing.assert_close(got[:, e], want, atol=TOL, rtol=1e-4, msg=f"{name} {e}")
         assert float(want.abs().sum()) > 0
+
+
+def patched_representation(built, inputs, site, zp, r, rows, h0) -> torch.Tensor:
+    """[batch] the representation objective's change (1 - cosine of the last hidden state, over
+    the scored rows) when only head r's slice at `site` is `zp`'s (a hooked forward)."""
+    d = site.d_head
+
+    def put(m, a):
+        z = features_last(m, a[0]).clone()
+        z[..., r * d : (r + 1) * d] = features_last(m, zp)[..., r * d : (r + 1) * d]
+        return (features_last(m, z),)
+
+    handle = site.output.register_forward_pre_hook(put)
+    try:
+        with torch.no_grad():
+            h1 = built.eager(**inputs).last_hidden_state
+    finally:
+        handle.remove()
+    change = 1 - torch.nn.functional.cosine_similarity(h1, h0, dim=-1)
+    live = rows * (h0.norm(dim=-1) > 0)  # a zero hidden state (a padding BOS) has no angle
+    return (change * live).sum(-1)
 
 
 class Readout:

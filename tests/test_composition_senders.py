@@ -29,6 +29,7 @@ from test_composition import (
     TOL,
     Calls,
     call_index,
+    patched_representation,
     probs_of,
     receiver_effects,
 )
@@ -342,7 +343,6 @@ def test_exact_path_patching_of_mlp_and_embed_edges_equals_hooked_forward(name, 
     its output projection's input set to the hooked reference's (pre-norm; post-norm with the
     frozen-norm reference)."""
     from headprobe.model.objectives import Objective
-    from headprobe.model.projections import features_last
     from headprobe.studies.composition.path_patching import exact_rows
 
     built = build(name)
@@ -361,21 +361,6 @@ def test_exact_path_patching_of_mlp_and_embed_edges_equals_hooked_forward(name, 
     for e, (sender, receiver, channel) in enumerate(edges):
         kept: dict = {}
         reference(built, inputs, stack, sender, receiver, channel, torch.zeros(hidden), kept)
-        zp, r, d = kept["zp"], receiver[1], site.d_head
-
-        def put(m, a, zp=zp, r=r, d=d):
-            z = features_last(m, a[0]).clone()
-            z[..., r * d : (r + 1) * d] = features_last(m, zp)[..., r * d : (r + 1) * d]
-            return (features_last(m, z),)
-
-        handle = site.output.register_forward_pre_hook(put)
-        try:
-            with torch.no_grad():
-                h1 = built.eager(**inputs).last_hidden_state
-        finally:
-            handle.remove()
-        change = 1 - torch.nn.functional.cosine_similarity(h1, h0, dim=-1)
-        live = rows * (h0.norm(dim=-1) > 0)
-        want = (change * live).sum(-1)
+        want = patched_representation(built, inputs, site, kept["zp"], receiver[1], rows, h0)
         torch.testing.assert_close(got[:, e], want, atol=TOL, rtol=1e-4, msg=f"{name} {e}")
         assert float(want.abs().sum()) > 0
