@@ -94,7 +94,9 @@ def main(argv=None) -> int:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "edges": len(frames["composition_edges"]),
         "check_edges": len(frames["composition_check"]),
-        "check_spearman": None if not len(corr) else round(float(corr["spearman"].iloc[0]), 3),
+        "check_spearman": None
+        if not len(corr) or corr["spearman"].isna().iloc[0]  # no estimate: the warning says why
+        else round(float(corr["spearman"].iloc[0]), 3),
     }
     print(json.dumps(out))
     return 0

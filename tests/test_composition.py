@@ -539,6 +539,49 @@ def test_streamed_sums_add_up_per_unit_and_make_tables():
     assert len(frames["composition_weights"]) == 48
 
 
+def test_the_representation_change_has_no_first_order_estimate(monkeypatch):
+    """The representation change 1 - cos(h', h) is at its minimum at the intact model: its
+    gradient at every head's slice is 0 (autograd, against a readout's that is not), so the
+    sweep takes no backward pass for it; the edges' estimate is NaN and the check lists the
+    exact values alone, its correlation row saying why."""
+    from types import SimpleNamespace
+
+    from headprobe.model.gates import head_means
+    from headprobe.model.objectives import Objective
+    from headprobe.studies.composition import first_order, sweep
+    from headprobe.studies.composition.tables import composition
+
+    built = build("bert")
+    model = built.model
+    batch, inputs = stack_batch(built, SENTENCES, "encoder")
+    cache = clean_cache(model, inputs, "encoder")
+    objective = Objective.for_model(model, kind="representation", stack="encoder")
+    assert not first_order.has_estimate(objective)
+    assert first_order.has_estimate(Readout(model.config.hidden_size))
+    targets = objective.targets(model, batch)
+    zero = first_order.slice_gradients(model, cache, objective, targets)
+    readout = Readout(model.config.hidden_size)
+    other = first_order.slice_gradients(model, cache, readout, SimpleNamespace(inputs=inputs))
+    assert float(other.abs().max()) > 1e-3
+    assert float(zero.abs().max()) < 1e-6 * float(other.abs().max())
+
+    def no_backward(*args, **kwargs):
+        raise AssertionError("a backward pass for the representation change")
+
+    monkeypatch.setattr(sweep, "slice_gradients", no_backward)
+    monkeypatch.setattr(sweep, "input_gradients", no_backward)
+    means = head_means(model, [batch])
+    frames = composition(model, [batch], "mean", means, objective=objective, stack="encoder")
+    edges = frames["composition_edges"]
+    assert len(edges) == 4 * 4 * 3 and edges["estimate"].isna().all()
+    assert edges["output_effect"].notna().all() and (edges["output_effect"] > 0).any()
+    check, corr = frames["composition_check"], frames["composition_check_correlation"]
+    assert len(check) == 30 and check["estimate"].isna().all()
+    assert check["exact"].notna().all() and (check["exact"].abs() > 0).any()
+    assert len(corr) == 1 and np.isnan(corr["spearman"].iloc[0])
+    assert corr["warning"].iloc[0] == first_order.NO_ESTIMATE
+
+
 def test_a_batch_in_blocks_of_rows_gives_the_same_sums(monkeypatch):
     """A batch longer than `ROW_PIECES` pieces in all is swept (and patched exactly) in blocks
     of rows; its per unit sums are those of the batch swept whole."""
@@ -792,7 +835,12 @@ def test_exact_causal_lm_equals_a_full_forward():
 
     from headprobe.model.gates import HeadGates
     from headprobe.model.objectives import Objective
-    from headprobe.studies.composition.path_patching import changed_slice, exact_rows, layer_blocks
+    from headprobe.studies.composition.path_patching import (
+        changed_slice,
+        clean_pass,
+        exact_rows,
+        layer_blocks,
+    )
 
     built = build("llama-gqa")
     torch.manual_seed(0)
@@ -801,7 +849,7 @@ def test_exact_causal_lm_equals_a_full_forward():
     objective = Objective.for_model(model, kind="causal_lm", stack="decoder")
     targets = objective.targets(model, batch)
     cache = clean_cache(model, targets.inputs, "decoder")
-    assert layer_blocks(model, cache) is not None
+    assert layer_blocks(model, cache.sites) is not None
     edges = [((0, 3), (1, 1), "k"), ((0, 0), (1, 2), "q"), ((0, 1), (1, 0), "v")]
     got, tokens = exact_rows(model, cache, objective, targets, edges)
     with torch.no_grad():
@@ -816,6 +864,22 @@ def test_exact_causal_lm_equals_a_full_forward():
             torch.testing.assert_close(got[:, e], patched - clean, atol=1e-5, rtol=1e-4)
             assert float((patched - clean).abs().sum()) > 0
     torch.testing.assert_close(tokens, want_tokens)
+    # the layers' outputs kept from the cache's own pass: the same values, and the clean
+    # objective runs no layer (one attention call fewer per layer)
+    calls = []
+    sites = attention_sites(model).of("decoder")
+    hooks = [s.module.register_forward_pre_hook(lambda m, a: calls.append(m)) for s in sites]
+    try:
+        exact_rows(model, cache, objective, targets, edges)
+        plain = len(calls)
+        cache, kept = clean_pass(model, targets.inputs, "decoder")
+        calls.clear()
+        replayed, _ = exact_rows(model, cache, objective, targets, edges, kept=kept)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(kept) == 2 and plain - len(calls) == 2
+    torch.testing.assert_close(replayed, got, atol=1e-6, rtol=1e-5)
 
 
 def test_shortcut_check_rejects_a_wrong_shortcut():

@@ -505,11 +505,14 @@ def console(results, name: str, top: int = 5) -> str:
     corr = results.tables.get("composition_check_correlation")
     if corr is not None and len(corr):
         c = corr.iloc[0]
-        lines.append(
-            f"  first-order estimate against exact path patching: Spearman {c.spearman:+.2f} "
-            f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}] over {c.edges} edges"
-        )
-        if isinstance(c.warning, str) and c.warning:
+        if pd.isna(c.spearman):  # no estimate (`first_order.has_estimate`): the warning says why
+            lines.append(f"  exact path patching on {c.edges} edges; {c.warning}")
+        else:
+            lines.append(
+                f"  first-order estimate against exact path patching: Spearman {c.spearman:+.2f} "
+                f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}] over {c.edges} edges"
+            )
+        if isinstance(c.warning, str) and c.warning and not pd.isna(c.spearman):
             lines.append(f"  WARNING: {c.warning}")
     roles = results.tables.get("roles")
     if roles is not None and "circuit" in roles:

@@ -16,6 +16,11 @@ vector-Jacobian product through the recomputed attention (`input_gradients`: z_r
 gradient dotted with the sender's change d_s = b_s - c_s as it reaches r's layer (the same d_s
 `intervention.sender_changes` gives the exact intervention), summed over the row's pieces.
 
+The representation change (a model without a language-model head, METHODS §8) is at its
+minimum, 0, at the intact model, so its gradient there is 0 for every edge: its estimate
+carries no information. `has_estimate` says so, the sweep computes no gradient for it (the
+estimate is NaN), and the check lists the exact values alone with `NO_ESTIMATE` as its warning.
+
 The check (`check_frames`) puts the estimate beside the exact change (`path_patching.exact_rows`)
 for each edge of the validation sample, both per unit, with Spearman's rho over the sample and
 its interval over the units' bootstrap resamples, as the importance check does (its helpers are
@@ -52,6 +57,17 @@ CHECK_COLUMNS = [
 ]
 CORRELATION_COLUMNS = [KIND, "edges", "spearman", "ci_low", "ci_high", "warning"]
 ROWS = 4  # example rows per backward pass of `slice_gradients`
+ZERO_GRADIENT = "representation"  # the objective kind whose gradient at the intact model is 0
+NO_ESTIMATE = (
+    "no first-order estimate: the representation change 1 - cos(h', h) is at its minimum, 0, "
+    "at the intact model, so its gradient there is 0 for every edge; the exact values stand alone"
+)
+
+
+def has_estimate(objective) -> bool:
+    """Whether `objective` has a first-order estimate (module docstring): every kind but the
+    representation change."""
+    return getattr(objective, "kind", None) != ZERO_GRADIENT
 
 
 class SliceProbe:
@@ -207,9 +223,15 @@ def per_resample(values: np.ndarray, count: np.ndarray, weights: np.ndarray) -> 
 def check_frames(edges, sample, exact, estimate, tokens, weights, ablation: str, objective: str):
     """(composition_check, composition_check_correlation) DataFrames. edges: the sampled edges;
     sample: "top" / "random" per edge; exact, estimate [unit, edge] summed objective changes;
-    tokens [unit] the pieces they are summed over; weights [resample, unit]."""
+    tokens [unit] the pieces they are summed over; weights [resample, unit]. estimate None (no
+    first-order estimate, `has_estimate`): the estimate column is NaN and the correlation's one
+    row says why (`NO_ESTIMATE`)."""
     ex = per_resample(exact, tokens, weights)  # [resample, edge]
-    est = per_resample(estimate, tokens, weights)
+    est = (
+        per_resample(estimate, tokens, weights)
+        if estimate is not None
+        else np.full_like(ex, np.nan)
+    )
     low, high = percentiles(ex[1:])
     rows = []
     for i, ((sl, sh), (l, h), c) in enumerate(edges):
@@ -218,7 +240,11 @@ def check_frames(edges, sample, exact, estimate, tokens, weights, ablation: str,
         )
     check = pd.DataFrame(rows, columns=CHECK_COLUMNS)
     correlation = pd.DataFrame(columns=CORRELATION_COLUMNS)
-    if len(edges) >= 3:
+    if estimate is None:
+        nan = float("nan")
+        row = [ablation, len(edges), nan, nan, nan, NO_ESTIMATE]
+        correlation = pd.DataFrame([row], columns=CORRELATION_COLUMNS)
+    elif len(edges) >= 3:
         rho = _spearman(est, ex)  # [resample]
         r_low, r_high = percentiles(rho[1:])
         warning = f"rank correlation {rho[0]:.2f} < {WEAK}" if not rho[0] >= WEAK else ""

@@ -3,13 +3,17 @@ only receiver r's channel c sees the ablated sender and every layer above r is r
 
     delta, tokens = exact_rows(model, cache, objective, targets, edges, baseline)
     # delta [batch, edge]: objective(patched) - objective(clean), summed over each row
+    cache, kept = clean_pass(model, targets.inputs, stack)   # the cache, each layer's output kept
+    delta, tokens = exact_rows(model, cache, objective, targets, edges, baseline, kept)
 
 An edge is ((sender layer, sender head), (layer, head), channel). The receiver's changed write
 z'_r is computed as `intervention.edge_sums` computes it (`model.channels`); the model then runs
 with r's slice of its output projection's input set to z'_r (`HeadGates` with that slice as the
 row's baseline and r's gate 0), so every layer above r reads r's changed write. The layers
 below r are not run again: each returns its output of the clean pass (`layer_blocks`, where
-each layer is a module of its own), so a patched pass costs the layers from r up. A language-
+each layer is a module of its own), so a patched pass costs the layers from r up. Where the
+cache's own pass kept those outputs (`clean_pass`), the clean objective runs no layer either.
+A language-
 model loss computes logits at the scored pieces only (`first_order.objective_rows`). The validation
 sample (`validation_sample`) and the comparison with a first-order estimate reuse the importance
 check's statistics (`studies.ablation.validation`).
@@ -22,7 +26,9 @@ from torch import nn
 
 from headprobe.core.seeds import keyed_hash
 from headprobe.model.channels import CHANNELS, channel_attention, layer_input, returning
+from headprobe.model.discovery import attention_sites
 from headprobe.model.gates import HeadGates
+from headprobe.model.layer_cache import check_supported, clean_cache
 from headprobe.studies.composition.first_order import objective_rows
 from headprobe.studies.composition.intervention import sender_changes
 
@@ -40,12 +46,31 @@ def changed_slice(model, cache, edge, baseline=None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def exact_rows(model, cache, objective, targets, edges, baseline=None):
-    """([batch, edge] objective(patched) - objective(clean), [batch] pieces scored)."""
-    blocks = layer_blocks(model, cache)
+def clean_pass(model, inputs: dict, stack: str | None = None, mlp: bool = False) -> tuple:
+    """(`clean_cache(model, inputs, stack, mlp)`, {layer's module: its output of that pass}):
+    the outputs `exact_rows` replays, kept from the cache's own forward pass (empty where the
+    layers are not modules of their own, `layer_blocks`)."""
+    stack = check_supported(model, stack)
+    sites = [s for s in attention_sites(model).sites if s.stack == stack]
     kept: dict = {}
-    with _Kept(blocks, kept):
-        clean, tokens = objective_rows(objective, model, targets)  # [batch], [batch]
+    with _Kept(layer_blocks(model, sites), kept):
+        cache = clean_cache(model, inputs, stack, mlp=mlp)
+    return cache, kept
+
+
+@torch.no_grad()
+def exact_rows(model, cache, objective, targets, edges, baseline=None, kept=None):
+    """([batch, edge] objective(patched) - objective(clean), [batch] pieces scored). kept: each
+    layer's output of the cache's pass (`clean_pass`): then the clean objective replays every
+    layer; else it is one more forward pass, which keeps them."""
+    blocks = layer_blocks(model, cache.sites)
+    if blocks and kept:
+        with returning({b: _replay(kept[b]) for b in blocks}):
+            clean, tokens = objective_rows(objective, model, targets)  # [batch], [batch]
+    else:
+        kept = {}
+        with _Kept(blocks, kept):
+            clean, tokens = objective_rows(objective, model, targets)  # [batch], [batch]
     n_layers, n_heads = len(cache.sites), cache.sites[0].heads
     base = torch.stack([cache.slices[l] for l in range(n_layers)], 1)  # [b, layer, p, h, d]
     out = []
@@ -62,12 +87,13 @@ def exact_rows(model, cache, objective, targets, edges, baseline=None):
     return torch.stack(out, 1), tokens
 
 
-def layer_blocks(model, cache) -> list | None:
-    """The module each layer of `cache.stack` runs in (the item of a `ModuleList` that holds its
-    attention module), one distinct module per layer in layer order; None where layers share
-    one (ALBERT) or none is found: then every patched pass runs from the bottom."""
+def layer_blocks(model, sites) -> list | None:
+    """The module each layer of a stack runs in (the item of a `ModuleList` that holds its
+    attention module; `sites`: the stack's, as `LayerCache.sites`), one distinct module per layer
+    in layer order; None where layers share one (ALBERT) or none is found: then every patched
+    pass runs from the bottom."""
     found = []
-    for site in cache.sites:
+    for site in sites:
         parts = site.name.split(".")
         block = None
         for i in range(len(parts) - 1, 0, -1):
@@ -131,4 +157,4 @@ def validation_sample(edges, effects, seed: int = 0, top: int = TOP, random: int
     return [edges[i] for i in sorted(chosen + rest[:random])]
 
 
-__all__ = ["CHANNELS", "changed_slice", "exact_rows", "validation_sample"]
+__all__ = ["CHANNELS", "changed_slice", "clean_pass", "exact_rows", "validation_sample"]

@@ -62,11 +62,14 @@ def section(results, name: str) -> Section:
     corr = results.tables.get("composition_check_correlation")
     if corr is not None and len(corr):
         c = corr.iloc[0]
-        text = (
-            f"First-order estimate against exact path patching on {int(c.edges)} edges: "
-            f"Spearman {c.spearman:+.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}]."
-        )
-        s.add(Paragraph(text + (f" Warning: {c.warning}" if c.warning else "")))
+        if pd.isna(c.spearman):  # no estimate (`first_order.has_estimate`): the warning says why
+            s.add(Paragraph(f"Exact path patching on {int(c.edges)} edges; {c.warning}."))
+        else:
+            text = (
+                f"First-order estimate against exact path patching on {int(c.edges)} edges: "
+                f"Spearman {c.spearman:+.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}]."
+            )
+            s.add(Paragraph(text + (f" Warning: {c.warning}" if c.warning else "")))
     return s
 
 

@@ -11,7 +11,8 @@
     sums = composition_sums(model, batches, senders=("heads", "mlp", "embed"))  # MLPs, embeddings
 
 Per batch: one clean pass kept per layer (`clean_cache`, on the inputs the objective reads), one
-backward pass for the objective's gradient at every head's slice (`first_order`), then per
+backward pass for the objective's gradient at every head's slice (`first_order`; none for the
+representation change, whose gradient there is 0: `first_order.has_estimate`), then per
 receiver layer every sender at once (`intervention.edge_sums`, blocks sized from memory:
 `memory_budget`), each layer's stream and clean call freed once it is done (the layers above
 read its heads' slices only). Each batch row's sums are added into its unit's (a unit: the example's
@@ -44,9 +45,13 @@ from headprobe.model.discovery import attention_sites
 from headprobe.model.layer_cache import check_supported, clean_cache
 from headprobe.model.objectives import Objective
 from headprobe.studies.ablation.kinds import rows_of
-from headprobe.studies.composition.first_order import input_gradients, slice_gradients
+from headprobe.studies.composition.first_order import (
+    has_estimate,
+    input_gradients,
+    slice_gradients,
+)
 from headprobe.studies.composition.intervention import BUDGET, edge_sums, role_targets
-from headprobe.studies.composition.path_patching import exact_rows
+from headprobe.studies.composition.path_patching import clean_pass, exact_rows
 from headprobe.studies.composition.run_options import sender_kind
 from headprobe.studies.composition.senders import Baseline, every_sender, partner_writes
 from headprobe.studies.induction.analysis import NAME as INDUCTION
@@ -198,15 +203,17 @@ def batch_baseline(model, batch, baseline):
 
 def batch_sums(model, batch, receivers, baseline, objective, stack, budget, senders=("heads",)):
     """One batch's row sums: {"edges", "pattern", "output", "estimate", "role", "rows",
-    "role_rows", "tokens", "scores"}, arrays [batch, ...] (edges: the edge list). senders: the
-    kinds (`run_options.SENDER_KINDS`)."""
+    "role_rows", "tokens", "scores"}, arrays [batch, ...] (edges: the edge list; no "estimate"
+    where the objective has none, `first_order.has_estimate`). senders: the kinds
+    (`run_options.SENDER_KINDS`)."""
     targets = objective.targets(model, batch)
     cache = clean_cache(model, targets.inputs, stack, mlp="mlp" in senders)
     half = repeated_half(batch)
     rows = scored_rows(batch, half).to(cache.x[0].device)  # [batch, piece]
     ids = targets.inputs["input_ids"]
     roles = {k: v.to(rows.device) for k, v in batch_roles(ids, half).items()}
-    grad_z = slice_gradients(model, cache, objective, targets)
+    estimated = has_estimate(objective)
+    grad_z = slice_gradients(model, cache, objective, targets) if estimated else None
     got: dict = {"edges": [], "pattern": [], "output": [], "estimate": []}
     got["role"] = {name: [] for name in roles}
     with torch.no_grad():
@@ -215,7 +222,9 @@ def batch_sums(model, batch, receivers, baseline, objective, stack, budget, send
         for layer in set(range(len(cache.sites))) - set(layers):
             _done(cache, layer)  # no receiver here: only its heads' slices are read (senders)
         for layer, heads in layers.items():
-            grads = input_gradients(model, cache, layer, grad_z, heads, budget)
+            grads = None
+            if estimated:
+                grads = input_gradients(model, cache, layer, grad_z, heads, budget)
             these = every_sender(cache, layer, senders)
             s = edge_sums(model, cache, layer, these, baseline, rows, roles, heads, budget, grads)
             del grads
@@ -226,12 +235,13 @@ def batch_sums(model, batch, receivers, baseline, objective, stack, budget, send
             flat = lambda t: t.flatten(1).cpu().numpy()  # [batch, sender * head * channel]
             got["pattern"].append(flat(s.pattern))
             got["output"].append(flat(s.output))
-            got["estimate"].append(flat(s.estimate))
+            if estimated:
+                got["estimate"].append(flat(s.estimate))
             for name in roles:
                 got["role"][name].append(flat(s.role[name]))
         tokens = objective.pieces(targets)  # [batch]
     cat = lambda v: np.concatenate(v, 1)
-    out = {k: cat(got[k]) for k in ("pattern", "output", "estimate")}
+    out = {k: cat(got[k]) for k in ("pattern", "output", "estimate") if got[k]}
     out["role"] = {name: cat(v) for name, v in got["role"].items()}
     out["role_rows"] = {n: (rows * (t >= 0)).sum(-1).cpu().numpy() for n, t in roles.items()}
     out.update(edges=got["edges"], rows=rows.sum(-1).cpu().numpy(), scores=got["scores"])
@@ -313,7 +323,8 @@ def composition_sums(
                 raise ValueError("composition_sums: batches gave different edges")
             edges = got["edges"]
             for key in ("pattern", "output", "estimate", "rows", "tokens"):
-                acc.add(units, key, got[key])
+                if key in got:
+                    acc.add(units, key, got[key])
             for group in ("role", "role_rows", "scores"):
                 for name, v in got[group].items():
                     acc.add(units, f"{group}:{name}", v)
@@ -330,7 +341,7 @@ def composition_sums(
         acc.get("pattern"),
         acc.get("output"),
         acc.get("rows"),
-        acc.get("estimate"),
+        acc.get("estimate") if "estimate" in acc.sums else None,
         acc.get("tokens"),
         pick("role"),
         pick("role_rows"),
@@ -350,12 +361,12 @@ def exact_sums(model, batches, edges, baseline=None, objective=None, stack=None)
             continue
         targets = objective.targets(model, batch)
         mlp = any(sender_kind(*e[0]) == "mlp" for e in edges)
-        cache = clean_cache(model, targets.inputs, stack, mlp=mlp)
+        cache, kept = clean_pass(model, targets.inputs, stack, mlp=mlp)
         receivers = {layer for _, (layer, _), _ in edges}
         for layer in set(range(len(cache.sites))) - receivers:
             _done(cache, layer)  # the patched passes read its heads' slices only
-        delta, tokens = exact_rows(model, cache, objective, targets, edges, values)
-        del cache  # before the next batch's
+        delta, tokens = exact_rows(model, cache, objective, targets, edges, values, kept)
+        del cache, kept  # before the next batch's
         units = [e.unit for e in batch.examples]
         acc.add(units, "exact", delta.cpu().numpy())
         acc.add(units, "tokens", tokens.cpu().numpy())

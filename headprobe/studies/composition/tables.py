@@ -191,7 +191,9 @@ def composition(
     units, exact, tokens = exact_sums(model, batches, sample, baseline, objective, stack)
     index = {e: i for i, e in enumerate(sums.edges)}
     order = [sums.units.index(u) for u in units]
-    estimate = sums.estimate[order][:, [index[e] for e in sample]]
+    estimate = None  # the objective has no first-order estimate (`first_order.has_estimate`)
+    if sums.estimate is not None:
+        estimate = sums.estimate[order][:, [index[e] for e in sample]]
     weights = unit_weights_matrix(units, seed)
     kind = getattr(objective, "kind", "")
     check, correlation = check_frames(
