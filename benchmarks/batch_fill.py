@@ -6,9 +6,9 @@ tokenizer only).
 
 The engine reads and tokenizes `CHUNK` examples at a time; each example then waits in a pool
 (`inputs.batching.Pool`) with those of its exact piece count, across chunks, until they make a
-full batch (the batch size, or batch size x `FULL_AT` pieces), the pool holds more than
-`POOL_BATCHES` full batches of pieces (its fullest length goes), or the corpus ends. For each
-pool bound (in full batches; 0: no bound) this counts the pool's batches, their mean size,
+full batch (the batch size, or batch size x `full_at("cpu")` pieces), the pool holds more than
+`POOL_BATCHES` x batch size x `POOL_AT` pieces (its fullest length goes), or the corpus ends. For each
+pool bound (in batches of batch size x `POOL_AT` pieces; 0: no bound) this counts the pool's batches, their mean size,
 the share under the batch size, the largest batch in pieces x examples and the most pieces the
 pool held (its examples' pieces; what the pool adds to memory). Beside them, the batches of the former chunked bucketing (`inputs.batching.bucket`
 per chunk of examples; 0: the whole corpus in one chunk). Padding is 0 in both (one length
@@ -61,12 +61,13 @@ def chunked_fill(lengths: list[int], chunk: int, batch_size: int) -> dict:
 
 def pool_fill(lengths: list[int], pool_batches: int, batch_size: int) -> dict:
     """Batch statistics of examples with these piece counts through the engine's pool, bounded
-    at `pool_batches` full batches of pieces (0: unbounded)."""
+    at `pool_batches` x batch size x `POOL_AT` pieces (0: unbounded)."""
     from headprobe.inputs.batching import Pool
-    from headprobe.scoring.engine import FULL_AT
+    from headprobe.scoring.engine import POOL_AT, full_at
 
-    budget = batch_size * FULL_AT
-    pool = Pool(batch_size, budget, pool_batches * budget if pool_batches else 2**62)
+    budget = batch_size * full_at("cpu")
+    bound = pool_batches * batch_size * POOL_AT
+    pool = Pool(batch_size, budget, bound if pool_batches else 2**62)
     batches, held = [], 0
     for ordinal, n in enumerate(lengths):
         batches += pool.add(ordinal, n)

@@ -31,7 +31,7 @@ from headprobe.results import software, store
 from headprobe.scoring import distributed, registry
 from headprobe.scoring.batch_size import auto_batch_size
 from headprobe.scoring.checkpoint import Checkpoint
-from headprobe.scoring.engine import CHUNK, FULL_AT, POOL_BATCHES
+from headprobe.scoring.engine import CHUNK, POOL_AT, POOL_BATCHES, full_at
 from headprobe.scoring.measures import needs_of
 from headprobe.scoring.options import ModelFacts
 from headprobe.scoring.pass_settings import PassSettings
@@ -70,7 +70,7 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> tuple[
         else str(next(config.loaded[0].parameters()).device)
     )
     settings = config.options_record(device)
-    checkpoint = _open_checkpoint(config, inputs, settings)
+    checkpoint = _open_checkpoint(config, inputs, settings, device)
     net, tokenizer, name = _load_model(config)
     config = _with_batch_size(config, checkpoint, net)
     settings["batch_size"] = config.batch_size
@@ -192,8 +192,11 @@ def _input_fingerprints(config: RunConfig, reference) -> dict:
     return inputs
 
 
-def _open_checkpoint(config: RunConfig, inputs: dict, settings: dict) -> Checkpoint | None:
-    """The run's checkpoint under `out` when one is asked for (and unit counts are not kept)."""
+def _open_checkpoint(
+    config: RunConfig, inputs: dict, settings: dict, device: str
+) -> Checkpoint | None:
+    """The run's checkpoint under `out` when one is asked for (and unit counts are not kept);
+    `device`: where the run's batches are made (their size in pieces depends on it)."""
     if config.out is None or not config.checkpoint_every or config.keep_unit_counts:
         return None
     fingerprint = {
@@ -201,7 +204,12 @@ def _open_checkpoint(config: RunConfig, inputs: dict, settings: dict) -> Checkpo
         # the batch size is the checkpoint's own record (`Checkpoint.batch_size`): left out on
         # --resume, the interrupted run's is used
         "options": {key: value for key, value in settings.items() if key != "batch_size"},
-        "batching": {"chunk": CHUNK, "full_at": FULL_AT, "pool_batches": POOL_BATCHES},
+        "batching": {
+            "chunk": CHUNK,
+            "full_at": full_at(device),
+            "pool_batches": POOL_BATCHES,
+            "pool_at": POOL_AT,
+        },
         "version": store.version(),
     }
     checkpoint = Checkpoint(

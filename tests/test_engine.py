@@ -115,13 +115,14 @@ def test_a_one_shot_iterable_is_read_a_chunk_and_the_pool_ahead(bert_family, mon
     """A generator (no len, read once) gives the list's counts. The engine takes at most
     `PREFETCH` + 2 chunks (`engine.CHUNK`) of examples ahead of those it has scored (the one it
     works on, those its reader has tokenized ahead, the one the reader works on), besides those
-    waiting in its pool, which holds at most `POOL_BATCHES` full batches of pieces; batches mix
+    waiting in its pool, which holds at most `POOL_BATCHES` x batch size x `POOL_AT` pieces; batches mix
     chunks."""
     examples = random_sentences(20)
     _, reference = run(bert_family.sdpa, bert_family.tokenizer, examples, batch_size=4)
     monkeypatch.setattr(engine_module, "CHUNK", 6)
-    monkeypatch.setattr(engine_module, "FULL_AT", 4)  # a full batch: 4 x 4 = 16 pieces
-    monkeypatch.setattr(engine_module, "POOL_BATCHES", 2)  # the pool: 32 pieces at most
+    monkeypatch.setattr(engine_module, "FULL_AT", {"cpu": 4})  # a full batch: 4 x 4 = 16 pieces
+    monkeypatch.setattr(engine_module, "POOL_BATCHES", 2)  # the pool: 2 x 4 x 4 = 32 pieces
+    monkeypatch.setattr(engine_module, "POOL_AT", 4)
     monkeypatch.setattr(engine_module, "PREFETCH", 1)
     taken, scored, ahead, batches = [], [], [], []
 

@@ -4,6 +4,8 @@ out-of-memory batch retried in halves) and ranks dealt batches, against one unin
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -76,8 +78,9 @@ def small_pool(monkeypatch):
     """Chunks of 6 examples; batch size 4, full at 4 x 5 = 20 pieces; the pool holds 40
     pieces at most: batches mix chunks, and the bound lets lengths go."""
     monkeypatch.setattr(engine_module, "CHUNK", 6)
-    monkeypatch.setattr(engine_module, "FULL_AT", 5)
+    monkeypatch.setattr(engine_module, "FULL_AT", {"cpu": 5})
     monkeypatch.setattr(engine_module, "POOL_BATCHES", 2)
+    monkeypatch.setattr(engine_module, "POOL_AT", 5)
 
 
 def tallies_of(engine: Engine) -> dict:
@@ -227,3 +230,26 @@ def test_ranks_together_score_the_one_process_batches(bert_family, small_pool):
     for key in ("examples", "words"):
         assert ranks[0][1][key] + ranks[1][1][key] == stats[key]
     assert ranks[0][1]["skipped"] == stats["skipped"] and ranks[1][1]["skipped"] == {}
+
+
+def test_a_longer_corpus_makes_no_larger_batch_on_the_cpu():
+    """The engine's pool on the CPU: however many examples share a length, a batch holds at most
+    batch size x `full_at("cpu")` pieces, so a corpus eight times longer (whose pool fills the
+    batches of long inputs that one copy rarely fills) makes batches no larger (within 5%) than
+    one copy does: the size of a batch's blocks does not grow with the corpus."""
+    from headprobe.scoring.engine import batch_pool, full_at
+
+    rng = random.Random(0)
+    lengths = [min(150, 3 + int(rng.expovariate(1 / 22))) for _ in range(2000)]
+
+    def largest(corpus: list[int]) -> int:
+        pool, pieces = batch_pool(64, "cpu"), []
+        for n in corpus:
+            pieces += [sum(b) for b in pool.add(n, n)]  # an item is its own length
+        pieces += [sum(b) for b in pool.drain()]
+        assert sum(pieces) == sum(corpus)
+        return max(pieces)
+
+    one, eight = largest(lengths), largest(lengths * 8)
+    assert eight <= 64 * full_at("cpu") and eight <= 1.05 * one  # 1,024 and 986 (64 x 64: 1,720)
+    assert full_at("cuda") >= full_at("cpu")

@@ -58,7 +58,7 @@ from headprobe.model.discovery import attention_sites
 from headprobe.model.head_quantities import check_capturable
 from headprobe.model.padding import padding_id
 from headprobe.model.sites import model_device, text_config
-from headprobe.scoring.batch_size import auto_batch_size
+from headprobe.scoring.batch_size import TYPICAL_PIECES, auto_batch_size
 from headprobe.scoring.distributed import World, owns
 from headprobe.scoring.layer_attention import measured_attention, view_of, without_rows
 from headprobe.scoring.layer_stack import LayerStack, with_layer_axis
@@ -76,18 +76,34 @@ CHUNK = 1024
 # chunks read and tokenized ahead by the worker (`batching.prefetched`), besides the one it works
 # on and the one the engine takes from: at most (PREFETCH + 2) x CHUNK examples ahead of the pool
 PREFETCH = 2
-# a batch is full at the batch size or at batch size x FULL_AT pieces, whichever comes first:
-# sentences up to 64 pieces (99.3% of EWT dev's with MiniLM) fill whole batches, a longer input
-# makes a smaller one, so the largest batch (activations ~ pieces x examples) does not grow as
-# the pool fills batches of long inputs that a chunk rarely filled
-FULL_AT = 64
-# the pool holds at most this many full batches of pieces (65,536 at batch size 64), then lets
-# its fullest lengths go: examples held do not grow with the corpus (benchmarks/batch_fill.py)
+# a batch is full at the batch size or at batch size x FULL_AT pieces, whichever comes first
+# (`full_at`). On the CPU 64 x 16 = 1,024 pieces: a full batch's blocks, which glibc's heap
+# keeps (benchmarks/README.md, "What grew with the corpus"), are no larger on a long corpus,
+# whose pool fills batches of long inputs, than on a short one (EWT dev x8 over x1 peak RSS: 1.09
+# against 1.38 at 64 x 64). On a GPU, the batch size is reckoned from memory for examples of
+# `TYPICAL_PIECES` (`batch_size`), and a batch holds up to that many
+FULL_AT = {"cpu": 16, "cuda": TYPICAL_PIECES}
+# the pool holds at most POOL_BATCHES x batch size x POOL_AT pieces (65,536 at batch size 64),
+# then lets its fullest lengths go: examples held do not grow with the corpus
+# (benchmarks/batch_fill.py)
 POOL_BATCHES = 16
+POOL_AT = TYPICAL_PIECES
 # a batch's layers are captured into one buffer and scored together while their probabilities
 # (times the matrices the measures stack) fit this many bytes; longer inputs go in smaller groups
 # of layers, down to one layer at a time (and query blocks, `--query-block`, below that)
 STACK_BYTES = {"cpu": 64 * 2**20, "cuda": 2 * 2**30}
+
+
+def full_at(device) -> int:
+    """Pieces per example of a full batch on `device` (`FULL_AT`; another device as the CPU)."""
+    return FULL_AT.get(torch.device(device).type, FULL_AT["cpu"])
+
+
+def batch_pool(batch_size: int, device) -> Pool:
+    """The pass's pool (`Engine.run`): batches of `batch_size` examples, or fewer within
+    `full_at(device)` pieces an example, the pool bounded at POOL_BATCHES x batch size x POOL_AT
+    pieces."""
+    return Pool(batch_size, batch_size * full_at(device), POOL_BATCHES * batch_size * POOL_AT)
 
 
 def chunked(items, size: int):
@@ -283,8 +299,8 @@ class Engine:
         """Score `examples` (any iterable, read once: a lazy `corpora.base.Stream` is never held
         whole). The corpus is read and tokenized `CHUNK` examples at a time; each example then
         waits in a `batching.Pool` with the others of its exact piece count, across chunks, until
-        they make a full batch (the batch size, or fewer within batch size x `FULL_AT` pieces),
-        the pool grows past `POOL_BATCHES` full batches of pieces, or the corpus ends. Memory does not
+        they make a full batch (the batch size, or fewer within batch size x `full_at` pieces),
+        the pool grows past `POOL_BATCHES` x batch size x `POOL_AT` pieces, or the corpus ends. Memory does not
         grow with the corpus (a chunk, the pool, one batch), and counts do not depend on the
         batching (no padding: a sentence's attention is the same in any batch).
 
@@ -298,7 +314,6 @@ class Engine:
         it, so each batch is a one-process batch."""
         resume = checkpoint.start if checkpoint is not None else None
         start = self._start_stats(resume)
-        budget = self.batch_size * FULL_AT  # pieces x examples of a full batch
         run = self._pass = _Pass(
             start,
             checkpoint,
@@ -306,7 +321,7 @@ class Engine:
             tqdm(
                 total=total_words(examples), unit="word", desc=self.desc, disable=not self.progress
             ),
-            Pool(self.batch_size, budget, POOL_BATCHES * budget),
+            batch_pool(self.batch_size, self.device),
             world or World(),
         )
         try:
