@@ -69,7 +69,7 @@ from headprobe.scoring.scorer_base import ReadsConventions, RunsModel
 if TYPE_CHECKING:
     from headprobe.scoring.pass_settings import PassSettings
 
-TRIM_EVERY = 64  # batches between heap trims on CPU
+TRIM_EVERY = 8  # batches between heap trims on CPU (64: ~45 MB more at the peak, no faster)
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (HEADPROBE_MMAP_THRESHOLD, `heap_trimmer`)
 # examples read and tokenized together (one batched tokenizer call); they then wait in the pool
 CHUNK = 1024
