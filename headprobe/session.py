@@ -70,7 +70,7 @@ def open_session(config: RunConfig, world, held: contextlib.ExitStack) -> tuple[
         else str(next(config.loaded[0].parameters()).device)
     )
     settings = config.options_record(device)
-    checkpoint = _open_checkpoint(config, inputs, settings, device)
+    checkpoint = _open_checkpoint(config, inputs, settings)
     net, tokenizer, name = _load_model(config)
     config = _with_batch_size(config, checkpoint, net)
     settings["batch_size"] = config.batch_size
@@ -192,11 +192,9 @@ def _input_fingerprints(config: RunConfig, reference) -> dict:
     return inputs
 
 
-def _open_checkpoint(
-    config: RunConfig, inputs: dict, settings: dict, device: str
-) -> Checkpoint | None:
-    """The run's checkpoint under `out` when one is asked for (and unit counts are not kept);
-    `device`: where the run's batches are made (their size in pieces depends on it)."""
+def _open_checkpoint(config: RunConfig, inputs: dict, settings: dict) -> Checkpoint | None:
+    """The run's checkpoint under `out` when one is asked for (and unit counts are not kept).
+    A batch's size in pieces depends on the device (`settings["device"]`, `engine.full_at`)."""
     if config.out is None or not config.checkpoint_every or config.keep_unit_counts:
         return None
     fingerprint = {
@@ -206,7 +204,7 @@ def _open_checkpoint(
         "options": {key: value for key, value in settings.items() if key != "batch_size"},
         "batching": {
             "chunk": CHUNK,
-            "full_at": full_at(device),
+            "full_at": full_at(settings["device"]),
             "pool_batches": POOL_BATCHES,
             "pool_at": POOL_AT,
         },

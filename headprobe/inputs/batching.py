@@ -148,6 +148,7 @@ class Batch:
     ):
         self.examples = examples
         self.alignments = alignments
+        self.pad_id = int(pad_id)  # the id of its padding pieces (a batch of some rows reuses it)
         self.device = torch.device(device)
         self.from_mode = from_mode
         b = len(examples)

@@ -89,16 +89,24 @@ class Baselines:
     def of(self, kind: str, model, batch, stack=None):
         """The `means` HeadGates takes for `kind` on `batch`'s rows `kept(kind, batch)` (None:
         zero ablation)."""
-        from headprobe.inputs.batching import Batch
         from headprobe.model.gates import head_slices
 
         if kind == "zero":
             return None
         if kind == "mean":
             return self.means
-        pairs = [self.partners[mask_key(batch.examples[i])] for i in self.kept(kind, batch)]
-        partner = Batch([p[0] for p in pairs], [p[1] for p in pairs], 0, device=batch.device)
-        return head_slices(model, partner, stack)  # [row, layer, piece, head, d_head]
+        return head_slices(
+            model, self.partner_batch(batch), stack
+        )  # [row, layer, piece, head, d_head]
+
+    def partner_batch(self, batch):
+        """The batch of the partners of `batch`'s rows that resample ablation keeps."""
+        from headprobe.inputs.batching import Batch
+
+        pairs = [self.partners[mask_key(batch.examples[i])] for i in self.kept("resample", batch)]
+        return Batch(
+            [p[0] for p in pairs], [p[1] for p in pairs], batch.pad_id, device=batch.device
+        )
 
     def describe(self) -> dict:
         """What a table of these kinds says of them."""
@@ -120,7 +128,7 @@ def rows_of(batch, kept: list[int]):
     return Batch(
         [batch.examples[i] for i in kept],
         [batch.alignments[i] for i in kept],
-        0,
+        batch.pad_id,
         device=batch.device,
         from_mode=batch.from_mode,
     )

@@ -319,14 +319,10 @@ class SpilledBatches:
         return self.count
 
     def add(self, batch) -> None:
-        from headprobe.inputs.align import PAD
-
         if self.file is None:
             self.file = tempfile.TemporaryFile(prefix="headprobe-composition-")
             self.token = ordinary_token([batch])
-        padded = np.argwhere(batch.piece_kind_host == PAD)  # [n, 2] (row, piece)
-        pad = int(batch.input_ids[tuple(padded[0])]) if len(padded) else 0
-        made = (batch.examples, batch.alignments, pad, str(batch.device), batch.from_mode)
+        made = (batch.examples, batch.alignments, batch.pad_id, str(batch.device), batch.from_mode)
         pickle.dump(made, self.file, protocol=pickle.HIGHEST_PROTOCOL)
         self.count += 1
 
@@ -512,8 +508,8 @@ def console(results, name: str, top: int = 5) -> str:
                 f"  first-order estimate against exact path patching: Spearman {c.spearman:+.2f} "
                 f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}] over {c.edges} edges"
             )
-        if isinstance(c.warning, str) and c.warning and not pd.isna(c.spearman):
-            lines.append(f"  WARNING: {c.warning}")
+            if isinstance(c.warning, str) and c.warning:
+                lines.append(f"  WARNING: {c.warning}")
     roles = results.tables.get("roles")
     if roles is not None and "circuit" in roles:
         for r in roles[roles["circuit"].astype(str) != ""].itertuples(index=False):

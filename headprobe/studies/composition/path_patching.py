@@ -51,9 +51,8 @@ def clean_pass(model, inputs: dict, stack: str | None = None, mlp: bool = False)
     the outputs `exact_rows` replays, kept from the cache's own forward pass (empty where the
     layers are not modules of their own, `layer_blocks`)."""
     stack = check_supported(model, stack)
-    sites = [s for s in attention_sites(model).sites if s.stack == stack]
     kept: dict = {}
-    with _Kept(layer_blocks(model, sites), kept):
+    with _Kept(layer_blocks(model, attention_sites(model).of(stack)), kept):
         cache = clean_cache(model, inputs, stack, mlp=mlp)
     return cache, kept
 

@@ -144,24 +144,12 @@ def write_means(model, batches, stack: str, per_position: bool = False) -> tuple
     return means[0], means[1:]  # embed, mlp
 
 
-def partner_batch(baselines, batch):
-    """The batch of the partners of `batch`'s rows that resample ablation keeps (the pairing of
-    `studies.ablation.kinds.Baselines`)."""
-    from headprobe.inputs.batching import Batch
-    from headprobe.model.objectives import mask_key
-
-    pairs = [
-        baselines.partners[mask_key(batch.examples[i])] for i in baselines.kept("resample", batch)
-    ]
-    return Batch([p[0] for p in pairs], [p[1] for p in pairs], 0, device=batch.device)
-
-
 def partner_writes(model, baselines, batch, stack: str) -> tuple:
     """(embed, mlp) of the partners of `batch`'s kept rows (`sender_writes`)."""
     from headprobe.model.gates import model_inputs
     from headprobe.model.sites import model_device
 
-    partner = partner_batch(baselines, batch)
+    partner = baselines.partner_batch(batch)  # `studies.ablation.kinds.Baselines`
     return sender_writes(model, model_inputs(partner, model_device(model), model, stack), stack)
 
 

@@ -241,7 +241,8 @@ def batch_sums(model, batch, receivers, baseline, objective, stack, budget, send
                 got["role"][name].append(flat(s.role[name]))
         tokens = objective.pieces(targets)  # [batch]
     cat = lambda v: np.concatenate(v, 1)
-    out = {k: cat(got[k]) for k in ("pattern", "output", "estimate") if got[k]}
+    summed = ("pattern", "output", "estimate") if estimated else ("pattern", "output")
+    out = {k: cat(got[k]) for k in summed}
     out["role"] = {name: cat(v) for name, v in got["role"].items()}
     out["role_rows"] = {n: (rows * (t >= 0)).sum(-1).cpu().numpy() for n, t in roles.items()}
     out.update(edges=got["edges"], rows=rows.sum(-1).cpu().numpy(), scores=got["scores"])
