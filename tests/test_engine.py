@@ -111,6 +111,37 @@ def test_batch_size_and_order_do_not_change_counts(tiny):
         assert (pos.groupby(["layer", "head"]).hits.sum() == len(ex.words)).all()
 
 
+@pytest.mark.parametrize(
+    "n_layers, fit, expected",
+    [(6, 6, 6), (6, 5, 3), (6, 4, 3), (6, 2, 2), (6, 1, 1), (6, 0, 1), (7, 3, 3), (2, 9, 2)],
+)
+def test_layer_groups_are_as_few_and_as_even_as_the_budget_allows(n_layers, fit, expected):
+    """`group_size`: a budget that fits `fit` layers (0: not even one) makes
+    ceil(n / fit) groups of at most `expected` layers (six that fit five: 3 + 3, not 5 + 1)."""
+    per_layer = 1000
+    size = engine_module.group_size(n_layers, per_layer, fit * per_layer + per_layer // 2)
+    assert size == expected
+    assert -(-n_layers // size) == -(-n_layers // max(fit, 1))  # no more groups than needed
+
+
+def test_layers_scored_one_at_a_time_give_the_counts_of_one_stack(tiny, monkeypatch):
+    """A stack budget below one layer's attention (one layer a group) and the default, which
+    holds every layer of these short inputs (one group), count the same."""
+    examples = random_sentences()
+    sizes = []
+    stack = engine_module.LayerStack
+    monkeypatch.setattr(
+        engine_module, "LayerStack", lambda layers, size: sizes.append(size) or stack(layers, size)
+    )
+    _, whole = run(tiny.sdpa, tiny.tokenizer, examples, batch_size=7)
+    assert sizes and set(sizes) == {tiny.n_layers}
+    sizes.clear()
+    monkeypatch.setitem(engine_module.STACK_BYTES, "cpu", 1)
+    _, single = run(tiny.sdpa, tiny.tokenizer, examples, batch_size=7)
+    assert sizes and set(sizes) == {1}
+    assert_same_counts(whole, single)
+
+
 def test_a_one_shot_iterable_is_read_a_chunk_and_the_pool_ahead(bert_family, monkeypatch):
     """A generator (no len, read once) gives the list's counts. The engine takes at most
     `PREFETCH` + 2 chunks (`engine.CHUNK`) of examples ahead of those it has scored (the one it

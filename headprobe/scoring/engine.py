@@ -38,10 +38,7 @@ it, `end_batch(state)` commits it to the tallies.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
-import os
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -60,6 +57,7 @@ from headprobe.model.padding import padding_id
 from headprobe.model.sites import model_device, text_config
 from headprobe.scoring.batch_size import TYPICAL_PIECES, auto_batch_size
 from headprobe.scoring.distributed import World, owns
+from headprobe.scoring.heap_trim import HeapTrimmer
 from headprobe.scoring.layer_attention import measured_attention, view_of, without_rows
 from headprobe.scoring.layer_stack import LayerStack, with_layer_axis
 from headprobe.scoring.measures import WEIGHTS, needs_of
@@ -69,10 +67,9 @@ from headprobe.scoring.scorer_base import ReadsConventions, RunsModel
 if TYPE_CHECKING:
     from headprobe.scoring.pass_settings import PassSettings
 
-TRIM_EVERY = 8  # batches between heap trims on CPU (64: ~45 MB more at the peak, no faster)
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (HEADPROBE_MMAP_THRESHOLD, `heap_trimmer`)
-# examples read and tokenized together (one batched tokenizer call); they then wait in the pool
-CHUNK = 1024
+# examples read and tokenized together (one batched tokenizer call); they then wait in the pool.
+# About 9 kB each held (an EWT sentence and its pieces): 1,024 a chunk held ~27 MB more read ahead
+CHUNK = 256
 # chunks read and tokenized ahead by the worker (`batching.prefetched`), besides the one it works
 # on and the one the engine takes from: at most (PREFETCH + 2) x CHUNK examples ahead of the pool
 PREFETCH = 2
@@ -91,7 +88,9 @@ POOL_AT = TYPICAL_PIECES
 # a batch's layers are captured into one buffer and scored together while their probabilities
 # (times the matrices the measures stack) fit this many bytes; longer inputs go in smaller groups
 # of layers, down to one layer at a time (and query blocks, `--query-block`, below that)
-STACK_BYTES = {"cpu": 64 * 2**20, "cuda": 2 * 2**30}
+# (on the CPU the measures' temporaries are about five times the buffer, and each size of them
+# is cut from glibc's heap: 4 MiB against 64 MiB took ~40 MB off EWT dev x8's peak, no slower)
+STACK_BYTES = {"cpu": 4 * 2**20, "cuda": 2 * 2**30}
 
 
 def full_at(device) -> int:
@@ -104,6 +103,14 @@ def batch_pool(batch_size: int, device) -> Pool:
     `full_at(device)` pieces an example, the pool bounded at POOL_BATCHES x batch size x POOL_AT
     pieces."""
     return Pool(batch_size, batch_size * full_at(device), POOL_BATCHES * batch_size * POOL_AT)
+
+
+def group_size(n_layers: int, per_layer: int, stack_bytes: int) -> int:
+    """Layers scored together: as few groups as `stack_bytes` allows, of even size (six layers
+    that fit five at a time go as 3 + 3, not 5 + 1: the same calls, a smaller largest group)."""
+    fit = max(1, stack_bytes // max(per_layer, 1))
+    groups = -(-n_layers // fit)
+    return -(-n_layers // groups)
 
 
 def chunked(items, size: int):
@@ -135,32 +142,6 @@ def max_length(model, tokenizer) -> int:
     return min(limits) if limits else 512
 
 
-def heap_trimmer():
-    """A function that hands freed heap memory back to the OS (Linux / glibc), or None.
-
-    A batch allocates and frees tensors of many sizes (the model's activations, the attention
-    of a group of layers), each batch's shapes its own. glibc serves a block below its mmap
-    threshold from the heap, and raises that threshold (up to 32 MiB) each time a larger mapped
-    block is freed, so after the first batches the megabyte-sized blocks come from the heap too;
-    its free space then fragments between longer-lived allocations and the heap grows with the
-    corpus (benchmarks/README.md, "What grew with the corpus"). The occasional trim returns the
-    free pages. HEADPROBE_MMAP_THRESHOLD=1048576 fixes the threshold (blocks of a mebibyte or
-    more mapped and unmapped whole): less growth, about a quarter slower on the CPU, so it is not
-    the default. HEADPROBE_KEEP_MALLOC=1 leaves the allocator alone.
-    """
-    if os.environ.get("HEADPROBE_KEEP_MALLOC") or not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        trim, mallopt = libc.malloc_trim, libc.mallopt
-    except (OSError, AttributeError):
-        return None
-    threshold = os.environ.get("HEADPROBE_MMAP_THRESHOLD")
-    if threshold and threshold.isdigit():  # bytes
-        mallopt(M_MMAP_THRESHOLD, int(threshold))
-    return lambda: trim(0)
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
@@ -174,7 +155,7 @@ class _Pass:
 
     start: float
     checkpoint: object
-    trim: object
+    trim: HeapTrimmer | None
     bar: object
     pool: Pool
     world: World
@@ -317,7 +298,7 @@ class Engine:
         run = self._pass = _Pass(
             start,
             checkpoint,
-            heap_trimmer() if self.device.type == "cpu" else None,
+            HeapTrimmer.for_this_process() if self.device.type == "cpu" else None,
             tqdm(
                 total=total_words(examples), unit="word", desc=self.desc, disable=not self.progress
             ),
@@ -456,8 +437,8 @@ class Engine:
         """After each batch: the occasional heap trim and checkpoint, and the test pause point."""
         run = self._pass
         run.batches += 1
-        if run.trim is not None and run.batches % TRIM_EVERY == 0:
-            run.trim()
+        if run.trim is not None:
+            run.trim.after_batch()
         if (
             run.checkpoint is not None
             and run.checkpoint.every
@@ -525,7 +506,8 @@ class Engine:
                 scorer.update(att, states[scorer])
 
         per_layer = len(batch) * self.n_heads * batch.n_pieces**2 * 4 * self._matrices(readers)
-        stack = LayerStack(self._scored_layers(), max(1, self.stack_bytes // max(per_layer, 1)))
+        layers = self._scored_layers()
+        stack = LayerStack(layers, group_size(len(layers), per_layer, self.stack_bytes))
 
         def hand_on(layer: int, heads, block: QueryBlock | None = None) -> None:
             if offset:
