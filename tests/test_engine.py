@@ -113,7 +113,17 @@ def test_batch_size_and_order_do_not_change_counts(tiny):
 
 @pytest.mark.parametrize(
     "n_layers, fit, expected",
-    [(6, 6, 6), (6, 5, 3), (6, 4, 3), (6, 2, 2), (6, 1, 1), (6, 0, 1), (7, 3, 3), (2, 9, 2)],
+    [
+        (6, 6, 6),
+        (6, 5, 3),
+        (6, 4, 3),
+        (6, 2, 2),
+        (6, 1, 1),
+        (6, 0, 1),
+        (7, 3, 3),
+        (2, 9, 2),
+        (1, 0, 1),
+    ],
 )
 def test_layer_groups_are_as_few_and_as_even_as_the_budget_allows(n_layers, fit, expected):
     """`group_size`: a budget that fits `fit` layers (0: not even one) makes

@@ -109,8 +109,8 @@ def group_size(n_layers: int, per_layer: int, stack_bytes: int) -> int:
     """Layers scored together: as few groups as `stack_bytes` allows, of even size (six layers
     that fit five at a time go as 3 + 3, not 5 + 1: the same calls, a smaller largest group)."""
     fit = max(1, stack_bytes // max(per_layer, 1))
-    groups = -(-n_layers // fit)
-    return -(-n_layers // groups)
+    groups = max(1, -(-n_layers // fit))
+    return max(1, -(-n_layers // groups))
 
 
 def chunked(items, size: int):
