@@ -22,12 +22,12 @@ check's statistics (`studies.ablation.validation`).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from headprobe.core.seeds import keyed_hash
-from headprobe.model.channels import CHANNELS, channel_attention, layer_input, returning
+from headprobe.model.channels import CHANNELS, channel_attention, layer_input
 from headprobe.model.discovery import attention_sites
 from headprobe.model.gates import HeadGates
+from headprobe.model.layer_blocks import Kept, layer_blocks, replaying
 from headprobe.model.layer_cache import check_supported, clean_cache
 from headprobe.studies.composition.first_order import objective_rows
 from headprobe.studies.composition.intervention import sender_changes
@@ -52,7 +52,7 @@ def clean_pass(model, inputs: dict, stack: str | None = None, mlp: bool = False)
     layers are not modules of their own, `layer_blocks`)."""
     stack = check_supported(model, stack)
     kept: dict = {}
-    with _Kept(layer_blocks(model, attention_sites(model).of(stack)), kept):
+    with Kept(layer_blocks(model, attention_sites(model).of(stack)), kept):
         cache = clean_cache(model, inputs, stack, mlp=mlp)
     return cache, kept
 
@@ -64,11 +64,11 @@ def exact_rows(model, cache, objective, targets, edges, baseline=None, kept=None
     layer; else it is one more forward pass, which keeps them."""
     blocks = layer_blocks(model, cache.sites)
     if blocks and kept:
-        with returning({b: _replay(kept[b]) for b in blocks}):
+        with replaying({b: kept[b] for b in blocks}):
             clean, tokens = objective_rows(objective, model, targets)  # [batch], [batch]
     else:
         kept = {}
-        with _Kept(blocks, kept):
+        with Kept(blocks, kept):
             clean, tokens = objective_rows(objective, model, targets)  # [batch], [batch]
     n_layers, n_heads = len(cache.sites), cache.sites[0].heads
     base = torch.stack([cache.slices[l] for l in range(n_layers)], 1)  # [b, layer, p, h, d]
@@ -78,70 +78,12 @@ def exact_rows(model, cache, objective, targets, edges, baseline=None, kept=None
         base[:, layer, :, head] = changed_slice(model, cache, edge, baseline).to(base)
         gates = torch.ones(base.shape[0], n_layers, n_heads, device=base.device)
         gates[:, layer, head] = 0.0
-        below = {blocks[l]: _replay(kept[blocks[l]]) for l in range(layer)} if blocks else {}
-        with HeadGates(model, gates, base, cache.stack), returning(below):
+        below = {blocks[l]: kept[blocks[l]] for l in range(layer)} if blocks else {}
+        with HeadGates(model, gates, base, cache.stack), replaying(below):
             patched, _ = objective_rows(objective, model, targets)
         base[:, layer, :, head] = cache.slices[layer][:, :, head]  # clean again, for the next
         out.append(patched - clean)
     return torch.stack(out, 1), tokens
-
-
-def layer_blocks(model, sites) -> list | None:
-    """The module each layer of a stack runs in (the item of a `ModuleList` that holds its
-    attention module; `sites`: the stack's, as `LayerCache.sites`), one distinct module per layer
-    in layer order; None where layers share one (ALBERT) or none is found: then every patched
-    pass runs from the bottom."""
-    found = []
-    for site in sites:
-        parts = site.name.split(".")
-        block = None
-        for i in range(len(parts) - 1, 0, -1):
-            if parts[i].isdigit() and isinstance(
-                model.get_submodule(".".join(parts[:i])), nn.ModuleList
-            ):
-                block = model.get_submodule(".".join(parts[: i + 1]))
-                break
-        if block is None:
-            return None
-        found.append(block)
-    if len({id(b) for b in found}) != len(found):
-        return None
-    return found
-
-
-class _Kept:
-    """Context manager: each block's output of the clean pass, kept (first call only)."""
-
-    def __init__(self, blocks, kept: dict):
-        self.blocks, self.kept, self.handles = blocks or [], kept, []
-
-    def __enter__(self):
-        def keep(module, args, output):
-            self.kept.setdefault(module, output)
-
-        self.handles = [b.register_forward_hook(keep) for b in self.blocks]
-        return self
-
-    def __exit__(self, *exc):
-        while self.handles:
-            self.handles.pop().remove()
-        return False
-
-
-def _replay(output):
-    """A block's stand-in forward: a copy of its clean output (the layers below the receiver
-    read nothing the patch changes, so their outputs are the clean pass's)."""
-    return lambda *args, **kwargs: _copied(output)
-
-
-def _copied(value):
-    if torch.is_tensor(value):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_copied(v) for v in value)
-    if isinstance(value, dict):
-        return type(value)({k: _copied(v) for k, v in value.items()})
-    return value
 
 
 def validation_sample(edges, effects, seed: int = 0, top: int = TOP, random: int = RANDOM):
@@ -156,4 +98,11 @@ def validation_sample(edges, effects, seed: int = 0, top: int = TOP, random: int
     return [edges[i] for i in sorted(chosen + rest[:random])]
 
 
-__all__ = ["CHANNELS", "changed_slice", "clean_pass", "exact_rows", "validation_sample"]
+__all__ = [
+    "CHANNELS",
+    "changed_slice",
+    "clean_pass",
+    "exact_rows",
+    "layer_blocks",
+    "validation_sample",
+]
