@@ -38,11 +38,13 @@ from headprobe.core_options import (
     check_from_mode,
     check_hf_dataset,
     check_input_file,
+    check_inputs_read,
     check_layers,
     check_max_memory,
     check_measures,
     check_model,
     check_out,
+    check_task,
     coref_help,
     maybe_at_least,
     measure_asked,
@@ -52,6 +54,8 @@ from headprobe.core_options import (
     probe_help,
     probe_names,
     stack_help,
+    task_help,
+    task_record,
     with_probe,
 )
 from headprobe.inputs.align import BOS_MODES, FROM_MODES
@@ -76,8 +80,11 @@ def _analyses(flag, value, values) -> list[str]:
     a switch that is on adds (`Analysis.added_by`)."""
     if isinstance(value, str):
         value = [name.strip() for name in value.split(",") if name.strip()]
-    if not value:
-        wanted = [a.name for a in registry.analyses() if a.default]
+    task = values.get("task") is not None
+    if not value and task:  # a task's own analyses
+        wanted = [a.name for a in registry.analyses(registry.TASK) if a.default]
+    elif not value:
+        wanted = [a.name for a in registry.analyses() if a.default and a.input != registry.TASK]
         if values["probe"] is not None:  # the token analyses that read attention, and those
             wanted += [  # defined on this probe alone (the needle probe's retrieval heads)
                 a.name
@@ -95,21 +102,8 @@ def _analyses(flag, value, values) -> list[str]:
         for a in registry.analyses()
         if a.added_by and (values.get(a.added_by) or a.added_by in wanted) and a.name not in wanted
     ]
-    _check_probes(wanted + added, values["probe"])
+    check_inputs_read(wanted + added, values["probe"], task)
     return wanted + added
-
-
-def _check_probes(names: list[str], probe) -> None:
-    """An analysis defined on one probe only (`Analysis.probe`) needs that probe."""
-    for name in names:
-        analysis = registry.get(name)
-        if analysis.probe is not None and probe != analysis.probe:
-            asked = f"{flag(analysis.added_by)} (analysis {name})" if analysis.added_by else name
-            raise checks.UsageError(
-                f"{asked} reads the {analysis.probe} probe, not "
-                f"{'a sentence corpus' if probe is None else f'--probe {probe}'}: "
-                f"add --probe {analysis.probe}"
-            )
 
 
 # ------------------------------------------------------------------------------------- options
@@ -178,7 +172,7 @@ class CoreOptions:
     )
     probe_n: int = option(
         500,
-        "--probe: sequences (default: 500)",
+        "--probe: sequences; --task ioi: examples (default: 500)",
         flag="--n",
         type=int,
         metavar="N",
@@ -196,6 +190,18 @@ class CoreOptions:
         record=with_probe,
         record_at=17,
         record_as=("probe", "specials"),
+    )
+    task: str | Path | list | None = option(
+        None,
+        task_help,
+        flag="--task",
+        metavar="FILE.jsonl|ioi",
+        check=check_task,
+        stage="input",
+        record=GIVEN,
+        record_at=26,
+        record_as=("task", "name"),
+        record_value=task_record,
     )
     out: str | Path | None = option(
         None,
@@ -459,7 +465,8 @@ class CoreOptions:
                 + ", ".join(flag(name) for name in SENTENCE_SOURCES)
                 + f", not {' and '.join(flag(name) for name in given)}"
             )
-        if not given and values["coref"] is None and values["probe"] is None:  # the bundled data
+        asked = (values["coref"], values["probe"], values["task"])
+        if not given and all(v is None for v in asked):  # the bundled data
             values["treebank"] = DEFAULT_TREEBANK  # UD English EWT dev (gold)
             values["coref"] = (
                 DEFAULT_COREF if DEFAULT_COREF.is_file() else None

@@ -6,6 +6,7 @@ Each check is `check(flag, value, values) -> value`, run by `RunConfig.checked` 
 from __future__ import annotations
 
 from dataclasses import field
+from pathlib import Path
 
 from headprobe import checks
 from headprobe.inputs.align import FROM_MODES
@@ -122,6 +123,56 @@ def check_measures(flag, value, values) -> tuple[str, ...]:
         return parse_measures(value)
     except ValueError as err:
         raise checks.UsageError(f"{flag}: {err}") from None
+
+
+def check_task(flag, value, values):
+    """A built-in task's name, or a task file or list read and checked whole (one line naming
+    file:line for the first bad example), before any model loads."""
+    from headprobe.inputs.tasks import BUILT_IN, task_items
+
+    if value is None or (isinstance(value, str) and value in BUILT_IN):
+        return value
+    if isinstance(value, (str, Path)):
+        checks.check_input_file(flag, value)
+    task_items(value)  # raises UsageError, one line, where an example is malformed
+    return value
+
+
+def check_inputs_read(names: list[str], probe, task: bool) -> None:
+    """An analysis defined on one probe only (`Analysis.probe`) needs that probe; one that reads
+    a task (`registry.TASK`) needs `--task`."""
+    added = {o.name: o.flag for o in registry.declared_options()}
+    for name in names:
+        analysis = registry.get(name)
+        if analysis.probe is not None and probe != analysis.probe:
+            by = analysis.added_by
+            asked = f"{added.get(by) or by} (analysis {name})" if by else name
+            raise checks.UsageError(
+                f"{asked} reads the {analysis.probe} probe, not "
+                f"{'a sentence corpus' if probe is None else f'--probe {probe}'}: "
+                f"add --probe {analysis.probe}"
+            )
+        if analysis.input == registry.TASK and not task:
+            raise checks.UsageError(
+                f"{name} reads a task (prompt pairs and a metric), and none was given: add "
+                "--task FILE.jsonl or --task ioi"
+            )
+
+
+def task_help() -> str:
+    from headprobe.inputs.tasks import BUILT_IN, KEYS
+
+    return (
+        f"a task: a JSONL file of {{{', '.join(KEYS)}}} (optional id, unit; METHODS §19), or a "
+        f"built-in generator ({', '.join(BUILT_IN)}: indirect-object identification, Wang et al. "
+        "2022; --n examples, --seed); its default analysis is patching"
+    )
+
+
+def task_record(value) -> str:
+    from headprobe.inputs.tasks import task_name
+
+    return task_name(value)
 
 
 def probe_help() -> str:

@@ -34,6 +34,7 @@ from headprobe.scoring.registry import (
     MENTIONS,
     PROBE,
     SENTENCES,
+    TASK,
     WEIGHTS_ONLY,
 )
 from headprobe.scoring.scorer_base import ReadsInputs, ReadsOptions, RunsModel, TakesHeads
@@ -114,10 +115,13 @@ def plan_passes(config: RunConfig, session: Session, weighed: bool = False) -> l
     on_tokens = [a for a in registry.analyses(PROBE) if a.name in wanted]
     on_coref = [a for a in registry.analyses(COREFERENCE) if a.name in wanted]
     on_any = [a for a in registry.analyses(ANY) if a.name in wanted]
+    on_task = [a for a in registry.analyses(TASK) if a.name in wanted]
     if config.probe is None:
         on_sentences, on_tokens = on_sentences + on_tokens, []
     has_sentences = any(getattr(config, key) is not None for key in SENTENCE_SOURCES)
-    reads_sentences = has_sentences or (config.coref is None and config.probe is None)
+    reads_sentences = has_sentences or all(
+        v is None for v in (config.coref, config.probe, config.task)
+    )
     if reads_sentences:
         on_sentences += on_any
     elif config.probe is not None:
@@ -145,6 +149,8 @@ def plan_passes(config: RunConfig, session: Session, weighed: bool = False) -> l
             on_tokens,
             config,
         )
+    if config.task is not None and on_task:
+        passes.append(task_pass(config, session, on_task))
     if not passes and not weighed:
         raise ValueError(
             "nothing to score: give a sentence corpus and/or coref for the analyses asked for"
@@ -169,6 +175,40 @@ def probe_stream(config: RunConfig, session: Session) -> Stream:
         seed=config.seed,
         specials=config.probe_specials,
         vocab_size=getattr(text_config(session.net), "vocab_size", None),
+    )
+
+
+def task_pass(config: RunConfig, session: Session, analyses) -> Pass:
+    """The task's examples (`headprobe.inputs.tasks`), every one checked before the pass: the
+    analyses that read a task patch the model on them."""
+    from headprobe.inputs.tasks import task_examples, task_items, task_name, task_stream
+    from headprobe.model.objectives import lm_kind
+
+    masked = lm_kind(session.net) == "masked_lm"
+    mask = getattr(session.tokenizer, "mask_token", None) if masked else None
+    items = task_items(
+        config.task, n=config.probe_n, seed=config.seed, tokenizer=session.tokenizer, mask=mask
+    )
+    name = task_name(config.task)
+    examples = task_examples(items, session.tokenizer, masked=masked, name=name)
+    label = f"{name} ({len(examples):,} examples)"
+
+    def record(summary: dict) -> None:
+        summary["task"] = {
+            "name": name,
+            "examples": len(examples),
+            "units": len({e.unit for e in examples}),
+            **({"n": config.probe_n, "seed": config.seed} if name == config.task else {}),
+        }
+
+    return Pass(
+        TASK,
+        analyses,
+        _make_scorers(analyses, config),
+        task_stream(examples, label),
+        label,
+        config.batch_size,
+        record,
     )
 
 

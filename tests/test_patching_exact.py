@@ -25,7 +25,7 @@ from headprobe.model.discovery import attention_sites
 from headprobe.model.mlp_writes import mlp_modules
 from headprobe.model.projections import features_last
 from headprobe.model.task_nodes import TaskNodes
-from headprobe.studies.patching.effects import TaskPairs, direct_effects, exact_effects
+from headprobe.studies.patching.node_effects import TaskPairs, direct_effects, exact_effects
 
 TOL = 1e-5
 FAMILIES = sorted({name for name, stack in INTERFACE if name not in ("t5", "t5-encoder")})

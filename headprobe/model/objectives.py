@@ -278,4 +278,6 @@ def _kinds_and_keys(batch):
 
 
 ABLATIONS = ("zero", "mean", "resample")  # kinds of ablation (METHODS §8), `--ablation`
-ESTIMATES = ("michel", "atp", "atp*")  # estimates of a head's effect without one pass per head
+# estimates of a head's effect without one pass per head; "ig" (integrated gradients from the
+# corrupted to the clean prompt) needs a task's prompt pairs, so head ablation refuses it
+ESTIMATES = ("michel", "atp", "atp*", "ig")

@@ -90,6 +90,19 @@ class TaskNodes:
         self.final = final_norm(base)
         self.post_norm = all(site.norm_in is None for site in self.sites[1:])
         self.causal = bool(self.sites[0].causal)
+        self._norms = None
+
+    def write_norms(self, ids: torch.Tensor) -> tuple[dict, dict]:
+        """({layer: the norm on its attention output}, {layer: the norm on its MLP output}) before
+        the residual add (Gemma-2/3; empty elsewhere), found once by a clean pass on the first row
+        of `ids` (`model.layer_cache`, which also checks that the MLP writes found are what the
+        residual stream receives)."""
+        if self._norms is None:
+            from headprobe.model.layer_cache import clean_cache
+
+            cache = clean_cache(self.model, {"input_ids": ids[:1]}, self.stack, mlp=True)
+            self._norms = (dict(cache.write_norms), dict(cache.mlp_norms))
+        return self._norms
 
     def names(self) -> list[str]:
         """Every node, in order: 'embed', then per layer its heads 'L-H' and 'mlp L'."""
@@ -107,7 +120,8 @@ class TaskNodes:
         """[batch, piece, head, d_head] view of an output projection's input."""
         return features_last(self.projections[layer], x).unflatten(-1, (self.n_heads, self.d_head))
 
-    def _flat(self, layer: int, heads: torch.Tensor) -> torch.Tensor:
+    def projection_input(self, layer: int, heads: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s output projection input from [batch, piece, head, d_head]."""
         return features_last(self.projections[layer], heads.flatten(-2))
 
     @contextlib.contextmanager
@@ -180,7 +194,7 @@ class TaskNodes:
                 x = self._heads(layer, args[0])  # [copy * rows, piece, head, d_head]
                 src = source.slices[layer].to(x.dtype).repeat(copies, 1, 1, 1)
                 m = pick.to(x.device).repeat_interleave(rows, 0)[:, None, :, None]
-                return (self._flat(layer, torch.where(m, src, x)), *args[1:])
+                return (self.projection_input(layer, torch.where(m, src, x)), *args[1:])
 
             handles.append(self.projections[layer].register_forward_pre_hook(slice_hook))
 
@@ -215,7 +229,7 @@ class TaskNodes:
         def slice_hook(layer):
             def hook(module, args):
                 x = self._heads(layer, args[0])
-                return (self._flat(layer, source.slices[layer].to(x.dtype)), *args[1:])
+                return (self.projection_input(layer, source.slices[layer].to(x.dtype)), *args[1:])
 
             return hook
 
@@ -251,7 +265,7 @@ class TaskNodes:
         def slice_hook(layer):
             def hook(module, args):
                 x = self._heads(layer, args[0])
-                return (self._flat(layer, add(("head", layer), x)), *args[1:])
+                return (self.projection_input(layer, add(("head", layer), x)), *args[1:])
 
             return hook
 

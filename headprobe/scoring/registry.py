@@ -53,12 +53,15 @@ PLUGIN_ORDER = 1000.0  # where an analysis that declares no order goes: after th
 # the run reads (analyses that run the model itself: head ablation): the sentence corpus where
 # one is given, else the probe, else the coreference windows, else the bundled sample
 # "weights": none, it reads only the model's weights (`scoring.weights_scorer`), computed once
-SENTENCES, COREFERENCE, PROBE, ANY, WEIGHTS_ONLY = INPUTS = (
+# "task": prompt pairs and a metric (`--task`, `headprobe.inputs.tasks`): the analyses that patch
+# the model on them (`patching`), and only they, read a task
+SENTENCES, COREFERENCE, PROBE, ANY, WEIGHTS_ONLY, TASK = INPUTS = (
     "sentences",
     "coreference",
     "probe",
     "any",
     "weights",
+    "task",
 )
 # the example pictures of an analysis's best heads (`headprobe.results.examples`): a head's attention on a
 # sentence holding its relation, with the gold arcs; on a mention and its nearest antecedent

@@ -102,6 +102,7 @@ IMPORTANCE = register(
         selection=False,
         default=False,
         options=("ablation", flags.ESTIMATE),
+        model_checks=(flags.no_task_estimate,),
         description="per head: |dL/dg| at g = 1 per piece, a gate per example and head, one backward pass "
         "(Michel et al. 2019; METHODS §8); needs a language-model head",
         tables={

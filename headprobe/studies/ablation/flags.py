@@ -188,11 +188,12 @@ ABLATION = Option(
 ESTIMATE = Option(
     "estimate",
     "michel",
-    "the importance analysis's estimates of a head's effect, a comma list of michel "
-    "(E|dL/dg|, Michel et al. 2019), atp (attribution patching: (b - a) . dL/da, the signed "
-    "first-order estimate of --ablation's effect), atp* (AtP with GradDrop, Kramar et al. "
-    "2024: one backward pass per layer); each is checked against the exact effect of 20 heads "
-    "(METHODS §8) (default: michel)",
+    "estimates of a head's effect, a comma list of michel (E|dL/dg|, Michel et al. 2019), atp "
+    "(attribution patching: (b - a) . dL/da, the signed first-order estimate of --ablation's "
+    "effect, or on a task of the patch), atp* (AtP with GradDrop, Kramar et al. 2024: one "
+    "backward pass per layer), ig (on a task: integrated gradients from the corrupted to the "
+    "clean prompt, --ig-steps); importance checks each against the exact effect of 20 heads "
+    "(METHODS §8), a task against every node's (§19) (default: michel; on a task: atp)",
     flag="--estimate",
     metavar="E[,E]",
     check=_kinds(ESTIMATES, "michel"),
@@ -201,6 +202,15 @@ ESTIMATE = Option(
     record_value=",".join,
     record_at=30,
 )
+
+
+def no_task_estimate(config, facts) -> None:
+    """Head ablation has no corrupted prompt to integrate from: --estimate ig is a task's."""
+    if "ig" in config.estimate:
+        raise UsageError(
+            "--estimate ig: integrated gradients run from a task's corrupted prompt to its clean "
+            "one; importance takes michel, atp, atp*"
+        )
 
 
 def heads_exist(config, facts) -> None:

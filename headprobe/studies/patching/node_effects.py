@@ -3,7 +3,7 @@
     pairs = TaskPairs.of(batch, device)                 # clean, corrupted, answer/distractor, position
     got = exact_effects(model, nodes, pairs)            # m_clean, m_corrupted [row]; noise, denoise [row, node]
     direct = direct_effects(model, nodes, pairs, got)   # direct, its answer and distractor parts [row, node]
-    est = estimates(model, nodes, pairs, ("atp", "ig"), steps=5)   # kind -> (noise, denoise) [row, node]
+    est = estimates(nodes, pairs, got, ("atp", "ig"), steps=5)      # kind -> (noise, denoise) [row, node]
 
 Nodes are `TaskNodes.names()`: the embeddings, then per layer its heads and its MLP.
 
@@ -38,7 +38,7 @@ import torch
 
 from headprobe.model.channels import returning
 from headprobe.model.layer_blocks import replaying
-from headprobe.model.projections import projection_weight
+from headprobe.model.projections import features_last, projection_weight
 from headprobe.model.task_nodes import EMBED, TaskNodes, two_logits
 
 ROW_PIECES = 16384  # pieces one patched pass holds at most (copies x rows x suffix pieces)
@@ -102,7 +102,8 @@ class _Runner:
         self.cache = None
         if self.prefix:
             base = getattr(model, "base_model", model)
-            out = base(input_ids=pairs.clean[:, : self.prefix], use_cache=True)
+            with torch.no_grad():
+                out = base(input_ids=pairs.clean[:, : self.prefix], use_cache=True)
             self.cache = getattr(out, cache_keyword(model))
         self.keep_last = _takes(model, "logits_to_keep") and bool(
             (pairs.position == pairs.clean.shape[1] - 1).all()
@@ -148,6 +149,7 @@ class Exact:
     corrupted: object  # NodeValues of the corrupted suffix pass
     prefix: int  # pieces run once (the shared prefix)
     logits_clean: torch.Tensor  # [row, 2]
+    run: _Runner  # the batch's forward on the suffix (the estimates' passes run through it)
 
 
 @torch.no_grad()
@@ -176,7 +178,15 @@ def exact_effects(model, nodes: TaskNodes, pairs: TaskPairs) -> Exact:
             m = metric(run.logits(pairs.corrupted, len(group))).view(len(group), rows).T
         denoise[:, at] = (m - m_corrupted[:, None]).cpu()
     return Exact(
-        m_clean.cpu(), m_corrupted.cpu(), noise, denoise, clean, corrupted, run.prefix, lc.cpu()
+        m_clean.cpu(),
+        m_corrupted.cpu(),
+        noise,
+        denoise,
+        clean,
+        corrupted,
+        run.prefix,
+        lc.cpu(),
+        run,
     )
 
 
@@ -198,33 +208,36 @@ class _Head:
             return self.model(input_ids=ids).logits[:, -1].float()
 
 
-def _write_changes(nodes: TaskNodes, cache, exact: Exact, position, at) -> dict:
-    """Each node's change of write to the residual stream at the scored piece, clean to
-    corrupted: {node: [row, hidden]}. A head's write is its slice times its block of W_O (the
-    projection's bias belongs to no head); the MLP's is its module's output; the embeddings' is
-    the residual stream entering layer 0. A norm the family applies to the attention's or the
-    MLP's output before the residual add (Gemma-2/3) is recomputed (`LayerCache.residual_change`,
-    `mlp_change`): the change of the norm's output."""
+def _write_changes(nodes: TaskNodes, exact: Exact, at: torch.Tensor, norms) -> dict:
+    """Each node's change of write to the residual stream at the scored piece (`at`, in the
+    suffix), clean to corrupted: {node: [row, hidden]}. A head's write is its slice times its
+    block of W_O (the projection's bias belongs to no head); the MLP's is its module's output; the
+    embeddings' is the residual stream entering layer 0. A norm the family applies to the
+    attention's or the MLP's output before the residual add (Gemma-2/3: `norms`) is recomputed:
+    the change of its output."""
     clean, corrupted = exact.clean, exact.corrupted
+    attention_norms, mlp_norms = norms
     rows = torch.arange(len(at), device=at.device)
     out = {EMBED: (corrupted.x0[rows, at] - clean.x0[rows, at]).float()}
-    pieces = cache.x[0].shape[1]
-
-    def placed(d):  # [..., row, hidden] -> [..., row, piece, hidden], d at the scored piece
-        full = d.new_zeros(*d.shape[:-1], pieces, d.shape[-1])
-        full[..., rows, position, :] = d
-        return full
-
     for layer in range(nodes.n_layers):
-        z = (corrupted.slices[layer][rows, at] - clean.slices[layer][rows, at]).float()
+        z_clean = clean.slices[layer][rows, at]  # [row, head, d_head]
+        z = (corrupted.slices[layer][rows, at] - z_clean).float()
         w = projection_weight(nodes.projections[layer]).float()  # [hidden, head * d_head]
         w = w.view(w.shape[0], nodes.n_heads, nodes.d_head)  # [hidden, head, d_head]
         d = torch.einsum("rhd,ohd->hro", z, w)  # [head, row, hidden]
-        d = cache.residual_change(layer, placed(d))[..., rows, position, :]
+        norm = attention_norms.get(layer)
+        if norm is not None:
+            projection = nodes.projections[layer]
+            a = projection(nodes.projection_input(layer, z_clean[:, None]))  # the clean output
+            a = features_last(projection, a)[:, 0].float()  # [row, hidden]
+            d = norm((a + d).to(a.dtype)).float() - norm(a).float()
         for h in range(nodes.n_heads):
-            out[f"{layer}-{h}"] = d[h].float()
-        m = (corrupted.mlp[layer][rows, at] - clean.mlp[layer][rows, at]).float()
-        out[f"mlp {layer}"] = cache.mlp_change(layer, placed(m))[rows, position].float()
+            out[f"{layer}-{h}"] = d[h]
+        before, after = clean.mlp[layer][rows, at], corrupted.mlp[layer][rows, at]
+        norm = mlp_norms.get(layer)
+        if norm is not None:
+            before, after = norm(before), norm(after)
+        out[f"mlp {layer}"] = (after - before).float()
     return out
 
 
@@ -235,15 +248,12 @@ def direct_effects(model, nodes: TaskNodes, pairs: TaskPairs, exact: Exact) -> d
     rise of the distractor's, when the node's write goes from clean to corrupted). None where
     the final residual stream is no sum of writes (post-norm families: METHODS §19) or the model
     has no final norm headprobe finds (`model.projections.final_norm`)."""
-    from headprobe.model.layer_cache import clean_cache
-
     if nodes.post_norm or nodes.final is None or exact.clean.final is None:
         return None
-    cache = clean_cache(model, {"input_ids": pairs.clean}, nodes.stack, mlp=True)
     at = pairs.position - exact.prefix
     rows = torch.arange(len(pairs), device=at.device)
     final = exact.clean.final[rows, at].float()  # [row, hidden] the clean final residual
-    changes = _write_changes(nodes, cache, exact, pairs.position, at)
+    changes = _write_changes(nodes, exact, at, nodes.write_norms(pairs.clean))
     names = nodes.names()
     changed = torch.stack([final + changes[n] for n in names])  # [node, row, hidden]
     dtype = nodes.final.weight.dtype
@@ -274,24 +284,8 @@ def _dot(nodes: TaskNodes, grads: dict, diff: dict, rows: int) -> torch.Tensor:
     return out
 
 
-def _full_values(model, nodes: TaskNodes, ids: torch.Tensor, targets) -> object:
-    with torch.no_grad(), nodes.recording(blocks=False) as values:
-        _forward_metric(model, ids, targets)
-    return values
-
-
-def _forward_metric(model, ids, targets, position=None) -> torch.Tensor:
-    feed = {"input_ids": ids}
-    if _takes(model, "use_cache"):
-        feed["use_cache"] = False
-    with two_logits(model, targets):
-        logits = model(**feed).logits  # [row, piece, 2]
-    if position is None:
-        return metric(logits[:, -1].float())
-    return metric(logits[torch.arange(len(ids), device=ids.device), position].float())
-
-
 def _differences(nodes: TaskNodes, clean, corrupted) -> dict:
+    """a_clean - a_corrupted per node key, over the suffix's pieces."""
     diff = {(EMBED, 0): (clean.embed - corrupted.embed).float()}
     for layer in range(nodes.n_layers):
         diff[("head", layer)] = (clean.slices[layer] - corrupted.slices[layer]).float()
@@ -299,11 +293,13 @@ def _differences(nodes: TaskNodes, clean, corrupted) -> dict:
     return diff
 
 
-def _gradients(model, nodes: TaskNodes, pairs: TaskPairs, ids, embed=None, drop=None) -> dict:
-    """d m / d node at the pass on `ids` (its embeddings replaced by `embed` where given; the
-    gradient through layer `drop`'s block dropped where given)."""
+def _gradients(nodes: TaskNodes, run: _Runner, ids, embed=None, drop=None) -> dict:
+    """d m / d node at the suffix pass on `ids` (its embeddings replaced by `embed` where given;
+    the gradient through layer `drop`'s block dropped where given). The shared prefix's keys and
+    values come from the cache: no node there changes between the prompts, so none of its
+    gradients enters an estimate."""
     with torch.enable_grad(), nodes.probing(embed) as probe, _dropped(nodes, drop):
-        m = _forward_metric(model, ids, pairs.targets, pairs.position)
+        m = metric(run.logits(ids))
         return {k: g.float() for k, g in probe.grads(m).items()}
 
 
@@ -334,45 +330,42 @@ class _dropped:
         return False
 
 
-def estimates(model, nodes: TaskNodes, pairs: TaskPairs, kinds, steps: int = 5) -> dict:
-    """kind -> (noise [row, node], denoise [row, node]) first-order estimates (module docstring)."""
+def estimates(nodes: TaskNodes, pairs: TaskPairs, exact: Exact, kinds, steps: int = 5) -> dict:
+    """kind -> (noise [row, node], denoise [row, node]) first-order estimates (module docstring),
+    every pass over the suffix of `exact`'s batch."""
     if not kinds:
         return {}
-    clean = _full_values(model, nodes, pairs.clean, pairs.targets)
-    corrupted = _full_values(model, nodes, pairs.corrupted, pairs.targets)
-    diff = _differences(nodes, clean, corrupted)
-    rows, out = len(pairs), {}
+    run, rows, out = exact.run, len(pairs), {}
+    diff = _differences(nodes, exact.clean, exact.corrupted)
     if "atp" in kinds or "atp*" in kinds:
-        g_clean = _gradients(model, nodes, pairs, pairs.clean)
-        g_corrupted = _gradients(model, nodes, pairs, pairs.corrupted)
+        g_clean = _gradients(nodes, run, pairs.clean)
+        g_corrupted = _gradients(nodes, run, pairs.corrupted)
         atp = (_dot(nodes, g_clean, diff, rows), _dot(nodes, g_corrupted, diff, rows))
         if "atp" in kinds:
             out["atp"] = atp
         if "atp*" in kinds:
             out["atp*"] = tuple(
-                _graddrop(model, nodes, pairs, ids, diff, sign)
+                _graddrop(nodes, run, ids, diff, sign)
                 for ids, sign in ((pairs.clean, atp[0]), (pairs.corrupted, atp[1]))
             )
     if "ig" in kinds:
         total = None
-        start, end = corrupted.embed.float(), clean.embed.float()
+        start, end = exact.corrupted.embed.float(), exact.clean.embed.float()
         for k in range(1, steps + 1):
-            embed = start + (k / steps) * (end - start)
-            g = _gradients(model, nodes, pairs, pairs.clean, embed=embed)
+            g = _gradients(nodes, run, pairs.clean, embed=start + (k / steps) * (end - start))
             total = g if total is None else {key: total[key] + g[key] for key in total}
-        mean = {key: value / steps for key, value in total.items()}
-        ig = _dot(nodes, mean, diff, rows)
+        ig = _dot(nodes, {key: value / steps for key, value in total.items()}, diff, rows)
         out["ig"] = (ig, ig.clone())
     return out
 
 
-def _graddrop(model, nodes, pairs, ids, diff, signed) -> torch.Tensor:
+def _graddrop(nodes, run, ids, diff, signed) -> torch.Tensor:
     """AtP* with GradDrop: |estimate| with each layer's block gradient dropped in turn, summed
     over the layers and divided by L - 1 (a node's own layer gives it 0), signed as AtP."""
     total = torch.zeros_like(signed)
     for layer in range(nodes.n_layers):
-        g = _gradients(model, nodes, pairs, ids, drop=layer)
-        total += _dot(nodes, g, diff, len(pairs)).abs()
+        g = _gradients(nodes, run, ids, drop=layer)
+        total += _dot(nodes, g, diff, len(ids)).abs()
     scale = max(1, nodes.n_layers - 1)
     return torch.sign(signed) * total / scale
 
