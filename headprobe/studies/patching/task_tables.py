@@ -30,6 +30,17 @@ METRIC_COLUMNS = ["metric", "value", "low", "high", "n"]
 CHECK_COLUMNS = ["estimate", "effect", "nodes", "spearman", "ci_low", "ci_high", "warning"]
 
 
+def shares(values: np.ndarray, total: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[resample, ...]: sum_u w_u values_u / sum_u w_u total_u, values [unit, ...], total [unit]:
+    a share of a signed total (`per_resample` is for counts, whose total is never below 0);
+    NaN where a resample's total is 0."""
+    top = np.tensordot(weights, values, axes=(1, 0))
+    bottom = np.tensordot(weights, total, axes=(1, 0))
+    bottom = bottom.reshape(bottom.shape + (1,) * (top.ndim - bottom.ndim))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(bottom != 0, top / np.where(bottom != 0, bottom, 1.0), np.nan)
+
+
 def estimate_key(kind: str, effect: str) -> str:
     """The column of an estimate: `atp_noise`, `atp_star_denoise`, `ig_noise`, ..."""
     return f"{kind.replace('*', '_star')}_{effect}"
@@ -77,7 +88,7 @@ def nodes_frame(sums, node_index, weights, kinds=()) -> pd.DataFrame:
                 frame[effect + suffix] = np.nan
             continue
         v = per_resample(values, count, weights)  # [resample, node] mean per example
-        share = per_resample(values, diff, weights)  # [resample, node]
+        share = shares(values, diff, weights)  # [resample, node]
         low, high = percentiles(v[1:])
         s_low, s_high = percentiles(share[1:])
         frame[effect], frame[f"{effect}_low"], frame[f"{effect}_high"] = v[0], low, high
