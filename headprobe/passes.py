@@ -181,7 +181,7 @@ def probe_stream(config: RunConfig, session: Session) -> Stream:
 def task_pass(config: RunConfig, session: Session, analyses) -> Pass:
     """The task's examples (`headprobe.inputs.tasks`), every one checked before the pass: the
     analyses that read a task patch the model on them."""
-    from headprobe.inputs.tasks import task_examples, task_items, task_name, task_stream
+    from headprobe.inputs.tasks import BATCH, task_examples, task_items, task_name, task_stream
     from headprobe.model.objectives import lm_kind
 
     masked = lm_kind(session.net) == "masked_lm"
@@ -191,7 +191,6 @@ def task_pass(config: RunConfig, session: Session, analyses) -> Pass:
     )
     name = task_name(config.task)
     examples = task_examples(items, session.tokenizer, masked=masked, name=name)
-    label = f"{name} ({len(examples):,} examples)"
 
     def record(summary: dict) -> None:
         summary["task"] = {
@@ -205,9 +204,9 @@ def task_pass(config: RunConfig, session: Session, analyses) -> Pass:
         TASK,
         analyses,
         _make_scorers(analyses, config),
-        task_stream(examples, label),
-        label,
-        config.batch_size,
+        task_stream(examples, name),
+        name,
+        min(config.batch_size, BATCH),
         record,
     )
 

@@ -167,7 +167,9 @@ def test_the_run_tables_equal_the_exact_effects_computed_directly(tiny_lm, tmp_p
     np.testing.assert_allclose(nodes["noise"].to_numpy(), want, rtol=1e-5, atol=1e-6)
     diff = (exact.m_clean - exact.m_corrupted).double()
     share = exact.denoise.double().sum(0) / diff.sum()
-    np.testing.assert_allclose(nodes["denoise_share"].to_numpy(), share.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        nodes["denoise_share"].to_numpy(), share.numpy(), rtol=1e-4, atol=1e-5
+    )
     metric = results.tables["patching_metric"].set_index("metric")
     assert metric.loc["clean", "value"] == pytest.approx(float(exact.m_clean.mean()), rel=1e-5)
     check = results.tables["patching_check"]

@@ -65,6 +65,7 @@ PLACES = ("store", "park", "garden", "school", "office", "station", "hospital", 
 OBJECTS = ("drink", "book", "ball", "bone", "basketball", "computer", "necklace", "kiss",
            "snack", "ring", "letter", "flower")  # fmt: skip
 MIN_NAMES = 3
+BATCH = 32  # a task's examples per batch at most: its progress bar moves per batch
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,6 @@ NAME = "patching"
 TASK_ESTIMATES = ("atp", "atp*", "ig")
 DEFAULT_ESTIMATES = ("atp",)  # on a task when --estimate is left at its default (michel)
 TAIL = ("answer", "distractor", "first_position")  # the tally's labels (`task_sums.TARGETS`)
-BATCH = 32  # task examples per batch at most (the progress bar moves per batch)
 _KEPT: dict = {}  # run token -> the tables `finish` made, until the run's tables read them
 KEEP_RUNS = 4
 
@@ -116,6 +115,8 @@ class PatchingScorer(ModelScorer):
         self.sums_ = TaskSums(self.nodes_.names(), self.nodes_.n_layers, self.nodes_.n_heads)
         self.answers_: set = set()
         self.prefixes_: list = []
+        self.row_: dict = {}  # the first example's attention from its scored piece
+        self.tokenizer_ = tokenizer
         self.token = uuid.uuid4().hex
 
     def model_pass(self, model, batch):
@@ -125,9 +126,10 @@ class PatchingScorer(ModelScorer):
 
         from headprobe.model.sites import model_device
 
-        rows, units, prefixes = {}, [], []
+        rows, units, prefixes, first = {}, [], [], None
         for group in groups(batch.examples, self.nodes_):
-            got, prefix = self._group(model, group, model_device(model))
+            got, prefix, kept = self._group(model, group, model_device(model), first is None)
+            first = first or _attention_row(group[0], kept, self.tokenizer_)
             units += [e.unit for e in group]
             prefixes.append(prefix)
             for key, value in got.items():
@@ -138,15 +140,16 @@ class PatchingScorer(ModelScorer):
         picked = att[:, [0, 3, 6]].reshape(-1, att.shape[2], att.shape[3])  # [row * 3, layer, head]
         values = torch.as_tensor(picked)[:, self.layers]
         answers = {e.meta["answer_id"] for e in batch.examples}
-        return self.new_state_with(batch, keys, values, (units, rows, answers, prefixes))
+        return self.new_state_with(batch, keys, values, (units, rows, answers, prefixes, first))
 
     def new_state_with(self, batch, keys, values, own):
         state = self.state_of(batch, keys, [1.0] * len(keys), values)
         state.own = own
         return state
 
-    def _group(self, model, group, device) -> tuple[dict, int]:
-        """One group's per-example rows (numpy) and its shared prefix."""
+    def _group(self, model, group, device, keep_row: bool) -> tuple[dict, int, object]:
+        """One group's per-example rows (numpy), its shared prefix, and (`keep_row`) its first
+        example's attention from the scored piece [layer, head, key]."""
         from headprobe.studies.patching import node_effects as fx
         from headprobe.studies.patching.task_roles import scored_attention
         from headprobe.studies.patching.task_tables import estimate_key
@@ -167,16 +170,18 @@ class PatchingScorer(ModelScorer):
         ).items():
             rows[estimate_key(kind, "noise")] = fx.as_numpy(noise)
             rows[estimate_key(kind, "denoise")] = fx.as_numpy(denoise)
-        rows["attention"] = scored_attention(model, self.nodes_, pairs)
-        return rows, exact.prefix
+        rows["attention"], kept = scored_attention(model, self.nodes_, pairs, keep_row)
+        return rows, exact.prefix, kept
 
     def end_batch(self, state) -> None:
         super().end_batch(state)
         if state.own is not None:
-            units, rows, answers, prefixes = state.own
+            units, rows, answers, prefixes, first = state.own
             self.sums_.add(units, rows)
             self.answers_.update(answers)
             self.prefixes_.extend(prefixes)
+            if first and not self.row_:
+                self.row_.update(first)
 
     def finish(self) -> None:
         """The task ended: the tables (module docstring)."""
@@ -241,6 +246,21 @@ class PatchingScorer(ModelScorer):
         }
 
 
+def _attention_row(example, kept, tokenizer) -> dict | None:
+    """{"example", "pieces", "weights": {"L-H": [key]}}: one example's attention from its scored
+    piece, per head, for the head cards (rounded: a summary value)."""
+    if kept is None:
+        return None
+    ids = example.meta["input_ids"][: example.meta["position"] + 1]
+    weights = {
+        f"{layer}-{head}": [round(float(w), 4) for w in kept[layer, head, : len(ids)]]
+        for layer in range(kept.shape[0])
+        for head in range(kept.shape[1])
+    }
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    return {"example": example.source, "pieces": pieces, "weights": weights}
+
+
 def groups(examples, nodes) -> list[list]:
     """The batch's examples grouped by length in pieces and first differing piece, each group cut
     to what one patched pass holds (`node_effects.rows_per_pass`)."""
@@ -291,6 +311,7 @@ def task_summary(results) -> dict:
         for r in heads.itertuples(index=False):
             roles.setdefault(r.role, []).append(f"{int(r.layer)}-{int(r.head)}")
     out["roles"] = roles
+    out["attention_row"] = info.get("attention_row") or {}
     return out
 
 

@@ -51,8 +51,9 @@ HEAD_COLUMNS = [
 ]  # fmt: skip
 
 
-def scored_attention(model, nodes, pairs):
-    """[row, target, layer, head] float64 numpy: the clean prompt's attention from the scored
+def scored_attention(model, nodes, pairs, keep_row: bool = False):
+    """([row, target, layer, head] float64 numpy, the first row's [layer, head, key] attention
+    from its scored piece where `keep_row`, else None): the clean prompt's attention from the scored
     piece to each of `TARGETS` (the answer's token every occurrence summed, its first and its
     last occurrence, the same for the distractor, and the first position), per head, from one
     clean pass (`model.layer_cache`) with each layer's probabilities as eager attention computes
@@ -75,13 +76,16 @@ def scored_attention(model, nodes, pairs):
             last = torch.where(hit, pieces, -1).max(1).values
             masks += [hit, (pieces == first[:, None]) & hit, (pieces == last[:, None]) & hit]
         masks.append(pieces == 0)  # the first position
+        kept = np.zeros((nodes.n_layers, nodes.n_heads, ids.shape[1])) if keep_row else None
         for layer in range(nodes.n_layers):
             probs, _ = clean_attention(model, cache, layer)  # [row, head, query, key]
             row = probs[rows, :, pairs.position]  # [row, head, key]
+            if keep_row:
+                kept[layer] = row[0].double().cpu().numpy()
             for t, mask in enumerate(masks):
                 got = (row * mask[:, None, :].to(row.dtype)).sum(-1)  # [row, head]
                 out[:, t, layer] = got.double().cpu().numpy()
-    return out
+    return out, kept
 
 
 def _attention_means(attention_sums: np.ndarray, count: np.ndarray) -> np.ndarray:
