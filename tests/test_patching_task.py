@@ -264,3 +264,19 @@ def test_task_roles_on_hand_built_rows(values, role):
     got, met, evidence = task_roles.classify(row_of(**values))
     assert got == role
     assert role in met and "attention to the answer" in evidence
+
+
+@pytest.mark.slow
+def test_wang2022_script_finds_the_induction_head_by_noising(tmp_path):
+    """Acceptance 3: on the Olsson script's trained 2-layer model the induction head (the best of
+    the induction analysis) is the top head by noising on the induction task."""
+    import sys
+    from pathlib import Path
+
+    analyses = Path(__file__).resolve().parents[1] / "analyses"
+    sys.path.insert(0, str(analyses))
+    try:
+        import wang2022_ioi as script
+    finally:
+        sys.path.remove(str(analyses))
+    assert script.main(["--skip-smollm2", "--out", str(tmp_path)]) == 0
