@@ -24,6 +24,7 @@ kept until the run's tables read them (as the composition analysis keeps its edg
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import numpy as np
@@ -116,6 +117,7 @@ class PatchingScorer(ModelScorer):
         self.answers_: set = set()
         self.prefixes_: list = []
         self.row_: dict = {}  # the first example's attention from its scored piece
+        self.seconds_: dict = {}  # part -> seconds (exact, direct, estimates, attention)
         self.tokenizer_ = tokenizer
         self.token = uuid.uuid4().hex
 
@@ -126,9 +128,10 @@ class PatchingScorer(ModelScorer):
 
         from headprobe.model.sites import model_device
 
-        rows, units, prefixes, first = {}, [], [], None
+        rows, units, prefixes, first, seconds = {}, [], [], None, {}
         for group in groups(batch.examples, self.nodes_):
-            got, prefix, kept = self._group(model, group, model_device(model), first is None)
+            got, prefix, kept, took = self._group(model, group, model_device(model), first is None)
+            seconds = {k: seconds.get(k, 0.0) + v for k, v in took.items()}
             first = first or _attention_row(group[0], kept, self.tokenizer_)
             units += [e.unit for e in group]
             prefixes.append(prefix)
@@ -140,19 +143,28 @@ class PatchingScorer(ModelScorer):
         picked = att[:, [0, 3, 6]].reshape(-1, att.shape[2], att.shape[3])  # [row * 3, layer, head]
         values = torch.as_tensor(picked)[:, self.layers]
         answers = {e.meta["answer_id"] for e in batch.examples}
-        return self.new_state_with(batch, keys, values, (units, rows, answers, prefixes, first))
+        return self.new_state_with(
+            batch, keys, values, (units, rows, answers, prefixes, first, seconds)
+        )
 
     def new_state_with(self, batch, keys, values, own):
         state = self.state_of(batch, keys, [1.0] * len(keys), values)
         state.own = own
         return state
 
-    def _group(self, model, group, device, keep_row: bool) -> tuple[dict, int, object]:
-        """One group's per-example rows (numpy), its shared prefix, and (`keep_row`) its first
-        example's attention from the scored piece [layer, head, key]."""
+    def _group(self, model, group, device, keep_row: bool) -> tuple:
+        """One group's per-example rows (numpy; "seconds": [part] the time each part took), its
+        shared prefix, and (`keep_row`) its first example's attention from the scored piece
+        [layer, head, key]."""
         from headprobe.studies.patching import node_effects as fx
         from headprobe.studies.patching.task_roles import scored_attention
         from headprobe.studies.patching.task_tables import estimate_key
+
+        clock = [time.perf_counter()]
+
+        def lap() -> float:
+            clock.append(time.perf_counter())
+            return clock[-1] - clock[-2]
 
         pairs = fx.TaskPairs.of(group, device)
         exact = fx.exact_effects(model, self.nodes_, pairs)
@@ -162,26 +174,32 @@ class PatchingScorer(ModelScorer):
             "noise": fx.as_numpy(exact.noise),
             "denoise": fx.as_numpy(exact.denoise),
         }
+        seconds = {"exact": lap()}
         direct = fx.direct_effects(model, self.nodes_, pairs, exact)
         for key, value in (direct or {}).items():
             rows[key] = fx.as_numpy(value)
+        seconds["direct"] = lap()
         for kind, (noise, denoise) in fx.estimates(
             self.nodes_, pairs, exact, self.kinds, self.steps
         ).items():
             rows[estimate_key(kind, "noise")] = fx.as_numpy(noise)
             rows[estimate_key(kind, "denoise")] = fx.as_numpy(denoise)
+        seconds["estimates"] = lap()
         rows["attention"], kept = scored_attention(model, self.nodes_, pairs, keep_row)
-        return rows, exact.prefix, kept
+        seconds["attention"] = lap()
+        return rows, exact.prefix, kept, seconds
 
     def end_batch(self, state) -> None:
         super().end_batch(state)
         if state.own is not None:
-            units, rows, answers, prefixes, first = state.own
+            units, rows, answers, prefixes, first, seconds = state.own
             self.sums_.add(units, rows)
             self.answers_.update(answers)
             self.prefixes_.extend(prefixes)
             if first and not self.row_:
                 self.row_.update(first)
+            for part, took in seconds.items():
+                self.seconds_[part] = self.seconds_.get(part, 0.0) + took
 
     def finish(self) -> None:
         """The task ended: the tables (module docstring)."""
