@@ -280,3 +280,49 @@ def test_wang2022_script_finds_the_induction_head_by_noising(tmp_path):
     finally:
         sys.path.remove(str(analyses))
     assert script.main(["--skip-smollm2", "--out", str(tmp_path)]) == 0
+
+
+def word_tokenizer():
+    """A word-level tokenizer of every word the IOI templates, names, places and objects use."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from headprobe.inputs import tasks
+
+    words = {"<unk>"}
+    for text in tasks.TEMPLATES:
+        words |= set(text.replace(",", " ,").replace(".", " .").split())
+    words |= set(tasks.NAMES) | set(tasks.PLACES) | set(tasks.OBJECTS) | {",", "."}
+    vocab = {w: i for i, w in enumerate(sorted(words))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+def test_the_ioi_generator_is_seeded_and_corrupts_only_the_subjects_second_mention():
+    from headprobe.inputs.tasks import ioi_items
+
+    tok = word_tokenizer()
+    items = ioi_items(tok, n=40, seed=3)
+    assert [i.clean for i in ioi_items(tok, n=10, seed=3)] == [i.clean for i in items[:10]]
+    assert [i.clean for i in ioi_items(tok, n=10, seed=4)] != [i.clean for i in items[:10]]
+    examples = task_examples(items, tok)
+    for item, example in zip(items, examples):
+        clean, corrupted = example.meta["input_ids"], example.meta["corrupted_ids"]
+        differ = [k for k, (a, b) in enumerate(zip(clean, corrupted)) if a != b]
+        assert len(differ) == 1 and 3 <= len(clean) - differ[0] <= 4  # S2, near the end
+        io, s = example.meta["answer_id"], example.meta["distractor_id"]
+        assert clean.count(io) == 1 and clean.count(s) == 2 and corrupted.count(s) == 1
+        assert clean[differ[0]] == s  # the subject's second mention is what changed
+        first = min(clean.index(io), clean.index(s))
+        assert (clean[first] == io) == (item.extra["order"] == "ABBA")
+    assert {i.extra["order"] for i in items} == {"ABBA", "BABA"}
+
+
+def test_ioi_needs_names_of_one_piece(tiny_lm):
+    from headprobe.inputs.tasks import ioi_items
+
+    with pytest.raises(UsageError, match="--task ioi: the tokenizer writes only 0"):
+        ioi_items(tiny_lm[2], n=4)

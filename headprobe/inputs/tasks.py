@@ -41,17 +41,18 @@ from headprobe.inputs.corpora.base import Example, Stream
 KEYS = ("clean", "corrupted", "answer", "distractor")
 BUILT_IN = ("ioi",)
 IOI = "ioi"
-# {IO} the indirect object (the answer), {S} the subject (the distractor); the subject's second
-# mention stands late, so the pieces the prompts share run long (the patched passes run after them)
+# {A}, {B}: the two names of the first clause (ABBA: A is the indirect object, the answer; BABA:
+# B is), {S}: the subject's second mention (the distractor). It stands three or four pieces from
+# the end, so the pieces both prompts share run long (the patched passes run after them)
 TEMPLATES = (
-    "Then, {A} and {B} went to the {PLACE}. {S} gave a {OBJECT} to",
+    "Then, {A} and {B} went to the {PLACE}. {S} gave it to",
     "When {A} and {B} got a {OBJECT} at the {PLACE}, {S} gave it to",
-    "After {A} and {B} went to the {PLACE}, {S} gave a {OBJECT} to",
     "Then, {A} and {B} had a long argument. Afterwards {S} said to",
-    "While {A} and {B} were working at the {PLACE}, {S} gave a {OBJECT} to",
+    "After {A} and {B} went to the {PLACE}, {S} said to",
+    "While {A} and {B} were working at the {PLACE}, {S} handed it to",
     "Friends {A} and {B} found a {OBJECT} at the {PLACE}. {S} gave it to",
-    "The {PLACE} was quiet when {A} and {B} arrived. {S} handed a {OBJECT} to",
-    "Yesterday {A} and {B} went to the {PLACE}, and {S} gave a {OBJECT} to",
+    "The {PLACE} was quiet when {A} and {B} arrived. {S} said to",
+    "Yesterday {A} and {B} bought a {OBJECT} at the {PLACE}, and {S} threw it to",
 )
 NAMES = (
     "Mary", "John", "Tom", "James", "Anna", "Paul", "Sarah", "David", "Laura", "Mark", "Lisa",
