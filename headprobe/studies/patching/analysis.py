@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -68,6 +69,22 @@ IG_STEPS = Option(
     check=at_least_one,
     record=lambda config: config.ig_steps != 5,
 )
+
+
+LM_ARCHITECTURES = ("ForCausalLM", "ForMaskedLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def lm_head_declared(config, facts) -> None:
+    """Before the weights load: a model whose config names its architectures, none of them under
+    a language-model head (the bundled MiniLM: `BertModel`), is refused in one line; a head
+    declared but missing from the checkpoint is found once the model loads (`use_model`)."""
+    names = list(getattr(facts.config, "architectures", None) or [])
+    if names and not any(n.endswith(LM_ARCHITECTURES) for n in names) and not facts.causal_lm():
+        raise UsageError(
+            f"{NAME}: {facts.name} has no language-model head (its config names "
+            f"{', '.join(names)}); a task's metric is the logit difference of its answer and "
+            "distractor"
+        )
 
 
 def task_estimates(config, facts) -> None:
@@ -117,7 +134,7 @@ class PatchingScorer(ModelScorer):
         self.answers_: set = set()
         self.prefixes_: list = []
         self.row_: dict = {}  # the first example's attention from its scored piece
-        self.seconds_: dict = {}  # part -> seconds (exact, direct, estimates, attention)
+        self.seconds_ = Counter()  # part -> seconds (exact, direct, estimates, attention)
         self.tokenizer_ = tokenizer
         self.token = uuid.uuid4().hex
 
@@ -198,8 +215,7 @@ class PatchingScorer(ModelScorer):
             self.prefixes_.extend(prefixes)
             if first and not self.row_:
                 self.row_.update(first)
-            for part, took in seconds.items():
-                self.seconds_[part] = self.seconds_.get(part, 0.0) + took
+            self.seconds_.update(seconds)  # a Counter: the seconds add
 
     def finish(self) -> None:
         """The task ended: the tables (module docstring)."""
@@ -214,6 +230,7 @@ class PatchingScorer(ModelScorer):
             _KEPT.pop(next(iter(_KEPT)))
 
     def tables(self) -> dict:
+        from headprobe.stats.head_selection import min_trials
         from headprobe.studies.patching.node_effects import node_frame_index
         from headprobe.studies.patching.task_roles import heads_frame
         from headprobe.studies.patching.task_tables import does_task, patching_frames
@@ -225,14 +242,15 @@ class PatchingScorer(ModelScorer):
         frames = patching_frames(sums, node_frame_index(self.nodes_), seed, kinds)
         done = does_task(frames["patching_metric"])
         attention = sums.get("attention").sum(0) / max(1.0, float(sums.get("count").sum()))
-        heads = heads_frame(frames["patching_nodes"], attention, self._ov(), done)
+        enough = len(sums) >= min_trials(NAME)  # units: fewer name no head (METHODS §5)
+        heads = heads_frame(frames["patching_nodes"], attention, self._ov(), done and enough)
         role = {(int(r.layer), int(r.head)): r.role for r in heads.itertuples(index=False)}
         nodes = frames["patching_nodes"]
         nodes["role"] = [
             role.get((int(l), int(h)), "") for l, h in zip(nodes["layer"], nodes["head"])
         ]
         frames["patching_heads"] = heads
-        frames["done"] = done
+        frames["done"], frames["enough"] = done, enough
         frames["kinds"] = kinds
         return frames
 
@@ -256,6 +274,7 @@ class PatchingScorer(ModelScorer):
                 "nodes": len(getattr(self, "sums_", None).nodes) if hasattr(self, "sums_") else 0,
                 "units": len(getattr(self, "sums_", [])),
                 "does_task": bool(kept.get("done", False)),
+                "enough_units": bool(kept.get("enough", False)),
                 "shared_prefix_pieces": [int(min(prefixes)), int(max(prefixes))]
                 if prefixes
                 else [],
@@ -382,7 +401,7 @@ PATCHING = register(
         selection=False,
         default=True,
         options=(ESTIMATE.name, IG_STEPS),
-        model_checks=(task_estimates,),
+        model_checks=(task_estimates, lm_head_declared),
         roles=TASK_RULES,
         homes=tuple(
             f"headprobe.studies.patching.{m}"

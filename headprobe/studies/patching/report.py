@@ -14,6 +14,7 @@ import pandas as pd
 from headprobe.report import drawing as F
 from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
 from headprobe.report.selection import described
+from headprobe.stats.head_selection import min_trials
 from headprobe.studies.patching.task_roles import ALPHA, RULES, TASK_ROLES
 
 EFFECTS = (("noise", "noising"), ("denoise", "denoising"), ("direct", "direct effect"))
@@ -44,6 +45,16 @@ def failed_line() -> str:
     )
 
 
+def few_line(results) -> str:
+    units = (results.summary.get("patching") or {}).get("units", 0)
+    return f"{units} units, fewer than {min_trials('patching')}: no head is named (METHODS §5)"
+
+
+def too_few(results) -> bool:
+    info = results.summary.get("patching") or {}
+    return not info.get("enough_units", True)
+
+
 def console_text(results, top: int = 8) -> str:
     """What the CLI prints after a task run."""
     metric = results.tables.get("patching_metric")
@@ -53,6 +64,8 @@ def console_text(results, top: int = 8) -> str:
     lines = [f"\ntask '{summary['task']}': " + metric_line(metric)]
     if not summary["does_task"]:
         return "\n".join(lines + ["  " + failed_line()])
+    if too_few(results):
+        lines.append("  " + few_line(results))
     nodes = results.tables["patching_nodes"]
     best = nodes.reindex(nodes["noise"].abs().sort_values(ascending=False).index).head(top)
     lines.append("  largest noising effects (share of the difference [95% CI]):")
@@ -155,6 +168,8 @@ def section(results, name: str) -> Section:
     s.add(metric_table(metric))
     if not summary["does_task"]:
         s.add(Paragraph(failed_line() + ".", note=True))
+    elif too_few(results):
+        s.add(Paragraph(few_line(results) + ".", note=True))
     nodes = results.tables["patching_nodes"]
     n_layers, n_heads = results.n_layers, results.n_heads
     panels, marks = [], []
