@@ -280,6 +280,21 @@ def test_wang2022_script_finds_the_induction_head_by_noising(tmp_path):
     finally:
         sys.path.remove(str(analyses))
     assert script.main(["--skip-smollm2", "--out", str(tmp_path)]) == 0
+    # its results' report: the induction head is a mover, and the page renders at 1280 px
+    from test_report import PRINT_WIDTH, check_page_in_chromium, chromium_binary
+
+    from headprobe.report import build_report
+
+    results = headprobe.load_results(tmp_path / "induction_task")
+    assert "mover" in results.task_summary()["roles"]
+    report = build_report(tmp_path / "induction_task")
+    html = report["html"].read_text(encoding="utf-8")
+    assert "patching_roles" in html and "mover" in html
+    if chromium_binary() is not None:
+        info = check_page_in_chromium(
+            report["html"], tmp_path / "shot.png", print_width=PRINT_WIDTH
+        )
+        assert not info["layout"] and not info["errors"], (info["layout"], info["errors"])
 
 
 def word_tokenizer():

@@ -278,6 +278,8 @@ class PatchingScorer(ModelScorer):
                 "shared_prefix_pieces": [int(min(prefixes)), int(max(prefixes))]
                 if prefixes
                 else [],
+                "seconds": {k: round(v, 2) for k, v in getattr(self, "seconds_", {}).items()},
+                "attention_row": dict(getattr(self, "row_", {})),
                 "kept": getattr(self, "token", None),
             }
         }
