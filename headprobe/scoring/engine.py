@@ -275,6 +275,9 @@ class Engine:
             )
         for scorer in self.model_scorers:
             scorer.use_model(self.model, self.tokenizer, stack=self.stack)
+        for scorer in self.scorers:  # a scorer that reads tokens as strings (a token pattern's)
+            if callable(getattr(scorer, "use_tokenizer", None)):
+                scorer.use_tokenizer(self.tokenizer)
 
     def run(self, examples, checkpoint=None, world: World | None = None) -> dict:
         """Score `examples` (any iterable, read once: a lazy `corpora.base.Stream` is never held

@@ -103,7 +103,12 @@ class Analysis:
     # engine's default (`headprobe.stats.head_selection.MIN_N`, passed in where it is needed)
     min_n: int | None = None
     roles: tuple = ()
+    # derived tables: {name: fn(results) -> DataFrame}, added to `base_tables`
     tables: dict = field(default_factory=dict)
+    # the tables its kind gives it (a pattern analysis's `<name>_heads`, `<name>_kv_groups`):
+    # `tables` adds to them (`dataclasses.replace(a, tables={...})` keeps them); a declared table
+    # of the same name replaces one, and `base_tables={}` drops them: replacing is explicit
+    base_tables: dict = field(default_factory=dict)
     report: str | Callable | None = None
     console: str | Callable | None = None  # text(results, name): what the CLI prints after a run
     # blocks(results, name, first, second): what the report's weights-beside-norms section shows of it
@@ -140,6 +145,10 @@ class Analysis:
     # (`results.reads("3-1")`), "module:name" or callables
     queries: dict = field(default_factory=dict)
     order: float = PLUGIN_ORDER  # its place among the analyses (reports, tables, the CLI)
+
+    def __post_init__(self):
+        merged = {**self.base_tables, **self.tables}
+        object.__setattr__(self, "tables", merged)
 
     @property
     def option_names(self) -> tuple[str, ...]:

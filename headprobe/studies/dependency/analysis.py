@@ -28,13 +28,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from headprobe.extend import ARCS, SENTENCES, Analysis, BatchState, CountScorer, RoleRule, register
 from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.registry import ARCS, SENTENCES, Analysis, RoleRule, register
 from headprobe.scoring.scorer_base import (
-    BatchState,
     BothIndex,
-    CountScorer,
     RowIndex,
     masked_word_attention,
     query_rows,

@@ -15,14 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, get, register
-from headprobe.scoring.scorer_base import (
-    BatchState,
-    CountScorer,
-    UnitLabelRows,
-    first_argmax,
-    query_rows,
-)
+from headprobe.extend import SENTENCES, Analysis, BatchState, CountScorer, RoleRule, register
+from headprobe.scoring.registry import get
+from headprobe.scoring.scorer_base import UnitLabelRows, first_argmax, query_rows
 from headprobe.stats import roles
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
-"""Token-level head patterns as declarations: one function of the input ids gives the
-pattern, `pattern_analysis` makes the rest (scorer, tables, best heads, intervals, role).
+"""Token-level head patterns as declarations: one function of an example gives the pattern,
+`pattern_analysis` makes the rest (scorer, tables, best heads, intervals, role). Exported by
+`headprobe.extend` (the built-in pattern analyses and plugins alike import it from there).
 
     ANALYSIS = pattern_analysis("previous_token", previous_token_pattern,
                                 rule=PatternRule("previous-token", threshold=0.5, lower=0.4,
@@ -72,9 +73,11 @@ baseline lies above 0, and there are at least `MIN_N` rows.
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from hashlib import blake2b
 from typing import TYPE_CHECKING
 
@@ -102,22 +105,77 @@ OFFSET = re.compile(r"offset=([+-]\d+)")
 # ---------------------------------------------------------------------------- scorer
 
 
+@dataclass(frozen=True, eq=False)
+class PatternExample:
+    """What a pattern function of one argument gets: one example as the model reads it.
+
+    `ids` [T] int (the model's input ids), `token` [T] bool (False at specials), `piece_word`
+    [T] int (the word each piece belongs to, -1 at specials), `example` (the `Example`: its
+    `words`, `unit` and `meta`, a probe's own metadata included) and `tokenizer` (the run's;
+    None when a scorer is used without one). `tokens` are the pieces as strings."""
+
+    ids: np.ndarray
+    token: np.ndarray
+    piece_word: np.ndarray
+    example: object
+    tokenizer: object = field(default=None, repr=False)
+
+    @property
+    def words(self) -> list[str]:
+        return list(self.example.words)
+
+    @property
+    def meta(self) -> dict:
+        return self.example.meta
+
+    @cached_property
+    def tokens(self) -> list[str]:
+        if self.tokenizer is None:
+            raise ValueError("this pattern was scored without a tokenizer: no tokens as strings")
+        return list(self.tokenizer.convert_ids_to_tokens([int(i) for i in self.ids]))
+
+
+def takes_example(fn) -> bool:
+    """Whether pattern function `fn` takes one `PatternExample` (its one required positional
+    argument), else the two-argument form `fn(ids, token)`."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the two-argument form
+        return False
+    required = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(required) == 1
+
+
 class PatternScorer(CountScorer):
     """Share of attention on a token pattern, and argmax hits on it, per head (see module doc).
 
-    Subclasses (`pattern_analysis` makes them) set `analysis`, `pattern` (ids [T], token mask
-    [T] -> D [T, T] bool; specials are taken out of it here, as query and as key) and
-    `baselines` ("random", "first", "offset=<k>", in the order the tables list them)."""
+    Subclasses (`pattern_analysis` makes them) set `analysis`, `pattern` and `baselines`
+    ("random", "first", "offset=<k>", in the order the tables list them). `pattern(example)`
+    gets a `PatternExample` (ids, token mask, words, the example's meta, the tokenizer), or, in
+    the two-argument form, `pattern(ids, token)` gets ids [T] and the token mask [T]; either
+    returns D [T, T] bool (specials are taken out of it here, as query and as key). The run
+    hands the scorer its tokenizer before the pass (`use_tokenizer`)."""
 
     value = "mass"
     labels = LABELS
     extras = ("queries",)  # every position of the example: `mul_all_rows`'s denominator
     baselines: tuple[str, ...] = (RANDOM, FIRST)
 
+    tokenizer = None  # the run's (`use_tokenizer`); None: a PatternExample without one
+
     @staticmethod
     def pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
-        """[T, T] bool D of one example's ids [T] (token [T]: False at specials); a subclass's."""
+        """[T, T] bool D of one example's ids [T] (token [T]: False at specials); a subclass's
+        (or `pattern(example)`, given a `PatternExample`)."""
         raise NotImplementedError
+
+    def use_tokenizer(self, tokenizer) -> None:
+        """The run's tokenizer, for patterns that read tokens as strings (`PatternExample`)."""
+        self.tokenizer = tokenizer
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -129,10 +187,21 @@ class PatternScorer(CountScorer):
                 )
         cls.variants = tuple(cls.baselines)
 
-    def pattern_of(self, ids: np.ndarray, token: np.ndarray) -> np.ndarray:
+    def pattern_of(
+        self, ids: np.ndarray, token: np.ndarray, example=None, piece_word=None
+    ) -> np.ndarray:
         """[T, T] bool: the declared pattern of one example, without specials."""
         t = len(ids)
-        d = np.asarray(self.pattern(ids, token), dtype=bool)
+        takes = self.__dict__.get("_takes_example")
+        if takes is None:  # looked up once per scorer, not per example
+            takes = self._takes_example = takes_example(self.pattern)
+        if takes:
+            if piece_word is None:
+                piece_word = np.where(token, np.cumsum(token) - 1, -1)
+            seen = PatternExample(ids, token, np.asarray(piece_word), example, self.tokenizer)
+            d = np.asarray(self.pattern(seen), dtype=bool)
+        else:
+            d = np.asarray(self.pattern(ids, token), dtype=bool)
         if d.shape != (t, t):
             raise ValueError(
                 f"{self.analysis}: the pattern function gave shape {d.shape} for {t} tokens, "
@@ -147,7 +216,7 @@ class PatternScorer(CountScorer):
         for b, (example, alignment) in enumerate(zip(batch.examples, batch.alignments)):
             ids = np.asarray(alignment.input_ids, dtype=np.int64)
             token = np.asarray(alignment.piece_kind) == WORD
-            d = self.pattern_of(ids, token)  # [T, T]
+            d = self.pattern_of(ids, token, example, alignment.piece_word)  # [T, T]
             q_rows = np.flatnonzero(d.any(axis=1))  # rows with a pattern
             mul_row = rows.count(example.unit, MUL, len(q_rows))
             arg_row = rows.count(example.unit, ARGMAX, len(q_rows))
@@ -423,6 +492,7 @@ def pattern_analysis(
     module: str | None = None,
     order: float = PLUGIN_ORDER,
     replace: bool = False,
+    tables: dict | None = None,
 ) -> Analysis:
     """Declare a token pattern and register its analysis: the scorer, the tables
     `<name>_heads` and `<name>_kv_groups`, best heads, intervals and (with `rule`) a head role,
@@ -448,22 +518,35 @@ def pattern_analysis(
         results = headprobe.run(model, treebank="corpus.conllu", analyses=["last_comma"])
         results.table("last_comma_heads")
 
-    pattern_fn(ids, token) -> D [T, T] (bool, or anything numpy reads as one): D[i, j] when
+    pattern_fn(example) -> D [T, T] (bool, or anything numpy reads as one): D[i, j] when
     query i's pattern holds key j, over the model's own input ids of one example (pieces,
-    specials included: `token` is False there; specials are taken out of D as query and key
-    whatever the function says). Rows with an empty pattern are not scored (module doc).
+    specials included: `example.token` is False there; specials are taken out of D as query and
+    key whatever the function says). `example` is a `PatternExample`: `ids`, `token`,
+    `piece_word`, `words`, `meta` (a probe's own metadata), `tokens` and `tokenizer`. The
+    two-argument form `pattern_fn(ids, token)` (ids [T] int, token [T] bool) works too: a
+    function with one required positional argument gets the example, else (ids, token).
+    Rows with an empty pattern are not scored (module doc).
     baselines: in table order, from "random" (a uniformly random visible key), "first"
     (position 0) and "offset=<k>" (key i + k; leave out an offset that is the pattern itself).
     input: "probe" (a probe's sequences where the run has one, else the sentence corpus at
     piece level) or another of `registry.INPUTS`. default: run when no analyses are named.
     module: where the scorer class says it lives (default: the caller's module). order: its place
     among the analyses (default: after the built-ins). replace: replace an analysis of the same
-    name (else a second declaration of a name raises). Returns the registered `Analysis`
-    (`registry.unregister(name)` removes it).
+    name (else a second declaration of a name raises). tables: derived tables added to the two
+    every pattern analysis gets (`<name>_heads`, `<name>_kv_groups`, its `base_tables`); a
+    declared table of the same name replaces that one, explicitly. Returns the registered
+    `Analysis` (`registry.unregister(name)` removes it).
     """
     module = module or sys._getframe(1).f_globals.get("__name__", "__main__")
     scorer = _pattern_scorer(name, pattern_fn, baselines, module)
-    declared = dict(rule=rule, description=description, input=input, default=default, order=order)
+    declared = dict(
+        rule=rule,
+        description=description,
+        input=input,
+        default=default,
+        order=order,
+        tables=dict(tables or {}),
+    )
     return _register_pattern(name, scorer, baselines, declared, replace)
 
 
@@ -486,10 +569,11 @@ def _register_pattern(name, scorer, baselines, declared: dict, replace: bool) ->
             order=declared["order"],
             description=description,
             roles=(rule.for_analysis(name),) if rule is not None else (),
-            tables={
+            base_tables={
                 f"{name}_heads": lambda results: head_table(results, name, all_rows_label=MUL),
                 f"{name}_kv_groups": lambda results: group_table(results, name),
             },
+            tables=declared["tables"],
             console=CONSOLE,
             homes=(__name__,),  # the pattern, scorer and tables of every token analysis live here
         ),
@@ -506,7 +590,8 @@ def _pattern_scorer(name: str, pattern_fn, baselines, module: str) -> type:
         )
     if not callable(pattern_fn):
         raise ValueError(
-            f"pattern analysis {name!r}: pattern_fn must be a function (ids, token) -> [T, T] bool"
+            f"pattern analysis {name!r}: pattern_fn must be a function (example) or (ids, token) "
+            "-> [T, T] bool"
         )
     cls_name = "".join(part[:1].upper() + part[1:] for part in name.split("_")) + "Scorer"
     return type(
@@ -526,7 +611,7 @@ def _pattern_scorer(name: str, pattern_fn, baselines, module: str) -> type:
 # ---------------------------------------------------------------------------- console
 
 
-CONSOLE = "headprobe.studies.token_patterns.patterns:top_heads_text"  # a token analysis's `console`
+CONSOLE = "headprobe.extend.patterns:top_heads_text"  # a token analysis's `console`
 
 
 def top_heads_text(results, analysis: str, top: int = 5) -> str:
