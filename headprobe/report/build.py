@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headprobe.core.errors import UsageError
 from headprobe.inputs.corpora.base import ALL
 from headprobe.report import methods
 from headprobe.report.document import (
@@ -77,8 +78,7 @@ def compose(results, source: str = "") -> Document:
 
     doc.sections.append(explorer_section(results))  # the interactive head explorer
     for name in registry.ordered(results.analyses):
-        render = _section_of(name)
-        doc.sections.append((render or default_section)(shown, name))
+        doc.sections.append(analysis_section(shown, name))
     if shown.control is not None:  # the random-init control (headprobe.model.control)
         from headprobe.report.control_section import control_section
 
@@ -95,11 +95,34 @@ def compose(results, source: str = "") -> Document:
     return doc
 
 
-def _section_of(name: str):
+def analysis_section(results, name: str) -> Section:
+    """The section of analysis `name`: the one it declares, else `default_section`. An analysis
+    that is not registered here (its plugin is not installed, failed to import or is switched
+    off) gets the default view of its counts under a line saying why its own section could not
+    be drawn; a section that raises is that line alone (the rest of the report is drawn)."""
+    why = ""
     try:
-        return registry.get(name).report_section()
-    except ValueError:  # an analysis whose plugin is not installed here: the default view
-        return None
+        render = registry.get(name).report_section()
+    except UsageError as exc:  # a plugin that failed to import, or is switched off
+        render, why = None, str(exc)
+    except ValueError:
+        render, why = (
+            None,
+            f"analysis {name!r} is not registered here (its package is not installed)",
+        )
+    try:
+        section = (render or default_section)(results, name)
+    except Exception as exc:  # noqa: BLE001 (one section's failure leaves the others drawn)
+        said = " ".join(f"{type(exc).__name__}: {exc}".split())
+        section = Section(slug(name), name)
+        section.add(Paragraph(f"The {name} section could not be drawn: {said}.", note=True))
+        return section
+    if why:
+        line = (
+            f"The {name} section could not be drawn: {why}. Shown: the default view of its counts."
+        )
+        section.blocks.insert(0, Paragraph(line, note=True))
+    return section
 
 
 # ---------------------------------------------------------------- summary (findings first)

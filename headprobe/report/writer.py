@@ -6,10 +6,13 @@ The package `headprobe.report` exports these names (its docstring shows them in 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
+import uuid
 from pathlib import Path
 
+from headprobe.core.atomic import replace_dir
 from headprobe.report import html as _html
 from headprobe.report import markdown as _markdown
 from headprobe.report.build import compose
@@ -84,6 +87,32 @@ def build_report(
     results, source = read_results(results_or_dir)
     out = Path(out_dir)
     doc = compose(results, source)
+    if figures_only:  # figure files added beside an existing report
+        return _write(doc, results, out, formats, workers, figures_only=True)
+    # the whole report is written into a staging directory beside `out` and swapped in at the
+    # end: a build that fails leaves `out` as it was, never a partial report (an earlier
+    # report's files that this build does not write, such as vector figures, are carried over)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = out.parent / f".{out.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        if out.is_dir():
+            shutil.copytree(out, stage)
+        paths = _write(doc, results, stage, formats, workers, figures_only=False)
+        replace_dir(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return {key: _moved(value, stage, out) for key, value in paths.items()}
+
+
+def _moved(value, stage: Path, out: Path):
+    """A path (or list of paths) under `stage`, as it is under `out` once swapped in."""
+    if isinstance(value, list):
+        return [_moved(v, stage, out) for v in value]
+    return out / Path(value).relative_to(stage)
+
+
+def _write(doc, results, out: Path, formats, workers, figures_only: bool) -> dict:
+    """`build_report`'s files of `doc` under `out` (only the figures with `figures_only`)."""
     fig_dir = out / store.REPORT_FIGURES
     paths = {"out_dir": out, "figures_dir": fig_dir}
     if not figures_only:
