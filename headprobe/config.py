@@ -60,7 +60,7 @@ from headprobe.inputs.probes import PROBE_MARKERS
 from headprobe.inputs.samples import DEFAULT_COREF, DEFAULT_TREEBANK
 from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
-from headprobe.model.sites import STACKS
+from headprobe.model.stacks import STACKS
 from headprobe.scoring import registry
 from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
