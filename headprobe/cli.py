@@ -333,7 +333,10 @@ def plugins_text() -> str:
             for o in options
             if not isinstance(o, str) and o.flag
         ]
-        return ", ".join(shown) or "-"
+        read = [o for o in options if isinstance(o, str)]  # declared elsewhere, read too
+        parts = [", ".join(shown)] if shown else []
+        parts += [f"reads {', '.join(read)}"] if read else []
+        return "; ".join(parts) or "-"
 
     sources = registry.sources()
     of = {name: s for s in sources for name in (*s.analyses, *s.probes)}
@@ -357,7 +360,7 @@ def plugins_text() -> str:
         if source.status != "loaded":
             why = source.error.partition(" failed to import: ")[2] or f"off ({registry.DISABLE})"
             rows.append((source.entry, "?", package, "plugin", source.status, why))
-        elif not source.builtin and not source.analyses and not source.probes:
+        elif not (source.builtin or source.analyses or source.probes or source.entry in of):
             rows.append((source.entry, "-", package, "plugin", "loaded", "registers nothing"))
     header = ("name", "kind", "package", "origin", "status", "options (or why not loaded)")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(5)]

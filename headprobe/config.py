@@ -51,8 +51,8 @@ from headprobe.core_options import (
     pictures_help,
     probe_help,
     probe_names,
+    probe_reads,
     stack_help,
-    with_probe,
 )
 from headprobe.inputs.align import BOS_MODES, FROM_MODES
 from headprobe.inputs.conventions import PRESETS
@@ -172,7 +172,7 @@ class CoreOptions:
         type=int,
         metavar="LENGTH",
         check=at_least(1, " (tokens per half of a probe sequence)"),
-        record=with_probe,
+        record=probe_reads("probe_length"),
         record_at=15,
         record_as=("probe", "length"),
     )
@@ -183,7 +183,7 @@ class CoreOptions:
         type=int,
         metavar="N",
         check=at_least(1, " (probe sequences)"),
-        record=with_probe,
+        record=probe_reads("probe_n"),
         record_at=16,
         record_as=("probe", "n"),
     )
@@ -193,7 +193,7 @@ class CoreOptions:
         "(BOS in front where the tokenizer has one), none (default: auto)",
         flag="--probe-specials",
         choices=PROBE_MARKERS,
-        record=with_probe,
+        record=probe_reads("probe_specials"),
         record_at=17,
         record_as=("probe", "specials"),
     )
@@ -506,18 +506,28 @@ class CoreOptions:
         `record_as` and `record_value` metadata (`option`) say whether, where and what."""
         config = dataclasses.replace(self, device=device)
         settings = {}
-        for f in sorted(fields(self), key=lambda f: f.metadata["record_at"]):
+        probe = registry.probe(config.probe) if config.probe is not None else None
+        # a registered probe's own options are recorded with it, under "probe" after
+        # --probe-specials, where they say nothing of themselves (a plugin's probe, as built-ins)
+        own = {
+            o.name
+            for o in (probe.options if probe else ())
+            if not isinstance(o, str) and not o.record
+        }
+        at = lambda f: 17.5 if f.name in own else f.metadata["record_at"]  # noqa: E731
+        for f in sorted(fields(self), key=at):
             spec, value = f.metadata, getattr(config, f.name)
             record = spec["record"]
             if not (
                 record is True
                 or (record == GIVEN and value)
                 or (callable(record) and record(config))
+                or f.name in own
             ):
                 continue
             if spec["record_value"] is not None:
                 value = spec["record_value"](value)
-            key = spec["record_as"] or f.name
+            key = spec["record_as"] or (("probe", f.name) if f.name in own else f.name)
             if isinstance(key, tuple):
                 settings.setdefault(key[0], {})[key[1]] = value
             else:

@@ -34,9 +34,18 @@ def option_field(declared: Option):
 
 
 # ------------------------------------------------------------------------------ what is recorded
-def with_probe(config) -> bool:
-    """A probe of random tokens, the inputs' own (its length, number and specials are recorded)."""
-    return config.probe in PROBES
+def probe_reads(name: str):
+    """The record rule of shared probe option `name` (`--length`, `--n`, `--probe-specials`):
+    recorded when the run's probe reads it, the inputs' own random tokens, or a registered probe
+    that lists `name` among its options (`registry.Probe.options`: a plugin's probe too)."""
+
+    def reads(config) -> bool:
+        if config.probe in PROBES:
+            return True
+        probe = registry.probe(config.probe) if config.probe is not None else None
+        return probe is not None and name in probe.option_names
+
+    return reads
 
 
 def blocked_or_mapped(config) -> bool:

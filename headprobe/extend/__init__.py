@@ -11,7 +11,8 @@ define them, so the door other packages use is the one the project's own analyse
   pictures (`ARCS`, `MENTIONS`) and `PLUGIN_ORDER`;
 - options and checks: `Option`, `GIVEN`, `ModelFacts`, `UsageError`;
 - token patterns: `pattern_analysis`, `PatternRule`, `PatternScorer`, `PatternExample`;
-- scorers: `CountScorer`, `BatchState`, `WeightsScorer`;
+- scorers: `CountScorer`, `BatchState`, `RowIndex`, `BothIndex`, `masked_word_attention`,
+  `first_argmax`, `WeightsScorer`;
 - probes' examples: `Example`, `Stream`, `Corpus`, `LOSS_WORDS`, `wrap`, `special_ids`,
   `vocabulary`;
 - report sections: `Section`, `Table`, `Paragraph`, `Cell`, `BulletList`, `Details`, `Figure`,
@@ -63,7 +64,14 @@ from headprobe.scoring.registry import (
     register_probe,
     unregister,
 )
-from headprobe.scoring.scorer_base import BatchState, CountScorer
+from headprobe.scoring.scorer_base import (
+    BatchState,
+    BothIndex,
+    CountScorer,
+    RowIndex,
+    first_argmax,
+    masked_word_attention,
+)
 from headprobe.scoring.weights_scorer import WeightsScorer
 from headprobe.stats.heads import head_table
 from headprobe.stats.pair_estimates import PAIR_KEYS
@@ -125,6 +133,10 @@ __all__ = [
     # scorers
     "CountScorer",
     "BatchState",
+    "RowIndex",
+    "BothIndex",
+    "masked_word_attention",
+    "first_argmax",
     "WeightsScorer",
     # a probe's examples
     "Example",

@@ -77,7 +77,7 @@ def compose(results, source: str = "") -> Document:
     from headprobe.report.explorer import explorer_section
 
     doc.sections.append(explorer_section(results))  # the interactive head explorer
-    for name in registry.ordered(results.analyses):
+    for name in registry.ordered(_scored(results)):
         doc.sections.append(analysis_section(shown, name))
     if shown.control is not None:  # the random-init control (headprobe.model.control)
         from headprobe.report.control_section import control_section
@@ -93,6 +93,15 @@ def compose(results, source: str = "") -> Document:
         provenance_section(results, source),
     ]
     return doc
+
+
+def _scored(results) -> list[str]:
+    """The analyses a report has a section for: those with counts, then those that read only the
+    weights (no tally: their record is the summary's entry under their name)."""
+    counted = list(results.analyses)
+    summary = results.summary
+    weights = [n for n in summary.get("analyses") or () if n not in counted and summary.get(n)]
+    return counted + weights
 
 
 def analysis_section(results, name: str) -> Section:

@@ -44,12 +44,15 @@ from headprobe.extend import (
     MENTIONS,
     Analysis,
     BatchState,
+    BothIndex,
     CountScorer,
     RoleRule,
+    RowIndex,
+    first_argmax,
     register,
 )
 from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.scorer_base import BothIndex, RowIndex, first_argmax, query_rows
+from headprobe.scoring.scorer_base import query_rows
 from headprobe.stats import roles
 from headprobe.stats.head_selection import ALPHA
 

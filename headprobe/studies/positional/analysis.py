@@ -15,9 +15,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.extend import SENTENCES, Analysis, BatchState, CountScorer, RoleRule, register
+from headprobe.extend import (
+    SENTENCES,
+    Analysis,
+    BatchState,
+    CountScorer,
+    RoleRule,
+    first_argmax,
+    register,
+)
 from headprobe.scoring.registry import get
-from headprobe.scoring.scorer_base import UnitLabelRows, first_argmax, query_rows
+from headprobe.scoring.scorer_base import UnitLabelRows, query_rows
 from headprobe.stats import roles
 
 if TYPE_CHECKING:

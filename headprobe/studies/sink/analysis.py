@@ -37,10 +37,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from headprobe.core.seeds import example_key
-from headprobe.extend import PROBE, Analysis, BatchState, CountScorer, head_table, register
-from headprobe.extend.patterns import CONSOLE, pattern_rule
+from headprobe.extend import (
+    PROBE,
+    Analysis,
+    BatchState,
+    BothIndex,
+    CountScorer,
+    RowIndex,
+    head_table,
+    register,
+)
+from headprobe.extend.pattern_rules import pattern_rule
+from headprobe.extend.patterns import CONSOLE
 from headprobe.scoring.measures import MASS
-from headprobe.scoring.scorer_base import BothIndex, RowIndex
 from headprobe.stats.head_selection import MIN_N
 from headprobe.stats.heads import group_table
 
