@@ -140,6 +140,11 @@ def test_both_pattern_forms_score_the_same_and_the_new_one_sees_the_example(
     pieces = [example.tokens[i] for i in np.flatnonzero(example.piece_word == 0)]
     assert "".join(p.removeprefix("##") for p in pieces) == words[0].lower()
     assert example.meta is example.example.meta
+    from headprobe.report.build import examples_section  # a pattern draws no example picture
+
+    (said,) = examples_section(results).blocks
+    assert said.text.startswith("No example pictures: none of this run's analyses draws them")
+    assert "dependency" in said.text and "prev_new_form" not in said.text
 
 
 def test_the_form_is_read_from_the_signature():

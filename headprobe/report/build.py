@@ -55,6 +55,7 @@ from headprobe.results.findings import (
     role_findings,
 )
 from headprobe.scoring import registry
+from headprobe.scoring.registry import PICTURES
 from headprobe.stats.pair_estimates import is_pair_table, significant_pairs
 from headprobe.stats.roles import role_colors, role_summary
 
@@ -413,13 +414,7 @@ def examples_section(results) -> Section:
     s = Section("examples", "Example attention")
     examples = results.examples
     if not examples:
-        s.add(
-            Paragraph(
-                "No examples in the results (examples.json absent or empty), so there are no example "
-                "pictures. `headprobe run` draws one per top dependency head unless told not to.",
-                note=True,
-            )
-        )
+        s.add(Paragraph(_no_examples(results), note=True))
         return s
     s.add(
         Paragraph(
@@ -459,6 +454,24 @@ def examples_section(results) -> Section:
     if len(examples) > MAX_EXAMPLES:
         s.add(Paragraph(f"{len(examples) - MAX_EXAMPLES} further examples not drawn.", note=True))
     return s
+
+
+def _no_examples(results) -> str:
+    """Why a report has no example pictures: the analyses that draw them (`Analysis.pictures`)
+    the run scored, or that it scored none of them (a token pattern draws none)."""
+    pictured = [n for kind in PICTURES for n in registry.pictured(kind)]
+    drawn = [name for name in results.analyses if name in pictured]
+    if drawn:
+        return (
+            "No examples in the results (examples.json absent or empty), so there are no example "
+            f"pictures. `headprobe run` draws one per top head of {', '.join(drawn)} unless "
+            "told not to."
+        )
+    return (
+        "No example pictures: none of this run's analyses draws them (example pictures show the "
+        f"best heads of {', '.join(pictured) or 'no registered analysis'}, on a sentence holding "
+        "their relation)."
+    )
 
 
 def _example_caption(ex: dict, words: list[str], title: str, is_best: bool) -> str:
