@@ -80,6 +80,13 @@ def one_warning(stderr: str) -> str:
     return said[0]
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["report", "--help"], ["compare", "--help"]])
+def test_commands_that_need_no_analysis_import_no_plugin(broken, argv):
+    """The entry points are imported when something needs the analyses, not at start-up."""
+    helped = python(broken, "-m", "headprobe", *argv)
+    assert helped.returncode == 0 and helped.stderr == "", helped.stderr
+
+
 def test_help_warns_once_and_leaves_it_out(broken):
     helped = python(broken, "-m", "headprobe", "run", "--help")
     assert helped.returncode == 0
