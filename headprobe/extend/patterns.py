@@ -84,6 +84,7 @@ import numpy as np
 
 from headprobe.core.seeds import example_key
 from headprobe.extend.pattern_rules import PatternRule
+from headprobe.extend.pattern_rules import __name__ as pattern_rule_module
 from headprobe.inputs.align import WORD
 from headprobe.scoring.registry import PLUGIN_ORDER, PROBE, Analysis, register
 from headprobe.scoring.scorer_base import BatchState, BothIndex, CountScorer, RowIndex, first_argmax
@@ -365,25 +366,18 @@ def pattern_analysis(
     `<name>_heads` and `<name>_kv_groups`, best heads, intervals and (with `rule`) a head role,
     the same as the built-in previous-token, duplicate-token and induction analyses get.
 
-        import numpy as np, headprobe
-        from headprobe import PatternRule, pattern_analysis
+        from headprobe.extend import PatternRule, pattern_analysis
 
-        COMMA = tokenizer.convert_tokens_to_ids(",")
-
-        def last_comma(ids, token):           # ids [T] int, token [T] bool (False: a special)
-            d = np.zeros((len(ids), len(ids)), dtype=bool)              # -> D [T, T] bool
-            commas = np.flatnonzero(ids == COMMA)
-            for i in range(len(ids)):
-                before = commas[commas < i]
-                if len(before):
-                    d[i, before[-1]] = True                             # the most recent comma
+        def last_comma(example):            # -> D [T, T] bool: each query's most recent comma
+            d = np.zeros((len(example.ids),) * 2, dtype=bool)
+            commas = [i for i, t in enumerate(example.tokens) if t == ","]
+            for i in range(len(example.ids)):
+                d[i, [c for c in commas if c < i][-1:]] = True
             return d
 
         pattern_analysis("last_comma", last_comma, baselines=("random", "first", "offset=-1"),
                          rule=PatternRule("comma", threshold=0.5, lower=0.4,
                                           what="attends to the most recent comma"))
-        results = headprobe.run(model, treebank="corpus.conllu", analyses=["last_comma"])
-        results.table("last_comma_heads")
 
     pattern_fn(example) -> D [T, T] (bool, or anything numpy reads as one): D[i, j] when
     query i's pattern holds key j, over the model's own input ids of one example (pieces,
@@ -399,10 +393,8 @@ def pattern_analysis(
     piece level) or another of `registry.INPUTS`. default: run when no analyses are named.
     module: where the scorer class says it lives (default: the caller's module). order: its place
     among the analyses (default: after the built-ins). replace: replace an analysis of the same
-    name (else a second declaration of a name raises). tables: derived tables added to the two
-    every pattern analysis gets (`<name>_heads`, `<name>_kv_groups`, its `base_tables`); a
-    declared table of the same name replaces that one, explicitly. Returns the registered
-    `Analysis` (`registry.unregister(name)` removes it).
+    name (else a second declaration raises). tables: added to `<name>_heads`, `<name>_kv_groups`
+    (its `base_tables`; one of the same name replaces one). Returns the registered `Analysis`.
     """
     module = module or sys._getframe(1).f_globals.get("__name__", "__main__")
     scorer = _pattern_scorer(name, pattern_fn, baselines, module)
@@ -442,7 +434,8 @@ def _register_pattern(name, scorer, baselines, declared: dict, replace: bool) ->
             },
             tables=declared["tables"],
             console=CONSOLE,
-            homes=(__name__,),  # the pattern, scorer and tables of every token analysis live here
+            # the pattern, scorer and tables of every token analysis live here, its rule beside
+            homes=(__name__, pattern_rule_module),
         ),
         replace=replace,
     )

@@ -167,6 +167,6 @@ ANALYSIS = register(
             f"{NAME}_kv_groups": lambda results: group_table(results, NAME),
         },
         console=CONSOLE,
-        homes=("headprobe.extend.patterns",),
+        homes=("headprobe.extend.patterns", "headprobe.extend.pattern_rules"),
     )
 )
