@@ -469,7 +469,7 @@ def _no_examples(results) -> str:
         )
     return (
         "No example pictures: none of this run's analyses draws them (example pictures show the "
-        f"best heads of {', '.join(pictured) or 'no registered analysis'}, on a sentence holding "
+        f"best heads of {', '.join(pictured) or 'no registered analysis'} on an example holding "
         "their relation)."
     )
 
