@@ -57,7 +57,7 @@ def load(args):
 
         _, tokenizer, _ = models.load(None, device="cpu")
         torch.manual_seed(0)
-        dtype = models.DTYPES[args.dtype]
+        dtype = getattr(torch, args.dtype)
         model = (
             BertModel(BertConfig(vocab_size=tokenizer.vocab_size))
             .eval()

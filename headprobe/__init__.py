@@ -18,12 +18,12 @@ from headprobe.version import __version__ as __version__
 
 if TYPE_CHECKING:  # for type checkers and the import graph (tests/test_imports.py): as _EXPORTS
     from headprobe.api import attention_for_sentence, run  # noqa: F401
+    from headprobe.extend import PatternRule, pattern_analysis  # noqa: F401
     from headprobe.model.capture import AttentionCapture, capture_heads  # noqa: F401
     from headprobe.model.discovery import attention_sites  # noqa: F401
     from headprobe.model.loading import load as load_model  # noqa: F401
     from headprobe.model.sites import AttentionSite  # noqa: F401
     from headprobe.results.query import Results, load_results  # noqa: F401
-    from headprobe.studies.token_patterns.patterns import PatternRule, pattern_analysis  # noqa: F401
     from headprobe.training.runner import Timeline, timeline  # noqa: F401
 
 # public name -> (module, name there), imported by `__getattr__` on first use
@@ -37,8 +37,8 @@ _EXPORTS = {
     "attention_sites": ("headprobe.model.discovery", "attention_sites"),
     "Results": ("headprobe.results.query", "Results"),
     "load_results": ("headprobe.results.query", "load_results"),
-    "PatternRule": ("headprobe.studies.token_patterns.patterns", "PatternRule"),
-    "pattern_analysis": ("headprobe.studies.token_patterns.patterns", "pattern_analysis"),
+    "PatternRule": ("headprobe.extend", "PatternRule"),
+    "pattern_analysis": ("headprobe.extend", "pattern_analysis"),
     "timeline": ("headprobe.training.runner", "timeline"),
     "Timeline": ("headprobe.training.runner", "Timeline"),
 }

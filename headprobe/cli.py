@@ -1,6 +1,6 @@
 """Command line: `headprobe run ...`, `headprobe report RESULTS_DIR` (or a timeline directory),
-`headprobe compare RUN_DIR RUN_DIR ... [--out DIR]` and
-`headprobe timeline CHECKPOINT... --out DIR [run options]`.
+`headprobe compare RUN_DIR RUN_DIR ... [--out DIR]`,
+`headprobe timeline CHECKPOINT... --out DIR [run options]` and `headprobe plugins`.
 
 Only `run` and `timeline` import a run's modules (torch, transformers: `headprobe.config` for its options,
 `headprobe.api` for the run); `report` and `compare` read results and import neither, `--help`
@@ -315,6 +315,66 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_plugins(args) -> int:
+    print(plugins_text())
+    return 0
+
+
+def plugins_text() -> str:
+    """`headprobe plugins`: one row per analysis and probe (built-in or another package's) with
+    its package, version, origin, status and options; one row per plugin that failed to import
+    or is switched off, with the reason."""
+    from headprobe.inputs.probes import PROBES
+    from headprobe.version import __version__
+
+    def flags(options) -> str:
+        shown = [
+            " ".join(x for x in (o.flag, o.metavar) if x)
+            for o in options
+            if not isinstance(o, str) and o.flag
+        ]
+        read = [o for o in options if isinstance(o, str)]  # declared elsewhere, read too
+        parts = [", ".join(shown)] if shown else []
+        parts += [f"reads {', '.join(read)}"] if read else []
+        return "; ".join(parts) or "-"
+
+    sources = registry.sources()
+    of = {name: s for s in sources for name in (*s.analyses, *s.probes)}
+    here = registry.Source("", "", "headprobe", __version__, "loaded")  # registered in-process
+
+    def row(name, kind, options):
+        source = of.get(name, here)
+        origin = "built-in" if source.builtin or source is here else "plugin"
+        package = f"{source.package} {source.version}"
+        return (name, kind, package, origin, "loaded", flags(options))
+
+    rows = [row(a.name, "analysis", a.options) for a in registry.analyses()]
+    rows += [row(p.name, "probe", p.options) for p in registry.probes()]
+    for name in PROBES:  # the inputs' own probe (`headprobe.inputs.probes`)
+        rows.append(
+            (name, "probe", f"headprobe {__version__}", "built-in", "loaded",
+             "--length N, --n N, --probe-specials MODE, --seed N")
+        )  # fmt: skip
+    for source in sources:
+        package = f"{source.package} {source.version}"
+        if source.status != "loaded":
+            why = source.error.partition(" failed to import: ")[2] or f"off ({registry.DISABLE})"
+            rows.append((source.entry, "?", package, "plugin", source.status, why))
+        elif not (source.builtin or source.analyses or source.probes or source.entry in of):
+            rows.append((source.entry, "-", package, "plugin", "loaded", "registers nothing"))
+    header = ("name", "kind", "package", "origin", "status", "options (or why not loaded)")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(5)]
+    lines = [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row[:5], widths)) + "  " + row[5]
+        for row in [header, *rows]
+    ]
+    lines.append(
+        f"(entry points of the {registry.PLUGINS!r} group; {registry.DISABLE}=name,... or all "
+        "switches plugins off)"
+    )
+    return "\n".join(lines)
+
+
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 1000 else text[:997] + "..."
@@ -348,6 +408,14 @@ def build_parser(run_options: bool | str = True) -> Parser:
     cmp.add_argument(
         "--debug", action="store_true", help="show the traceback of an unexpected error"
     )
+    plug = sub.add_parser(
+        "plugins",
+        help="every analysis and probe, built-in or from another package: its package, version "
+        "and options, and whether it loaded",
+    )
+    plug.add_argument(
+        "--debug", action="store_true", help="show the traceback of an unexpected error"
+    )
     return parser
 
 
@@ -360,24 +428,27 @@ def command_of(argv) -> str | None:
 def main(argv=None) -> int:
     """The `headprobe` command. Never a traceback: a bad option, path or input is one line
     and exit status 2; anything unexpected is one line and exit status 1 (its traceback with
-    --debug or HEADPROBE_DEBUG=1). An analysis plugin that fails to import is one line each
-    (`registry.plugin_errors`), printed before anything else, `--help` included; `run` then
-    stops with exit status 2 (its analyses would be incomplete)."""
+    --debug or HEADPROBE_DEBUG=1). An analysis plugin that fails to import is one warning line
+    each (`registry.plugin_errors`), printed by any command that loaded the analyses (`run`,
+    its --help, `report`, `plugins`); the command goes on without it, and a run that names it in
+    --analyses is refused in one line, exit status 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = command_of(argv)
     parser = build_parser(run_options=command if command in ("run", "timeline") else False)
-    broken = registry.plugin_errors()
-    for line in broken:
-        print(f"headprobe: error: {line}", file=sys.stderr)
+    if command in ("run", "timeline"):
+        refused = _unavailable_asked(argv)
+        if refused:
+            print(f"headprobe: error: {refused}", file=sys.stderr)
+            return 2
+    warned = _warn_plugins(set())
     args = parser.parse_args(argv)
-    if broken and args.command in ("run", "timeline"):
-        return 2
     debug = args.debug or os.environ.get("HEADPROBE_DEBUG", "") not in ("", "0")
     commands = {
         "run": cmd_run,
         "report": cmd_report,
         "compare": cmd_compare,
         "timeline": cmd_timeline,
+        "plugins": cmd_plugins,
     }
     try:
         return commands[args.command](args)
@@ -398,6 +469,33 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        _warn_plugins(warned)
+
+
+def _warn_plugins(warned: set) -> set:
+    """Print each plugin failure not yet in `warned` as one warning line, if the analyses have
+    been loaded (nothing is loaded here); returns the lines printed so far."""
+    for line in registry.loaded_errors():
+        if line not in warned:
+            print(f"headprobe: warning: {line}", file=sys.stderr)
+            warned.add(line)
+    return warned
+
+
+def _unavailable_asked(argv) -> str | None:
+    """The one line refusing a run whose --analyses names a plugin that failed to import or is
+    switched off (`registry.unavailable`), else None."""
+    asked = []
+    for k, word in enumerate(argv):
+        if word == "--analyses" and k + 1 < len(argv):
+            asked += argv[k + 1].split(",")
+        elif word.startswith("--analyses="):
+            asked += word.partition("=")[2].split(",")
+    for name in (a.strip() for a in asked):
+        if name and name not in registry.names() and registry.unavailable(name):
+            return f"analysis {name!r} is not available: {registry.unavailable(name)}"
+    return None
 
 
 if __name__ == "__main__":

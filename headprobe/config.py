@@ -29,16 +29,15 @@ from headprobe.core_options import (
     SENTENCE_SOURCES,
     added_help,
     analyses_help,
-    analyses_on_stack,
     at_least,
     blocked_or_mapped,
+    check_analyses,
     check_control,
     check_device,
     check_figure_formats,
     check_from_mode,
     check_hf_dataset,
     check_input_file,
-    check_inputs_read,
     check_layers,
     check_max_memory,
     check_measures,
@@ -53,10 +52,10 @@ from headprobe.core_options import (
     pictures_help,
     probe_help,
     probe_names,
+    probe_reads,
     stack_help,
     task_help,
     task_record,
-    with_probe,
 )
 from headprobe.inputs.align import BOS_MODES, FROM_MODES
 from headprobe.inputs.conventions import PRESETS
@@ -64,46 +63,13 @@ from headprobe.inputs.probes import PROBE_MARKERS
 from headprobe.inputs.samples import DEFAULT_COREF, DEFAULT_TREEBANK
 from headprobe.model import loading as models
 from headprobe.model.control import CONTROLS
-from headprobe.model.sites import STACKS
+from headprobe.model.stacks import STACKS
 from headprobe.scoring import registry
 from headprobe.scoring.checkpoint import DEFAULT_EVERY
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.options import ADDED, GIVEN, STAGES
 from headprobe.scoring.pass_settings import PassSettings
-from headprobe.scoring.scorer_base import RunsModel
 from headprobe.scoring.tally import N_BOOT
-
-
-def _analyses(flag, value, values) -> list[str]:
-    """The analyses to run: the named ones (a list, or a comma list), else every default one; with a
-    probe and none named, every token analysis that reads attention too; on `stack` only those defined there; then those
-    a switch that is on adds (`Analysis.added_by`)."""
-    if isinstance(value, str):
-        value = [name.strip() for name in value.split(",") if name.strip()]
-    task = values.get("task") is not None
-    if not value and task:  # a task's own analyses
-        wanted = [a.name for a in registry.analyses(registry.TASK) if a.default]
-    elif not value:
-        wanted = [a.name for a in registry.analyses() if a.default and a.input != registry.TASK]
-        if values["probe"] is not None:  # the token analyses that read attention, and those
-            wanted += [  # defined on this probe alone (the needle probe's retrieval heads)
-                a.name
-                for a in registry.analyses(registry.PROBE)
-                if not issubclass(a.scorer, RunsModel)
-                or (a.probe == values["probe"] and not a.added_by)
-            ]
-    else:
-        for name in value:
-            registry.get(name)  # raises with the list of known analyses
-        wanted = list(dict.fromkeys(value))
-    wanted = analyses_on_stack(values["stack"], wanted, bool(value), values["probe"])
-    added = [
-        a.name
-        for a in registry.analyses()
-        if a.added_by and (values.get(a.added_by) or a.added_by in wanted) and a.name not in wanted
-    ]
-    check_inputs_read(wanted + added, values["probe"], task)
-    return wanted + added
 
 
 # ------------------------------------------------------------------------------------- options
@@ -166,7 +132,7 @@ class CoreOptions:
         type=int,
         metavar="LENGTH",
         check=at_least(1, " (tokens per half of a probe sequence)"),
-        record=with_probe,
+        record=probe_reads("probe_length"),
         record_at=15,
         record_as=("probe", "length"),
     )
@@ -177,7 +143,7 @@ class CoreOptions:
         type=int,
         metavar="N",
         check=at_least(1, " (probe sequences)"),
-        record=with_probe,
+        record=probe_reads("probe_n"),
         record_at=16,
         record_as=("probe", "n"),
     )
@@ -187,7 +153,7 @@ class CoreOptions:
         "(BOS in front where the tokenizer has one), none (default: auto)",
         flag="--probe-specials",
         choices=PROBE_MARKERS,
-        record=with_probe,
+        record=probe_reads("probe_specials"),
         record_at=17,
         record_as=("probe", "specials"),
     )
@@ -216,7 +182,7 @@ class CoreOptions:
         None,
         analyses_help,
         flag="--analyses",
-        check=_analyses,
+        check=check_analyses,
         stage="derived",
         record=True,
         record_at=0,
@@ -513,18 +479,28 @@ class CoreOptions:
         `record_as` and `record_value` metadata (`option`) say whether, where and what."""
         config = dataclasses.replace(self, device=device)
         settings = {}
-        for f in sorted(fields(self), key=lambda f: f.metadata["record_at"]):
+        probe = registry.probe(config.probe) if config.probe is not None else None
+        # a registered probe's own options are recorded with it, under "probe" after
+        # --probe-specials, where they say nothing of themselves (a plugin's probe, as built-ins)
+        own = {
+            o.name
+            for o in (probe.options if probe else ())
+            if not isinstance(o, str) and not o.record
+        }
+        at = lambda f: 17.5 if f.name in own else f.metadata["record_at"]  # noqa: E731
+        for f in sorted(fields(self), key=at):
             spec, value = f.metadata, getattr(config, f.name)
             record = spec["record"]
             if not (
                 record is True
                 or (record == GIVEN and value)
                 or (callable(record) and record(config))
+                or f.name in own
             ):
                 continue
             if spec["record_value"] is not None:
                 value = spec["record_value"](value)
-            key = spec["record_as"] or f.name
+            key = spec["record_as"] or (("probe", f.name) if f.name in own else f.name)
             if isinstance(key, tuple):
                 settings.setdefault(key[0], {})[key[1]] = value
             else:

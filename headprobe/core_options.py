@@ -18,6 +18,7 @@ from headprobe.scoring import registry
 from headprobe.scoring.measures import DEFAULT as DEFAULT_MEASURES
 from headprobe.scoring.measures import parse_measures
 from headprobe.scoring.options import Option
+from headprobe.scoring.scorer_base import RunsModel
 
 SENTENCE_SOURCES = ("treebank", "text", "hf_dataset")
 
@@ -35,9 +36,18 @@ def option_field(declared: Option):
 
 
 # ------------------------------------------------------------------------------ what is recorded
-def with_probe(config) -> bool:
-    """A probe of random tokens, the inputs' own (its length, number and specials are recorded)."""
-    return config.probe in PROBES
+def probe_reads(name: str):
+    """The record rule of shared probe option `name` (`--length`, `--n`, `--probe-specials`):
+    recorded when the run's probe reads it, the inputs' own random tokens, or a registered probe
+    that lists `name` among its options (`registry.Probe.options`: a plugin's probe too)."""
+
+    def reads(config) -> bool:
+        if config.probe in PROBES:
+            return True
+        probe = registry.probe(config.probe) if config.probe is not None else None
+        return probe is not None and name in probe.option_names
+
+    return reads
 
 
 def blocked_or_mapped(config) -> bool:
@@ -136,6 +146,38 @@ def check_task(flag, value, values):
         checks.check_input_file(flag, value)
     task_items(value)  # raises UsageError, one line, where an example is malformed
     return value
+
+
+def check_analyses(flag, value, values) -> list[str]:
+    """The analyses to run: the named ones (a list, or a comma list), else every default one; with a
+    probe and none named, every token analysis that reads attention too; on `stack` only those defined there; then those
+    a switch that is on adds (`Analysis.added_by`)."""
+    if isinstance(value, str):
+        value = [name.strip() for name in value.split(",") if name.strip()]
+    task = values.get("task") is not None
+    if not value and task:  # a task's own analyses
+        wanted = [a.name for a in registry.analyses(registry.TASK) if a.default]
+    elif not value:
+        wanted = [a.name for a in registry.analyses() if a.default and a.input != registry.TASK]
+        if values["probe"] is not None:  # the token analyses that read attention, and those
+            wanted += [  # defined on this probe alone (the needle probe's retrieval heads)
+                a.name
+                for a in registry.analyses(registry.PROBE)
+                if not issubclass(a.scorer, RunsModel)
+                or (a.probe == values["probe"] and not a.added_by)
+            ]
+    else:
+        for name in value:
+            registry.get(name)  # raises with the list of known analyses
+        wanted = list(dict.fromkeys(value))
+    wanted = analyses_on_stack(values["stack"], wanted, bool(value), values["probe"])
+    added = [
+        a.name
+        for a in registry.analyses()
+        if a.added_by and (values.get(a.added_by) or a.added_by in wanted) and a.name not in wanted
+    ]
+    check_inputs_read(wanted + added, values["probe"], task)
+    return wanted + added
 
 
 def check_inputs_read(names: list[str], probe, task: bool) -> None:

@@ -282,17 +282,37 @@ def _with_prerequisites(wanted: list[str], net, heads) -> list[str]:
 
 @contextlib.contextmanager
 def _quiet_loading(quiet: bool):
-    """No "Loading weights" progress bar from transformers when progress bars are off."""
+    """No progress bar from transformers while the model loads when progress bars are off: its
+    "Loading weights" bar (its logging switch) and a GGUF file's "Converting and de-quantizing"
+    bar (drawn with tqdm directly, which that switch does not reach: its tqdm is swapped for a
+    silent one meanwhile)."""
+    import functools
+
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
+    gguf = _gguf_module() if quiet else None
+    drawn = getattr(gguf, "tqdm", None)
     if quiet and was:
         hf_logging.disable_progress_bar()
+    if drawn is not None:
+        gguf.tqdm = functools.partial(drawn, disable=True)
     try:
         yield
     finally:
         if quiet and was:
             hf_logging.enable_progress_bar()
+        if drawn is not None:
+            gguf.tqdm = drawn
+
+
+def _gguf_module():
+    """transformers' GGUF loader module, or None where this transformers has none."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils
+    except ImportError:
+        return None
+    return modeling_gguf_pytorch_utils
 
 
 def check_capturable_measures(net, measures) -> None:

@@ -1,6 +1,7 @@
 """Analyses from other packages (docs/EXTENDING.md): the built-in studies are entry points of the
-`headprobe.analyses` group, and the third-party analysis of docs/EXTENDING.md, installed from a
-test-only `*.dist-info` on the path, runs through the CLI and the API: its option is in
+`headprobe.analyses` group, and the third-party analysis of docs/EXTENDING.md
+(docs/examples/offset_back), installed from a test-only `*.dist-info` on the path, runs through
+the CLI and the API (tests/test_docs_examples.py installs every example with pip): its option is in
 `--help`, a bad value is refused in one line (exit 2) before the model loads, and its table and
 report section are written. No file of `headprobe/` names it (tests/test_owners.py scans the
 package for names; this one checks its own)."""
@@ -75,9 +76,8 @@ def test_builtins_load_whatever_the_installed_metadata_says(tmp_path):
 
 
 def example() -> str:
-    """The package of docs/EXTENDING.md: its Python block."""
-    text = (ROOT / "docs/EXTENDING.md").read_text()
-    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    """The first package of docs/EXTENDING.md (docs/examples/offset_back, shown there whole)."""
+    code = (ROOT / "docs/examples/offset_back" / f"{MODULE}.py").read_text()
     assert len(code.splitlines()) < 80
     return code
 

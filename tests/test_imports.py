@@ -114,6 +114,7 @@ LAYERS = [
     "stats",  # the statistics engine and the role engine
     "results",  # tables and the results directory
     "report",  # rendering
+    "extend",  # the public API of plugins and studies: registering, options, patterns, sections
     "studies",  # one folder per analysis: its options, checks and probes too
     "core_options",  # the core options' checks, help texts and record rules
     "config",  # RunConfig: every option

@@ -87,8 +87,13 @@ def test_compare_imports_no_run_library(results_dir, tmp_path):
     assert list(out.glob("*.html")) and list(out.glob("*.md"))
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["report", "--help"], ["compare", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["report", "--help"], ["compare", "--help"], ["run", "--help"], ["plugins"]],
+)
 def test_help_imports_no_run_library(argv, tmp_path):
+    """`run --help` too: its options are read from the analyses' declarations, none of which
+    imports torch (what keeps it quick, issue 52: under 2 s)."""
     assert headprobe_command(argv, tmp_path) == {"status": 0, "loaded": []}
 
 

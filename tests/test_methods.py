@@ -166,8 +166,8 @@ def test_the_appendix_holds_the_sections_behind_the_tables(analyses, measures, c
 def test_a_users_own_pattern_gets_the_token_patterns_section():
     import numpy as np
 
+    from headprobe.extend import pattern_analysis
     from headprobe.scoring import registry
-    from headprobe.studies.token_patterns.patterns import pattern_analysis
 
     def two_back(ids, token):
         # ids: [T]; D: [T, T] key j = query i - 2

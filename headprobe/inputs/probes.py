@@ -13,7 +13,7 @@ Special tokens around the sequence (`specials`):
   [CLS] ... [SEP]; Llama-3: BOS; GPT-2 and SmolLM2: none);
 - "bos": the tokenizer's BOS in front where it has one (TransformerLens's default), nothing else;
 - "none": the bare tokens.
-Specials are in no token pattern (see `headprobe.studies.token_patterns.patterns`); with a BOS
+Specials are in no token pattern (see `headprobe.extend.patterns`); with a BOS
 in front, the first token's previous-token row is empty and position 0 is the BOS.
 
 Each sequence is an `Example` whose words are its non-special tokens (1:1) and whose

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-
-import torch
-from transformers import AutoModel, AutoTokenizer
+from typing import TYPE_CHECKING
 
 from headprobe.inputs.align import load_tokenizer, prepare_tokenizer
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+# the weights' dtypes (torch's names); torch and transformers are imported by the functions that
+# load, not here: the run's options read this module (`headprobe run --help` imports no torch)
+DTYPES = ("float32", "bfloat16", "float16")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -65,6 +68,8 @@ def split_revision(name: str | None) -> tuple[str | None, str | None]:
 
 
 def pick_device(device: str | None) -> torch.device:
+    import torch
+
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -103,6 +108,8 @@ def load(
     layers are spread over GPUs, then CPU, then disk (`offload_folder`), and run where they
     sit (`device` is not used). transformers dispatches (hooks, `hf_device_map`) only a map
     of more than one device or with disk; a one-device map is a plain placement."""
+    from transformers import AutoModel
+
     model, tokenizer, display, _ = _load(
         name,
         AutoModel,
@@ -155,6 +162,8 @@ def load_lm(name: str | None = None, **options):
         if not missing:
             return model, tokenizer, display, lm_kind(model)
         del model
+    from transformers import AutoModel
+
     model, tokenizer, display, _ = _load(name, AutoModel, **options)
     return model, tokenizer, display, "representation"
 
@@ -171,10 +180,13 @@ def _load(
     offload_folder=None,
 ):
     """`load` with the transformers Auto class `auto`; also the weights the checkpoint lacks."""
+    import torch
+    from transformers import AutoTokenizer
+
     path, extra, display = resolve(name)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
-    kwargs = dict(extra, dtype=DTYPES[dtype])
+    kwargs = dict(extra, dtype=getattr(torch, dtype))
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if device_map is not None:
@@ -207,6 +219,8 @@ def random_init(model, seed: int):
         control = random_init(net, seed=0)          # run its tokenizer unchanged
     """
     import copy
+
+    import torch
 
     config = copy.deepcopy(model.config)
     for attr in (

@@ -26,8 +26,7 @@ from torch import nn
 from headprobe.core.errors import CaptureError
 from headprobe.inputs.align import CLS_LIKE, Alignment
 from headprobe.model.projections import projection_weight
-
-STACKS = ("encoder", "decoder", "cross")
+from headprobe.model.stacks import STACKS as STACKS
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headprobe.core.errors import UsageError
 from headprobe.inputs.corpora.base import ALL
 from headprobe.report import methods
 from headprobe.report.document import (
@@ -54,6 +55,7 @@ from headprobe.results.findings import (
     role_findings,
 )
 from headprobe.scoring import registry
+from headprobe.scoring.registry import PICTURES
 from headprobe.stats.pair_estimates import is_pair_table, significant_pairs
 from headprobe.stats.roles import role_colors, role_summary
 
@@ -76,9 +78,8 @@ def compose(results, source: str = "") -> Document:
     from headprobe.report.explorer import explorer_section
 
     doc.sections.append(explorer_section(results))  # the interactive head explorer
-    for name in registry.ordered(results.analyses):
-        render = _section_of(name)
-        doc.sections.append((render or default_section)(shown, name))
+    for name in registry.ordered(_scored(results)):
+        doc.sections.append(analysis_section(shown, name))
     if shown.control is not None:  # the random-init control (headprobe.model.control)
         from headprobe.report.control_section import control_section
 
@@ -95,11 +96,43 @@ def compose(results, source: str = "") -> Document:
     return doc
 
 
-def _section_of(name: str):
+def _scored(results) -> list[str]:
+    """The analyses a report has a section for: those with counts, then those that read only the
+    weights (no tally: their record is the summary's entry under their name)."""
+    counted = list(results.analyses)
+    summary = results.summary
+    weights = [n for n in summary.get("analyses") or () if n not in counted and summary.get(n)]
+    return counted + weights
+
+
+def analysis_section(results, name: str) -> Section:
+    """The section of analysis `name`: the one it declares, else `default_section`. An analysis
+    that is not registered here (its plugin is not installed, failed to import or is switched
+    off) gets the default view of its counts under a line saying why its own section could not
+    be drawn; a section that raises is that line alone (the rest of the report is drawn)."""
+    why = ""
     try:
-        return registry.get(name).report_section()
-    except ValueError:  # an analysis whose plugin is not installed here: the default view
-        return None
+        render = registry.get(name).report_section()
+    except UsageError as exc:  # a plugin that failed to import, or is switched off
+        render, why = None, str(exc)
+    except ValueError:
+        render, why = (
+            None,
+            f"analysis {name!r} is not registered here (its package is not installed)",
+        )
+    try:
+        section = (render or default_section)(results, name)
+    except Exception as exc:  # noqa: BLE001 (one section's failure leaves the others drawn)
+        said = " ".join(f"{type(exc).__name__}: {exc}".split())
+        section = Section(slug(name), name)
+        section.add(Paragraph(f"The {name} section could not be drawn: {said}.", note=True))
+        return section
+    if why:
+        line = (
+            f"The {name} section could not be drawn: {why}. Shown: the default view of its counts."
+        )
+        section.blocks.insert(0, Paragraph(line, note=True))
+    return section
 
 
 # ---------------------------------------------------------------- summary (findings first)
@@ -381,13 +414,7 @@ def examples_section(results) -> Section:
     s = Section("examples", "Example attention")
     examples = results.examples
     if not examples:
-        s.add(
-            Paragraph(
-                "No examples in the results (examples.json absent or empty), so there are no example "
-                "pictures. `headprobe run` draws one per top dependency head unless told not to.",
-                note=True,
-            )
-        )
+        s.add(Paragraph(_no_examples(results), note=True))
         return s
     s.add(
         Paragraph(
@@ -427,6 +454,24 @@ def examples_section(results) -> Section:
     if len(examples) > MAX_EXAMPLES:
         s.add(Paragraph(f"{len(examples) - MAX_EXAMPLES} further examples not drawn.", note=True))
     return s
+
+
+def _no_examples(results) -> str:
+    """Why a report has no example pictures: the analyses that draw them (`Analysis.pictures`)
+    the run scored, or that it scored none of them (a token pattern draws none)."""
+    pictured = [n for kind in PICTURES for n in registry.pictured(kind)]
+    drawn = [name for name in results.analyses if name in pictured]
+    if drawn:
+        return (
+            "No examples in the results (examples.json absent or empty), so there are no example "
+            f"pictures. `headprobe run` draws one per top head of {', '.join(drawn)} unless "
+            "told not to."
+        )
+    return (
+        "No example pictures: none of this run's analyses draws them (example pictures show the "
+        f"best heads of {', '.join(pictured) or 'no registered analysis'} on an example holding "
+        "their relation)."
+    )
 
 
 def _example_caption(ex: dict, words: list[str], title: str, is_best: bool) -> str:

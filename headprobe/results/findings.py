@@ -73,8 +73,11 @@ def model_line(results, with_model: bool = True) -> str:
     elif bos is not None:
         parts.append(f"BOS mode: {bos}")
     data = []
+    probe = (summary.get("options") or {}).get("probe")
     for r in data_sources(results).itertuples(index=False):
         name = Path(r.path).name or r.input
+        if r.input == registry.PROBE and isinstance(probe, dict) and probe.get("name"):
+            name = probe["name"]  # a probe is named by its name; its stream's name says counts
         counts = [
             f"{int(r.examples):,} {r.unit}" if pd.notna(r.examples) else "",
             f"{int(r.words):,} words" if pd.notna(r.words) else "",

@@ -42,7 +42,7 @@ import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from tqdm.auto import tqdm
@@ -144,6 +144,14 @@ def max_length(model, tokenizer) -> int:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+@runtime_checkable
+class ReadsTokenizer(Protocol):
+    """A scorer that reads tokens as strings (a token pattern's `PatternExample.tokens`): the
+    engine hands it the run's tokenizer when it binds it (beside `scorer_base`'s other hooks)."""
+
+    def use_tokenizer(self, tokenizer) -> None: ...
 
 
 @dataclass
@@ -275,6 +283,9 @@ class Engine:
             )
         for scorer in self.model_scorers:
             scorer.use_model(self.model, self.tokenizer, stack=self.stack)
+        for scorer in self.scorers:
+            if isinstance(scorer, ReadsTokenizer):
+                scorer.use_tokenizer(self.tokenizer)
 
     def run(self, examples, checkpoint=None, world: World | None = None) -> dict:
         """Score `examples` (any iterable, read once: a lazy `corpora.base.Stream` is never held

@@ -24,7 +24,10 @@ load on first use through the `headprobe.analyses` entry-point group, the built-
 other packages' (docs/EXTENDING.md): pyproject.toml declares one entry point per folder of
 `headprobe/studies/`, and every folder of this source tree loads even where the installed
 metadata lacks it (`_load`). Each registers its analyses; their order is each one's declared
-`order`. A plugin that fails to import is one line of `plugin_errors()`, which the CLI prints.
+`order`. A plugin that fails to import is one line of `plugin_errors()`, which the CLI prints as a
+warning; it is left out, and a run that names it is refused (`get`). `HEADPROBE_DISABLE_PLUGINS`
+switches plugins off; `sources()` says where each analysis and probe came from (`headprobe
+plugins`).
 A module that calls `register` and is imported before `headprobe.run` adds its analyses too.
 A name is registered once: a second `register` of it raises unless it says `replace=True`.
 See docs/ARCHITECTURE.md, "Adding an analysis".
@@ -42,6 +45,7 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from headprobe.core.errors import UsageError
 from headprobe.model.control import TRAINED
 from headprobe.scoring.measures import WEIGHTS
 
@@ -106,7 +110,12 @@ class Analysis:
     # engine's default (`headprobe.stats.head_selection.MIN_N`, passed in where it is needed)
     min_n: int | None = None
     roles: tuple = ()
+    # derived tables: {name: fn(results) -> DataFrame}, added to `base_tables`
     tables: dict = field(default_factory=dict)
+    # the tables its kind gives it (a pattern analysis's `<name>_heads`, `<name>_kv_groups`):
+    # `tables` adds to them (`dataclasses.replace(a, tables={...})` keeps them); a declared table
+    # of the same name replaces one, and `base_tables={}` drops them: replacing is explicit
+    base_tables: dict = field(default_factory=dict)
     report: str | Callable | None = None
     console: str | Callable | None = None  # text(results, name): what the CLI prints after a run
     # blocks(results, name, first, second): what the report's weights-beside-norms section shows of it
@@ -143,6 +152,10 @@ class Analysis:
     # (`results.reads("3-1")`), "module:name" or callables
     queries: dict = field(default_factory=dict)
     order: float = PLUGIN_ORDER  # its place among the analyses (reports, tables, the CLI)
+
+    def __post_init__(self):
+        merged = {**self.base_tables, **self.tables}
+        object.__setattr__(self, "tables", merged)
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -235,7 +248,6 @@ class Probe:
 _REGISTRY: dict[str, Analysis] = {}
 _PROBES: dict[str, Probe] = {}
 _loaded = False
-_plugin_errors: list[str] = []
 
 
 def register(analysis: Analysis, *, replace: bool = False) -> Analysis:
@@ -315,6 +327,32 @@ def model_checks(names, probe_name: str | None) -> list:
     return found
 
 
+DISABLE = "HEADPROBE_DISABLE_PLUGINS"  # "name,..." (entry points or packages) or "all"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where registered analyses and probes came from: one entry point of the `PLUGINS` group (a
+    built-in study or another package's module), its package and version, whether it `loaded`
+    ("loaded", "failed", "disabled"), the error line of a failure, and what it registered."""
+
+    entry: str  # the entry point's name (a plugin names it after its analysis)
+    module: str
+    package: str
+    version: str
+    status: str
+    error: str = ""
+    analyses: tuple[str, ...] = ()
+    probes: tuple[str, ...] = ()
+
+    @property
+    def builtin(self) -> bool:
+        return _is_builtin(self.module)
+
+
+_sources: list[Source] = []
+
+
 def _load() -> None:
     """Import the analyses once: the built-ins, then the plugins. Both are entry points of the
     `PLUGINS` group; an entry point whose module is under `STUDIES` is a built-in (this
@@ -323,12 +361,17 @@ def _load() -> None:
     from before a folder was added, loads them all; a declared built-in that this tree lacks
     (metadata newer than the tree) is skipped. Built-ins are imported in module-name order and
     one that fails to import is a bug and raises; a plugin that fails is kept as one line
-    (`plugin_errors`), and the others load."""
+    (`plugin_errors`), and the others load; a plugin named in `HEADPROBE_DISABLE_PLUGINS` (its
+    entry point's or its package's name, or "all") is not imported. Nothing imports them before
+    something asks the registry (a run, its --help, a report, `headprobe plugins`)."""
     global _loaded
     if _loaded:
         return
     _loaded = True
+    import os
     from importlib.metadata import entry_points
+
+    from headprobe.version import __version__
 
     group = list(entry_points(group=PLUGINS))
     builtin = [entry for entry in group if _is_builtin(entry.module)]
@@ -336,18 +379,52 @@ def _load() -> None:
     here = {found.name for found in pkgutil.iter_modules(studies.__path__, STUDIES + ".")}
     for name in sorted(here | {entry.module for entry in builtin}):
         if name in here or importlib.util.find_spec(name) is not None:
-            importlib.import_module(name)
+            with _recording(name.rpartition(".")[2], name, "headprobe", __version__):
+                importlib.import_module(name)
+    off = {word.strip() for word in os.environ.get(DISABLE, "").split(",") if word.strip()}
     for entry in group:
         if entry in builtin:
             continue
+        package, version = _package(entry)
+        if off & {"all", entry.name, package}:
+            _sources.append(Source(entry.name, entry.module, package, version, "disabled"))
+            continue
         try:
-            entry.load()
+            with _recording(entry.name, entry.module, package, version):
+                entry.load()
         except Exception as exc:  # noqa: BLE001 (any error of a plugin's import is reported)
             what = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            _plugin_errors.append(
-                f"analysis plugin {entry.name!r} (entry point {entry.value!r} of group "
-                f"{PLUGINS!r}) failed to import: {what}"
+            line = (
+                f"analysis plugin {entry.name!r} ({package} {version}, entry point "
+                f"{entry.value!r}) failed to import: {what}; it is left out (switch it off: "
+                f"{DISABLE}={entry.name})"
             )
+            _sources.append(Source(entry.name, entry.module, package, version, "failed", line))
+
+
+class _recording:
+    """Record, as a `Source`, what importing one entry point registers (a failure re-raises)."""
+
+    def __init__(self, entry: str, module: str, package: str, version: str):
+        self.source = (entry, module, package, version)
+
+    def __enter__(self):
+        self.before = (set(_REGISTRY), set(_PROBES))
+
+    def __exit__(self, kind, exc, tb):
+        if kind is None:
+            new = tuple(n for n in _REGISTRY if n not in self.before[0])
+            probes = tuple(n for n in _PROBES if n not in self.before[1])
+            _sources.append(Source(*self.source, "loaded", analyses=new, probes=probes))
+        return False
+
+
+def _package(entry) -> tuple[str, str]:
+    """(package, version) of an entry point's distribution ("?" where unknown)."""
+    dist = getattr(entry, "dist", None)
+    if dist is None:
+        return "?", "?"
+    return dist.metadata["Name"] or "?", dist.version or "?"
 
 
 def _is_builtin(module: str) -> bool:
@@ -356,9 +433,32 @@ def _is_builtin(module: str) -> bool:
 
 
 def plugin_errors() -> list[str]:
-    """One line per analysis plugin that failed to import (the CLI prints them)."""
+    """One line per analysis plugin that failed to import (the CLI prints them as warnings)."""
     _load()
-    return list(_plugin_errors)
+    return [source.error for source in _sources if source.status == "failed"]
+
+
+def loaded_errors() -> list[str]:
+    """`plugin_errors` if the registry has loaded, else [] (loads nothing)."""
+    return plugin_errors() if _loaded else []
+
+
+def sources() -> list[Source]:
+    """Every entry point of the group, built-ins first: what it registered, or why nothing."""
+    _load()
+    return list(_sources)
+
+
+def unavailable(name: str) -> str | None:
+    """Why analysis (or probe) `name` is not registered when a plugin of that entry-point name
+    failed to import or is switched off: its one line; else None."""
+    _load()
+    for source in _sources:
+        if source.entry == name and source.status == "failed":
+            return source.error
+        if source.entry == name and source.status == "disabled":
+            return f"analysis plugin {name!r} ({source.package}) is switched off by {DISABLE}"
+    return None
 
 
 def _rank(name: str) -> tuple[float, int]:
@@ -432,8 +532,13 @@ def reading(option: str) -> list[str]:
 
 
 def get(name: str) -> Analysis:
+    """The analysis `name`; `UsageError` in one line for a plugin's that failed to import or is
+    switched off (`unavailable`), `ValueError` naming the registered ones for another name."""
     _load()
     if name not in _REGISTRY:
+        why = unavailable(name)
+        if why is not None:
+            raise UsageError(f"analysis {name!r} is not available: {why}")
         raise ValueError(f"unknown analysis {name!r}; choose from {', '.join(names())}")
     return _REGISTRY[name]
 

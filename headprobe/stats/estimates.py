@@ -15,7 +15,6 @@ resample by resample (same weights).
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import bdtrc  # binom.sf; scipy.special loads in a tenth of scipy.stats
 
 Q = (2.5, 97.5)  # the 95% percentile interval's ends (METHODS §5)
 
@@ -145,6 +144,10 @@ def mcnemar_greater(head_only, baseline_only) -> np.ndarray:
     b = np.rint(np.asarray(head_only, dtype=np.float64)).astype(np.int64)  # counts
     c = np.rint(np.asarray(baseline_only, dtype=np.float64)).astype(np.int64)
     total = b + c
+    # binom.sf; scipy.special loads in a tenth of scipy.stats, and only when a test runs (the
+    # registry imports this module: `headprobe run --help` need not load scipy)
+    from scipy.special import bdtrc
+
     p = bdtrc(b - 1, total, 0.5)  # P(X > b - 1) = P(X >= b)
     return np.where(total > 0, p, 1.0)
 

@@ -98,11 +98,29 @@ def rules_in_use(results) -> list[RoleRule]:
     return [rule for analysis, rule in role_rules() if analysis.name in present]
 
 
+UNREGISTERED_COLOR = "#8c8c8c"  # a stored role whose rule is not registered here (a missing plugin)
+
+
 def role_colors(results=None) -> dict[str, str]:
+    """{role: color} of the rules in use (every registered rule without `results`), then a grey
+    for each role the stored role map holds whose rule is not registered here (results of a
+    plugin that is missing or failed to import), then `NONE`."""
     rules = rules_in_use(results) if results is not None else [rule for _, rule in role_rules()]
     colors = {rule.role: rule.color for rule in rules}
+    stored = _stored_roles(results)
+    colors.update({role: UNREGISTERED_COLOR for role in stored if role not in colors | {NONE: ""}})
     colors[NONE] = NONE_COLOR
     return colors
+
+
+def _stored_roles(results) -> list[str]:
+    """The roles of `results`'s role map (as stored, where the results were read), in order;
+    [] without one."""
+    tables = getattr(results, "tables", None)
+    roles = tables.get("roles") if isinstance(tables, dict) else None
+    if roles is None or "role" not in roles:
+        return []
+    return list(dict.fromkeys(roles["role"].astype(str)))
 
 
 def head_roles(results) -> pd.DataFrame:

@@ -49,7 +49,7 @@ objective may be restricted to some pieces (`scored`, `objectives.Objective`).
 
 from __future__ import annotations
 
-from headprobe.scoring.registry import ANY, Analysis, register
+from headprobe.extend import ANY, Analysis, register
 from headprobe.studies.ablation import flags
 from headprobe.studies.ablation.effects import (
     AblationScorer,

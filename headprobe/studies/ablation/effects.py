@@ -11,11 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headprobe.core.errors import UsageError
+from headprobe.extend import UsageError, head_table
 from headprobe.model.objectives import DESCRIPTIONS
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.stats.estimates import paired_gap
-from headprobe.stats.heads import head_table
 
 ROWS_PER_PASS = 64  # ablation: heads side by side in one forward pass, up to this many rows
 

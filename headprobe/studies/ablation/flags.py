@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 
-from headprobe.core.errors import UsageError
+from headprobe.extend import GIVEN, Option, UsageError
 from headprobe.model.objectives import ABLATIONS, ESTIMATES
 from headprobe.scoring import registry
-from headprobe.scoring.options import ADDED, GIVEN, Option
+from headprobe.scoring.options import ADDED
 
 
 def parse_heads(text) -> list[tuple[int, int]] | None:

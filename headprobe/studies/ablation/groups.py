@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headprobe.core.errors import UsageError
+from headprobe.extend import UsageError
 from headprobe.stats.estimates import estimate, paired_gap
 from headprobe.stats.heads import tally_scores
 from headprobe.studies.ablation.effects import MODEL_LEVEL, ROWS_PER_PASS, WithKinds, kind_used

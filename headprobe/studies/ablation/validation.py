@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from headprobe.core.seeds import keyed_hash
-from headprobe.scoring.registry import ANY, Analysis, register
+from headprobe.extend import ANY, Analysis, register
 from headprobe.stats.estimates import percentiles, ratio
 from headprobe.stats.heads import tally_scores
 from headprobe.studies.ablation.effects import (

@@ -42,8 +42,8 @@ import uuid
 import numpy as np
 import pandas as pd
 
+from headprobe.extend import ANY, Analysis, register
 from headprobe.scoring.model_scorer import ModelScorer
-from headprobe.scoring.registry import ANY, Analysis, register
 from headprobe.studies.ablation.flags import ABLATION
 from headprobe.studies.composition import run_options as flags
 from headprobe.studies.composition.run_options import (
@@ -156,7 +156,7 @@ class CompositionScorer(ModelScorer):
         self.senders = tuple(options.get("senders") or ("heads",))
 
     def use_model(self, model, tokenizer, stack: str | None = None) -> None:
-        from headprobe.core.errors import UsageError
+        from headprobe.extend import UsageError
         from headprobe.model.discovery import attention_sites
         from headprobe.model.layer_cache import check_supported
         from headprobe.studies.ablation.kinds import Baselines
@@ -252,7 +252,7 @@ class CompositionScorer(ModelScorer):
         if not getattr(self, "batches", None):
             return
         batches, self.batches = self.batches, SpilledBatches()
-        from headprobe.core.errors import UsageError
+        from headprobe.extend import UsageError
         from headprobe.studies.composition.tables import composition, weights_frame
         from headprobe.studies.composition.weights import composition_weights
 

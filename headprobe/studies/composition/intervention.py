@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headprobe.core.errors import UsageError
+from headprobe.extend import UsageError
 from headprobe.model.channels import CHANNELS, channel_attention, clean_attention, layer_input
 from headprobe.model.layer_cache import LayerCache
 from headprobe.model.projected import shortcut

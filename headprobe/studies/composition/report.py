@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.extend import Cell, Figure, Paragraph, Section, Table
+from headprobe.report.document import slug
 from headprobe.report.rendered_tables import fmt, fmt_ci, head_name
 from headprobe.report.selection import described
 from headprobe.stats.roles import NONE

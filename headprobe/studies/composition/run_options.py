@@ -11,8 +11,7 @@ the composition reads its first kind, as the group ablations do.
 
 from __future__ import annotations
 
-from headprobe.core.errors import UsageError
-from headprobe.scoring.options import GIVEN, Option
+from headprobe.extend import GIVEN, Option, UsageError
 from headprobe.studies.ablation.flags import ABLATION
 
 NAME = "composition"

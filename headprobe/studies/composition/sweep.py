@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from headprobe.extend import LOSS_WORDS
 from headprobe.inputs.align import WORD
-from headprobe.inputs.probes import LOSS_WORDS, REPEATED_RANDOM
+from headprobe.inputs.probes import REPEATED_RANDOM
 from headprobe.model.channels import CHANNELS, clean_attention
 from headprobe.model.discovery import attention_sites
 from headprobe.model.layer_cache import check_supported, clean_cache

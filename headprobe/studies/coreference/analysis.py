@@ -39,16 +39,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.registry import COREFERENCE, MENTIONS, Analysis, RoleRule, register
-from headprobe.scoring.scorer_base import (
+from headprobe.extend import (
+    COREFERENCE,
+    MENTIONS,
+    Analysis,
     BatchState,
     BothIndex,
     CountScorer,
+    RoleRule,
     RowIndex,
     first_argmax,
-    query_rows,
+    register,
 )
+from headprobe.inputs.corpora.base import ALL
+from headprobe.scoring.scorer_base import query_rows
 from headprobe.stats import roles
 from headprobe.stats.head_selection import ALPHA
 

@@ -8,7 +8,8 @@ Accuracy and gap heatmaps per mention kind and the best heads; rendering only.
 
 from __future__ import annotations
 
-from headprobe.report.document import Figure, Paragraph, Section, slug
+from headprobe.extend import Figure, Paragraph, Section
+from headprobe.report.document import slug
 from headprobe.report.heatmaps import accuracy_gap_figure
 from headprobe.report.rendered_tables import LEGEND
 from headprobe.report.selection import accuracy_panels, best_tables

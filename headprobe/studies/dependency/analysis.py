@@ -28,18 +28,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
-from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.registry import ARCS, SENTENCES, Analysis, RoleRule, register
-from headprobe.scoring.scorer_base import (
+from headprobe.extend import (
+    ARCS,
+    SENTENCES,
+    Analysis,
     BatchState,
     BothIndex,
     CountScorer,
+    RoleRule,
     RowIndex,
     masked_word_attention,
-    query_rows,
-    word_fill,
+    register,
 )
+from headprobe.inputs.conventions import HEADPROBE, Conventions, get_conventions
+from headprobe.inputs.corpora.base import ALL
+from headprobe.scoring.scorer_base import query_rows, word_fill
 from headprobe.stats import roles
 from headprobe.stats.head_selection import ALPHA
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from headprobe.extend import Cell, Figure, Paragraph, Section, Table
 from headprobe.inputs.corpora.base import ALL
-from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.report.document import slug
 from headprobe.report.heatmaps import accuracy_gap_figure, gap_grid_figure
 from headprobe.report.rendered_tables import LEGEND, fmt, fmt_int
 from headprobe.report.selection import (

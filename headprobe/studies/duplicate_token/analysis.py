@@ -3,7 +3,7 @@
 Pattern (TransformerLens `get_duplicate_token_head_detection_pattern`): D[i, j] = 1 for
 j < i with token_j == token_i, both tokens (specials never). A token's first occurrence
 has an empty row and is not scored. Scores, baselines and tables:
-`headprobe.studies.token_patterns.patterns`. The pattern looks backwards: a causal model can
+`headprobe.extend.patterns`. The pattern looks backwards: a causal model can
 express it (an encoder may also look at later duplicates, which are not counted).
 Baselines: a random visible key, the first position, offsets -1 and -2.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from headprobe.studies.token_patterns.patterns import PatternRule, pattern_analysis
+from headprobe.extend import PatternRule, pattern_analysis
 
 
 def duplicate_token_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:

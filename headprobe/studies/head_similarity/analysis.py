@@ -34,11 +34,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from headprobe.extend import SENTENCES, Analysis, BatchState, RowIndex, register
 from headprobe.scoring.measures import MASS
 from headprobe.scoring.pair_scorer import PairScorer, pair_values
 from headprobe.scoring.pair_tally import pair_arrays
-from headprobe.scoring.registry import SENTENCES, Analysis, register
-from headprobe.scoring.scorer_base import BatchState, RowIndex
 from headprobe.stats.pair_estimates import PAIR_COLUMNS, pair_table
 
 if TYPE_CHECKING:

@@ -16,8 +16,9 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.lines import Line2D
 
+from headprobe.extend import BulletList, Cell, Figure, Paragraph, Section, Table
 from headprobe.report import drawing as F
-from headprobe.report.document import BulletList, Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.report.document import slug
 from headprobe.report.rendered_tables import LEGEND, fmt, pair_table_block
 from headprobe.stats.roles import NONE, role_colors
 from headprobe.studies.head_similarity.analysis import distance_matrix, layer_cohesion, linkage

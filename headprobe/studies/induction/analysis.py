@@ -7,7 +7,7 @@ token_{j-1} == token_i, with i, j and j - 1 tokens (no specials). When the previ
 token equals the query's ("A A"), j = i itself is an induction key, as in
 TransformerLens. Rows without an earlier occurrence are empty and not scored; on
 Olsson's probe (random tokens repeated twice) that is the first half. Scores,
-baselines and tables: `headprobe.studies.token_patterns.patterns`. The pattern looks
+baselines and tables: `headprobe.extend.patterns`. The pattern looks
 backwards: a causal model can express it. Baselines: a random visible key, the first
 position, offsets -1 and -2.
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from headprobe.extend import PatternRule, pattern_analysis
 from headprobe.studies.duplicate_token.analysis import duplicate_token_pattern
-from headprobe.studies.token_patterns.patterns import PatternRule, pattern_analysis
 
 
 def induction_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:

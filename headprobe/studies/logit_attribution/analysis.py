@@ -38,13 +38,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.core.errors import UsageError
 from headprobe.core.torch_modes import no_grad
+from headprobe.extend import PROBE, Analysis, UsageError, head_table, register
 from headprobe.inputs.align import WORD
 from headprobe.model.objectives import IGNORE, Objective, lm_kind
 from headprobe.scoring.model_scorer import ModelScorer
-from headprobe.scoring.registry import PROBE, Analysis, register
-from headprobe.stats.heads import head_table
 
 if TYPE_CHECKING:
     import torch

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headprobe.report.document import Cell, Paragraph, Section, Table, slug
+from headprobe.extend import Cell, Paragraph, Section, Table
+from headprobe.report.document import slug
 from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, head_name
 from headprobe.report.selection import described, head_maps
 

@@ -36,9 +36,7 @@ import numpy as np
 import pandas as pd
 
 from headprobe.core.seeds import keyed_hash
-from headprobe.inputs.probes import vocabulary
-from headprobe.scoring.registry import WEIGHTS_ONLY, Analysis, register
-from headprobe.scoring.weights_scorer import WeightsScorer
+from headprobe.extend import WEIGHTS_ONLY, Analysis, WeightsScorer, register, vocabulary
 from headprobe.stats.estimates import wilson
 from headprobe.studies.ov_copying.counts import NAME, SAMPLED_TOKENS, TOP_K
 

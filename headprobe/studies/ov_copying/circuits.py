@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.core.errors import UsageError
+from headprobe.extend import UsageError
 from headprobe.model.discovery import attention_sites
 from headprobe.model.sites import output_weight, value_weight
 from headprobe.model.unembed import fit_norm, unembedding

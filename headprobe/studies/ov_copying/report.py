@@ -7,7 +7,8 @@ Every number is a stored value of `ov_copying_heads`; nothing here computes a st
 
 from __future__ import annotations
 
-from headprobe.report.document import Cell, Paragraph, Section, Table, slug
+from headprobe.extend import Cell, Paragraph, Section, Table
+from headprobe.report.document import slug
 from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, head_name
 from headprobe.report.selection import described, head_maps
 

@@ -44,17 +44,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.inputs.conventions import Conventions, get_conventions
-from headprobe.inputs.corpora.base import ALL
-from headprobe.scoring.measures import tally_key
-from headprobe.scoring.registry import SENTENCES, Analysis, register
-from headprobe.scoring.scorer_base import (
+from headprobe.extend import (
+    SENTENCES,
+    Analysis,
     BatchState,
     CountScorer,
     RowIndex,
     masked_word_attention,
-    word_fill,
+    register,
 )
+from headprobe.inputs.conventions import Conventions, get_conventions
+from headprobe.inputs.corpora.base import ALL
+from headprobe.scoring.measures import tally_key
+from headprobe.scoring.scorer_base import word_fill
 from headprobe.stats.estimates import estimate, paired_gap, selected
 from headprobe.stats.trees import max_arborescence, max_spanning_tree, undirected_hits
 from headprobe.studies.parsing.probe import (

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.extend import Cell, Figure, Paragraph, Section, Table
+from headprobe.report.document import slug
 from headprobe.report.heatmaps import heatmap_grid_figure
 from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, fmt_int, to_matrix
 

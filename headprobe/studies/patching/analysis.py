@@ -31,10 +31,8 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from headprobe.core.errors import UsageError
+from headprobe.extend import TASK, Analysis, Option, RoleRule, UsageError, register
 from headprobe.scoring.model_scorer import ModelScorer
-from headprobe.scoring.options import Option
-from headprobe.scoring.registry import TASK, Analysis, RoleRule, register
 from headprobe.studies.ablation.flags import ESTIMATE
 from headprobe.studies.patching.task_roles import (
     MOVER,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headprobe.extend import Cell, Figure, Paragraph, Section, Table
 from headprobe.report import drawing as F
-from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.report.document import slug
 from headprobe.report.selection import described
 from headprobe.stats.head_selection import min_trials
 from headprobe.studies.patching.task_roles import ALPHA, RULES, TASK_ROLES

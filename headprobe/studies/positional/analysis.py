@@ -15,14 +15,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, get, register
-from headprobe.scoring.scorer_base import (
+from headprobe.extend import (
+    SENTENCES,
+    Analysis,
     BatchState,
     CountScorer,
-    UnitLabelRows,
+    RoleRule,
     first_argmax,
-    query_rows,
+    register,
 )
+from headprobe.scoring.registry import get
+from headprobe.scoring.scorer_base import UnitLabelRows, query_rows
 from headprobe.stats import roles
 
 if TYPE_CHECKING:

@@ -11,7 +11,8 @@ import math
 
 import pandas as pd
 
-from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.extend import Cell, Figure, Paragraph, Section, Table
+from headprobe.report.document import slug
 from headprobe.report.drawing import Drawing, drawing, finish, legible, new_figure, planned
 from headprobe.report.heatmaps import layer_head_heatmap, panel_size, small_panel_size
 from headprobe.report.rendered_tables import LEGEND, fmt, fmt_int, head_name, to_matrix

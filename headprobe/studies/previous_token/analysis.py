@@ -2,7 +2,7 @@
 
 Pattern (TransformerLens `get_previous_token_head_detection_pattern`): D[i, i - 1] = 1,
 both positions tokens (a special such as BOS is no previous token: the first token's
-row is empty). Scores, baselines and tables: `headprobe.studies.token_patterns.patterns`. The
+row is empty). Scores, baselines and tables: `headprobe.extend.patterns`. The
 pattern looks backwards: a causal model can express it. Baselines: a random visible
 key and the first position (offset -1 is the pattern itself, so it is no baseline).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from headprobe.studies.token_patterns.patterns import PatternRule, pattern_analysis
+from headprobe.extend import PatternRule, pattern_analysis
 
 
 def previous_token_pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:

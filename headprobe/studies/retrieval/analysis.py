@@ -37,14 +37,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from headprobe.core.errors import UsageError
+from headprobe.extend import (
+    PROBE,
+    Analysis,
+    RoleRule,
+    UsageError,
+    first_argmax,
+    head_table,
+    register,
+)
 from headprobe.model.objectives import lm_kind
 from headprobe.scoring.model_scorer import ModelScorer
-from headprobe.scoring.registry import PROBE, Analysis, RoleRule, register
-from headprobe.scoring.scorer_base import first_argmax
 from headprobe.stats.estimates import wilson
 from headprobe.stats.head_selection import min_trials
-from headprobe.stats.heads import head_table
 from headprobe.stats.roles import MATCH_COLUMNS
 from headprobe.studies.retrieval.needles import NEEDLE, recalled
 

@@ -37,11 +37,10 @@ import numpy as np
 import pandas as pd
 
 from headprobe import checks
-from headprobe.core.errors import UsageError
 from headprobe.core.seeds import keyed_hash
+from headprobe.extend import GIVEN, PROBE, Analysis, Option, UsageError, register
 from headprobe.scoring.model_scorer import ModelScorer
-from headprobe.scoring.options import ADDED, GIVEN, Option
-from headprobe.scoring.registry import PROBE, Analysis, register
+from headprobe.scoring.options import ADDED
 from headprobe.stats.estimates import estimate, paired_gap
 from headprobe.stats.heads import tally_scores
 from headprobe.studies.ablation.effects import MODEL_LEVEL

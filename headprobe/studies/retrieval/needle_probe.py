@@ -15,10 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from headprobe import checks
-from headprobe.core.errors import UsageError
+from headprobe.extend import Option, Probe, UsageError, register_probe
 from headprobe.inputs.corpora.base import CorpusError
-from headprobe.scoring.options import Option
-from headprobe.scoring.registry import Probe, register_probe
 from headprobe.studies.retrieval.needles import (
     DEFAULT_DEPTHS,
     DEFAULT_LENGTHS,

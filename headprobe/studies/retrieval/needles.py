@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from hashlib import blake2b
 from pathlib import Path
 
+from headprobe.extend import Example, Stream
 from headprobe.inputs.align import align_tokens
-from headprobe.inputs.corpora.base import CorpusError, Example, Stream
+from headprobe.inputs.corpora.base import CorpusError
 from headprobe.inputs.samples import sample_path
 
 NEEDLE = "needle"  # the probe's name (`--probe needle`, registered in `needle_probe`)

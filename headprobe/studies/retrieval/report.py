@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.extend import Cell, Figure, Paragraph, Section, Table
+from headprobe.report.document import slug
 from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned
 from headprobe.report.heatmaps import draw_heatmap
 from headprobe.report.rendered_tables import LEGEND, fmt, fmt_est, fmt_signed_est, head_name

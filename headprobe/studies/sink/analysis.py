@@ -37,12 +37,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from headprobe.core.seeds import example_key
+from headprobe.extend import (
+    PROBE,
+    Analysis,
+    BatchState,
+    BothIndex,
+    CountScorer,
+    RowIndex,
+    head_table,
+    register,
+)
+from headprobe.extend.pattern_rules import pattern_rule
+from headprobe.extend.patterns import CONSOLE
 from headprobe.scoring.measures import MASS
-from headprobe.scoring.registry import PROBE, Analysis, register
-from headprobe.scoring.scorer_base import BatchState, BothIndex, CountScorer, RowIndex
 from headprobe.stats.head_selection import MIN_N
-from headprobe.stats.heads import group_table, head_table
-from headprobe.studies.token_patterns.patterns import CONSOLE, pattern_rule
+from headprobe.stats.heads import group_table
 
 if TYPE_CHECKING:
     import torch
@@ -158,6 +167,6 @@ ANALYSIS = register(
             f"{NAME}_kv_groups": lambda results: group_table(results, NAME),
         },
         console=CONSOLE,
-        homes=("headprobe.studies.token_patterns.patterns",),
+        homes=("headprobe.extend.patterns", "headprobe.extend.pattern_rules"),
     )
 )

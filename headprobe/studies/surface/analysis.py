@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from headprobe.extend import SENTENCES, Analysis, BatchState, CountScorer, RoleRule, register
 from headprobe.inputs.align import WORD
 from headprobe.scoring.measures import MASS
-from headprobe.scoring.registry import SENTENCES, Analysis, RoleRule, register
-from headprobe.scoring.scorer_base import BatchState, CountScorer, UnitLabelRows, query_rows
+from headprobe.scoring.scorer_base import UnitLabelRows, query_rows
 from headprobe.stats import roles
 
 if TYPE_CHECKING:

@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from headprobe.report.document import Cell, Figure, Paragraph, Section, Table, slug
+from headprobe.extend import Cell, Figure, Paragraph, Section, Table
+from headprobe.report.document import slug
 from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned, seeded_jitter
 from headprobe.report.heatmaps import layer_ticks
 from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, head_name

@@ -1,5 +1,6 @@
-"""Token-level head patterns as declarations: one function of the input ids gives the
-pattern, `pattern_analysis` makes the rest (scorer, tables, best heads, intervals, role).
+"""Token-level head patterns as declarations: one function of an example gives the pattern,
+`pattern_analysis` makes the rest (scorer, tables, best heads, intervals, role). Exported by
+`headprobe.extend` (the built-in pattern analyses and plugins alike import it from there).
 
     ANALYSIS = pattern_analysis("previous_token", previous_token_pattern,
                                 rule=PatternRule("previous-token", threshold=0.5, lower=0.4,
@@ -64,7 +65,7 @@ Intervals, per-fold scores, best baselines and paired gaps come from `headprobe.
 The McNemar counts (head and baseline both hit) are kept for the `argmax` label only;
 for `mul` (a mass, not a hit) the exact test does not apply and `head_tests` shows NaN.
 
-Role rules (`PatternRule`, see `pattern_rule`): the head's `mul` score is at least the threshold on
+Role rules (`PatternRule`, see `pattern_rules.pattern_rule`): the head's `mul` score is at least the threshold on
 *each* fold (found on one half, confirmed on the other), the 95% bootstrap interval's
 lower end is at least a stated value, the paired interval of the gap to the best
 baseline lies above 0, and there are at least `MIN_N` rows.
@@ -72,22 +73,22 @@ baseline lies above 0, and there are at least `MIN_N` rows.
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
-from dataclasses import dataclass
-from hashlib import blake2b
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from headprobe.core.seeds import example_key
+from headprobe.extend.pattern_rules import PatternRule
+from headprobe.extend.pattern_rules import __name__ as pattern_rule_module
 from headprobe.inputs.align import WORD
-from headprobe.scoring.registry import PLUGIN_ORDER, PROBE, Analysis, RoleRule, register
+from headprobe.scoring.registry import PLUGIN_ORDER, PROBE, Analysis, register
 from headprobe.scoring.scorer_base import BatchState, BothIndex, CountScorer, RowIndex, first_argmax
-from headprobe.stats.head_selection import MIN_N
 from headprobe.stats.heads import group_table, head_table
-from headprobe.stats.roles import MATCH_COLUMNS
 
 if TYPE_CHECKING:
     import torch
@@ -102,22 +103,77 @@ OFFSET = re.compile(r"offset=([+-]\d+)")
 # ---------------------------------------------------------------------------- scorer
 
 
+@dataclass(frozen=True, eq=False)
+class PatternExample:
+    """What a pattern function of one argument gets: one example as the model reads it.
+
+    `ids` [T] int (the model's input ids), `token` [T] bool (False at specials), `piece_word`
+    [T] int (the word each piece belongs to, -1 at specials), `example` (the `Example`: its
+    `words`, `unit` and `meta`, a probe's own metadata included) and `tokenizer` (the run's;
+    None when a scorer is used without one). `tokens` are the pieces as strings."""
+
+    ids: np.ndarray
+    token: np.ndarray
+    piece_word: np.ndarray
+    example: object
+    tokenizer: object = field(default=None, repr=False)
+
+    @property
+    def words(self) -> list[str]:
+        return list(self.example.words)
+
+    @property
+    def meta(self) -> dict:
+        return self.example.meta
+
+    @cached_property
+    def tokens(self) -> list[str]:
+        if self.tokenizer is None:
+            raise ValueError("this pattern was scored without a tokenizer: no tokens as strings")
+        return list(self.tokenizer.convert_ids_to_tokens([int(i) for i in self.ids]))
+
+
+def takes_example(fn) -> bool:
+    """Whether pattern function `fn` takes one `PatternExample` (its one required positional
+    argument), else the two-argument form `fn(ids, token)`."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the two-argument form
+        return False
+    required = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(required) == 1
+
+
 class PatternScorer(CountScorer):
     """Share of attention on a token pattern, and argmax hits on it, per head (see module doc).
 
-    Subclasses (`pattern_analysis` makes them) set `analysis`, `pattern` (ids [T], token mask
-    [T] -> D [T, T] bool; specials are taken out of it here, as query and as key) and
-    `baselines` ("random", "first", "offset=<k>", in the order the tables list them)."""
+    Subclasses (`pattern_analysis` makes them) set `analysis`, `pattern` and `baselines`
+    ("random", "first", "offset=<k>", in the order the tables list them). `pattern(example)`
+    gets a `PatternExample` (ids, token mask, words, the example's meta, the tokenizer), or, in
+    the two-argument form, `pattern(ids, token)` gets ids [T] and the token mask [T]; either
+    returns D [T, T] bool (specials are taken out of it here, as query and as key). The run
+    hands the scorer its tokenizer before the pass (`use_tokenizer`)."""
 
     value = "mass"
     labels = LABELS
     extras = ("queries",)  # every position of the example: `mul_all_rows`'s denominator
     baselines: tuple[str, ...] = (RANDOM, FIRST)
 
+    tokenizer = None  # the run's (`use_tokenizer`); None: a PatternExample without one
+
     @staticmethod
     def pattern(ids: np.ndarray, token: np.ndarray) -> np.ndarray:
-        """[T, T] bool D of one example's ids [T] (token [T]: False at specials); a subclass's."""
+        """[T, T] bool D of one example's ids [T] (token [T]: False at specials); a subclass's
+        (or `pattern(example)`, given a `PatternExample`)."""
         raise NotImplementedError
+
+    def use_tokenizer(self, tokenizer) -> None:
+        """The run's tokenizer, for patterns that read tokens as strings (`PatternExample`)."""
+        self.tokenizer = tokenizer
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -129,10 +185,21 @@ class PatternScorer(CountScorer):
                 )
         cls.variants = tuple(cls.baselines)
 
-    def pattern_of(self, ids: np.ndarray, token: np.ndarray) -> np.ndarray:
+    def pattern_of(
+        self, ids: np.ndarray, token: np.ndarray, example=None, piece_word=None
+    ) -> np.ndarray:
         """[T, T] bool: the declared pattern of one example, without specials."""
         t = len(ids)
-        d = np.asarray(self.pattern(ids, token), dtype=bool)
+        takes = self.__dict__.get("_takes_example")
+        if takes is None:  # looked up once per scorer, not per example
+            takes = self._takes_example = takes_example(self.pattern)
+        if takes:
+            if piece_word is None:
+                piece_word = np.where(token, np.cumsum(token) - 1, -1)
+            seen = PatternExample(ids, token, np.asarray(piece_word), example, self.tokenizer)
+            d = np.asarray(self.pattern(seen), dtype=bool)
+        else:
+            d = np.asarray(self.pattern(ids, token), dtype=bool)
         if d.shape != (t, t):
             raise ValueError(
                 f"{self.analysis}: the pattern function gave shape {d.shape} for {t} tokens, "
@@ -147,7 +214,7 @@ class PatternScorer(CountScorer):
         for b, (example, alignment) in enumerate(zip(batch.examples, batch.alignments)):
             ids = np.asarray(alignment.input_ids, dtype=np.int64)
             token = np.asarray(alignment.piece_kind) == WORD
-            d = self.pattern_of(ids, token)  # [T, T]
+            d = self.pattern_of(ids, token, example, alignment.piece_word)  # [T, T]
             q_rows = np.flatnonzero(d.any(axis=1))  # rows with a pattern
             mul_row = rows.count(example.unit, MUL, len(q_rows))
             arg_row = rows.count(example.unit, ARGMAX, len(q_rows))
@@ -278,137 +345,7 @@ class PatternCells:
     both: BothIndex | None = None  # (query, baseline) pairs where the baseline hits (`add_both`)
 
 
-# ---------------------------------------------------------------------------- role rules
-
-
-def pattern_rule(
-    role: str,
-    analysis: str,
-    order: float,
-    color: str,
-    short: str,
-    threshold: float,
-    lower: float,
-    what: str,
-    label: str = MUL,
-    min_n: int = MIN_N,
-    baseline: bool = True,
-) -> RoleRule:
-    """A held-out threshold rule on one label of a token analysis's `<analysis>_heads` table:
-    score >= threshold on each fold, bootstrap lower end >= lower, (with `baseline`) the gap
-    interval to the in-sample best baseline above 0, and n >= min_n."""
-
-    def match(results) -> pd.DataFrame:
-        table = results.tables.get(f"{analysis}_heads")
-        if table is None or not len(table):
-            return pd.DataFrame(columns=MATCH_COLUMNS)
-        t = table[table["label"] == label]
-        ok = (
-            (t["n"] >= min_n)
-            & (t["fold0"] >= threshold)
-            & (t["fold1"] >= threshold)
-            & (t["ci_low"] >= lower)
-        )
-        if baseline:
-            ok &= t["gap_low"] > 0
-        hit = t[ok.fillna(False).astype(bool)]
-        evidence = [_evidence(r, label, threshold, lower, baseline) for r in hit.itertuples()]
-        return pd.DataFrame(
-            {
-                "layer": hit["layer"],
-                "head": hit["head"],
-                "detail": what,
-                "short": short,
-                "evidence": evidence,
-                "score": hit["score"],
-                "brief": [
-                    f"{r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in hit.itertuples()
-                ],
-            },
-            columns=MATCH_COLUMNS,
-        )
-
-    description = _rule_description(role, what, label, threshold, lower, baseline, min_n)
-    brief = f"{label} score [95% CI]"
-    return RoleRule(role, order, color, description, match, brief=brief)
-
-
-def _evidence(r, label: str, threshold: float, lower: float, baseline: bool) -> str:
-    """Why head row `r` of a `<analysis>_heads` table meets a `pattern_rule`, in words."""
-    text = (
-        f"{label} score {r.score:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}] on {int(r.n)} rows; "
-        f"fold 0 {r.fold0:.4f}, fold 1 {r.fold1:.4f} (each >= {threshold:g}; lower end >= {lower:g})"
-    )
-    if baseline:
-        text += f"; vs {r.baseline_variant} {r.baseline_score:.4f}: gap [{r.gap_low:+.4f}, {r.gap_high:+.4f}]"
-    if label == MUL and np.isfinite(r.mul_all_rows):
-        text += f"; mul over all rows {r.mul_all_rows:.4f}"
-    return text
-
-
-def _rule_description(role, what, label, threshold, lower, baseline, min_n) -> str:
-    """What a `pattern_rule` checks, in one sentence (the report's list of rules)."""
-    gap = (
-        (
-            ", the paired 95% interval of its gap to the analysis's best baseline (the best on all data) lies "
-            "above 0"
-        )
-        if baseline
-        else ""
-    )
-    return (
-        f"{role}: {what}; the head's {label} score is at least {threshold:g} on each fold (found on "
-        f"one half of the units, confirmed on the other), the lower end of its 95% bootstrap interval "
-        f"is at least {lower:g}{gap}, on at least {min_n} rows."
-    )
-
-
 # ---------------------------------------------------------------------------- declarations
-
-USER_ORDER = 0.9  # after induction (0.5) and duplicate-token (0.6), before positional (1)
-USER_COLORS = ("#17becf", "#bcbd22", "#e377c2", "#ff9896", "#aec7e8", "#98df8a")
-
-
-@dataclass(frozen=True)
-class PatternRule:
-    """The role rule of a declared pattern (`pattern_rule` says what it checks): the head's
-    `label` score is at least `threshold` on each fold, the 95% interval's lower end at least
-    `lower`, (with `baseline`) the gap interval to the best baseline above 0, on at least
-    `min_n` rows. `what` says in words what the pattern is; `order` places the role among the
-    others (a head gets the first it meets); `short` labels the role map's cells."""
-
-    role: str
-    threshold: float
-    lower: float
-    what: str
-    order: float = USER_ORDER
-    color: str | None = None  # None: one of USER_COLORS, by the role's name
-    short: str = ""  # "": the role's first 4 letters
-    label: str = MUL
-    min_n: int = MIN_N
-    baseline: bool = True
-
-    def for_analysis(self, analysis: str) -> RoleRule:
-        color = (
-            self.color
-            or USER_COLORS[
-                int.from_bytes(blake2b(self.role.encode(), digest_size=2).digest(), "little")
-                % len(USER_COLORS)
-            ]
-        )
-        return pattern_rule(
-            self.role,
-            analysis,
-            self.order,
-            color,
-            self.short or self.role[:4],
-            self.threshold,
-            self.lower,
-            self.what,
-            label=self.label,
-            min_n=self.min_n,
-            baseline=self.baseline,
-        )
 
 
 def pattern_analysis(
@@ -423,47 +360,52 @@ def pattern_analysis(
     module: str | None = None,
     order: float = PLUGIN_ORDER,
     replace: bool = False,
+    tables: dict | None = None,
 ) -> Analysis:
     """Declare a token pattern and register its analysis: the scorer, the tables
     `<name>_heads` and `<name>_kv_groups`, best heads, intervals and (with `rule`) a head role,
     the same as the built-in previous-token, duplicate-token and induction analyses get.
 
-        import numpy as np, headprobe
-        from headprobe import PatternRule, pattern_analysis
+        from headprobe.extend import PatternRule, pattern_analysis
 
-        COMMA = tokenizer.convert_tokens_to_ids(",")
-
-        def last_comma(ids, token):           # ids [T] int, token [T] bool (False: a special)
-            d = np.zeros((len(ids), len(ids)), dtype=bool)              # -> D [T, T] bool
-            commas = np.flatnonzero(ids == COMMA)
-            for i in range(len(ids)):
-                before = commas[commas < i]
-                if len(before):
-                    d[i, before[-1]] = True                             # the most recent comma
+        def last_comma(example):            # -> D [T, T] bool: each query's most recent comma
+            d = np.zeros((len(example.ids),) * 2, dtype=bool)
+            commas = [i for i, t in enumerate(example.tokens) if t == ","]
+            for i in range(len(example.ids)):
+                d[i, [c for c in commas if c < i][-1:]] = True
             return d
 
         pattern_analysis("last_comma", last_comma, baselines=("random", "first", "offset=-1"),
                          rule=PatternRule("comma", threshold=0.5, lower=0.4,
                                           what="attends to the most recent comma"))
-        results = headprobe.run(model, treebank="corpus.conllu", analyses=["last_comma"])
-        results.table("last_comma_heads")
 
-    pattern_fn(ids, token) -> D [T, T] (bool, or anything numpy reads as one): D[i, j] when
+    pattern_fn(example) -> D [T, T] (bool, or anything numpy reads as one): D[i, j] when
     query i's pattern holds key j, over the model's own input ids of one example (pieces,
-    specials included: `token` is False there; specials are taken out of D as query and key
-    whatever the function says). Rows with an empty pattern are not scored (module doc).
+    specials included: `example.token` is False there; specials are taken out of D as query and
+    key whatever the function says). `example` is a `PatternExample`: `ids`, `token`,
+    `piece_word`, `words`, `meta` (a probe's own metadata), `tokens` and `tokenizer`. The
+    two-argument form `pattern_fn(ids, token)` (ids [T] int, token [T] bool) works too: a
+    function with one required positional argument gets the example, else (ids, token).
+    Rows with an empty pattern are not scored (module doc).
     baselines: in table order, from "random" (a uniformly random visible key), "first"
     (position 0) and "offset=<k>" (key i + k; leave out an offset that is the pattern itself).
     input: "probe" (a probe's sequences where the run has one, else the sentence corpus at
     piece level) or another of `registry.INPUTS`. default: run when no analyses are named.
     module: where the scorer class says it lives (default: the caller's module). order: its place
     among the analyses (default: after the built-ins). replace: replace an analysis of the same
-    name (else a second declaration of a name raises). Returns the registered `Analysis`
-    (`registry.unregister(name)` removes it).
+    name (else a second declaration raises). tables: added to `<name>_heads`, `<name>_kv_groups`
+    (its `base_tables`; one of the same name replaces one). Returns the registered `Analysis`.
     """
     module = module or sys._getframe(1).f_globals.get("__name__", "__main__")
     scorer = _pattern_scorer(name, pattern_fn, baselines, module)
-    declared = dict(rule=rule, description=description, input=input, default=default, order=order)
+    declared = dict(
+        rule=rule,
+        description=description,
+        input=input,
+        default=default,
+        order=order,
+        tables=dict(tables or {}),
+    )
     return _register_pattern(name, scorer, baselines, declared, replace)
 
 
@@ -486,12 +428,14 @@ def _register_pattern(name, scorer, baselines, declared: dict, replace: bool) ->
             order=declared["order"],
             description=description,
             roles=(rule.for_analysis(name),) if rule is not None else (),
-            tables={
+            base_tables={
                 f"{name}_heads": lambda results: head_table(results, name, all_rows_label=MUL),
                 f"{name}_kv_groups": lambda results: group_table(results, name),
             },
+            tables=declared["tables"],
             console=CONSOLE,
-            homes=(__name__,),  # the pattern, scorer and tables of every token analysis live here
+            # the pattern, scorer and tables of every token analysis live here, its rule beside
+            homes=(__name__, pattern_rule_module),
         ),
         replace=replace,
     )
@@ -506,7 +450,8 @@ def _pattern_scorer(name: str, pattern_fn, baselines, module: str) -> type:
         )
     if not callable(pattern_fn):
         raise ValueError(
-            f"pattern analysis {name!r}: pattern_fn must be a function (ids, token) -> [T, T] bool"
+            f"pattern analysis {name!r}: pattern_fn must be a function (example) or (ids, token) "
+            "-> [T, T] bool"
         )
     cls_name = "".join(part[:1].upper() + part[1:] for part in name.split("_")) + "Scorer"
     return type(
@@ -526,7 +471,7 @@ def _pattern_scorer(name: str, pattern_fn, baselines, module: str) -> type:
 # ---------------------------------------------------------------------------- console
 
 
-CONSOLE = "headprobe.studies.token_patterns.patterns:top_heads_text"  # a token analysis's `console`
+CONSOLE = "headprobe.extend.patterns:top_heads_text"  # a token analysis's `console`
 
 
 def top_heads_text(results, analysis: str, top: int = 5) -> str:
