@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_architectures import CASES, FIELDS, build, stack_batch
+from test_architectures import CASES, FALCON_LEGACY, FIELDS, build, stack_batch
 from test_capture import SENTENCES
 
 from headprobe.core.errors import UsageError
@@ -31,6 +31,8 @@ from headprobe.studies.composition.intervention import check_receivers, edge_sum
 from headprobe.studies.induction.analysis import NAME as INDUCTION
 from headprobe.studies.previous_token.analysis import NAME as PREVIOUS_TOKEN
 
+# Falcon is on the interface path from transformers 5.25 (FALCON_LEGACY empty), but its fused
+# query_key_value beside ALiBi and its parallel blocks are not in this file's reference yet
 LEGACY = {"deberta-v2", "mpnet", "bloom-alibi", "falcon-alibi", "squeezebert"}
 INTERFACE = [(n, s) for n, s in CASES if n not in LEGACY and s != "cross"]
 BERT_POST = ["encoder.layer.0.attention.output.LayerNorm", "encoder.layer.0.output.LayerNorm"]
@@ -283,7 +285,7 @@ def test_effects_equal_hooked_forward(name, stack):
         )
 
 
-@pytest.mark.parametrize("name", sorted(LEGACY))
+@pytest.mark.parametrize("name", sorted(LEGACY - ({"falcon-alibi"} - FALCON_LEGACY)))
 def test_legacy_family_refused_in_one_line(name):
     built = build(name)
     _, inputs = stack_batch(built, SENTENCES[:1], "decoder" if "alibi" in name else "encoder")

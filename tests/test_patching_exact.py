@@ -17,8 +17,8 @@ import random
 import pytest
 import torch
 import transformers as tf
-from test_architectures import build
-from test_composition import INTERFACE, WRITE_NORMS
+from test_architectures import CASES, FALCON_LEGACY, build
+from test_composition import WRITE_NORMS
 
 from headprobe.core.errors import UsageError
 from headprobe.model.discovery import attention_sites
@@ -28,7 +28,9 @@ from headprobe.model.task_nodes import TaskNodes
 from headprobe.studies.patching.node_effects import TaskPairs, direct_effects, exact_effects
 
 TOL = 1e-5
-FAMILIES = sorted({name for name, stack in INTERFACE if name not in ("t5", "t5-encoder")})
+LEGACY = {"deberta-v2", "mpnet", "bloom-alibi", "squeezebert"} | FALCON_LEGACY
+ENCODER_DECODER = {"t5", "t5-encoder"}  # refused: a task's prompt is one sequence
+FAMILIES = sorted({name for name, _ in CASES} - LEGACY - ENCODER_DECODER)
 SHARED = {"albert"}  # one layer module called several times: refused
 NO_DIRECT = {  # the final residual stream is no sum of writes, or no final norm is found
     "bart", "bert", "distilbert", "electra", "opt", "roberta", "xlm-roberta",

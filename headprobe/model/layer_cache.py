@@ -352,7 +352,7 @@ def mlp_hooks(model, cache: LayerCache, stack: str, events: list) -> list:
         calls[module] = n + 1
         layers = order[module]
         out = output[0] if isinstance(output, (tuple, list)) else output
-        events.append(("mlp", layers[n % len(layers)], out))
+        events.append(("mlp", layers[n % len(layers)], out.clone()))  # Falcon adds to it in place
 
     return [module.register_forward_hook(on_mlp) for module in order]
 

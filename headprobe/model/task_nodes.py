@@ -138,7 +138,7 @@ class TaskNodes:
 
         def mlp_hook(layer):
             def hook(module, args, output):
-                values.mlp[layer] = _first(output).detach()
+                values.mlp[layer] = _first(output).detach().clone()  # Falcon adds to it in place
 
             return hook
 
