@@ -213,7 +213,7 @@ def clean_cache(model, inputs: dict, stack: str | None = None, mlp: bool = False
     sites = [s for s in every if s.stack == stack]
     cache = LayerCache(stack, sites, {}, {}, {}, {}, {}, {})
     events: list = []  # ("attention", layer), ("norm", module, input, output or None), ("mlp", layer,
-    # output), in call order
+    # a copy of its output, the output), in call order
     modules, outputs = _Counter(_order(every, "module")), _Counter(_order(every, "output"))
     handlers = _hooks(model, cache, stack, events, modules, outputs, norm_outputs=mlp)
     if mlp:
@@ -313,8 +313,8 @@ def _read_events(cache: LayerCache, events: list) -> None:
             last_output = event[2]
         elif event[0] == "mlp":
             if layer is not None and layer not in cache.mlp_out:
-                last_mlp = event[2]
-                cache.mlp_out[layer] = _as_stream(last_mlp, cache.x[layer], layer)
+                last_mlp = event[3]
+                cache.mlp_out[layer] = _as_stream(event[2], cache.x[layer], layer)
                 cache.mlp_after[layer] = len(cache.post_norms.get(layer, []))
         else:
             _, module, x, out = event
@@ -338,7 +338,8 @@ def _read_events(cache: LayerCache, events: list) -> None:
 
 def mlp_hooks(model, cache: LayerCache, stack: str, events: list) -> list:
     """Forward hooks on each layer's MLP write module (`model.mlp_writes`; call n of a shared
-    module is its n-th layer), adding ("mlp", layer, output) to the events."""
+    module is its n-th layer), adding ("mlp", layer, a copy of its output, the output) to the
+    events."""
     from headprobe.model.mlp_writes import mlp_modules
 
     found = mlp_modules(model, stack)
@@ -352,7 +353,9 @@ def mlp_hooks(model, cache: LayerCache, stack: str, events: list) -> list:
         calls[module] = n + 1
         layers = order[module]
         out = output[0] if isinstance(output, (tuple, list)) else output
-        events.append(("mlp", layers[n % len(layers)], out.clone()))  # Falcon adds to it in place
+        # its value copied (Falcon adds the attention's output to it in place), and the tensor
+        # itself: a norm that reads it is found by its storage (Gemma-2/3)
+        events.append(("mlp", layers[n % len(layers)], out.clone(), out))
 
     return [module.register_forward_hook(on_mlp) for module in order]
 

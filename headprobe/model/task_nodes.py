@@ -251,6 +251,39 @@ class TaskNodes:
                 handle.remove()
 
     @contextlib.contextmanager
+    def top_mlp_at_last_piece(self):
+        """The last layer's MLP run on the last piece alone (its write elsewhere 0): where only
+        the last piece's logits are read, nothing reads the last layer's other pieces, so its
+        MLP there is work for nothing. A flat MLP input (OPT's [batch * piece, hidden]) runs whole."""
+        mlp = self.mlps[-1]
+        pieces = []
+
+        def cut(module, args):
+            x = args[0]
+            if x.dim() != 3:
+                return None
+            pieces.append(x.shape[1])
+            return (x[:, -1:], *args[1:])
+
+        def pad(module, args, output):
+            if not pieces:
+                return None
+            out = _first(output)  # [batch, 1, hidden]
+            full = out.new_zeros(out.shape[0], pieces.pop(), out.shape[-1])
+            full[:, -1:] = out
+            return _with_first(output, full)
+
+        handles = [  # first of the module's hooks: the others see the whole write
+            mlp.register_forward_pre_hook(cut, prepend=True),
+            mlp.register_forward_hook(pad, prepend=True),
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextlib.contextmanager
     def probing(self, embed: torch.Tensor | None = None):
         """Zeros that require grad added to every node's value, so a backward pass of what the
         forward inside computes gives d m / d node (`probe.grads()`); `embed`: the embeddings'

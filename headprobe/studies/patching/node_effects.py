@@ -29,6 +29,7 @@ l of the absolute estimate with the gradient through layer l's block dropped, si
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from dataclasses import dataclass
@@ -124,7 +125,8 @@ class _Runner:
             feed["use_cache"] = False
         if self.keep_last:
             feed["logits_to_keep"] = 1
-        with two_logits(self.model, self.pairs.targets.repeat(copies, 1)):
+        last = self.nodes.top_mlp_at_last_piece() if self.keep_last else contextlib.nullcontext()
+        with two_logits(self.model, self.pairs.targets.repeat(copies, 1)), last:
             logits = self.model(**feed).logits  # [copies * rows, piece, 2]
         if self.keep_last:
             return logits[:, -1].float()
@@ -335,7 +337,7 @@ def estimates(nodes: TaskNodes, pairs: TaskPairs, exact: Exact, kinds, steps: in
     every pass over the suffix of `exact`'s batch."""
     if not kinds:
         return {}
-    run, rows, out = exact.run, len(pairs), {}
+    run, rows, out, g_clean = exact.run, len(pairs), {}, None
     diff = _differences(nodes, exact.clean, exact.corrupted)
     if "atp" in kinds or "atp*" in kinds:
         g_clean = _gradients(nodes, run, pairs.clean)
@@ -352,7 +354,10 @@ def estimates(nodes: TaskNodes, pairs: TaskPairs, exact: Exact, kinds, steps: in
         total = None
         start, end = exact.corrupted.embed.float(), exact.clean.embed.float()
         for k in range(1, steps + 1):
-            g = _gradients(nodes, run, pairs.clean, embed=start + (k / steps) * (end - start))
+            if k == steps and g_clean is not None:  # at 1 the embeddings are the clean ones
+                g = g_clean
+            else:
+                g = _gradients(nodes, run, pairs.clean, embed=start + (k / steps) * (end - start))
             total = g if total is None else {key: total[key] + g[key] for key in total}
         ig = _dot(nodes, {key: value / steps for key, value in total.items()}, diff, rows)
         out["ig"] = (ig, ig.clone())
