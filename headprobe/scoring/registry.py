@@ -70,6 +70,8 @@ SENTENCES, COREFERENCE, PROBE, ANY, WEIGHTS_ONLY, TASK = INPUTS = (
 # the example pictures of an analysis's best heads (`headprobe.results.examples`): a head's attention on a
 # sentence holding its relation, with the gold arcs; on a mention and its nearest antecedent
 ARCS, MENTIONS = PICTURES = ("arcs", "mentions")
+# the role map's column where an analysis's `circuits` name the circuits a head is in
+CIRCUIT_COLUMN = "circuit"
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,8 @@ class Analysis:
         None  # a RunConfig switch, or an analysis, that adds it to the analyses run
     )
     homes: tuple = ()  # other modules of its own (beside its scorer's and report's)
-    # circuits(results, roles) -> DataFrame (layer, head, circuit): the circuits it names with
-    # evidence, given the role map so far; the role map's `circuit` column (`stats.roles`)
+    # circuits(results, roles) -> DataFrame (layer, head, CIRCUIT_COLUMN): the circuits it names
+    # with evidence, given the role map so far; the role map's column of that name (`stats.roles`)
     circuits: str | Callable | None = None
     # card(results) -> (title, {(layer, head): [line]}): what a head's card (the head explorer,
     # in the report and the notebook) says of the head under `title`, e.g. what it reads

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pandas as pd
 
 from headprobe.model.control import control_bar
-from headprobe.scoring.registry import RoleRule, declaring, get, role_rules
+from headprobe.scoring.registry import CIRCUIT_COLUMN, RoleRule, declaring, get, role_rules
 from headprobe.stats.head_selection import ALPHA
 from headprobe.stats.pair_estimates import PAIR_COLUMNS, is_pair_table
 
@@ -174,12 +174,12 @@ def with_circuits(roles: pd.DataFrame, results) -> pd.DataFrame:
     if not len(roles) or not finders:
         return roles
     found = [f for f in (finder(results, roles) for finder in finders) if len(f)]
-    roles = roles.assign(circuit="")
+    roles = roles.assign(**{CIRCUIT_COLUMN: ""})
     if not found:
         return roles
-    text = pd.concat(found).groupby(["layer", "head"])["circuit"].agg("; ".join)
+    text = pd.concat(found).groupby(["layer", "head"])[CIRCUIT_COLUMN].agg("; ".join)
     keys = list(zip(roles["layer"].astype(int), roles["head"].astype(int)))
-    roles["circuit"] = [text.get(key, "") for key in keys]
+    roles[CIRCUIT_COLUMN] = [text.get(key, "") for key in keys]
     return roles
 
 

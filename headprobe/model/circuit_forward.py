@@ -1,0 +1,537 @@
+"""A task's graph of edges, and the forward pass in which every receiver input is built from its
+senders (METHODS §20, circuits on a task).
+
+    graph = EdgeGraph.of(nodes, ids)          # senders, receivers, which sender reaches which
+    with nodes.recording(blocks=False) as corrupted:
+        model(input_ids=corrupted_ids)
+    with CircuitForward(graph, corrupted, out):   # out [receiver, sender]: 1 = the corrupted write
+        model(input_ids=clean_ids)                # m(C) for the circuit C = {out == 0}
+    with CircuitForward(graph, grad=True) as run: # every receiver input's gradient, kept
+        m = ...; run.backward(m.sum())
+    run.grads[l]            # [3 * head, batch, piece, hidden]: d m / d each head channel's input
+    run.grads[("mlp", l)]   # [1, batch, piece, hidden]: d m / d the MLP's input
+    run.grads["logits"]     # [1, batch, piece, hidden]: d m / d the final norm's input
+
+Senders are the embeddings (the residual stream entering layer 0), every head (its slice of the
+output projection's input times that slice of the projection's weight) and every MLP (its
+module's output). Receivers are each head's query, key and value inputs, each MLP's input and
+the logits (the final norm's input). A sender reaches a receiver of a later layer, and an MLP
+reads the heads of its own layer where the layer runs its MLP after its attention (found by a
+clean pass, not by the family's name).
+
+Receiver input = the input this forward gives the receiver + sum over out-of-circuit senders of
+(the sender's corrupted write - its write in this forward): the residual stream is the sum of
+the writes, so this is the sum over in-circuit senders of their writes here and over the others
+of their corrupted writes, constant terms included once. A head's query, key and value each
+read their own input: the layer's attention module is called once on the distinct inputs of its
+heads' channels (copies of the batch, through its own norm, projections and position encoding),
+and its attention function takes head h's query from its query input's copy, its key and value
+from its key and value inputs' copies (a key/value group's projection computed once per copy,
+so grouped-query attention is never ungrouped in the weights). The empty circuit gives the
+corrupted forward's metric, the full one the clean one.
+
+Gradients. Every channel of a layer reads its own copy of the residual stream plus a zero
+(three copies, not one per head and channel); the backward pass gives the metric's gradient at
+each head's query, key and value as the attention function received them, and a batched
+vector-Jacobian product through the copy's own norm, projection and position encoding (the
+local graph alone, one head's gradient at a time: `is_grads_batched`) turns each into the
+gradient at that head's channel input. The MLP's and the logits' inputs get a zero each.
+
+Families where the residual stream is not the sum of the writes (post-norm, a norm after a
+sublayer), where an MLP's input is not a norm of the residual stream, or whose layers share
+modules, are refused in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from headprobe.core.errors import UsageError
+from headprobe.model.attention import probs_and_output, routed
+from headprobe.model.channels import CHANNELS, repeated
+from headprobe.model.layer_cache import CACHE_KWARGS
+from headprobe.model.projections import projection_weight
+from headprobe.model.task_nodes import EMBED, NodeValues, TaskNodes
+
+LOGITS = "logits"
+TOLERANCE = 1e-3  # relative: the residual stream is the sum of the writes (checked once)
+
+
+def _plain(module, x):
+    """A module's own forward, without the hooks on it."""
+    return type(module).forward(module, x)
+
+
+def _first(output):
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _hidden(args, kwargs):
+    return args[0] if args else kwargs["hidden_states"]
+
+
+@dataclass(eq=False)
+class EdgeGraph:
+    """Senders, receivers and which sender reaches which receiver (module docstring)."""
+
+    nodes: TaskNodes
+    mlp_norms: list  # [layer] the norm whose output the MLP reads
+    sequential: list  # [layer] the MLP reads the layer's heads (else parallel: the layer input)
+    head_writes: list  # [layer] [hidden, head, d_head] the output projection's weight per head
+
+    @classmethod
+    def of(cls, nodes: TaskNodes, ids: torch.Tensor) -> EdgeGraph:
+        """The graph of `nodes`' model, checked by one clean pass on the first row of `ids`."""
+        norms, sequential = _structure(nodes, ids[:1])
+        writes = []
+        for layer in range(nodes.n_layers):
+            w = projection_weight(nodes.projections[layer]).detach()  # [hidden, head * d_head]
+            writes.append(w.unflatten(1, (nodes.n_heads, nodes.d_head)))
+        return cls(nodes, norms, sequential, writes)
+
+    @property
+    def heads(self) -> int:
+        return self.nodes.n_heads
+
+    @property
+    def layers(self) -> int:
+        return self.nodes.n_layers
+
+    def senders(self) -> list[str]:
+        """'embed', then per layer 'L-H' for its heads and 'mlp L' (the nodes' own names)."""
+        return self.nodes.names()
+
+    def receivers(self) -> list[tuple[str, str]]:
+        """(node, channel) per receiver: per layer ('L-H', q|k|v) channel-major, ('mlp L', ''),
+        then ('logits', '')."""
+        out = []
+        for layer in range(self.layers):
+            out += [(f"{layer}-{h}", c) for c in CHANNELS for h in range(self.heads)]
+            out.append((f"mlp {layer}", ""))
+        return out + [(LOGITS, "")]
+
+    def attention_rows(self, layer: int) -> slice:
+        start = layer * (3 * self.heads + 1)
+        return slice(start, start + 3 * self.heads)
+
+    def mlp_row(self, layer: int) -> int:
+        return layer * (3 * self.heads + 1) + 3 * self.heads
+
+    @property
+    def logits_row(self) -> int:
+        return self.layers * (3 * self.heads + 1)
+
+    def bound(self, row: int) -> int:
+        """How many senders (a prefix of `senders()`) reach receiver `row`."""
+        if row == self.logits_row:
+            return 1 + self.layers * (self.heads + 1)
+        layer, within = divmod(row, 3 * self.heads + 1)
+        below = 1 + layer * (self.heads + 1)
+        if within == 3 * self.heads and self.sequential[layer]:
+            return below + self.heads
+        return below
+
+    def reach(self) -> torch.Tensor:
+        """[receiver, sender] bool: which sender reaches which receiver (an edge)."""
+        n_r, n_s = len(self.receivers()), len(self.senders())
+        bounds = torch.tensor([self.bound(r) for r in range(n_r)])
+        return torch.arange(n_s)[None, :] < bounds[:, None]
+
+    def sender_blocks(self) -> list[tuple[str, int, slice]]:
+        """(kind, layer, senders) in order: the embeddings, then per layer its heads and its MLP."""
+        out = [(EMBED, 0, slice(0, 1))]
+        for layer in range(self.layers):
+            start = 1 + layer * (self.heads + 1)
+            out.append(("head", layer, slice(start, start + self.heads)))
+            out.append(("mlp", layer, slice(start + self.heads, start + self.heads + 1)))
+        return out
+
+    def writes(self, values: NodeValues) -> dict:
+        """Each sender block's writes in a recorded forward: (kind, layer) ->
+        [sender, batch, piece, hidden] float32."""
+        out = {(EMBED, 0): values.x0.float()[None]}
+        for layer in range(self.layers):
+            out[("head", layer)] = self.head_write(layer, values.slices[layer])
+            out[("mlp", layer)] = values.mlp[layer].float()[None]
+        return out
+
+    def head_write(self, layer: int, slices: torch.Tensor) -> torch.Tensor:
+        """[head, batch, piece, hidden] each head's write from [batch, piece, head, d_head]."""
+        w = self.head_writes[layer].to(slices.device, torch.float32)
+        return torch.einsum("bphd,ohd->hbpo", slices.float(), w)
+
+
+def _structure(nodes: TaskNodes, ids: torch.Tensor) -> tuple[list, list]:
+    """Per layer, the norm the MLP reads and whether it reads the layer's heads, from one clean
+    pass; UsageError (one line) where a circuit's forward cannot be built (module docstring)."""
+    name = type(nodes.model).__name__
+    if nodes.post_norm or nodes.final is None:
+        raise UsageError(
+            f"circuit: {name} normalises after its sublayers (post-norm), so its residual stream "
+            "is not a sum of the heads' and MLPs' writes; circuits need a pre-norm model"
+        )
+    bare = [s.layer for s in nodes.sites if s.norm_in is None]
+    if bare:
+        raise UsageError(
+            f"circuit: {name}'s attention in layer {bare[0]} reads the residual stream without a "
+            "norm of its own, where a receiver's input is rebuilt; circuits need a norm before "
+            "every attention"
+        )
+    seen: dict = {}
+    handles = []
+
+    def keep(key):
+        def hook(module, args, kwargs, output):
+            out = _first(output)  # kept, and copied (Falcon adds to its MLP's output in place)
+            seen.setdefault(key, (_hidden(args, kwargs), out, out.detach().clone()))
+
+        return hook
+
+    for layer in range(nodes.n_layers):
+        site, block = nodes.sites[layer], nodes.blocks[layer]
+        handles.append(site.norm_in.register_forward_hook(keep(("x", layer)), with_kwargs=True))
+        handles.append(
+            nodes.projections[layer].register_forward_hook(keep(("o", layer)), with_kwargs=True)
+        )
+        handles.append(
+            nodes.mlps[layer].register_forward_hook(keep(("mlp", layer)), with_kwargs=True)
+        )
+        inner = {id(m) for m in site.module.modules()} | {
+            id(m) for m in nodes.mlps[layer].modules()
+        }
+        for sub in block.modules():
+            if id(sub) not in inner and sub is not block:
+                handles.append(sub.register_forward_hook(keep(("sub", id(sub))), with_kwargs=True))
+    handles.append(nodes.final.register_forward_hook(keep(("final", 0)), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            nodes.model(input_ids=ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    by_id = {id(m): m for layer in range(nodes.n_layers) for m in nodes.blocks[layer].modules()}
+    norms, sequential = [], []
+    for layer in range(nodes.n_layers):
+        x = seen[("x", layer)][0].float()
+        attn = seen[("o", layer)][2].float()
+        mlp_in, mlp_out = seen[("mlp", layer)][0], seen[("mlp", layer)][2].float()
+        nxt = seen[("x", layer + 1)][0] if layer + 1 < nodes.n_layers else seen[("final", 0)][0]
+        if mlp_out.shape != x.shape or not _close(nxt.float(), x + attn + mlp_out):
+            raise UsageError(
+                f"circuit: {name}'s residual stream after layer {layer} is not its input plus "
+                "the attention's and the MLP's writes (a norm after a sublayer); circuits need "
+                "a pre-norm model"
+            )
+        norm = next(
+            (
+                by_id[k[1]]
+                for k, (_, out, _) in seen.items()
+                if k[0] == "sub" and k[1] in by_id and out is mlp_in
+            ),
+            None,
+        )
+        if norm is None:
+            raise UsageError(
+                f"circuit: {name}'s MLP in layer {layer} does not read a norm of the residual "
+                "stream, so its input cannot be rebuilt from the writes"
+            )
+        x_mid = seen[("sub", id(norm))][0].float()
+        if torch.equal(x_mid, x):
+            sequential.append(False)
+        elif _close(x_mid, x + attn):
+            sequential.append(True)
+        else:
+            raise UsageError(
+                f"circuit: {name}'s MLP in layer {layer} reads neither the layer's input nor it "
+                "plus the attention's write"
+            )
+        norms.append(norm)
+    return norms, sequential
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    scale = float(b.abs().max()) or 1.0
+    return bool((a - b).abs().max() <= TOLERANCE * scale)
+
+
+@contextlib.contextmanager
+def _ungrouped(module):
+    """The module's key/value groups read as 1 while its family's eager attention runs on keys
+    and values already picked per query head (gpt-oss's sinks go through it)."""
+    saved = module.__dict__.get("num_key_value_groups")
+    if saved is None:
+        yield
+        return
+    module.num_key_value_groups = 1
+    try:
+        yield
+    finally:
+        module.num_key_value_groups = saved
+
+
+class CircuitForward:
+    """Context manager: the model's forward run inside builds every receiver input from its
+    senders (module docstring). `out` [receiver, sender] float (1: the edge is out of the circuit,
+    its sender's corrupted write; 0: in, this forward's write) with `corrupted` the recorded
+    corrupted forward; or `grad=True`: every receiver input gets a zero leaf of its own, whose
+    gradient `grads` holds after a backward pass. `embed`: the token embeddings' output replaced
+    (integrated gradients' path)."""
+
+    def __init__(
+        self,
+        graph: EdgeGraph,
+        corrupted: NodeValues | None = None,
+        out=None,
+        grad: bool = False,
+        embed: torch.Tensor | None = None,
+    ):
+        if (out is None) == (not grad) or (out is not None and corrupted is None):
+            raise ValueError("CircuitForward: give `corrupted` and `out`, or grad=True")
+        self.graph, self.grad, self.embed = graph, grad, embed
+        self.out = None if out is None else out.float()
+        self.corrupted = corrupted
+        self.leaves: dict = {}  # receiver key -> zero leaf [copy, batch, piece, hidden]
+        self.picked: dict = {}  # layer -> (q, k, v) the attention function computed with
+        self.grads: dict = {}
+        self.handles: list = []
+        self.stack = contextlib.ExitStack()
+
+    def backward(self, total: torch.Tensor) -> None:
+        """Backward from `total` (a scalar), then every receiver's gradient into `grads`."""
+        total.backward(retain_graph=bool(self.picked))
+        self.grads = {}
+        for key, leaf in self.leaves.items():
+            if key not in self.picked:
+                self.grads[key] = leaf.grad
+                continue
+            picked = self.picked[key]  # q, k, v [batch, head, piece, d_head] as attention got them
+            heads = picked[0].shape[1]
+            eye = torch.eye(heads, dtype=picked[0].dtype, device=picked[0].device)
+            per = []
+            for c, t in enumerate(picked):
+                g = t.grad if t.grad is not None else torch.zeros_like(t)
+                batched = eye[:, None, :, None, None] * g[None]  # [head, batch, head, piece, d]
+                (got,) = torch.autograd.grad(
+                    t, leaf, batched, retain_graph=True, is_grads_batched=True
+                )  # [head, channel, batch, piece, hidden]
+                per.append(got[:, c])
+            self.grads[key] = torch.cat(per)  # [3 * head, batch, piece, hidden] channel-major
+        self.picked.clear()
+
+    # -------------------------------------------------------------- what each receiver reads
+    def _active(self, rows) -> bool:
+        return self.grad or bool(self.out[rows].any())
+
+    def _delta(self, rows, like: torch.Tensor) -> torch.Tensor | None:
+        """[row, batch, piece, hidden] sum over out-of-circuit senders of (corrupted - this
+        forward's write) for receiver rows `rows` (a list of receiver indices), or None (all 0):
+        one product of the rows' out-masks [row, sender] with the senders' changes."""
+        bound = max(self.graph.bound(r) for r in rows)
+        mask = self.out[rows][:, :bound]  # [row, sender]
+        if not mask.any():
+            return None
+        every = self.every[:bound]  # [sender, batch, piece, hidden]
+        total = mask.to(every.device, every.dtype) @ every.flatten(
+            1
+        )  # [row, batch * piece * hidden]
+        return total.view(len(rows), *every.shape[1:]).to(like.device)
+
+    def _store(self, senders: slice, diff: torch.Tensor) -> None:
+        """Keep senders' write changes [sender, batch, piece, hidden] (corrupted - this forward)."""
+        if self.every is None:
+            shape = (len(self.graph.senders()), *diff.shape[1:])
+            self.every = torch.zeros(shape, dtype=torch.float32, device=diff.device)
+        self.every[senders] = diff.to(self.every.device)
+
+    def _inputs(self, rows: list, x: torch.Tensor, layer_key) -> tuple:
+        """(inputs [variant, batch, piece, hidden], index [row] -> variant): the distinct inputs
+        of receivers `rows` whose residual stream here is x [batch, piece, hidden]."""
+        if self.grad:
+            copies = 3 if len(rows) > 1 else 1  # a head channel's input: one copy per channel
+            leaf = torch.zeros((copies, *x.shape), dtype=x.dtype, device=x.device)
+            leaf.requires_grad_(True)
+            self.leaves[layer_key] = leaf
+            index = torch.arange(copies, device=x.device).repeat_interleave(len(rows) // copies)
+            return x[None] + leaf, index
+        bound = max(self.graph.bound(r) for r in rows)
+        masks = self.out[rows][:, :bound]
+        unique, index = torch.unique(masks, dim=0, return_inverse=True)
+        rep = [int((index == v).nonzero()[0, 0]) for v in range(unique.shape[0])]
+        delta = self._delta([rows[i] for i in rep], x)
+        inputs = x[None].float() if delta is None else x[None].float() + delta
+        return inputs.to(x.dtype), index.to(x.device)
+
+    # ------------------------------------------------------------------------------ hooks
+    def __enter__(self):
+        g, nodes = self.graph, self.graph.nodes
+        self.spans = {(kind, layer): s for kind, layer, s in g.sender_blocks()}
+        self.every = None  # [sender, batch, piece, hidden] corrupted - this forward's writes
+        self.x: dict = {}  # layer -> residual entering it; ("mid", layer) -> the MLP's norm input
+        self.pending: dict = {}  # layer -> (index [3, head], variants, batch)
+        corr = None if self.corrupted is None else self.corrupted
+        add = self.handles.append
+        routes = {}
+        for layer in range(g.layers):
+            site = nodes.sites[layer]
+            rows = list(range(g.attention_rows(layer).start, g.attention_rows(layer).stop))
+            add(site.norm_in.register_forward_pre_hook(self._keep_x(layer)))
+            if self._active(rows):
+                add(
+                    site.module.register_forward_pre_hook(
+                        self._attention_in(layer, rows), with_kwargs=True
+                    )
+                )
+                add(site.module.register_forward_hook(self._attention_out(layer)))
+                routes[site.module] = self._attention(layer)
+            if self._active(rows):  # the copies' rows are zeros there: project the batch's
+                add(nodes.projections[layer].register_forward_pre_hook(self._cut(layer)))
+            if corr is not None:
+                add(nodes.projections[layer].register_forward_pre_hook(self._head_diff(layer)))
+                add(nodes.mlps[layer].register_forward_hook(self._mlp_diff(layer)))
+            add(g.mlp_norms[layer].register_forward_pre_hook(self._keep_mid(layer)))
+            if self._active([g.mlp_row(layer)]):
+                add(
+                    nodes.mlps[layer].register_forward_pre_hook(
+                        self._mlp_in(layer), with_kwargs=True
+                    )
+                )
+        if self._active([g.logits_row]):
+            add(nodes.final.register_forward_pre_hook(self._final_in()))
+        if self.embed is not None:
+            add(nodes.embedding.register_forward_hook(lambda m, a, o: self.embed.to(o.dtype)))
+        if routes:
+            self.stack.enter_context(routed(nodes.model, routes))
+        return self
+
+    def __exit__(self, *exc):
+        while self.handles:
+            self.handles.pop().remove()
+        self.stack.close()
+        return False
+
+    def _keep_x(self, layer):
+        def hook(module, args):
+            x = args[0]
+            if layer not in self.x:  # the first call: the layer's own (not a variant's)
+                self.x[layer] = x
+                if layer == 0 and self.corrupted is not None:
+                    self._store(slice(0, 1), (self.corrupted.x0.float() - x.float())[None])
+
+        return hook
+
+    def _keep_mid(self, layer):
+        def hook(module, args):
+            self.x.setdefault(("mid", layer), args[0])
+
+        return hook
+
+    def _attention_in(self, layer, rows):
+        norm = self.graph.nodes.sites[layer].norm_in
+
+        def hook(module, args, kwargs):
+            x = self.x[layer]
+            inputs, index = self._inputs(rows, x, layer)
+            variants, batch = inputs.shape[0], x.shape[0]
+            normed = _plain(norm, inputs.flatten(0, 1))  # [variant * batch, piece, hidden]
+            self.pending[layer] = (index.view(3, -1), variants, batch)
+            args = repeated(args[1:], batch, variants)
+            cache = {k: v for k, v in kwargs.items() if k in CACHE_KWARGS}  # a frozen prefix
+            kwargs = repeated({k: v for k, v in kwargs.items() if k not in cache}, batch, variants)
+            kwargs.update(cache)
+            if "hidden_states" in kwargs:
+                return args, {**kwargs, "hidden_states": normed}
+            return (normed, *args), kwargs
+
+        return hook
+
+    def _attention(self, layer):
+        heads = self.graph.heads
+
+        def handler(module, q, k, v, mask, scaling, dropout, extra):
+            index, variants, batch = self.pending.pop(layer)
+            kv = k.shape[1]
+            h = torch.arange(heads, device=q.device)
+            group = h // (heads // kv)
+            idx = index.to(q.device)
+            pick = lambda t, i, j: t.unflatten(0, (variants, batch))[i, :, j].transpose(0, 1)
+            q1 = pick(q, idx[0], h)  # [batch, head, query, d_head]
+            k1 = pick(k, idx[1], group)  # [batch, head, key, d_head]
+            v1 = pick(v, idx[2], group)
+            rows = variants * batch
+            first = lambda t: (
+                t[:batch] if torch.is_tensor(t) and t.dim() and t.shape[0] == rows else t
+            )
+            extra = {key: first(val) for key, val in extra.items()}
+            with _ungrouped(module):
+                _, z = probs_and_output(module, q1, k1, v1, first(mask), scaling, 0.0, extra)
+            if self.grad:
+                for t in (q1, k1, v1):
+                    t.retain_grad()
+                self.picked[layer] = (q1, k1, v1)
+            full = torch.zeros((rows, *z.shape[1:]), dtype=q.dtype, device=q.device)
+            full[:batch] = z.to(q.dtype)  # [variant * batch, query, head, d_head]
+            return full, None
+
+        return handler
+
+    def _cut(self, layer):
+        def hook(module, args):
+            batch = self.x[layer].shape[0]
+            return (args[0][:batch], *args[1:])
+
+        return hook
+
+    def _attention_out(self, layer):
+        def hook(module, args, output):
+            batch = self.x[layer].shape[0]
+            if isinstance(output, tuple):
+                return tuple(o[:batch] if torch.is_tensor(o) and o.dim() else o for o in output)
+            return output[:batch]
+
+        return hook
+
+    def _head_diff(self, layer):
+        def hook(module, args):
+            batch = self.x[layer].shape[0]
+            here = self.graph.nodes._heads(layer, args[0][:batch])  # [batch, piece, head, d_head]
+            corr = self.corrupted.slices[layer].to(here.device)
+            diff = self.graph.head_write(layer, corr.float() - here.float())
+            self._store(self.spans[("head", layer)], diff)
+
+        return hook
+
+    def _mlp_diff(self, layer):
+        def hook(module, args, output):
+            out = _first(output).float()
+            corr = self.corrupted.mlp[layer].to(out.device).float().reshape(out.shape)
+            self._store(self.spans[("mlp", layer)], (corr - out)[None])
+
+        return hook
+
+    def _mlp_in(self, layer):
+        norm, row = self.graph.mlp_norms[layer], self.graph.mlp_row(layer)
+
+        def hook(module, args, kwargs):
+            x = self.x[("mid", layer)]
+            inputs, _ = self._inputs([row], x, ("mlp", layer))
+            normed = _plain(norm, inputs[0])
+            if args:
+                return (normed, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": normed}
+
+        return hook
+
+    def _final_in(self):
+        row = self.graph.logits_row
+
+        def hook(module, args):
+            inputs, _ = self._inputs([row], args[0], LOGITS)
+            return (inputs[0], *args[1:])
+
+        return hook
+
+
+__all__ = ["LOGITS", "CircuitForward", "EdgeGraph"]
