@@ -99,7 +99,7 @@ def cases() -> dict:
 
 def tables() -> dict:
     """{f"{case}/{column}": array} of `ov_heads` on every case, with the code as it is."""
-    from headprobe.studies.ov_copying.circuits import ov_heads
+    from headprobe.studies.ov_copying.ov_circuits import ov_heads
 
     out = {}
     for name, (model, tokens) in cases().items():

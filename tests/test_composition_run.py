@@ -26,6 +26,7 @@ from test_report import check_page_in_chromium, chromium_binary
 import headprobe
 from headprobe.cli import main
 from headprobe.core.errors import UsageError
+from headprobe.extend import CIRCUIT_COLUMN
 
 N, LENGTH = 6, 5
 KEYS = ["layer", "head", "channel", "sender_layer", "sender_head"]
@@ -143,7 +144,7 @@ def test_role_effects_follow_the_run_role_map(composed):
     has = edges["role"] != ""
     assert edges.loc[~has, "role_effect"].isna().all()
     assert edges.loc[has, "role_effect"].notna().all()
-    assert "circuit" in roles.columns
+    assert CIRCUIT_COLUMN in roles.columns
 
 
 def test_reads_gives_a_heads_senders_per_channel_and_its_readers(composed):
@@ -202,7 +203,7 @@ def test_circuit_names_an_induction_head_reading_a_previous_token_head():
     )
     found = circuits(SimpleNamespace(tables={"composition_edges": edges}), roles)
     assert sorted(zip(found["layer"], found["head"])) == [(1, 0), (2, 1)]
-    text = found.set_index(["layer", "head"])["circuit"]
+    text = found.set_index(["layer", "head"])[CIRCUIT_COLUMN]
     assert "key reads previous-token head 1-0" in text[(2, 1)]
     assert "0.300 [0.200, 0.400]" in text[(2, 1)]
     assert "read by 2-1's key" in text[(1, 0)]

@@ -24,7 +24,7 @@ SAMPLE = ROOT / "headprobe/inputs/samples/sample.conllu"
 # the supported API: removing or renaming one of these breaks plugins (docs/EXTENDING.md)
 SUPPORTED = """
 register unregister Analysis RoleRule Probe register_probe
-SENTENCES COREFERENCE PROBE ANY WEIGHTS_ONLY ARCS MENTIONS PLUGIN_ORDER
+SENTENCES COREFERENCE PROBE ANY WEIGHTS_ONLY TASK ARCS MENTIONS PLUGIN_ORDER CIRCUIT_COLUMN
 Option GIVEN ModelFacts UsageError
 pattern_analysis PatternRule PatternScorer PatternExample
 CountScorer BatchState RowIndex BothIndex masked_word_attention first_argmax WeightsScorer

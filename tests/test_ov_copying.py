@@ -14,7 +14,7 @@ import pytest
 import torch
 from make_ov_reference import COLUMNS, FIXTURE, cases
 
-from headprobe.studies.ov_copying import circuits as ov_copying
+from headprobe.studies.ov_copying import ov_circuits as ov_copying
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,7 @@ def one_layer(heads: int, head_dim: int, seed: int = 0) -> LlamaForCausalLM:
 
 @pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
 def test_identity_ov_circuit_copies_and_its_negative_suppresses(sign):
-    from headprobe.studies.ov_copying.circuits import ov_heads
+    from headprobe.studies.ov_copying.ov_circuits import ov_heads
 
     model = one_layer(heads=1, head_dim=D)
     attention = model.model.layers[0].self_attn
@@ -197,7 +197,7 @@ def test_ov_copying_refuses_a_family_without_a_value_projection():
     interleaved layout: no value projection is seen."""
     from test_architectures import build
 
-    from headprobe.studies.ov_copying.circuits import ov_heads
+    from headprobe.studies.ov_copying.ov_circuits import ov_heads
 
     with pytest.raises(UsageError, match="^ov_copying: BloomModel .*value projection"):
         ov_heads(build("bloom-alibi").model, np.arange(5, 20))
@@ -211,7 +211,7 @@ def test_ov_circuit_of_grouped_heads_against_the_whole_matrix():
 
     from conftest import get_family
 
-    from headprobe.studies.ov_copying.circuits import ov_heads
+    from headprobe.studies.ov_copying.ov_circuits import ov_heads
 
     model = copy.deepcopy(get_family("llama").sdpa)
     torch.manual_seed(5)
@@ -303,8 +303,8 @@ def test_a_run_writes_the_ov_copying_table_once(tmp_path, measure):
     import headprobe
     from headprobe.results.query import load_results
     from headprobe.studies.ov_copying.analysis import ordinary_tokens
-    from headprobe.studies.ov_copying.circuits import ov_heads
     from headprobe.studies.ov_copying.counts import SAMPLED_TOKENS
+    from headprobe.studies.ov_copying.ov_circuits import ov_heads
 
     family, model = with_lm_head("llama")
     results = headprobe.run(

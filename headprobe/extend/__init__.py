@@ -51,6 +51,7 @@ from headprobe.scoring.options import GIVEN, ModelFacts, Option
 from headprobe.scoring.registry import (
     ANY,
     ARCS,
+    CIRCUIT_COLUMN,
     COREFERENCE,
     MENTIONS,
     PLUGIN_ORDER,
@@ -122,6 +123,7 @@ __all__ = [
     "ARCS",
     "MENTIONS",
     "PLUGIN_ORDER",
+    "CIRCUIT_COLUMN",
     # options and checks
     "Option",
     "GIVEN",

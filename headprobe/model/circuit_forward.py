@@ -180,6 +180,16 @@ def _structure(nodes: TaskNodes, ids: torch.Tensor) -> tuple[list, list]:
             "norm of its own, where a receiver's input is rebuilt; circuits need a norm before "
             "every attention"
         )
+    seen = _clean_pass(nodes, ids)
+    by_id = {id(m): m for layer in range(nodes.n_layers) for m in nodes.blocks[layer].modules()}
+    found = [_layer_structure(nodes, seen, by_id, layer, name) for layer in range(nodes.n_layers)]
+    return [norm for norm, _ in found], [sequential for _, sequential in found]
+
+
+def _clean_pass(nodes: TaskNodes, ids: torch.Tensor) -> dict:
+    """key -> (input, output, a copy of the output) of the modules a layer's structure is read
+    from, in one clean forward: ("x", l) the attention's norm, ("o", l) the output projection,
+    ("mlp", l) the MLP, ("sub", id) every other module of the block, ("final", 0) the final norm."""
     seen: dict = {}
     handles = []
 
@@ -190,66 +200,62 @@ def _structure(nodes: TaskNodes, ids: torch.Tensor) -> tuple[list, list]:
 
         return hook
 
+    def watch(module, key):
+        handles.append(module.register_forward_hook(keep(key), with_kwargs=True))
+
     for layer in range(nodes.n_layers):
-        site, block = nodes.sites[layer], nodes.blocks[layer]
-        handles.append(site.norm_in.register_forward_hook(keep(("x", layer)), with_kwargs=True))
-        handles.append(
-            nodes.projections[layer].register_forward_hook(keep(("o", layer)), with_kwargs=True)
-        )
-        handles.append(
-            nodes.mlps[layer].register_forward_hook(keep(("mlp", layer)), with_kwargs=True)
-        )
-        inner = {id(m) for m in site.module.modules()} | {
-            id(m) for m in nodes.mlps[layer].modules()
-        }
+        site, block, mlp = nodes.sites[layer], nodes.blocks[layer], nodes.mlps[layer]
+        watch(site.norm_in, ("x", layer))
+        watch(nodes.projections[layer], ("o", layer))
+        watch(mlp, ("mlp", layer))
+        inner = {id(m) for m in site.module.modules()} | {id(m) for m in mlp.modules()}
         for sub in block.modules():
             if id(sub) not in inner and sub is not block:
-                handles.append(sub.register_forward_hook(keep(("sub", id(sub))), with_kwargs=True))
-    handles.append(nodes.final.register_forward_hook(keep(("final", 0)), with_kwargs=True))
+                watch(sub, ("sub", id(sub)))
+    watch(nodes.final, ("final", 0))
     try:
         with torch.no_grad():
             nodes.model(input_ids=ids, use_cache=False)
     finally:
         for h in handles:
             h.remove()
-    by_id = {id(m): m for layer in range(nodes.n_layers) for m in nodes.blocks[layer].modules()}
-    norms, sequential = [], []
-    for layer in range(nodes.n_layers):
-        x = seen[("x", layer)][0].float()
-        attn = seen[("o", layer)][2].float()
-        mlp_in, mlp_out = seen[("mlp", layer)][0], seen[("mlp", layer)][2].float()
-        nxt = seen[("x", layer + 1)][0] if layer + 1 < nodes.n_layers else seen[("final", 0)][0]
-        if mlp_out.shape != x.shape or not _close(nxt.float(), x + attn + mlp_out):
-            raise UsageError(
-                f"circuit: {name}'s residual stream after layer {layer} is not its input plus "
-                "the attention's and the MLP's writes (a norm after a sublayer); circuits need "
-                "a pre-norm model"
-            )
-        norm = next(
-            (
-                by_id[k[1]]
-                for k, (_, out, _) in seen.items()
-                if k[0] == "sub" and k[1] in by_id and out is mlp_in
-            ),
-            None,
+    return seen
+
+
+def _layer_structure(nodes, seen: dict, by_id: dict, layer: int, name: str) -> tuple:
+    """(the norm layer `layer`'s MLP reads, whether it reads the layer's heads) from `seen`."""
+    x = seen[("x", layer)][0].float()
+    attn = seen[("o", layer)][2].float()
+    mlp_in, mlp_out = seen[("mlp", layer)][0], seen[("mlp", layer)][2].float()
+    nxt = seen[("x", layer + 1)][0] if layer + 1 < nodes.n_layers else seen[("final", 0)][0]
+    if mlp_out.shape != x.shape or not _close(nxt.float(), x + attn + mlp_out):
+        raise UsageError(
+            f"circuit: {name}'s residual stream after layer {layer} is not its input plus "
+            "the attention's and the MLP's writes (a norm after a sublayer); circuits need "
+            "a pre-norm model"
         )
-        if norm is None:
-            raise UsageError(
-                f"circuit: {name}'s MLP in layer {layer} does not read a norm of the residual "
-                "stream, so its input cannot be rebuilt from the writes"
-            )
-        x_mid = seen[("sub", id(norm))][0].float()
-        if torch.equal(x_mid, x):
-            sequential.append(False)
-        elif _close(x_mid, x + attn):
-            sequential.append(True)
-        else:
-            raise UsageError(
-                f"circuit: {name}'s MLP in layer {layer} reads neither the layer's input nor it "
-                "plus the attention's write"
-            )
-        norms.append(norm)
-    return norms, sequential
+    norm = next(
+        (
+            by_id[k[1]]
+            for k, (_, out, _) in seen.items()
+            if k[0] == "sub" and k[1] in by_id and out is mlp_in
+        ),
+        None,
+    )
+    if norm is None:
+        raise UsageError(
+            f"circuit: {name}'s MLP in layer {layer} does not read a norm of the residual "
+            "stream, so its input cannot be rebuilt from the writes"
+        )
+    x_mid = seen[("sub", id(norm))][0].float()
+    if torch.equal(x_mid, x):
+        return norm, False
+    if _close(x_mid, x + attn):
+        return norm, True
+    raise UsageError(
+        f"circuit: {name}'s MLP in layer {layer} reads neither the layer's input nor it plus "
+        "the attention's write"
+    )
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -71,7 +71,7 @@ SENTENCES, COREFERENCE, PROBE, ANY, WEIGHTS_ONLY, TASK = INPUTS = (
 # sentence holding its relation, with the gold arcs; on a mention and its nearest antecedent
 ARCS, MENTIONS = PICTURES = ("arcs", "mentions")
 # the role map's column where an analysis's `circuits` name the circuits a head is in
-CIRCUIT_COLUMN = "circuit"
+CIRCUIT_COLUMN = "circuits"
 
 
 @dataclass(frozen=True)

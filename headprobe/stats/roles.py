@@ -166,7 +166,7 @@ def head_roles(results) -> pd.DataFrame:
 
 
 def with_circuits(roles: pd.DataFrame, results) -> pd.DataFrame:
-    """Roles with a `circuit` column where an analysis of the run names circuits
+    """Roles with a `circuits` column where an analysis of the run names circuits
     (`Analysis.circuits`: the composition's): the circuits found with evidence, "; "-joined per
     head, "" where none names the head. Unchanged where no analysis of the run names any."""
     finders = [analysis_named(name) for name in results.analyses]

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 
 import numpy as np
 import pandas as pd
 
 from headprobe.extend import TASK, Analysis, Option, UsageError, register
+from headprobe.scoring.kept_tables import KeptTables
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.studies.circuit.curves import BUDGETS as BUDGET_FRACTIONS
 from headprobe.studies.patching.analysis import IG_STEPS, lm_head_declared, task_estimates
+from headprobe.studies.patching.analysis import NAME as PATCHING
 
 NAME = "circuit"
 MIN_FOLD = 5  # units a fold needs for the held-out curve (each fold ranks, the other evaluates)
@@ -63,17 +66,16 @@ BUDGETS = Option(
 
 def needs_patching(config, facts) -> None:
     """Circuits read the patching analysis's nodes and roles: asked for alone, refused."""
-    if NAME in config.analyses and "patching" not in config.analyses:
+    if NAME in config.analyses and PATCHING not in config.analyses:
         raise UsageError(
-            f"{NAME} reads the patching analysis's nodes and roles: ask for both "
-            "(--analyses patching,circuit)"
+            f"{NAME} reads the {PATCHING} analysis's nodes and roles: ask for both "
+            f"(--analyses {PATCHING},{NAME})"
         )
 
 
 LABEL = "outgoing_eap_ig"  # the tally's label: a head's EAP-IG summed over its outgoing edges
 TOP_EXACT, RANDOM_EXACT = 20, 10  # the validation sample: top edges by |EAP-IG|, and at random
-_KEPT: dict = {}  # run token -> the tables `finish` made, until the run's tables read them
-KEEP_RUNS = 4
+KEPT = KeptTables(NAME)  # the tables `finish` made, until the run's tables read them
 
 
 class CircuitScorer(ModelScorer):
@@ -102,7 +104,7 @@ class CircuitScorer(ModelScorer):
         self.graph_ = None
         self.sums_: dict = {}  # unit -> {"count", "m_clean", "m_corrupted", "eap", "eap_ig"}
         self.kept_: list = []  # (TaskPairs on the CPU, [unit] per row)
-        self.seconds_ = {"scores": 0.0, "circuits": 0.0, "exact": 0.0}
+        self.seconds_ = Counter({"scores": 0.0, "circuits": 0.0, "exact": 0.0})
         self.token = uuid.uuid4().hex
 
     def _graph(self, ids):
@@ -171,7 +173,7 @@ class CircuitScorer(ModelScorer):
             for key, value in rows.items():
                 got[key] = got.get(key, 0.0) + value[i]
         self.kept_.extend(kept)
-        self.seconds_["scores"] += seconds
+        self.seconds_.update({"scores": seconds})  # a Counter: the seconds add
 
     def finish(self) -> None:
         """The task ended: circuits evaluated, the sample path-patched, the tables made."""
@@ -180,9 +182,7 @@ class CircuitScorer(ModelScorer):
             return
         if not self.sums_:
             raise UsageError(f"{NAME}: no example of the task was scored")
-        _KEPT[self.token] = self.tables()
-        while len(_KEPT) > KEEP_RUNS:
-            _KEPT.pop(next(iter(_KEPT)))
+        KEPT.put(self.token, self.tables())
 
     def tables(self) -> dict:
         from headprobe.scoring.tally import unit_fold
@@ -249,28 +249,20 @@ class CircuitScorer(ModelScorer):
     def _evaluate(self, orders, folds, units, sample, budgets, held: bool) -> dict:
         """Per-unit sums of m(C) [unit, budget] per (ranking, sample) (held out only where
         `held`), and of the sample's exact values [unit, edge], over the kept batches."""
-        import torch
         from tqdm.auto import tqdm
 
         from headprobe.model.sites import model_device
         from headprobe.studies.circuit import curves as cv
-        from headprobe.studies.circuit.edge_scores import (
-            Prefix,
-            circuit_rows,
-            edge_exact,
-            metric_of,
-            recorded,
-        )
+        from headprobe.studies.circuit.edge_scores import circuit_rows
 
         model, g = self.model_, self.graph_
         device = model_device(model)
         unit_row = {u: i for i, u in enumerate(units)}
         fold_of = dict(zip(units, folds))
-        n_b, total = len(budgets), len(self.edges_)
         samples = cv.SAMPLES if held else cv.SAMPLES[:1]
-        out = {(r, s): np.zeros((len(units), n_b)) for r in cv.RANKINGS for s in samples}
+        out = {(r, s): np.zeros((len(units), len(budgets))) for r in cv.RANKINGS for s in samples}
         out["exact"] = np.zeros((len(units), len(sample)))
-        counts = [cv.n_edges(total, b) for b in budgets]
+        counts = [cv.n_edges(len(self.edges_), b) for b in budgets]
         shape = (len(g.receivers()), len(g.senders()))
         masks: dict = {}
 
@@ -280,46 +272,54 @@ class CircuitScorer(ModelScorer):
             return masks[(key, n)]
 
         edges = [tuple(self.edges_[e]) for e in sample]
-        clock = time.perf_counter()
         batches = _regrouped(
             self.kept_, lambda pairs: circuit_rows(g, _suffix(model, g.nodes, pairs), device)
         )
-        bar = tqdm(batches, desc="circuits", unit="batch", disable=not self.progress)
-        for cpu_pairs, batch_units in bar:
-            pairs = _to(cpu_pairs, device)
+        for cpu_pairs, batch_units in tqdm(
+            batches, desc="circuits", unit="batch", disable=not self.progress
+        ):
             rows = np.array([unit_row[u] for u in batch_units])
-            prefix = Prefix(model, g.nodes, pairs)
-            corrupted, _ = recorded(model, g, pairs, pairs.corrupted, prefix)
-            with torch.no_grad():
-                m_clean = metric_of(model, pairs, pairs.clean, prefix=prefix).cpu()
             fold = np.array([fold_of[u] for u in batch_units])
-            for rank in cv.RANKINGS:
-                for i, n in enumerate(counts):
-                    if n >= total:  # the whole graph: the clean forward (tested to be equal)
-                        got = {s: m_clean.numpy() for s in samples}
-                    else:
-                        whole = mask((rank, "all"), n)
-                        got = {"in_sample": self._metric(pairs, corrupted, whole, prefix)}
-                        other = np.zeros(len(rows))
-                        for f in (0, 1) if held else ():
-                            mine = np.nonzero(fold == f)[0]
-                            if not len(mine):
-                                continue
-                            key = (rank, 1 - f)  # ranked on the other fold
-                            picked = torch.as_tensor(mine, device=pairs.clean.device)
-                            sub, sub_prefix = pairs.rows(picked), prefix.rows(picked)
-                            sub_corr = _rows_of(corrupted, mine)
-                            other[mine] = self._metric(sub, sub_corr, mask(key, n), sub_prefix)
-                        if held:
-                            got["held_out"] = other
-                    for s, v in got.items():
-                        np.add.at(out[(rank, s)][:, i], rows, v)
-            self.seconds_["circuits"] += time.perf_counter() - clock
-            clock = time.perf_counter()
-            exact = edge_exact(model, g, pairs, corrupted, m_clean, edges, prefix).numpy()
-            np.add.at(out["exact"], rows, exact)
-            self.seconds_["exact"] += time.perf_counter() - clock
-            clock = time.perf_counter()
+            got = self._batch(_to(cpu_pairs, device), fold, counts, mask, samples, edges)
+            for key, values in got.items():
+                np.add.at(out[key], rows, values)
+        return out
+
+    def _batch(self, pairs, fold, counts, mask, samples, edges) -> dict:
+        """One batch's m(C) [row, budget] per (ranking, sample) and exact values [row, edge]."""
+        import torch
+
+        from headprobe.studies.circuit import curves as cv
+        from headprobe.studies.circuit.edge_scores import Prefix, edge_exact, metric_of, recorded
+
+        model, g, clock = self.model_, self.graph_, time.perf_counter()
+        prefix = Prefix(model, g.nodes, pairs)
+        corrupted, _ = recorded(model, g, pairs, pairs.corrupted, prefix)
+        with torch.no_grad():
+            m_clean = metric_of(model, pairs, pairs.clean, prefix=prefix).cpu()
+        out = {(r, s): np.zeros((len(fold), len(counts))) for r in cv.RANKINGS for s in samples}
+        for rank in cv.RANKINGS:
+            for i, n in enumerate(counts):
+                if n >= len(self.edges_):  # the whole graph: the clean forward (tested equal)
+                    for s in samples:
+                        out[(rank, s)][:, i] = m_clean.numpy()
+                    continue
+                whole = mask((rank, "all"), n)
+                out[(rank, "in_sample")][:, i] = self._metric(pairs, corrupted, whole, prefix)
+                for f in (0, 1) if len(samples) > 1 else ():
+                    mine = np.nonzero(fold == f)[0]
+                    if not len(mine):
+                        continue
+                    picked = torch.as_tensor(mine, device=pairs.clean.device)
+                    sub, sub_prefix = pairs.rows(picked), prefix.rows(picked)
+                    held = mask((rank, 1 - f), n)  # ranked on the other fold
+                    out[(rank, "held_out")][mine, i] = self._metric(
+                        sub, _rows_of(corrupted, mine), held, sub_prefix
+                    )
+        self.seconds_.update({"circuits": time.perf_counter() - clock})
+        clock = time.perf_counter()
+        out["exact"] = edge_exact(model, g, pairs, corrupted, m_clean, edges, prefix).numpy()
+        self.seconds_.update({"exact": time.perf_counter() - clock})
         return out
 
     def _metric(self, pairs, corrupted, out, prefix) -> np.ndarray:
@@ -372,7 +372,7 @@ class CircuitScorer(ModelScorer):
         return frame.sort_values(["layer", "head"]).reset_index(drop=True)
 
     def describe(self) -> dict:
-        kept = _KEPT.get(getattr(self, "token", None)) or {}
+        kept = KEPT.get(getattr(self, "token", None))
         g = getattr(self, "graph_", None)
         return {
             NAME: {
@@ -474,25 +474,10 @@ def _rows_of(values, rows):
 
 
 # ----------------------------------------------------------------------------------- tables
-def kept(results) -> dict | None:
-    info = results.summary.get(NAME) or {}
-    return _KEPT.get(info.get("kept"))
-
-
-def frame_of(name: str):
-    def table(results) -> pd.DataFrame:
-        got = kept(results)
-        frame = None if got is None else got.get(name)
-        return pd.DataFrame() if frame is None else frame.reset_index(drop=True)
-
-    table.__name__ = f"{name}_table"
-    return table
-
-
 def nodes_table(results) -> pd.DataFrame:
     """`circuit_nodes`: the smallest faithful circuit's nodes, each with its patching role (the
     task role of `patching_heads` where the head has one) and its noising share."""
-    frame = frame_of("circuit_nodes")(results)
+    frame = KEPT.frame("circuit_nodes")(results)
     if not len(frame):
         return frame
     nodes = results.tables.get("patching_nodes")
@@ -527,11 +512,11 @@ CIRCUIT = register(
         "budgets evaluated exactly, faithfulness curves in-sample and held out, CPR and CMD "
         "with intervals (METHODS §20)",
         tables={
-            "circuit_edges": frame_of("circuit_edges"),
-            "circuit_curve": frame_of("circuit_curve"),
-            "circuit_scores": frame_of("circuit_scores"),
+            "circuit_edges": KEPT.frame("circuit_edges"),
+            "circuit_curve": KEPT.frame("circuit_curve"),
+            "circuit_scores": KEPT.frame("circuit_scores"),
             "circuit_nodes": nodes_table,
-            "circuit_check": frame_of("circuit_check"),
+            "circuit_check": KEPT.frame("circuit_check"),
         },
         console=console,
         report="headprobe.studies.circuit.report:section",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import torch
 
 from headprobe.stats.estimates import percentiles
 
@@ -41,9 +40,11 @@ def ranking(scores: np.ndarray, absolute: bool) -> np.ndarray:
     return np.argsort(-key, kind="stable")
 
 
-def circuit_out(order: np.ndarray, n: int, edges: np.ndarray, shape) -> torch.Tensor:
-    """[receiver, sender] float: 1 for every edge of the graph (`edges` [edge, 2]) outside the
-    top `n` of `order`, 0 for those inside and where there is no edge."""
+def circuit_out(order: np.ndarray, n: int, edges: np.ndarray, shape):
+    """[receiver, sender] float tensor: 1 for every edge of the graph (`edges` [edge, 2]) outside
+    the top `n` of `order`, 0 for those inside and where there is no edge."""
+    import torch
+
     out = torch.zeros(shape)
     rest = edges[order[n:]]
     out[rest[:, 0], rest[:, 1]] = 1.0

@@ -42,7 +42,8 @@ import uuid
 import numpy as np
 import pandas as pd
 
-from headprobe.extend import ANY, Analysis, register
+from headprobe.extend import ANY, CIRCUIT_COLUMN, Analysis, register
+from headprobe.scoring.kept_tables import KeptTables
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.studies.ablation.flags import ABLATION
 from headprobe.studies.composition import run_options as flags
@@ -71,8 +72,7 @@ EDGE_COLUMNS = [
 # the role map's pattern roles (METHODS §6) -> the sweep's role targets (`intervention.role_targets`)
 PATTERN_ROLES = {INDUCTION_ROLE.role: INDUCTION, PREVIOUS_ROLE.role: PREVIOUS_TOKEN}
 ALPHA = 0.05
-_KEPT: dict = {}  # run token -> what `finish` computed, until the run's tables are made
-KEEP_RUNS = 4  # the runs kept at once in one process (tables made twice read them again)
+KEPT = KeptTables(NAME)  # what `finish` computed, until the run's tables are made
 
 
 class UnitTotals:
@@ -281,14 +281,12 @@ class CompositionScorer(ModelScorer):
         except UsageError as err:  # q/k norms: the heads have no W_Q, W_K matrices
             self.notes.append(f"composition_weights left out: {err}")
         frames.pop("sums", None)
-        _KEPT[self.token] = {"sums": sums, "frames": frames, "kind": self.kind}
-        while len(_KEPT) > KEEP_RUNS:
-            _KEPT.pop(next(iter(_KEPT)))
+        KEPT.put(self.token, {"sums": sums, "frames": frames, "kind": self.kind})
         batches.close()  # the inputs are no longer needed
 
     def describe(self) -> dict:
         """The summary's record: the kind of ablation, the receivers, the edges, notes."""
-        kept = _KEPT.get(getattr(self, "token", None)) or {}
+        kept = KEPT.get(getattr(self, "token", None))
         sums = kept.get("sums")
         return {
             NAME: {
@@ -357,8 +355,7 @@ def ordinary_token(batches) -> int:
 # ----------------------------------------------------------------------------------- tables
 def kept(results) -> dict | None:
     """What the run's scorer computed (None: results without it, e.g. merged from shards)."""
-    info = results.summary.get(NAME) or {}
-    return _KEPT.get(info.get("kept"))
+    return KEPT.of(results)
 
 
 def receiver_roles(results) -> dict:
@@ -384,16 +381,6 @@ def edges_table(results) -> pd.DataFrame:
     seed = int(results.summary.get("seed") or 0)
     frame = edges_frame(got["sums"], got["kind"], receiver_roles(results), seed=seed)
     return frame[EDGE_COLUMNS].reset_index(drop=True)
-
-
-def frame_of(name: str):
-    def table(results) -> pd.DataFrame:
-        got = kept(results)
-        frame = None if got is None else got["frames"].get(name)
-        return pd.DataFrame() if frame is None else frame.reset_index(drop=True)
-
-    table.__name__ = f"{name}_table"
-    return table
 
 
 def _head(head) -> tuple[int, int]:
@@ -444,7 +431,7 @@ def circuits(results, roles: pd.DataFrame) -> pd.DataFrame:
     head named (both ends of the edge): layer, head, circuit (the edge and its interval)."""
     edges = results.tables.get("composition_edges")
     if edges is None or not len(edges) or not len(roles):
-        return pd.DataFrame(columns=["layer", "head", "circuit"])
+        return pd.DataFrame(columns=["layer", "head", CIRCUIT_COLUMN])
     role_of = {(int(r.layer), int(r.head)): r.role for r in roles.itertuples(index=False)}
     keys = edges[edges["channel"] == "k"]
     rows = []
@@ -481,7 +468,7 @@ def circuits(results, roles: pd.DataFrame) -> pd.DataFrame:
                 f"induction: previous-token head read by {layer}-{head}'s key ({what} {evidence})",
             )
         )
-    return pd.DataFrame(rows, columns=["layer", "head", "circuit"])
+    return pd.DataFrame(rows, columns=["layer", "head", CIRCUIT_COLUMN])
 
 
 def console(results, name: str, top: int = 5) -> str:
@@ -511,8 +498,8 @@ def console(results, name: str, top: int = 5) -> str:
             if isinstance(c.warning, str) and c.warning:
                 lines.append(f"  WARNING: {c.warning}")
     roles = results.tables.get("roles")
-    if roles is not None and "circuit" in roles:
-        for r in roles[roles["circuit"].astype(str) != ""].itertuples(index=False):
+    if roles is not None and CIRCUIT_COLUMN in roles:
+        for r in roles[roles[CIRCUIT_COLUMN].astype(str) != ""].itertuples(index=False):
             if r.role == INDUCTION_ROLE.role:
                 lines.append(f"  circuit {r.layer}-{r.head}: {r.circuit}")
     return "\n".join(lines)
@@ -550,9 +537,11 @@ COMPOSITION = register(
         "scores beside them (METHODS §18)",
         tables={
             "composition_edges": edges_table,
-            "composition_check": frame_of("composition_check"),
-            "composition_check_correlation": frame_of("composition_check_correlation"),
-            "composition_weights": frame_of("composition_weights"),
+            "composition_check": KEPT.frame("composition_check", within="frames"),
+            "composition_check_correlation": KEPT.frame(
+                "composition_check_correlation", within="frames"
+            ),
+            "composition_weights": KEPT.frame("composition_weights", within="frames"),
         },
         console=console,
         circuits=circuits,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headprobe.extend import Cell, Figure, Paragraph, Section, Table
+from headprobe.extend import CIRCUIT_COLUMN, Cell, Figure, Paragraph, Section, Table
 from headprobe.report.document import slug
 from headprobe.report.rendered_tables import fmt, fmt_ci, head_name
 from headprobe.report.selection import described
@@ -106,9 +106,9 @@ def top_table(edges: pd.DataFrame, kind: str) -> Table:
 
 
 def circuits_block(s: Section, roles: pd.DataFrame | None) -> None:
-    """The circuits the role map names (its `circuit` column), or a note that none was found."""
-    if roles is not None and "circuit" in roles:
-        found = roles[roles["circuit"].astype(str) != ""]
+    """The circuits the role map names (its `circuits` column), or a note that none was found."""
+    if roles is not None and CIRCUIT_COLUMN in roles:
+        found = roles[roles[CIRCUIT_COLUMN].astype(str) != ""]
         if len(found):
             s.add(
                 Table(

@@ -64,7 +64,7 @@ class OVCopyingScorer(WeightsScorer):
     def compute(self, model, tokenizer, layers, stack, seed: int) -> dict:
         """The record the run's summary keeps: every head's numbers and how they were drawn."""
         from headprobe.model.unembed import unembedding
-        from headprobe.studies.ov_copying.circuits import ov_heads  # torch: only to compute
+        from headprobe.studies.ov_copying.ov_circuits import ov_heads  # torch: only to compute
 
         vocab = int(model.get_input_embeddings().weight.shape[0])
         tokens = ordinary_tokens(tokenizer, vocab, self.sample, seed)

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from headprobe.extend import TASK, Analysis, Option, RoleRule, UsageError, register
+from headprobe.scoring.kept_tables import KeptTables
 from headprobe.scoring.model_scorer import ModelScorer
 from headprobe.studies.ablation.flags import ESTIMATE
 from headprobe.studies.patching.task_roles import (
@@ -46,8 +47,7 @@ NAME = "patching"
 TASK_ESTIMATES = ("atp", "atp*", "ig")
 DEFAULT_ESTIMATES = ("atp",)  # on a task when --estimate is left at its default (michel)
 TAIL = ("answer", "distractor", "first_position")  # the tally's labels (`task_sums.TARGETS`)
-_KEPT: dict = {}  # run token -> the tables `finish` made, until the run's tables read them
-KEEP_RUNS = 4
+KEPT = KeptTables(NAME)  # the tables `finish` made, until the run's tables read them
 
 
 def at_least_one(flag, value, values):
@@ -223,9 +223,7 @@ class PatchingScorer(ModelScorer):
             return
         if not len(sums):
             raise UsageError(f"{NAME}: no example of the task was scored")
-        _KEPT[self.token] = self.tables()
-        while len(_KEPT) > KEEP_RUNS:
-            _KEPT.pop(next(iter(_KEPT)))
+        KEPT.put(self.token, self.tables())
 
     def tables(self) -> dict:
         from headprobe.stats.head_selection import min_trials
@@ -255,7 +253,7 @@ class PatchingScorer(ModelScorer):
     def _ov(self):
         """Per head: the OV circuit's copying score and how many of the task's answer tokens it
         copies (METHODS §9); None where the model's weights give none (q/k norms, no final norm)."""
-        from headprobe.studies.ov_copying.circuits import ov_heads
+        from headprobe.studies.ov_copying.ov_circuits import ov_heads
 
         try:
             return ov_heads(self.model_, sorted(self.answers_), stack=self.nodes_.stack)
@@ -263,7 +261,7 @@ class PatchingScorer(ModelScorer):
             return None
 
     def describe(self) -> dict:
-        kept = _KEPT.get(getattr(self, "token", None)) or {}
+        kept = KEPT.get(getattr(self, "token", None))
         prefixes = getattr(self, "prefixes_", [])
         return {
             NAME: {
@@ -316,21 +314,6 @@ def groups(examples, nodes) -> list[list]:
 
 
 # ----------------------------------------------------------------------------------- tables
-def kept(results) -> dict | None:
-    info = results.summary.get(NAME) or {}
-    return _KEPT.get(info.get("kept"))
-
-
-def frame_of(name: str):
-    def table(results) -> pd.DataFrame:
-        got = kept(results)
-        frame = None if got is None else got.get(name)
-        return pd.DataFrame() if frame is None else frame.reset_index(drop=True)
-
-    table.__name__ = f"{name}_table"
-    return table
-
-
 def task_summary(results) -> dict:
     """The task in a few values: its name and examples, the metric (clean, corrupted and their
     difference, each with its interval), whether the model does it, and the heads per task role."""
@@ -412,10 +395,10 @@ PATCHING = register(
         "estimates (atp, atp*, ig) beside every node's exact value; what the significant heads "
         "attend to and which logit they move (METHODS §19)",
         tables={
-            "patching_metric": frame_of("patching_metric"),
-            "patching_nodes": frame_of("patching_nodes"),
-            "patching_check": frame_of("patching_check"),
-            "patching_heads": frame_of("patching_heads"),
+            "patching_metric": KEPT.frame("patching_metric"),
+            "patching_nodes": KEPT.frame("patching_nodes"),
+            "patching_check": KEPT.frame("patching_check"),
+            "patching_heads": KEPT.frame("patching_heads"),
         },
         console=console,
         queries={"task_summary": task_summary},
