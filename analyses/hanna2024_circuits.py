@@ -4,13 +4,17 @@ by EAP-IG, circuits of the top 0.1% ... 100% evaluated exactly, CPR and CMD. Bey
 curve is also measured held out (ranked on one fold, evaluated on the other), with intervals
 (METHODS §20).
 
-Ground truth first: the 2-layer model of `olsson2022_phase_change.py` on the induction task of
-`wang2022_ioi.py` (random tokens, then a repeat). The induction circuit is known: layer 0's
-previous-token head writes "the token before me" into each position, and layer 1's induction
-head reads it through its key. The script finds both heads by their own analyses
-(`previous_token`, `induction` on the repeated-random probe) and states that the edge from the
-previous-token head into the induction head's key is in the smallest faithful circuit; it exits
-1 if not.
+Ground truth first: the 2-layer model of `olsson2022_phase_change.py` on an induction task
+(random tokens, then a repeat of their first j + 1: the answer is token j + 1). The induction
+circuit is known: layer 0's previous-token head writes "the token before me" into each position,
+and layer 1's induction head finds the earlier occurrence's successor through its key. So the
+corrupted prompt changes token j in the first half (to a token seen nowhere else, the
+distractor): the previous-token head then writes something else at the successor's position,
+and the induction head's key there no longer matches. (`wang2022_ioi.py` changes the successor
+instead, which the induction head reads through its value: a patching task for the head, not for
+this edge.) The script finds both heads by their own analyses (`previous_token`, `induction` on
+the repeated-random probe) and states that the edge from the previous-token head into the
+induction head's key is in the smallest faithful circuit; it exits 1 if not.
 
 Then `--task ioi` on SmolLM2: CPR and CMD in-sample and held out, the curve, the smallest
 faithful circuit's heads with their patching roles.
@@ -36,6 +40,9 @@ import wang2022_ioi as wang
 
 SCRIPT = "hanna2024_circuits"
 INDUCTION_N = 96
+# the 2-layer model's graph has 110 edges: MIB's budgets jump from 20% to 50% to 100% there, so
+# its curve is read every 10% as well
+SMALL_BUDGETS = "1,2,5,10,20,30,40,50,60,70,80,90,100"
 
 
 def parse_args(argv=None):
@@ -47,6 +54,30 @@ def parse_args(argv=None):
     p.add_argument("--skip-smollm2", action="store_true", help="the ground truth only")
     p.add_argument("--out", default=None, help="output directory (default: out/<script name>)")
     return p.parse_args(argv)
+
+
+def key_items(n: int, seed: int = 0) -> list[dict]:
+    """The induction task of the module docstring: `wang.HALF` distinct random tokens, then their
+    first j + 1 again; the corrupted prompt changes token j of the first half to a spare token,
+    the distractor; the answer is token j + 1."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    items = []
+    for k in range(n):
+        tokens = rng.choice(olsson.VOCAB, wang.HALF + 1, replace=False)  # distinct, one spare
+        seq, spare = tokens[: wang.HALF], int(tokens[wang.HALF])
+        j = int(rng.integers(3, wang.HALF - 2))
+        corrupted = seq.copy()
+        corrupted[j] = spare
+        repeat = [f"t{t}" for t in seq[: j + 1]]
+        clean = " ".join([f"t{t}" for t in seq] + repeat)
+        changed = " ".join([f"t{t}" for t in corrupted] + repeat)
+        items.append(
+            {"clean": clean, "corrupted": changed, "answer": f"t{seq[j + 1]}",
+             "distractor": f"t{spare}", "id": f"induction-key:{k}"}
+        )  # fmt: skip
+    return items
 
 
 def best_head(results, analysis: str) -> tuple[int, int]:
@@ -81,7 +112,8 @@ def ground_truth(args, out) -> bool:
     )  # fmt: skip
     induction, previous = best_head(probe, "induction"), best_head(probe, "previous_token")
     results = headprobe.run(
-        loaded=loaded, task=wang.induction_items(INDUCTION_N), analyses="patching,circuit",
+        loaded=loaded, task=key_items(INDUCTION_N), analyses="patching,circuit",
+        circuit_budgets=SMALL_BUDGETS,
         out=str(out / "induction_circuit"), progress=False,
     )  # fmt: skip
     edges = results.tables["circuit_edges"]
@@ -97,8 +129,9 @@ def ground_truth(args, out) -> bool:
         & (edges["receiver"] == f"{induction[0]}-{induction[1]}")
         & (edges["channel"] == "k")
     ].iloc[0]
+    rank = int((edges["eap_ig"] > key["eap_ig"]).sum()) + 1
     print(f"  edge {previous[0]}-{previous[1]} -> {induction[0]}-{induction[1]}.k: EAP-IG "
-          f"{key['eap_ig']:+.3f}, exact {key['exact']:+.3f}")  # fmt: skip
+          f"{key['eap_ig']:+.3f} (rank {rank} of {len(edges)}), exact {key['exact']:+.3f}")  # fmt: skip
     if smallest:
         print(f"  smallest faithful circuit: {smallest[1]} edges ({100 * smallest[0]:g}%)")
     found = bool(smallest) and bool(key["in_circuit"]) and previous[0] < induction[0]
