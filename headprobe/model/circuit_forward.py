@@ -27,8 +27,10 @@ read their own input: the layer's attention module is called once on the distinc
 heads' channels (copies of the batch, through its own norm, projections and position encoding),
 and its attention function takes head h's query from its query input's copy, its key and value
 from its key and value inputs' copies (a key/value group's projection computed once per copy,
-so grouped-query attention is never ungrouped in the weights). The empty circuit gives the
-corrupted forward's metric, the full one the clean one.
+so grouped-query attention is never ungrouped in the weights); where the family has three
+separate q, k, v linear maps, each head's slices are projected from its inputs instead and the
+module is called once (`model.head_projections`). The empty circuit gives the corrupted
+forward's metric, the full one the clean one.
 
 Gradients. Every channel of a layer reads its own copy of the residual stream plus a zero
 (three copies, not one per head and channel); the backward pass gives the metric's gradient at
@@ -52,6 +54,7 @@ import torch
 from headprobe.core.errors import UsageError
 from headprobe.model.attention import probs_and_output, routed
 from headprobe.model.channels import CHANNELS, repeated
+from headprobe.model.head_projections import per_head, separate_projections
 from headprobe.model.layer_cache import CACHE_KWARGS
 from headprobe.model.projections import projection_weight
 from headprobe.model.task_nodes import EMBED, NodeValues, TaskNodes
@@ -81,6 +84,9 @@ class EdgeGraph:
     mlp_norms: list  # [layer] the norm whose output the MLP reads
     sequential: list  # [layer] the MLP reads the layer's heads (else parallel: the layer input)
     head_writes: list  # [layer] [hidden, head, d_head] the output projection's weight per head
+    separate: (
+        list  # [layer] (q, k, v) linear maps of the attention's input, or None (`head_projections`)
+    )
 
     @classmethod
     def of(cls, nodes: TaskNodes, ids: torch.Tensor) -> EdgeGraph:
@@ -90,7 +96,7 @@ class EdgeGraph:
         for layer in range(nodes.n_layers):
             w = projection_weight(nodes.projections[layer]).detach()  # [hidden, head * d_head]
             writes.append(w.unflatten(1, (nodes.n_heads, nodes.d_head)))
-        return cls(nodes, norms, sequential, writes)
+        return cls(nodes, norms, sequential, writes, separate_projections(nodes, ids))
 
     @property
     def heads(self) -> int:
@@ -340,9 +346,7 @@ class CircuitForward:
         if not mask.any():
             return None
         every = self.every[:bound]  # [sender, batch, piece, hidden]
-        total = mask.to(every.device, every.dtype) @ every.flatten(
-            1
-        )  # [row, batch * piece * hidden]
+        total = mask.to(every.device, every.dtype) @ every.flatten(1)  # [row, batch*piece*hidden]
         return total.view(len(rows), *every.shape[1:]).to(like.device)
 
     def _store(self, senders: slice, diff: torch.Tensor) -> None:
@@ -377,6 +381,7 @@ class CircuitForward:
         self.every = None  # [sender, batch, piece, hidden] corrupted - this forward's writes
         self.x: dict = {}  # layer -> residual entering it; ("mid", layer) -> the MLP's norm input
         self.pending: dict = {}  # layer -> (index [3, head], variants, batch)
+        self.open: dict = {}  # layer -> the per-head projections in force during its call
         corr = None if self.corrupted is None else self.corrupted
         add = self.handles.append
         routes = {}
@@ -413,6 +418,8 @@ class CircuitForward:
         return self
 
     def __exit__(self, *exc):
+        while self.open:
+            self.open.popitem()[1].close()
         while self.handles:
             self.handles.pop().remove()
         self.stack.close()
@@ -442,6 +449,15 @@ class CircuitForward:
             inputs, index = self._inputs(rows, x, layer)
             variants, batch = inputs.shape[0], x.shape[0]
             normed = _plain(norm, inputs.flatten(0, 1))  # [variant * batch, piece, hidden]
+            separate = self.graph.separate[layer]
+            if separate is not None and not self.grad:  # each head projected from its input
+                self.pending[layer] = (None, 1, batch)
+                self.open[layer] = contextlib.ExitStack()
+                normed = normed.unflatten(0, (variants, batch))
+                self.open[layer].enter_context(
+                    per_head(separate, normed, index.view(3, -1), self.graph.heads)
+                )
+                return None
             self.pending[layer] = (index.view(3, -1), variants, batch)
             args = repeated(args[1:], batch, variants)
             cache = {k: v for k, v in kwargs.items() if k in CACHE_KWARGS}  # a frozen prefix
@@ -458,6 +474,10 @@ class CircuitForward:
 
         def handler(module, q, k, v, mask, scaling, dropout, extra):
             index, variants, batch = self.pending.pop(layer)
+            if index is None:  # q, k, v already one per head, each from its own input
+                with _ungrouped(module):
+                    _, z = probs_and_output(module, q, k, v, mask, scaling, 0.0, extra)
+                return z.to(q.dtype), None
             kv = k.shape[1]
             h = torch.arange(heads, device=q.device)
             group = h // (heads // kv)
@@ -492,6 +512,8 @@ class CircuitForward:
 
     def _attention_out(self, layer):
         def hook(module, args, output):
+            if layer in self.open:
+                self.open.pop(layer).close()
             batch = self.x[layer].shape[0]
             if isinstance(output, tuple):
                 return tuple(o[:batch] if torch.is_tensor(o) and o.dim() else o for o in output)

@@ -44,13 +44,17 @@ class EdgeBatch:
 
 class FrozenPrefix(DynamicCache):
     """The shared prefix's keys and values, never written: each layer's `update` returns them
-    (repeated for copies of the rows) before the new pieces' own, and keeps nothing, so every
-    forward of a batch reads the same prefix."""
+    (repeated for copies of the rows, and per query head where the new pieces come one per query
+    head) before the new pieces' own, and keeps nothing, so every forward of a batch reads the
+    same prefix."""
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         layer = self.layers[layer_idx]
         copies = key_states.shape[0] // layer.keys.shape[0]
         keys, values = layer.keys.repeat(copies, 1, 1, 1), layer.values.repeat(copies, 1, 1, 1)
+        groups = key_states.shape[1] // keys.shape[1]  # one key per query head (`per_head`)
+        if groups > 1:
+            keys, values = (t.repeat_interleave(groups, dim=1) for t in (keys, values))
         keys = torch.cat([keys.to(key_states.dtype), key_states], -2)
         return keys, torch.cat([values.to(value_states.dtype), value_states], -2)
 
