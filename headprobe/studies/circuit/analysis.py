@@ -140,7 +140,7 @@ class CircuitScorer(ModelScorer):
                     ("eap", got.eap[:, e[:, 0], e[:, 1]]),
                     ("eap_ig", got.eap_ig[:, e[:, 0], e[:, 1]]),
                 ):
-                    rows.setdefault(key, []).append(value.numpy().astype(np.float64))
+                    rows.setdefault(key, []).append(value.numpy())  # float32: [row, edge]
                 part_units = [x.unit for x in group[i : i + size]]
                 units += part_units
                 kept.append((_on_cpu(part), part_units))

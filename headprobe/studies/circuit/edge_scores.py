@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from headprobe.model.circuit_forward import LOGITS, CircuitForward, EdgeGraph
 from headprobe.model.task_nodes import EMBED, two_logits
 
-CPU_BYTES = 2 << 30  # what a gradient pass may hold on the CPU
+CPU_BYTES = 1 << 30  # what a gradient pass or a circuit's forward may hold on the CPU
 GPU_SHARE = 0.5  # of a GPU's free memory
 
 
