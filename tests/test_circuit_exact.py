@@ -446,3 +446,45 @@ def test_the_graph_counts_its_edges():
         mlp = sum(1 + layer * (H + 1) + (H if sequential else 0) for layer in range(L))
         logits = 1 + L * (H + 1)
         assert int(graph.reach().sum()) == attention + mlp + logits
+
+
+@pytest.mark.parametrize("gather", [0, 10**9])
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt2"])
+def test_circuits_are_exact_whether_senders_are_gathered_or_not(name, gather, monkeypatch):
+    """A receiver's sum over out-of-circuit senders is taken over only the senders some row
+    needs (gathered first, or not) and, where fewer are in the circuit, as the sum of all less
+    the in-circuit ones: every way gives the hooked forward's m(C)."""
+    from headprobe.model import circuit_forward
+
+    monkeypatch.setattr(circuit_forward, "GATHER", gather)
+    model, pairs, nodes = setup(name)
+    graph = EdgeGraph.of(nodes, pairs.clean)
+    ref = Reference(name, model, graph)
+    corrupted, _ = es.recorded(model, graph, pairs, pairs.corrupted)
+    ref_corrupted = ref.writes(pairs.corrupted, pairs)
+    for seed, share in ((4, 0.05), (5, 0.5), (6, 0.95)):
+        out = grouped_circuit(graph, ref.heads, ref.kv, seed, share)
+        got = es.circuit_metric(model, graph, pairs, corrupted, out)
+        with torch.no_grad():
+            want = ref.run(pairs.clean, pairs, ref_corrupted, out)
+        assert torch.allclose(got, want, atol=TOL), (seed, (got - want).abs().max())
+
+
+def test_edge_scores_compute_no_parameter_gradient():
+    """The gradient passes are taken with respect to the receivers' inputs alone: no parameter's
+    gradient is computed (a hook on every parameter stays silent), and every parameter needs a
+    gradient afterwards as it did before."""
+    model, pairs, nodes = setup("llama-gqa")
+    graph = EdgeGraph.of(nodes, pairs.clean)
+    calls = []
+    handles = [p.register_hook(lambda g: calls.append(1)) for p in model.parameters()]
+    before = [p.requires_grad for p in model.parameters()]
+    try:
+        got = es.edge_scores(model, graph, pairs, steps=2)
+    finally:
+        for h in handles:
+            h.remove()
+    assert got.eap.abs().max() > 0 and got.eap_ig.abs().max() > 0
+    assert calls == []
+    assert [p.requires_grad for p in model.parameters()] == before and any(before)
+    assert all(p.grad is None for p in model.parameters())

@@ -269,6 +269,31 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool((a - b).abs().max() <= TOLERANCE * scale)
 
 
+GATHER = 16  # a gathered row of senders' changes costs about this many multiply-adds a value
+
+
+def _gathers(rows: int, used: int, bound: int) -> bool:
+    """Whether a product over `used` of `bound` senders gathers their rows first: a gather
+    copies what it keeps, so it pays only where few senders are used (measured on 2 cores)."""
+    return (rows + GATHER) * used < rows * bound
+
+
+def _cost(weights: torch.Tensor, used: torch.Tensor, bound: int) -> int:
+    """Multiply-adds per value of `_product(weights, used, ...)`, a gather counted as `GATHER`."""
+    rows = weights.shape[0]
+    return (rows + GATHER) * len(used) if _gathers(rows, len(used), bound) else rows * bound
+
+
+def _product(weights: torch.Tensor, used: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """weights [row, sender] @ flat [sender, n], where only the senders `used` have weights
+    other than 0 (those rows of `flat` gathered first where that is cheaper: `_gathers`)."""
+    if not len(used):
+        return flat.new_zeros((weights.shape[0], flat.shape[1]))
+    if not _gathers(weights.shape[0], len(used), flat.shape[0]):
+        return weights.to(flat) @ flat
+    return weights[:, used].to(flat) @ flat[used.to(flat.device)]
+
+
 @contextlib.contextmanager
 def _ungrouped(module):
     """The module's key/value groups read as 1 while its family's eager attention runs on keys
@@ -312,19 +337,30 @@ class CircuitForward:
         self.stack = contextlib.ExitStack()
 
     def backward(self, total: torch.Tensor) -> None:
-        """Backward from `total` (a scalar), then every receiver's gradient into `grads`."""
-        total.backward(retain_graph=bool(self.picked))
+        """Backward from `total` (a scalar) to the receivers' inputs alone (no parameter's
+        gradient), then every receiver's gradient into `grads`."""
+        wanted = [
+            t
+            for key, leaf in self.leaves.items()
+            for t in (self.picked[key] if key in self.picked else (leaf,))
+        ]
+        got = torch.autograd.grad(  # these alone: no parameter's gradient is computed
+            total, wanted, retain_graph=bool(self.picked), allow_unused=True
+        )
+        found = {id(t): g for t, g in zip(wanted, got)}
         self.grads = {}
         for key, leaf in self.leaves.items():
             if key not in self.picked:
-                self.grads[key] = leaf.grad
+                g = found[id(leaf)]
+                self.grads[key] = torch.zeros_like(leaf) if g is None else g
                 continue
             picked = self.picked[key]  # q, k, v [batch, head, piece, d_head] as attention got them
             heads = picked[0].shape[1]
             eye = torch.eye(heads, dtype=picked[0].dtype, device=picked[0].device)
             per = []
             for c, t in enumerate(picked):
-                g = t.grad if t.grad is not None else torch.zeros_like(t)
+                g = found[id(t)]
+                g = torch.zeros_like(t) if g is None else g
                 batched = eye[:, None, :, None, None] * g[None]  # [head, batch, head, piece, d]
                 (got,) = torch.autograd.grad(
                     t, leaf, batched, retain_graph=True, is_grads_batched=True
@@ -337,17 +373,42 @@ class CircuitForward:
     def _active(self, rows) -> bool:
         return self.grad or bool(self.out[rows].any())
 
+    def _sends(self, block) -> bool:
+        """Whether an edge out of the circuit leaves a sender of `block` ((kind, layer)): only
+        those senders' changes are ever read (the others' stay 0 in `every`, and 0 is what every
+        product gives them either way)."""
+        return bool(self.out[:, self.spans[block]].any())
+
     def _delta(self, rows, like: torch.Tensor) -> torch.Tensor | None:
         """[row, batch, piece, hidden] sum over out-of-circuit senders of (corrupted - this
-        forward's write) for receiver rows `rows` (a list of receiver indices), or None (all 0):
-        one product of the rows' out-masks [row, sender] with the senders' changes."""
+        forward's write) for receiver rows `rows` (receivers of one bound), or None (all 0).
+        Where fewer senders are in the circuit of some row than out of it for some row, it is
+        the sum over every sender less the in-circuit ones (the sum kept as the senders come);
+        otherwise the out-masks [row, sender] times the out-of-circuit senders' changes. Either
+        way a product over only the senders some row needs."""
         bound = max(self.graph.bound(r) for r in rows)
-        mask = self.out[rows][:, :bound]  # [row, sender]
+        mask = self.out[rows][:, :bound]  # [row, sender] 1: out of the circuit
         if not mask.any():
             return None
-        every = self.every[:bound]  # [sender, batch, piece, hidden]
-        total = mask.to(every.device, every.dtype) @ every.flatten(1)  # [row, batch*piece*hidden]
-        return total.view(len(rows), *every.shape[1:]).to(like.device)
+        inside = self.edges[rows][:, :bound] - mask  # [row, sender] 1: in the circuit
+        outs, ins = mask.any(0).nonzero()[:, 0], inside.any(0).nonzero()[:, 0]
+        flat = self.every[:bound].flatten(1)  # [sender, batch * piece * hidden]
+        if _cost(mask, ins, bound) < _cost(mask, outs, bound):
+            total = self._total(bound)[None] - _product(inside, ins, flat)
+        else:
+            total = _product(mask, outs, flat)
+        return total.view(len(rows), *self.every.shape[1:]).to(like.device)
+
+    def _total(self, bound: int) -> torch.Tensor:
+        """[batch * piece * hidden] the sum of the first `bound` senders' changes, kept as a
+        running sum (senders are stored in order, and bounds only grow through a forward)."""
+        done, total = self.running
+        if bound < done:
+            return self.every[:bound].flatten(1).sum(0)
+        if bound > done:
+            total = total + self.every[done:bound].flatten(1).sum(0)
+            self.running = (bound, total)
+        return total
 
     def _store(self, senders: slice, diff: torch.Tensor) -> None:
         """Keep senders' write changes [sender, batch, piece, hidden] (corrupted - this forward)."""
@@ -379,6 +440,9 @@ class CircuitForward:
         g, nodes = self.graph, self.graph.nodes
         self.spans = {(kind, layer): s for kind, layer, s in g.sender_blocks()}
         self.every = None  # [sender, batch, piece, hidden] corrupted - this forward's writes
+        self.running = (0, 0.0)  # (senders summed, their sum [batch * piece * hidden])
+        if self.out is not None:
+            self.edges = g.reach().float()  # [receiver, sender] 1: an edge of the graph
         self.x: dict = {}  # layer -> residual entering it; ("mid", layer) -> the MLP's norm input
         self.pending: dict = {}  # layer -> (index [3, head], variants, batch)
         self.open: dict = {}  # layer -> the per-head projections in force during its call
@@ -399,8 +463,9 @@ class CircuitForward:
                 routes[site.module] = self._attention(layer)
             if self._active(rows):  # the copies' rows are zeros there: project the batch's
                 add(nodes.projections[layer].register_forward_pre_hook(self._cut(layer)))
-            if corr is not None:
+            if corr is not None and self._sends(("head", layer)):
                 add(nodes.projections[layer].register_forward_pre_hook(self._head_diff(layer)))
+            if corr is not None and self._sends(("mlp", layer)):
                 add(nodes.mlps[layer].register_forward_hook(self._mlp_diff(layer)))
             add(g.mlp_norms[layer].register_forward_pre_hook(self._keep_mid(layer)))
             if self._active([g.mlp_row(layer)]):
@@ -430,7 +495,7 @@ class CircuitForward:
             x = args[0]
             if layer not in self.x:  # the first call: the layer's own (not a variant's)
                 self.x[layer] = x
-                if layer == 0 and self.corrupted is not None:
+                if layer == 0 and self.corrupted is not None and self._sends((EMBED, 0)):
                     self._store(slice(0, 1), (self.corrupted.x0.float() - x.float())[None])
 
         return hook
@@ -494,8 +559,6 @@ class CircuitForward:
             with _ungrouped(module):
                 _, z = probs_and_output(module, q1, k1, v1, first(mask), scaling, 0.0, extra)
             if self.grad:
-                for t in (q1, k1, v1):
-                    t.retain_grad()
                 self.picked[layer] = (q1, k1, v1)
             full = torch.zeros((rows, *z.shape[1:]), dtype=q.dtype, device=q.device)
             full[:batch] = z.to(q.dtype)  # [variant * batch, query, head, d_head]

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from headprobe.model.channels import CHANNELS, channel_attention, layer_input
+from headprobe.model.frozen_weights import FrozenWeights
 from headprobe.model.gates import _counted, call_order
 from headprobe.model.objectives import IGNORE
 from headprobe.model.projections import features_last
@@ -97,25 +98,6 @@ class SliceProbe:
     def __exit__(self, *exc):
         while self.handles:
             self.handles.pop().remove()
-        return False
-
-
-class FrozenWeights:
-    """Context manager: the model's parameters need no gradient inside (so the backward pass
-    keeps no layer inputs for weight gradients), as they were after."""
-
-    def __init__(self, model):
-        self.model, self.kept = model, []
-
-    def __enter__(self):
-        self.kept = [(p, p.requires_grad) for p in self.model.parameters()]
-        for p, _ in self.kept:
-            p.requires_grad_(False)
-        return self
-
-    def __exit__(self, *exc):
-        for p, wanted in self.kept:
-            p.requires_grad_(wanted)
         return False
 
 

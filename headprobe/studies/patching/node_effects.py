@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from headprobe.model.channels import returning
+from headprobe.model.frozen_weights import FrozenWeights
 from headprobe.model.layer_blocks import replaying
 from headprobe.model.projections import features_last, projection_weight
 from headprobe.model.task_nodes import EMBED, TaskNodes, two_logits
@@ -300,7 +301,12 @@ def _gradients(nodes: TaskNodes, run: _Runner, ids, embed=None, drop=None) -> di
     the gradient through layer `drop`'s block dropped where given). The shared prefix's keys and
     values come from the cache: no node there changes between the prompts, so none of its
     gradients enters an estimate."""
-    with torch.enable_grad(), nodes.probing(embed) as probe, _dropped(nodes, drop):
+    with (
+        torch.enable_grad(),
+        FrozenWeights(run.model),
+        nodes.probing(embed) as probe,
+        _dropped(nodes, drop),
+    ):
         m = metric(run.logits(ids))
         return {k: g.float() for k, g in probe.grads(m).items()}
 
