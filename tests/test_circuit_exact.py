@@ -488,3 +488,35 @@ def test_edge_scores_compute_no_parameter_gradient():
     assert calls == []
     assert [p.requires_grad for p in model.parameters()] == before and any(before)
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt2"])
+def test_eap_ig_equals_gradients_averaged_on_the_hooked_forward(name):
+    """EAP-IG with 3 steps: the reference's gradient at each receiver's input, averaged over the
+    forwards whose token embeddings are corrupted + a (clean - corrupted) for a = 1/3, 2/3, 1,
+    dotted with each sender's write change (clean - corrupted)."""
+    model, pairs, nodes = setup(name)
+    graph = EdgeGraph.of(nodes, pairs.clean)
+    ref = Reference(name, model, graph)
+    got = es.edge_scores(model, graph, pairs, steps=3)
+    clean = ref.writes(pairs.clean, pairs)
+    corrupted = ref.writes(pairs.corrupted, pairs)
+    embedding = model.get_input_embeddings()
+    with torch.no_grad():
+        start, end = embedding(pairs.corrupted), embedding(pairs.clean)
+    receivers = [graph.attention_rows(graph.layers - 1).start, graph.mlp_row(0), graph.logits_row]
+    for r in receivers:
+        grad = 0.0
+        for a in (1 / 3, 2 / 3, 1.0):
+            point = start + a * (end - start)
+            handle = embedding.register_forward_hook(lambda m, args, out, p=point: p)
+            try:
+                x = torch.zeros(*pairs.clean.shape, clean[0].shape[-1], requires_grad=True)
+                m = ref.run(pairs.clean, pairs, leaf=(r, x))
+                grad = grad + torch.autograd.grad(m.sum(), x)[0] / 3
+            finally:
+                handle.remove()
+        for s in range(graph.bound(r)):
+            want = (grad * (clean[s] - corrupted[s])).sum((1, 2))
+            assert torch.allclose(got.eap_ig[:, r, s], want, atol=1e-6, rtol=1e-4), (r, s)
+        assert not torch.allclose(got.eap_ig[:, r], got.eap[:, r])  # the path moved the scores

@@ -155,6 +155,21 @@ class EdgeGraph:
             out.append(("mlp", layer, slice(start + self.heads, start + self.heads + 1)))
         return out
 
+    def receiver_layer(self, row: int) -> int:
+        """The layer receiver `row` reads in (the logits: `layers`, above the last)."""
+        return self.layers if row == self.logits_row else row // (3 * self.heads + 1)
+
+    def change(self, sender: int, after: NodeValues, before: NodeValues) -> torch.Tensor:
+        """[batch, piece, hidden] float32: sender `sender`'s write in `after` less in `before`."""
+        if sender == 0:
+            return after.x0.float() - before.x0.float()
+        layer, within = divmod(sender - 1, self.heads + 1)
+        if within == self.heads:
+            return after.mlp[layer].float() - before.mlp[layer].float()
+        z = after.slices[layer][:, :, within].float() - before.slices[layer][:, :, within].float()
+        w = self.head_writes[layer][:, within].to(z.device, torch.float32)  # [hidden, d_head]
+        return z @ w.T
+
     def writes(self, values: NodeValues) -> dict:
         """Each sender block's writes in a recorded forward: (kind, layer) ->
         [sender, batch, piece, hidden] float32."""
@@ -315,7 +330,8 @@ class CircuitForward:
     its sender's corrupted write; 0: in, this forward's write) with `corrupted` the recorded
     corrupted forward; or `grad=True`: every receiver input gets a zero leaf of its own, whose
     gradient `grads` holds after a backward pass. `embed`: the token embeddings' output replaced
-    (integrated gradients' path)."""
+    (integrated gradients' path). `known`: {sender: its change (corrupted - this forward's write)
+    [batch, piece, hidden]} given, for a sender whose layer replays its output and runs no hook."""
 
     def __init__(
         self,
@@ -324,10 +340,12 @@ class CircuitForward:
         out=None,
         grad: bool = False,
         embed: torch.Tensor | None = None,
+        known: dict | None = None,
     ):
         if (out is None) == (not grad) or (out is not None and corrupted is None):
             raise ValueError("CircuitForward: give `corrupted` and `out`, or grad=True")
         self.graph, self.grad, self.embed = graph, grad, embed
+        self.known = known or {}  # sender -> its change [batch, piece, hidden], given
         self.out = None if out is None else out.float()
         self.corrupted = corrupted
         self.leaves: dict = {}  # receiver key -> zero leaf [copy, batch, piece, hidden]
@@ -441,6 +459,8 @@ class CircuitForward:
         self.spans = {(kind, layer): s for kind, layer, s in g.sender_blocks()}
         self.every = None  # [sender, batch, piece, hidden] corrupted - this forward's writes
         self.running = (0, 0.0)  # (senders summed, their sum [batch * piece * hidden])
+        for sender, change in self.known.items():  # a layer that replays its output runs no hook
+            self._store(slice(sender, sender + 1), change.float()[None])
         if self.out is not None:
             self.edges = g.reach().float()  # [receiver, sender] 1: an edge of the graph
         self.x: dict = {}  # layer -> residual entering it; ("mid", layer) -> the MLP's norm input

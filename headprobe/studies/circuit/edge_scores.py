@@ -120,9 +120,10 @@ def metric_of(model, pairs, ids, context=None, prefix: Prefix | None = None) -> 
     return (at[:, 0] - at[:, 1]).float()
 
 
-def recorded(model, graph: EdgeGraph, pairs, ids, prefix: Prefix | None = None):
-    """(NodeValues, m [row]) of a plain forward on `ids` (after `prefix`)."""
-    with torch.no_grad(), graph.nodes.recording(blocks=False) as values:
+def recorded(model, graph: EdgeGraph, pairs, ids, prefix: Prefix | None = None, blocks=False):
+    """(NodeValues, m [row]) of a plain forward on `ids` (after `prefix`); `blocks`: each layer
+    block's output kept too."""
+    with torch.no_grad(), graph.nodes.recording(blocks=blocks) as values:
         m = metric_of(model, pairs, ids, prefix=prefix)
     return values, m
 
@@ -197,11 +198,9 @@ def edge_scores(model, graph: EdgeGraph, pairs, steps: int = 5) -> EdgeBatch:
     prefix = Prefix(model, graph.nodes, pairs)
     clean, m_clean = recorded(model, graph, pairs, pairs.clean, prefix)
     corrupted, m_corrupted = recorded(model, graph, pairs, pairs.corrupted, prefix)
-    w_corrupted = graph.writes(corrupted)
-    diff = graph.writes(clean)  # [sender, row, piece, hidden] w_clean - w_corrupted, in place
-    for key, value in diff.items():
-        value -= w_corrupted[key]
-    del w_corrupted
+    w_clean, w_corrupted = graph.writes(clean), graph.writes(corrupted)  # views of the records
+    diff = {k: w_clean[k] - w_corrupted[k] for k in w_clean}  # [sender, row, piece, hidden]
+    del w_clean, w_corrupted
     total = _grads(model, graph, pairs, prefix)  # the clean prompt's: EAP's, then summed into
     eap = _contract(graph, total, diff)
     start, end = corrupted.embed.float(), clean.embed.float()
@@ -227,13 +226,22 @@ def circuit_metric(model, graph: EdgeGraph, pairs, corrupted, out: torch.Tensor,
 
 @torch.no_grad()
 def edge_exact(model, graph: EdgeGraph, pairs, corrupted, m_clean, edges, prefix=None):
-    """[row, edge]: m_clean - m(every edge but e) for each (receiver, sender) of `edges`."""
+    """[row, edge]: m_clean - m(every edge but e) for each (receiver, sender) of `edges`. With
+    one edge out, every layer below the receiver's is the clean forward's: those layers replay
+    their clean outputs (`model.layer_blocks`), and the sender's change is the recorded one."""
+    from headprobe.model.layer_blocks import replaying
+
     shape = (len(graph.receivers()), len(graph.senders()))
+    clean, _ = recorded(model, graph, pairs, pairs.clean, prefix, blocks=True)
+    blocks = graph.nodes.blocks
     cols = []
     for r, s in edges:
         out = torch.zeros(shape)
         out[r, s] = 1.0
-        cols.append(m_clean - circuit_metric(model, graph, pairs, corrupted, out, prefix))
+        below = {blocks[l]: clean.blocks[blocks[l]] for l in range(graph.receiver_layer(r))}
+        run = CircuitForward(graph, corrupted, out, known={s: graph.change(s, corrupted, clean)})
+        with replaying(below):
+            cols.append(m_clean - metric_of(model, pairs, pairs.clean, run, prefix).cpu())
     return torch.stack(cols, 1) if cols else torch.zeros((len(m_clean), 0))
 
 
