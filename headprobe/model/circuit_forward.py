@@ -32,12 +32,13 @@ separate q, k, v linear maps, each head's slices are projected from its inputs i
 module is called once (`model.head_projections`). The empty circuit gives the corrupted
 forward's metric, the full one the clean one.
 
-Gradients. Every channel of a layer reads its own copy of the residual stream plus a zero
-(three copies, not one per head and channel); the backward pass gives the metric's gradient at
-each head's query, key and value as the attention function received them, and a batched
-vector-Jacobian product through the copy's own norm, projection and position encoding (the
-local graph alone, one head's gradient at a time: `is_grads_batched`) turns each into the
-gradient at that head's channel input. The MLP's and the logits' inputs get a zero each.
+Gradients. A layer's attention reads its residual stream plus one zero; the backward pass gives
+the metric's gradient at each head's query, key and value as the attention function received
+them, and a batched vector-Jacobian product from each of the three through the norm, its own
+projection and position encoding back to the zero (the local graph alone, one head's gradient at
+a time: `is_grads_batched`) gives the gradient at that head's query, key or value input: a head's
+query depends on its input through the query projection alone, so one input serves the three
+channels. The MLP's and the logits' inputs get a zero each.
 
 Families where the residual stream is not the sum of the writes (post-norm, a norm after a
 sublayer), where an MLP's input is not a norm of the residual stream, or whose layers share
@@ -348,7 +349,7 @@ class CircuitForward:
         self.known = known or {}  # sender -> its change [batch, piece, hidden], given
         self.out = None if out is None else out.float()
         self.corrupted = corrupted
-        self.leaves: dict = {}  # receiver key -> zero leaf [copy, batch, piece, hidden]
+        self.leaves: dict = {}  # receiver key -> zero leaf [1, batch, piece, hidden]
         self.picked: dict = {}  # layer -> (q, k, v) the attention function computed with
         self.grads: dict = {}
         self.handles: list = []
@@ -376,14 +377,14 @@ class CircuitForward:
             heads = picked[0].shape[1]
             eye = torch.eye(heads, dtype=picked[0].dtype, device=picked[0].device)
             per = []
-            for c, t in enumerate(picked):
+            for t in picked:
                 g = found[id(t)]
                 g = torch.zeros_like(t) if g is None else g
                 batched = eye[:, None, :, None, None] * g[None]  # [head, batch, head, piece, d]
                 (got,) = torch.autograd.grad(
                     t, leaf, batched, retain_graph=True, is_grads_batched=True
-                )  # [head, channel, batch, piece, hidden]
-                per.append(got[:, c])
+                )  # [head, 1, batch, piece, hidden]
+                per.append(got[:, 0])
             self.grads[key] = torch.cat(per)  # [3 * head, batch, piece, hidden] channel-major
         self.picked.clear()
 
@@ -438,13 +439,10 @@ class CircuitForward:
     def _inputs(self, rows: list, x: torch.Tensor, layer_key) -> tuple:
         """(inputs [variant, batch, piece, hidden], index [row] -> variant): the distinct inputs
         of receivers `rows` whose residual stream here is x [batch, piece, hidden]."""
-        if self.grad:
-            copies = 3 if len(rows) > 1 else 1  # a head channel's input: one copy per channel
-            leaf = torch.zeros((copies, *x.shape), dtype=x.dtype, device=x.device)
-            leaf.requires_grad_(True)
+        if self.grad:  # one input for every receiver of the layer (module docstring)
+            leaf = torch.zeros((1, *x.shape), dtype=x.dtype, device=x.device, requires_grad=True)
             self.leaves[layer_key] = leaf
-            index = torch.arange(copies, device=x.device).repeat_interleave(len(rows) // copies)
-            return x[None] + leaf, index
+            return x[None] + leaf, torch.zeros(len(rows), dtype=torch.long, device=x.device)
         bound = max(self.graph.bound(r) for r in rows)
         masks = self.out[rows][:, :bound]
         unique, index = torch.unique(masks, dim=0, return_inverse=True)

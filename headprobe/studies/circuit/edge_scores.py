@@ -13,7 +13,7 @@ node-level `ig` of §19 does.
 
 Memory: a gradient pass runs with the model's parameters needing no gradient (`FrozenWeights`:
 no weight gradient, no layer input kept for one) and holds one zero per receiver input
-(`model.circuit_forward`) and what autograd keeps of the copies through each attention module;
+(`model.circuit_forward`) and what autograd keeps through each attention module;
 the integrated-gradient steps are summed in place into the first pass's gradients; the rows are
 sized from a count of all that, checked by measurement (`gradient_rows`). The edges' scores are
 [row, receiver, sender] per batch and are summed into per-unit totals at once; no tensor holds
@@ -131,11 +131,11 @@ def recorded(model, graph: EdgeGraph, pairs, ids, prefix: Prefix | None = None, 
 def gradient_rows(graph: EdgeGraph, pieces: int, device) -> int:
     """Rows one batch's edge scores may hold, counted in float32 vectors of [hidden] per layer
     and piece: two sets of receiver gradients (the sum and the pass's own: 3 x heads + 2 each),
-    the batched vector-Jacobian product's (3 x heads), what autograd keeps of the three copies
-    through the attention module and the MLP (about 45), and the senders' write changes, their
-    contraction's copy and the recorded writes (4 x (heads + 1)). Measured on SmolLM2 (9 heads,
-    4 pieces after a prefix of 10): 43 MiB a row, against the 45 MiB this counts."""
-    vectors = 2 * (3 * graph.heads + 2) + 3 * graph.heads + 45 + 4 * (graph.heads + 1)
+    the batched vector-Jacobian product's (3 x heads), what autograd keeps through the attention
+    module and the MLP (about 20), and the senders' write changes, their contraction's copy and
+    the recorded writes (4 x (heads + 1)). Measured on SmolLM2 (9 heads, 4 pieces after a prefix
+    of 10): 37.5 MiB a row, against the 38 MiB this counts."""
+    vectors = 2 * (3 * graph.heads + 2) + 3 * graph.heads + 20 + 4 * (graph.heads + 1)
     per_row = vectors * graph.layers * pieces * _hidden(graph) * 4
     return max(1, _budget(device) // max(1, per_row))
 
