@@ -294,6 +294,22 @@ def grouped_circuit(graph: EdgeGraph, heads: int, kv: int, seed: int, share: flo
     return out
 
 
+def random_circuits_match(model, graph, ref, pairs, draws) -> list:
+    """m(C) [row] of random circuits (`grouped_circuit`, one per (seed, share out) of `draws`),
+    each asserted equal to the reference's hooked forward, to 1e-5."""
+    corrupted, _ = es.recorded(model, graph, pairs, pairs.corrupted)
+    ref_corrupted = ref.writes(pairs.corrupted, pairs)
+    found = []
+    for seed, share in draws:
+        out = grouped_circuit(graph, ref.heads, ref.kv, seed, share)
+        got = es.circuit_metric(model, graph, pairs, corrupted, out)
+        with torch.no_grad():
+            want = ref.run(pairs.clean, pairs, ref_corrupted, out)
+        assert torch.allclose(got, want, atol=TOL), (seed, (got - want).abs().max())
+        found.append(got)
+    return found
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED - {"albert"}))
 def test_refused_in_one_line(name):
     model, pairs, nodes = setup(name)
@@ -319,14 +335,8 @@ def test_circuits_equal_a_hooked_forward(name):
     assert torch.allclose(full, m_clean, atol=TOL)
     ref_corrupted = ref.writes(pairs.corrupted, pairs)
     assert m_clean.abs().max() > 1e-3 and (m_clean - m_corrupted).abs().max() > 1e-4
-    moved = 0.0
-    for seed, share in ((0, 0.5), (1, 0.1), (2, 0.9)):
-        out = grouped_circuit(graph, ref.heads, ref.kv, seed, share)
-        got = es.circuit_metric(model, graph, pairs, corrupted, out)
-        with torch.no_grad():
-            want = ref.run(pairs.clean, pairs, ref_corrupted, out)
-        assert torch.allclose(got, want, atol=TOL), (seed, (got - want).abs().max())
-        moved = max(moved, float((got - m_clean).abs().max()))
+    got = random_circuits_match(model, graph, ref, pairs, ((0, 0.5), (1, 0.1), (2, 0.9)))
+    moved = max(float((m - m_clean).abs().max()) for m in got)
     assert moved > 0.05 * float((m_clean - m_corrupted).abs().max())  # circuits changed m
     draw = torch.randperm(int(reach.sum()), generator=torch.Generator().manual_seed(3))
     edges = [tuple(e) for e in reach.nonzero()[draw].tolist() if not key_or_value(graph, ref, e[0])]
@@ -460,14 +470,7 @@ def test_circuits_are_exact_whether_senders_are_gathered_or_not(name, gather, mo
     model, pairs, nodes = setup(name)
     graph = EdgeGraph.of(nodes, pairs.clean)
     ref = Reference(name, model, graph)
-    corrupted, _ = es.recorded(model, graph, pairs, pairs.corrupted)
-    ref_corrupted = ref.writes(pairs.corrupted, pairs)
-    for seed, share in ((4, 0.05), (5, 0.5), (6, 0.95)):
-        out = grouped_circuit(graph, ref.heads, ref.kv, seed, share)
-        got = es.circuit_metric(model, graph, pairs, corrupted, out)
-        with torch.no_grad():
-            want = ref.run(pairs.clean, pairs, ref_corrupted, out)
-        assert torch.allclose(got, want, atol=TOL), (seed, (got - want).abs().max())
+    random_circuits_match(model, graph, ref, pairs, ((4, 0.05), (5, 0.5), (6, 0.95)))
 
 
 def test_edge_scores_compute_no_parameter_gradient():
