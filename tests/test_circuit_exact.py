@@ -22,7 +22,7 @@ import torch
 from test_patching_exact import FAMILIES, full_metric, lm_of, pairs_for
 
 from headprobe.core.errors import UsageError
-from headprobe.model.circuit_forward import EdgeGraph
+from headprobe.model.edge_graph import EdgeGraph
 from headprobe.model.task_nodes import TaskNodes
 from headprobe.studies.circuit import edge_scores as es
 

@@ -16,7 +16,7 @@ from test_report import PRINT_WIDTH, check_page_in_chromium, chromium_binary
 
 import headprobe
 from headprobe.inputs.tasks import task_examples, task_items
-from headprobe.model.circuit_forward import EdgeGraph
+from headprobe.model.edge_graph import EdgeGraph
 from headprobe.model.task_nodes import TaskNodes
 from headprobe.report import build_report
 from headprobe.scoring.tally import unit_fold

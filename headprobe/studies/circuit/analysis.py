@@ -108,7 +108,7 @@ class CircuitScorer(ModelScorer):
         self.token = uuid.uuid4().hex
 
     def _graph(self, ids):
-        from headprobe.model.circuit_forward import EdgeGraph
+        from headprobe.model.edge_graph import EdgeGraph
 
         if self.graph_ is None:
             self.graph_ = EdgeGraph.of(self.nodes_, ids)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from headprobe.model.circuit_forward import LOGITS, CircuitForward, EdgeGraph
+from headprobe.model.circuit_forward import CircuitForward
+from headprobe.model.edge_graph import LOGITS, EdgeGraph
 from headprobe.model.frozen_weights import FrozenWeights
 from headprobe.model.task_nodes import EMBED, two_logits
 
