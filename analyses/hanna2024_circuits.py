@@ -60,24 +60,7 @@ def key_items(n: int, seed: int = 0) -> list[dict]:
     """The induction task of the module docstring: `wang.HALF` distinct random tokens, then their
     first j + 1 again; the corrupted prompt changes token j of the first half to a spare token,
     the distractor; the answer is token j + 1."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    items = []
-    for k in range(n):
-        tokens = rng.choice(olsson.VOCAB, wang.HALF + 1, replace=False)  # distinct, one spare
-        seq, spare = tokens[: wang.HALF], int(tokens[wang.HALF])
-        j = int(rng.integers(3, wang.HALF - 2))
-        corrupted = seq.copy()
-        corrupted[j] = spare
-        repeat = [f"t{t}" for t in seq[: j + 1]]
-        clean = " ".join([f"t{t}" for t in seq] + repeat)
-        changed = " ".join([f"t{t}" for t in corrupted] + repeat)
-        items.append(
-            {"clean": clean, "corrupted": changed, "answer": f"t{seq[j + 1]}",
-             "distractor": f"t{spare}", "id": f"induction-key:{k}"}
-        )  # fmt: skip
-    return items
+    return wang.induction_items(n, seed, changed=0, name="induction-key")
 
 
 def best_head(results, analysis: str) -> tuple[int, int]:

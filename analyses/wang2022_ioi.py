@@ -50,9 +50,11 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def induction_items(n: int, seed: int = 0) -> list[dict]:
+def induction_items(n: int, seed: int = 0, changed: int = 1, name: str = "induction") -> list[dict]:
     """The induction task (module docstring): `HALF` random tokens t0..t63, then their first
-    j + 1 again; the answer is token j + 1, the corrupted prompt changes it in the first half."""
+    j + 1 again; the answer is token j + 1. The corrupted prompt changes token j + `changed` of
+    the first half to a spare token, the distractor: the answer itself (1, here), or the token
+    before it (0: `hanna2024_circuits`, the previous-token head's input). Ids `name:k`."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -62,13 +64,13 @@ def induction_items(n: int, seed: int = 0) -> list[dict]:
         seq, spare = tokens[:HALF], int(tokens[HALF])
         j = int(rng.integers(3, HALF - 2))
         corrupted = seq.copy()
-        corrupted[j + 1] = spare
+        corrupted[j + changed] = spare
         repeat = [f"t{t}" for t in seq[: j + 1]]
         clean = " ".join([f"t{t}" for t in seq] + repeat)
-        changed = " ".join([f"t{t}" for t in corrupted] + repeat)
+        text = " ".join([f"t{t}" for t in corrupted] + repeat)
         items.append(
-            {"clean": clean, "corrupted": changed, "answer": f"t{seq[j + 1]}",
-             "distractor": f"t{spare}", "id": f"induction:{k}"}
+            {"clean": clean, "corrupted": text, "answer": f"t{seq[j + 1]}",
+             "distractor": f"t{spare}", "id": f"{name}:{k}"}
         )  # fmt: skip
     return items
 
