@@ -290,13 +290,13 @@ class CircuitScorer(ModelScorer):
         import torch
 
         from headprobe.studies.circuit import curves as cv
-        from headprobe.studies.circuit.edge_scores import Prefix, edge_exact, metric_of, recorded
+        from headprobe.studies.circuit.edge_scores import Prefix, edge_exact, recorded
 
         model, g, clock = self.model_, self.graph_, time.perf_counter()
         prefix = Prefix(model, g.nodes, pairs)
         corrupted, _ = recorded(model, g, pairs, pairs.corrupted, prefix)
-        with torch.no_grad():
-            m_clean = metric_of(model, pairs, pairs.clean, prefix=prefix).cpu()
+        clean, m_clean = recorded(model, g, pairs, pairs.clean, prefix, blocks=True)
+        m_clean = m_clean.cpu()
         out = {(r, s): np.zeros((len(fold), len(counts))) for r in cv.RANKINGS for s in samples}
         for rank in cv.RANKINGS:
             for i, n in enumerate(counts):
@@ -318,7 +318,7 @@ class CircuitScorer(ModelScorer):
                     )
         self.seconds_.update({"circuits": time.perf_counter() - clock})
         clock = time.perf_counter()
-        out["exact"] = edge_exact(model, g, pairs, corrupted, m_clean, edges, prefix).numpy()
+        out["exact"] = edge_exact(model, g, pairs, corrupted, m_clean, edges, prefix, clean).numpy()
         self.seconds_.update({"exact": time.perf_counter() - clock})
         return out
 

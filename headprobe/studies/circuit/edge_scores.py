@@ -226,14 +226,16 @@ def circuit_metric(model, graph: EdgeGraph, pairs, corrupted, out: torch.Tensor,
 
 
 @torch.no_grad()
-def edge_exact(model, graph: EdgeGraph, pairs, corrupted, m_clean, edges, prefix=None):
+def edge_exact(model, graph: EdgeGraph, pairs, corrupted, m_clean, edges, prefix=None, clean=None):
     """[row, edge]: m_clean - m(every edge but e) for each (receiver, sender) of `edges`. With
     one edge out, every layer below the receiver's is the clean forward's: those layers replay
-    their clean outputs (`model.layer_blocks`), and the sender's change is the recorded one."""
+    their clean outputs (`model.layer_blocks`; `clean`: the clean forward recorded with its
+    blocks, recorded here where not given), and the sender's change is the recorded one."""
     from headprobe.model.layer_blocks import replaying
 
     shape = (len(graph.receivers()), len(graph.senders()))
-    clean, _ = recorded(model, graph, pairs, pairs.clean, prefix, blocks=True)
+    if clean is None:
+        clean, _ = recorded(model, graph, pairs, pairs.clean, prefix, blocks=True)
     blocks = graph.nodes.blocks
     cols = []
     for r, s in edges:
