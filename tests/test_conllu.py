@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from headprobe.inputs.corpora.base import CorpusError
-from headprobe.inputs.corpora.conllu import count_word_lines, read_conllu, stream_conllu
+from headprobe.inputs.corpora.base import CorpusError, file_chunks, file_lines
+from headprobe.inputs.corpora.conllu import (
+    count_word_lines,
+    iter_blocks,
+    read_conllu,
+    stream_conllu,
+)
 from headprobe.studies.dependency.analysis import scored_arcs
 
 
@@ -413,3 +418,43 @@ def test_ewt_dev_counts():
     assert sum(len(ex.words) for ex in corpus) == 25_147
     assert sum(len(scored_arcs(ex)) for ex in corpus) == 20_085
     assert all(":" not in rel for ex in corpus for rel in ex.deprels)
+
+
+def test_blocks_are_the_same_wherever_the_chunks_end(tmp_path):
+    """The reader takes lines a chunk at a time: a block cut by a chunk's end, a run of blank
+    lines, a BOM, CRLF line ends, whitespace-only lines and an undecodable line come out as
+    whole blocks with the same lines, line numbers, documents, headers and errors, for every
+    chunk size (one line a chunk: the line-by-line reading)."""
+    text = (
+        "# global.columns = ID FORM\n"
+        + GOOD.replace("\n\n", "\n \t\n\n", 1)
+        + "# newdoc id = d2\n"
+        + S3_OK
+        + "\n\n\n"
+        + GOOD.replace("s1", "s4").replace("s2", "s5")
+    )
+    data = b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8")
+    data = data.replace(b"yesterday\tyesterday", b"yester\xffday\tyesterday", 1)
+    path = tmp_path / "chunks.conllu"
+    path.write_bytes(data)
+
+    def seen(blocks):
+        return [
+            (b.first_line, b.lines, b.ordinal, b.doc_id, b.doc_line, b.globals, str(b.error))
+            for b in blocks
+        ]
+
+    whole = seen(iter_blocks(path))
+    # first lines, counted by hand: the whitespace-only line 12 and the blank lines 24-27
+    assert [b[0] for b in whole] == [1, 14, 20, 28, 39]
+    assert whole[0][1][0] == "# global.columns = ID FORM"  # the BOM dropped, the \r too
+    assert whole[1][6].startswith(f"{path}:17: invalid UTF-8")
+    assert [b[3] for b in whole] == ["d1", "d1", "d2", "d1", "d1"]
+    for size in (1, 2, 3, 5, 8, 13):
+        assert seen(iter_blocks(path, file_lines(path), chunk_lines=size)) == whole
+    # a file read in chunks of a few bytes: whole lines, numbered as file_lines numbers them
+    chunks = list(file_chunks(path, size=40))
+    assert len(chunks) > 10 and b"".join(c for _, c in chunks) == data
+    assert [n for n, _ in chunks] == [
+        1 + sum(c.count(b"\n") for _, c in chunks[:k]) for k in range(len(chunks))
+    ]
