@@ -15,7 +15,7 @@ import pandas as pd
 
 from headprobe.extend import Cell, Figure, Paragraph, Section, Table
 from headprobe.report.document import slug
-from headprobe.report.drawing import Drawing, drawing, finish, new_figure, planned, seeded_jitter
+from headprobe.report.drawing import Drawing, drawing, finish, jittered_dots, new_figure, planned
 from headprobe.report.heatmaps import layer_ticks
 from headprobe.report.rendered_tables import LEGEND, fmt, fmt_ci, head_name
 from headprobe.results.findings import repeated_columns
@@ -154,8 +154,6 @@ SURFACE_TITLES = {
 @planned
 def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     """Clark et al. (2019) Figure 2 style: mean attention mass per head, by layer."""
-    import seaborn as sns  # here, in the worker that draws it: a second off the report's start
-
     labels = [lab for lab in SURFACE_TITLES if lab in per_head.columns]
     ncols = 3
     nrows = math.ceil(len(labels) / ncols)
@@ -165,18 +163,7 @@ def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for k, lab in enumerate(labels):
         ax = axes[k // ncols, k % ncols]
-        with seeded_jitter():
-            sns.stripplot(
-                data=per_head,
-                x="layer",
-                y=lab,
-                ax=ax,
-                size=3.5,
-                alpha=0.7,
-                color="#4c72b0",
-                jitter=0.2,
-                native_scale=True,
-            )
+        jittered_dots(ax, per_head["layer"], per_head[lab], size=3.5, alpha=0.7, color="#4c72b0")
         ax.plot(per_layer["layer"], per_layer[lab], color="#c44e52", lw=1.5, label="layer mean")
         ax.set_title(f"attention to {SURFACE_TITLES.get(lab, lab)}", fontsize=9)
         ax.set_ylabel("mean mass", fontsize=8)
@@ -196,23 +183,10 @@ def surface_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
 def entropy_figure(per_head: pd.DataFrame, per_layer: pd.DataFrame) -> Drawing:
     """Clark et al. (2019) Figure 4 style: mean row entropy per head, by layer, with the
     uniform-attention entropy."""
-    import seaborn as sns  # as in surface_figure
-
     n_layers = int(per_head["layer"].max()) + 1
     fig = new_figure(max(4.5, 0.25 * n_layers + 2.5), 3.2)
     ax = fig.subplots()
-    with seeded_jitter():
-        sns.stripplot(
-            data=per_head,
-            x="layer",
-            y="entropy",
-            ax=ax,
-            size=4,
-            alpha=0.75,
-            color="#4c72b0",
-            jitter=0.2,
-            native_scale=True,
-        )
+    jittered_dots(ax, per_head["layer"], per_head["entropy"], size=4, alpha=0.75, color="#4c72b0")
     if "entropy_uniform" in per_layer.columns:
         ax.plot(
             per_layer["layer"],
