@@ -273,6 +273,15 @@ class CoreOptions:
         record=True,
         record_at=2,
     )
+    workers: int | None = option(
+        None,
+        "processes that read and tokenize the corpus ahead of the model (default: the cores this "
+        "process may use, less one; 0: a thread of the run's own process); the results do not "
+        "depend on it",
+        flag="--workers",
+        type=int,
+        check=maybe_at_least(0),
+    )
     layers: str | list[int] | None = option(
         None,
         "layers to score, e.g. 0-3,8 (0-based; in Python also a list) (default: all)",
@@ -471,6 +480,7 @@ class CoreOptions:
             conventions=self.conventions,
             query_block=self.query_block,
             stack=self.stack,
+            workers=self.workers,
         )
 
     def options_record(self, device: str) -> dict:

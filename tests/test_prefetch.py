@@ -1,4 +1,4 @@
-"""The reader-and-tokenizer worker (`inputs.batching.prefetched`): order, errors, early exit."""
+"""The reader-and-tokenizer worker (`inputs.read_ahead.prefetched`): order, errors, early exit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from headprobe.inputs.batching import prefetched
+from headprobe.inputs.read_ahead import prefetched
 
 
 def test_chunks_come_in_order_with_their_work():

@@ -206,11 +206,27 @@ def align_tokens(tokenizer, input_ids) -> Alignment:
     return Alignment([int(t) for t in input_ids], piece_word, piece_kind, n_words)
 
 
+def example_inputs(examples) -> list[tuple[list[str], list[int] | None]]:
+    """What tokenizing an example reads: (its words, a probe's own token ids `meta["input_ids"]`
+    or None), for each example (a worker process is sent these, not the examples)."""
+    return [(ex.words, (getattr(ex, "meta", None) or {}).get("input_ids")) for ex in examples]
+
+
+def align_inputs(tokenizer, inputs) -> list[Alignment]:
+    """Alignments of `example_inputs`, in order: words tokenized together (`align_words`), except
+    an input that carries its own token ids (a probe): `align_tokens`."""
+    worded = iter(align_words(tokenizer, [words for words, ids in inputs if ids is None]))
+    return [next(worded) if ids is None else align_tokens(tokenizer, ids) for _, ids in inputs]
+
+
 def align_examples(tokenizer, examples) -> list[Alignment]:
-    """Alignments of examples, in order: words tokenized together (`align_words`), except an
-    example that carries its own token ids in `meta["input_ids"]` (a probe): `align_tokens`."""
-    given = [(getattr(ex, "meta", None) or {}).get("input_ids") for ex in examples]
-    worded = iter(
-        align_words(tokenizer, [ex.words for ex, ids in zip(examples, given) if ids is None])
-    )
-    return [next(worded) if ids is None else align_tokens(tokenizer, ids) for ids in given]
+    """Alignments of examples, in order (`align_inputs`)."""
+    return align_inputs(tokenizer, example_inputs(examples))
+
+
+def align_in_worker(inputs) -> list[Alignment]:
+    """`align_inputs` in a worker process, with the tokenizer it was started with
+    (`read_ahead.Workers(n, tokenizer=...)`)."""
+    from headprobe.inputs.read_ahead import state
+
+    return align_inputs(state()["tokenizer"], inputs)

@@ -28,12 +28,14 @@ class Prepared:
     kept: list[int] = field(default_factory=list)  # each kept example's index in the input list
 
 
-def prepare(examples: list[Example], tokenizer, max_length: int) -> Prepared:
+def prepare(examples: list[Example], tokenizer, max_length: int, alignments=None) -> Prepared:
     """`examples` tokenized (one batched call; an example's pieces do not depend on the others)
     and checked: those that fit, with their alignments and their indices in `examples`, and the
-    skipped ones counted by reason."""
+    skipped ones counted by reason. `alignments`: the examples' alignments made already (by a
+    worker process, `align.align_in_worker`), else they are made here."""
     kept, aligned, skipped, sources, indices = [], [], Counter(), [], []
-    alignments = align_examples(tokenizer, examples)  # words, or a probe's own token ids
+    if alignments is None:
+        alignments = align_examples(tokenizer, examples)  # words, or a probe's own token ids
     for index, (example, alignment) in enumerate(zip(examples, alignments)):
         if len(alignment) > max_length:
             skipped["too_long"] += 1
@@ -46,62 +48,6 @@ def prepare(examples: list[Example], tokenizer, max_length: int) -> Prepared:
             aligned.append(alignment)
             indices.append(index)
     return Prepared(kept, aligned, skipped, sources, indices)
-
-
-def prefetched(chunks, work, depth: int = 2):
-    """`(chunk, work(chunk))` for each chunk of `chunks`, in order, computed ahead by a worker
-    thread and handed over through a queue of at most `depth` done chunks: reading the corpus and
-    tokenizing (the fast tokenizers let go of the GIL) run while the model scores the batches
-    before them, and memory stays bounded. An exception of the reader or of `work` is raised here,
-    where its chunk would have come; leaving the loop early stops the worker.
-
-        for chunk, prepared in prefetched(chunked(examples, 1024), tokenize):
-            ...
-
-    A hand-written thread and `queue.Queue` rather than `torch.utils.data.DataLoader`: the chunks
-    come from a lazy iterator that must be read once and in order (a checkpoint names examples by
-    their ordinal), and a DataLoader worker would pickle the tokenizer and the corpus into another
-    process."""
-    import queue
-    import threading
-
-    done = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
-
-    def produce() -> None:
-        try:
-            for chunk in chunks:
-                item = (chunk, work(chunk))
-                while not stop.is_set():
-                    try:
-                        done.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            done.put(end)
-        except BaseException as exc:  # handed to the consumer, raised there
-            done.put(exc)
-
-    worker = threading.Thread(target=produce, name="headprobe-prefetch", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = done.get()
-            if item is end:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while worker.is_alive():  # let a worker blocked on a full queue see the stop
-            try:
-                done.get(timeout=0.1)
-            except queue.Empty:
-                pass
 
 
 def bucket(prepared: Prepared, batch_size: int) -> list[list[int]]:

@@ -48,8 +48,10 @@ import torch
 from tqdm.auto import tqdm
 
 from headprobe.core.atomic import test_pause
-from headprobe.inputs.batching import Batch, Pool, prefetched, prepare
+from headprobe.inputs.align import align_in_worker, example_inputs
+from headprobe.inputs.batching import Batch, Pool, prepare
 from headprobe.inputs.conventions import get_conventions
+from headprobe.inputs.read_ahead import Workers, default_workers, prefetched
 from headprobe.model.capture import AttentionCapture, QueryBlock
 from headprobe.model.discovery import attention_sites
 from headprobe.model.head_quantities import check_capturable
@@ -70,8 +72,9 @@ if TYPE_CHECKING:
 # examples read and tokenized together (one batched tokenizer call); they then wait in the pool.
 # About 9 kB each held (an EWT sentence and its pieces): 1,024 a chunk held ~27 MB more read ahead
 CHUNK = 256
-# chunks read and tokenized ahead by the worker (`batching.prefetched`), besides the one it works
-# on and the one the engine takes from: at most (PREFETCH + 2) x CHUNK examples ahead of the pool
+# chunks read and tokenized ahead by the reading thread (`read_ahead.prefetched`), besides the one
+# it works on and the one the engine takes from: at most (PREFETCH + 2) x CHUNK examples ahead of
+# the pool; with worker processes (`--workers N`), PREFETCH + N chunks (each worker busy)
 PREFETCH = 2
 # a batch is full at the batch size or at batch size x FULL_AT pieces, whichever comes first
 # (`full_at`). On the CPU 64 x 16 = 1,024 pieces: a full batch's blocks, which glibc's heap
@@ -240,6 +243,7 @@ class Engine:
             query_block = None
         self.query_block = int(query_block) if query_block else None
         self.progress = config.progress
+        self.workers = default_workers() if config.workers is None else int(config.workers)
         self.stack_bytes = STACK_BYTES.get(self.device.type, STACK_BYTES["cpu"])
         self.desc = desc
         self.sites = attention_sites(model)
@@ -325,9 +329,7 @@ class Engine:
             if resume:
                 self._resume(chunks, resume, limit)
                 self._score_queue()
-            # reading and tokenizing run ahead of the model, in a worker (`batching.prefetched`)
-            tokenize = lambda c: prepare(c, self.tokenizer, limit)
-            for chunk, prepared in prefetched(chunks, tokenize, depth=PREFETCH):
+            for chunk, prepared in self._read_ahead(chunks, limit):
                 self._read(chunk, prepared)
                 self._score_queue()
             self._deal(run.pool.drain())  # the corpus ended: what waits, in partial batches
@@ -345,6 +347,20 @@ class Engine:
         if self.notes:
             self.stats_["notes"] = list(self.notes)
         return self.stats_
+
+    def _read_ahead(self, chunks, limit: int):
+        """(chunk, its `batching.prepare`) for each chunk, in order: the corpus read by a thread
+        (`read_ahead.prefetched`), each chunk tokenized there, or with `workers` by worker
+        processes (`read_ahead.Workers`: the words sent, the alignments sent back) while the
+        model scores the batches before it."""
+        if not self.workers:
+            tokenize = lambda c: prepare(c, self.tokenizer, limit)  # noqa: E731
+            yield from prefetched(chunks, tokenize, depth=PREFETCH)
+            return
+        with Workers(self.workers, tokenizer=self.tokenizer) as workers:
+            submit = lambda c: workers.submit(align_in_worker, example_inputs(c))  # noqa: E731
+            for chunk, done in prefetched(chunks, submit, depth=PREFETCH + self.workers):
+                yield chunk, prepare(chunk, self.tokenizer, limit, alignments=done.result())
 
     def _start_stats(self, resume: dict | None) -> float:
         """Fresh `stats_` (those a checkpoint saved when resuming); returns the start time, moved

@@ -24,7 +24,9 @@ class PassSettings:
     `keep_unit_counts`: per-unit rows too; `conventions`: a `headprobe.inputs.conventions`
     preset, name or object (None: the default pooling, and scorers keep their own);
     `query_block`: attention captured that many query pieces at a time (None: whole matrices);
-    `stack`: the attention stack scored (None: the model's default)."""
+    `stack`: the attention stack scored (None: the model's default); `workers`: processes that
+    tokenize the corpus ahead of the model (0: a thread of this process; None: the cores less one,
+    `read_ahead.default_workers`)."""
 
     layers: list[int] | None = None
     batch_size: int | None = 64
@@ -36,3 +38,4 @@ class PassSettings:
     conventions: str | object | None = "headprobe"
     query_block: int | None = None
     stack: str | None = None
+    workers: int | None = 0

@@ -46,6 +46,9 @@ class CorpusError(ValueError):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self):  # pickled with its reason (sent back by a reading worker process)
+        return type(self), (str(self), self.reason)
+
 
 @dataclass
 class Example:

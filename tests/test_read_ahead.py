@@ -1,0 +1,97 @@
+"""Worker processes that tokenize the corpus ahead of the model (`inputs.read_ahead.Workers`,
+`--workers N`): results in order, bounded, errors where they belong, and a run's tables
+byte-identical for every number of workers."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import headprobe
+from headprobe.inputs.read_ahead import Workers, default_workers, state
+
+EWT_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "en_ewt-ud-dev.conllu"
+
+
+def slow_square(x: int) -> int:
+    time.sleep(0.05 * (x % 3))  # later parts often finish first
+    return x * x
+
+
+def failing(x: int) -> int:
+    if x == 3:
+        raise ValueError(f"part {x} is bad")
+    return x
+
+
+def pid_and_state(_) -> tuple:
+    return os.getpid(), state().get("word")
+
+
+def test_results_come_back_in_order_whichever_worker_is_quicker():
+    with Workers(3) as workers:
+        assert list(workers.in_order(slow_square, range(12), depth=4)) == [x * x for x in range(12)]
+
+
+def test_parts_are_taken_only_as_results_are():
+    taken = []
+
+    def parts():
+        for x in range(10):
+            taken.append(x)
+            yield x
+
+    with Workers(2) as workers:
+        results = workers.in_order(slow_square, parts(), depth=3)
+        assert next(results) == 0
+        assert len(taken) == 3  # at most `depth` parts out: the corpus is not read ahead unbounded
+        assert list(results) == [x * x for x in range(1, 10)]
+
+
+def test_an_error_is_raised_where_its_result_would_come():
+    with Workers(2) as workers:
+        results = workers.in_order(failing, range(6), depth=2)
+        assert [next(results) for _ in range(3)] == [0, 1, 2]
+        with pytest.raises(ValueError, match="part 3 is bad"):
+            next(results)
+
+
+def test_workers_are_other_processes_started_with_the_state():
+    with Workers(2, word="tokenizer") as workers:
+        seen = list(workers.in_order(pid_and_state, range(4), depth=2))
+    assert all(pid != os.getpid() and word == "tokenizer" for pid, word in seen)
+    assert default_workers() == max(0, len(os.sched_getaffinity(0)) - 1)
+
+
+def first_sentences(n: int, out: Path) -> Path:
+    blocks = EWT_DEV.read_text(encoding="utf-8").strip().split("\n\n")[:n]
+    out.write_text("\n\n".join(blocks) + "\n\n", encoding="utf-8")
+    return out
+
+
+@pytest.mark.skipif(not EWT_DEV.is_file(), reason="needs ../shared/data (UD English EWT dev)")
+def test_tables_are_byte_identical_for_any_number_of_workers(bert_family, tmp_path):
+    """700 sentences of EWT dev (three chunks of 256 in flight at once) scored by the tiny BERT
+    with the input tokenized in this process's thread (0) and in 1, 2 and 4 worker processes:
+    every table file the same, byte for byte; the words scored all of the corpus's."""
+    treebank = first_sentences(700, tmp_path / "ewt-700.conllu")
+    loaded = (bert_family.sdpa, bert_family.tokenizer, "tiny bert")
+    tables = {}
+    for workers in (0, 1, 2, 4):
+        out = tmp_path / f"w{workers}"
+        results = headprobe.run(
+            treebank=treebank, out=out, progress=False, loaded=loaded, workers=workers
+        )
+        run = results.summary["runs"]["sentences"]
+        skipped = results.summary["skipped"]
+        tables[workers] = {p.name: p.read_bytes() for p in sorted(out.glob("*.csv"))}
+        tables[workers]["runs and skips"] = (run["examples"], run["words"], skipped)
+    examples, _, skipped = tables[0]["runs and skips"]
+    # the tiny BERT's 64 positions leave out the longest sentences: every one accounted for
+    assert examples > 600 and examples + skipped["sentences_too_long"] == 700
+    assert len(tables[0]) >= 6 and "counts.csv" in tables[0]
+    for workers in (1, 2, 4):
+        assert tables[workers] == tables[0], f"--workers {workers}"
