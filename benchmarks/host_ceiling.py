@@ -73,7 +73,7 @@ def free_model(tokenizer):
 
 def stages(copies: int, repeat: int, workers: list[int], results: str | None) -> dict:
     import headprobe
-    from headprobe.inputs.align import align_examples
+    from headprobe.inputs.align import align_examples, tokenize_words
     from headprobe.inputs.batching import Batch, prepare
     from headprobe.inputs.corpora.conllu import read_conllu, stream_conllu
     from headprobe.inputs.read_ahead import Workers, prefetched
@@ -100,15 +100,7 @@ def stages(copies: int, repeat: int, workers: list[int], results: str | None) ->
 
         def tokenize():
             for chunk in chunks:
-                tokenizer(
-                    [ex.words for ex in chunk],
-                    is_split_into_words=True,
-                    add_special_tokens=True,
-                    truncation=False,
-                    return_attention_mask=False,
-                    return_token_type_ids=False,
-                    verbose=False,
-                )
+                tokenize_words(tokenizer, [ex.words for ex in chunk])
 
         seconds["tokenize"] = best(tokenize, repeat)
         aligned = [align_examples(tokenizer, chunk) for chunk in chunks]

@@ -163,11 +163,9 @@ def special_kinds(tokenizer) -> dict[int, int]:
     return kinds
 
 
-def align_words(tokenizer, sentences: list[list[str]]) -> list[Alignment]:
-    """Tokenize pre-split sentences in one batched call and map pieces to words."""
-    if not sentences:
-        return []
-    encoded = tokenizer(
+def tokenize_words(tokenizer, sentences: list[list[str]]):
+    """Pre-split sentences tokenized in one batched call (ids and word ids, specials added)."""
+    return tokenizer(
         sentences,
         is_split_into_words=True,
         add_special_tokens=True,
@@ -176,6 +174,13 @@ def align_words(tokenizer, sentences: list[list[str]]) -> list[Alignment]:
         return_token_type_ids=False,
         verbose=False,
     )
+
+
+def align_words(tokenizer, sentences: list[list[str]]) -> list[Alignment]:
+    """Tokenize pre-split sentences in one batched call and map pieces to words."""
+    if not sentences:
+        return []
+    encoded = tokenize_words(tokenizer, sentences)
     kinds = special_kinds(tokenizer)
     alignments = []
     for index, words in enumerate(sentences):

@@ -19,6 +19,7 @@ input goes through `Accounting.reject`.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import warnings
 import zlib
@@ -244,15 +245,21 @@ def decode_chunk(chunk: bytes, path: str, first: int) -> tuple[list[str], dict[i
 GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (no UTF-8 text starts with them)
 
 
+@contextlib.contextmanager
+def _opened(path: str | Path):
+    """(a binary handle, whether it is gzip-compressed) of a file, told by its first bytes."""
+    with open(path, "rb") as raw:
+        compressed = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+        yield (gzip.GzipFile(fileobj=raw) if compressed else raw), compressed
+
+
 def file_lines(path: str | Path) -> Iterator[bytes]:
     """The raw lines of a file (split at b"\\n" only); a gzip-compressed file (`x.conllu.gz`, told by
     its first bytes, whatever its name) is decompressed as it is read, and its line numbers are
     those of the text inside. A broken compressed stream raises a `CorpusError` naming the line
     where reading stopped."""
-    with open(path, "rb") as raw:
-        compressed = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
-        handle = gzip.GzipFile(fileobj=raw) if compressed else raw
+    with _opened(path) as (handle, compressed):
         number = 0
         try:
             for line in handle:
@@ -272,10 +279,7 @@ def file_chunks(path: str | Path, size: int = 2**20) -> Iterator[tuple[int, byte
     lines `file_lines` gives, read a chunk at a time (gzip-compressed files too). A broken
     compressed stream is read again line by line from the chunk where it broke, so its
     `CorpusError` names the same line as `file_lines`'s."""
-    with open(path, "rb") as raw:
-        compressed = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
-        handle = gzip.GzipFile(fileobj=raw) if compressed else raw
+    with _opened(path) as (handle, compressed):
         number = 0
         try:
             while lines := handle.readlines(size):
