@@ -275,9 +275,8 @@ class CoreOptions:
     )
     workers: int | None = option(
         None,
-        "processes that read and tokenize the corpus ahead of the model (default: the cores this "
-        "process may use, less one; 0: a thread of the run's own process); the results do not "
-        "depend on it",
+        "processes that tokenize the corpus ahead of the model (default: the cores this process "
+        "may use, less one; 0: a thread of the run's own process); the results do not depend on it",
         flag="--workers",
         type=int,
         check=maybe_at_least(0),

@@ -1,10 +1,11 @@
-"""Reading and tokenizing ahead of the model: a thread (`prefetched`), and worker processes
-(`Workers`, `--workers N`) that read a corpus's sentences and tokenize them while the model
-scores the batches before them.
+"""Reading and tokenizing ahead of the model: a thread (`prefetched`) that reads the corpus
+(and tokenizes it, with `--workers 0`), and worker processes (`Workers`, `--workers N`) that
+tokenize and align each chunk while the model scores the batches before it.
 
     for chunk, done in prefetched(chunks, work):          # work(chunk) in a thread, in order
         ...
-    with Workers(2, tokenizer) as workers:                # two processes, forked with the tokenizer
+    with Workers(2, tokenizer=tokenizer) as workers:      # two processes that hold the tokenizer
+        future = workers.submit(align_in_worker, example_inputs(chunk))   # one chunk's words
         for result in workers.in_order(function, parts, depth=4):   # function(part), in order
             ...
 
@@ -13,9 +14,12 @@ a run's tables do not depend on the number of workers. Memory is bounded: at mos
 are in the workers or waiting to be taken. An exception raised by `function` is raised where
 its result would have come.
 
-The workers are forked (Linux: they start with the parent's modules and tokenizer, nothing
-pickled) and spawned elsewhere (the tokenizer and the functions are pickled); they use no
-torch. `default_workers()`: the cores this process may use, less one for the model's own work.
+The workers are forked (Linux: they start with the parent's modules and tokenizer) and spawned
+elsewhere (the tokenizer is pickled); a part and its result always travel pickled, so a worker
+is sent a chunk's words and sends back its alignments, never the examples. Reading itself stays
+in this process: reading in workers was measured, and unpickling the examples they sent back
+cost this process as much as reading them (benchmarks/README.md, "The host's ceiling").
+`default_workers()`: the cores this process may use, less one for the model's own work.
 """
 
 from __future__ import annotations
