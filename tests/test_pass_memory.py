@@ -71,7 +71,9 @@ def retained_by_pass(family, examples) -> tuple[int, int]:
             family.sdpa,
             family.tokenizer,
             [DependencyScorer(), PositionalScorer(), SurfaceScorer()],
-            RunConfig(batch_size=8, progress=False, n_boot=100),
+            # tokenized in the pass's reading thread: what worker processes send back is a
+            # chunk's alignments, handed over as the thread's are (tests/test_read_ahead.py)
+            RunConfig(batch_size=8, progress=False, n_boot=100, workers=0),
         )
         engine.run(examples)
         gc.collect()

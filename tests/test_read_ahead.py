@@ -66,6 +66,47 @@ def test_workers_are_other_processes_started_with_the_state():
     assert default_workers() == max(0, len(os.sched_getaffinity(0)) - 1)
 
 
+def orphaned_workers(ready: str) -> None:
+    """A process that starts two workers, says so, then waits to be killed."""
+    with Workers(2) as workers:
+        assert list(workers.in_order(slow_square, range(2), depth=2)) == [0, 1]
+        Path(ready).write_text(" ".join(str(p) for p in workers.pool._processes))
+        time.sleep(60)
+
+
+def test_workers_end_when_the_run_is_killed(tmp_path):
+    """SIGKILL of the process that started them (nothing can tell them): the workers end within
+    a second, and do not hold its output pipes open."""
+    import multiprocessing
+    import signal
+
+    ready = tmp_path / "ready"
+    parent = multiprocessing.get_context("fork").Process(
+        target=orphaned_workers, args=(str(ready),)
+    )
+    parent.start()
+    deadline = time.monotonic() + 30
+    while not ready.exists() or not ready.read_text():
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.05)
+    pids = [int(p) for p in ready.read_text().split()]
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.join()
+    deadline = time.monotonic() + 5
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in pids if Path(f"/proc/{p}").exists() and not zombie(p)]
+    assert not alive, f"workers {alive} outlived the killed run"
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
 def first_sentences(n: int, out: Path) -> Path:
     blocks = EWT_DEV.read_text(encoding="utf-8").strip().split("\n\n")[:n]
     out.write_text("\n\n".join(blocks) + "\n\n", encoding="utf-8")

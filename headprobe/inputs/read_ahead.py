@@ -27,6 +27,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
+import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -54,7 +56,6 @@ def prefetched(chunks, work, depth: int = 2):
     their ordinal), and a DataLoader worker would pickle the tokenizer and the corpus into another
     process."""
     import queue
-    import threading
 
     done = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -99,8 +100,18 @@ def prefetched(chunks, work, depth: int = 2):
 _STATE: dict = {}
 
 
-def _start(state: dict) -> None:
+def _start(state: dict, parent: int) -> None:
     _STATE.update(state)
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
+
+
+def _end_with(parent: int) -> None:
+    """In a worker: end when the process that started it is gone. A run killed outright (SIGKILL,
+    the out-of-memory killer) tells its workers nothing; they would wait on their queue forever,
+    holding the run's output pipes open."""
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)
 
 
 def state() -> dict:
@@ -134,7 +145,7 @@ class Workers:
         with warnings.catch_warnings():  # 3.12+: fork of a process that ran threads (torch)
             warnings.simplefilter("ignore", DeprecationWarning)
             self.pool = ProcessPoolExecutor(
-                self.n, mp_context=context, initializer=_start, initargs=(self.state,)
+                self.n, mp_context=context, initializer=_start, initargs=(self.state, os.getpid())
             )
         return self
 
