@@ -47,9 +47,6 @@ class CorpusError(ValueError):
         super().__init__(message)
         self.reason = reason
 
-    def __reduce__(self):  # pickled with its reason (sent back by a reading worker process)
-        return type(self), (str(self), self.reason)
-
 
 @dataclass
 class Example:
@@ -222,12 +219,12 @@ def decode_chunk(chunk: bytes, path: str, first: int) -> tuple[list[str], dict[i
     step per line (the reader's lines cost half its time decoded one by one)."""
     if first == 1 and chunk.startswith(codecs.BOM_UTF8):
         chunk = chunk[len(codecs.BOM_UTF8) :]
-    raw = chunk.split(b"\n")
-    if chunk.endswith(b"\n"):
-        raw.pop()  # the split's empty tail, not a line
     try:
         text = chunk.decode("utf-8")
     except UnicodeDecodeError:
+        raw = chunk.split(b"\n")
+        if chunk.endswith(b"\n"):
+            raw.pop()  # the split's empty tail, not a line
         texts, errors = [], {}
         for number, line, error in decode_lines(raw, path, first):
             texts.append(line)
@@ -392,7 +389,7 @@ def _plain_tree(heads: Sequence, deprels: Sequence, n: int) -> list[int] | None:
         return None
     for relation in set(deprels):
         text = relation.strip() if type(relation) is str else ""
-        if text in ("", "_") or text.partition(":")[0] == ALL:  # base_relation(text) == ALL
+        if text in ("", "_") or base_relation(text) == ALL:
             return None
     out = list(map((-1).__add__, numbers))
     return None if find_cycle(out) else out  # a word that is its own head is a cycle too

@@ -240,7 +240,7 @@ class _Documents:
 # ---------------------------------------------------------------------------- validation
 
 
-def parse_feats(text: str, where) -> dict:
+def parse_feats(text: str, where: str) -> dict:
     """FEATS `Key=Value|...` -> a new dict (`_` -> {}). `where`: the line's "path:line" (written
     into the error of a malformed item)."""
     items = _feats_items(text)
@@ -296,14 +296,11 @@ def block_table(block: Block) -> Table:
                 f"found {len(columns)}"
             )
         token_id = columns[0]
-        if token_id.isascii() and token_id.isdigit():
-            kind = WORD
-        else:
-            kind = next((kind for pattern, kind in _ID_KINDS if pattern.fullmatch(token_id)), None)
-            if kind is None:
-                raise CorpusError(
-                    f"{block.where(offset)}: bad word id {token_id!r} (expected N, N-M or N.M)"
-                )
+        kind = _id_kind(token_id)
+        if kind is None:
+            raise CorpusError(
+                f"{block.where(offset)}: bad word id {token_id!r} (expected N, N-M or N.M)"
+            )
         feats = {}
         if kind == WORD:
             n_words += 1
@@ -320,6 +317,13 @@ def block_table(block: Block) -> Table:
     if n_words == 0:
         raise CorpusError(f"{block.where()}: sentence has no words")
     return Table(first, fields, kinds, feats_of)
+
+
+def _id_kind(token_id: str) -> str | None:
+    """WORD, RANGE or EMPTY for an ID column (a plain number told without a pattern), else None."""
+    if token_id.isascii() and token_id.isdigit():
+        return WORD
+    return next((kind for pattern, kind in _ID_KINDS if pattern.fullmatch(token_id)), None)
 
 
 _NUMBERS = [str(k) for k in range(1, 1025)]  # the ids of a plain sentence's words
@@ -340,15 +344,11 @@ def _plain_table(block: Block) -> Table | None:
     if ids == _NUMBERS[: len(ids)]:  # words only (the usual case)
         kinds = [WORD] * len(ids)
     else:  # multiword ranges or empty nodes
-        kinds = [WORD if i.isascii() and i.isdigit() else None for i in ids]
+        kinds = list(map(_id_kind, ids))
         n = kinds.count(WORD)
-        if not 0 < n <= len(_NUMBERS) or [i for i, k in zip(ids, kinds) if k] != _NUMBERS[:n]:
+        words = [i for i, kind in zip(ids, kinds) if kind == WORD]
+        if None in kinds or not 0 < n <= len(_NUMBERS) or words != _NUMBERS[:n]:
             return None
-        for k, i in enumerate(ids):
-            if kinds[k] is None:
-                kinds[k] = next((kind for pattern, kind in _ID_KINDS if pattern.fullmatch(i)), None)
-                if kinds[k] is None:
-                    return None
     texts = fields[5::N_COLUMNS]
     if len(kinds) == kinds.count(WORD):
         items = list(map(_feats_items, texts))
