@@ -149,11 +149,8 @@ def stages(copies: int, repeat: int, workers: list[int], results: str | None) ->
                 from headprobe.inputs.align import align_in_worker, example_inputs
 
                 with Workers(n, tokenizer=tokenizer) as pool:
-                    submit = lambda c: pool.submit(align_in_worker, example_inputs(c))  # noqa: E731
-                    done = (
-                        (c, prepare(c, tokenizer, limit, alignments=f.result()))
-                        for c, f in prefetched(parts, submit, depth=PREFETCH + n)
-                    )
+                    aligned = pool.ahead(align_in_worker, parts, PREFETCH + n, example_inputs)
+                    done = ((c, prepare(c, tokenizer, limit, alignments=a)) for c, a in aligned)
                     return batches_of(done)
 
             seconds[f"input pipeline, workers={n}"] = best(pipeline, repeat)

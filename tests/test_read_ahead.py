@@ -33,7 +33,14 @@ def pid_and_state(_) -> tuple:
 
 def test_results_come_back_in_order_whichever_worker_is_quicker():
     with Workers(3) as workers:
-        assert list(workers.in_order(slow_square, range(12), depth=4)) == [x * x for x in range(12)]
+        got = list(workers.ahead(slow_square, range(12), depth=4))
+    assert got == [(x, x * x) for x in range(12)]
+
+
+def test_each_part_is_sent_as_send_makes_it():
+    with Workers(2) as workers:
+        got = list(workers.ahead(slow_square, ["a", "bb", "ccc"], depth=2, send=len))
+    assert got == [("a", 1), ("bb", 4), ("ccc", 9)]
 
 
 def test_parts_are_taken_only_as_results_are():
@@ -45,23 +52,26 @@ def test_parts_are_taken_only_as_results_are():
             yield x
 
     with Workers(2) as workers:
-        results = workers.in_order(slow_square, parts(), depth=3)
-        assert next(results) == 0
-        assert len(taken) == 3  # at most `depth` parts out: the corpus is not read ahead unbounded
-        assert list(results) == [x * x for x in range(1, 10)]
+        results = workers.ahead(slow_square, parts(), depth=3)
+        assert next(results) == (0, 0)
+        time.sleep(0.5)  # the reading thread fills its queue, then waits
+        # part 0 taken, 3 submitted and waiting in the queue, 1 submitted and waiting to be put:
+        # the corpus is not read ahead unbounded
+        assert len(taken) == 5
+        assert [r for _, r in results] == [x * x for x in range(1, 10)]
 
 
 def test_an_error_is_raised_where_its_result_would_come():
     with Workers(2) as workers:
-        results = workers.in_order(failing, range(6), depth=2)
-        assert [next(results) for _ in range(3)] == [0, 1, 2]
+        results = workers.ahead(failing, range(6), depth=2)
+        assert [next(results)[1] for _ in range(3)] == [0, 1, 2]
         with pytest.raises(ValueError, match="part 3 is bad"):
             next(results)
 
 
 def test_workers_are_other_processes_started_with_the_state():
     with Workers(2, word="tokenizer") as workers:
-        seen = list(workers.in_order(pid_and_state, range(4), depth=2))
+        seen = [r for _, r in workers.ahead(pid_and_state, range(4), depth=2)]
     assert all(pid != os.getpid() and word == "tokenizer" for pid, word in seen)
     assert default_workers() == max(0, len(os.sched_getaffinity(0)) - 1)
 
@@ -69,7 +79,7 @@ def test_workers_are_other_processes_started_with_the_state():
 def orphaned_workers(ready: str) -> None:
     """A process that starts two workers, says so, then waits to be killed."""
     with Workers(2) as workers:
-        assert list(workers.in_order(slow_square, range(2), depth=2)) == [0, 1]
+        assert list(workers.ahead(slow_square, range(2), depth=2)) == [(0, 0), (1, 1)]
         Path(ready).write_text(" ".join(str(p) for p in workers.pool._processes))
         time.sleep(60)
 

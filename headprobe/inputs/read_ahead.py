@@ -5,17 +5,16 @@ tokenize and align each chunk while the model scores the batches before it.
     for chunk, done in prefetched(chunks, work):          # work(chunk) in a thread, in order
         ...
     with Workers(2, tokenizer=tokenizer) as workers:      # two processes that hold the tokenizer
-        future = workers.submit(align_in_worker, example_inputs(chunk))   # one chunk's words
-        for result in workers.in_order(function, parts, depth=4):   # function(part), in order
-            ...
+        for chunk, alignments in workers.ahead(align_in_worker, chunks, 4, example_inputs):
+            ...                                           # each chunk's words sent, in order
 
 Order is kept: results come back in the order of their parts, whatever worker was quicker, so
 a run's tables do not depend on the number of workers. Memory is bounded: at most `depth` parts
 are in the workers or waiting to be taken. An exception raised by `function` is raised where
 its result would have come.
 
-The workers are forked (Linux: they start with the parent's modules and tokenizer) and spawned
-elsewhere (the tokenizer is pickled); a part and its result always travel pickled, so a worker
+The workers are started by `core.processes.worker_pool` (forked on Linux: they start with the
+parent's modules and tokenizer; spawned elsewhere: the tokenizer is pickled); a part and its result always travel pickled, so a worker
 is sent a chunk's words and sends back its alignments, never the examples. Reading itself stays
 in this process: reading in workers was measured, and unpickling the examples they sent back
 cost this process as much as reading them (benchmarks/README.md, "The host's ceiling").
@@ -24,15 +23,13 @@ cost this process as much as reading them (benchmarks/README.md, "The host's cei
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import sys
 import threading
 import time
-import warnings
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+
+from headprobe.core.processes import worker_pool
 
 
 def default_workers() -> int:
@@ -125,28 +122,20 @@ class Workers:
     `state` (e.g. `tokenizer=...`) is what each worker holds (`state()` in the function run).
 
         with Workers(2, tokenizer=tokenizer) as workers:
-            for alignments in workers.in_order(align_part, parts, depth=4):
+            for chunk, alignments in workers.ahead(align_in_worker, chunks, 4, example_inputs):
                 ...
 
     A hand-written pool around `concurrent.futures.ProcessPoolExecutor` rather than
     `multiprocessing.Pool.imap`: `imap` takes parts from its iterator as fast as it can (the
-    whole corpus read ahead, unbounded memory); `in_order` submits a part only when fewer than
-    `depth` are out."""
+    whole corpus read ahead, unbounded memory); `ahead` takes them through `prefetched`, at
+    most `depth` waiting."""
 
     def __init__(self, n: int, **state):
         self.n, self.state = int(n), state
         self.pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> Workers:
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context(
-            "fork" if sys.platform == "linux" and "fork" in methods else "spawn"
-        )
-        with warnings.catch_warnings():  # 3.12+: fork of a process that ran threads (torch)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            self.pool = ProcessPoolExecutor(
-                self.n, mp_context=context, initializer=_start, initargs=(self.state, os.getpid())
-            )
+        self.pool = worker_pool(self.n, initializer=_start, initargs=(self.state, os.getpid()))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -154,22 +143,15 @@ class Workers:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
 
-    def submit(self, function: Callable, part) -> Future:
-        """`function(part)` in a worker: its future."""
-        return self.pool.submit(function, part)
+    def ahead(
+        self, function: Callable, parts: Iterable, depth: int, send: Callable | None = None
+    ) -> Iterator[tuple]:
+        """(part, function(send(part))) for each part, in the parts' order: the parts taken by a
+        thread (`prefetched`: at most `depth` submitted and waiting to be taken), each computed
+        by a worker, sent `send(part)` (default: the part itself)."""
 
-    def in_order(self, function: Callable, parts: Iterable, depth: int) -> Iterator:
-        """`function(part)` for each part, computed by the workers, given back in the parts'
-        order; at most `depth` parts submitted and not yet taken."""
-        pending: deque[Future] = deque()
-        parts = iter(parts)
-        try:
-            for part in parts:
-                pending.append(self.pool.submit(function, part))
-                while len(pending) >= max(1, depth):
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+        def submit(part) -> Future:
+            return self.pool.submit(function, part if send is None else send(part))
+
+        for part, future in prefetched(parts, submit, depth=depth):
+            yield part, future.result()

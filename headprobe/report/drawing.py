@@ -22,18 +22,16 @@ import contextlib
 import functools
 import importlib
 import io
-import multiprocessing
 import os
 import pickle
-import sys
-import warnings
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from headprobe.core.processes import worker_pool
 
 DPI = 100
 
@@ -205,15 +203,6 @@ def _workers(n_jobs: int, workers: int | None) -> int:
     return max(1, min(workers, n_jobs))
 
 
-def _context():
-    """fork where the platform has it (the workers start with everything imported); spawn
-    elsewhere (the worker function and the plans are importable and picklable)."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context(
-        "fork" if sys.platform == "linux" and "fork" in methods else "spawn"
-    )
-
-
 def write_drawings(items, formats=DEFAULT_FORMATS, workers: int | None = None) -> list[list[Path]]:
     """Write each (drawing, stem) of `items` as `<stem>.<fmt>` for every format in `formats`;
     returns the paths of each, in order. Planned drawings are drawn by worker processes (`workers`,
@@ -226,11 +215,9 @@ def write_drawings(items, formats=DEFAULT_FORMATS, workers: int | None = None) -
     written: dict[int, list[Path]] = {}
     n = _workers(len(jobs), workers)
     if n > 1:
-        with warnings.catch_warnings():  # 3.12+: fork of a process that ran threads (torch)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            with ProcessPoolExecutor(n, mp_context=_context()) as pool:
-                done = pool.map(_draw_and_save, jobs.values())
-                written = {k: [Path(p) for p in paths] for k, paths in zip(jobs, done)}
+        with worker_pool(n) as pool:
+            done = pool.map(_draw_and_save, jobs.values())
+            written = {k: [Path(p) for p in paths] for k, paths in zip(jobs, done)}
     for k, (d, stem) in enumerate(items):
         if k in written:
             if "png" in formats:

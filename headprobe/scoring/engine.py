@@ -358,9 +358,9 @@ class Engine:
             yield from prefetched(chunks, tokenize, depth=PREFETCH)
             return
         with Workers(self.workers, tokenizer=self.tokenizer) as workers:
-            submit = lambda c: workers.submit(align_in_worker, example_inputs(c))  # noqa: E731
-            for chunk, done in prefetched(chunks, submit, depth=PREFETCH + self.workers):
-                yield chunk, prepare(chunk, self.tokenizer, limit, alignments=done.result())
+            depth = PREFETCH + self.workers
+            for chunk, aligned in workers.ahead(align_in_worker, chunks, depth, example_inputs):
+                yield chunk, prepare(chunk, self.tokenizer, limit, alignments=aligned)
 
     def _start_stats(self, resume: dict | None) -> float:
         """Fresh `stats_` (those a checkpoint saved when resuming); returns the start time, moved
