@@ -78,7 +78,15 @@ def stages(copies: int, repeat: int, workers: list[int], results: str | None) ->
     from headprobe.inputs.corpora.conllu import read_conllu, stream_conllu
     from headprobe.inputs.read_ahead import Workers, prefetched
     from headprobe.model import loading as models
-    from headprobe.scoring.engine import CHUNK, PREFETCH, Engine, batch_pool, chunked, max_length
+    from headprobe.scoring.engine import (
+        CHUNK,
+        PREFETCH,
+        Engine,
+        batch_pool,
+        chunked,
+        max_length,
+        pool_chunk,
+    )
     from headprobe.scoring.pass_settings import PassSettings
     from headprobe.studies.dependency.analysis import DependencyScorer
     from headprobe.studies.positional.analysis import PositionalScorer
@@ -116,10 +124,7 @@ def stages(copies: int, repeat: int, workers: list[int], results: str | None) ->
             """The pass's batches (its pool, the same rule), each built with its host arrays."""
             pool, held, first, out = batch_pool(64, "cpu"), {}, 0, []
             for chunk, done in parts:
-                for index, example, alignment in zip(done.kept, done.examples, done.alignments):
-                    held[first + index] = (example, alignment)
-                    for ordinals in pool.add(first + index, len(alignment)):
-                        out.append(make(held, ordinals))
+                out += [make(held, ordinals) for ordinals in pool_chunk(pool, held, first, done)]
                 first += len(chunk)
             out += [make(held, ordinals) for ordinals in pool.drain()]
             return out

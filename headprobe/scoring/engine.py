@@ -108,6 +108,18 @@ def batch_pool(batch_size: int, device) -> Pool:
     return Pool(batch_size, batch_size * full_at(device), POOL_BATCHES * batch_size * POOL_AT)
 
 
+def pool_chunk(pool: Pool, held: dict, first: int, prepared) -> list[list[int]]:
+    """Hold each example `prepared` (`batching.prepare` of a chunk whose first example is ordinal
+    `first`) kept, `held[ordinal] = (example, alignment)`, and add it to `pool`; returns the
+    batches (lists of ordinals) that came due, in order. The pass deals them (`Engine._read`);
+    `benchmarks/host_ceiling.py` times it without a model."""
+    due = []
+    for index, example, alignment in zip(prepared.kept, prepared.examples, prepared.alignments):
+        held[first + index] = (example, alignment)
+        due += pool.add(first + index, len(alignment))
+    return due
+
+
 def group_size(n_layers: int, per_layer: int, stack_bytes: int) -> int:
     """Layers scored together: as few groups as `stack_bytes` allows, of even size (six layers
     that fit five at a time go as 3 + 3, not 5 + 1: the same calls, a smaller largest group)."""
@@ -396,9 +408,7 @@ class Engine:
             self.stats_["skipped_sources"] += prepared.skipped_sources
         unscored = sum(len(ex.words) for ex in chunk)  # the skipped examples' words
         run.bar.update(unscored - sum(a.n_words for a in prepared.alignments))
-        for index, example, alignment in zip(prepared.kept, prepared.examples, prepared.alignments):
-            run.held[first + index] = (example, alignment)
-            self._deal(run.pool.add(first + index, len(alignment)))
+        self._deal(pool_chunk(run.pool, run.held, first, prepared))
 
     def _deal(self, batches: list[list[int]]) -> None:
         """Queue the batches (lists of ordinals) this rank scores; let go of the others."""

@@ -341,16 +341,17 @@ def _plain_table(block: Block) -> Table | None:
         return None
     fields = "\t".join(body).split("\t")  # one split for the block: ten fields a row
     ids = fields[::N_COLUMNS]
-    if ids == _NUMBERS[: len(ids)]:  # words only (the usual case)
+    words_only = ids == _NUMBERS[: len(ids)]  # the usual case
+    if words_only:
         kinds = [WORD] * len(ids)
-    else:  # multiword ranges or empty nodes
+    else:  # multiword ranges or empty nodes (a block of words alone has ids 1..n)
         kinds = list(map(_id_kind, ids))
         n = kinds.count(WORD)
         words = [i for i, kind in zip(ids, kinds) if kind == WORD]
         if None in kinds or not 0 < n <= len(_NUMBERS) or words != _NUMBERS[:n]:
             return None
     texts = fields[5::N_COLUMNS]
-    if len(kinds) == kinds.count(WORD):
+    if words_only:
         items = list(map(_feats_items, texts))
     else:
         items = [_feats_items(t) if kind == WORD else () for t, kind in zip(texts, kinds)]
