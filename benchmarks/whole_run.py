@@ -23,6 +23,13 @@ own scoring pass, and the whole run less its start-up (a run on 5 sentences with
     python benchmarks/whole_run.py speed --copies 4 --repeat 2
     python benchmarks/whole_run.py speed --copies 1 --measure weights,norms --no-report
 
+`knobs`: in one process, the plain forward (as `speed`) against whole runs without the report
+under each setting of two knobs, `--workers` 0 and 1 and the heap trims on and off
+(`HEADPROBE_KEEP_MALLOC=1`), every setting once per trial, in turn, `--repeat` trials: what each
+costs, measured side by side on the same machine state (means and bests):
+
+    python benchmarks/whole_run.py knobs --copies 4 --repeat 2
+
 `profile`: one whole run (report included), sampled, its time as shares of forward,
 capture, pooling, scorers, statistics, tables, save, report and the rest:
 
@@ -158,6 +165,38 @@ def memory(cases=tuple(CASES), keep: str | None = None) -> list[dict]:
     return list(rows.values()) + ([ratios] if ratios else [])
 
 
+def _minilm():
+    """(model, tokenizer, name): the bundled MiniLM on the CPU, torch seeded."""
+    import torch
+
+    from headprobe.model import loading as models
+
+    torch.manual_seed(0)
+    return models.load(None, device="cpu")
+
+
+def plain_forward(model, tokenizer, copies: int, tmp: Path):
+    """(treebank, words, plain): EWT dev x `copies` (written under `tmp`), its words, and a plain
+    batched forward over it: exact-length batches of up to 64, no padding, fed no mask."""
+    import torch
+
+    from headprobe.inputs.batching import iter_batches, prepare
+    from headprobe.inputs.corpora.conllu import read_conllu
+    from headprobe.scoring.engine import max_length
+
+    treebank = EWT if copies == 1 else replicate(EWT, copies, tmp / f"ewt-x{copies}.conllu")
+    corpus = read_conllu(treebank)
+    pad = tokenizer.pad_token_id or 0
+
+    @torch.inference_mode()
+    def plain():
+        prepared = prepare(list(corpus), tokenizer, max_length(model, tokenizer))
+        for batch in iter_batches(prepared, 64, pad):
+            model(input_ids=batch.input_ids)
+
+    return treebank, sum(len(ex.words) for ex in corpus), plain
+
+
 def speed(repeat: int, copies: int = 4, measure: str = "weights", report: bool = True) -> dict:
     """A plain batched forward pass over EWT dev x `copies` (the same exact-length batches)
     against a whole run with the report, best of `repeat` alternating trials, in one process,
@@ -165,26 +204,10 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights", report: bool =
     import torch
 
     import headprobe
-    from headprobe.inputs.batching import iter_batches, prepare
-    from headprobe.inputs.corpora.conllu import read_conllu
-    from headprobe.model import loading as models
-    from headprobe.scoring.engine import max_length
 
-    torch.manual_seed(0)
-    model, tokenizer, name = models.load(None, device="cpu")
+    model, tokenizer, name = _minilm()
     with tempfile.TemporaryDirectory() as tmp:
-        treebank = (
-            EWT if copies == 1 else replicate(EWT, copies, Path(tmp) / f"ewt-x{copies}.conllu")
-        )
-        corpus = read_conllu(treebank)
-        words = sum(len(ex.words) for ex in corpus)
-        pad = tokenizer.pad_token_id or 0
-
-        @torch.inference_mode()
-        def plain():
-            prepared = prepare(list(corpus), tokenizer, max_length(model, tokenizer))
-            for batch in iter_batches(prepared, 64, pad):
-                model(input_ids=batch.input_ids)  # exact-length batches: no padding, no mask
+        treebank, words, plain = plain_forward(model, tokenizer, copies, Path(tmp))
 
         def whole(out):
             extra = {} if measure == "weights" else {"measure": measure}
@@ -242,6 +265,59 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights", report: bool =
         "seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
+    }
+
+
+def knobs(repeat: int, copies: int = 4) -> dict:
+    """The plain forward and whole runs without the report for each (workers, trims) setting,
+    alternated in one process, `repeat` trials (module docstring: `knobs`)."""
+    import headprobe
+
+    model, tokenizer, name = _minilm()
+    settings = [(w, trims) for w in (0, 1) for trims in (True, False)]
+    times: dict[str, list[float]] = {"plain": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        treebank, words, plain = plain_forward(model, tokenizer, copies, Path(tmp))
+
+        def whole(out, workers: int, trims: bool):
+            saved = os.environ.pop("HEADPROBE_KEEP_MALLOC", None)
+            if not trims:
+                os.environ["HEADPROBE_KEEP_MALLOC"] = "1"
+            try:
+                start = time.perf_counter()
+                headprobe.run(
+                    treebank=treebank,
+                    out=out,
+                    progress=False,
+                    loaded=(model, tokenizer, name),
+                    report=False,
+                    workers=workers,
+                )
+                return time.perf_counter() - start
+            finally:
+                os.environ.pop("HEADPROBE_KEEP_MALLOC", None)
+                if saved is not None:
+                    os.environ["HEADPROBE_KEEP_MALLOC"] = saved
+
+        plain()  # warm-up
+        whole(Path(tmp) / "warm", 0, True)
+        for trial in range(repeat):
+            start = time.perf_counter()
+            plain()
+            times["plain"].append(time.perf_counter() - start)
+            for workers, trims in settings:
+                key = f"workers={workers}, trims {'on' if trims else 'off'}"
+                seconds = whole(Path(tmp) / f"r{trial}-{workers}-{trims}", workers, trims)
+                times.setdefault(key, []).append(seconds)
+    plain_mean = sum(times["plain"]) / repeat
+    return {
+        "model": name,
+        "corpus": f"EWT dev x{copies}",
+        "words": words,
+        "trials": repeat,
+        "seconds": {k: [round(t, 2) for t in v] for k, v in times.items()},
+        "mean": {k: round(sum(v) / len(v), 2) for k, v in times.items()},
+        "plain_over_mean": {k: round(plain_mean / (sum(v) / len(v)), 3) for k, v in times.items()},
     }
 
 
@@ -337,7 +413,7 @@ def main() -> None:
         print(json.dumps(child(*sys.argv[2:5])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["memory", "speed", "profile"])
+    parser.add_argument("what", choices=["memory", "speed", "knobs", "profile"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
         "--cases", nargs="+", choices=list(CASES), default=list(CASES), help="memory: which runs"
@@ -346,7 +422,10 @@ def main() -> None:
         "--keep", default=None, help="memory: keep each case's results directory under this folder"
     )
     parser.add_argument(
-        "--copies", type=int, default=4, help="speed/profile: EWT dev repeated this many times"
+        "--copies",
+        type=int,
+        default=4,
+        help="speed/knobs/profile: EWT dev repeated this many times",
     )
     parser.add_argument(
         "--measure", default="weights", help="speed: the run's --measure (weights, weights,norms)"
@@ -361,6 +440,8 @@ def main() -> None:
         figures = memory(args.cases, args.keep)
     elif args.what == "speed":
         figures = speed(args.repeat, args.copies, args.measure, not args.no_report)
+    elif args.what == "knobs":
+        figures = knobs(args.repeat, args.copies)
     else:
         figures = profile(args.copies, args.treebank)
     text = json.dumps(figures, indent=2)
