@@ -275,8 +275,10 @@ class CoreOptions:
     )
     workers: int | None = option(
         None,
-        "processes that tokenize the corpus ahead of the model (default: the cores this process "
-        "may use, less one; 0: a thread of the run's own process); the results do not depend on it",
+        "processes that tokenize the corpus ahead of the model (default: the cores the model's "
+        "forward leaves free: those this process may use less one on a GPU, less torch's threads "
+        "on the CPU, usually 0; 0: a thread of the run's own process); the results do not "
+        "depend on it",
         flag="--workers",
         type=int,
         check=maybe_at_least(0),

@@ -9,9 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import headprobe
 from headprobe.inputs.read_ahead import Workers, default_workers, state
+from headprobe.scoring.engine import Engine, forward_cores
+from headprobe.scoring.pass_settings import PassSettings
+from headprobe.studies.positional.analysis import PositionalScorer
 
 EWT_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "en_ewt-ud-dev.conllu"
 
@@ -73,7 +77,33 @@ def test_workers_are_other_processes_started_with_the_state():
     with Workers(2, word="tokenizer") as workers:
         seen = [r for _, r in workers.ahead(pid_and_state, range(4), depth=2)]
     assert all(pid != os.getpid() and word == "tokenizer" for pid, word in seen)
-    assert default_workers() == max(0, len(os.sched_getaffinity(0)) - 1)
+
+
+def test_by_default_workers_take_only_the_cores_the_forward_leaves(bert_family, monkeypatch):
+    """An accelerator's forward keeps one core busy (the process feeding it); a forward on the CPU
+    keeps torch's intra-op threads busy, so a CPU run starts workers only on cores beyond them."""
+    cores = 6
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)))
+    assert default_workers() == default_workers(1) == 5
+    assert default_workers(4) == 2 and default_workers(6) == default_workers(9) == 0
+    assert forward_cores("cuda") == forward_cores("cuda:1") == 1
+    settings = PassSettings(progress=False, workers=None)
+    saved = torch.get_num_threads()
+    try:
+        for threads, workers in ((6, 0), (4, 2), (1, 5)):
+            torch.set_num_threads(threads)
+            assert forward_cores("cpu") == threads
+            engine = Engine(bert_family.sdpa, bert_family.tokenizer, [PositionalScorer()], settings)
+            assert engine.workers == workers, f"{threads} threads"
+        asked = Engine(
+            bert_family.sdpa,
+            bert_family.tokenizer,
+            [PositionalScorer()],
+            PassSettings(progress=False, workers=3),
+        )
+        assert asked.workers == 3  # a number given is taken as it is
+    finally:
+        torch.set_num_threads(saved)
 
 
 def orphaned_workers(ready: str) -> None:

@@ -18,7 +18,9 @@ parent's modules and tokenizer; spawned elsewhere: the tokenizer is pickled); a 
 is sent a chunk's words and sends back its alignments, never the examples. Reading itself stays
 in this process: reading in workers was measured, and unpickling the examples they sent back
 cost this process as much as reading them (benchmarks/README.md, "The host's ceiling").
-`default_workers()`: the cores this process may use, less one for the model's own work.
+`default_workers(busy)`: the cores this process may use, less the `busy` ones the model's forward
+keeps working (the engine's count: one that feeds an accelerator, or every intra-op thread of a
+forward on the CPU, where a worker would take a core from the forward).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from headprobe.core.processes import worker_pool
 
 
-def default_workers() -> int:
-    """The cores this process may use, less one (the model's); 0 on a single core."""
+def default_workers(busy: int = 1) -> int:
+    """The cores this process may use, less the `busy` ones the model's forward keeps working;
+    0 when none is left."""
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    return max(0, (len(cores) if cores else (os.cpu_count() or 1)) - 1)
+    return max(0, (len(cores) if cores else (os.cpu_count() or 1)) - max(1, int(busy)))
 
 
 def prefetched(chunks, work, depth: int = 2):

@@ -157,6 +157,13 @@ def max_length(model, tokenizer) -> int:
     return min(limits) if limits else 512
 
 
+def forward_cores(device) -> int:
+    """The cores the model's forward keeps working on `device`: on the CPU, torch's intra-op
+    threads (every core by default: tokenizing workers beside them would slow the forward, as
+    `benchmarks/whole_run.py knobs` measured); on an accelerator, the one process that feeds it."""
+    return torch.get_num_threads() if torch.device(device).type == "cpu" else 1
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
@@ -255,7 +262,11 @@ class Engine:
             query_block = None
         self.query_block = int(query_block) if query_block else None
         self.progress = config.progress
-        self.workers = default_workers() if config.workers is None else int(config.workers)
+        self.workers = (
+            default_workers(forward_cores(self.device))
+            if config.workers is None
+            else int(config.workers)
+        )
         self.stack_bytes = STACK_BYTES.get(self.device.type, STACK_BYTES["cpu"])
         self.desc = desc
         self.sites = attention_sites(model)

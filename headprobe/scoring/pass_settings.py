@@ -25,8 +25,8 @@ class PassSettings:
     preset, name or object (None: the default pooling, and scorers keep their own);
     `query_block`: attention captured that many query pieces at a time (None: whole matrices);
     `stack`: the attention stack scored (None: the model's default); `workers`: processes that
-    tokenize the corpus ahead of the model (0: a thread of this process; None: the cores less one,
-    `read_ahead.default_workers`)."""
+    tokenize the corpus ahead of the model (0: a thread of this process; None: the cores the model's
+    forward leaves free, `engine.forward_cores`: on the CPU usually none)."""
 
     layers: list[int] | None = None
     batch_size: int | None = 64
