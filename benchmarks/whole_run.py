@@ -23,7 +23,8 @@ own scoring pass, and the whole run less its start-up (a run on 5 sentences with
     python benchmarks/whole_run.py speed --copies 4 --repeat 2
     python benchmarks/whole_run.py speed --copies 1 --measure weights,norms --no-report
 
-`knobs`: in one process, the plain forward (as `speed`) against whole runs without the report
+`knobs`: in one process, the plain forward (as `speed`), the same with the attention captured as
+the pass captures it (no scorer), and whole runs without the report
 under each setting of two knobs, `--workers` 0 and 1 and the heap trims on and off
 (`HEADPROBE_KEEP_MALLOC=1`), every setting once per trial, in turn, `--repeat` trials: what each
 costs, measured side by side on the same machine state (means and bests):
@@ -269,15 +270,24 @@ def speed(repeat: int, copies: int = 4, measure: str = "weights", report: bool =
 
 
 def knobs(repeat: int, copies: int = 4) -> dict:
-    """The plain forward and whole runs without the report for each (workers, trims) setting,
-    alternated in one process, `repeat` trials (module docstring: `knobs`)."""
+    """The plain forward, the same with the attention captured, and whole runs without the report
+    for each (workers, trims) setting, alternated in one process, `repeat` trials (module
+    docstring: `knobs`)."""
+    import torch
+
     import headprobe
+    from headprobe.model.capture import AttentionCapture
 
     model, tokenizer, name = _minilm()
     settings = [(w, trims) for w in (0, 1) for trims in (True, False)]
-    times: dict[str, list[float]] = {"plain": []}
+    times: dict[str, list[float]] = {"plain": [], "plain, attention captured": []}
     with tempfile.TemporaryDirectory() as tmp:
         treebank, words, plain = plain_forward(model, tokenizer, copies, Path(tmp))
+
+        def captured():  # the capture as the pass runs it: each layer's probabilities in a buffer
+            buffer = lambda layer, shape, device: torch.empty(shape, device=device)  # noqa: E731
+            with AttentionCapture(model, callback=lambda layer, probs: None, into=buffer):
+                plain()
 
         def whole(out, workers: int, trims: bool):
             saved = os.environ.pop("HEADPROBE_KEEP_MALLOC", None)
@@ -305,6 +315,9 @@ def knobs(repeat: int, copies: int = 4) -> dict:
             start = time.perf_counter()
             plain()
             times["plain"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            captured()
+            times["plain, attention captured"].append(time.perf_counter() - start)
             for workers, trims in settings:
                 key = f"workers={workers}, trims {'on' if trims else 'off'}"
                 seconds = whole(Path(tmp) / f"r{trial}-{workers}-{trims}", workers, trims)
