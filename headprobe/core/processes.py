@@ -1,4 +1,5 @@
-"""Worker processes: the one place that says how headprobe starts them.
+"""Worker processes: the one place that says how headprobe starts them and how many cores it
+may give them (`usable_cores`).
 
     with worker_pool(2, initializer=start, initargs=(state,)) as pool:   # started, ready
         pool.submit(function, part)
@@ -14,6 +15,7 @@ a process that ran threads (torch's).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -31,3 +33,10 @@ def worker_pool(n: int, **kwargs) -> ProcessPoolExecutor:
         for done in [pool.submit(int) for _ in range(n)]:  # every worker started here
             done.result()
     return pool
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform tells it, else
+    every core of the machine)."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return len(cores) if cores else (os.cpu_count() or 1)

@@ -31,14 +31,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 
-from headprobe.core.processes import worker_pool
+from headprobe.core.processes import usable_cores, worker_pool
 
 
 def default_workers(busy: int = 1) -> int:
     """The cores this process may use, less the `busy` ones the model's forward keeps working;
     0 when none is left."""
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    return max(0, (len(cores) if cores else (os.cpu_count() or 1)) - max(1, int(busy)))
+    return max(0, usable_cores() - max(1, int(busy)))
 
 
 def prefetched(chunks, work, depth: int = 2):

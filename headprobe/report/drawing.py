@@ -22,7 +22,6 @@ import contextlib
 import functools
 import importlib
 import io
-import os
 import pickle
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from headprobe.core.processes import worker_pool
+from headprobe.core.processes import usable_cores, worker_pool
 
 DPI = 100
 
@@ -198,8 +197,7 @@ def _draw_and_save(job: tuple) -> list[str]:
 
 def _workers(n_jobs: int, workers: int | None) -> int:
     if workers is None:
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        workers = len(cores) if cores else (os.cpu_count() or 1)
+        workers = usable_cores()
     return max(1, min(workers, n_jobs))
 
 
