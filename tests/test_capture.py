@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import AttentionInterface
@@ -295,3 +297,123 @@ def test_real_minilm_capture_equals_eager():
     for row, n in enumerate(lengths(batch)):
         assert (out.last_hidden_state[row, :n] - plain[row, :n]).abs().max() <= TOL
     assert config_impls(sdpa) == {"sdpa"}
+
+
+# -- stopping early (`stop=True`): the pass ends once every asked-for layer is handed on -----
+LAYER_NAME = re.compile(r"(?:^|\.)(?:layer|h|layers)\.(\d+)\.(.*)")
+
+
+def modules_run(model, work) -> list[str]:
+    """The qualified names of `model`'s modules, in the order their forward began, while `work()`."""
+    names = {module: name for name, module in model.named_modules()}
+    seen: list[str] = []
+    handles = [
+        module.register_forward_pre_hook(lambda m, args: seen.append(names[m])) for module in names
+    ]
+    try:
+        work()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def layer_parts(names, layer: int) -> list[str]:
+    """What ran of layer `layer` (its modules' names after `<layer>.`)."""
+    return [m.group(2) for m in map(LAYER_NAME.search, names) if m and int(m.group(1)) == layer]
+
+
+@pytest.mark.parametrize("asked", ["all", "first"])
+def test_stop_ends_the_pass_after_the_last_asked_for_layer(family, asked):
+    """The same probabilities as a whole pass, every asked-for layer in order; of the model,
+    only what runs before the last asked-for layer's attention returns (a prefix of a whole
+    pass): no later layer, not that layer's MLP, no final norm or pooler."""
+    model = family.sdpa
+    layers = None if asked == "all" else [0]
+    last = family.n_layers - 1 if layers is None else 0
+    batch = make_batch(family.tokenizer, SENTENCES, family.pad_id)
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    whole, whole_order, _, _ = captured(model, inputs, layers)
+    got: dict[int, torch.Tensor] = {}
+    after: list[str] = []
+
+    def work():
+        with torch.no_grad(), AttentionCapture(model, layers, got.__setitem__, stop=True) as cap:
+            model(**inputs)
+            after.append("the with-block went on")  # never: the pass ended inside the model
+        assert cap.stop and cap.calls_ == {layer: 1 for layer in whole_order}
+
+    stopped = modules_run(model, work)
+    full = modules_run(model, lambda: captured(model, inputs, layers))
+    assert list(got) == whole_order
+    for layer in whole_order:
+        assert torch.equal(got[layer], whole[layer])
+    assert after == []
+    assert len(stopped) < len(full) and stopped == full[: len(stopped)]
+    assert layer_parts(stopped, last + 1) == []
+    ran = layer_parts(stopped, last)
+    assert ran and not [p for p in ran if p.split(".")[0] in ("mlp", "intermediate", "output")]
+    assert set(layer_parts(full, last)) > set(ran)
+    with torch.no_grad():  # undone: the model runs whole again, its output unchanged
+        again = model(**inputs).last_hidden_state
+        assert torch.equal(again, model(**inputs).last_hidden_state)
+    assert not any(m in attention_module._ROUTES for m in model.modules())
+
+
+def test_stop_waits_for_the_last_layers_head_outputs(family):
+    """Asked for head outputs too, the pass ends once the last layer's output projection has
+    read its input (after the attention), each layer's probabilities and head outputs given."""
+    model = family.sdpa
+    batch = make_batch(family.tokenizer, SENTENCES[:2], family.pad_id)
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    given: list[tuple[int, tuple]] = []
+    keep = lambda layer, heads: given.append((layer, tuple(sorted(heads))))  # noqa: E731
+    needs = {"probs", "head_output"}
+
+    def work():
+        with torch.no_grad(), AttentionCapture(model, None, keep, needs=needs, stop=True):
+            model(**inputs)
+
+    stopped = modules_run(model, work)
+    last = family.n_layers - 1
+    assert [layer for layer, _ in given] == [k for k in range(family.n_layers) for _ in (0, 1)]
+    assert {names for _, names in given} == {("probs",), ("head_output",)}
+    ran = layer_parts(stopped, last)
+    assert not [p for p in ran if p.split(".")[0] in ("mlp", "intermediate")]
+
+
+def test_stop_is_ignored_on_the_legacy_path_and_for_offloaded_models(wordpiece_tokenizer):
+    """Where the capture reads the model's output (legacy path) the pass runs whole; a map that
+    offloads modules (accelerate's hooks must see each forward through) turns the stop off."""
+    from transformers import AutoModel, MPNetConfig
+
+    from headprobe.model.capture import offloaded
+
+    config = MPNetConfig(
+        vocab_size=len(wordpiece_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        pad_token_id=wordpiece_tokenizer.pad_token_id,
+    )
+    torch.manual_seed(4)
+    model = AutoModel.from_config(config).eval()
+    batch = make_batch(wordpiece_tokenizer, SENTENCES, wordpiece_tokenizer.pad_token_id)
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    got: dict = {}
+    with torch.no_grad(), AttentionCapture(model, [0], got.__setitem__, stop=True) as cap:
+        out = model(**inputs)
+    assert not cap.stop and list(got) == [0] and out.last_hidden_state is not None
+
+    class Dispatched(torch.nn.Module):
+        def __init__(self, places):
+            super().__init__()
+            self.hf_device_map = dict(enumerate(places))
+
+    assert not offloaded(torch.nn.Linear(2, 2))
+    assert not offloaded(Dispatched(["cpu", "cpu"]))  # all on the CPU: nothing offloaded
+    assert not offloaded(Dispatched([0, 1]))  # spread over GPUs
+    assert offloaded(Dispatched([0, "cpu"])) and offloaded(Dispatched([0, "disk"]))
+    assert offloaded(Dispatched(["disk"]))

@@ -366,3 +366,32 @@ def test_roberta_position_offset_limits_length(roberta_family):
     engine, counts = run(fam.sdpa, fam.tokenizer, [fits, too_long], batch_size=1)
     assert engine.stats_["skipped"] == {"too_long": 1}
     assert set(counts.unit) == {"fits"}
+
+
+def test_the_pass_ends_at_the_last_scored_layer_and_counts_the_same(tiny, monkeypatch):
+    """The attention pass stops the model once the last scored layer's attention is read: that
+    layer's MLP never runs, and the counts equal those of passes run whole (the stop turned
+    off, as for an offloaded model)."""
+    import headprobe.model.capture as capture
+    from headprobe.model.discovery import attention_sites
+
+    examples = random_sentences(12, seed=5)
+    last = tiny.n_layers - 1
+    mlps = [
+        module
+        for name, module in tiny.sdpa.named_modules()
+        if name.endswith((f"h.{last}.mlp", f"layer.{last}.intermediate"))
+    ]
+    assert len(mlps) == 1
+    attention_sites(tiny.sdpa)  # found once per model, by a whole forward of its own
+    calls = []
+    handle = mlps[0].register_forward_pre_hook(lambda m, args: calls.append(1))
+    try:
+        _, stopped = run(tiny.sdpa, tiny.tokenizer, examples, batch_size=5)
+        assert calls == []
+        monkeypatch.setattr(capture, "offloaded", lambda model: True)
+        _, whole = run(tiny.sdpa, tiny.tokenizer, examples, batch_size=5)
+        assert calls  # run whole: the MLP ran
+    finally:
+        handle.remove()
+    assert_same_counts(stopped, whole)

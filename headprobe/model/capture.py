@@ -29,6 +29,14 @@ Never a silent zero: after every forward pass each asked-for layer must have bee
 captured; otherwise `CaptureError` (one line naming the model class and the path).
 Everything is undone on exit.
 
+Stopping early (`AttentionCapture(..., stop=True)`, the scoring pass's): once every asked-for
+layer has been handed on (its head outputs too, where asked), the forward pass ends there
+(`StopForward`, raised inside the model and swallowed on exit, as baukit's `Trace(stop=True)`
+does): the layers above the last asked-for one, the last one's MLP and any decoder after an
+encoder are not run, and the model's output is never made. Only for a caller that reads
+nothing but the captured quantities; on the legacy path, and for a model with modules
+offloaded by accelerate (whose hooks must see every forward through), the pass runs whole.
+
 Query blocks (`AttentionCapture(..., query_block=N)`): an asked-for layer's
 probabilities are computed N query rows at a time, so one layer holds
 O(N x keys) per head instead of O(queries x keys); the callback is then called
@@ -123,6 +131,11 @@ from headprobe.model.projections import (
 Callback = Callable[[int, torch.Tensor], None]
 
 
+class StopForward(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised inside the model by `AttentionCapture(stop=True)` once it has every asked-for
+    layer, and swallowed by its exit."""
+
+
 def n_layers_heads(model, stack: str | None = None) -> tuple[int, int]:
     """(layers, query heads) of one attention stack (default: the encoder where there is one)."""
     sites = attention_sites(model)
@@ -165,6 +178,8 @@ class AttentionCapture:
     into: None, or `into(layer, shape, device)` -> a float32 tensor of `shape` [batch, head, query, key]
       (or None) where a whole layer's probabilities are written as they are computed (a slot of
       the caller's buffer of several layers: stacked without a copy).
+    stop: end the forward pass once every asked-for layer is handed on (module docstring); the
+      caller reads nothing of the model's output.
     After use, `calls_` counts the captured calls per layer.
     """
 
@@ -177,6 +192,7 @@ class AttentionCapture:
         stack: str | None = None,
         needs=None,
         into: Callable | None = None,
+        stop: bool = False,
     ):
         self.model = model
         self.into = into
@@ -206,11 +222,20 @@ class AttentionCapture:
         self._values_seen: dict = {}  # this forward pass (legacy): value projection -> calls so far
         self._legacy_norms: dict[int, torch.Tensor] = {}  # this pass (legacy): layer -> value_norms
         self._got: set[int] = set()  # this forward pass: layers captured
+        self._outs_got: set[int] = set()  # this forward pass: layers whose head outputs were given
+        self.stop = bool(stop) and self.interface and not offloaded(model)
         self._exit = contextlib.ExitStack()
 
     # -- interface path -------------------------------------------------------------
     def _handle(self, module, query, key, value, mask, scaling, dropout, kwargs):
-        """One attention call of a site module: captured if it is an asked-for layer."""
+        """One attention call of a site module: captured if it is an asked-for layer; with `stop`,
+        the pass ends after the last one (and its head outputs, where asked)."""
+        output = self._attention(module, query, key, value, mask, scaling, dropout, kwargs)
+        if self.stop and "head_output" not in self.wanted and self._got == self.layers:
+            raise StopForward
+        return output
+
+    def _attention(self, module, query, key, value, mask, scaling, dropout, kwargs):
         sites = self._calls[module]
         n = self._seen[module] = self._seen.get(module, 0) + 1
         if n > len(sites):
@@ -272,6 +297,9 @@ class AttentionCapture:
         rows = output.shape[-2]
         block = QueryBlock(0, rows, rows) if self.query_block else None
         self._give(site.layer, None, {"head_output": output}, block)
+        self._outs_got.add(site.layer)
+        if self.stop and self._outs_got == self.layers:
+            raise StopForward
         return None
 
     def _output_hooks(self) -> None:
@@ -396,6 +424,7 @@ class AttentionCapture:
         self._values_seen.clear()
         self._legacy_norms.clear()
         self._got.clear()
+        self._outs_got.clear()
         if not self.interface:
             kwargs["output_attentions"] = True
         return args, kwargs
@@ -432,9 +461,16 @@ class AttentionCapture:
             raise
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, value, traceback):
         self._exit.close()
-        return False
+        return kind is not None and issubclass(kind, StopForward)  # the pass ended as asked
+
+
+def offloaded(model) -> bool:
+    """Whether accelerate runs some of `model`'s modules from offloaded weights (its map places
+    them on "cpu" or "disk" beside an accelerator, or on "disk")."""
+    places = {str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}
+    return "disk" in places or ("cpu" in places and len(places) > 1)
 
 
 class Captured:

@@ -577,6 +577,7 @@ class Engine:
             stack=self.stack,
             needs=self.needs,
             into=None if offset or self.query_block else stack.into,
+            stop=True,  # nothing reads the model's output: the pass ends at the last layer read
         ):
             self.model(**self.sites.model_inputs(batch, self.stack))
         for group in stack.leftovers():

@@ -89,7 +89,7 @@ def sentences_word_attention(
         # [batch, head, word, word + 2]
         kept[layer_index] = LayerAttention(layer_index, probs[:, :, offset:], batch).words[0]
 
-    with AttentionCapture(model, list(layers), keep, stack=stack):
+    with AttentionCapture(model, list(layers), keep, stack=stack, stop=True):
         model(**sites.model_inputs(batch, stack))
     # on the host once, then cut per sentence with NumPy: [batch, head, word, word + 2] a layer
     every = {layer: words.float().cpu().numpy() for layer, words in kept.items()}
