@@ -1034,3 +1034,38 @@ def test_worker_processes_draw_the_same_bytes(tmp_path):
         here = heatmap_grid_figure(items[: k + 1], f"grid {k}")
         assert plans[k].png == here.png == paths[0].read_bytes()
         assert paths[1].read_bytes() == here.svg
+
+
+def test_best_head_is_the_first_pooled_row_a_filter_finds():
+    """`Results.best_head` (indexed once per best-heads table) gives, for every measure, analysis,
+    label and selection, the first pooled row of the table filtered by them, None where there
+    is none, and indexes a replaced table anew."""
+    from fixtures_results import make_results
+
+    from headprobe.results.query import Results
+
+    weights, norms = make_results(seed=3, examples=False), make_results(seed=4, examples=False)
+    tallies = dict(weights.tallies)
+    for key, tally in norms.tallies.items():
+        tally.measure = "norms"
+        tallies[f"{key}@norms"] = tally
+    results = Results(tallies, weights.summary)
+    table = results.best_heads
+    keys = ["measure", "analysis", "label", "selection"]
+    assert set(table["measure"]) == {"weights", "norms"}
+    checked = 0
+    for (measure, analysis, label, selection), group in table.groupby(keys, observed=True):
+        got = results.best_head(analysis, label, selection, measure)
+        pooled = group[group["fold"] == ""]
+        if not len(pooled):
+            assert got is None
+            continue
+        pd.testing.assert_series_equal(got, pooled.iloc[0], check_names=False)
+        checked += 1
+    assert checked > 10
+    first = results.best_head("dependency", "ALL")
+    assert first["accuracy"] == results.best_head("dependency", "ALL", measure="weights")["accuracy"]
+    assert first["accuracy"] != results.best_head("dependency", "ALL", measure="norms")["accuracy"]
+    assert results.best_head("dependency", "no such label") is None
+    results._tables["best_heads"] = table.assign(accuracy=table["accuracy"] + 1.0)
+    assert results.best_head("dependency", "ALL")["accuracy"] == first["accuracy"] + 1.0

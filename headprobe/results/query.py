@@ -77,6 +77,9 @@ class Results:
         self.unit_counts = unit_counts
         self._tables: dict[str, pd.DataFrame] = {}
         self._control: Results | None = None
+        # `best_head`'s index: (the best-heads table it indexes, its pooled rows, {(measure,
+        # analysis, label, selection): the first one's position}); a report asks for hundreds
+        self._best_rows: tuple = (None, None, {})
         if tables is None:
             self._compute()
         else:
@@ -294,14 +297,19 @@ class Results:
         self, analysis: str, label: str, selection: str = "in-sample", measure: str | None = None
     ) -> pd.Series | None:
         """The best-heads row of one label (held-out: the pooled row)."""
-        b = self._one(self.best_heads, measure)
-        rows = b[
-            (b["analysis"] == analysis)
-            & (b["label"] == label)
-            & (b["selection"] == selection)
-            & (b["fold"] == "")
-        ]
-        return rows.iloc[0] if len(rows) else None
+        table, pooled, first = self._best_rows
+        if table is not self.best_heads:  # a new table (the control's columns added): index it
+            table = self.best_heads
+            pooled = table[table["fold"] == ""].reset_index(drop=True)
+            measures = pooled["measure"] if "measure" in pooled else [None] * len(pooled)
+            keys = zip(measures, pooled["analysis"], pooled["label"], pooled["selection"])
+            first = {}
+            for position, key in enumerate(keys):
+                first.setdefault(key, position)  # the first row, as a filter's `iloc[0]`
+            self._best_rows = table, pooled, first
+        measure = measure or self.measures[0] if "measure" in table else None
+        position = first.get((measure, analysis, label, selection))
+        return None if position is None else pooled.iloc[position]
 
     def labels(self, analysis: str, measure: str | None = None) -> list[str]:
         """Labels of an analysis, most trials first, ALL first."""
