@@ -1064,7 +1064,9 @@ def test_best_head_is_the_first_pooled_row_a_filter_finds():
         checked += 1
     assert checked > 10
     first = results.best_head("dependency", "ALL")
-    assert first["accuracy"] == results.best_head("dependency", "ALL", measure="weights")["accuracy"]
+    assert (
+        first["accuracy"] == results.best_head("dependency", "ALL", measure="weights")["accuracy"]
+    )
     assert first["accuracy"] != results.best_head("dependency", "ALL", measure="norms")["accuracy"]
     assert results.best_head("dependency", "no such label") is None
     results._tables["best_heads"] = table.assign(accuracy=table["accuracy"] + 1.0)
