@@ -31,17 +31,48 @@ class Heap:
         self.trimmed_after.append(self.batch)
 
 
-def test_a_heap_that_grows_past_the_margin_is_trimmed_then_and_every_eighth_batch():
-    # batches 1-3 grow 20 MB each: 60 > 48 after the third; then 5 MB each (40 in 8 batches)
+def test_a_heap_is_trimmed_before_its_next_batch_could_pass_the_margin_and_every_eighth():
+    # batches 1-3 grow 20 MB each: 760 > 748 after the third; then 5 MB each, the largest step
+    # still 20 MB: trimmed after batch 14 (730 + 20 > 748) and at 8 and 16 (every 8)
     heap = Heap(700 * MB, [20 * MB] * 3 + [5 * MB] * 13)
     trimmer = HeapTrimmer(heap.trim, heap.resident, every=8, growth=48 * MB)
     for _ in range(16):
         heap.score()
         trimmer.after_batch()
-    assert heap.trimmed_after == [3, 8, 16]
-    assert trimmer.trims == 3
-    # between trims the resident set never went more than one batch past the margin
+    assert heap.trimmed_after == [3, 8, 14, 16]
+    assert trimmer.trims == 4 and trimmer.step == 20 * MB
     assert trimmer.floor == 700 * MB
+
+
+def test_the_resident_set_stays_within_the_margin_whatever_the_length():
+    """Steady steps: the trim comes before the step that would pass the margin (growth alone,
+    no periodic trims), so the resident set never passes floor + growth however many batches."""
+    heap = Heap(700 * MB, [10 * MB] * 400)
+    trimmer = HeapTrimmer(heap.trim, heap.resident, every=None, growth=48 * MB)
+    highest = 0
+    for _ in range(400):
+        heap.score()
+        highest = max(highest, heap.now)
+        trimmer.after_batch()
+    assert highest == 740 * MB  # 748 is the margin: 750 never reached
+    assert heap.trimmed_after[:3] == [4, 8, 12] and trimmer.trims == 100
+
+
+def test_the_batch_after_a_trim_and_the_first_two_do_not_count_as_a_step():
+    """The pass's first batches (what it keeps) and each batch right after a trim (its working
+    set faulted back in) grow the resident set without being a step the next batch could take."""
+    growth = [90 * MB, 60 * MB] + [1 * MB] * 10
+    heap = Heap(700 * MB, growth)
+    trimmer = HeapTrimmer(heap.trim, heap.resident, every=None, growth=128 * MB)
+    heap.score(), trimmer.after_batch()  # 790: the first batch
+    heap.score(), trimmer.after_batch()  # 850: past 828, trimmed
+    assert heap.trimmed_after == [2] and trimmer.step == 0
+    heap.base = 700 * MB
+    heap.growth[2] = 70 * MB  # the batch after the trim faults 70 MB back in
+    for _ in range(10):
+        heap.score()
+        trimmer.after_batch()
+    assert heap.trimmed_after == [2] and trimmer.step == 1 * MB  # 779 + 1 <= 828: no trim
 
 
 def test_a_heap_that_does_not_grow_is_trimmed_every_eighth_batch_only():
