@@ -1,14 +1,14 @@
 """What the heap trims cost and what they hold back: one whole run (MiniLM, EWT dev x `--copies`,
 no report, `--workers 0`) in this fresh process, with the trimmer's policy set
-(`scoring/heap_trim.py`: a trim every `--every` batches at most, or once the resident set has
-grown `--growth` MB past the last trim's), or with no trims (`--off`, as
+(`scoring/heap_trim.py`: a trim before the next batch could take the resident set `--growth` MB
+past the last trim's, and every `--every` batches where given), or with no trims (`--off`, as
 `HEADPROBE_KEEP_MALLOC=1`). Prints one JSON line: the run's wall time (model load excluded), its
 peak RSS, the trims made in how many batches, and the seconds spent inside `malloc_trim` itself
 (the rest of a trim's cost is paid later, when the pages it handed back are faulted in again).
 
     python benchmarks/heap_trims.py --copies 4                      # the default policy
-    python benchmarks/heap_trims.py --copies 4 --every 1000000      # on growth alone
-    python benchmarks/heap_trims.py --copies 4 --growth 128
+    python benchmarks/heap_trims.py --copies 4 --every 8 --growth 48   # the policy before 922ef92
+    python benchmarks/heap_trims.py --copies 4 --growth 64
     python benchmarks/heap_trims.py --copies 4 --off
 
 Run each in a fresh process (this script is one): the heap a run starts from changes what a trim
@@ -92,7 +92,8 @@ def main() -> None:
                 "corpus": f"EWT dev x{args.copies}",
                 "policy": "off"
                 if trimmer is None
-                else f"every {every} batches or {growth / 2**20:g} MB of growth",
+                else f"{growth / 2**20:g} MB of growth"
+                + (f" or every {every} batches" if every else ""),
                 "wall_s": round(wall, 2),
                 "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                 "trims": None if trimmer is None else trimmer.trims,

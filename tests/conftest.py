@@ -348,6 +348,25 @@ def build_family(name: str) -> Family:
     raise ValueError(name)
 
 
+def tiny_mpnet(tokenizer, initializer_range: float = 0.02):
+    """A tiny MPNet: it calls no attention function (the capture's legacy output_attentions
+    path); its value projection `attn.v` and output projection `attn.o` are found all the same."""
+    from transformers import MPNetConfig
+
+    config = MPNetConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=initializer_range,
+    )
+    torch.manual_seed(4)
+    return AutoModel.from_config(config).eval()
+
+
 FAMILIES = ["bert", "roberta", "gpt2", "llama"]
 _FAMILY_CACHE: dict[str, Family] = {}
 

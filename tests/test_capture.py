@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from conftest import tiny_mpnet
 from transformers import AttentionInterface
 
 import headprobe.model.attention as attention_module
@@ -139,20 +140,7 @@ def test_capture_on_eager_model(bert_family):
 
 def test_legacy_path_for_models_without_attention_interface(wordpiece_tokenizer):
     """MPNet does not route through AttentionInterface: capture falls back to output_attentions."""
-    from transformers import AutoModel, MPNetConfig
-
-    config = MPNetConfig(
-        vocab_size=len(wordpiece_tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=40,
-        pad_token_id=wordpiece_tokenizer.pad_token_id,
-        initializer_range=0.3,
-    )
-    torch.manual_seed(4)
-    model = AutoModel.from_config(config).eval()
+    model = tiny_mpnet(wordpiece_tokenizer, initializer_range=0.3)
     batch = make_batch(wordpiece_tokenizer, SENTENCES, wordpiece_tokenizer.pad_token_id)
     inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     with torch.no_grad():
@@ -385,21 +373,9 @@ def test_stop_waits_for_the_last_layers_head_outputs(family):
 def test_stop_is_ignored_on_the_legacy_path_and_for_offloaded_models(wordpiece_tokenizer):
     """Where the capture reads the model's output (legacy path) the pass runs whole; a map that
     offloads modules (accelerate's hooks must see each forward through) turns the stop off."""
-    from transformers import AutoModel, MPNetConfig
-
     from headprobe.model.capture import offloaded
 
-    config = MPNetConfig(
-        vocab_size=len(wordpiece_tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=40,
-        pad_token_id=wordpiece_tokenizer.pad_token_id,
-    )
-    torch.manual_seed(4)
-    model = AutoModel.from_config(config).eval()
+    model = tiny_mpnet(wordpiece_tokenizer)
     batch = make_batch(wordpiece_tokenizer, SENTENCES, wordpiece_tokenizer.pad_token_id)
     inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     got: dict = {}

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import get_family
+from conftest import get_family, tiny_mpnet
 from test_capture import SENTENCES, make_batch
 
 import headprobe
@@ -212,24 +212,6 @@ def test_named_capture_hands_on_what_is_asked_and_leaves_the_output():
         assert heads.value_norms.shape[-1] == t  # every key in every block
 
 
-def legacy_model(tokenizer):
-    """A tiny MPNet: it calls no attention function (the legacy output_attentions path); its
-    value projection `attn.v` and output projection `attn.o` are found all the same."""
-    from transformers import AutoModel, MPNetConfig
-
-    config = MPNetConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=40,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(4)
-    return AutoModel.from_config(config).eval()
-
-
 def norms_by_hand(values: torch.Tensor, weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """[batch, head, key]: || W_O[:, h*d:(h+1)*d] @ v_j^h || head by head, from the value
     projection's output `values` [batch, key, heads * d] and the output projection's weight
@@ -278,7 +260,7 @@ def test_bad_needs_and_the_legacy_path(bert_family):
 
     with pytest.raises(ValueError, match="unknown capture quantity 'values'"):
         AttentionCapture(bert_family.sdpa, None, None, needs={"values"})
-    legacy = legacy_model(bert_family.tokenizer)
+    legacy = tiny_mpnet(bert_family.tokenizer)
     inputs = inputs_of(bert_family)
     values = module_outputs(
         legacy, inputs, [layer.attention.attn.v for layer in legacy.encoder.layer]
