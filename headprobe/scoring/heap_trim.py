@@ -23,9 +23,10 @@ the batch after it faults its working set back in: that is growth past the new f
 margin below what a batch faults back trims again at once, after nearly every other batch (114
 trims in 202 batches of EWT dev x4 at 48 MB, the run 15% slower than with no trim). With 128 MB
 on growth alone the same run trims 5 times, but a long corpus has more batches to overshoot the
-margin by one large batch: the peak at x40 was 1.066x x4's. Trimming before the largest step
-seen so far could pass the margin holds the peak to the margin whatever the corpus's length
-(x40 1.035x x4 in the same measure; benchmarks/README.md, "the heap trimmed on growth alone").
+margin by one large batch: the peak at x40 was 1.066x x4's (`whole_run.py memory`). Trimming
+before the largest step seen so far could pass the margin holds the peak to the margin whatever
+the corpus's length: x40 1.017x x4 in the same benchmark, with 34 trims on x4
+(benchmarks/README.md, "the heap trimmed on growth alone").
 
 HEADPROBE_MMAP_THRESHOLD=1048576 fixes the threshold (blocks of a mebibyte or more mapped and
 unmapped whole): about a quarter slower on the CPU, so it is not the default.
