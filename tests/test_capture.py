@@ -321,7 +321,9 @@ def test_stop_ends_the_pass_after_the_last_asked_for_layer(family, asked):
     last = family.n_layers - 1 if layers is None else 0
     batch = make_batch(family.tokenizer, SENTENCES, family.pad_id)
     inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    whole, whole_order, _, _ = captured(model, inputs, layers)
+    passes = []  # the whole pass's capture, recorded with the modules it ran
+    full = modules_run(model, lambda: passes.append(captured(model, inputs, layers)))
+    whole, whole_order, _, _ = passes[0]
     got: dict[int, torch.Tensor] = {}
     after: list[str] = []
 
@@ -332,7 +334,6 @@ def test_stop_ends_the_pass_after_the_last_asked_for_layer(family, asked):
         assert cap.stop and cap.calls_ == {layer: 1 for layer in whole_order}
 
     stopped = modules_run(model, work)
-    full = modules_run(model, lambda: captured(model, inputs, layers))
     assert list(got) == whole_order
     for layer in whole_order:
         assert torch.equal(got[layer], whole[layer])
